@@ -1,0 +1,17 @@
+//! Vocabulary shared by every replog crate: the identifiers of streams,
+//! topics, partitions and consensus groups, byte-size helpers, and the
+//! operation/offset newtypes that keep VSR op numbers and message offsets
+//! from being confused.
+//!
+//! This crate has no dependencies and does no I/O; it sits at the bottom of
+//! the dependency graph (`common` ← `consensus`, `journal`, `storage` ←
+//! `partitions` ← …).
+
+mod ids;
+mod size;
+
+pub use ids::{
+    ConsumerKind, GroupId, METADATA_GROUP, NamespaceError, Offset, Op, PartitionId, ReplicaId,
+    StreamId, TopicId,
+};
+pub use size::{GIB, KIB, MIB, format_bytes};
