@@ -1,0 +1,1 @@
+//! The sans-IO VSR replica core (in progress).
