@@ -154,8 +154,8 @@ mod tests {
 
     #[test]
     fn given_partition_coordinates_when_packed_should_unpack_to_same() {
-        let g = GroupId::partition(StreamId(0xF_FFFF), TopicId(0xFFF), PartitionId(7))
-            .expect("fits");
+        let g =
+            GroupId::partition(StreamId(0xF_FFFF), TopicId(0xFFF), PartitionId(7)).expect("fits");
         assert_eq!(
             g.unpack(),
             Some((StreamId(0xF_FFFF), TopicId(0xFFF), PartitionId(7)))

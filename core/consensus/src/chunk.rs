@@ -176,10 +176,9 @@ impl fmt::Display for ChunkRejection {
                 f,
                 "chunk is for artifact {artifact} while artifact {current} is being received"
             ),
-            Self::WrongOffset { expected, offset } => write!(
-                f,
-                "chunk starts at byte {offset}, expected byte {expected}"
-            ),
+            Self::WrongOffset { expected, offset } => {
+                write!(f, "chunk starts at byte {offset}, expected byte {expected}")
+            }
             Self::Overrun { declared, end } => write!(
                 f,
                 "chunk ends at byte {end}, past the declared length {declared}"
