@@ -1,0 +1,681 @@
+//! `SegmentedLog`: a partition's sealed segments plus one active segment,
+//! appends with rotation at `segment_size_bytes`, reads by offset, by
+//! timestamp and by position, and truncation at a byte position.
+//!
+//! Durability rules, each against a crash:
+//! - A batch is written to the log before its index entry; the index is a
+//!   hint that recovery re-derives, so no order between the two is needed.
+//! - Rotation syncs the old segment's log and index **before** creating the
+//!   next segment, then syncs the directory. A crash therefore never leaves
+//!   a later segment on disk after an earlier segment's lost tail (a hole).
+//! - A failed write is rolled back by cutting the file at the append
+//!   position; if even that fails, or a sync fails (the page cache state is
+//!   then unknown), the log is poisoned and refuses appends until reopened.
+//!
+//! All segments keep their sparse index in memory (24 bytes per ~64 KiB of
+//! log). Sealed segments hold no file handle: a read opens the file, which
+//! keeps descriptor use flat however many segments a partition has.
+
+use std::path::{Path, PathBuf};
+
+use tracing::warn;
+
+use crate::batch::{BATCH_LENGTH_MAX_DEFAULT, BatchError, BatchHeader, BatchView, Integrity};
+use crate::error::{RecoveryError, StorageError};
+use crate::fs::{BufResult, Fs, FsFile, IoBuf, OpenOptions};
+use crate::index::{
+    IndexEntry, IndexPolicy, IndexWriter, lower_bound_by_offset, lower_bound_by_timestamp,
+};
+use crate::recovery::{RecoveryConfig, RecoveryReport, recover_partition};
+use crate::segment::{
+    LogWriter, ReadBatches, ReadLimits, SegmentMeta, find_batch, index_file_name, log_file_name,
+    read_batches_at,
+};
+
+/// Default segment size (1 GiB).
+pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
+
+/// How a log writes and checks its segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Rotation threshold: a segment closes after the batch that reaches
+    /// this size (whole batches only, so it may exceed it by one batch).
+    pub segment_size_bytes: u64,
+    /// Index density.
+    pub index: IndexPolicy,
+    /// fdatasync the log (and index) after every append.
+    pub fsync: bool,
+    /// Reserve `segment_size_bytes` of disk when a segment is created.
+    pub preallocate: bool,
+    /// Ceiling on a batch's length.
+    pub batch_length_max: u64,
+    /// Validation applied to batches read back.
+    pub read_integrity: Integrity,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
+            index: IndexPolicy::default(),
+            fsync: false,
+            preallocate: false,
+            batch_length_max: BATCH_LENGTH_MAX_DEFAULT,
+            read_integrity: Integrity::Verify,
+        }
+    }
+}
+
+impl LogConfig {
+    /// The recovery parameters matching this configuration.
+    pub fn recovery(&self) -> RecoveryConfig {
+        RecoveryConfig {
+            batch_length_max: self.batch_length_max,
+            index: self.index,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Active<F: FsFile> {
+    log: LogWriter<F>,
+    index: IndexWriter<F>,
+}
+
+#[derive(Debug)]
+struct Segment {
+    meta: SegmentMeta,
+    index: Vec<IndexEntry>,
+    log_path: PathBuf,
+    index_path: PathBuf,
+}
+
+/// Where an appended batch landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Start offset of the segment that holds it.
+    pub segment_start: u64,
+    /// Byte position in that segment's log.
+    pub position: u64,
+    /// The batch's base offset.
+    pub base_offset: u64,
+    /// The offset after it.
+    pub next_offset: u64,
+}
+
+/// A partition's log: sealed segments and one active segment (the last).
+#[derive(Debug)]
+pub struct SegmentedLog<F: Fs> {
+    fs: F,
+    dir: PathBuf,
+    config: LogConfig,
+    segments: Vec<Segment>,
+    active: Active<F::File>,
+    poisoned: bool,
+}
+
+impl<F: Fs> SegmentedLog<F> {
+    /// Recovers the log in `dir` (see [`crate::recovery`]) and opens its
+    /// last segment for appends. A directory without segments gets an empty
+    /// segment at `initial_offset` (the partition's durable frontier).
+    pub async fn open(
+        fs: F,
+        dir: &Path,
+        config: LogConfig,
+        initial_offset: u64,
+    ) -> Result<(Self, RecoveryReport), RecoveryError> {
+        let report = recover_partition(&fs, dir, config.recovery()).await?;
+        let mut segments: Vec<Segment> = report
+            .segments
+            .iter()
+            .map(|s| Segment {
+                meta: s.meta,
+                index: s.index.clone(),
+                log_path: dir.join(log_file_name(s.meta.start_offset)),
+                index_path: dir.join(index_file_name(s.meta.start_offset)),
+            })
+            .collect();
+        let active = match segments.last() {
+            Some(last) => {
+                let log = open_rw(&fs, &last.log_path, false).await?;
+                let index = open_rw(&fs, &last.index_path, true).await?;
+                let cursor = (last.index.len() * crate::index::INDEX_ENTRY_SIZE) as u64;
+                Active {
+                    log: LogWriter::new(log, last.meta.size_bytes, config.fsync),
+                    index: IndexWriter::new(index, cursor),
+                }
+            }
+            None => {
+                fs.create_dir_all(dir)
+                    .await
+                    .map_err(|e| RecoveryError::io("create_dir", dir, e))?;
+                // The partition directory's own name must survive a crash
+                // too, or synced data would vanish with it.
+                if let Some(parent) = dir.parent() {
+                    fs.sync_dir(parent)
+                        .await
+                        .map_err(|e| RecoveryError::io("sync_dir", parent, e))?;
+                }
+                let (seg, active) = create_segment(&fs, dir, &config, initial_offset)
+                    .await
+                    .map_err(|e| match e {
+                        StorageError::Io { op, path, source } => {
+                            RecoveryError::Io { op, path, source }
+                        }
+                        other => RecoveryError::io(
+                            "create_segment",
+                            dir,
+                            std::io::Error::other(other.to_string()),
+                        ),
+                    })?;
+                segments.push(seg);
+                active
+            }
+        };
+        let log = Self {
+            fs,
+            dir: dir.to_path_buf(),
+            config,
+            segments,
+            active,
+            poisoned: false,
+        };
+        Ok((log, report))
+    }
+
+    /// The segments' metadata, oldest first; the last is active.
+    pub fn segments(&self) -> impl Iterator<Item = &SegmentMeta> {
+        self.segments.iter().map(|s| &s.meta)
+    }
+
+    /// The index entries of the segment starting at `start_offset`.
+    pub fn index_entries(&self, start_offset: u64) -> Option<&[IndexEntry]> {
+        self.segments
+            .iter()
+            .find(|s| s.meta.start_offset == start_offset)
+            .map(|s| s.index.as_slice())
+    }
+
+    /// The offset the next batch must start at.
+    pub fn next_offset(&self) -> u64 {
+        self.active_segment().meta.next_offset
+    }
+
+    /// The partition directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
+    fn active_segment(&self) -> &Segment {
+        // Invariant: there is always at least one segment (open creates one).
+        &self.segments[self.segments.len() - 1]
+    }
+
+    /// Appends one stamped batch. Its header is checked (layout, length
+    /// equal to the buffer, base offset equal to [`Self::next_offset`]);
+    /// message checksums are not recomputed here — the bytes were verified
+    /// on admission and stamped by this node. Rotates after the batch that
+    /// fills the active segment.
+    /// The buffer is handed back whatever the outcome.
+    pub async fn append<B: IoBuf>(&mut self, batch: B) -> (Result<Appended, StorageError>, B) {
+        if self.poisoned {
+            return (Err(StorageError::Poisoned), batch);
+        }
+        let header = match check_append(batch.as_init(), self.config.batch_length_max) {
+            Ok(h) => h,
+            Err(e) => return (Err(StorageError::InvalidBatch(e)), batch),
+        };
+        let expected = self.next_offset();
+        if header.base_offset != expected {
+            return (
+                Err(StorageError::OffsetMismatch {
+                    expected,
+                    actual: header.base_offset,
+                }),
+                batch,
+            );
+        }
+        let seg_index = self.segments.len() - 1;
+        let position = self.active.log.cursor();
+        let BufResult(res, batch) = self.active.log.append(batch).await;
+        if let Err(e) = res {
+            let path = self.segments[seg_index].log_path.clone();
+            self.roll_back(position, None).await;
+            return (Err(StorageError::io("append", path, e)), batch);
+        }
+        let seg = &self.segments[seg_index];
+        let entry = IndexEntry {
+            offset: header.base_offset,
+            timestamp: header.base_timestamp,
+            position,
+        };
+        if self.config.index.should_index(seg.index.last(), position) {
+            let index_len = seg.index.len();
+            let res = match self.active.index.append(&entry).await {
+                Ok(()) if self.config.fsync => self.active.index.sync().await,
+                other => other,
+            };
+            if let Err(e) = res {
+                let path = self.segments[seg_index].index_path.clone();
+                self.roll_back(position, Some(index_len)).await;
+                return (Err(StorageError::io("append", path, e)), batch);
+            }
+            self.segments[seg_index].index.push(entry);
+        }
+        let seg = &mut self.segments[seg_index];
+        seg.meta.record(&header);
+        debug_assert_eq!(seg.meta.size_bytes, self.active.log.cursor());
+        let appended = Appended {
+            segment_start: seg.meta.start_offset,
+            position,
+            base_offset: header.base_offset,
+            next_offset: header.next_offset(),
+        };
+        if seg.meta.size_bytes >= self.config.segment_size_bytes
+            && let Err(e) = self.rotate().await
+        {
+            // The batch is appended; only the rotation failed.
+            self.poisoned = true;
+            return (Err(e), batch);
+        }
+        (Ok(appended), batch)
+    }
+
+    /// Cuts the active log (and index) back to before a failed append. If
+    /// that fails too, the log is poisoned.
+    async fn roll_back(&mut self, position: u64, index_entries: Option<usize>) {
+        let log_ok = self.active.log.rewind_to(position).await.is_ok();
+        let index_ok = match index_entries {
+            Some(n) => self.active.index.truncate_entries(n).await.is_ok(),
+            None => true,
+        };
+        if !(log_ok && index_ok) {
+            warn!(dir = %self.dir.display(), position, "append roll-back failed; log poisoned");
+            self.poisoned = true;
+        }
+    }
+
+    /// Makes everything appended so far durable (fdatasync of the active
+    /// log and index; sealed segments were synced at rotation).
+    pub async fn sync(&mut self) -> Result<(), StorageError> {
+        if self.poisoned {
+            return Err(StorageError::Poisoned);
+        }
+        let seg = self.active_segment();
+        let (log_path, index_path) = (seg.log_path.clone(), seg.index_path.clone());
+        if let Err(e) = self.active.log.sync().await {
+            // After a failed fsync the page cache may have dropped the dirty
+            // pages: nothing written since the last good sync can be trusted.
+            self.poisoned = true;
+            return Err(StorageError::io("sync", log_path, e));
+        }
+        if let Err(e) = self.active.index.sync().await {
+            self.poisoned = true;
+            return Err(StorageError::io("sync", index_path, e));
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment and starts a new one at the next offset.
+    /// A no-op error-free call when the active segment is empty.
+    pub async fn rotate(&mut self) -> Result<(), StorageError> {
+        if self.active_segment().meta.is_empty() {
+            return Ok(());
+        }
+        // Sync before the successor exists: see the module comment.
+        self.sync().await?;
+        let start = self.next_offset();
+        let (seg, active) = create_segment(&self.fs, &self.dir, &self.config, start).await?;
+        self.segments.push(seg);
+        self.active = active;
+        Ok(())
+    }
+
+    /// Reads whole batches starting with the one that holds `offset`, about
+    /// `max_bytes` of them, from one segment. Empty when `offset` is at or
+    /// past the end, or before the first segment.
+    pub async fn read_by_offset(
+        &self,
+        offset: u64,
+        max_bytes: u64,
+    ) -> Result<ReadBatches, StorageError> {
+        let idx = self
+            .segments
+            .partition_point(|s| s.meta.start_offset <= offset);
+        let Some(seg) = idx.checked_sub(1).map(|i| &self.segments[i]) else {
+            return Ok(ReadBatches::default());
+        };
+        if offset >= seg.meta.next_offset {
+            return Ok(ReadBatches::default());
+        }
+        let hint = lower_bound_by_offset(&seg.index, offset).map_or(0, |e| e.position);
+        self.read_located(seg, hint, max_bytes, |h| h.last_offset() >= offset)
+            .await
+    }
+
+    /// Reads whole batches starting with the first whose base timestamp is
+    /// at or after `timestamp` (base timestamps are the primary's prepare
+    /// timestamps, non-decreasing along the log). Empty when none is.
+    pub async fn read_by_timestamp(
+        &self,
+        timestamp: u64,
+        max_bytes: u64,
+    ) -> Result<ReadBatches, StorageError> {
+        let Some(seg) = self
+            .segments
+            .iter()
+            .find(|s| !s.meta.is_empty() && s.meta.end_timestamp >= timestamp)
+        else {
+            return Ok(ReadBatches::default());
+        };
+        let hint = lower_bound_by_timestamp(&seg.index, timestamp).map_or(0, |e| e.position);
+        self.read_located(seg, hint, max_bytes, |h| h.base_timestamp >= timestamp)
+            .await
+    }
+
+    /// Reads whole batches at a known batch boundary (a previous read's
+    /// `next_position`) of the segment starting at `segment_start`.
+    pub async fn read_at(
+        &self,
+        segment_start: u64,
+        position: u64,
+        max_bytes: u64,
+    ) -> Result<ReadBatches, StorageError> {
+        let seg = self.segment(segment_start)?;
+        let handle = self.reader(seg).await?;
+        read_batches_at(
+            handle.file(),
+            &seg.log_path,
+            segment_start,
+            position,
+            seg.meta.size_bytes,
+            self.limits(max_bytes),
+        )
+        .await
+    }
+
+    fn limits(&self, max_bytes: u64) -> ReadLimits {
+        ReadLimits {
+            max_bytes,
+            integrity: self.config.read_integrity,
+            batch_length_max: self.config.batch_length_max,
+        }
+    }
+
+    fn segment(&self, start: u64) -> Result<&Segment, StorageError> {
+        self.segments
+            .iter()
+            .find(|s| s.meta.start_offset == start)
+            .ok_or(StorageError::NoSuchSegment {
+                start_offset: start,
+            })
+    }
+
+    /// A readable handle on `seg`'s log: the active writer's file, or a
+    /// freshly opened one for a sealed segment.
+    async fn reader(&self, seg: &Segment) -> Result<ReadHandle<'_, F::File>, StorageError> {
+        if std::ptr::eq(seg, self.active_segment()) {
+            return Ok(ReadHandle::Active(self.active.log.file()));
+        }
+        let file = self
+            .fs
+            .open(&seg.log_path, OpenOptions::read_only())
+            .await
+            .map_err(|e| StorageError::io("open", &seg.log_path, e))?;
+        Ok(ReadHandle::Sealed(file))
+    }
+
+    async fn read_located(
+        &self,
+        seg: &Segment,
+        hint: u64,
+        max_bytes: u64,
+        wanted: impl Fn(&BatchHeader) -> bool,
+    ) -> Result<ReadBatches, StorageError> {
+        let limits = self.limits(max_bytes);
+        let handle = self.reader(seg).await?;
+        let found = find_batch(
+            handle.file(),
+            &seg.log_path,
+            hint,
+            seg.meta.size_bytes,
+            limits.batch_length_max,
+            wanted,
+        )
+        .await?;
+        let Some((position, _)) = found else {
+            return Ok(ReadBatches::default());
+        };
+        read_batches_at(
+            handle.file(),
+            &seg.log_path,
+            seg.meta.start_offset,
+            position,
+            seg.meta.size_bytes,
+            limits,
+        )
+        .await
+    }
+
+    /// Truncates the log at byte `position` of the segment starting at
+    /// `segment_start`: later segments are deleted (newest first), that
+    /// segment is cut at `position` (which must be a batch boundary) and
+    /// becomes the active one. Everything is synced before returning.
+    pub async fn truncate(
+        &mut self,
+        segment_start: u64,
+        position: u64,
+    ) -> Result<(), StorageError> {
+        let idx = self
+            .segments
+            .iter()
+            .position(|s| s.meta.start_offset == segment_start)
+            .ok_or(StorageError::NoSuchSegment {
+                start_offset: segment_start,
+            })?;
+        let seg = &self.segments[idx];
+        if position > seg.meta.size_bytes {
+            return Err(StorageError::NotABatchBoundary {
+                path: seg.log_path.clone(),
+                position,
+            });
+        }
+        // Find the batch boundary and the last batch before it, from the
+        // index hint (read-only: nothing changes if the position is wrong).
+        let hint = seg
+            .index
+            .iter()
+            .rev()
+            .find(|e| e.position <= position)
+            .copied();
+        let mut meta = SegmentMeta::empty(segment_start);
+        if position > 0 {
+            let handle = self.reader(seg).await?;
+            let from = hint.map_or(0, |e| e.position);
+            let mut last: Option<(u64, BatchHeader)> = None;
+            let mut at = from;
+            while at < position {
+                let found = find_batch(
+                    handle.file(),
+                    &seg.log_path,
+                    at,
+                    seg.meta.size_bytes,
+                    self.config.batch_length_max,
+                    |_| true,
+                )
+                .await?;
+                let Some((p, h)) = found else { break };
+                last = Some((p, h));
+                at = p + h.batch_length;
+            }
+            let Some((_, h)) = last.filter(|_| at == position) else {
+                return Err(StorageError::NotABatchBoundary {
+                    path: seg.log_path.clone(),
+                    position,
+                });
+            };
+            meta = SegmentMeta {
+                start_offset: segment_start,
+                next_offset: h.next_offset(),
+                size_bytes: position,
+                start_timestamp: seg.meta.start_timestamp,
+                end_timestamp: h.base_timestamp,
+            };
+        }
+        // Delete later segments newest first, so a crash mid-way leaves a
+        // contiguous prefix of the chain.
+        while self.segments.len() > idx + 1 {
+            let Some(victim) = self.segments.pop() else {
+                break;
+            };
+            for path in [&victim.log_path, &victim.index_path] {
+                match self.fs.remove_file(path).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        self.poisoned = true;
+                        return Err(StorageError::io("remove", path, e));
+                    }
+                }
+            }
+        }
+        let seg = &mut self.segments[idx];
+        let kept = seg.index.partition_point(|e| e.position < position);
+        seg.index.truncate(kept);
+        seg.meta = meta;
+        let (log_path, index_path) = (seg.log_path.clone(), seg.index_path.clone());
+        let map = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e| StorageError::io("truncate", p, e)
+        };
+        let log = self
+            .fs
+            .open(&log_path, OpenOptions::read_write())
+            .await
+            .map_err(map(&log_path))?;
+        let index = self
+            .fs
+            .open(&index_path, OpenOptions::create_read_write())
+            .await
+            .map_err(map(&index_path))?;
+        let mut log = LogWriter::new(log, position, self.config.fsync);
+        let mut index = IndexWriter::new(index, 0);
+        let res = async {
+            log.rewind_to(position).await.map_err(map(&log_path))?;
+            index
+                .truncate_entries(kept)
+                .await
+                .map_err(map(&index_path))?;
+            log.sync().await.map_err(map(&log_path))?;
+            index.sync().await.map_err(map(&index_path))?;
+            self.fs.sync_dir(&self.dir).await.map_err(map(&self.dir))
+        }
+        .await;
+        self.active = Active { log, index };
+        if res.is_err() {
+            self.poisoned = true;
+        }
+        res
+    }
+}
+
+/// A readable log handle: borrowed from the active writer, or owned for
+/// the duration of one read of a sealed segment.
+enum ReadHandle<'a, T> {
+    Active(&'a T),
+    Sealed(T),
+}
+
+impl<T> ReadHandle<'_, T> {
+    fn file(&self) -> &T {
+        match self {
+            Self::Active(f) => f,
+            Self::Sealed(f) => f,
+        }
+    }
+}
+
+fn check_append(bytes: &[u8], batch_length_max: u64) -> Result<BatchHeader, BatchError> {
+    if cfg!(debug_assertions) {
+        // Debug builds verify everything: a stamping bug surfaces here
+        // rather than as a corrupt segment found by a reader later.
+        return BatchView::decode_exact(bytes, Integrity::Verify, batch_length_max)
+            .map(|v| *v.header());
+    }
+    let header = BatchHeader::decode(bytes, batch_length_max)?;
+    if header.batch_length != bytes.len() as u64 {
+        return Err(if header.batch_length > bytes.len() as u64 {
+            BatchError::Truncated {
+                needed: header.batch_length,
+                available: bytes.len() as u64,
+            }
+        } else {
+            BatchError::TrailingBytes {
+                batch_length: header.batch_length,
+                buffer_len: bytes.len() as u64,
+            }
+        });
+    }
+    Ok(header)
+}
+
+async fn open_rw<F: Fs>(fs: &F, path: &Path, create: bool) -> Result<F::File, RecoveryError> {
+    let opts = if create {
+        OpenOptions::create_read_write()
+    } else {
+        OpenOptions::read_write()
+    };
+    fs.open(path, opts)
+        .await
+        .map_err(|e| RecoveryError::io("open", path, e))
+}
+
+/// Creates (truncating any stale file at the same name) an empty segment at
+/// `start` with its writers, then syncs the directory so the new names are
+/// durable.
+async fn create_segment<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    config: &LogConfig,
+    start: u64,
+) -> Result<(Segment, Active<F::File>), StorageError> {
+    let log_path = dir.join(log_file_name(start));
+    let index_path = dir.join(index_file_name(start));
+    let opts = OpenOptions::create_read_write().truncate(true);
+    let log = fs
+        .open(&log_path, opts)
+        .await
+        .map_err(|e| StorageError::io("create", &log_path, e))?;
+    let index = fs
+        .open(&index_path, opts)
+        .await
+        .map_err(|e| StorageError::io("create", &index_path, e))?;
+    let log = LogWriter::new(log, 0, config.fsync);
+    if config.preallocate
+        && let Err(e) = log.preallocate(config.segment_size_bytes).await
+    {
+        // Preallocation only saves fragmentation; never fail on it.
+        warn!(path = %log_path.display(), error = %e, "segment preallocation failed");
+    }
+    fs.sync_dir(dir)
+        .await
+        .map_err(|e| StorageError::io("sync_dir", dir, e))?;
+    let segment = Segment {
+        meta: SegmentMeta::empty(start),
+        index: Vec::new(),
+        log_path,
+        index_path,
+    };
+    Ok((
+        segment,
+        Active {
+            log,
+            index: IndexWriter::new(index, 0),
+        },
+    ))
+}

@@ -1,0 +1,423 @@
+//! Boot recovery of one partition directory.
+//!
+//! 1. **One directory scan.** `.log` stems give the segments, in offset
+//!    order. `.staging` files (state-transfer scratch) and `.index` files
+//!    without a `.log` (left by an interrupted install) are swept.
+//! 2. **Per segment, read-only:** find the last index entry that still
+//!    points at a valid batch with the entry's offset (or start at byte 0),
+//!    then walk forward validating header, every checksum and offset
+//!    continuity. The first batch that fails ends the segment: the torn
+//!    tail. The index is re-derived from the trusted entry with the writer's
+//!    own stride rule. Cost is proportional to the tail, not the data.
+//! 3. **Contiguity, still read-only:** an empty segment before the last, or
+//!    a hole or overlap between consecutive segments, is a typed error. The
+//!    directory is left untouched so the fenced partition can be inspected.
+//! 4. **Repair:** physically truncate each torn tail (`set_len` + fsync, so
+//!    later appends land right after the valid prefix, not after garbage),
+//!    rewrite each index that differs from the derived one, sweep, and sync
+//!    the directory once.
+
+use std::path::{Path, PathBuf};
+
+use tracing::warn;
+
+use crate::batch::{BATCH_HEADER_SIZE, BatchHeader, BatchView, Integrity};
+use crate::error::RecoveryError;
+use crate::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions};
+use crate::index::{INDEX_ENTRY_SIZE, IndexEntry, IndexPolicy, decode_entries, encode_entries};
+use crate::segment::{
+    SegmentFileName, SegmentMeta, Walk, WalkStop, index_file_name, log_file_name, parse_file_name,
+    walk_batches,
+};
+
+/// What recovery needs to know about the log's formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryConfig {
+    /// Ceiling on a stored batch's length; a longer one is corruption.
+    pub batch_length_max: u64,
+    /// The index stride used to rebuild entries.
+    pub index: IndexPolicy,
+}
+
+/// A segment as recovery found (and repaired) it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredSegment {
+    /// Offsets, size and timestamps.
+    pub meta: SegmentMeta,
+    /// The index entries now on disk.
+    pub index: Vec<IndexEntry>,
+}
+
+/// A torn tail that recovery cut off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TruncatedTail {
+    /// The segment log.
+    pub path: PathBuf,
+    /// The offset the segment now ends before (its next offset).
+    pub next_offset: u64,
+    /// File length found.
+    pub from_bytes: u64,
+    /// File length left.
+    pub to_bytes: u64,
+    /// Why the walk stopped there.
+    pub reason: WalkStop,
+}
+
+/// What recovery found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The segments, in offset order (the last one is the active segment).
+    pub segments: Vec<RecoveredSegment>,
+    /// Files swept (`.staging`, orphaned `.index`).
+    pub swept: Vec<PathBuf>,
+    /// Torn tails physically truncated.
+    pub truncated: Vec<TruncatedTail>,
+    /// Index files rewritten (missing, short, torn or ahead of the log).
+    pub rebuilt_indexes: Vec<PathBuf>,
+}
+
+impl RecoveryReport {
+    /// The next offset the log proves: the last segment's next offset (an
+    /// empty last segment marks a frontier at its start). `None` when the
+    /// directory holds no segment.
+    pub fn next_offset(&self) -> Option<u64> {
+        self.segments.last().map(|s| s.meta.next_offset)
+    }
+}
+
+/// Per-segment plan computed read-only in phase 2.
+struct Plan {
+    log_path: PathBuf,
+    index_path: PathBuf,
+    meta: SegmentMeta,
+    file_len: u64,
+    stop: WalkStop,
+    index: Vec<IndexEntry>,
+    index_ok: bool,
+}
+
+/// Recovers the partition directory `dir`. A missing directory is an empty
+/// partition (no segments). See the module comment for the rules.
+pub async fn recover_partition<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    config: RecoveryConfig,
+) -> Result<RecoveryReport, RecoveryError> {
+    let mut report = RecoveryReport::default();
+    let entries = match fs.read_dir(dir).await {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(report),
+        Err(e) => return Err(RecoveryError::io("read_dir", dir, e)),
+    };
+    let mut logs = Vec::new();
+    let mut indexes = Vec::new();
+    let mut staging = Vec::new();
+    for entry in &entries {
+        if entry.kind != FileKind::File {
+            continue;
+        }
+        let Some(name) = entry.name_str() else {
+            continue;
+        };
+        match parse_file_name(name) {
+            SegmentFileName::Log(start) => logs.push(start),
+            SegmentFileName::Index(start) => indexes.push(start),
+            SegmentFileName::Staging => staging.push(dir.join(name)),
+            SegmentFileName::Other => {}
+        }
+    }
+    logs.sort_unstable();
+    let orphans: Vec<PathBuf> = indexes
+        .iter()
+        .filter(|s| logs.binary_search(s).is_err())
+        .map(|s| dir.join(index_file_name(*s)))
+        .collect();
+
+    let mut plans = Vec::with_capacity(logs.len());
+    for &start in &logs {
+        plans.push(
+            plan_segment(
+                fs,
+                dir,
+                start,
+                indexes.binary_search(&start).is_ok(),
+                config,
+            )
+            .await?,
+        );
+    }
+
+    check_contiguity(&plans)?;
+
+    let mut dir_changed = false;
+    for path in staging.into_iter().chain(orphans) {
+        match fs.remove_file(&path).await {
+            Ok(()) => {
+                warn!(path = %path.display(), "swept stray file");
+                report.swept.push(path);
+                dir_changed = true;
+            }
+            // A failed sweep is not fatal: the file stays invisible.
+            Err(e) => warn!(path = %path.display(), error = %e, "could not sweep stray file"),
+        }
+    }
+
+    for plan in plans {
+        if plan.file_len > plan.meta.size_bytes {
+            let file = open_rw(fs, &plan.log_path).await?;
+            file.set_len(plan.meta.size_bytes)
+                .await
+                .map_err(|e| RecoveryError::io("truncate", &plan.log_path, e))?;
+            file.sync_data()
+                .await
+                .map_err(|e| RecoveryError::io("sync", &plan.log_path, e))?;
+            warn!(
+                path = %plan.log_path.display(),
+                offset = plan.meta.next_offset,
+                bytes = plan.file_len - plan.meta.size_bytes,
+                reason = ?plan.stop,
+                "truncated torn segment tail"
+            );
+            report.truncated.push(TruncatedTail {
+                path: plan.log_path.clone(),
+                next_offset: plan.meta.next_offset,
+                from_bytes: plan.file_len,
+                to_bytes: plan.meta.size_bytes,
+                reason: plan.stop.clone(),
+            });
+        }
+        if !plan.index_ok {
+            let file = fs
+                .open(&plan.index_path, OpenOptions::create_read_write())
+                .await
+                .map_err(|e| RecoveryError::io("open", &plan.index_path, e))?;
+            let bytes = encode_entries(&plan.index);
+            let len = bytes.len() as u64;
+            let BufResult(res, _) = file.write_all_at(bytes, 0).await;
+            res.map_err(|e| RecoveryError::io("write", &plan.index_path, e))?;
+            file.set_len(len)
+                .await
+                .map_err(|e| RecoveryError::io("truncate", &plan.index_path, e))?;
+            file.sync_data()
+                .await
+                .map_err(|e| RecoveryError::io("sync", &plan.index_path, e))?;
+            warn!(path = %plan.index_path.display(), entries = plan.index.len(), "rebuilt segment index");
+            report.rebuilt_indexes.push(plan.index_path.clone());
+            // The index may have been created: its name must be durable.
+            dir_changed = true;
+        }
+        report.segments.push(RecoveredSegment {
+            meta: plan.meta,
+            index: plan.index,
+        });
+    }
+    if dir_changed {
+        fs.sync_dir(dir)
+            .await
+            .map_err(|e| RecoveryError::io("sync_dir", dir, e))?;
+    }
+    Ok(report)
+}
+
+async fn open_rw<F: Fs>(fs: &F, path: &Path) -> Result<F::File, RecoveryError> {
+    fs.open(path, OpenOptions::read_write())
+        .await
+        .map_err(|e| RecoveryError::io("open", path, e))
+}
+
+fn check_contiguity(plans: &[Plan]) -> Result<(), RecoveryError> {
+    for pair in plans.windows(2) {
+        let (prev, next) = (&pair[0].meta, &pair[1].meta);
+        let Some(previous_end) = prev.end_offset() else {
+            return Err(RecoveryError::EmptyNonTailSegment {
+                start: prev.start_offset,
+            });
+        };
+        if next.start_offset > prev.next_offset {
+            return Err(RecoveryError::Hole {
+                previous_end,
+                next_start: next.start_offset,
+            });
+        }
+        if next.start_offset < prev.next_offset {
+            return Err(RecoveryError::Overlap {
+                previous_end,
+                next_start: next.start_offset,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads the whole batch at `position` and checks it fully, plus that it
+/// carries `entry`'s offset and timestamp.
+async fn entry_points_at_valid_batch<F: FsFile>(
+    file: &F,
+    entry: &IndexEntry,
+    file_len: u64,
+    batch_length_max: u64,
+) -> std::io::Result<bool> {
+    if entry.position.saturating_add(BATCH_HEADER_SIZE as u64) > file_len {
+        return Ok(false);
+    }
+    let header_bytes = file
+        .read_exact_at(BATCH_HEADER_SIZE, entry.position)
+        .await?;
+    let Ok(header) = BatchHeader::decode(&header_bytes, batch_length_max) else {
+        return Ok(false);
+    };
+    if header.base_offset != entry.offset
+        || header.base_timestamp != entry.timestamp
+        || entry.position + header.batch_length > file_len
+    {
+        return Ok(false);
+    }
+    let bytes = file
+        .read_exact_at(header.batch_length as usize, entry.position)
+        .await?;
+    Ok(BatchView::decode_exact(&bytes, Integrity::Verify, batch_length_max).is_ok())
+}
+
+async fn plan_segment<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    start: u64,
+    has_index: bool,
+    config: RecoveryConfig,
+) -> Result<Plan, RecoveryError> {
+    let log_path = dir.join(log_file_name(start));
+    let index_path = dir.join(index_file_name(start));
+    let log = fs
+        .open(&log_path, OpenOptions::read_only())
+        .await
+        .map_err(|e| RecoveryError::io("open", &log_path, e))?;
+    let file_len = log
+        .len()
+        .await
+        .map_err(|e| RecoveryError::io("stat", &log_path, e))?;
+
+    // The stored index, bounded by what the log could possibly hold: each
+    // entry names a distinct batch of at least 256 bytes.
+    let mut stored = Vec::new();
+    let mut stored_len = 0u64;
+    if has_index {
+        let index = fs
+            .open(&index_path, OpenOptions::read_only())
+            .await
+            .map_err(|e| RecoveryError::io("open", &index_path, e))?;
+        stored_len = index
+            .len()
+            .await
+            .map_err(|e| RecoveryError::io("stat", &index_path, e))?;
+        let cap = (file_len / BATCH_HEADER_SIZE as u64 + 1) * INDEX_ENTRY_SIZE as u64;
+        let read_len = stored_len.min(cap) as usize;
+        let bytes = index
+            .read_exact_at(read_len, 0)
+            .await
+            .map_err(|e| RecoveryError::io("read", &index_path, e))?;
+        stored = decode_entries(&bytes);
+    }
+
+    // The longest prefix of entries that is well formed: first at byte 0
+    // with the segment's start offset, strictly increasing after that.
+    let mut sane = 0;
+    for (i, e) in stored.iter().enumerate() {
+        let ok = if i == 0 {
+            e.position == 0 && e.offset == start
+        } else {
+            let p = &stored[i - 1];
+            e.position > p.position && e.offset > p.offset
+        };
+        if !ok || e.position >= file_len {
+            break;
+        }
+        sane = i + 1;
+    }
+
+    // The last entry that still points at a valid batch is where the walk
+    // starts; entries after it are ahead of the log (index written, log
+    // write lost) or damaged.
+    let mut trusted = 0;
+    for k in (0..sane).rev() {
+        let ok = entry_points_at_valid_batch(&log, &stored[k], file_len, config.batch_length_max)
+            .await
+            .map_err(|e| RecoveryError::io("read", &log_path, e))?;
+        if ok {
+            trusted = k + 1;
+            break;
+        }
+    }
+    let mut index: Vec<IndexEntry> = stored[..trusted].to_vec();
+    let (walk_from, expected) = match index.last() {
+        Some(e) => (e.position, e.offset),
+        None => (0, start),
+    };
+
+    let mut meta = SegmentMeta::empty(start);
+    if let Some(first) = index.first() {
+        meta.start_timestamp = first.timestamp;
+    }
+    let mut last_header: Option<BatchHeader> = None;
+    let policy = config.index;
+    let Walk { end_position, stop } = walk_batches(
+        &log,
+        walk_from,
+        file_len,
+        expected,
+        Integrity::Verify,
+        config.batch_length_max,
+        |position, header| {
+            if position == 0 {
+                meta.start_timestamp = header.base_timestamp;
+            }
+            if policy.should_index(index.last(), position) {
+                index.push(IndexEntry {
+                    offset: header.base_offset,
+                    timestamp: header.base_timestamp,
+                    position,
+                });
+            }
+            last_header = Some(*header);
+        },
+    )
+    .await
+    .map_err(|e| RecoveryError::io("read", &log_path, e))?;
+
+    if end_position == 0
+        && let WalkStop::OffsetGap { expected, found } = stop
+    {
+        // A whole, verified first batch with the wrong offset is a misplaced
+        // file, not a torn append: refuse rather than truncate it away.
+        return Err(RecoveryError::SegmentStartMismatch {
+            path: log_path,
+            expected,
+            found,
+        });
+    }
+
+    meta.size_bytes = end_position;
+    match last_header {
+        Some(h) => {
+            meta.next_offset = h.next_offset();
+            meta.end_timestamp = h.base_timestamp;
+        }
+        None => {
+            // Only possible when the walk started at byte 0 and found no
+            // valid batch: the segment is empty.
+            debug_assert_eq!(end_position, 0);
+            meta = SegmentMeta::empty(start);
+        }
+    }
+
+    let index_ok =
+        has_index && stored_len == (index.len() * INDEX_ENTRY_SIZE) as u64 && stored == index;
+    Ok(Plan {
+        log_path,
+        index_path,
+        meta,
+        file_len,
+        stop,
+        index,
+        index_ok,
+    })
+}
