@@ -5,9 +5,10 @@
 //! indexed batch. Entry count is `file_len / 24`; a trailing partial entry
 //! (a torn index write) is ignored on read and cut off by recovery.
 //!
-//! The index is a hint for where to start walking, never the truth: the log
-//! is written before its index entry, nothing orders the two on disk
-//! without fsync, and recovery re-derives the tail from the log.
+//! The index is a hint for where to start walking; recovery re-derives the
+//! tail from the log. The segmented log writes an entry to the file only
+//! after the log bytes it points at are synced, so an entry found on disk
+//! proves the log prefix before it (see `log.rs`).
 
 use std::io;
 
@@ -140,6 +141,19 @@ impl<F: FsFile> IndexWriter<F> {
             .await;
         res?;
         self.cursor += INDEX_ENTRY_SIZE as u64;
+        Ok(())
+    }
+
+    /// Appends several entries with one positional write.
+    pub async fn append_all(&mut self, entries: &[IndexEntry]) -> io::Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let bytes = encode_entries(entries);
+        let len = bytes.len() as u64;
+        let BufResult(res, _) = self.file.write_all_at(bytes, self.cursor).await;
+        res?;
+        self.cursor += len;
         Ok(())
     }
 

@@ -3,8 +3,13 @@
 //! timestamp and by position, and truncation at a byte position.
 //!
 //! Durability rules, each against a crash:
-//! - A batch is written to the log before its index entry; the index is a
-//!   hint that recovery re-derives, so no order between the two is needed.
+//! - Index entries reach the `.index` file only after the log bytes they
+//!   point at were synced (at [`SegmentedLog::sync`], at rotation, or after
+//!   each append with `fsync`). Unsynced log writes may land out of order
+//!   or not at all (writeback reorders pages), so an entry pointing into
+//!   unsynced bytes would let recovery trust a range with a hole in it; an
+//!   entry written after the sync proves every byte before it. Recovery
+//!   therefore walks only what was appended since the last sync.
 //! - Rotation syncs the old segment's log and index **before** creating the
 //!   next segment, then syncs the directory. A crash therefore never leaves
 //!   a later segment on disk after an earlier segment's lost tail (a hole).
@@ -80,6 +85,9 @@ impl LogConfig {
 struct Active<F: FsFile> {
     log: LogWriter<F>,
     index: IndexWriter<F>,
+    /// How many of the active segment's index entries are in the file; the
+    /// rest wait for the next sync of the log.
+    index_written: usize,
 }
 
 #[derive(Debug)]
@@ -143,6 +151,7 @@ impl<F: Fs> SegmentedLog<F> {
                 Active {
                     log: LogWriter::new(log, last.meta.size_bytes, config.fsync),
                     index: IndexWriter::new(index, cursor),
+                    index_written: last.index.len(),
                 }
             }
             None => {
@@ -245,27 +254,16 @@ impl<F: Fs> SegmentedLog<F> {
         let BufResult(res, batch) = self.active.log.append(batch).await;
         if let Err(e) = res {
             let path = self.segments[seg_index].log_path.clone();
-            self.roll_back(position, None).await;
+            self.roll_back(position).await;
             return (Err(StorageError::io("append", path, e)), batch);
         }
-        let seg = &self.segments[seg_index];
-        let entry = IndexEntry {
-            offset: header.base_offset,
-            timestamp: header.base_timestamp,
-            position,
-        };
+        let seg = &mut self.segments[seg_index];
         if self.config.index.should_index(seg.index.last(), position) {
-            let index_len = seg.index.len();
-            let res = match self.active.index.append(&entry).await {
-                Ok(()) if self.config.fsync => self.active.index.sync().await,
-                other => other,
-            };
-            if let Err(e) = res {
-                let path = self.segments[seg_index].index_path.clone();
-                self.roll_back(position, Some(index_len)).await;
-                return (Err(StorageError::io("append", path, e)), batch);
-            }
-            self.segments[seg_index].index.push(entry);
+            seg.index.push(IndexEntry {
+                offset: header.base_offset,
+                timestamp: header.base_timestamp,
+                position,
+            });
         }
         let seg = &mut self.segments[seg_index];
         seg.meta.record(&header);
@@ -276,7 +274,13 @@ impl<F: Fs> SegmentedLog<F> {
             base_offset: header.base_offset,
             next_offset: header.next_offset(),
         };
-        if seg.meta.size_bytes >= self.config.segment_size_bytes
+        if self.config.fsync
+            && let Err(e) = self.write_index().await
+        {
+            // The batch is durable; only its index entry is not.
+            return (Err(e), batch);
+        }
+        if self.segments[seg_index].meta.size_bytes >= self.config.segment_size_bytes
             && let Err(e) = self.rotate().await
         {
             // The batch is appended; only the rotation failed.
@@ -286,15 +290,10 @@ impl<F: Fs> SegmentedLog<F> {
         (Ok(appended), batch)
     }
 
-    /// Cuts the active log (and index) back to before a failed append. If
-    /// that fails too, the log is poisoned.
-    async fn roll_back(&mut self, position: u64, index_entries: Option<usize>) {
-        let log_ok = self.active.log.rewind_to(position).await.is_ok();
-        let index_ok = match index_entries {
-            Some(n) => self.active.index.truncate_entries(n).await.is_ok(),
-            None => true,
-        };
-        if !(log_ok && index_ok) {
+    /// Cuts the active log back to before a failed append. If that fails
+    /// too, the log is poisoned.
+    async fn roll_back(&mut self, position: u64) {
+        if self.active.log.rewind_to(position).await.is_err() {
             warn!(dir = %self.dir.display(), position, "append roll-back failed; log poisoned");
             self.poisoned = true;
         }
@@ -307,17 +306,33 @@ impl<F: Fs> SegmentedLog<F> {
             return Err(StorageError::Poisoned);
         }
         let seg = self.active_segment();
-        let (log_path, index_path) = (seg.log_path.clone(), seg.index_path.clone());
+        let log_path = seg.log_path.clone();
         if let Err(e) = self.active.log.sync().await {
             // After a failed fsync the page cache may have dropped the dirty
             // pages: nothing written since the last good sync can be trusted.
             self.poisoned = true;
             return Err(StorageError::io("sync", log_path, e));
         }
-        if let Err(e) = self.active.index.sync().await {
-            self.poisoned = true;
-            return Err(StorageError::io("sync", index_path, e));
+        self.write_index().await
+    }
+
+    /// Writes the active segment's pending index entries and syncs the
+    /// index. Only called once the log bytes they point at are durable.
+    async fn write_index(&mut self) -> Result<(), StorageError> {
+        let seg = &self.segments[self.segments.len() - 1];
+        let pending = &seg.index[self.active.index_written..];
+        if pending.is_empty() {
+            return Ok(());
         }
+        let res = match self.active.index.append_all(pending).await {
+            Ok(()) => self.active.index.sync().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = res {
+            self.poisoned = true;
+            return Err(StorageError::io("sync", seg.index_path.clone(), e));
+        }
+        self.active.index_written = seg.index.len();
         Ok(())
     }
 
@@ -544,6 +559,13 @@ impl<F: Fs> SegmentedLog<F> {
                 }
             }
         }
+        // Entries of the active segment past `index_written` are not in
+        // its file yet; a sealed segment's are all there.
+        let on_file = if idx + 1 == self.segments.len() {
+            self.active.index_written
+        } else {
+            self.segments[idx].index.len()
+        };
         let seg = &mut self.segments[idx];
         let kept = seg.index.partition_point(|e| e.position < position);
         seg.index.truncate(kept);
@@ -565,18 +587,30 @@ impl<F: Fs> SegmentedLog<F> {
             .map_err(map(&index_path))?;
         let mut log = LogWriter::new(log, position, self.config.fsync);
         let mut index = IndexWriter::new(index, 0);
+        let entries = &seg.index;
         let res = async {
             log.rewind_to(position).await.map_err(map(&log_path))?;
+            log.sync().await.map_err(map(&log_path))?;
+            // The log is durable up to `position`: every kept entry may now
+            // be on file.
+            let keep_on_file = on_file.min(kept);
             index
-                .truncate_entries(kept)
+                .truncate_entries(keep_on_file)
                 .await
                 .map_err(map(&index_path))?;
-            log.sync().await.map_err(map(&log_path))?;
+            index
+                .append_all(&entries[keep_on_file..kept])
+                .await
+                .map_err(map(&index_path))?;
             index.sync().await.map_err(map(&index_path))?;
             self.fs.sync_dir(&self.dir).await.map_err(map(&self.dir))
         }
         .await;
-        self.active = Active { log, index };
+        self.active = Active {
+            log,
+            index,
+            index_written: kept,
+        };
         if res.is_err() {
             self.poisoned = true;
         }
@@ -676,6 +710,7 @@ async fn create_segment<F: Fs>(
         Active {
             log,
             index: IndexWriter::new(index, 0),
+            index_written: 0,
         },
     ))
 }
