@@ -13,13 +13,13 @@
 //! - [`vsr`]: the replica core (normal operation, view change, repair).
 
 pub mod chunk;
+pub mod client_table;
 pub mod dedup;
 pub mod hashing;
 pub mod header;
 pub mod le_cursor;
 pub mod state_manifest;
 pub mod vsr;
-
 
 pub use chunk::{
     AcceptedChunk, ArtifactProgress, ChunkProgress, ChunkRejection, ChunkRequest, append_chunk,

@@ -1,1 +1,44 @@
-//! The sans-IO VSR replica core (in progress).
+//! The sans-IO Viewstamped Replication replica core.
+//!
+//! One [`Replica`] per consensus group and replica: inputs are decoded
+//! frames ([`Replica::on_frame`]), ticks ([`Replica::on_tick`]) and client
+//! requests ([`Replica::on_client_request`]); outputs, drained with
+//! [`Replica::take_actions`], are frames to send, replies to clients and
+//! [`Effect`]s (persist the superblock state, journal, apply, start a state
+//! transfer). No clock, socket or file lives here, so one thread can drive
+//! a whole cluster deterministically ([`harness`]).
+//!
+//! - [`message`]: the typed VSR messages.
+//! - [`replica`]: state, inputs and outputs, normal operation.
+//! - `view_change`: StartViewChange / DoViewChange / StartView, probes.
+//! - [`merge`]: the DoViewChange merge rule and quorums.
+//! - `repair`: journal repair, the repair floor and state-transfer hooks.
+//! - [`journal`]: the in-memory, hash-chain-verified log.
+//! - [`pipeline`]: the primary's bounded queue of uncommitted prepares.
+//! - [`timeout`]: tick timers with backoff and the seeded PRNG.
+//! - [`harness`]: a deterministic in-memory cluster with fault injection.
+//!
+//! The design, with the arguments for its safety rules, is in
+//! `docs/consensus.md`.
+
+pub mod harness;
+pub mod journal;
+pub mod merge;
+pub mod message;
+pub mod pipeline;
+mod repair;
+pub mod replica;
+pub mod timeout;
+mod view_change;
+
+pub use merge::{DVC_HEADERS_MAX, MergeStall, MergedLog, Quorums};
+pub use message::{
+    DoViewChange, Frame, Message, OPERATION_APPEND, OPERATION_REGISTER, Prepare, PrepareHeader,
+    Reply, ReplyStatus, Request, StartView, SuffixSlot,
+};
+pub use pipeline::PIPELINE_PREPARE_QUEUE_MAX;
+pub use repair::REPAIR_CHUNK_MAX;
+pub use replica::{
+    Action, AppliedState, Config, DurableState, Effect, FrameError, Replica, RequestOutcome, Status,
+};
+pub use timeout::{Prng, TimeoutConfig};

@@ -1,0 +1,942 @@
+//! A deterministic in-memory cluster for testing the replica core.
+//!
+//! [`Simulation`] wires `N` [`Replica`]s through a seeded network that
+//! drops, duplicates, delays (and so reorders) frames and partitions
+//! replicas; it crashes and restarts replicas (the superblock and the
+//! applied state survive, the journal does not); and it drives clients that
+//! register, send requests one at a time and retry. Everything random comes
+//! from one [`Prng`], so a seed replays exactly.
+//!
+//! After every step it checks safety: committed prefixes agree across
+//! replicas (and the client-table verdicts with them), and no replica's
+//! view, `commit_min` or `commit_max` goes backwards (views and
+//! `commit_max` within one life; `commit_min` and the durable view across
+//! restarts too). [`Simulation::run`] then heals every fault and requires
+//! liveness: all replicas converge on the same committed log, and every
+//! request acknowledged to a client was executed in it exactly once.
+//!
+//! State transfer is modelled as an instantaneous install of the serving
+//! replica's applied state through the same calls the partition plane
+//! makes (`set_commit_floor`, `set_sequence`, `clear_pipeline`,
+//! `advance_commit_max`, `finish_state_transfer`).
+//!
+//! The simulator crate is meant to reuse this module.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use bytes::Bytes;
+
+use super::message::{Frame, OPERATION_APPEND, OPERATION_REGISTER, Reply, ReplyStatus, Request};
+use super::replica::{
+    Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status,
+};
+use super::timeout::{Prng, TimeoutConfig};
+use crate::client_table::ClientTable;
+
+/// Knobs of one simulation run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    /// The seed every random choice derives from.
+    pub seed: u64,
+    /// Replicas (1, 3 or 5).
+    pub replica_count: u8,
+    /// The group id (moves the primary of view 0).
+    pub group: u64,
+    /// Clients.
+    pub clients: u32,
+    /// Requests each client sends after registering.
+    pub requests_per_client: u64,
+    /// Ticks of the faulty phase.
+    pub fault_ticks: u64,
+    /// Ticks allowed after healing for everything to converge.
+    pub heal_ticks_max: u64,
+    /// Per-mille chance a frame is dropped.
+    pub drop_per_mille: u64,
+    /// Per-mille chance a frame is delivered twice.
+    pub duplicate_per_mille: u64,
+    /// Largest delivery delay in ticks (delays reorder frames).
+    pub delay_ticks_max: u64,
+    /// Per-mille chance per tick that a partition starts (or heals).
+    pub partition_per_mille: u64,
+    /// Per-mille chance per tick that a replica crashes.
+    pub crash_per_mille: u64,
+    /// Ticks a crashed replica stays down at most.
+    pub down_ticks_max: u64,
+    /// Applied prepares each replica retains for repair.
+    pub retention_ops: u64,
+    /// Replica timeouts.
+    pub timeouts: TimeoutConfig,
+    /// Ticks a client waits before retrying.
+    pub client_retry_ticks: u64,
+}
+
+impl SimConfig {
+    /// A quiet cluster: no faults.
+    pub fn quiet(seed: u64, replica_count: u8) -> Self {
+        Self {
+            seed,
+            replica_count,
+            group: 0,
+            clients: 3,
+            requests_per_client: 20,
+            fault_ticks: 1_500,
+            heal_ticks_max: 20_000,
+            drop_per_mille: 0,
+            duplicate_per_mille: 0,
+            delay_ticks_max: 1,
+            partition_per_mille: 0,
+            crash_per_mille: 0,
+            down_ticks_max: 0,
+            retention_ops: 1024,
+            timeouts: TimeoutConfig::scaled_down(5),
+            client_retry_ticks: 40,
+        }
+    }
+
+    /// The seed's own mix: replica count, group, fault rates, retention.
+    pub fn for_seed(seed: u64) -> Self {
+        let mut prng = Prng::new(seed ^ 0x5EED_C0FF_EE00_0001);
+        let replica_count = [1u8, 3, 3, 5, 5][(prng.next_u64() % 5) as usize];
+        let mut c = Self::quiet(seed, replica_count);
+        c.group = prng.below_inclusive(6);
+        c.clients = 1 + prng.below_inclusive(3) as u32;
+        c.requests_per_client = 5 + prng.below_inclusive(25);
+        c.fault_ticks = 800 + prng.below_inclusive(1_600);
+        c.drop_per_mille = [0, 10, 50, 150][(prng.next_u64() % 4) as usize];
+        c.duplicate_per_mille = [0, 20, 100][(prng.next_u64() % 3) as usize];
+        c.delay_ticks_max = 1 + prng.below_inclusive(6);
+        c.partition_per_mille = [0, 2, 8][(prng.next_u64() % 3) as usize];
+        c.crash_per_mille = [0, 1, 4][(prng.next_u64() % 3) as usize];
+        c.down_ticks_max = 50 + prng.below_inclusive(400);
+        c.retention_ops = [8, 40, 1024][(prng.next_u64() % 3) as usize];
+        c
+    }
+}
+
+/// A safety or liveness violation, with the seed that replays it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimFailure {
+    /// The seed.
+    pub seed: u64,
+    /// The tick at which it was detected.
+    pub tick: u64,
+    /// What went wrong.
+    pub reason: String,
+}
+
+impl fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {} failed at tick {}: {} (replay with VSR_SEED={})",
+            self.seed, self.tick, self.reason, self.seed
+        )
+    }
+}
+
+impl std::error::Error for SimFailure {}
+
+/// What a finished run did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SimReport {
+    /// Ticks simulated in total.
+    pub ticks: u64,
+    /// Ops in the committed log.
+    pub committed_ops: u64,
+    /// Requests acknowledged to clients.
+    pub acknowledged: u64,
+    /// Crashes injected.
+    pub crashes: u64,
+    /// View changes seen (highest view reached).
+    pub view_max: u32,
+    /// State transfers installed.
+    pub transfers: u64,
+}
+
+/// One applied op as the state machine recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppliedOp {
+    /// Identity of the prepare.
+    pub checksum: u128,
+    /// Client of the request.
+    pub client: u128,
+    /// Request number.
+    pub request: u64,
+    /// Operation.
+    pub operation: u8,
+    /// Skipped by the client table as already committed.
+    pub duplicate: bool,
+}
+
+/// One replica slot: the live core (if up) and what survives a crash.
+#[derive(Debug)]
+pub struct Node {
+    /// The core, `None` while crashed.
+    pub replica: Option<Replica>,
+    config: Config,
+    /// The superblock as last written.
+    pub superblock: DurableState,
+    /// The applied state machine (durable): op `i + 1` at index `i`.
+    pub applied: Vec<AppliedOp>,
+    table: ClientTable,
+    pending_persist: Vec<(u32, u32, u64)>,
+    restart_at: u64,
+    view_seen: u32,
+    commit_max_seen: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Packet {
+    at: u64,
+    seq: u64,
+    to: u8,
+    frame: Frame,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    request: u64,
+    operation: u8,
+    sent_tick: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Client {
+    id: u128,
+    session: u64,
+    next_request: u64,
+    outstanding: Option<Outstanding>,
+}
+
+/// The simulated cluster.
+#[derive(Debug)]
+pub struct Simulation {
+    config: SimConfig,
+    prng: Prng,
+    /// The replicas.
+    pub nodes: Vec<Node>,
+    packets: Vec<Packet>,
+    seq: u64,
+    tick: u64,
+    /// Bit `r` set: replica `r` is on side B of a partition.
+    partition_side: u32,
+    partitioned: bool,
+    faults: bool,
+    clients: Vec<Client>,
+    replies: Vec<Reply>,
+    canonical: Vec<AppliedOp>,
+    acknowledged: Vec<(u128, u64)>,
+    report: SimReport,
+    trace: bool,
+}
+
+impl Simulation {
+    /// A cluster in view 0 with nothing committed.
+    pub fn new(config: SimConfig) -> Self {
+        let mut prng = Prng::new(config.seed);
+        let nodes = (0..config.replica_count)
+            .map(|r| {
+                let mut c = Config::new(r, config.replica_count, config.group);
+                c.timeouts = config.timeouts;
+                c.retention_ops = config.retention_ops;
+                c.seed = config.seed;
+                Node {
+                    replica: Some(Replica::new(c)),
+                    config: c,
+                    superblock: DurableState::default(),
+                    applied: Vec::new(),
+                    table: ClientTable::new(c.clients_max),
+                    pending_persist: Vec::new(),
+                    restart_at: 0,
+                    view_seen: 0,
+                    commit_max_seen: 0,
+                }
+            })
+            .collect();
+        let clients = (0..config.clients)
+            .map(|i| Client {
+                id: u128::from(prng.next_u64() | 1) << 8 | u128::from(i),
+                session: 0,
+                next_request: 1,
+                outstanding: None,
+            })
+            .collect();
+        Self {
+            faults: true,
+            prng,
+            nodes,
+            packets: Vec::new(),
+            seq: 0,
+            tick: 0,
+            partition_side: 0,
+            partitioned: false,
+            clients,
+            replies: Vec::new(),
+            canonical: Vec::new(),
+            acknowledged: Vec::new(),
+            report: SimReport::default(),
+            trace: false,
+            config,
+        }
+    }
+
+    /// Print every delivered frame and effect to stderr (seed replay).
+    pub fn set_trace(&mut self, on: bool) {
+        self.trace = on;
+    }
+
+    /// The current tick.
+    pub fn now(&self) -> u64 {
+        self.tick
+    }
+
+    /// The live core of replica `r`, if up.
+    pub fn replica(&self, r: u8) -> Option<&Replica> {
+        self.nodes
+            .get(usize::from(r))
+            .and_then(|n| n.replica.as_ref())
+    }
+
+    /// The live core of replica `r`, mutably.
+    pub fn replica_mut(&mut self, r: u8) -> Option<&mut Replica> {
+        self.nodes
+            .get_mut(usize::from(r))
+            .and_then(|n| n.replica.as_mut())
+    }
+
+    /// The longest committed log any replica applied.
+    pub fn committed(&self) -> &[AppliedOp] {
+        &self.canonical
+    }
+
+    /// Requests acknowledged to clients so far.
+    pub fn acknowledged(&self) -> &[(u128, u64)] {
+        &self.acknowledged
+    }
+
+    fn failure(&self, reason: String) -> SimFailure {
+        SimFailure {
+            seed: self.config.seed,
+            tick: self.tick,
+            reason,
+        }
+    }
+
+    fn failure_here(&self, reason: String) -> Result<(), SimFailure> {
+        Err(self.failure(reason))
+    }
+
+    /// Stop injecting random faults (explicit ones still work).
+    pub fn set_random_faults(&mut self, on: bool) {
+        self.faults = on;
+    }
+
+    /// Cut the cluster in two: replicas with their bit in `side_b` on one
+    /// side, the rest on the other.
+    pub fn partition(&mut self, side_b: u32) {
+        self.partitioned = true;
+        self.partition_side = side_b;
+    }
+
+    /// Remove any partition.
+    pub fn heal_partition(&mut self) {
+        self.partitioned = false;
+        self.partition_side = 0;
+    }
+
+    fn connected(&self, a: u8, b: u8) -> bool {
+        if !self.partitioned {
+            return true;
+        }
+        let side = |r: u8| self.partition_side & (1u32 << r) != 0;
+        side(a) == side(b)
+    }
+
+    /// Crash replica `r`: its journal and everything in flight to it are
+    /// lost; its superblock and applied state survive.
+    pub fn crash(&mut self, r: u8) {
+        if self.trace {
+            eprintln!("t{} CRASH r{r}", self.tick);
+        }
+        let tick = self.tick;
+        let down = if self.config.down_ticks_max == 0 {
+            0
+        } else {
+            self.prng.below_inclusive(self.config.down_ticks_max)
+        };
+        let node = &mut self.nodes[usize::from(r)];
+        if let Some(replica) = node.replica.take() {
+            node.table = replica.client_table().clone();
+            node.pending_persist.clear();
+            node.restart_at = tick + 1 + down;
+            self.report.crashes += 1;
+        }
+    }
+
+    /// Restart a crashed replica from its superblock and applied state.
+    pub fn restart(&mut self, r: u8) -> Result<(), SimFailure> {
+        let node = &mut self.nodes[usize::from(r)];
+        if node.replica.is_some() {
+            return Ok(());
+        }
+        let applied = AppliedState {
+            commit_min: node.applied.len() as u64,
+            checksum: node.applied.last().map_or(0, |a| a.checksum),
+        };
+        let mut replica = Replica::restart(node.config, node.superblock, applied);
+        *replica.client_table_mut() = node.table.clone();
+        node.view_seen = replica.view();
+        node.commit_max_seen = replica.commit_max();
+        node.replica = Some(replica);
+        self.drain(r)
+    }
+
+    fn unhealthy(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.replica.as_ref().is_none_or(|r| !r.is_quorum_visible()))
+            .count()
+    }
+
+    /// Hand a client request straight to replica `r` (targeted tests).
+    pub fn submit(&mut self, r: u8, request: Request) -> Result<RequestOutcome, SimFailure> {
+        let Some(replica) = self.replica_mut(r) else {
+            return Ok(RequestOutcome::Unavailable);
+        };
+        let outcome = replica.on_client_request(request);
+        self.drain(r)?;
+        Ok(outcome)
+    }
+
+    /// One tick: complete superblock writes, deliver due frames, tick every
+    /// replica, run clients, inject faults, check invariants.
+    pub fn step(&mut self) -> Result<(), SimFailure> {
+        self.tick += 1;
+        for r in 0..self.config.replica_count {
+            self.complete_persists(r)?;
+        }
+        self.deliver()?;
+        for r in 0..self.config.replica_count {
+            if let Some(replica) = self.replica_mut(r) {
+                replica.on_tick();
+            }
+            self.drain(r)?;
+        }
+        self.run_clients()?;
+        if self.faults {
+            self.inject_faults()?;
+        } else {
+            for r in 0..self.config.replica_count {
+                if self.nodes[usize::from(r)].replica.is_none() {
+                    self.restart(r)?;
+                }
+            }
+        }
+        self.check_monotonic()
+    }
+
+    /// Run `ticks` steps.
+    pub fn run_for(&mut self, ticks: u64) -> Result<(), SimFailure> {
+        for _ in 0..ticks {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    fn complete_persists(&mut self, r: u8) -> Result<(), SimFailure> {
+        let node = &mut self.nodes[usize::from(r)];
+        let pending = std::mem::take(&mut node.pending_persist);
+        for (view, log_view, commit) in pending {
+            if (view, log_view) < (node.superblock.view, node.superblock.log_view) {
+                continue;
+            }
+            node.superblock = DurableState {
+                view,
+                log_view,
+                commit: commit.max(node.superblock.commit),
+            };
+            if let Some(replica) = node.replica.as_mut() {
+                replica.on_persisted(view, log_view);
+            }
+        }
+        self.drain(r)
+    }
+
+    fn deliver(&mut self) -> Result<(), SimFailure> {
+        let now = self.tick;
+        let mut due: Vec<Packet> = Vec::new();
+        self.packets.retain(|p| {
+            if p.at <= now {
+                due.push(p.clone());
+                false
+            } else {
+                true
+            }
+        });
+        due.sort_by_key(|p| (p.at, p.seq));
+        for p in due {
+            let to = p.to;
+            if self.trace {
+                eprintln!(
+                    "t{} {}->{} v{} {:?}",
+                    self.tick,
+                    p.frame.replica,
+                    to,
+                    p.frame.view,
+                    trace_message(&p.frame.message)
+                );
+            }
+            let Some(replica) = self.replica_mut(to) else {
+                continue;
+            };
+            // Bad input is refused by the core with a typed error; in this
+            // network every frame is well-formed, so an error is a bug.
+            if let Err(e) = replica.on_frame(p.frame) {
+                return self.failure_here(format!("replica {to} refused a frame: {e}"));
+            }
+            self.drain(to)?;
+        }
+        Ok(())
+    }
+
+    fn send_frame(&mut self, from: u8, to: u8, frame: Frame) {
+        if !self.connected(from, to) {
+            return;
+        }
+        if self.faults && self.prng.chance(self.config.drop_per_mille, 1000) {
+            return;
+        }
+        let copies = if self.faults && self.prng.chance(self.config.duplicate_per_mille, 1000) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = 1 + self
+                .prng
+                .below_inclusive(self.config.delay_ticks_max.saturating_sub(1));
+            self.seq += 1;
+            self.packets.push(Packet {
+                at: self.tick + delay,
+                seq: self.seq,
+                to,
+                frame: frame.clone(),
+            });
+        }
+    }
+
+    /// Carry out everything replica `r` produced.
+    fn drain(&mut self, r: u8) -> Result<(), SimFailure> {
+        loop {
+            let Some(replica) = self.replica_mut(r) else {
+                return Ok(());
+            };
+            let actions = replica.take_actions();
+            if actions.is_empty() {
+                return Ok(());
+            }
+            for action in actions {
+                match action {
+                    Action::Send { to, frame } => self.send_frame(r, to, frame),
+                    Action::Reply(reply) => {
+                        if !(self.faults && self.prng.chance(self.config.drop_per_mille, 1000)) {
+                            self.replies.push(reply);
+                        }
+                    }
+                    Action::Effect(effect) => self.effect(r, effect)?,
+                }
+            }
+        }
+    }
+
+    fn effect(&mut self, r: u8, effect: Effect) -> Result<(), SimFailure> {
+        if self.trace {
+            match &effect {
+                Effect::Journal { prepare } => {
+                    eprintln!("t{} r{r} journal op{}", self.tick, prepare.header.op)
+                }
+                Effect::Apply { prepare, duplicate } => eprintln!(
+                    "t{} r{r} apply op{} dup{duplicate}",
+                    self.tick, prepare.header.op
+                ),
+                other => eprintln!("t{} r{r} {other:?}", self.tick),
+            }
+        }
+        match effect {
+            Effect::PersistState {
+                view,
+                log_view,
+                commit,
+            } => {
+                self.nodes[usize::from(r)]
+                    .pending_persist
+                    .push((view, log_view, commit));
+            }
+            Effect::Journal { .. } | Effect::TruncateJournal { .. } => {}
+            Effect::Apply { prepare, duplicate } => {
+                let h = prepare.header;
+                let op = AppliedOp {
+                    checksum: h.checksum,
+                    client: h.client,
+                    request: h.request,
+                    operation: h.operation,
+                    duplicate,
+                };
+                let node = &mut self.nodes[usize::from(r)];
+                let expected_op = node.applied.len() as u64 + 1;
+                if h.op != expected_op {
+                    return self.failure_here(format!(
+                        "replica {r} applied op {} after op {}",
+                        h.op,
+                        expected_op - 1
+                    ));
+                }
+                node.applied.push(op);
+                let index = (h.op - 1) as usize;
+                match self.canonical.get(index) {
+                    Some(c) if *c != op => {
+                        return self.failure_here(format!(
+                            "replica {r} committed op {} as {:?}, the cluster committed {:?}",
+                            h.op, op, c
+                        ));
+                    }
+                    Some(_) => {}
+                    None => self.canonical.push(op),
+                }
+            }
+            Effect::StartStateTransfer { peer, floor, .. } => self.transfer(r, peer, floor)?,
+        }
+        Ok(())
+    }
+
+    /// Install `peer`'s applied state on `r`, if `peer` may serve it.
+    fn transfer(&mut self, r: u8, peer: u8, floor: u64) -> Result<(), SimFailure> {
+        let Some(source) = self.replica(peer) else {
+            return Ok(());
+        };
+        let requester_primary = self
+            .replica(r)
+            .is_some_and(|x| x.primary_index(x.view()) == r);
+        let servable = source.is_caught_up_primary()
+            || (requester_primary && !source.is_transferring() && source.commit_min() > floor);
+        let commit_op = source.commit_min();
+        let table = source.client_table().export();
+        let checksum = source.commit_min_checksum();
+        let Some(target) = self.replica(r) else {
+            return Ok(());
+        };
+        if !servable || commit_op <= target.commit_min() {
+            return Ok(());
+        }
+        let prefix: Vec<AppliedOp> =
+            self.nodes[usize::from(peer)].applied[..commit_op as usize].to_vec();
+        let node = &mut self.nodes[usize::from(r)];
+        if prefix[..node.applied.len()] != node.applied[..] {
+            return self.failure_here(format!(
+                "state transfer from {peer} to {r}: applied prefixes disagree"
+            ));
+        }
+        node.applied = prefix;
+        if let Some(target) = node.replica.as_mut() {
+            target.set_commit_floor(commit_op, checksum);
+            target.set_sequence(commit_op);
+            target.clear_pipeline();
+            target.advance_commit_max(commit_op);
+            if let Err(e) = target.client_table_mut().install(&table) {
+                let reason = format!("client table install refused: {e}");
+                return self.failure_here(reason);
+            }
+            target.finish_state_transfer();
+        }
+        self.report.transfers += 1;
+        Ok(())
+    }
+
+    fn run_clients(&mut self) -> Result<(), SimFailure> {
+        let replies = std::mem::take(&mut self.replies);
+        for reply in replies {
+            let Some(client) = self.clients.iter_mut().find(|c| c.id == reply.client) else {
+                continue;
+            };
+            let Some(out) = client.outstanding else {
+                continue;
+            };
+            if out.request != reply.request || out.operation != reply.operation {
+                continue;
+            }
+            match reply.status {
+                ReplyStatus::Ok if out.operation == OPERATION_REGISTER => {
+                    client.session = reply.session;
+                    client.outstanding = None;
+                }
+                ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
+                    self.acknowledged.push((client.id, out.request));
+                    client.next_request += 1;
+                    client.outstanding = None;
+                }
+                ReplyStatus::NoSession | ReplyStatus::Fenced => {
+                    client.session = 0;
+                    client.outstanding = None;
+                }
+            }
+        }
+        let mut sends = Vec::new();
+        for client in self.clients.iter_mut() {
+            if client.outstanding.is_none() {
+                if client.session == 0 {
+                    client.outstanding = Some(Outstanding {
+                        request: 0,
+                        operation: OPERATION_REGISTER,
+                        sent_tick: None,
+                    });
+                } else if client.next_request <= self.config.requests_per_client {
+                    client.outstanding = Some(Outstanding {
+                        request: client.next_request,
+                        operation: OPERATION_APPEND,
+                        sent_tick: None,
+                    });
+                }
+            }
+            let Some(out) = client.outstanding.as_mut() else {
+                continue;
+            };
+            let due = out
+                .sent_tick
+                .is_none_or(|t| self.tick >= t + self.config.client_retry_ticks);
+            if !due {
+                continue;
+            }
+            out.sent_tick = Some(self.tick);
+            let register = out.operation == OPERATION_REGISTER;
+            sends.push(Request {
+                client: client.id,
+                session: if register { 0 } else { client.session },
+                request: out.request,
+                operation: out.operation,
+                user_id: 1,
+                body: Bytes::from(format!("{}:{}", client.id, out.request)),
+            });
+        }
+        for request in sends {
+            for r in 0..self.config.replica_count {
+                if self.faults && self.prng.chance(self.config.drop_per_mille, 1000) {
+                    continue;
+                }
+                self.submit(r, request.clone())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn inject_faults(&mut self) -> Result<(), SimFailure> {
+        let n = self.config.replica_count;
+        if self.prng.chance(self.config.partition_per_mille, 1000) {
+            if self.partitioned {
+                self.heal_partition();
+            } else if n > 1 {
+                let all = (1u32 << n) - 1;
+                let side = (self.prng.next_u64() as u32) & all;
+                if side != 0 && side != all {
+                    self.partition(side);
+                }
+            }
+        }
+        for r in 0..n {
+            let node = &self.nodes[usize::from(r)];
+            if node.replica.is_none() && self.tick >= node.restart_at {
+                self.restart(r)?;
+            }
+        }
+        if self.prng.chance(self.config.crash_per_mille, 1000) {
+            let r = (self.prng.next_u64() % u64::from(n)) as u8;
+            // Crash only while at most f replicas are down or catching up:
+            // the restart rule trades liveness beyond that for safety.
+            let f = usize::from(n.saturating_sub(1) / 2);
+            let up = self.nodes[usize::from(r)]
+                .replica
+                .as_ref()
+                .is_some_and(|x| x.is_quorum_visible());
+            if up && (n == 1 || self.unhealthy() < f) {
+                self.crash(r);
+            }
+        }
+        Ok(())
+    }
+
+    fn check_monotonic(&mut self) -> Result<(), SimFailure> {
+        for r in 0..self.config.replica_count {
+            let node = &self.nodes[usize::from(r)];
+            let Some(replica) = node.replica.as_ref() else {
+                continue;
+            };
+            let (view, commit_max, commit_min) =
+                (replica.view(), replica.commit_max(), replica.commit_min());
+            if view < node.view_seen {
+                return self.failure_here(format!(
+                    "replica {r} view went back from {} to {view}",
+                    node.view_seen
+                ));
+            }
+            if commit_max < node.commit_max_seen {
+                return self.failure_here(format!(
+                    "replica {r} commit_max went back from {} to {commit_max}",
+                    node.commit_max_seen
+                ));
+            }
+            if commit_min != node.applied.len() as u64 {
+                return self.failure_here(format!(
+                    "replica {r} commit_min {commit_min} but {} ops applied",
+                    node.applied.len()
+                ));
+            }
+            if replica.view() < node.superblock.view {
+                return self.failure_here(format!("replica {r} view behind its superblock"));
+            }
+            self.report.view_max = self.report.view_max.max(view);
+            let node = &mut self.nodes[usize::from(r)];
+            node.view_seen = view;
+            node.commit_max_seen = commit_max;
+        }
+        Ok(())
+    }
+
+    fn clients_done(&self) -> bool {
+        self.clients.iter().all(|c| {
+            c.outstanding.is_none()
+                && c.session != 0
+                && c.next_request > self.config.requests_per_client
+        })
+    }
+
+    fn converged(&self) -> bool {
+        let target = self.canonical.len() as u64;
+        self.clients_done()
+            && self.nodes.iter().all(|n| {
+                n.replica.as_ref().is_some_and(|r| {
+                    r.status() == Status::Normal
+                        && r.is_quorum_visible()
+                        && !r.is_transferring()
+                        && r.commit_min() == target
+                        && r.commit_max() == target
+                })
+            })
+    }
+
+    /// Heal every fault, then step until the cluster converges.
+    pub fn heal_and_converge(&mut self, ticks_max: u64) -> Result<(), SimFailure> {
+        self.faults = false;
+        self.heal_partition();
+        for r in 0..self.config.replica_count {
+            self.restart(r)?;
+        }
+        let deadline = self.tick + ticks_max;
+        while self.tick < deadline {
+            self.step()?;
+            if self.converged() {
+                return self.check_final();
+            }
+        }
+        let states: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| match &n.replica {
+                Some(r) => format!(
+                    "r{} {:?} v{} lv{} min{} max{} op{} vis{} xfer{}",
+                    r.replica(),
+                    r.status(),
+                    r.view(),
+                    r.log_view(),
+                    r.commit_min(),
+                    r.commit_max(),
+                    r.op(),
+                    r.is_quorum_visible(),
+                    r.is_transferring()
+                ),
+                None => "down".to_string(),
+            })
+            .collect();
+        self.failure_here(format!(
+            "no convergence after healing (clients done: {}, committed {}): {}",
+            self.clients_done(),
+            self.canonical.len(),
+            states.join("; ")
+        ))
+    }
+
+    /// Final checks: every replica holds the same committed log; every
+    /// acknowledged request executed exactly once; nothing executed twice.
+    pub fn check_final(&self) -> Result<(), SimFailure> {
+        for (r, node) in self.nodes.iter().enumerate() {
+            if node.applied != self.canonical {
+                return self.failure_here(format!("replica {r} applied log differs"));
+            }
+        }
+        let mut executed: BTreeMap<(u128, u64), u32> = BTreeMap::new();
+        for op in &self.canonical {
+            if op.operation != OPERATION_REGISTER && !op.duplicate {
+                *executed.entry((op.client, op.request)).or_default() += 1;
+            }
+        }
+        if let Some(((client, request), count)) = executed.iter().find(|(_, c)| **c > 1) {
+            return self.failure_here(format!(
+                "client {client} request {request} executed {count} times"
+            ));
+        }
+        for (client, request) in &self.acknowledged {
+            if executed.get(&(*client, *request)).copied().unwrap_or(0) != 1 {
+                return self.failure_here(format!(
+                    "acknowledged client {client} request {request} is not in the log once"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole run: the faulty phase, then heal and converge.
+    pub fn run(mut self) -> Result<SimReport, SimFailure> {
+        self.run_for(self.config.fault_ticks)?;
+        let heal = self.config.heal_ticks_max;
+        self.heal_and_converge(heal)?;
+        self.report.ticks = self.tick;
+        self.report.committed_ops = self.canonical.len() as u64;
+        self.report.acknowledged = self.acknowledged.len() as u64;
+        Ok(self.report)
+    }
+}
+
+fn trace_message(m: &super::message::Message) -> String {
+    use super::message::Message;
+    match m {
+        Message::Prepare(p) => format!("Prepare op{} commit{}", p.header.op, p.header.commit),
+        Message::RepairPrepare(p) => format!("RepairPrepare op{}", p.header.op),
+        Message::DoViewChange(d) => format!(
+            "DVC lv{} op{} commit{} slots{} present{:b}",
+            d.log_view,
+            d.op,
+            d.commit,
+            d.suffix.len(),
+            d.present_bitset
+        ),
+        Message::StartView(sv) => format!(
+            "SV op{} commit{} suffix{} inc{}",
+            sv.op,
+            sv.commit,
+            sv.suffix.len(),
+            sv.incarnation != 0
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Run one seed with a trace of every frame and effect on stderr.
+pub fn trace_seed(seed: u64) -> Result<SimReport, SimFailure> {
+    let mut sim = Simulation::new(SimConfig::for_seed(seed));
+    sim.set_trace(true);
+    sim.run()
+}
+
+/// Run one seed's own mix ([`SimConfig::for_seed`]).
+pub fn run_seed(seed: u64) -> Result<SimReport, SimFailure> {
+    Simulation::new(SimConfig::for_seed(seed)).run()
+}

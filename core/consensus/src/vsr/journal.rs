@@ -1,0 +1,373 @@
+//! The replica core's in-memory journal of prepares.
+//!
+//! The core owns its log (the partition plane's journal is memory-only, so
+//! there is nothing for the driver to own): `Effect::Journal` tells the
+//! driver what was appended, but the core never waits on it.
+//!
+//! Three things live here:
+//! - `entries`: prepares whose bodies are held. Above `commit_min` every
+//!   entry belongs to the log of the replica's `log_view` (the invariant the
+//!   commit walk relies on); at or below it, the last few applied ops are
+//!   retained to serve repair, from `retained_from` upward without holes.
+//! - `headers`: canonical headers above `commit_min` whose bodies may still
+//!   be missing (learned from a StartView suffix or a merged log).
+//! - `anchor`: a committed op's identity learned from a heartbeat.
+//!
+//! A repaired prepare is accepted only when its identity matches what the
+//! log expects at its op: a known header, the `parent` of the header one op
+//! above, or the anchor. Repair therefore verifies top-down along the hash
+//! chain and can never smuggle a stale op from an old view into the log.
+
+use std::collections::BTreeMap;
+
+use super::message::{Prepare, PrepareHeader};
+
+/// The in-memory log.
+#[derive(Debug, Clone, Default)]
+pub struct Journal {
+    entries: BTreeMap<u64, Prepare>,
+    headers: BTreeMap<u64, PrepareHeader>,
+    anchor: Option<(u64, u128)>,
+    retained_from: u64,
+}
+
+/// What an insertion did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// The prepare was new to the journal.
+    New,
+    /// The journal already held this exact prepare.
+    Duplicate,
+    /// The prepare does not match what the log expects at its op.
+    Rejected,
+}
+
+impl Journal {
+    /// An empty journal whose first retainable op is `retained_from`.
+    pub fn new(retained_from: u64) -> Self {
+        Self {
+            retained_from,
+            ..Self::default()
+        }
+    }
+
+    /// The oldest op this journal can still serve.
+    pub fn retained_from(&self) -> u64 {
+        self.retained_from
+    }
+
+    /// The prepare at `op`, if its body is held.
+    pub fn entry(&self, op: u64) -> Option<&Prepare> {
+        self.entries.get(&op)
+    }
+
+    /// The header at `op`, from an entry or a known canonical header.
+    pub fn header(&self, op: u64) -> Option<&PrepareHeader> {
+        self.headers
+            .get(&op)
+            .or_else(|| self.entries.get(&op).map(|p| &p.header))
+    }
+
+    /// The highest op with a known header, or `floor` if none is above it.
+    pub fn head(&self, floor: u64) -> u64 {
+        self.headers
+            .last_key_value()
+            .map_or(floor, |(op, _)| (*op).max(floor))
+    }
+
+    /// The identity the log expects at `op`, when it can tell.
+    pub fn expected(&self, op: u64) -> Option<u128> {
+        if let Some(h) = self.header(op) {
+            return Some(h.checksum);
+        }
+        if let Some(above) = op.checked_add(1).and_then(|a| self.header(a)) {
+            return Some(above.parent);
+        }
+        match self.anchor {
+            Some((a, checksum)) if a == op => Some(checksum),
+            _ => None,
+        }
+    }
+
+    /// Record a committed op's identity (from the primary's heartbeat).
+    pub fn set_anchor(&mut self, op: u64, checksum: u128) {
+        if self.anchor.is_none_or(|(a, _)| a < op) {
+            self.anchor = Some((op, checksum));
+        }
+    }
+
+    /// Remove every entry and header above `commit_min` and at or above
+    /// `from` (entries at or below `commit_min` are applied and stay).
+    pub fn truncate_from(&mut self, from: u64, commit_min: u64) {
+        let from = from.max(commit_min + 1);
+        self.entries.retain(|op, _| *op < from);
+        self.headers.retain(|op, _| *op < from);
+    }
+
+    /// Insert a prepare from the authority of the current view (the primary
+    /// of the view in which it arrived). It overrides anything that
+    /// disagrees: a different prepare at its op (and, because the chain
+    /// above it hung off that prepare, every op above), and a header below
+    /// it that it does not chain to.
+    pub fn insert_authoritative(&mut self, prepare: Prepare, commit_min: u64) -> Inserted {
+        let op = prepare.header.op;
+        if op <= commit_min {
+            return Inserted::Duplicate;
+        }
+        match self.header(op).copied() {
+            Some(h) if h.checksum == prepare.header.checksum && self.entries.contains_key(&op) => {
+                return Inserted::Duplicate;
+            }
+            Some(h) if h.checksum != prepare.header.checksum => {
+                self.truncate_from(op, commit_min);
+            }
+            _ => {}
+        }
+        let below = op - 1;
+        if below > commit_min
+            && let Some(h) = self.header(below)
+            && h.checksum != prepare.header.parent
+        {
+            // Everything at or below `below` down to the commit point chained
+            // to a header this view's primary contradicts.
+            self.entries.retain(|o, _| *o <= commit_min || *o > below);
+            self.headers.retain(|o, _| *o > below);
+        }
+        self.headers.insert(op, prepare.header);
+        self.entries.insert(op, prepare);
+        Inserted::New
+    }
+
+    /// Insert a prepare only if it is the one the log expects at its op.
+    pub fn insert_verified(&mut self, prepare: Prepare, commit_min: u64) -> Inserted {
+        let op = prepare.header.op;
+        if op <= commit_min {
+            return Inserted::Duplicate;
+        }
+        if self.entries.contains_key(&op) {
+            return Inserted::Duplicate;
+        }
+        if self.expected(op) != Some(prepare.header.checksum) {
+            return Inserted::Rejected;
+        }
+        self.headers.insert(op, prepare.header);
+        self.entries.insert(op, prepare);
+        Inserted::New
+    }
+
+    /// Insert every buffered prepare that verifies, highest op first (so one
+    /// pass walks the whole chain down), leaving the rest buffered. Returns
+    /// the ops inserted.
+    pub fn absorb(&mut self, buffer: &mut BTreeMap<u64, Prepare>, commit_min: u64) -> Vec<u64> {
+        let mut inserted = Vec::new();
+        let ops: Vec<u64> = buffer.keys().rev().copied().collect();
+        for op in ops {
+            if op <= commit_min || self.entries.contains_key(&op) {
+                buffer.remove(&op);
+                continue;
+            }
+            if self.expected(op) == buffer.get(&op).map(|p| p.header.checksum)
+                && let Some(p) = buffer.remove(&op)
+                && self.insert_verified(p, commit_min) == Inserted::New
+            {
+                inserted.push(op);
+            }
+        }
+        inserted
+    }
+
+    /// Replace the log above `commit_min` with a new view's log: `canonical`
+    /// holds headers high to low ending at `head`. Entries that disagree are
+    /// dropped; entries below the lowest canonical header are kept only
+    /// while they chain down from it (an unverifiable entry could be a stale
+    /// op of an old view, and the commit walk must never apply one).
+    pub fn install_log(&mut self, canonical: &[PrepareHeader], head: u64, commit_min: u64) {
+        self.truncate_from(head + 1, commit_min);
+        self.headers.clear();
+        for h in canonical {
+            if h.op <= commit_min || h.op > head {
+                continue;
+            }
+            if self
+                .entries
+                .get(&h.op)
+                .is_some_and(|e| e.header.checksum != h.checksum)
+            {
+                self.entries.remove(&h.op);
+            }
+            self.headers.insert(h.op, *h);
+        }
+        // Walk down from the lowest canonical header (or the head when the
+        // canonical list is empty) keeping only what chains.
+        let (mut expected, mut op) = match self.headers.first_key_value() {
+            Some((op, h)) => (Some(h.parent), *op - 1),
+            None => (
+                self.anchor.filter(|(a, _)| *a == head).map(|(_, c)| c),
+                head,
+            ),
+        };
+        while op > commit_min {
+            let keep = match (self.entries.get(&op), expected) {
+                (Some(e), Some(x)) if e.header.checksum == x => Some(e.header),
+                _ => None,
+            };
+            match keep {
+                Some(h) => {
+                    self.headers.insert(op, h);
+                    expected = Some(h.parent);
+                }
+                None => {
+                    self.entries.retain(|o, _| *o <= commit_min || *o > op);
+                    break;
+                }
+            }
+            op -= 1;
+        }
+        if let Some((a, _)) = self.anchor
+            && a <= commit_min
+        {
+            self.anchor = None;
+        }
+    }
+
+    /// The highest op `x` such that every op in `(commit_min, x]` is held.
+    pub fn contiguous_to(&self, commit_min: u64) -> u64 {
+        let mut x = commit_min;
+        for op in self.entries.range(commit_min + 1..).map(|(op, _)| *op) {
+            if op != x + 1 {
+                break;
+            }
+            x = op;
+        }
+        x
+    }
+
+    /// The first op in `(commit_min, target]` whose body is missing.
+    pub fn first_missing(&self, commit_min: u64, target: u64) -> Option<u64> {
+        let x = self.contiguous_to(commit_min);
+        (x < target).then_some(x + 1)
+    }
+
+    /// After applying up to `commit_min`: forget headers now applied and
+    /// evict bodies older than `retention_ops` applied ops.
+    pub fn prune_applied(&mut self, commit_min: u64, retention_ops: u64) {
+        while let Some((op, _)) = self.headers.first_key_value() {
+            if *op > commit_min {
+                break;
+            }
+            self.headers.pop_first();
+        }
+        let keep_from = commit_min.saturating_sub(retention_ops) + 1;
+        while let Some((op, _)) = self.entries.first_key_value() {
+            if *op >= keep_from {
+                break;
+            }
+            self.entries.pop_first();
+        }
+        self.retained_from = self.retained_from.max(keep_from.min(commit_min + 1));
+        if self.anchor.is_some_and(|(a, _)| a <= commit_min) {
+            self.anchor = None;
+        }
+    }
+
+    /// Forget everything at or below `floor` (a state-transfer install or a
+    /// restart: nothing below the new applied point can be served).
+    pub fn reset_floor(&mut self, floor: u64) {
+        self.entries.retain(|op, _| *op > floor);
+        self.headers.retain(|op, _| *op > floor);
+        self.retained_from = floor + 1;
+        if self.anchor.is_some_and(|(a, _)| a <= floor) {
+            self.anchor = None;
+        }
+    }
+
+    /// Held prepares in `from..=to`, at most `max` of them.
+    pub fn range(&self, from: u64, to: u64, max: usize) -> Vec<Prepare> {
+        if from > to {
+            return Vec::new();
+        }
+        self.entries
+            .range(from..=to)
+            .take(max)
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use bytes::Bytes;
+
+    fn chain(n: u64) -> Vec<Prepare> {
+        let mut parent = 0;
+        (1..=n)
+            .map(|op| {
+                let mut header = PrepareHeader {
+                    checksum: 0,
+                    checksum_body: 0,
+                    parent,
+                    client: 1,
+                    request_checksum: 0,
+                    view: 0,
+                    op,
+                    commit: 0,
+                    timestamp: op,
+                    request: op,
+                    operation: 3,
+                    group: 0,
+                    user_id: 0,
+                };
+                header.checksum = header.compute_checksum();
+                parent = header.checksum;
+                Prepare {
+                    header,
+                    body: Bytes::new(),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn given_known_head_when_repair_arrives_out_of_order_should_verify_top_down() {
+        let log = chain(5);
+        let mut j = Journal::new(1);
+        j.insert_authoritative(log[4].clone(), 0);
+        let mut buffer: BTreeMap<u64, Prepare> =
+            log[..4].iter().map(|p| (p.header.op, p.clone())).collect();
+        let inserted = j.absorb(&mut buffer, 0);
+        assert_eq!(inserted, vec![4, 3, 2, 1]);
+        assert_eq!(j.contiguous_to(0), 5);
+    }
+
+    #[test]
+    fn given_unanchored_prepare_when_repaired_should_reject() {
+        let log = chain(3);
+        let mut j = Journal::new(1);
+        assert_eq!(j.insert_verified(log[1].clone(), 0), Inserted::Rejected);
+    }
+
+    #[test]
+    fn given_stale_entry_below_new_log_when_installed_should_drop_it() {
+        let log = chain(4);
+        let other = {
+            let mut h = log[2].header;
+            h.timestamp += 100;
+            h.checksum = h.compute_checksum();
+            h
+        };
+        let mut j = Journal::new(1);
+        for p in &log[..3] {
+            j.insert_authoritative(p.clone(), 0);
+        }
+        // The new view's log has a different op 3 and a new op 4 on top.
+        let mut h4 = log[3].header;
+        h4.parent = other.checksum;
+        h4.checksum = h4.compute_checksum();
+        j.install_log(&[h4, other], 4, 0);
+        assert!(j.entry(3).is_none());
+        assert_eq!(j.header(3).unwrap().checksum, other.checksum);
+        assert!(j.entry(2).is_some(), "op 2 chains to the new op 3");
+    }
+}

@@ -1,0 +1,333 @@
+//! The DoViewChange merge: from a quorum of votes, the log the new view
+//! starts with.
+//!
+//! The rule (reference/consensus.md §11.2, Viewstamped Replication
+//! Revisited §4.2): the senders with the highest `log_view` are canonical;
+//! their logs are prefixes of one log, so the new head is the highest
+//! canonical op. An op above the commit point may be dropped only with
+//! proof that it cannot have committed: a nack quorum, sized so that it can
+//! never coexist with a replication quorum for the same op. Silence, a blank
+//! slot or a disagreement is never proof; when the merge cannot decide it
+//! waits (`AwaitingRepair`) or reports `Deadlocked`, and never drops an op
+//! that might have committed.
+
+use std::collections::BTreeMap;
+
+use super::message::{DoViewChange, PrepareHeader, SuffixSlot};
+
+/// Headers carried in one DoViewChange/StartView suffix (one bit each in
+/// the `u128` bitsets).
+pub const DVC_HEADERS_MAX: usize = 128;
+
+/// Replica counts and quorum sizes for one group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quorums {
+    /// Replicas in the group.
+    pub replica_count: u8,
+    /// Acks (including the primary's own) that commit an op.
+    pub replication: usize,
+    /// DoViewChange votes (including the candidate's) that start a view.
+    pub view_change: usize,
+    /// Nacks that prove an op never committed.
+    pub nack_prepare: usize,
+}
+
+impl Quorums {
+    /// Reference §8.3: replication = 2 for n = 2 else min(⌈n/2⌉, 3); view
+    /// change = 2 for n = 2 else n − replication + 1; nack = n − replication
+    /// + 1 (a nack quorum and a replication quorum always intersect).
+    pub fn new(replica_count: u8) -> Self {
+        let n = usize::from(replica_count.max(1));
+        let replication = if n == 2 { 2 } else { n.div_ceil(2).min(3) };
+        let view_change = if n == 2 { 2 } else { n - replication + 1 };
+        Self {
+            replica_count: replica_count.max(1),
+            replication,
+            view_change,
+            nack_prepare: n - replication + 1,
+        }
+    }
+
+    /// Faulty replicas tolerated: ⌊(n − 1)/2⌋.
+    pub fn max_faulty(&self) -> usize {
+        (usize::from(self.replica_count) - 1) / 2
+    }
+}
+
+/// The log a view change settled on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergedLog {
+    /// The new head.
+    pub op_head: u64,
+    /// The highest op any voter knew committed.
+    pub commit_max: u64,
+    /// Canonical headers, high to low, from `op_head` down to the commit
+    /// point (including the committed op's header when a voter knew it).
+    pub headers: Vec<PrepareHeader>,
+    /// Per op above `commit_max`: bit `r` set when replica `r` offered its
+    /// body.
+    pub holders: BTreeMap<u64, u32>,
+}
+
+/// Why a merge cannot produce a log yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeStall {
+    /// Fewer votes than the view-change quorum.
+    AwaitingQuorum,
+    /// Some op is undecidable with the votes so far; more may settle it.
+    AwaitingRepair {
+        /// The undecidable op.
+        op: u64,
+    },
+    /// Every replica voted and an op is still undecidable, or the votes
+    /// contradict each other: the view cannot start safely.
+    Deadlocked {
+        /// The op at which the merge gave up.
+        op: u64,
+    },
+}
+
+/// A vote the merge works on: the sender and its DoViewChange.
+pub type Vote<'a> = (u8, &'a DoViewChange);
+
+fn slot(dvc: &DoViewChange, op: u64) -> Option<(usize, &SuffixSlot)> {
+    let i = usize::try_from(dvc.op.checked_sub(op)?).ok()?;
+    dvc.suffix.get(i).map(|s| (i, s))
+}
+
+fn header_at(dvc: &DoViewChange, op: u64) -> Option<PrepareHeader> {
+    match slot(dvc, op)? {
+        (_, SuffixSlot::Header(h)) => Some(*h),
+        (_, SuffixSlot::Blank) => None,
+    }
+}
+
+fn bit(set: u128, i: usize) -> bool {
+    i < 128 && set & (1u128 << i) != 0
+}
+
+/// Merge the votes into the new view's log.
+pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeStall> {
+    if votes.len() < quorums.view_change {
+        return Err(MergeStall::AwaitingQuorum);
+    }
+    let all_voted = votes.len() >= usize::from(quorums.replica_count);
+    let stall = |op| {
+        if all_voted {
+            MergeStall::Deadlocked { op }
+        } else {
+            MergeStall::AwaitingRepair { op }
+        }
+    };
+    let log_view = votes.iter().map(|(_, d)| d.log_view).max().unwrap_or(0);
+    let canonical: Vec<&DoViewChange> = votes
+        .iter()
+        .filter(|(_, d)| d.log_view == log_view)
+        .map(|(_, d)| *d)
+        .collect();
+    let mut commit_max = 0;
+    for (_, d) in votes {
+        commit_max = commit_max.max(d.commit);
+        if let Some(h) = header_at(d, d.op) {
+            commit_max = commit_max.max(h.commit.min(d.op));
+        }
+    }
+    let op_canonical = canonical.iter().map(|d| d.op).max().unwrap_or(0);
+    let mut op_head = op_canonical.max(commit_max);
+    let mut headers: BTreeMap<u64, PrepareHeader> = BTreeMap::new();
+    let mut holders = BTreeMap::new();
+
+    let mut op = commit_max + 1;
+    while op <= op_head {
+        let mut chosen: Option<PrepareHeader> = None;
+        let mut conflict = false;
+        for d in &canonical {
+            if let Some(h) = header_at(d, op) {
+                match chosen {
+                    Some(c) if c.checksum != h.checksum => conflict = true,
+                    Some(_) => {}
+                    None => chosen = Some(h),
+                }
+            }
+        }
+        let mut nacks = 0;
+        let mut copies = 0u32;
+        for (replica, d) in votes {
+            if d.op < op {
+                nacks += 1;
+                continue;
+            }
+            let Some((i, s)) = slot(d, op) else {
+                continue; // does not cover the op: abstains
+            };
+            if bit(d.nack_bitset, i) {
+                nacks += 1;
+                continue;
+            }
+            match (s, chosen) {
+                (SuffixSlot::Header(h), Some(c))
+                    if h.checksum == c.checksum && bit(d.present_bitset, i) =>
+                {
+                    copies |= 1u32 << replica;
+                }
+                (SuffixSlot::Header(h), Some(c)) if h.checksum == c.checksum => {}
+                (SuffixSlot::Header(_), _) if d.log_view < log_view => nacks += 1,
+                _ => {}
+            }
+        }
+        if nacks >= quorums.nack_prepare {
+            op_head = op - 1;
+            break;
+        }
+        match chosen {
+            Some(h) if !conflict && copies != 0 => {
+                headers.insert(op, h);
+                holders.insert(op, copies);
+            }
+            _ => return Err(stall(op)),
+        }
+        op += 1;
+    }
+    // The committed op's header anchors the chain below the new ops.
+    if let Some(h) = votes.iter().find_map(|(_, d)| header_at(d, commit_max)) {
+        headers.insert(commit_max, h);
+    }
+    if op_head < commit_max {
+        return Err(MergeStall::Deadlocked { op: op_head + 1 });
+    }
+    headers.retain(|op, _| *op <= op_head);
+    let mut previous: Option<&PrepareHeader> = None;
+    for h in headers.values() {
+        if let Some(p) = previous
+            && p.op + 1 == h.op
+            && h.parent != p.checksum
+        {
+            return Err(MergeStall::Deadlocked { op: h.op });
+        }
+        previous = Some(h);
+    }
+    Ok(MergedLog {
+        op_head,
+        commit_max,
+        headers: headers.into_values().rev().collect(),
+        holders,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn header(op: u64, parent: u128, salt: u64) -> PrepareHeader {
+        let mut h = PrepareHeader {
+            checksum: 0,
+            checksum_body: 0,
+            parent,
+            client: 1,
+            request_checksum: 0,
+            view: 0,
+            op,
+            commit: 0,
+            timestamp: op * 10 + salt,
+            request: op,
+            operation: 3,
+            group: 0,
+            user_id: 0,
+        };
+        h.checksum = h.compute_checksum();
+        h
+    }
+
+    fn log(n: u64, salt: u64) -> Vec<PrepareHeader> {
+        let mut parent = 0;
+        (1..=n)
+            .map(|op| {
+                let h = header(op, parent, salt);
+                parent = h.checksum;
+                h
+            })
+            .collect()
+    }
+
+    fn dvc(log: &[PrepareHeader], log_view: u32, commit: u64) -> DoViewChange {
+        let op = log.len() as u64;
+        let suffix: Vec<SuffixSlot> = log
+            .iter()
+            .rev()
+            .take_while(|h| h.op >= commit.max(1))
+            .map(|h| SuffixSlot::Header(*h))
+            .collect();
+        let present = if suffix.len() >= 128 {
+            u128::MAX
+        } else {
+            (1u128 << suffix.len()) - 1
+        };
+        DoViewChange {
+            log_view,
+            op,
+            commit,
+            suffix,
+            nack_bitset: 0,
+            present_bitset: present,
+        }
+    }
+
+    #[test]
+    fn given_higher_log_view_when_merged_should_win_over_longer_log() {
+        let old = log(6, 1);
+        let new = log(4, 2);
+        let a = dvc(&old, 1, 0);
+        let b = dvc(&new, 2, 0);
+        let merged = merge(&[(0, &a), (1, &b)], Quorums::new(3)).unwrap();
+        assert_eq!(merged.op_head, 4);
+        assert_eq!(merged.headers[0].checksum, new[3].checksum);
+    }
+
+    #[test]
+    fn given_op_held_by_one_canonical_sender_when_merged_should_keep_it() {
+        let l = log(5, 0);
+        let a = dvc(&l, 1, 2);
+        let b = dvc(&l[..3], 1, 2);
+        let merged = merge(&[(0, &a), (1, &b)], Quorums::new(3)).unwrap();
+        assert_eq!(
+            merged.op_head, 5,
+            "silence from the shorter log is no proof"
+        );
+    }
+
+    #[test]
+    fn given_nack_quorum_when_merged_should_truncate() {
+        let l = log(5, 0);
+        let a = dvc(&l, 1, 2);
+        let b = dvc(&l[..3], 1, 2);
+        let c = dvc(&l[..3], 1, 2);
+        let mut a_blank = a.clone();
+        a_blank.present_bitset = 0b1100; // ops 5 and 4 have no body anywhere
+        let merged = merge(&[(0, &a_blank), (1, &b), (2, &c)], Quorums::new(3));
+        // n = 3: nack quorum is 2, and b and c both end at 3.
+        assert_eq!(merged.unwrap().op_head, 3);
+    }
+
+    #[test]
+    fn given_missing_body_and_no_proof_when_merged_should_await() {
+        let l = log(5, 0);
+        let mut a = dvc(&l, 1, 2);
+        a.present_bitset = 0b1110; // op 5's body missing
+        let b = dvc(&l[..4], 1, 2);
+        assert_eq!(
+            merge(&[(0, &a), (1, &b)], Quorums::new(3)),
+            Err(MergeStall::AwaitingRepair { op: 5 })
+        );
+    }
+
+    #[test]
+    fn given_quorum_sizes_should_match_reference() {
+        let q = Quorums::new(3);
+        assert_eq!((q.replication, q.view_change, q.nack_prepare), (2, 2, 2));
+        let q = Quorums::new(5);
+        assert_eq!((q.replication, q.view_change, q.nack_prepare), (3, 3, 3));
+        let q = Quorums::new(1);
+        assert_eq!((q.replication, q.view_change, q.nack_prepare), (1, 1, 1));
+    }
+}

@@ -1,0 +1,273 @@
+//! Journal repair and the state-transfer hooks, as methods of [`Replica`].
+//!
+//! A replica missing bodies between its applied point and its head (or the
+//! head of a view it is about to start) asks one peer at a time for a slice
+//! of at most 128 ops, highest missing slice first, so that every prepare
+//! that comes back can be verified down the hash chain from a header the
+//! log already trusts. A peer serves what it holds, first announcing
+//! `RangeEvicted{retained_from}` when the slice starts below the oldest op
+//! it still retains. A slice that brings nothing moves on to the next peer;
+//! when every peer has been tried and the ones that answered all retain
+//! only ops above what is needed, the replica concludes `FloorRefused` and
+//! emits [`Effect::StartStateTransfer`]. The driver installs the transfer
+//! with `set_commit_floor`, `set_sequence`, `clear_pipeline`,
+//! `advance_commit_max` and `finish_state_transfer`; until then the replica
+//! acknowledges nothing and applies nothing.
+
+use super::message::{Message, Prepare};
+use super::replica::{Effect, FrameError, RepairSession, Replica, Status};
+
+/// Prepares served per RequestPrepares.
+pub const REPAIR_CHUNK_MAX: u64 = 128;
+
+/// Unverified repaired prepares buffered while waiting for their anchor.
+const REPAIR_BUFFER_MAX: usize = 512;
+
+impl Replica {
+    fn repair_target(&self) -> Option<u64> {
+        match self.status {
+            Status::Normal => Some(self.op()),
+            Status::ViewChange => self.pending_view.as_ref().map(|m| m.op_head),
+            Status::Recovering => None,
+        }
+    }
+
+    /// Open a repair session if the journal has holes below its target and
+    /// none is open.
+    pub(super) fn maybe_repair(&mut self) {
+        if self.transferring || self.repair.is_some() {
+            return;
+        }
+        let Some(target) = self.repair_target() else {
+            return;
+        };
+        let Some(first) = self.journal.first_missing(self.commit_min, target) else {
+            self.repair_tried = 0;
+            self.repair_evicted.clear();
+            self.timers.repair.stop();
+            return;
+        };
+        let mut last = target;
+        while last > first && self.journal.entry(last).is_some() {
+            last -= 1;
+        }
+        let from_op = first.max(last.saturating_sub(REPAIR_CHUNK_MAX - 1));
+        match self.choose_repair_peer(last) {
+            Some(peer) => {
+                let nonce = self.next_nonce();
+                self.repair = Some(RepairSession {
+                    nonce,
+                    peer,
+                    from_op,
+                    to_op: last,
+                    mark: self.repaired_total,
+                });
+                self.send(
+                    peer,
+                    Message::RequestPrepares {
+                        nonce,
+                        from_op,
+                        to_op: last,
+                    },
+                );
+                self.timers.repair.start();
+            }
+            None => {
+                let refused = !self.repair_evicted.is_empty()
+                    && self.repair_evicted.values().all(|r| *r > first);
+                if refused {
+                    self.conclude_floor_refused(target);
+                } else {
+                    // Every peer tried without progress: wait, then go again.
+                    self.repair_tried = 0;
+                    self.repair_evicted.clear();
+                    if !self.timers.repair.running() {
+                        self.timers.repair.start();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next peer to ask: a voter that offered the op's body during a
+    /// view change, else the primary, else the ring after us; never one
+    /// already tried this round.
+    fn choose_repair_peer(&self, op: u64) -> Option<u8> {
+        let n = self.config.replica_count;
+        let me = self.config.replica;
+        let untried = |r: u8| r != me && self.repair_tried & (1u32 << r) == 0;
+        if let Some(holders) = self.pending_view.as_ref().and_then(|m| m.holders.get(&op)) {
+            for r in 0..n {
+                if holders & (1u32 << r) != 0 && untried(r) {
+                    return Some(r);
+                }
+            }
+        }
+        let primary = self.primary_index(self.view);
+        if self.status == Status::Normal && untried(primary) {
+            return Some(primary);
+        }
+        (1..n).map(|i| (me + i) % n).find(|r| untried(*r))
+    }
+
+    fn conclude_floor_refused(&mut self, target: u64) {
+        let floor = self
+            .repair_evicted
+            .values()
+            .min()
+            .map_or(self.commit_min, |r| r.saturating_sub(1));
+        let primary = self.primary_index(self.view);
+        let peer = if primary != self.config.replica && self.status == Status::Normal {
+            primary
+        } else {
+            self.repair_evicted
+                .iter()
+                .max_by_key(|(_, r)| **r)
+                .map_or(primary, |(p, _)| *p)
+        };
+        self.repair = None;
+        self.repair_tried = 0;
+        self.repair_evicted.clear();
+        self.timers.repair.stop();
+        self.transferring = true;
+        self.timers.state_transfer.start();
+        self.effect(Effect::StartStateTransfer {
+            peer,
+            floor,
+            to_op: target,
+        });
+    }
+
+    pub(super) fn on_request_prepares(
+        &mut self,
+        from: u8,
+        nonce: u128,
+        from_op: u64,
+        to_op: u64,
+    ) -> Result<(), FrameError> {
+        if from_op == 0 || from_op > to_op {
+            return Err(FrameError::BadRange { from_op, to_op });
+        }
+        if self.transferring {
+            return Ok(());
+        }
+        let retained_from = self.journal.retained_from();
+        let start = from_op.max(retained_from);
+        if start > from_op {
+            self.send(
+                from,
+                Message::RangeEvicted {
+                    nonce,
+                    retained_from,
+                },
+            );
+        }
+        let end = to_op.min(start.saturating_add(REPAIR_CHUNK_MAX - 1));
+        let mut last = start - 1;
+        for prepare in self.journal.range(start, end, REPAIR_CHUNK_MAX as usize) {
+            last = prepare.header.op;
+            self.send(from, Message::RepairPrepare(prepare));
+        }
+        self.send(from, Message::RepairDone { nonce, op: last });
+        Ok(())
+    }
+
+    pub(super) fn on_repair_prepare(&mut self, prepare: Prepare) -> Result<(), FrameError> {
+        if !prepare.verify() || prepare.header.group != self.config.group {
+            return Err(FrameError::BadChecksum {
+                op: prepare.header.op,
+            });
+        }
+        let op = prepare.header.op;
+        if self.transferring || op <= self.commit_min || self.journal.entry(op).is_some() {
+            return Ok(());
+        }
+        if self.repair_buffer.len() >= REPAIR_BUFFER_MAX && !self.repair_buffer.contains_key(&op) {
+            return Ok(());
+        }
+        self.repair_buffer.insert(op, prepare);
+        let inserted = self
+            .journal
+            .absorb(&mut self.repair_buffer, self.commit_min);
+        if inserted.is_empty() {
+            return Ok(());
+        }
+        for op in inserted {
+            self.repaired_total += 1;
+            if let Some(p) = self.journal.entry(op).cloned() {
+                self.last_timestamp = self.last_timestamp.max(p.header.timestamp);
+                self.effect(Effect::Journal { prepare: p });
+            }
+        }
+        self.after_journal_change();
+        Ok(())
+    }
+
+    pub(super) fn on_repair_done(&mut self, from: u8, nonce: u128, _op: u64) {
+        let Some(session) = self.repair else {
+            return;
+        };
+        if session.nonce != nonce || session.peer != from {
+            return;
+        }
+        self.repair = None;
+        self.timers.repair.stop();
+        if self.repaired_total > session.mark {
+            self.repair_tried = 0;
+            self.repair_evicted.clear();
+        } else {
+            self.repair_tried |= 1u32 << from;
+        }
+        self.maybe_repair();
+    }
+
+    pub(super) fn on_range_evicted(&mut self, from: u8, nonce: u128, retained_from: u64) {
+        match self.repair {
+            Some(s) if s.nonce == nonce && s.peer == from => {
+                self.repair_evicted.insert(from, retained_from);
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn on_repair_timeout(&mut self) {
+        if let Some(session) = self.repair.take() {
+            // A silent peer counts as tried.
+            self.repair_tried |= 1u32 << session.peer;
+        }
+        self.maybe_repair();
+    }
+
+    pub(super) fn on_state_transfer_timeout(&mut self) {
+        if self.transferring {
+            self.transferring = false;
+            self.after_journal_change();
+        }
+    }
+
+    /// State-transfer install: everything up to `floor` is now represented
+    /// by installed state whose last op has identity `checksum`. Never
+    /// moves `commit_min` backwards (asserted: the caller checks first).
+    pub fn set_commit_floor(&mut self, floor: u64, checksum: u128) {
+        assert!(
+            floor >= self.commit_min,
+            "set_commit_floor would rewind commit_min"
+        );
+        self.commit_min = floor;
+        self.commit_min_checksum = checksum;
+        self.journal.reset_floor(floor);
+        self.repair_buffer.retain(|op, _| *op > floor);
+        self.advance_commit_max(floor);
+    }
+
+    /// The install is complete (or was abandoned): resume acknowledging,
+    /// applying and repairing toward `commit_max`.
+    pub fn finish_state_transfer(&mut self) {
+        self.transferring = false;
+        self.timers.state_transfer.stop();
+        self.repair = None;
+        self.repair_tried = 0;
+        self.repair_evicted.clear();
+        self.after_journal_change();
+    }
+}

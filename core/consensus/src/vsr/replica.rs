@@ -1,0 +1,1127 @@
+//! The replica core: state, inputs, outputs, and normal operation.
+//!
+//! A [`Replica`] is one replica of one VSR group. It owns no clock, socket
+//! or file: the driver feeds it frames ([`Replica::on_frame`]), ticks
+//! ([`Replica::on_tick`]) and client requests
+//! ([`Replica::on_client_request`]), then drains [`Action`]s with
+//! [`Replica::take_actions`]: frames to send, replies to clients and
+//! [`Effect`]s to carry out.
+//!
+//! Durability gate: whenever `view` or `log_view` changes the core emits
+//! [`Effect::PersistState`] and withholds every frame to a replica until the
+//! driver reports the write with [`Replica::on_persisted`]. Local progress
+//! (journaling, applying) is never withheld, only what peers could act on:
+//! a vote or an ack in a view the superblock does not yet hold could be
+//! forgotten by a crash, and a replica that forgets a vote can vote twice.
+//!
+//! Normal operation (this file): the primary of view `v` for group `g` is
+//! replica `(v + g) mod N`. It orders requests into prepares (at most 32 in
+//! flight), journals each one itself and sends it to every backup (star
+//! topology, see docs/consensus.md). A backup journals prepares in the
+//! primary's order and answers a cumulative PrepareOk for the highest op up
+//! to which its journal is contiguous. The primary commits an op once a
+//! replication quorum holds it, applies it, replies to the client, and
+//! advances backups by the `commit` carried in every prepare and in the
+//! `Commit` heartbeat. View change lives in `view_change.rs`, repair and
+//! state-transfer hooks in `repair.rs`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::journal::{Inserted, Journal};
+use super::merge::{MergedLog, Quorums};
+use super::message::{
+    DoViewChange, Frame, Message, OPERATION_REGISTER, Prepare, PrepareHeader, Reply, ReplyStatus,
+    Request, body_checksum,
+};
+use super::pipeline::Pipeline;
+use super::timeout::{Prng, Timeout, TimeoutConfig};
+use crate::client_table::{ClientTable, RequestCheck};
+
+/// Replicas in one group at most (one bit each in a `u32` ack set).
+pub const REPLICAS_MAX: u8 = 32;
+
+/// Static configuration of one replica of one group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// This replica's index, `0..replica_count`.
+    pub replica: u8,
+    /// Replicas in the group (1..=32).
+    pub replica_count: u8,
+    /// The consensus group.
+    pub group: u64,
+    /// Timeouts in ticks.
+    pub timeouts: TimeoutConfig,
+    /// Applied prepares kept to serve repair; older ones are evicted (the
+    /// partition plane's state lives in segments) and a peer that needs
+    /// them is told `RangeEvicted`.
+    pub retention_ops: u64,
+    /// Client sessions kept.
+    pub clients_max: usize,
+    /// Seed of the jitter PRNG (mixed with replica and group).
+    pub seed: u64,
+}
+
+impl Config {
+    /// Defaults for replica `replica` of `replica_count` in `group`.
+    pub fn new(replica: u8, replica_count: u8, group: u64) -> Self {
+        Self {
+            replica,
+            replica_count,
+            group,
+            timeouts: TimeoutConfig::default(),
+            retention_ops: 1024,
+            clients_max: crate::client_table::CLIENTS_TABLE_MAX,
+            seed: 0,
+        }
+    }
+}
+
+/// The superblock part of VSR state: what survives a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DurableState {
+    /// The highest view this replica entered.
+    pub view: u32,
+    /// The latest view in which it installed a log.
+    pub log_view: u32,
+    /// Its `commit_max` when written (a lower bound only).
+    pub commit: u64,
+}
+
+/// What the driver's durable applied state says after a restart: the
+/// highest applied op and its identity (the hash chain continues from it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AppliedState {
+    /// The highest op applied.
+    pub commit_min: u64,
+    /// Its identity (0 when nothing was applied).
+    pub checksum: u128,
+}
+
+/// The replica's protocol status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Serving a view.
+    Normal,
+    /// Electing the next primary.
+    ViewChange,
+    /// Restarted without its journal and not yet told the current view.
+    Recovering,
+}
+
+/// Something the driver must carry out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Write `(view, log_view, commit)` to the superblock, then call
+    /// [`Replica::on_persisted`] with the values written.
+    PersistState {
+        /// View to persist.
+        view: u32,
+        /// Log view to persist.
+        log_view: u32,
+        /// Commit point to persist (a lower bound).
+        commit: u64,
+    },
+    /// The core appended this prepare to its journal (the driver may mirror
+    /// it; the core does not wait for an acknowledgement because the
+    /// partition journal is memory-only).
+    Journal {
+        /// The prepare appended.
+        prepare: Prepare,
+    },
+    /// The core dropped its journal from this op upward (log divergence).
+    TruncateJournal {
+        /// First op dropped.
+        from_op: u64,
+    },
+    /// Apply this committed op to the state machine (in op order).
+    Apply {
+        /// The committed prepare.
+        prepare: Prepare,
+        /// True when the client table says this request already committed
+        /// at an earlier op: the state machine must skip it.
+        duplicate: bool,
+    },
+    /// Repair concluded `FloorRefused`: the ops needed lie below what every
+    /// peer retains. Transfer state from `peer`, then install it with
+    /// `set_commit_floor`, `set_sequence`, `clear_pipeline`,
+    /// `advance_commit_max` and `finish_state_transfer`.
+    StartStateTransfer {
+        /// The replica to transfer from (the primary when it is not us).
+        peer: u8,
+        /// The highest op below every peer's retained range.
+        floor: u64,
+        /// The op repair was trying to reach.
+        to_op: u64,
+    },
+}
+
+/// One output of the core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send a frame to replica `to`.
+    Send {
+        /// Destination replica.
+        to: u8,
+        /// The frame.
+        frame: Frame,
+    },
+    /// Send a reply to its client.
+    Reply(Reply),
+    /// Carry out an effect.
+    Effect(Effect),
+}
+
+/// Bad input from a peer: the frame is dropped and nothing changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameError {
+    /// The frame names another group.
+    WrongGroup {
+        /// The group in the frame.
+        group: u64,
+    },
+    /// The sender index is out of range or is this replica.
+    BadSender {
+        /// The claimed sender.
+        replica: u8,
+    },
+    /// A prepare's identity or body checksum does not verify.
+    BadChecksum {
+        /// The op of the prepare.
+        op: u64,
+    },
+    /// A DoViewChange or StartView is malformed.
+    MalformedViewMessage {
+        /// Why, in a few words.
+        reason: &'static str,
+    },
+    /// A RequestPrepares range is empty or starts at op 0.
+    BadRange {
+        /// First op asked for.
+        from_op: u64,
+        /// Last op asked for.
+        to_op: u64,
+    },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::WrongGroup { group } => {
+                write!(f, "frame for group {group} reached another group")
+            }
+            Self::BadSender { replica } => write!(f, "frame claims an invalid sender {replica}"),
+            Self::BadChecksum { op } => write!(f, "prepare for op {op} fails its checksum"),
+            Self::MalformedViewMessage { reason } => {
+                write!(f, "view-change message rejected: {reason}")
+            }
+            Self::BadRange { from_op, to_op } => {
+                write!(f, "repair range {from_op}..={to_op} is invalid")
+            }
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// What happened to a client request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// Ordered as this op; the reply follows when it commits.
+    Prepared {
+        /// The op assigned.
+        op: u64,
+    },
+    /// Already committed: answered from the client table.
+    Answered,
+    /// Already in flight; the reply follows when it commits.
+    InFlight,
+    /// Not accepted here: not the primary, not caught up, or the pipeline
+    /// is full. The client should retry (elsewhere).
+    Unavailable,
+    /// Client id 0 is reserved.
+    ReservedClient,
+}
+
+/// A restarted replica's catch-up state (quorum-invisible while set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Recovery {
+    /// Per-boot nonce a probe answer must echo.
+    pub incarnation: u128,
+    /// The primary's head when it answered: the replica may vote and ack
+    /// only once its journal reaches it.
+    pub barrier: Option<u64>,
+}
+
+/// The replica's timers.
+#[derive(Debug, Clone)]
+pub(super) struct Timers {
+    pub prepare: Timeout,
+    pub commit_message: Timeout,
+    pub normal_heartbeat: Timeout,
+    pub start_view_change: Timeout,
+    pub do_view_change: Timeout,
+    pub view_change_status: Timeout,
+    pub request_start_view: Timeout,
+    pub repair: Timeout,
+    pub state_transfer: Timeout,
+}
+
+impl Timers {
+    fn new(t: &TimeoutConfig) -> Self {
+        Self {
+            prepare: Timeout::new(t.prepare_ticks),
+            commit_message: Timeout::new(t.commit_message_ticks),
+            normal_heartbeat: Timeout::new(t.normal_heartbeat_ticks),
+            start_view_change: Timeout::new(t.start_view_change_message_ticks),
+            do_view_change: Timeout::new(t.do_view_change_message_ticks),
+            view_change_status: Timeout::new(t.view_change_status_ticks),
+            request_start_view: Timeout::new(t.request_start_view_message_ticks),
+            repair: Timeout::new(t.repair_ticks),
+            state_transfer: Timeout::new(t.state_transfer_ticks),
+        }
+    }
+}
+
+/// An open repair session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RepairSession {
+    pub nonce: u128,
+    pub peer: u8,
+    pub from_op: u64,
+    pub to_op: u64,
+    /// `repaired_total` when the session opened (progress detection).
+    pub mark: u64,
+}
+
+/// One replica of one VSR group.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    pub(super) config: Config,
+    pub(super) quorums: Quorums,
+    pub(super) status: Status,
+    pub(super) view: u32,
+    pub(super) log_view: u32,
+    pub(super) durable_view: u32,
+    pub(super) durable_log_view: u32,
+    pub(super) commit_min: u64,
+    pub(super) commit_min_checksum: u128,
+    pub(super) commit_max: u64,
+    pub(super) journal: Journal,
+    pub(super) pipeline: Pipeline,
+    pub(super) client_table: ClientTable,
+    pub(super) prng: Prng,
+    pub(super) timers: Timers,
+    pub(super) ticks: u64,
+    pub(super) last_timestamp: u64,
+    pub(super) heartbeat_counter: u64,
+    pub(super) heartbeat_seen: u64,
+    pub(super) svc_from: u32,
+    pub(super) dvcs: Vec<Option<DoViewChange>>,
+    pub(super) dvc_sent: bool,
+    pub(super) pending_view: Option<MergedLog>,
+    pub(super) recovering: Option<Recovery>,
+    pub(super) observed_newer_view: u32,
+    pub(super) repair: Option<RepairSession>,
+    pub(super) repair_buffer: BTreeMap<u64, Prepare>,
+    pub(super) repair_tried: u32,
+    pub(super) repair_evicted: BTreeMap<u8, u64>,
+    pub(super) repaired_total: u64,
+    pub(super) nonce_counter: u64,
+    pub(super) transferring: bool,
+    held: Vec<(u8, Frame)>,
+    actions: Vec<Action>,
+}
+
+impl Replica {
+    fn blank(config: Config, durable: DurableState, applied: AppliedState) -> Self {
+        assert!(
+            config.replica_count >= 1 && config.replica_count <= REPLICAS_MAX,
+            "replica_count out of range"
+        );
+        assert!(
+            config.replica < config.replica_count,
+            "replica index out of range"
+        );
+        assert!(durable.log_view <= durable.view, "log_view ahead of view");
+        let seed = config.seed
+            ^ config.group.rotate_left(17)
+            ^ u64::from(config.replica).wrapping_mul(0x9E37_79B9);
+        Self {
+            quorums: Quorums::new(config.replica_count),
+            status: Status::Normal,
+            view: durable.view,
+            log_view: durable.log_view,
+            durable_view: durable.view,
+            durable_log_view: durable.log_view,
+            commit_min: applied.commit_min,
+            commit_min_checksum: applied.checksum,
+            commit_max: durable.commit.max(applied.commit_min),
+            journal: Journal::new(applied.commit_min + 1),
+            pipeline: Pipeline::new(),
+            client_table: ClientTable::new(config.clients_max),
+            prng: Prng::new(seed),
+            timers: Timers::new(&config.timeouts),
+            ticks: 0,
+            last_timestamp: 0,
+            heartbeat_counter: 0,
+            heartbeat_seen: 0,
+            svc_from: 0,
+            dvcs: vec![None; usize::from(config.replica_count)],
+            dvc_sent: false,
+            pending_view: None,
+            recovering: None,
+            observed_newer_view: 0,
+            repair: None,
+            repair_buffer: BTreeMap::new(),
+            repair_tried: 0,
+            repair_evicted: BTreeMap::new(),
+            repaired_total: 0,
+            nonce_counter: 0,
+            transferring: false,
+            held: Vec::new(),
+            actions: Vec::new(),
+            config,
+        }
+    }
+
+    /// A replica of a freshly formatted group: view 0, empty log, normal.
+    pub fn new(config: Config) -> Self {
+        let mut r = Self::blank(config, DurableState::default(), AppliedState::default());
+        r.enter_normal_timers();
+        r
+    }
+
+    /// A replica restarting with its superblock and applied state but an
+    /// empty journal. With peers it comes back quorum-invisible: it probes
+    /// for the current view and neither votes nor acknowledges until its
+    /// journal reaches the head the primary reports (docs/consensus.md,
+    /// "Restart rule"). A single replica has nobody to forget for, so it
+    /// resumes at once.
+    pub fn restart(config: Config, durable: DurableState, applied: AppliedState) -> Self {
+        let mut r = Self::blank(config, durable, applied);
+        if config.replica_count == 1 {
+            r.log_view = r.view;
+            r.enter_normal_timers();
+            if r.log_view != r.durable_log_view {
+                r.persist();
+            }
+            return r;
+        }
+        let incarnation = (u128::from(r.prng.next_u64()) << 64 | u128::from(r.prng.next_u64())) | 1;
+        r.status = Status::Recovering;
+        r.recovering = Some(Recovery {
+            incarnation,
+            barrier: None,
+        });
+        r.timers.request_start_view.start();
+        r.send_request_start_view(None);
+        r
+    }
+
+    // ----- accessors -------------------------------------------------------
+
+    /// This replica's index.
+    pub fn replica(&self) -> u8 {
+        self.config.replica
+    }
+
+    /// The group.
+    pub fn group(&self) -> u64 {
+        self.config.group
+    }
+
+    /// The current view.
+    pub fn view(&self) -> u32 {
+        self.view
+    }
+
+    /// The latest view in which this replica installed a log.
+    pub fn log_view(&self) -> u32 {
+        self.log_view
+    }
+
+    /// The protocol status.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// Highest op applied locally.
+    pub fn commit_min(&self) -> u64 {
+        self.commit_min
+    }
+
+    /// Identity of op `commit_min`.
+    pub fn commit_min_checksum(&self) -> u128 {
+        self.commit_min_checksum
+    }
+
+    /// Highest op known committed in the group.
+    pub fn commit_max(&self) -> u64 {
+        self.commit_max
+    }
+
+    /// The head of the log (the sequencer).
+    pub fn op(&self) -> u64 {
+        self.journal.head(self.commit_min).max(self.commit_max)
+    }
+
+    /// The primary of `view` for this group: `(view + group) mod N`.
+    pub fn primary_index(&self, view: u32) -> u8 {
+        let n = u64::from(self.config.replica_count);
+        let p = (u64::from(view) + self.config.group % n) % n;
+        u8::try_from(p).unwrap_or(0)
+    }
+
+    /// Whether this replica is the primary of its view and serving it.
+    pub fn is_primary(&self) -> bool {
+        self.status == Status::Normal
+            && self.recovering.is_none()
+            && self.primary_index(self.view) == self.config.replica
+    }
+
+    /// A primary that may admit requests and serve state transfer: normal,
+    /// not transferring, and everything known committed is applied.
+    pub fn is_caught_up_primary(&self) -> bool {
+        self.is_primary() && !self.transferring && self.commit_min == self.commit_max
+    }
+
+    /// Whether this replica may vote and acknowledge (false while a
+    /// restarted replica catches up).
+    pub fn is_quorum_visible(&self) -> bool {
+        self.recovering.is_none()
+    }
+
+    /// Whether a state transfer is outstanding.
+    pub fn is_transferring(&self) -> bool {
+        self.transferring
+    }
+
+    /// The superblock state this replica needs durable now.
+    pub fn durable_state(&self) -> DurableState {
+        DurableState {
+            view: self.view,
+            log_view: self.log_view,
+            commit: self.commit_max,
+        }
+    }
+
+    /// The client table (replicated state, updated at apply).
+    pub fn client_table(&self) -> &ClientTable {
+        &self.client_table
+    }
+
+    /// The client table, for a state-transfer install.
+    pub fn client_table_mut(&mut self) -> &mut ClientTable {
+        &mut self.client_table
+    }
+
+    /// Prepares in the primary's pipeline.
+    pub fn pipeline_len(&self) -> usize {
+        self.pipeline.len()
+    }
+
+    /// The prepare at `op` if this replica's journal holds its body.
+    pub fn journal_entry(&self, op: u64) -> Option<&Prepare> {
+        self.journal.entry(op)
+    }
+
+    /// Everything produced since the last call, in order.
+    pub fn take_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    // ----- outputs ---------------------------------------------------------
+
+    pub(super) fn effect(&mut self, effect: Effect) {
+        self.actions.push(Action::Effect(effect));
+    }
+
+    /// Queue a frame to `to`, held back while `(view, log_view)` is not
+    /// durable.
+    pub(super) fn send(&mut self, to: u8, message: Message) {
+        if to == self.config.replica {
+            return;
+        }
+        let frame = Frame {
+            group: self.config.group,
+            replica: self.config.replica,
+            view: self.view,
+            message,
+        };
+        if self.view != self.durable_view || self.log_view != self.durable_log_view {
+            self.held.push((to, frame));
+        } else {
+            self.actions.push(Action::Send { to, frame });
+        }
+    }
+
+    pub(super) fn broadcast(&mut self, message: Message) {
+        for to in 0..self.config.replica_count {
+            if to != self.config.replica {
+                self.send(to, message.clone());
+            }
+        }
+    }
+
+    /// Ask the driver to persist the current `(view, log_view)`.
+    pub(super) fn persist(&mut self) {
+        self.effect(Effect::PersistState {
+            view: self.view,
+            log_view: self.log_view,
+            commit: self.commit_max,
+        });
+    }
+
+    /// The driver wrote `(view, log_view)` to the superblock. Frames held
+    /// for exactly that state are released; frames of an older view are
+    /// dropped (they are stale, and their sends were never promised).
+    pub fn on_persisted(&mut self, view: u32, log_view: u32) {
+        if (view, log_view) <= (self.durable_view, self.durable_log_view) {
+            return;
+        }
+        self.durable_view = view;
+        self.durable_log_view = log_view;
+        if self.view == view && self.log_view == log_view {
+            let held = std::mem::take(&mut self.held);
+            for (to, frame) in held {
+                if frame.view == view {
+                    self.actions.push(Action::Send { to, frame });
+                }
+            }
+        }
+    }
+
+    // ----- inputs ----------------------------------------------------------
+
+    /// Handle one decoded frame from a peer.
+    pub fn on_frame(&mut self, frame: Frame) -> Result<(), FrameError> {
+        if frame.group != self.config.group {
+            return Err(FrameError::WrongGroup { group: frame.group });
+        }
+        if frame.replica >= self.config.replica_count || frame.replica == self.config.replica {
+            return Err(FrameError::BadSender {
+                replica: frame.replica,
+            });
+        }
+        let from = frame.replica;
+        let view = frame.view;
+        match frame.message {
+            Message::Prepare(p) => self.on_prepare(from, view, p),
+            Message::PrepareOk {
+                op,
+                prepare_checksum,
+            } => {
+                self.on_prepare_ok(from, view, op, prepare_checksum);
+                Ok(())
+            }
+            Message::Commit {
+                commit,
+                commit_checksum,
+                timestamp_monotonic,
+            } => {
+                self.on_commit(from, view, commit, commit_checksum, timestamp_monotonic);
+                Ok(())
+            }
+            Message::StartViewChange => {
+                self.on_start_view_change(from, view);
+                Ok(())
+            }
+            Message::DoViewChange(dvc) => self.on_do_view_change(from, view, dvc),
+            Message::StartView(sv) => self.on_start_view(from, view, sv),
+            Message::RequestStartView { incarnation } => {
+                self.on_request_start_view(from, view, incarnation);
+                Ok(())
+            }
+            Message::RequestPrepares {
+                nonce,
+                from_op,
+                to_op,
+            } => self.on_request_prepares(from, nonce, from_op, to_op),
+            Message::RepairPrepare(p) => self.on_repair_prepare(p),
+            Message::RepairDone { nonce, op } => {
+                self.on_repair_done(from, nonce, op);
+                Ok(())
+            }
+            Message::RangeEvicted {
+                nonce,
+                retained_from,
+            } => {
+                self.on_range_evicted(from, nonce, retained_from);
+                Ok(())
+            }
+        }
+    }
+
+    /// Count one tick: fire due timers, in a fixed order.
+    pub fn on_tick(&mut self) {
+        self.ticks += 1;
+        let t = &mut self.timers;
+        let heartbeat = t.normal_heartbeat.tick();
+        let svc = t.start_view_change.tick();
+        let dvc = t.do_view_change.tick();
+        let prepare = t.prepare.tick();
+        let commit = t.commit_message.tick();
+        let rsv = t.request_start_view.tick();
+        let status = t.view_change_status.tick();
+        let repair = t.repair.tick();
+        let transfer = t.state_transfer.tick();
+        if heartbeat {
+            self.on_normal_heartbeat_timeout();
+        }
+        if svc {
+            self.on_start_view_change_timeout();
+        }
+        if dvc {
+            self.on_do_view_change_timeout();
+        }
+        if prepare {
+            self.on_prepare_timeout();
+        }
+        if commit {
+            self.on_commit_message_timeout();
+        }
+        if rsv {
+            self.on_request_start_view_timeout();
+        }
+        if status {
+            self.on_view_change_status_timeout();
+        }
+        if repair {
+            self.on_repair_timeout();
+        }
+        if transfer {
+            self.on_state_transfer_timeout();
+        }
+    }
+
+    /// A client request routed to this group.
+    pub fn on_client_request(&mut self, request: Request) -> RequestOutcome {
+        if request.client == crate::client_table::CLIENT_RESERVED {
+            return RequestOutcome::ReservedClient;
+        }
+        if !self.is_caught_up_primary() {
+            return RequestOutcome::Unavailable;
+        }
+        if self
+            .pipeline
+            .contains_request(request.client, request.request)
+        {
+            return RequestOutcome::InFlight;
+        }
+        let register = request.operation == OPERATION_REGISTER;
+        if register && (request.request != 0 || request.session != 0) {
+            return self.refuse(&request, ReplyStatus::NoSession);
+        }
+        if !register && request.request == 0 {
+            return self.refuse(&request, ReplyStatus::NoSession);
+        }
+        match self
+            .client_table
+            .check(request.client, request.session, request.request)
+        {
+            RequestCheck::New => {}
+            RequestCheck::Duplicate(reply) => {
+                self.actions.push(Action::Reply(reply));
+                return RequestOutcome::Answered;
+            }
+            RequestCheck::AlreadyApplied => {
+                return self.refuse(&request, ReplyStatus::AlreadyApplied);
+            }
+            RequestCheck::NoSession => return self.refuse(&request, ReplyStatus::NoSession),
+            RequestCheck::Fenced => return self.refuse(&request, ReplyStatus::Fenced),
+        }
+        if self.pipeline.is_full() {
+            return RequestOutcome::Unavailable;
+        }
+        let op = self.op() + 1;
+        let parent = self.parent_of(op);
+        self.last_timestamp = (self.last_timestamp + 1).max(self.ticks);
+        let mut header = PrepareHeader {
+            checksum: 0,
+            checksum_body: body_checksum(&request.body),
+            parent,
+            client: request.client,
+            request_checksum: 0,
+            view: self.view,
+            op,
+            commit: self.commit_max,
+            timestamp: self.last_timestamp,
+            request: request.request,
+            operation: request.operation,
+            group: self.config.group,
+            user_id: request.user_id,
+        };
+        header.checksum = header.compute_checksum();
+        let prepare = Prepare {
+            header,
+            body: request.body,
+        };
+        let inserted = self
+            .journal
+            .insert_authoritative(prepare.clone(), self.commit_min);
+        assert_eq!(inserted, Inserted::New, "the primary's next op is new");
+        self.effect(Effect::Journal {
+            prepare: prepare.clone(),
+        });
+        self.pipeline.push(header, 1u32 << self.config.replica);
+        self.broadcast(Message::Prepare(prepare));
+        if !self.timers.prepare.running() {
+            self.timers.prepare.start();
+        }
+        self.try_commit();
+        RequestOutcome::Prepared { op }
+    }
+
+    fn refuse(&mut self, request: &Request, status: ReplyStatus) -> RequestOutcome {
+        self.actions.push(Action::Reply(Reply {
+            client: request.client,
+            request: request.request,
+            op: 0,
+            commit: self.commit_max,
+            timestamp: 0,
+            operation: request.operation,
+            status,
+            session: 0,
+        }));
+        RequestOutcome::Answered
+    }
+
+    /// The identity op `op` must chain to.
+    pub(super) fn parent_of(&self, op: u64) -> u128 {
+        let below = op - 1;
+        if below == self.commit_min {
+            return self.commit_min_checksum;
+        }
+        self.journal.header(below).map_or(0, |h| h.checksum)
+    }
+
+    // ----- normal operation ------------------------------------------------
+
+    pub(super) fn enter_normal_timers(&mut self) {
+        self.timers.start_view_change.stop();
+        self.timers.do_view_change.stop();
+        self.timers.view_change_status.stop();
+        if self.primary_index(self.view) == self.config.replica {
+            self.timers.normal_heartbeat.stop();
+            self.timers.commit_message.start();
+            if self.pipeline.is_empty() {
+                self.timers.prepare.stop();
+            } else {
+                self.timers.prepare.start();
+            }
+        } else {
+            self.timers.commit_message.stop();
+            self.timers.prepare.stop();
+            self.timers.normal_heartbeat.start_jittered(&mut self.prng);
+        }
+    }
+
+    fn on_prepare(&mut self, from: u8, view: u32, prepare: Prepare) -> Result<(), FrameError> {
+        if !prepare.verify() || prepare.header.group != self.config.group {
+            return Err(FrameError::BadChecksum {
+                op: prepare.header.op,
+            });
+        }
+        if view > self.view {
+            self.note_newer_view(view);
+            return Ok(());
+        }
+        if view < self.view
+            || self.status != Status::Normal
+            || from != self.primary_index(view)
+            || self.primary_index(view) == self.config.replica
+            || self.transferring
+        {
+            return Ok(());
+        }
+        self.timers.normal_heartbeat.start_jittered(&mut self.prng);
+        self.last_timestamp = self.last_timestamp.max(prepare.header.timestamp);
+        let commit = prepare.header.commit;
+        let op = prepare.header.op;
+        let before = self.op();
+        match self
+            .journal
+            .insert_authoritative(prepare.clone(), self.commit_min)
+        {
+            Inserted::New => {
+                if op <= before {
+                    self.effect(Effect::TruncateJournal { from_op: op });
+                }
+                self.effect(Effect::Journal { prepare });
+            }
+            Inserted::Duplicate | Inserted::Rejected => {}
+        }
+        self.advance_commit_max(commit);
+        self.after_journal_change();
+        Ok(())
+    }
+
+    /// Re-evaluate everything that depends on the journal: the restart
+    /// barrier, the cumulative ack, the commit walk, repair and a pending
+    /// view start.
+    pub(super) fn after_journal_change(&mut self) {
+        self.check_barrier();
+        self.send_prepare_ok();
+        self.commit_walk();
+        if self.status == Status::ViewChange {
+            self.try_start_view();
+        }
+        self.maybe_repair();
+    }
+
+    /// A backup acknowledges the highest op up to which its journal is
+    /// contiguous; the hash chain makes the ack cover every op below.
+    pub(super) fn send_prepare_ok(&mut self) {
+        if self.status != Status::Normal
+            || self.recovering.is_some()
+            || self.transferring
+            || self.primary_index(self.view) == self.config.replica
+        {
+            return;
+        }
+        let op = self.journal.contiguous_to(self.commit_min);
+        if op <= self.commit_min {
+            return;
+        }
+        let Some(prepare_checksum) = self.journal.entry(op).map(|p| p.header.checksum) else {
+            return;
+        };
+        let primary = self.primary_index(self.view);
+        self.send(
+            primary,
+            Message::PrepareOk {
+                op,
+                prepare_checksum,
+            },
+        );
+    }
+
+    fn on_prepare_ok(&mut self, from: u8, view: u32, op: u64, checksum: u128) {
+        if view != self.view || !self.is_primary() || self.transferring {
+            return;
+        }
+        if self.pipeline.ack(from, op, checksum) {
+            self.try_commit();
+        }
+    }
+
+    /// Primary: commit the consecutive run of quorum-acknowledged ops at
+    /// the head of the pipeline, then apply.
+    pub(super) fn try_commit(&mut self) {
+        while let Some(head) = self.pipeline.head() {
+            if (head.ok_from.count_ones() as usize) < self.quorums.replication {
+                break;
+            }
+            let op = head.header.op;
+            self.pipeline.pop_head();
+            self.advance_commit_max(op);
+        }
+        if self.pipeline.is_empty() {
+            self.timers.prepare.stop();
+        }
+        self.commit_walk();
+    }
+
+    /// Raise `commit_max` (monotone).
+    pub fn advance_commit_max(&mut self, commit: u64) {
+        if commit > self.commit_max {
+            self.commit_max = commit;
+        }
+        assert!(
+            self.commit_max >= self.commit_min,
+            "commit_max below commit_min"
+        );
+    }
+
+    /// Apply every committed op the journal holds, in order.
+    pub(super) fn commit_walk(&mut self) {
+        if self.transferring {
+            return;
+        }
+        let mut applied = false;
+        while self.commit_min < self.commit_max {
+            let op = self.commit_min + 1;
+            let Some(prepare) = self.journal.entry(op).cloned() else {
+                break;
+            };
+            assert_eq!(
+                prepare.header.parent, self.commit_min_checksum,
+                "replica {} op {op}: journal entry does not chain to the applied prefix",
+                self.config.replica
+            );
+            self.apply(prepare);
+            applied = true;
+        }
+        if applied {
+            self.journal
+                .prune_applied(self.commit_min, self.config.retention_ops);
+            self.check_barrier();
+        }
+    }
+
+    fn apply(&mut self, prepare: Prepare) {
+        let h = prepare.header;
+        let mut reply = Reply {
+            client: h.client,
+            request: h.request,
+            op: h.op,
+            commit: h.op,
+            timestamp: h.timestamp,
+            operation: h.operation,
+            status: ReplyStatus::Ok,
+            session: 0,
+        };
+        let mut duplicate = false;
+        if h.client != crate::client_table::CLIENT_RESERVED {
+            if h.operation == OPERATION_REGISTER {
+                reply.session = h.op;
+                match self
+                    .client_table
+                    .register(h.client, h.user_id, h.op, reply.clone())
+                {
+                    Ok((session, fresh)) => {
+                        duplicate = !fresh;
+                        reply.session = session;
+                    }
+                    Err(_) => duplicate = true,
+                }
+            } else {
+                duplicate = !self
+                    .client_table
+                    .commit(h.client, h.request, h.op, reply.clone());
+            }
+        }
+        if duplicate && let Some(cached) = self.client_table.cached_reply(h.client, h.request) {
+            reply = cached;
+        }
+        self.commit_min = h.op;
+        self.commit_min_checksum = h.checksum;
+        self.effect(Effect::Apply { prepare, duplicate });
+        if self.is_primary() && h.client != crate::client_table::CLIENT_RESERVED {
+            self.actions.push(Action::Reply(reply));
+        }
+    }
+
+    fn on_commit(&mut self, from: u8, view: u32, commit: u64, checksum: u128, timestamp: u64) {
+        if view > self.view {
+            self.note_newer_view(view);
+            return;
+        }
+        if view < self.view {
+            if self.is_primary() {
+                // A deposed primary is still heartbeating: tell it the view.
+                let sv = self.start_view_message(0);
+                self.send(from, Message::StartView(sv));
+            }
+            return;
+        }
+        if self.status != Status::Normal
+            || from != self.primary_index(view)
+            || self.primary_index(view) == self.config.replica
+        {
+            return;
+        }
+        if timestamp > self.heartbeat_seen {
+            self.heartbeat_seen = timestamp;
+            self.timers.normal_heartbeat.start_jittered(&mut self.prng);
+        }
+        if commit > self.commit_min {
+            self.journal.set_anchor(commit, checksum);
+        }
+        self.advance_commit_max(commit);
+        self.after_journal_change();
+    }
+
+    fn on_commit_message_timeout(&mut self) {
+        if !self.is_primary() {
+            return;
+        }
+        self.timers.commit_message.start();
+        if self.observed_newer_view > self.view {
+            self.send_request_start_view(Some(self.observed_newer_view));
+            return;
+        }
+        self.heartbeat_counter += 1;
+        let message = Message::Commit {
+            commit: self.commit_min,
+            commit_checksum: self.commit_min_checksum,
+            timestamp_monotonic: self.heartbeat_counter,
+        };
+        self.broadcast(message);
+    }
+
+    /// Primary: retransmit un-acknowledged prepares to the replicas that
+    /// have not acknowledged them.
+    fn on_prepare_timeout(&mut self) {
+        if !self.is_primary() || self.pipeline.is_empty() {
+            return;
+        }
+        self.timers.prepare.backoff(&mut self.prng);
+        let all = if self.config.replica_count >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << self.config.replica_count) - 1
+        };
+        let mut sends = Vec::new();
+        for entry in self.pipeline.iter() {
+            let missing = all & !entry.ok_from;
+            if missing == 0 {
+                continue;
+            }
+            if let Some(p) = self.journal.entry(entry.header.op) {
+                sends.push((missing, p.clone()));
+            }
+        }
+        for (missing, prepare) in sends {
+            for to in 0..self.config.replica_count {
+                if missing & (1u32 << to) != 0 {
+                    self.send(to, Message::Prepare(prepare.clone()));
+                }
+            }
+        }
+    }
+
+    /// Sequencer control for a state-transfer install: SET the head to
+    /// `op`, dropping the journal above it, in either direction.
+    ///
+    /// A primary keeps its log: above the commit point it *is* the view's
+    /// log (ops other replicas may have acknowledged and committed), and it
+    /// already chains to the installed prefix because every journal entry
+    /// above `commit_min` belongs to the current log.
+    pub fn set_sequence(&mut self, op: u64) {
+        if self.is_primary() || op >= self.op() {
+            return;
+        }
+        self.journal.truncate_from(op + 1, self.commit_min);
+        self.effect(Effect::TruncateJournal { from_op: op + 1 });
+    }
+
+    /// Drop the pipeline (state-transfer install). A primary rebuilds it
+    /// from its journal with only its own acknowledgement, so uncommitted
+    /// ops are retransmitted and re-acknowledged rather than forgotten.
+    pub fn clear_pipeline(&mut self) {
+        self.pipeline.clear();
+        self.timers.prepare.stop();
+        if !self.is_primary() {
+            return;
+        }
+        let me = 1u32 << self.config.replica;
+        for op in (self.commit_max + 1)..=self.op() {
+            let Some(h) = self.journal.entry(op).map(|p| p.header) else {
+                break;
+            };
+            self.pipeline.push(h, me);
+        }
+        if !self.pipeline.is_empty() {
+            self.timers.prepare.start();
+        }
+    }
+
+    pub(super) fn next_nonce(&mut self) -> u128 {
+        self.nonce_counter += 1;
+        u128::from(self.config.replica) << 96
+            | u128::from(self.nonce_counter) << 32
+            | u128::from(self.prng.next_u64() as u32)
+    }
+}

@@ -1,0 +1,235 @@
+//! Timeouts counted in ticks, with exponential backoff and seeded jitter.
+//!
+//! The core has no clock: the driver calls `on_tick` at a fixed interval
+//! (10 ms in the reference) and every timer counts those ticks. Retransmit
+//! and election timers back off as `after * 2^min(attempts, 4)` plus a
+//! uniform jitter in `[0, backoff]` drawn from [`Prng`], seeded per replica
+//! and group, so two replicas that timed out together do not keep
+//! colliding, and a run is still reproducible from its seed.
+
+/// Default tick counts (reference §8.4; one tick is 10 ms in production).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeoutConfig {
+    /// Primary retransmits un-acked prepares.
+    pub prepare_ticks: u64,
+    /// Primary heartbeat (`Commit`) interval.
+    pub commit_message_ticks: u64,
+    /// Backup's primary-liveness window.
+    pub normal_heartbeat_ticks: u64,
+    /// StartViewChange retransmit.
+    pub start_view_change_message_ticks: u64,
+    /// DoViewChange retransmit.
+    pub do_view_change_message_ticks: u64,
+    /// A view change stuck this long escalates to the next view.
+    pub view_change_status_ticks: u64,
+    /// RequestStartView re-probe.
+    pub request_start_view_message_ticks: u64,
+    /// Repair re-request after a stalled slice.
+    pub repair_ticks: u64,
+    /// A started state transfer that has not been installed is abandoned
+    /// (and repair retried) after this many ticks.
+    pub state_transfer_ticks: u64,
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        Self {
+            prepare_ticks: 25,
+            commit_message_ticks: 50,
+            normal_heartbeat_ticks: 500,
+            start_view_change_message_ticks: 50,
+            do_view_change_message_ticks: 50,
+            view_change_status_ticks: 500,
+            request_start_view_message_ticks: 100,
+            repair_ticks: 100,
+            state_transfer_ticks: 1000,
+        }
+    }
+}
+
+impl TimeoutConfig {
+    /// Every timeout divided by `factor` (at least 2 ticks), for fast
+    /// simulations; the ratios between timeouts are kept.
+    pub fn scaled_down(factor: u64) -> Self {
+        let d = Self::default();
+        let f = factor.max(1);
+        let s = |t: u64| (t / f).max(2);
+        Self {
+            prepare_ticks: s(d.prepare_ticks),
+            commit_message_ticks: s(d.commit_message_ticks),
+            normal_heartbeat_ticks: s(d.normal_heartbeat_ticks),
+            start_view_change_message_ticks: s(d.start_view_change_message_ticks),
+            do_view_change_message_ticks: s(d.do_view_change_message_ticks),
+            view_change_status_ticks: s(d.view_change_status_ticks),
+            request_start_view_message_ticks: s(d.request_start_view_message_ticks),
+            repair_ticks: s(d.repair_ticks),
+            state_transfer_ticks: s(d.state_transfer_ticks),
+        }
+    }
+}
+
+/// xoshiro256+ seeded through splitmix64: small, fast, reproducible.
+#[derive(Debug, Clone)]
+pub struct Prng {
+    s: [u64; 4],
+}
+
+impl Prng {
+    /// A generator whose whole stream is determined by `seed`.
+    pub fn new(seed: u64) -> Self {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Self {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let result = self.s[0].wrapping_add(self.s[3]);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in `0..=max` (slightly biased for huge `max`; fine for
+    /// jitter and fault injection).
+    pub fn below_inclusive(&mut self, max: u64) -> u64 {
+        if max == u64::MAX {
+            return self.next_u64();
+        }
+        self.next_u64() % (max + 1)
+    }
+
+    /// True with probability `numerator / denominator`.
+    pub fn chance(&mut self, numerator: u64, denominator: u64) -> bool {
+        denominator != 0 && self.next_u64() % denominator < numerator
+    }
+}
+
+/// One timer: armed with a tick count, fires when it reaches zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeout {
+    after_ticks: u64,
+    attempts: u32,
+    remaining_ticks: Option<u64>,
+}
+
+impl Timeout {
+    /// A stopped timer that fires `after_ticks` after being started.
+    pub const fn new(after_ticks: u64) -> Self {
+        Self {
+            after_ticks,
+            attempts: 0,
+            remaining_ticks: None,
+        }
+    }
+
+    /// Arm for `after_ticks`, clearing the backoff.
+    pub fn start(&mut self) {
+        self.attempts = 0;
+        self.remaining_ticks = Some(self.after_ticks.max(1));
+    }
+
+    /// Arm for `after_ticks` plus up to a quarter of it in jitter: used by
+    /// the election timers so that backups do not time out in lockstep.
+    pub fn start_jittered(&mut self, prng: &mut Prng) {
+        self.attempts = 0;
+        let jitter = prng.below_inclusive(self.after_ticks / 4);
+        self.remaining_ticks = Some(self.after_ticks.max(1) + jitter);
+    }
+
+    /// Re-arm a running timer from full; a stopped timer stays stopped.
+    pub fn reset(&mut self) {
+        if self.remaining_ticks.is_some() {
+            self.start();
+        }
+    }
+
+    /// Disarm.
+    pub fn stop(&mut self) {
+        self.remaining_ticks = None;
+        self.attempts = 0;
+    }
+
+    /// Re-arm after a firing with exponential backoff and jitter.
+    pub fn backoff(&mut self, prng: &mut Prng) {
+        self.attempts = self.attempts.saturating_add(1);
+        let backoff = self.after_ticks.max(1) << self.attempts.min(4);
+        let jitter = prng.below_inclusive(backoff);
+        self.remaining_ticks = Some(backoff + jitter);
+    }
+
+    /// Whether the timer is armed.
+    pub const fn running(&self) -> bool {
+        self.remaining_ticks.is_some()
+    }
+
+    /// Count one tick; true when the timer fires (it is then disarmed until
+    /// re-armed by `start` or `backoff`).
+    pub fn tick(&mut self) -> bool {
+        match self.remaining_ticks {
+            Some(r) if r <= 1 => {
+                self.remaining_ticks = None;
+                true
+            }
+            Some(r) => {
+                self.remaining_ticks = Some(r - 1);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_same_seed_when_drawn_should_repeat_stream() {
+        let mut a = Prng::new(7);
+        let mut b = Prng::new(7);
+        for _ in 0..100 {
+            assert_eq!(a.next_u64(), b.next_u64());
+        }
+        assert_ne!(Prng::new(7).next_u64(), Prng::new(8).next_u64());
+    }
+
+    #[test]
+    fn given_started_timer_when_ticked_should_fire_once_at_deadline() {
+        let mut t = Timeout::new(3);
+        t.start();
+        assert!(!t.tick());
+        assert!(!t.tick());
+        assert!(t.tick());
+        assert!(!t.tick());
+        assert!(!t.running());
+    }
+
+    #[test]
+    fn given_repeated_backoff_should_cap_at_sixteen_times_plus_jitter() {
+        let mut prng = Prng::new(1);
+        let mut t = Timeout::new(10);
+        for _ in 0..10 {
+            t.backoff(&mut prng);
+        }
+        let mut ticks = 0;
+        while !t.tick() {
+            ticks += 1;
+        }
+        assert!(ticks < 10 * 16 * 2);
+        assert!(ticks + 1 >= 10 * 16);
+    }
+}

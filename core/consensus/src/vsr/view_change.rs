@@ -1,0 +1,521 @@
+//! View change (StartViewChange, DoViewChange, StartView) and the
+//! RequestStartView probe, as methods of [`Replica`].
+//!
+//! Flow: a backup whose primary went quiet enters view `v + 1` (status
+//! ViewChange, durable before any send) and broadcasts StartViewChange.
+//! With StartViewChange from `f` others it sends its DoViewChange — its
+//! `log_view`, head, commit point and the suffix of up to 128 headers above
+//! it — to the new primary. The new primary merges a view-change quorum of
+//! them (`merge.rs`), installs the merged headers, repairs any body it
+//! lacks from the voters that offered it, and only then starts the view:
+//! `log_view = view`, persisted, StartView broadcast, uncommitted ops
+//! re-entered into the pipeline. A backup adopts a StartView by installing
+//! its headers (dropping what disagrees) and acknowledging what it holds.
+//!
+//! A restarted replica (see `Replica::restart`) never votes: it only probes
+//! with RequestStartView and adopts the StartView that echoes its
+//! incarnation, whose head becomes its barrier.
+
+use super::merge::{DVC_HEADERS_MAX, MergedLog, merge};
+use super::message::{DoViewChange, Message, PrepareHeader, StartView, SuffixSlot};
+use super::replica::{Effect, FrameError, Replica, Status};
+
+impl Replica {
+    /// Remember a view newer than ours seen on traffic we dropped, and
+    /// probe its primary (at most once per probe timeout).
+    pub(super) fn note_newer_view(&mut self, view: u32) {
+        if view <= self.view {
+            return;
+        }
+        self.observed_newer_view = self.observed_newer_view.max(view);
+        if !self.timers.request_start_view.running() {
+            self.timers.request_start_view.start();
+            self.send_request_start_view(Some(view));
+        }
+    }
+
+    /// Probe the primary of `target` (or everyone).
+    pub(super) fn send_request_start_view(&mut self, target: Option<u32>) {
+        let incarnation = self.recovering.map_or(0, |r| r.incarnation);
+        let message = Message::RequestStartView { incarnation };
+        match target {
+            Some(view) => {
+                let primary = self.primary_index(view);
+                self.send(primary, message);
+            }
+            None => self.broadcast(message),
+        }
+    }
+
+    pub(super) fn on_normal_heartbeat_timeout(&mut self) {
+        if self.status != Status::Normal || self.primary_index(self.view) == self.config.replica {
+            return;
+        }
+        self.timers.normal_heartbeat.start_jittered(&mut self.prng);
+        if self.recovering.is_some() {
+            self.send_request_start_view(None);
+            return;
+        }
+        if self.observed_newer_view > self.view {
+            // Maybe we only missed an election: ask before electing, once.
+            let target = self.observed_newer_view;
+            self.observed_newer_view = 0;
+            self.send_request_start_view(Some(target));
+            return;
+        }
+        self.start_view_change(self.view + 1);
+    }
+
+    fn reset_view_change_state(&mut self) {
+        self.svc_from = 0;
+        for d in self.dvcs.iter_mut() {
+            *d = None;
+        }
+        self.dvc_sent = false;
+        self.pending_view = None;
+    }
+
+    /// Enter view `view` as a candidate participant.
+    pub(super) fn start_view_change(&mut self, view: u32) {
+        assert!(
+            self.recovering.is_none(),
+            "a recovering replica never votes"
+        );
+        assert!(view >= self.view, "views never go backwards");
+        self.view = view;
+        self.status = Status::ViewChange;
+        self.reset_view_change_state();
+        self.svc_from = 1u32 << self.config.replica;
+        self.pipeline.clear();
+        if self.observed_newer_view <= view {
+            self.observed_newer_view = 0;
+        }
+        self.persist();
+        self.timers.normal_heartbeat.stop();
+        self.timers.prepare.stop();
+        self.timers.commit_message.stop();
+        self.timers.start_view_change.start();
+        self.timers.do_view_change.stop();
+        self.timers
+            .view_change_status
+            .start_jittered(&mut self.prng);
+        self.broadcast(Message::StartViewChange);
+        self.check_svc_quorum();
+    }
+
+    pub(super) fn on_start_view_change(&mut self, from: u8, view: u32) {
+        if self.recovering.is_some() || view < self.view {
+            self.note_newer_view(view);
+            return;
+        }
+        if view > self.view {
+            self.start_view_change(view);
+        }
+        if self.status == Status::Normal {
+            if self.is_primary() {
+                // The sender missed our StartView.
+                let sv = self.start_view_message(0);
+                self.send(from, Message::StartView(sv));
+            }
+            return;
+        }
+        self.svc_from |= 1u32 << from;
+        self.check_svc_quorum();
+    }
+
+    fn check_svc_quorum(&mut self) {
+        if self.status != Status::ViewChange || self.dvc_sent {
+            return;
+        }
+        let others = (self.svc_from & !(1u32 << self.config.replica)).count_ones() as usize;
+        if others >= self.quorums.max_faulty() {
+            self.send_do_view_change();
+        }
+    }
+
+    /// This replica's vote: its log tail from the head down to the commit
+    /// point. A missing header is a blank, which proves nothing. An op above
+    /// the contiguous journal frontier is nacked: PrepareOk is cumulative
+    /// and sent only for a contiguous journal, and entries above the commit
+    /// point leave the journal only when they were not the log's (a
+    /// conflicting primary prepare or a new view's log), so this replica
+    /// never acknowledged that op in a way a commit could count. Ops above
+    /// the head are nacked implicitly by `op`.
+    pub(super) fn build_do_view_change(&self) -> DoViewChange {
+        let op = self.op();
+        let commit = self.commit_max.min(op);
+        let frontier = self.journal.contiguous_to(self.commit_min);
+        let mut suffix = Vec::new();
+        let mut present = 0u128;
+        let mut nack = 0u128;
+        let mut x = op;
+        while x >= 1 && x >= commit && suffix.len() < DVC_HEADERS_MAX {
+            if x > frontier && x > commit {
+                nack |= 1u128 << suffix.len();
+            }
+            match self.journal.header(x) {
+                Some(h) => {
+                    if self.journal.entry(x).is_some() {
+                        present |= 1u128 << suffix.len();
+                    }
+                    suffix.push(SuffixSlot::Header(*h));
+                }
+                None => suffix.push(SuffixSlot::Blank),
+            }
+            x -= 1;
+        }
+        DoViewChange {
+            log_view: self.log_view,
+            op,
+            commit,
+            suffix,
+            nack_bitset: nack,
+            present_bitset: present,
+        }
+    }
+
+    fn send_do_view_change(&mut self) {
+        let dvc = self.build_do_view_change();
+        self.dvc_sent = true;
+        let primary = self.primary_index(self.view);
+        if primary == self.config.replica {
+            let me = usize::from(self.config.replica);
+            if self.dvcs[me].is_none() {
+                self.dvcs[me] = Some(dvc);
+            }
+            self.try_merge();
+        } else {
+            self.send(primary, Message::DoViewChange(dvc));
+            self.timers.do_view_change.start();
+        }
+    }
+
+    fn validate_do_view_change(view: u32, dvc: &DoViewChange) -> Result<(), FrameError> {
+        let bad = |reason| Err(FrameError::MalformedViewMessage { reason });
+        if dvc.log_view > view {
+            return bad("log_view ahead of view");
+        }
+        if dvc.commit > dvc.op {
+            return bad("commit ahead of op");
+        }
+        if dvc.suffix.len() > DVC_HEADERS_MAX {
+            return bad("suffix longer than 128 headers");
+        }
+        let len = dvc.suffix.len();
+        let beyond = if len >= 128 { 0 } else { !0u128 << len };
+        if (dvc.nack_bitset | dvc.present_bitset) & beyond != 0 {
+            return bad("bitset bit beyond the suffix");
+        }
+        let mut previous: Option<PrepareHeader> = None;
+        for (i, slot) in dvc.suffix.iter().enumerate() {
+            let expected_op = dvc.op.checked_sub(i as u64);
+            match slot {
+                SuffixSlot::Header(h) => {
+                    if Some(h.op) != expected_op {
+                        return bad("suffix ops not consecutive from the head");
+                    }
+                    if !h.verify() {
+                        return bad("suffix header fails its identity checksum");
+                    }
+                    if let Some(p) = previous
+                        && p.op == h.op + 1
+                        && (p.parent != h.checksum || p.timestamp <= h.timestamp)
+                    {
+                        return bad("suffix headers do not hash-chain");
+                    }
+                    previous = Some(*h);
+                }
+                SuffixSlot::Blank => {
+                    if expected_op.is_none_or(|o| o == 0) {
+                        return bad("suffix runs below op 1");
+                    }
+                    previous = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_do_view_change(
+        &mut self,
+        from: u8,
+        view: u32,
+        dvc: DoViewChange,
+    ) -> Result<(), FrameError> {
+        Self::validate_do_view_change(view, &dvc)?;
+        if self.recovering.is_some() || view < self.view {
+            self.note_newer_view(view);
+            return Ok(());
+        }
+        if view > self.view {
+            self.start_view_change(view);
+        }
+        if self.primary_index(view) != self.config.replica {
+            return Ok(());
+        }
+        if self.status == Status::Normal {
+            let sv = self.start_view_message(0);
+            self.send(from, Message::StartView(sv));
+            return Ok(());
+        }
+        let slot = usize::from(from);
+        if self.dvcs[slot].is_none() {
+            self.dvcs[slot] = Some(dvc);
+        }
+        let me = usize::from(self.config.replica);
+        if self.dvcs[me].is_none() {
+            self.dvcs[me] = Some(self.build_do_view_change());
+            self.dvc_sent = true;
+        }
+        self.try_merge();
+        Ok(())
+    }
+
+    fn try_merge(&mut self) {
+        if self.status != Status::ViewChange {
+            return;
+        }
+        if self.pending_view.is_some() {
+            self.try_start_view();
+            return;
+        }
+        let votes: Vec<(u8, &DoViewChange)> = self
+            .dvcs
+            .iter()
+            .enumerate()
+            .filter_map(|(r, d)| d.as_ref().map(|d| (r as u8, d)))
+            .collect();
+        let Ok(merged) = merge(&votes, self.quorums) else {
+            return;
+        };
+        self.install_pending(merged);
+    }
+
+    fn install_pending(&mut self, merged: MergedLog) {
+        self.advance_commit_max(merged.commit_max);
+        let before = self.op();
+        self.journal
+            .install_log(&merged.headers, merged.op_head, self.commit_min);
+        if before > merged.op_head {
+            self.effect(Effect::TruncateJournal {
+                from_op: merged.op_head + 1,
+            });
+        }
+        self.repair = None;
+        self.repair_tried = 0;
+        self.pending_view = Some(merged);
+        self.try_start_view();
+        self.maybe_repair();
+    }
+
+    /// Start the pending view once every uncommitted op's body is held.
+    pub(super) fn try_start_view(&mut self) {
+        let Some(merged) = &self.pending_view else {
+            return;
+        };
+        if self.status != Status::ViewChange {
+            return;
+        }
+        let op_head = merged.op_head;
+        let from = self.commit_max + 1;
+        if (from..=op_head).any(|op| self.journal.entry(op).is_none()) {
+            return;
+        }
+        self.pending_view = None;
+        self.start_view(op_head);
+    }
+
+    fn start_view(&mut self, op_head: u64) {
+        self.status = Status::Normal;
+        self.log_view = self.view;
+        self.persist();
+        self.pipeline.clear();
+        let me = 1u32 << self.config.replica;
+        for op in (self.commit_max + 1)..=op_head {
+            if let Some(h) = self.journal.header(op).copied() {
+                self.last_timestamp = self.last_timestamp.max(h.timestamp);
+                self.pipeline.push(h, me);
+            }
+        }
+        self.reset_view_change_state();
+        self.repair = None;
+        self.enter_normal_timers();
+        let sv = self.start_view_message(0);
+        self.broadcast(Message::StartView(sv));
+        let ops: Vec<u64> = self.pipeline.iter().map(|e| e.header.op).collect();
+        for op in ops {
+            if let Some(p) = self.journal.entry(op).cloned() {
+                self.broadcast(Message::Prepare(p));
+            }
+        }
+        self.try_commit();
+        self.maybe_repair();
+    }
+
+    /// The StartView for the current log: head, commit point and the
+    /// headers from the head down to the commit point (at most 128).
+    pub(super) fn start_view_message(&self, incarnation: u128) -> StartView {
+        let op = self.op();
+        let mut suffix = Vec::new();
+        let mut x = op;
+        while x >= 1 && x >= self.commit_max && suffix.len() < DVC_HEADERS_MAX {
+            match self.journal.header(x) {
+                Some(h) => suffix.push(*h),
+                None => break,
+            }
+            x -= 1;
+        }
+        StartView {
+            op,
+            commit: self.commit_max,
+            suffix,
+            incarnation,
+        }
+    }
+
+    fn validate_start_view(sv: &StartView) -> Result<(), FrameError> {
+        let bad = |reason| Err(FrameError::MalformedViewMessage { reason });
+        if sv.commit > sv.op {
+            return bad("commit ahead of op");
+        }
+        if sv.suffix.len() > DVC_HEADERS_MAX {
+            return bad("suffix longer than 128 headers");
+        }
+        for (i, h) in sv.suffix.iter().enumerate() {
+            if sv.op.checked_sub(i as u64) != Some(h.op) {
+                return bad("suffix ops not consecutive from the head");
+            }
+            if !h.verify() {
+                return bad("suffix header fails its identity checksum");
+            }
+            if i > 0 && sv.suffix[i - 1].parent != h.checksum {
+                return bad("suffix headers do not hash-chain");
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_start_view(
+        &mut self,
+        from: u8,
+        view: u32,
+        sv: StartView,
+    ) -> Result<(), FrameError> {
+        Self::validate_start_view(&sv)?;
+        if from != self.primary_index(view) {
+            return Ok(());
+        }
+        if let Some(recovery) = self.recovering {
+            // Only an answer to our own probe tells us a head at least as
+            // high as anything we acknowledged before the restart.
+            if sv.incarnation != recovery.incarnation || view < self.view {
+                return Ok(());
+            }
+        } else if view < self.view || (view == self.view && self.status == Status::Normal) {
+            return Ok(());
+        }
+        if sv.op < self.commit_min {
+            return Ok(());
+        }
+        self.view = view;
+        self.log_view = view;
+        self.status = Status::Normal;
+        self.reset_view_change_state();
+        self.pipeline.clear();
+        if self.observed_newer_view <= view {
+            self.observed_newer_view = 0;
+        }
+        self.advance_commit_max(sv.commit);
+        let before = self.op();
+        self.journal.install_log(&sv.suffix, sv.op, self.commit_min);
+        if before > sv.op {
+            self.effect(Effect::TruncateJournal { from_op: sv.op + 1 });
+        }
+        self.persist();
+        if let Some(recovery) = &mut self.recovering {
+            recovery.barrier = Some(sv.op);
+        }
+        self.timers.request_start_view.stop();
+        self.heartbeat_seen = 0;
+        self.repair = None;
+        self.repair_tried = 0;
+        self.enter_normal_timers();
+        self.after_journal_change();
+        Ok(())
+    }
+
+    pub(super) fn on_request_start_view(&mut self, from: u8, view: u32, incarnation: u128) {
+        if view > self.view {
+            self.note_newer_view(view);
+            return;
+        }
+        if self.is_primary() && self.log_view == self.view {
+            let sv = self.start_view_message(incarnation);
+            self.send(from, Message::StartView(sv));
+            return;
+        }
+        if from == self.primary_index(self.view)
+            && view == self.view
+            && self.status == Status::Normal
+            && self.recovering.is_none()
+        {
+            // Our primary restarted (or was deposed): it will not lead.
+            self.start_view_change(self.view + 1);
+        }
+    }
+
+    pub(super) fn on_start_view_change_timeout(&mut self) {
+        if self.status != Status::ViewChange {
+            return;
+        }
+        self.timers.start_view_change.backoff(&mut self.prng);
+        self.broadcast(Message::StartViewChange);
+    }
+
+    pub(super) fn on_do_view_change_timeout(&mut self) {
+        let primary = self.primary_index(self.view);
+        if self.status != Status::ViewChange || !self.dvc_sent || primary == self.config.replica {
+            return;
+        }
+        self.timers.do_view_change.backoff(&mut self.prng);
+        let dvc = self.build_do_view_change();
+        self.send(primary, Message::DoViewChange(dvc));
+    }
+
+    pub(super) fn on_request_start_view_timeout(&mut self) {
+        if self.status == Status::Recovering {
+            self.timers.request_start_view.backoff(&mut self.prng);
+            self.send_request_start_view(None);
+        } else if self.observed_newer_view > self.view {
+            self.timers.request_start_view.backoff(&mut self.prng);
+            self.send_request_start_view(Some(self.observed_newer_view));
+        }
+    }
+
+    pub(super) fn on_view_change_status_timeout(&mut self) {
+        if self.status == Status::ViewChange && self.recovering.is_none() {
+            self.start_view_change(self.view + 1);
+        }
+    }
+
+    /// A restarted replica becomes quorum-visible once its journal reaches
+    /// the head the primary reported after the restart.
+    pub(super) fn check_barrier(&mut self) {
+        let Some(recovery) = self.recovering else {
+            return;
+        };
+        let Some(barrier) = recovery.barrier else {
+            return;
+        };
+        if self.status == Status::Normal
+            && self
+                .journal
+                .contiguous_to(self.commit_min)
+                .max(self.commit_min)
+                >= barrier
+        {
+            self.recovering = None;
+            self.send_prepare_ok();
+        }
+    }
+}
