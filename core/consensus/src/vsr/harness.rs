@@ -619,7 +619,7 @@ impl Simulation {
             .replica(r)
             .is_some_and(|x| x.primary_index(x.view()) == r);
         let servable = source.is_caught_up_primary()
-            || (requester_primary && !source.is_transferring() && source.commit_min() > floor);
+            || (requester_primary && !source.is_transferring() && source.commit_min() >= floor);
         let commit_op = source.commit_min();
         let table = source.client_table().export();
         let checksum = source.commit_min_checksum();

@@ -188,8 +188,19 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
         }
         op += 1;
     }
-    // The committed op's header anchors the chain below the new ops.
-    if let Some(h) = votes.iter().find_map(|(_, d)| header_at(d, commit_max)) {
+    // The committed op's header anchors the chain below the new ops. Only a
+    // canonical sender, or one that knows the op committed, may supply it:
+    // a lower log_view may hold a different, never-committed op there.
+    let anchor = canonical
+        .iter()
+        .find_map(|d| header_at(d, commit_max))
+        .or_else(|| {
+            votes
+                .iter()
+                .filter(|(_, d)| d.commit >= commit_max)
+                .find_map(|(_, d)| header_at(d, commit_max))
+        });
+    if let Some(h) = anchor {
         headers.insert(commit_max, h);
     }
     if op_head < commit_max {
