@@ -229,6 +229,7 @@ pub struct Simulation {
     acknowledged: Vec<(u128, u64)>,
     report: SimReport,
     trace: bool,
+    transfers_started: Vec<(u8, u8, u64, u64)>,
 }
 
 impl Simulation {
@@ -277,6 +278,7 @@ impl Simulation {
             acknowledged: Vec::new(),
             report: SimReport::default(),
             trace: false,
+            transfers_started: Vec::new(),
             config,
         }
     }
@@ -325,6 +327,26 @@ impl Simulation {
 
     fn failure_here(&self, reason: String) -> Result<(), SimFailure> {
         Err(self.failure(reason))
+    }
+
+    /// Every `StartStateTransfer` effect seen: (replica, peer, floor, to_op).
+    pub fn transfers_started(&self) -> &[(u8, u8, u64, u64)] {
+        &self.transfers_started
+    }
+
+    /// Step until `done` holds, at most `ticks_max` steps; true if it held.
+    pub fn run_until(
+        &mut self,
+        ticks_max: u64,
+        mut done: impl FnMut(&Self) -> bool,
+    ) -> Result<bool, SimFailure> {
+        for _ in 0..ticks_max {
+            if done(self) {
+                return Ok(true);
+            }
+            self.step()?;
+        }
+        Ok(done(self))
     }
 
     /// Stop injecting random faults (explicit ones still work).
@@ -426,12 +448,6 @@ impl Simulation {
         self.run_clients()?;
         if self.faults {
             self.inject_faults()?;
-        } else {
-            for r in 0..self.config.replica_count {
-                if self.nodes[usize::from(r)].replica.is_none() {
-                    self.restart(r)?;
-                }
-            }
         }
         self.check_monotonic()
     }
@@ -605,7 +621,10 @@ impl Simulation {
                     None => self.canonical.push(op),
                 }
             }
-            Effect::StartStateTransfer { peer, floor, .. } => self.transfer(r, peer, floor)?,
+            Effect::StartStateTransfer { peer, floor, to_op } => {
+                self.transfers_started.push((r, peer, floor, to_op));
+                self.transfer(r, peer, floor)?;
+            }
         }
         Ok(())
     }
