@@ -127,6 +127,7 @@ pub async fn recover_partition<F: Fs>(
         }
     }
     logs.sort_unstable();
+    indexes.sort_unstable();
     let orphans: Vec<PathBuf> = indexes
         .iter()
         .filter(|s| logs.binary_search(s).is_err())

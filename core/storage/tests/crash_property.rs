@@ -5,7 +5,8 @@
 //! After every recovery the log must be exactly a prefix of what was
 //! appended, containing every batch synced before the crash, with no bytes
 //! after it on disk and an index that is exactly what the writer's stride
-//! rule gives for that prefix; the next append must land right after it.
+//! rule gives for that prefix; a second boot must find nothing to repair;
+//! the next append must land right after the prefix.
 //!
 //! `STORAGE_CRASH_SEEDS` overrides the seed count (default 500);
 //! `STORAGE_CRASH_SEED` runs a single seed (to replay a failure).
@@ -184,6 +185,18 @@ fn run_seed(seed: u64) {
                 .await
                 .unwrap();
             let kept = check_recovered(&fs, dir, &log, &appended, synced, seed, round).await;
+            // Recovery is idempotent: a second boot finds nothing to repair.
+            drop(log);
+            let (log, again) = SegmentedLog::open(fs.clone(), dir, config, 0)
+                .await
+                .unwrap();
+            assert!(
+                again.truncated.is_empty()
+                    && again.rebuilt_indexes.is_empty()
+                    && again.swept.is_empty(),
+                "seed {seed} round {round}: second recovery repaired again: {again:?}"
+            );
+            drop(log);
             appended.truncate(kept);
             if let Some(last) = appended.last() {
                 timestamp =

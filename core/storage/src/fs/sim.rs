@@ -15,6 +15,8 @@
 //!   undone as a whole.
 //! - After a crash every handle opened before it is stale (EIO): the
 //!   process that held it is gone.
+//! - Directory listings come back in a seeded random order, as a real
+//!   filesystem promises no order.
 //!
 //! Every future completes on its first poll, so tests drive it with
 //! `futures::executor::block_on` and need no runtime. Fault injection arms
@@ -702,10 +704,11 @@ impl Fs for SimFs {
 
     async fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
         self.check(FaultKind::ReadDir)?;
-        let s = self.state.borrow();
+        let mut s = self.state.borrow_mut();
         let ino = s.resolve(path)?;
         let d = s.dir(ino)?;
-        Ok(d.current
+        let mut out: Vec<DirEntry> = d
+            .current
             .iter()
             .map(|(name, ino)| DirEntry {
                 name: name.clone(),
@@ -714,7 +717,14 @@ impl Fs for SimFs {
                     _ => FileKind::File,
                 },
             })
-            .collect())
+            .collect();
+        // A real directory lists in no particular order; shuffle (by seed)
+        // so callers that forget to sort fail here, not in production.
+        for i in (1..out.len()).rev() {
+            let j = s.rng.below(i as u64 + 1) as usize;
+            out.swap(i, j);
+        }
+        Ok(out)
     }
 
     async fn metadata(&self, path: &Path) -> io::Result<Metadata> {

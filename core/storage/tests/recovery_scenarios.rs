@@ -1,0 +1,538 @@
+//! Named recovery and fault scenarios on the simulated filesystem.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{batch, read_all};
+use futures::executor::block_on;
+use storage::batch::BatchError;
+use storage::fs::{BufResult, CrashMode, EIO, ENOSPC, FaultKind, Fs, FsFile, OpenOptions, SimFs};
+use storage::index::IndexPolicy;
+use storage::segment::{WalkStop, index_file_name, log_file_name};
+use storage::{LogConfig, RecoveryError, SegmentedLog, StorageError};
+
+const DIR: &str = "/data/p";
+
+fn dir() -> &'static Path {
+    Path::new(DIR)
+}
+
+fn config() -> LogConfig {
+    LogConfig {
+        segment_size_bytes: 4_096,
+        index: IndexPolicy {
+            stride_bytes: 1_024,
+        },
+        ..LogConfig::default()
+    }
+}
+
+async fn fresh(seed: u64) -> (SimFs, SegmentedLog<SimFs>) {
+    let fs = SimFs::new(seed);
+    fs.create_dir_all(Path::new("/data")).await.unwrap();
+    fs.sync_dir(Path::new("/")).await.unwrap();
+    let (log, report) = SegmentedLog::open(fs.clone(), dir(), config(), 0)
+        .await
+        .unwrap();
+    assert_eq!(report.segments.len(), 0);
+    (fs, log)
+}
+
+/// Appends `n` batches of 3 × 200-byte messages; returns their bytes.
+async fn fill(log: &mut SegmentedLog<SimFs>, n: usize) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let base = log.next_offset();
+        let (r, b) = log.append(batch(base, 1_000 + base, 3, 200)).await;
+        r.unwrap();
+        out.push(b);
+    }
+    out
+}
+
+fn seg_path(start: u64) -> PathBuf {
+    dir().join(log_file_name(start))
+}
+
+async fn reopen(
+    fs: &SimFs,
+) -> Result<(SegmentedLog<SimFs>, storage::RecoveryReport), RecoveryError> {
+    SegmentedLog::open(fs.clone(), dir(), config(), 0).await
+}
+
+#[test]
+fn given_torn_write_in_middle_of_batch_when_recovered_should_truncate_physically_and_append_after()
+{
+    block_on(async {
+        let (fs, mut log) = fresh(1).await;
+        let batches = fill(&mut log, 3).await;
+        log.sync().await.unwrap();
+        let size = log.segments().last().unwrap().size_bytes;
+        // The next append lands only 300 bytes, and the roll-back fails too.
+        fs.tear_nth_write(1, 300);
+        fs.fail_nth(FaultKind::Write, 2, EIO);
+        let (r, _) = log.append(batch(9, 5_000, 3, 200)).await;
+        assert!(matches!(r, Err(StorageError::Io { .. })));
+        let (r, _) = log.append(batch(9, 5_000, 3, 200)).await;
+        assert!(
+            matches!(r, Err(StorageError::Poisoned)),
+            "a failed roll-back poisons the log"
+        );
+        drop(log);
+        fs.crash_with(CrashMode::KeepAll);
+        assert_eq!(fs.contents(&seg_path(0)).unwrap().len() as u64, size + 300);
+
+        let (mut log, report) = reopen(&fs).await.unwrap();
+        assert_eq!(report.truncated.len(), 1);
+        let t = &report.truncated[0];
+        assert_eq!(
+            (t.from_bytes, t.to_bytes, t.next_offset),
+            (size + 300, size, 9)
+        );
+        assert!(matches!(t.reason, WalkStop::Incomplete { .. }));
+        assert_eq!(
+            fs.contents(&seg_path(0)).unwrap().len() as u64,
+            size,
+            "physically cut"
+        );
+        assert_eq!(read_all(&log).await, batches);
+        let (r, _) = log.append(batch(9, 5_000, 3, 200)).await;
+        assert_eq!(
+            r.unwrap().position,
+            size,
+            "append lands right after the prefix"
+        );
+    });
+}
+
+#[test]
+fn given_garbage_tail_when_recovered_should_cut_at_last_whole_batch() {
+    block_on(async {
+        let (fs, mut log) = fresh(2).await;
+        let batches = fill(&mut log, 2).await;
+        log.sync().await.unwrap();
+        let size = log.segments().last().unwrap().size_bytes;
+        drop(log);
+        // A whole-looking batch with a broken body after the valid prefix.
+        let f = fs
+            .open(&seg_path(0), OpenOptions::read_write())
+            .await
+            .unwrap();
+        let mut bad = batch(6, 9_000, 3, 200);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let BufResult(r, _) = f.write_all_at(bad, size).await;
+        r.unwrap();
+        fs.crash_with(CrashMode::KeepAll);
+        let (log, report) = reopen(&fs).await.unwrap();
+        assert!(matches!(
+            report.truncated[0].reason,
+            WalkStop::Invalid(BatchError::MessageChecksum { offset: 8, .. })
+        ));
+        assert_eq!(read_all(&log).await, batches);
+    });
+}
+
+#[test]
+fn given_bit_rot_in_sealed_segment_when_read_should_return_typed_corruption() {
+    block_on(async {
+        let (fs, mut log) = fresh(3).await;
+        fill(&mut log, 20).await;
+        let metas: Vec<_> = log.segments().copied().collect();
+        assert!(
+            metas.len() >= 3,
+            "rotation produced {} segments",
+            metas.len()
+        );
+        let sealed = metas[0];
+        // Flip a payload byte in the second batch (offsets 3..6, bytes
+        // 1003..2006) of the first, sealed segment.
+        fs.rot_byte(&seg_path(0), 1_500, 0x04).unwrap();
+        let err = log
+            .read_by_offset(sealed.start_offset + 3, 1 << 20)
+            .await
+            .unwrap_err();
+        match err {
+            StorageError::Corrupt {
+                path,
+                position,
+                source,
+            } => {
+                assert_eq!(path, seg_path(0));
+                assert_eq!(position, 1_003);
+                assert!(
+                    matches!(source, BatchError::MessageChecksum { .. }),
+                    "{source:?}"
+                );
+            }
+            other => panic!("unexpected {other}"),
+        }
+        // Other segments still read.
+        let ok = log
+            .read_by_offset(metas[1].start_offset, 1 << 20)
+            .await
+            .unwrap();
+        assert!(!ok.is_empty());
+        // Rot in a header's length field is typed too (never an allocation).
+        fs.rot_byte(&seg_path(0), 32 + 7, 0x40).unwrap();
+        assert!(matches!(
+            log.read_at(0, 0, 1 << 20).await,
+            Err(StorageError::Corrupt {
+                source: BatchError::LengthAboveMax { .. },
+                ..
+            })
+        ));
+    });
+}
+
+#[test]
+fn given_missing_middle_segment_when_recovered_should_report_hole_and_change_nothing() {
+    block_on(async {
+        let (fs, mut log) = fresh(4).await;
+        fill(&mut log, 20).await;
+        log.sync().await.unwrap();
+        let metas: Vec<_> = log.segments().copied().collect();
+        assert!(metas.len() >= 3);
+        drop(log);
+        fs.remove_file(&seg_path(metas[1].start_offset))
+            .await
+            .unwrap();
+        fs.sync_dir(dir()).await.unwrap();
+        let listing = || async {
+            let mut names: Vec<_> = fs
+                .read_dir(dir())
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
+            names.sort();
+            names
+        };
+        let before = listing().await;
+        match reopen(&fs).await {
+            Err(RecoveryError::Hole {
+                previous_end,
+                next_start,
+            }) => {
+                assert_eq!(previous_end, metas[0].next_offset - 1);
+                assert_eq!(next_start, metas[2].start_offset);
+            }
+            other => panic!("unexpected {:?}", other.map(|(_, r)| r)),
+        }
+        assert_eq!(
+            listing().await,
+            before,
+            "a fenced directory is left as found"
+        );
+    });
+}
+
+#[test]
+fn given_empty_middle_segment_when_recovered_should_refuse() {
+    block_on(async {
+        let (fs, mut log) = fresh(5).await;
+        fill(&mut log, 20).await;
+        log.sync().await.unwrap();
+        let metas: Vec<_> = log.segments().copied().collect();
+        drop(log);
+        let f = fs
+            .open(&seg_path(metas[1].start_offset), OpenOptions::read_write())
+            .await
+            .unwrap();
+        f.set_len(0).await.unwrap();
+        let err = reopen(&fs).await.unwrap_err();
+        assert!(err.fences_partition());
+        assert!(
+            matches!(err, RecoveryError::EmptyNonTailSegment { start } if start == metas[1].start_offset),
+            "{err}"
+        );
+    });
+}
+
+#[test]
+fn given_misnamed_segment_when_recovered_should_refuse_instead_of_truncating() {
+    block_on(async {
+        let (fs, mut log) = fresh(6).await;
+        fill(&mut log, 2).await;
+        log.sync().await.unwrap();
+        drop(log);
+        fs.rename(&seg_path(0), &seg_path(100)).await.unwrap();
+        fs.remove_file(&dir().join(index_file_name(0)))
+            .await
+            .unwrap();
+        let err = reopen(&fs).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RecoveryError::SegmentStartMismatch {
+                    expected: 100,
+                    found: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            fs.contents(&seg_path(100)).unwrap().len(),
+            2 * batch(0, 0, 3, 200).len()
+        );
+    });
+}
+
+#[test]
+fn given_stray_staging_and_orphan_index_when_recovered_should_sweep_them() {
+    block_on(async {
+        let (fs, mut log) = fresh(7).await;
+        let batches = fill(&mut log, 2).await;
+        log.sync().await.unwrap();
+        drop(log);
+        for name in [
+            "00000000000000000500.log.staging",
+            "00000000000000000500.index.staging",
+        ] {
+            fs.open(&dir().join(name), OpenOptions::create_read_write())
+                .await
+                .unwrap();
+        }
+        fs.open(
+            &dir().join(index_file_name(900)),
+            OpenOptions::create_read_write(),
+        )
+        .await
+        .unwrap();
+        fs.open(
+            &dir().join("superblock.a"),
+            OpenOptions::create_read_write(),
+        )
+        .await
+        .unwrap();
+        let (log, report) = reopen(&fs).await.unwrap();
+        assert_eq!(report.swept.len(), 3, "{:?}", report.swept);
+        let mut names: Vec<String> = fs
+            .read_dir(dir())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| e.name_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            vec![
+                index_file_name(0),
+                log_file_name(0),
+                "superblock.a".to_owned()
+            ]
+        );
+        assert_eq!(read_all(&log).await, batches);
+        // The sweep is durable: a crash does not bring them back.
+        drop(log);
+        fs.crash_with(CrashMode::DropAll);
+        assert!(
+            !fs.exists(&dir().join("00000000000000000500.log.staging"))
+                .await
+                .unwrap()
+        );
+    });
+}
+
+#[test]
+fn given_missing_or_short_index_when_recovered_should_rebuild_it() {
+    block_on(async {
+        let (fs, mut log) = fresh(8).await;
+        let batches = fill(&mut log, 5).await;
+        log.sync().await.unwrap();
+        let entries = log.index_entries(0).unwrap().to_vec();
+        assert!(entries.len() >= 2);
+        drop(log);
+        let index_path = dir().join(index_file_name(0));
+        // Short: a torn trailing entry.
+        let f = fs
+            .open(&index_path, OpenOptions::read_write())
+            .await
+            .unwrap();
+        f.set_len(24 + 10).await.unwrap();
+        drop(f);
+        let (log, report) = reopen(&fs).await.unwrap();
+        assert_eq!(report.rebuilt_indexes, vec![index_path.clone()]);
+        assert_eq!(log.index_entries(0).unwrap(), entries.as_slice());
+        assert_eq!(fs.contents(&index_path).unwrap().len(), entries.len() * 24);
+        drop(log);
+        // Missing altogether.
+        fs.remove_file(&index_path).await.unwrap();
+        let (log, report) = reopen(&fs).await.unwrap();
+        assert_eq!(report.rebuilt_indexes.len(), 1);
+        assert_eq!(log.index_entries(0).unwrap(), entries.as_slice());
+        assert_eq!(read_all(&log).await, batches);
+        // A clean reopen rewrites nothing.
+        drop(log);
+        let (_, report) = reopen(&fs).await.unwrap();
+        assert!(report.rebuilt_indexes.is_empty() && report.truncated.is_empty());
+    });
+}
+
+#[test]
+fn given_index_entry_past_the_log_when_recovered_should_drop_it() {
+    block_on(async {
+        let (fs, mut log) = fresh(9).await;
+        fill(&mut log, 5).await;
+        log.sync().await.unwrap();
+        let entries = log.index_entries(0).unwrap().to_vec();
+        let size = log.segments().last().unwrap().size_bytes;
+        drop(log);
+        let f = fs
+            .open(&dir().join(index_file_name(0)), OpenOptions::read_write())
+            .await
+            .unwrap();
+        let bogus = storage::index::IndexEntry {
+            offset: 99,
+            timestamp: 99,
+            position: size + 4096,
+        };
+        let BufResult(r, _) = f
+            .write_all_at(bogus.encode().to_vec(), (entries.len() * 24) as u64)
+            .await;
+        r.unwrap();
+        let (log, report) = reopen(&fs).await.unwrap();
+        assert_eq!(report.rebuilt_indexes.len(), 1);
+        assert_eq!(log.index_entries(0).unwrap(), entries.as_slice());
+    });
+}
+
+#[test]
+fn given_enospc_on_append_when_retried_should_roll_back_and_succeed() {
+    block_on(async {
+        let (fs, mut log) = fresh(10).await;
+        let mut batches = fill(&mut log, 2).await;
+        let size = log.segments().last().unwrap().size_bytes;
+        fs.fail_nth(FaultKind::Write, 1, ENOSPC);
+        let (r, b) = log.append(batch(6, 2_000, 3, 200)).await;
+        let err = r.unwrap_err();
+        assert!(err.is_local_fault(), "{err}");
+        assert_eq!(log.segments().last().unwrap().size_bytes, size);
+        let (r, b) = log.append(b).await;
+        assert_eq!(r.unwrap().position, size);
+        batches.push(b);
+        assert_eq!(read_all(&log).await, batches);
+    });
+}
+
+#[test]
+fn given_failed_sync_when_appending_again_should_refuse_until_reopened() {
+    block_on(async {
+        let (fs, mut log) = fresh(11).await;
+        fill(&mut log, 1).await;
+        fs.fail_nth(FaultKind::Sync, 1, EIO);
+        assert!(log.sync().await.unwrap_err().is_local_fault());
+        let (r, _) = log.append(batch(3, 2_000, 3, 200)).await;
+        assert!(matches!(r, Err(StorageError::Poisoned)));
+        drop(log);
+        let (log, _) = reopen(&fs).await.unwrap();
+        assert_eq!(log.next_offset(), 3);
+    });
+}
+
+#[test]
+fn given_wrong_base_offset_or_bad_batch_when_appended_should_refuse_without_writing() {
+    block_on(async {
+        let (_fs, mut log) = fresh(12).await;
+        fill(&mut log, 1).await;
+        let (r, _) = log.append(batch(7, 2_000, 3, 200)).await;
+        assert!(matches!(
+            r,
+            Err(StorageError::OffsetMismatch {
+                expected: 3,
+                actual: 7
+            })
+        ));
+        let mut b = batch(3, 2_000, 3, 200);
+        b.push(0);
+        let (r, _) = log.append(b).await;
+        assert!(matches!(r, Err(StorageError::InvalidBatch(_))));
+        assert_eq!(log.next_offset(), 3);
+    });
+}
+
+#[test]
+fn given_short_reads_when_reading_should_still_return_whole_batches() {
+    block_on(async {
+        let (fs, mut log) = fresh(13).await;
+        let batches = fill(&mut log, 12).await;
+        for n in 1..40 {
+            fs.short_nth_read(n, 7);
+        }
+        assert_eq!(read_all(&log).await, batches);
+    });
+}
+
+#[test]
+fn given_reads_by_offset_and_timestamp_when_log_spans_segments_should_find_the_right_batch() {
+    block_on(async {
+        let (_fs, mut log) = fresh(14).await;
+        let batches = fill(&mut log, 30).await;
+        assert!(log.segments().count() > 3);
+        for (i, b) in batches.iter().enumerate() {
+            let base = (i * 3) as u64;
+            for offset in [base, base + 2] {
+                let read = log.read_by_offset(offset, 1).await.unwrap();
+                assert_eq!(
+                    read.batches().next().unwrap().bytes(),
+                    b.as_slice(),
+                    "offset {offset}"
+                );
+            }
+            // Timestamps are 1_000 + base; ask for one just above the
+            // previous batch's.
+            let read = log
+                .read_by_timestamp(1_000 + base - u64::from(i > 0), 1)
+                .await
+                .unwrap();
+            assert_eq!(
+                read.batches().next().unwrap().bytes(),
+                b.as_slice(),
+                "timestamp of batch {i}"
+            );
+        }
+        assert!(log.read_by_offset(90, 1 << 20).await.unwrap().is_empty());
+        assert!(
+            log.read_by_timestamp(1_000_000, 1 << 20)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    });
+}
+
+#[test]
+fn given_truncation_at_batch_boundary_when_reopened_should_keep_prefix_and_drop_later_segments() {
+    block_on(async {
+        let (fs, mut log) = fresh(15).await;
+        let batches = fill(&mut log, 20).await;
+        let metas: Vec<_> = log.segments().copied().collect();
+        let seg = metas[1];
+        let batch_len = batches[0].len() as u64;
+        assert!(matches!(
+            log.truncate(seg.start_offset, batch_len + 1).await,
+            Err(StorageError::NotABatchBoundary { .. })
+        ));
+        log.truncate(seg.start_offset, batch_len).await.unwrap();
+        assert_eq!(log.segments().count(), 2);
+        assert_eq!(log.next_offset(), seg.start_offset + 3);
+        let kept = (seg.start_offset / 3 + 1) as usize;
+        assert_eq!(read_all(&log).await, batches[..kept].to_vec());
+        let base = log.next_offset();
+        let (r, b) = log.append(batch(base, 1_000 + base, 3, 200)).await;
+        assert_eq!(r.unwrap().position, batch_len);
+        let mut expect = batches[..kept].to_vec();
+        expect.push(b);
+        drop(log);
+        fs.crash_with(CrashMode::DropAll);
+        let (log, _) = reopen(&fs).await.unwrap();
+        // The truncation was synced; the append after it was not.
+        let got = read_all(&log).await;
+        assert!(got == expect || got == expect[..kept].to_vec());
+    });
+}
