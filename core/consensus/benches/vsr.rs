@@ -1,0 +1,129 @@
+//! Committed ops per second of three replica cores wired in memory.
+//!
+//! No I/O and no faults: frames go through a FIFO, superblock writes are
+//! acknowledged at once, and one client keeps the primary's 32-deep
+//! pipeline full with 128-byte requests. This measures the cost of the
+//! core itself (hashing, journal, pipeline, acks, apply), so it shows
+//! whether the core can be the bottleneck next to fsync and the network.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use consensus::vsr::{
+    Action, Config, Effect, Frame, OPERATION_APPEND, OPERATION_REGISTER, Replica, Request,
+    RequestOutcome,
+};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+struct Cluster {
+    replicas: Vec<Replica>,
+    queue: VecDeque<(u8, Frame)>,
+    applied_on_primary: u64,
+    frames: u64,
+}
+
+impl Cluster {
+    fn new(n: u8) -> Self {
+        let replicas = (0..n).map(|r| Replica::new(Config::new(r, n, 0))).collect();
+        Self {
+            replicas,
+            queue: VecDeque::new(),
+            applied_on_primary: 0,
+            frames: 0,
+        }
+    }
+
+    fn drain(&mut self, r: u8) {
+        loop {
+            let actions = self.replicas[usize::from(r)].take_actions();
+            if actions.is_empty() {
+                return;
+            }
+            for action in actions {
+                match action {
+                    Action::Send { to, frame } => self.queue.push_back((to, frame)),
+                    Action::Effect(Effect::PersistState { view, log_view, .. }) => {
+                        self.replicas[usize::from(r)].on_persisted(view, log_view);
+                    }
+                    Action::Effect(Effect::Apply { .. }) if r == 0 => self.applied_on_primary += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some((to, frame)) = self.queue.pop_front() {
+            self.frames += 1;
+            self.replicas[usize::from(to)].on_frame(frame).unwrap();
+            self.drain(to);
+        }
+    }
+
+    fn request(&mut self, request: Request) -> RequestOutcome {
+        let outcome = self.replicas[0].on_client_request(request);
+        self.drain(0);
+        outcome
+    }
+}
+
+fn request(session: u64, number: u64, operation: u8, body: &Bytes) -> Request {
+    Request {
+        client: 7,
+        session,
+        request: number,
+        operation,
+        user_id: 1,
+        body: body.clone(),
+    }
+}
+
+/// Commit `ops` requests; returns the elapsed time.
+fn run(ops: u64) -> (Duration, u64) {
+    let body = Bytes::from(vec![0xAB; 128]);
+    let mut c = Cluster::new(3);
+    c.request(request(0, 0, OPERATION_REGISTER, &body));
+    c.pump();
+    let session = c.replicas[0].client_table().session(7).unwrap();
+    let base = c.applied_on_primary;
+    let start = Instant::now();
+    let mut next = 1;
+    while c.applied_on_primary - base < ops {
+        while next <= ops
+            && matches!(
+                c.request(request(session, next, OPERATION_APPEND, &body)),
+                RequestOutcome::Prepared { .. }
+            )
+        {
+            next += 1;
+        }
+        c.pump();
+    }
+    let elapsed = start.elapsed();
+    black_box(&c.replicas);
+    (elapsed, c.frames)
+}
+
+fn bench(c: &mut Criterion) {
+    const OPS: u64 = 10_000;
+    let (elapsed, frames) = run(OPS);
+    eprintln!(
+        "vsr: 3 replicas, {OPS} ops in {:?}: {:.0} committed ops/s, {:.2} frames/op",
+        elapsed,
+        OPS as f64 / elapsed.as_secs_f64(),
+        frames as f64 / OPS as f64
+    );
+    let mut group = c.benchmark_group("vsr");
+    group.throughput(Throughput::Elements(OPS));
+    group.sample_size(10);
+    group.bench_function("three_replicas_commit_10k_ops", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| run(OPS).0).sum())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
