@@ -275,7 +275,7 @@ impl<F: Fs> SegmentedLog<F> {
             next_offset: header.next_offset(),
         };
         if self.config.fsync
-            && let Err(e) = self.write_index().await
+            && let Err(e) = self.write_index(false).await
         {
             // The batch is durable; only its index entry is not.
             return (Err(e), batch);
@@ -313,21 +313,20 @@ impl<F: Fs> SegmentedLog<F> {
             self.poisoned = true;
             return Err(StorageError::io("sync", log_path, e));
         }
-        self.write_index().await
+        self.write_index(true).await
     }
 
-    /// Writes the active segment's pending index entries and syncs the
-    /// index. Only called once the log bytes they point at are durable.
-    async fn write_index(&mut self) -> Result<(), StorageError> {
+    /// Writes the active segment's pending index entries (once the log
+    /// bytes they point at are durable), and with `sync` also syncs the
+    /// index. The index needs no sync per append: an entry that a crash
+    /// loses only makes the next recovery walk a little further.
+    async fn write_index(&mut self, sync: bool) -> Result<(), StorageError> {
         let seg = &self.segments[self.segments.len() - 1];
         let pending = &seg.index[self.active.index_written..];
-        if pending.is_empty() {
-            return Ok(());
+        let mut res = self.active.index.append_all(pending).await;
+        if res.is_ok() && sync {
+            res = self.active.index.sync().await;
         }
-        let res = match self.active.index.append_all(pending).await {
-            Ok(()) => self.active.index.sync().await,
-            Err(e) => Err(e),
-        };
         if let Err(e) = res {
             self.poisoned = true;
             return Err(StorageError::io("sync", seg.index_path.clone(), e));
@@ -401,15 +400,28 @@ impl<F: Fs> SegmentedLog<F> {
         position: u64,
         max_bytes: u64,
     ) -> Result<ReadBatches, StorageError> {
+        self.read_at_into(segment_start, position, max_bytes, Vec::new())
+            .await
+    }
+
+    /// Like [`Self::read_at`], reusing `buf` (e.g. a previous read's
+    /// [`ReadBatches::into_bytes`]) so a sequential reader allocates once.
+    pub async fn read_at_into(
+        &self,
+        segment_start: u64,
+        position: u64,
+        max_bytes: u64,
+        buf: Vec<u8>,
+    ) -> Result<ReadBatches, StorageError> {
         let seg = self.segment(segment_start)?;
         let handle = self.reader(seg).await?;
         read_batches_at(
             handle.file(),
             &seg.log_path,
             segment_start,
-            position,
-            seg.meta.size_bytes,
+            (position, seg.meta.size_bytes),
             self.limits(max_bytes),
+            buf,
         )
         .await
     }
@@ -470,9 +482,9 @@ impl<F: Fs> SegmentedLog<F> {
             handle.file(),
             &seg.log_path,
             seg.meta.start_offset,
-            position,
-            seg.meta.size_bytes,
+            (position, seg.meta.size_bytes),
             limits,
+            Vec::new(),
         )
         .await
     }

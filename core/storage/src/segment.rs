@@ -361,6 +361,11 @@ pub struct ReadBatches {
 }
 
 impl ReadBatches {
+    /// The buffer, for reuse by the next read.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
     /// True when nothing was read.
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
@@ -394,15 +399,17 @@ pub struct ReadLimits {
 }
 
 /// Reads whole batches from `position` (a batch boundary) up to `limit`
-/// (the segment's size), as bounded by `limits`. Each batch is validated; a
-/// failure is [`StorageError::Corrupt`] naming the file and position.
+/// (the segment's size), as bounded by `limits`, into `buf` (cleared and
+/// reused, so a sequential reader allocates once). Each batch is
+/// validated; a failure is [`StorageError::Corrupt`] naming the file and
+/// position.
 pub async fn read_batches_at<F: FsFile>(
     file: &F,
     path: &Path,
     segment_start: u64,
-    position: u64,
-    limit: u64,
+    (position, limit): (u64, u64),
     limits: ReadLimits,
+    buf: Vec<u8>,
 ) -> Result<ReadBatches, StorageError> {
     let ReadLimits {
         max_bytes,
@@ -421,7 +428,7 @@ pub async fn read_batches_at<F: FsFile>(
     let want = (limit - position).min(max_bytes.max(BATCH_HEADER_SIZE as u64));
     let io_err = |e| StorageError::io("read", path, e);
     let mut buf = file
-        .read_exact_at(want as usize, position)
+        .read_exact_into(buf, want as usize, position)
         .await
         .map_err(io_err)?;
     let corrupt = |at: u64, source| StorageError::Corrupt {

@@ -517,6 +517,12 @@ impl SimFs {
         });
     }
 
+    /// Disarms every fault armed and not yet tripped (a test that armed a
+    /// fault the code under test never reached clears it before rebooting).
+    pub fn clear_faults(&self) {
+        self.state.borrow_mut().faults.clear();
+    }
+
     /// Makes the `nth` future call (1 = the next one) of `kind` fail with
     /// `errno` (use [`super::EIO`], [`super::ENOSPC`], [`super::EACCES`]).
     /// The failed call changes nothing.
