@@ -407,7 +407,7 @@ pub fn decode_prepare_headers(body: &[u8]) -> Result<Vec<FrameHeader>, HeaderErr
 }
 
 fn check_headers_body(body: &[u8]) -> Result<(), HeaderError> {
-    if body.len() % HEADER_SIZE != 0 {
+    if !body.len().is_multiple_of(HEADER_SIZE) {
         return Err(HeaderError::BodyNotHeaders { len: body.len() });
     }
     let count = body.len() / HEADER_SIZE;

@@ -1,0 +1,26 @@
+//! replog's journal crate: what a consensus group must keep durable beyond
+//! its data.
+//!
+//! - [`superblock`]: the per-group record of `(view, log_view)`, commit and
+//!   offset frontier, in two checksummed copies, so that a replica never
+//!   answers a view change with a state older than one it acted in.
+//! - [`prepare_journal`]: the partition plane's in-memory journal of
+//!   prepares not yet flushed to segments, with a repair ring of recently
+//!   flushed ones.
+//! - [`wal`]: the metadata plane's durable, append-only log of prepares.
+//!
+//! All file I/O goes through `storage::fs::Fs`, so every durable step can
+//! be crashed and faulted in tests.
+
+pub mod prepare_journal;
+pub mod superblock;
+pub mod wal;
+
+pub use prepare_journal::{
+    EntryStats, JournalEntry, JournalError, JournalInfo, JournalLimits, PrepareJournal,
+};
+pub use superblock::{
+    DurableState, FileSuperblock, MemSuperblock, SlotError, SuperblockError, SuperblockStore,
+    VsrState,
+};
+pub use wal::{MetadataWal, WalError, WalRecovery};
