@@ -1,0 +1,300 @@
+//! Consumer offsets and the purge generation on disk.
+//!
+//! Each consumer (`offsets/consumers/{id}`) and consumer group
+//! (`offsets/groups/{id}`) has one 16-byte file: the offset (u64 LE) and the
+//! xxh3-64 of those 8 bytes (u64 LE). A file is never rewritten in place: a
+//! new value is written to the sibling `{id}.replacing` and data-synced
+//! ([`stage_offset_replacement`]), then renamed over the file
+//! ([`commit_offset_replacement`]); the directory is synced once per step
+//! by the caller, after all of its renames and unlinks. A crash therefore
+//! leaves either the old or the new record, never a torn one, and a
+//! sibling a crash leaves behind is ignored and swept at boot.
+//!
+//! `purge.gen` in the partition directory holds the purge generation and
+//! the partition incarnation it belongs to, replaced the same way.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use storage::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Suffix of the sibling a replacement is staged in.
+pub const REPLACEMENT_SUFFIX: &str = ".replacing";
+/// File name of the purge generation in the partition directory.
+pub const PURGE_GENERATION_FILE: &str = "purge.gen";
+/// Length of a consumer-offset record.
+pub const OFFSET_RECORD_LEN: usize = 16;
+/// Length of a bare, unchecksummed record written by older versions.
+pub const OFFSET_RECORD_LEN_LEGACY: usize = 8;
+
+/// A decoded consumer-offset file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetRecord {
+    /// The stored offset.
+    pub offset: u64,
+    /// Whether it carried a checksum (legacy 8-byte records do not; the next
+    /// write upgrades them).
+    pub checksummed: bool,
+}
+
+/// Why a consumer-offset file cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetRecordError {
+    /// A length that is neither a record nor a legacy bare value.
+    BadLength {
+        /// The file's length.
+        len: usize,
+    },
+    /// The checksum does not match the offset.
+    ChecksumMismatch {
+        /// The offset as stored.
+        offset: u64,
+        /// The checksum as stored.
+        stored: u64,
+    },
+}
+
+impl fmt::Display for OffsetRecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadLength { len } => write!(f, "offset file of {len} bytes is not a record"),
+            Self::ChecksumMismatch { offset, stored } => write!(
+                f,
+                "offset {offset} does not match its checksum {stored:#018x}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OffsetRecordError {}
+
+impl OffsetRecord {
+    /// The 16-byte record for `offset`.
+    pub fn encode(offset: u64) -> [u8; OFFSET_RECORD_LEN] {
+        let value = offset.to_le_bytes();
+        let mut out = [0u8; OFFSET_RECORD_LEN];
+        out[..8].copy_from_slice(&value);
+        out[8..].copy_from_slice(&xxh3_64(&value).to_le_bytes());
+        out
+    }
+
+    /// Decodes a record file's bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, OffsetRecordError> {
+        let word = |b: &[u8]| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(b);
+            u64::from_le_bytes(x)
+        };
+        match bytes.len() {
+            OFFSET_RECORD_LEN_LEGACY => Ok(Self {
+                offset: word(bytes),
+                checksummed: false,
+            }),
+            OFFSET_RECORD_LEN => {
+                let offset = word(&bytes[..8]);
+                let stored = word(&bytes[8..]);
+                if xxh3_64(&bytes[..8]) != stored {
+                    return Err(OffsetRecordError::ChecksumMismatch { offset, stored });
+                }
+                Ok(Self {
+                    offset,
+                    checksummed: true,
+                })
+            }
+            len => Err(OffsetRecordError::BadLength { len }),
+        }
+    }
+}
+
+fn replacement_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(REPLACEMENT_SUFFIX);
+    path.with_file_name(name)
+}
+
+/// The consumer id a replacement sibling's file name belongs to, or `None`
+/// when the name is not a sibling.
+pub fn offset_replacement_id(name: &str) -> Option<u32> {
+    name.strip_suffix(REPLACEMENT_SUFFIX)?.parse().ok()
+}
+
+async fn write_synced<F: Fs>(fs: &F, path: &Path, bytes: Vec<u8>) -> io::Result<()> {
+    let file = fs
+        .open(path, OpenOptions::create_read_write().truncate(true))
+        .await?;
+    let BufResult(res, _) = file.write_all_at(bytes, 0).await;
+    res?;
+    file.sync_data().await
+}
+
+/// Writes `offset` to the replacement sibling of `path` and data-syncs it.
+/// Nothing a reader or boot trusts changes until the commit.
+pub async fn stage_offset_replacement<F: Fs>(fs: &F, path: &Path, offset: u64) -> io::Result<()> {
+    write_synced(
+        fs,
+        &replacement_path(path),
+        OffsetRecord::encode(offset).to_vec(),
+    )
+    .await
+}
+
+/// Renames the staged sibling over `path`. Durable once the caller syncs
+/// the directory.
+pub async fn commit_offset_replacement<F: Fs>(fs: &F, path: &Path) -> io::Result<()> {
+    fs.rename(&replacement_path(path), path).await
+}
+
+/// Removes a staged sibling (best effort: boot sweeps any left behind).
+pub async fn discard_offset_replacement<F: Fs>(fs: &F, path: &Path) {
+    let sibling = replacement_path(path);
+    if let Err(error) = fs.remove_file(&sibling).await
+        && error.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %sibling.display(), %error, "could not remove a staged offset replacement");
+    }
+}
+
+/// Unlinks an offset file. `Ok(true)` when it existed, `Ok(false)` when it
+/// did not. Durable once the caller syncs the directory.
+pub async fn delete_persisted_offset<F: Fs>(fs: &F, path: &Path) -> io::Result<bool> {
+    match fs.remove_file(path).await {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// What boot found in one offsets directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredOffsets {
+    /// Usable offsets, ascending by id.
+    pub offsets: Vec<(u32, u64)>,
+    /// Files removed because they were torn or corrupt (the consumer
+    /// restarts from its default position).
+    pub removed_corrupt: Vec<PathBuf>,
+    /// Replacement siblings swept.
+    pub swept_siblings: Vec<PathBuf>,
+}
+
+/// Loads an offsets directory at boot: each `{id}` file decoded; torn or
+/// corrupt files and leftover `{id}.replacing` siblings removed (with a
+/// warning) and the directory synced if anything was removed. A missing
+/// directory holds no offsets. Names that are neither are left alone.
+pub async fn load_offsets_dir<F: Fs>(fs: &F, dir: &Path) -> io::Result<StoredOffsets> {
+    let entries = match fs.read_dir(dir).await {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(StoredOffsets::default()),
+        Err(e) => return Err(e),
+    };
+    let mut out = StoredOffsets::default();
+    for entry in entries {
+        if entry.kind != FileKind::File {
+            continue;
+        }
+        let Some(name) = entry.name_str() else {
+            continue;
+        };
+        let path = dir.join(name);
+        if offset_replacement_id(name).is_some() {
+            out.swept_siblings.push(path);
+            continue;
+        }
+        let Ok(id) = name.parse::<u32>() else {
+            tracing::warn!(path = %path.display(), "ignoring a foreign file in an offsets directory");
+            continue;
+        };
+        let file = fs.open(&path, OpenOptions::read_only()).await?;
+        let len = file.len().await?;
+        // Bounded before reading: anything longer is not a record.
+        let decoded = if len > OFFSET_RECORD_LEN as u64 {
+            Err(OffsetRecordError::BadLength {
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+            })
+        } else {
+            OffsetRecord::decode(&file.read_exact_at(len as usize, 0).await?)
+        };
+        match decoded {
+            Ok(record) => out.offsets.push((id, record.offset)),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "removing an unusable consumer offset file");
+                out.removed_corrupt.push(path);
+            }
+        }
+    }
+    for path in out.removed_corrupt.iter().chain(&out.swept_siblings) {
+        delete_persisted_offset(fs, path).await?;
+    }
+    if !out.removed_corrupt.is_empty() || !out.swept_siblings.is_empty() {
+        fs.sync_dir(dir).await?;
+    }
+    out.offsets.sort_unstable();
+    Ok(out)
+}
+
+/// The durable purge generation of a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeGeneration {
+    /// How many purges this partition has applied.
+    pub generation: u64,
+    /// The partition incarnation the record belongs to.
+    pub created_revision: u64,
+}
+
+/// Makes `generation` durable in `dir/purge.gen`: sibling written and
+/// synced, renamed over the file, directory synced. Returns only once
+/// durable.
+pub async fn persist_purge_generation<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    record: PurgeGeneration,
+) -> io::Result<()> {
+    let path = dir.join(PURGE_GENERATION_FILE);
+    let mut bytes = Vec::with_capacity(24);
+    bytes.extend_from_slice(&record.generation.to_le_bytes());
+    bytes.extend_from_slice(&record.created_revision.to_le_bytes());
+    bytes.extend_from_slice(&xxh3_64(&bytes).to_le_bytes());
+    let sibling = replacement_path(&path);
+    write_synced(fs, &sibling, bytes).await?;
+    fs.rename(&sibling, &path).await?;
+    fs.sync_dir(dir).await
+}
+
+/// Reads `dir/purge.gen` for the incarnation `created_revision`.
+///
+/// Absent, or a record of another incarnation (a dead partition's directory
+/// never deleted): generation 0. A record that is present but unreadable is
+/// an error, and so is any I/O error: reading 0 there would re-apply a purge
+/// over data written after it.
+pub async fn read_purge_generation<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    created_revision: u64,
+) -> io::Result<u64> {
+    let path = dir.join(PURGE_GENERATION_FILE);
+    let file = match fs.open(&path, OpenOptions::read_only()).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let len = file.len().await?;
+    if len != 24 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} holds {len} bytes, not a 24-byte record", path.display()),
+        ));
+    }
+    let bytes = file.read_exact_at(24, 0).await?;
+    let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap_or([0; 8]));
+    if xxh3_64(&bytes[..16]) != word(16) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} fails its checksum", path.display()),
+        ));
+    }
+    if word(8) != created_revision {
+        return Ok(0);
+    }
+    Ok(word(0))
+}
