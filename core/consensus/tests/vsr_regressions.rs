@@ -1,11 +1,12 @@
 //! Seeds that once failed the cluster simulation, each named for the bug
-//! it found. They run the same seed-derived configuration as `vsr_sim`.
+//! it found. Each replays the configuration it failed with
+//! (`SimConfig::for_seed_v1` for the first sweep).
 #![allow(clippy::unwrap_used)]
 
-use consensus::vsr::harness::run_seed;
+use consensus::vsr::harness::{SimConfig, run_config};
 
 fn must_pass(seed: u64) {
-    if let Err(failure) = run_seed(seed) {
+    if let Err(failure) = run_config(SimConfig::for_seed_v1(seed)) {
         panic!("{failure}");
     }
 }

@@ -1,7 +1,7 @@
 //! Seeded whole-cluster simulations of the VSR core.
 //!
 //! `cargo test -p consensus --test vsr_sim` runs `VSR_SEEDS` seeds (default
-//! 1,000) starting at `VSR_SEED_BASE` (default 0); `VSR_SEED=N` replays one
+//! 2,000) starting at `VSR_SEED_BASE` (default 0); `VSR_SEED=N` replays one
 //! seed alone. Each seed picks its own replica count (1, 3 or 5), fault
 //! rates (drop, duplicate, delay/reorder, partition, crash/restart) and
 //! repair retention, runs a faulty phase, heals, and checks convergence.
@@ -30,7 +30,7 @@ fn given_seeded_faults_when_healed_should_converge_without_losing_acknowledged_r
         return;
     }
     let base = env_u64("VSR_SEED_BASE").unwrap_or(0);
-    let count = env_u64("VSR_SEEDS").unwrap_or(1_000);
+    let count = env_u64("VSR_SEEDS").unwrap_or(2_000);
     let mut failures = Vec::new();
     let (mut crashes, mut transfers, mut committed, mut by_n) = (0, 0, 0, [0u64; 6]);
     for seed in base..base + count {

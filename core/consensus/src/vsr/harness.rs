@@ -57,6 +57,11 @@ pub struct SimConfig {
     pub duplicate_per_mille: u64,
     /// Largest delivery delay in ticks (delays reorder frames).
     pub delay_ticks_max: u64,
+    /// Per-mille chance a frame is held back much longer (stale frames
+    /// arriving views later).
+    pub long_delay_per_mille: u64,
+    /// Largest such long delay in ticks.
+    pub long_delay_ticks_max: u64,
     /// Per-mille chance per tick that a partition starts (or heals).
     pub partition_per_mille: u64,
     /// Per-mille chance per tick that a replica crashes.
@@ -85,6 +90,8 @@ impl SimConfig {
             drop_per_mille: 0,
             duplicate_per_mille: 0,
             delay_ticks_max: 1,
+            long_delay_per_mille: 0,
+            long_delay_ticks_max: 0,
             partition_per_mille: 0,
             crash_per_mille: 0,
             down_ticks_max: 0,
@@ -94,8 +101,23 @@ impl SimConfig {
         }
     }
 
-    /// The seed's own mix: replica count, group, fault rates, retention.
+    /// The seed's own mix: everything [`SimConfig::for_seed_v1`] draws,
+    /// plus long delays and heavier crash rates drawn from a separate
+    /// stream (so the v1 knobs of a seed never change).
     pub fn for_seed(seed: u64) -> Self {
+        let mut c = Self::for_seed_v1(seed);
+        let mut prng = Prng::new(seed ^ 0x5EED_C0FF_EE00_0002);
+        c.long_delay_per_mille = [0, 0, 5, 20][(prng.next_u64() % 4) as usize];
+        c.long_delay_ticks_max = 50 + prng.below_inclusive(350);
+        if prng.chance(1, 4) {
+            c.crash_per_mille = 10;
+        }
+        c
+    }
+
+    /// The mix the first 5,000 seeds were explored with (regression seeds
+    /// found then replay with it).
+    pub fn for_seed_v1(seed: u64) -> Self {
         let mut prng = Prng::new(seed ^ 0x5EED_C0FF_EE00_0001);
         let replica_count = [1u8, 3, 3, 5, 5][(prng.next_u64() % 5) as usize];
         let mut c = Self::quiet(seed, replica_count);
@@ -529,9 +551,17 @@ impl Simulation {
             1
         };
         for _ in 0..copies {
-            let delay = 1 + self
+            let mut delay = 1 + self
                 .prng
                 .below_inclusive(self.config.delay_ticks_max.saturating_sub(1));
+            // Drawn only when enabled, so v1 configurations replay the
+            // random stream they were found with.
+            if self.faults
+                && self.config.long_delay_per_mille > 0
+                && self.prng.chance(self.config.long_delay_per_mille, 1000)
+            {
+                delay += self.prng.below_inclusive(self.config.long_delay_ticks_max);
+            }
             self.seq += 1;
             self.packets.push(Packet {
                 at: self.tick + delay,
@@ -958,4 +988,9 @@ pub fn trace_seed(seed: u64) -> Result<SimReport, SimFailure> {
 /// Run one seed's own mix ([`SimConfig::for_seed`]).
 pub fn run_seed(seed: u64) -> Result<SimReport, SimFailure> {
     Simulation::new(SimConfig::for_seed(seed)).run()
+}
+
+/// Run one configuration.
+pub fn run_config(config: SimConfig) -> Result<SimReport, SimFailure> {
+    Simulation::new(config).run()
 }
