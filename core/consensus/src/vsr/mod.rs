@@ -34,11 +34,12 @@ mod view_change;
 pub use merge::{DVC_HEADERS_MAX, MergeStall, MergedLog, Quorums};
 pub use message::{
     DoViewChange, Frame, Message, OPERATION_APPEND, OPERATION_REGISTER, Prepare, PrepareHeader,
-    Reply, ReplyStatus, Request, StartView, SuffixSlot,
+    Reply, ReplyStatus, Request, StartView, SuffixSlot, body_checksum,
 };
 pub use pipeline::PIPELINE_PREPARE_QUEUE_MAX;
 pub use repair::REPAIR_CHUNK_MAX;
 pub use replica::{
-    Action, AppliedState, Config, DurableState, Effect, FrameError, Replica, RequestOutcome, Status,
+    Action, AppliedState, Config, DurableState, Effect, FrameError, OP_MAX, Replica,
+    RequestOutcome, Status, VIEW_MAX,
 };
 pub use timeout::{Prng, TimeoutConfig};

@@ -41,6 +41,14 @@ use crate::client_table::{ClientTable, RequestCheck};
 /// Replicas in one group at most (one bit each in a `u32` ack set).
 pub const REPLICAS_MAX: u8 = 32;
 
+/// The largest op or commit number accepted from a peer. Far beyond any
+/// real log, and it leaves headroom so `op + 1` arithmetic on peer values
+/// can never overflow.
+pub const OP_MAX: u64 = 1 << 62;
+
+/// The largest view accepted from a peer (so `view + 1` cannot overflow).
+pub const VIEW_MAX: u32 = u32::MAX - 1;
+
 /// Static configuration of one replica of one group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
@@ -195,6 +203,11 @@ pub enum FrameError {
         /// Why, in a few words.
         reason: &'static str,
     },
+    /// An op, commit or view number beyond what any log can reach.
+    OutOfRange {
+        /// The offending value.
+        value: u64,
+    },
     /// A RequestPrepares range is empty or starts at op 0.
     BadRange {
         /// First op asked for.
@@ -214,6 +227,12 @@ impl fmt::Display for FrameError {
             Self::BadChecksum { op } => write!(f, "prepare for op {op} fails its checksum"),
             Self::MalformedViewMessage { reason } => {
                 write!(f, "view-change message rejected: {reason}")
+            }
+            Self::OutOfRange { value } => {
+                write!(
+                    f,
+                    "frame carries op, commit or view {value}, beyond any log"
+                )
             }
             Self::BadRange { from_op, to_op } => {
                 write!(f, "repair range {from_op}..={to_op} is invalid")
@@ -251,6 +270,33 @@ pub(super) struct Recovery {
     /// The primary's head when it answered: the replica may vote and ack
     /// only once its journal reaches it.
     pub barrier: Option<u64>,
+}
+
+/// Refuse a frame whose numbers no real log reaches, before acting on any
+/// of it.
+fn check_ranges(view: u32, message: &Message) -> Result<(), FrameError> {
+    if view > VIEW_MAX {
+        return Err(FrameError::OutOfRange {
+            value: u64::from(view),
+        });
+    }
+    let mut values: Vec<u64> = Vec::new();
+    match message {
+        Message::Prepare(p) | Message::RepairPrepare(p) => {
+            values.extend([p.header.op, p.header.commit]);
+        }
+        Message::PrepareOk { op, .. } | Message::RepairDone { op, .. } => values.push(*op),
+        Message::Commit { commit, .. } => values.push(*commit),
+        Message::DoViewChange(d) => values.extend([d.op, d.commit]),
+        Message::StartView(sv) => values.extend([sv.op, sv.commit]),
+        Message::RequestPrepares { from_op, to_op, .. } => values.extend([*from_op, *to_op]),
+        Message::RangeEvicted { retained_from, .. } => values.push(*retained_from),
+        Message::StartViewChange | Message::RequestStartView { .. } => {}
+    }
+    match values.into_iter().find(|v| *v > OP_MAX) {
+        Some(value) => Err(FrameError::OutOfRange { value }),
+        None => Ok(()),
+    }
 }
 
 /// The replica's timers.
@@ -604,6 +650,7 @@ impl Replica {
                 replica: frame.replica,
             });
         }
+        check_ranges(frame.view, &frame.message)?;
         let from = frame.replica;
         let view = frame.view;
         match frame.message {

@@ -63,7 +63,7 @@ impl Replica {
             self.send_request_start_view(Some(target));
             return;
         }
-        self.start_view_change(self.view + 1);
+        self.start_view_change(self.view.saturating_add(1));
     }
 
     fn reset_view_change_state(&mut self) {
@@ -460,7 +460,7 @@ impl Replica {
             && self.recovering.is_none()
         {
             // Our primary restarted (or was deposed): it will not lead.
-            self.start_view_change(self.view + 1);
+            self.start_view_change(self.view.saturating_add(1));
         }
     }
 
@@ -494,7 +494,7 @@ impl Replica {
 
     pub(super) fn on_view_change_status_timeout(&mut self) {
         if self.status == Status::ViewChange && self.recovering.is_none() {
-            self.start_view_change(self.view + 1);
+            self.start_view_change(self.view.saturating_add(1));
         }
     }
 

@@ -1,0 +1,181 @@
+//! Bad peer input is refused with a typed error and changes nothing.
+#![allow(clippy::unwrap_used)]
+
+use bytes::Bytes;
+use consensus::vsr::{
+    Config, DoViewChange, Frame, FrameError, Message, OP_MAX, Prepare, PrepareHeader, Replica,
+    StartView, SuffixSlot, body_checksum,
+};
+
+fn replica() -> Replica {
+    Replica::new(Config::new(1, 3, 0))
+}
+
+fn frame(message: Message) -> Frame {
+    Frame {
+        group: 0,
+        replica: 0,
+        view: 0,
+        message,
+    }
+}
+
+fn prepare(op: u64) -> Prepare {
+    let body = Bytes::from_static(b"body");
+    let mut header = PrepareHeader {
+        checksum: 0,
+        checksum_body: body_checksum(&body),
+        parent: 0,
+        client: 5,
+        request_checksum: 0,
+        view: 0,
+        op,
+        commit: 0,
+        timestamp: 1,
+        request: 1,
+        operation: 3,
+        group: 0,
+        user_id: 1,
+    };
+    header.checksum = header.compute_checksum();
+    Prepare { header, body }
+}
+
+fn unchanged(r: &Replica) {
+    assert_eq!((r.view(), r.op(), r.commit_max()), (0, 0, 0));
+}
+
+#[test]
+fn given_frame_for_another_group_should_refuse() {
+    let mut r = replica();
+    let mut f = frame(Message::StartViewChange);
+    f.group = 9;
+    assert_eq!(r.on_frame(f), Err(FrameError::WrongGroup { group: 9 }));
+}
+
+#[test]
+fn given_frame_from_self_or_unknown_replica_should_refuse() {
+    let mut r = replica();
+    for sender in [1u8, 3, 200] {
+        let mut f = frame(Message::StartViewChange);
+        f.replica = sender;
+        assert_eq!(
+            r.on_frame(f),
+            Err(FrameError::BadSender { replica: sender })
+        );
+    }
+    unchanged(&r);
+}
+
+#[test]
+fn given_prepare_with_flipped_body_bit_should_refuse_without_journaling() {
+    let mut r = replica();
+    let mut p = prepare(1);
+    p.body = Bytes::from_static(b"bodz");
+    assert_eq!(
+        r.on_frame(frame(Message::Prepare(p))),
+        Err(FrameError::BadChecksum { op: 1 })
+    );
+    assert!(r.journal_entry(1).is_none());
+    let good = prepare(1);
+    r.on_frame(frame(Message::Prepare(good))).unwrap();
+    assert!(r.journal_entry(1).is_some());
+}
+
+#[test]
+fn given_numbers_beyond_any_log_should_refuse_before_acting() {
+    let mut r = replica();
+    let huge = Message::Commit {
+        commit: OP_MAX + 1,
+        commit_checksum: 0,
+        timestamp_monotonic: 1,
+    };
+    assert!(matches!(
+        r.on_frame(frame(huge)),
+        Err(FrameError::OutOfRange { .. })
+    ));
+    let mut f = frame(Message::StartViewChange);
+    f.view = u32::MAX;
+    assert!(matches!(r.on_frame(f), Err(FrameError::OutOfRange { .. })));
+    unchanged(&r);
+}
+
+#[test]
+fn given_malformed_view_change_messages_should_refuse() {
+    let mut r = replica();
+    let p = prepare(1);
+    let bad_dvcs = [
+        DoViewChange {
+            log_view: 5, // ahead of the frame's view
+            op: 1,
+            commit: 0,
+            suffix: vec![SuffixSlot::Header(p.header)],
+            nack_bitset: 0,
+            present_bitset: 1,
+        },
+        DoViewChange {
+            log_view: 0,
+            op: 2, // slot 0 must be op 2
+            commit: 0,
+            suffix: vec![SuffixSlot::Header(p.header)],
+            nack_bitset: 0,
+            present_bitset: 1,
+        },
+        DoViewChange {
+            log_view: 0,
+            op: 1,
+            commit: 0,
+            suffix: vec![SuffixSlot::Header(p.header)],
+            nack_bitset: 0,
+            present_bitset: 0b10, // beyond the suffix
+        },
+        DoViewChange {
+            log_view: 0,
+            op: 1,
+            commit: 2, // ahead of op
+            suffix: vec![],
+            nack_bitset: 0,
+            present_bitset: 0,
+        },
+    ];
+    for dvc in bad_dvcs {
+        let mut f = frame(Message::DoViewChange(dvc));
+        f.view = 1;
+        assert!(matches!(
+            r.on_frame(f),
+            Err(FrameError::MalformedViewMessage { .. })
+        ));
+    }
+    let mut tampered = p.header;
+    tampered.timestamp += 1; // identity no longer matches
+    let sv = StartView {
+        op: 1,
+        commit: 0,
+        suffix: vec![tampered],
+        incarnation: 0,
+    };
+    let mut f = frame(Message::StartView(sv));
+    f.view = 3;
+    assert!(matches!(
+        r.on_frame(f),
+        Err(FrameError::MalformedViewMessage { .. })
+    ));
+    unchanged(&r);
+}
+
+#[test]
+fn given_empty_repair_range_should_refuse() {
+    let mut r = replica();
+    let m = Message::RequestPrepares {
+        nonce: 1,
+        from_op: 5,
+        to_op: 4,
+    };
+    assert_eq!(
+        r.on_frame(frame(m)),
+        Err(FrameError::BadRange {
+            from_op: 5,
+            to_op: 4
+        })
+    );
+}
