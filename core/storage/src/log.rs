@@ -505,6 +505,38 @@ impl<F: Fs> SegmentedLog<F> {
         .await
     }
 
+    /// Deletes the oldest segment if it is sealed (retention), returning
+    /// what it held; `None` when only the active segment is left. The log is
+    /// unlinked before the index (an orphaned index is swept at boot), and
+    /// the directory is synced, so a crash leaves either the old chain or
+    /// the shorter one: a contiguous suffix either way.
+    pub async fn remove_oldest_sealed(&mut self) -> Result<Option<SegmentMeta>, StorageError> {
+        if self.segments.len() < 2 {
+            return Ok(None);
+        }
+        let victim = self.segments.remove(0);
+        if self
+            .sealed_reader
+            .borrow()
+            .as_ref()
+            .is_some_and(|(start, _)| *start == victim.meta.start_offset)
+        {
+            self.sealed_reader.borrow_mut().take();
+        }
+        for path in [&victim.log_path, &victim.index_path] {
+            match self.fs.remove_file(path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io("remove", path, e)),
+            }
+        }
+        self.fs
+            .sync_dir(&self.dir)
+            .await
+            .map_err(|e| StorageError::io("sync_dir", &self.dir, e))?;
+        Ok(Some(victim.meta))
+    }
+
     /// Truncates the log at byte `position` of the segment starting at
     /// `segment_start`: later segments are deleted (newest first), that
     /// segment is cut at `position` (which must be a batch boundary) and

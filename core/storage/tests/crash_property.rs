@@ -1,6 +1,7 @@
 //! Crash property over the simulated filesystem, one run per seed:
-//! random appends with random sync points (and random fsync policy, segment
-//! size and index stride), a seeded power loss, recovery — several rounds.
+//! random appends with random sync points and retention of the oldest
+//! segment (and random fsync policy, segment size and index stride), a
+//! seeded power loss, recovery — several rounds.
 //!
 //! After every recovery the log must be exactly a prefix of what was
 //! appended, containing every batch synced before the crash, with no bytes
@@ -147,15 +148,13 @@ fn run_seed(seed: u64) {
             // What a recovery kept is durable (the post-crash image is).
             let mut synced = appended.len();
             // Appends land right after the recovered prefix.
-            assert_eq!(
-                log.next_offset(),
-                appended
-                    .last()
-                    .map_or(0, |b| BatchHeader::decode(b, u64::MAX)
-                        .unwrap()
-                        .next_offset()),
-                "seed {seed} round {round}: next offset after recovery"
-            );
+            if let Some(last) = appended.last() {
+                assert_eq!(
+                    log.next_offset(),
+                    BatchHeader::decode(last, u64::MAX).unwrap().next_offset(),
+                    "seed {seed} round {round}: next offset after recovery"
+                );
+            }
             let steps = 5 + rng.below(40);
             for _ in 0..steps {
                 let base = log.next_offset();
@@ -177,6 +176,19 @@ fn run_seed(seed: u64) {
                 if rng.chance(20) {
                     log.sync().await.unwrap();
                     synced = appended.len();
+                }
+                if rng.chance(5)
+                    && let Some(gone) = log.remove_oldest_sealed().await.unwrap()
+                {
+                    // Retention: the model forgets the removed batches.
+                    let n = appended
+                        .iter()
+                        .take_while(|b| {
+                            BatchHeader::decode(b, u64::MAX).unwrap().base_offset < gone.next_offset
+                        })
+                        .count();
+                    appended.drain(..n);
+                    synced = synced.saturating_sub(n);
                 }
             }
             drop(log);

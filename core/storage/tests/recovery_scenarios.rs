@@ -536,3 +536,26 @@ fn given_truncation_at_batch_boundary_when_reopened_should_keep_prefix_and_drop_
         assert!(got == expect || got == expect[..kept].to_vec());
     });
 }
+
+#[test]
+fn given_retention_when_oldest_sealed_removed_should_leave_contiguous_suffix_after_crash() {
+    block_on(async {
+        let (fs, mut log) = fresh(16).await;
+        let batches = fill(&mut log, 20).await;
+        let first = *log.segments().next().unwrap();
+        let removed = log.remove_oldest_sealed().await.unwrap().unwrap();
+        assert_eq!(removed, first);
+        assert!(log.read_by_offset(0, 1 << 20).await.unwrap().is_empty());
+        let kept = (log.segments().next().unwrap().start_offset / 3) as usize;
+        assert_eq!(read_all(&log).await, batches[kept..].to_vec());
+        log.sync().await.unwrap();
+        drop(log);
+        fs.crash();
+        let (log, report) = reopen(&fs).await.unwrap();
+        assert_eq!(report.segments[0].meta.start_offset, first.next_offset);
+        assert_eq!(read_all(&log).await, batches[kept..].to_vec());
+        // Only the active segment is never removed.
+        let (_fs, mut log) = fresh(17).await;
+        assert_eq!(log.remove_oldest_sealed().await.unwrap(), None);
+    });
+}
