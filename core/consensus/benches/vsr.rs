@@ -5,6 +5,8 @@
 //! pipeline full with 128-byte requests. This measures the cost of the
 //! core itself (hashing, journal, pipeline, acks, apply), so it shows
 //! whether the core can be the bottleneck next to fsync and the network.
+//! Both prepare topologies are measured; a deterministic simulation with a
+//! one-tick network delay also reports each topology's request latency.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::VecDeque;
@@ -12,9 +14,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use consensus::vsr::harness::{SimConfig, Simulation};
 use consensus::vsr::{
     Action, Config, Effect, Frame, OPERATION_APPEND, OPERATION_REGISTER, Replica, Request,
-    RequestOutcome,
+    RequestOutcome, Topology,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -26,8 +29,14 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new(n: u8) -> Self {
-        let replicas = (0..n).map(|r| Replica::new(Config::new(r, n, 0))).collect();
+    fn new(n: u8, topology: Topology) -> Self {
+        let replicas = (0..n)
+            .map(|r| {
+                let mut c = Config::new(r, n, 0);
+                c.topology = topology;
+                Replica::new(c)
+            })
+            .collect();
         Self {
             replicas,
             queue: VecDeque::new(),
@@ -82,9 +91,9 @@ fn request(session: u64, number: u64, operation: u8, body: &Bytes) -> Request {
 }
 
 /// Commit `ops` requests; returns the elapsed time.
-fn run(ops: u64) -> (Duration, u64) {
+fn run(ops: u64, topology: Topology) -> (Duration, u64) {
     let body = Bytes::from(vec![0xAB; 128]);
-    let mut c = Cluster::new(3);
+    let mut c = Cluster::new(3, topology);
     c.request(request(0, 0, OPERATION_REGISTER, &body));
     c.pump();
     let session = c.replicas[0].client_table().session(7).unwrap();
@@ -107,20 +116,42 @@ fn run(ops: u64) -> (Duration, u64) {
     (elapsed, c.frames)
 }
 
+/// Mean ticks from a request's first send to its reply, with every frame
+/// taking exactly one tick: the commit path's length in network hops.
+fn latency_ticks(replica_count: u8, topology: Topology) -> f64 {
+    let mut config = SimConfig::quiet(1, replica_count);
+    config.topology = topology;
+    config.clients = 1;
+    config.requests_per_client = 200;
+    let mut sim = Simulation::new(config);
+    sim.set_random_faults(false);
+    sim.run_until(100_000, |s| s.acknowledged().len() >= 200)
+        .unwrap();
+    let report = sim.report();
+    report.reply_latency_ticks_total as f64 / report.acknowledged as f64
+}
+
 fn bench(c: &mut Criterion) {
     const OPS: u64 = 10_000;
-    let (elapsed, frames) = run(OPS);
-    eprintln!(
-        "vsr: 3 replicas, {OPS} ops in {:?}: {:.0} committed ops/s, {:.2} frames/op",
-        elapsed,
-        OPS as f64 / elapsed.as_secs_f64(),
-        frames as f64 / OPS as f64
-    );
+    for topology in [Topology::Star, Topology::Chain] {
+        let (elapsed, frames) = run(OPS, topology);
+        eprintln!(
+            "vsr {topology:?}: 3 replicas, {OPS} ops in {elapsed:?}: {:.0} committed ops/s, \
+             {:.2} frames/op; request latency with 1-tick hops: n=3 {:.2} ticks, n=5 {:.2} ticks",
+            OPS as f64 / elapsed.as_secs_f64(),
+            frames as f64 / OPS as f64,
+            latency_ticks(3, topology),
+            latency_ticks(5, topology),
+        );
+    }
     let mut group = c.benchmark_group("vsr");
     group.throughput(Throughput::Elements(OPS));
     group.sample_size(10);
-    group.bench_function("three_replicas_commit_10k_ops", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| run(OPS).0).sum())
+    group.bench_function("three_replicas_commit_10k_ops_star", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| run(OPS, Topology::Star).0).sum())
+    });
+    group.bench_function("three_replicas_commit_10k_ops_chain", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| run(OPS, Topology::Chain).0).sum())
     });
     group.finish();
 }

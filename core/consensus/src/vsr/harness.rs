@@ -29,7 +29,7 @@ use bytes::Bytes;
 
 use super::message::{Frame, OPERATION_APPEND, OPERATION_REGISTER, Reply, ReplyStatus, Request};
 use super::replica::{
-    Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status,
+    Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status, Topology,
 };
 use super::timeout::{Prng, TimeoutConfig};
 use crate::client_table::ClientTable;
@@ -74,6 +74,8 @@ pub struct SimConfig {
     pub timeouts: TimeoutConfig,
     /// Ticks a client waits before retrying.
     pub client_retry_ticks: u64,
+    /// How prepares travel.
+    pub topology: Topology,
 }
 
 impl SimConfig {
@@ -98,6 +100,7 @@ impl SimConfig {
             retention_ops: 1024,
             timeouts: TimeoutConfig::scaled_down(5),
             client_retry_ticks: 40,
+            topology: Topology::Star,
         }
     }
 
@@ -111,6 +114,9 @@ impl SimConfig {
         c.long_delay_ticks_max = 50 + prng.below_inclusive(350);
         if prng.chance(1, 4) {
             c.crash_per_mille = 10;
+        }
+        if prng.chance(1, 3) {
+            c.topology = Topology::Chain;
         }
         c
     }
@@ -174,6 +180,8 @@ pub struct SimReport {
     pub view_max: u32,
     /// State transfers installed.
     pub transfers: u64,
+    /// Sum over acknowledged requests of ticks from first send to reply.
+    pub reply_latency_ticks_total: u64,
 }
 
 /// One applied op as the state machine recorded it.
@@ -221,6 +229,7 @@ struct Outstanding {
     request: u64,
     operation: u8,
     sent_tick: Option<u64>,
+    first_sent_tick: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -264,6 +273,7 @@ impl Simulation {
                 c.timeouts = config.timeouts;
                 c.retention_ops = config.retention_ops;
                 c.seed = config.seed;
+                c.topology = config.topology;
                 Node {
                     replica: Some(Replica::new(c)),
                     config: c,
@@ -332,6 +342,15 @@ impl Simulation {
     /// The longest committed log any replica applied.
     pub fn committed(&self) -> &[AppliedOp] {
         &self.canonical
+    }
+
+    /// What the run did so far.
+    pub fn report(&self) -> SimReport {
+        let mut report = self.report;
+        report.ticks = self.tick;
+        report.committed_ops = self.canonical.len() as u64;
+        report.acknowledged = self.acknowledged.len() as u64;
+        report
     }
 
     /// Requests acknowledged to clients so far.
@@ -720,6 +739,8 @@ impl Simulation {
                     client.outstanding = None;
                 }
                 ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
+                    self.report.reply_latency_ticks_total +=
+                        self.tick - out.first_sent_tick.unwrap_or(self.tick);
                     self.acknowledged.push((client.id, out.request));
                     client.next_request += 1;
                     client.outstanding = None;
@@ -738,12 +759,14 @@ impl Simulation {
                         request: 0,
                         operation: OPERATION_REGISTER,
                         sent_tick: None,
+                        first_sent_tick: None,
                     });
                 } else if client.next_request <= self.config.requests_per_client {
                     client.outstanding = Some(Outstanding {
                         request: client.next_request,
                         operation: OPERATION_APPEND,
                         sent_tick: None,
+                        first_sent_tick: None,
                     });
                 }
             }
@@ -757,6 +780,7 @@ impl Simulation {
                 continue;
             }
             out.sent_tick = Some(self.tick);
+            out.first_sent_tick = out.first_sent_tick.or(Some(self.tick));
             let register = out.operation == OPERATION_REGISTER;
             sends.push(Request {
                 client: client.id,

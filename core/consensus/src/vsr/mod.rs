@@ -40,6 +40,6 @@ pub use pipeline::PIPELINE_PREPARE_QUEUE_MAX;
 pub use repair::REPAIR_CHUNK_MAX;
 pub use replica::{
     Action, AppliedState, Config, DurableState, Effect, FrameError, OP_MAX, Replica,
-    RequestOutcome, Status, VIEW_MAX,
+    RequestOutcome, Status, Topology, VIEW_MAX,
 };
 pub use timeout::{Prng, TimeoutConfig};

@@ -68,6 +68,22 @@ pub struct Config {
     pub clients_max: usize,
     /// Seed of the jitter PRNG (mixed with replica and group).
     pub seed: u64,
+    /// How prepares travel from the primary to the backups.
+    pub topology: Topology,
+}
+
+/// How the primary's prepares reach the backups. Acknowledgements always go
+/// straight to the primary, and retransmissions go straight to the replicas
+/// that have not acknowledged, whatever the topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Topology {
+    /// The primary sends every prepare to every backup (the default; see
+    /// docs/consensus.md for why).
+    #[default]
+    Star,
+    /// The primary sends to the next replica in the ring, which forwards to
+    /// its successor, stopping before the primary (the reference's chain).
+    Chain,
 }
 
 impl Config {
@@ -81,6 +97,7 @@ impl Config {
             retention_ops: 1024,
             clients_max: crate::client_table::CLIENTS_TABLE_MAX,
             seed: 0,
+            topology: Topology::Star,
         }
     }
 }
@@ -812,7 +829,13 @@ impl Replica {
             prepare: prepare.clone(),
         });
         self.pipeline.push(header, 1u32 << self.config.replica);
-        self.broadcast(Message::Prepare(prepare));
+        match self.config.topology {
+            Topology::Star => self.broadcast(Message::Prepare(prepare)),
+            Topology::Chain => {
+                let next = self.ring_successor();
+                self.send(next, Message::Prepare(prepare));
+            }
+        }
         if !self.timers.prepare.running() {
             self.timers.prepare.start();
         }
@@ -874,9 +897,16 @@ impl Replica {
             self.note_newer_view(view);
             return Ok(());
         }
+        // In a chain the predecessor forwards what it journaled in this
+        // view, which is this view's log, so it carries the primary's
+        // authority as much as the primary's own send does.
+        let predecessor =
+            (self.config.replica + self.config.replica_count - 1) % self.config.replica_count;
+        let from_authority = from == self.primary_index(view)
+            || (self.config.topology == Topology::Chain && from == predecessor);
         if view < self.view
             || self.status != Status::Normal
-            || from != self.primary_index(view)
+            || !from_authority
             || self.primary_index(view) == self.config.replica
             || self.transferring
         {
@@ -895,13 +925,33 @@ impl Replica {
                 if op <= before {
                     self.effect(Effect::TruncateJournal { from_op: op });
                 }
-                self.effect(Effect::Journal { prepare });
+                self.effect(Effect::Journal {
+                    prepare: prepare.clone(),
+                });
+                self.forward_down_chain(view, prepare);
             }
             Inserted::Duplicate | Inserted::Rejected => {}
         }
         self.advance_commit_max(commit);
         self.after_journal_change();
         Ok(())
+    }
+
+    /// The next replica in the ring.
+    fn ring_successor(&self) -> u8 {
+        (self.config.replica + 1) % self.config.replica_count
+    }
+
+    /// Chain topology: pass a newly journaled prepare on to the successor,
+    /// unless the successor is the primary (the chain has ended).
+    fn forward_down_chain(&mut self, view: u32, prepare: Prepare) {
+        if self.config.topology != Topology::Chain {
+            return;
+        }
+        let next = self.ring_successor();
+        if next != self.primary_index(view) {
+            self.send(next, Message::Prepare(prepare));
+        }
     }
 
     /// Re-evaluate everything that depends on the journal: the restart
