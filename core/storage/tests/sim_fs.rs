@@ -259,3 +259,29 @@ fn given_directory_ops_when_misused_should_return_posix_errors() {
         assert_eq!(fs.now(), std::time::Duration::from_millis(5));
     });
 }
+
+#[test]
+fn given_power_cut_when_calls_continue_should_fail_everything_until_crash() {
+    block_on(async {
+        let fs = SimFs::new(2);
+        let f = write_file(&fs, "/c", b"ab").await;
+        fs.cut_power_after(1);
+        f.sync_all().await.unwrap();
+        let storage::fs::BufResult(r, _) = f.write_all_at(b"cd".to_vec(), 2).await;
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(EIO));
+        assert!(fs.sync_dir(p("/")).await.is_err());
+        assert!(
+            fs.open(p("/d"), OpenOptions::create_read_write())
+                .await
+                .is_err()
+        );
+        fs.crash_with(CrashMode::KeepAll);
+        // The name was never synced, but KeepAll keeps the create.
+        assert_eq!(fs.contents(p("/c")).unwrap(), b"ab");
+        assert!(
+            fs.open(p("/d"), OpenOptions::create_read_write())
+                .await
+                .is_ok()
+        );
+    });
+}

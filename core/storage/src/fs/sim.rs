@@ -203,6 +203,10 @@ struct State {
     faults: Vec<ArmedFault>,
     now: Duration,
     crashes: u64,
+    /// Calls of any kind counted by `tick` so far.
+    total_calls: u64,
+    /// After this many calls every call fails with EIO (the power is out).
+    power_cut_at: Option<u64>,
 }
 
 /// The simulated filesystem. Cloning shares the same state (`Rc`), so a
@@ -248,6 +252,10 @@ fn write_into(content: &mut Vec<u8>, pos: u64, data: &[u8]) {
 
 impl State {
     fn tick(&mut self, kind: FaultKind) -> Option<Fault> {
+        self.total_calls += 1;
+        if self.power_cut_at.is_some_and(|at| self.total_calls > at) {
+            return Some(Fault::Errno(EIO));
+        }
         let i = kind.index();
         self.calls[i] += 1;
         let call = self.calls[i];
@@ -441,6 +449,7 @@ impl State {
             }
         }
         self.collect_unreachable();
+        self.power_cut_at = None;
         self.epoch += 1;
         self.crashes += 1;
     }
@@ -487,6 +496,8 @@ impl SimFs {
                 faults: Vec::new(),
                 now: Duration::ZERO,
                 crashes: 0,
+                total_calls: 0,
+                power_cut_at: None,
             })),
         }
     }
@@ -500,6 +511,15 @@ impl SimFs {
     /// Simulates a crash with an explicit policy for volatile state.
     pub fn crash_with(&self, mode: CrashMode) {
         self.state.borrow_mut().crash(mode);
+    }
+
+    /// Cuts the power after `calls` more calls: from then on every call
+    /// that would touch the disk fails with EIO and changes nothing, until
+    /// the next [`SimFs::crash`]. Crashing at call N for every N is how a
+    /// test crashes "at every step" of a multi-call operation.
+    pub fn cut_power_after(&self, calls: u64) {
+        let mut s = self.state.borrow_mut();
+        s.power_cut_at = Some(s.total_calls + calls);
     }
 
     /// Number of crashes simulated so far.
