@@ -179,3 +179,41 @@ fn given_empty_repair_range_should_refuse() {
         })
     );
 }
+
+#[test]
+fn given_new_view_when_not_yet_persisted_should_withhold_every_send() {
+    use consensus::vsr::{Action, Effect};
+    // Replica 2 is a backup in view 1 (whose primary is replica 1), so its
+    // DoViewChange leaves as a frame.
+    let mut r = Replica::new(Config::new(2, 3, 0));
+    let mut f = frame(Message::StartViewChange);
+    f.view = 1;
+    r.on_frame(f).unwrap();
+    let actions = r.take_actions();
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        Action::Effect(Effect::PersistState {
+            view: 1,
+            log_view: 0,
+            ..
+        })
+    )));
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Send { .. })),
+        "no vote may leave before view 1 is durable"
+    );
+    // A stale acknowledgement (an older pair) releases nothing.
+    r.on_persisted(0, 0);
+    assert!(r.take_actions().is_empty());
+    r.on_persisted(1, 0);
+    let released = r.take_actions();
+    let sends: Vec<&Message> = released
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { frame, .. } if frame.view == 1 => Some(&frame.message),
+            _ => None,
+        })
+        .collect();
+    assert!(sends.iter().any(|m| matches!(m, Message::StartViewChange)));
+    assert!(sends.iter().any(|m| matches!(m, Message::DoViewChange(_))));
+}
