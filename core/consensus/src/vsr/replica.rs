@@ -17,7 +17,7 @@
 //! Normal operation (this file): the primary of view `v` for group `g` is
 //! replica `(v + g) mod N`. It orders requests into prepares (at most 32 in
 //! flight), journals each one itself and sends it to every backup (star
-//! topology, see docs/consensus.md). A backup journals prepares in the
+//! topology by default, or down a chain; see docs/consensus.md). A backup journals prepares in the
 //! primary's order and answers a cumulative PrepareOk for the highest op up
 //! to which its journal is contiguous. The primary commits an op once a
 //! replication quorum holds it, applies it, replies to the client, and
