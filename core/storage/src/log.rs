@@ -257,12 +257,26 @@ impl<F: Fs> SegmentedLog<F> {
                 batch,
             );
         }
+        // A segment recovered at or past the size (or a smaller configured
+        // size) rotates before it takes another batch.
+        if self.active_segment().meta.size_bytes >= self.config.segment_size_bytes
+            && let Err(e) = self.rotate().await
+        {
+            self.poisoned = true;
+            return (Err(e), batch);
+        }
         let seg_index = self.segments.len() - 1;
         let position = self.active.log.cursor();
         let BufResult(res, batch) = self.active.log.append(batch).await;
         if let Err(e) = res {
             let path = self.segments[seg_index].log_path.clone();
-            self.roll_back(position).await;
+            if self.active.log.sync_failed() {
+                // The write went through but its sync failed: nothing since
+                // the last good sync can be trusted, so no roll-back either.
+                self.poisoned = true;
+            } else {
+                self.roll_back(position).await;
+            }
             return (Err(StorageError::io("append", path, e)), batch);
         }
         let seg = &mut self.segments[seg_index];

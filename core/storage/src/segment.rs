@@ -121,12 +121,15 @@ impl SegmentMeta {
 }
 
 /// Appends batch records to a segment's `.log` at a cursor, with optional
-/// fdatasync after each append.
+/// fdatasync after each append. After a failed sync the writer refuses
+/// further appends: the kernel may have dropped the dirty pages, so what
+/// the file holds is unknown until recovery walks it.
 #[derive(Debug)]
 pub struct LogWriter<F: FsFile> {
     file: F,
     cursor: u64,
     fsync: bool,
+    sync_failed: bool,
 }
 
 impl<F: FsFile> LogWriter<F> {
@@ -137,7 +140,13 @@ impl<F: FsFile> LogWriter<F> {
             file,
             cursor,
             fsync,
+            sync_failed: false,
         }
+    }
+
+    /// True once a sync of this file failed (the writer is then unusable).
+    pub fn sync_failed(&self) -> bool {
+        self.sync_failed
     }
 
     /// Reserves `len` bytes of disk for the file without changing its
@@ -146,10 +155,14 @@ impl<F: FsFile> LogWriter<F> {
         self.file.preallocate(len).await
     }
 
-    /// Writes `buf` at the cursor and advances it; returns the position the
-    /// bytes start at. On error the cursor is unchanged (bytes may have
-    /// partly landed; see [`LogWriter::rewind_to`]).
+    /// Writes `buf` at the cursor (and fdatasyncs it when configured) and
+    /// advances the cursor; returns the position the bytes start at. On
+    /// error the cursor is unchanged: a failed write may have partly landed
+    /// (see [`LogWriter::rewind_to`]); a failed sync poisons the writer.
     pub async fn append<B: IoBuf>(&mut self, buf: B) -> BufResult<u64, B> {
+        if self.sync_failed {
+            return BufResult(Err(sync_failed_error()), buf);
+        }
         let len = buf.buf_len() as u64;
         let position = self.cursor;
         let BufResult(res, buf) = self.file.write_all_at(buf, position).await;
@@ -159,6 +172,7 @@ impl<F: FsFile> LogWriter<F> {
         if self.fsync
             && let Err(e) = self.file.sync_data().await
         {
+            self.sync_failed = true;
             return BufResult(Err(e), buf);
         }
         self.cursor += len;
@@ -173,9 +187,14 @@ impl<F: FsFile> LogWriter<F> {
         Ok(())
     }
 
-    /// fdatasync of the log.
-    pub async fn sync(&self) -> io::Result<()> {
-        self.file.sync_data().await
+    /// fdatasync of the log. A failure poisons the writer.
+    pub async fn sync(&mut self) -> io::Result<()> {
+        if self.sync_failed {
+            return Err(sync_failed_error());
+        }
+        let res = self.file.sync_data().await;
+        self.sync_failed = res.is_err();
+        res
     }
 
     /// The append position.
@@ -187,6 +206,10 @@ impl<F: FsFile> LogWriter<F> {
     pub fn file(&self) -> &F {
         &self.file
     }
+}
+
+fn sync_failed_error() -> io::Error {
+    io::Error::other("an earlier sync of this segment failed; reopen to recover")
 }
 
 /// Why a walk stopped before the end of the file.
