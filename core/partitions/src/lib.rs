@@ -1,17 +1,46 @@
-//! replog's partition plane.
+//! replog's partition plane: the replicated [`Partition`].
 //!
-//! - [`offset_storage`]: consumer and consumer-group offsets on disk, one
-//!   small checksummed file per id, replaced atomically through a sibling;
-//!   and the partition's durable purge generation.
+//! A partition is one VSR group's state machine and driver, generic over
+//! the message bus ([`MessageBus`]), the superblock store and the
+//! filesystem. By file:
 //!
-//! The replicated `Partition` (append, polls, flush, purge, retention and
-//! boot over `storage` and `journal`) is being built on top of these.
+//! - [`partition`]: the struct, its configuration and errors, boot, the
+//!   driver loop that carries out the VSR core's actions, counters;
+//! - [`ops`]: the replicated operations and their fail-closed codec;
+//! - `append`: validation and stamping on the primary, the base-offset
+//!   check on backups;
+//! - [`flush`]: the committed journal prefix to segments;
+//! - [`poll`]: polls by every strategy over segments and journal;
+//! - [`offsets`]: consumer offsets (live maps, durable records);
+//! - `purge`: the purge op and its crash-ordered durable steps;
+//! - [`retention`]: age- and size-based removal of sealed segments;
+//! - [`bus`]: the bus trait and an in-memory network for tests;
+//! - [`offset_storage`]: consumer-offset files and `purge.gen` on disk.
 
+mod append;
+pub mod bus;
+pub mod flush;
 pub mod offset_storage;
+pub mod offsets;
+pub mod ops;
+pub mod partition;
+pub mod poll;
+mod purge;
+pub mod retention;
 
+pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus, NetworkFaults};
+pub use flush::FlushOutcome;
 pub use offset_storage::{
     OffsetRecord, OffsetRecordError, PURGE_GENERATION_FILE, PurgeGeneration, StoredOffsets,
     commit_offset_replacement, delete_persisted_offset, discard_offset_replacement,
     load_offsets_dir, offset_replacement_id, persist_purge_generation, read_purge_generation,
     stage_offset_replacement,
 };
+pub use offsets::{ConsumerOffsets, DurableOffset, DurableOffsets};
+pub use ops::{OpDecodeError, PartitionOp};
+pub use partition::{
+    BootError, ClientOp, ClientRequest, INTERNAL_CLIENT, Partition, PartitionConfig,
+    PartitionError, PartitionStats,
+};
+pub use poll::{PollError, PollRequest, Polled, PollingStrategy};
+pub use retention::{RetentionOutcome, RetentionPolicy};

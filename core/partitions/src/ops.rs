@@ -1,0 +1,404 @@
+//! The partition's replicated operations and their fail-closed codec.
+//!
+//! A partition group orders four kinds of request besides the VSR
+//! `Register`. Each travels as the body of a prepare, tagged by the
+//! prepare's `operation` byte; the layouts are in `docs/formats.md`
+//! ("Partition operations"):
+//!
+//! | operation | code | body |
+//! |---|---|---|
+//! | [`PartitionOp::Append`] | 3 ([`OPERATION_APPEND`]) | one stamped message batch |
+//! | [`PartitionOp::StoreOffset`] | 4 | 16 bytes |
+//! | [`PartitionOp::DeleteOffset`] | 5 | 8 bytes |
+//! | [`PartitionOp::Purge`] | 6 | 8 bytes |
+//!
+//! Batches reuse `OPERATION_APPEND`: the append is the group's ordinary
+//! request. The small bodies are fixed-length with zero reserved bytes, so a
+//! decoder can refuse anything else without allocating; no checksum of
+//! their own is needed because the prepare's `checksum_body` covers them.
+
+use std::fmt;
+
+use bytes::Bytes;
+use common::ConsumerKind;
+use consensus::vsr::{OPERATION_APPEND, OPERATION_REGISTER};
+use storage::batch::{BatchError, BatchView, Integrity};
+
+/// `operation` of a consumer-offset store.
+pub const OPERATION_STORE_OFFSET: u8 = 4;
+/// `operation` of a consumer-offset delete.
+pub const OPERATION_DELETE_OFFSET: u8 = 5;
+/// `operation` of a purge.
+pub const OPERATION_PURGE: u8 = 6;
+
+/// Length of a [`PartitionOp::StoreOffset`] body.
+pub const STORE_OFFSET_BODY_LEN: usize = 16;
+/// Length of a [`PartitionOp::DeleteOffset`] body.
+pub const DELETE_OFFSET_BODY_LEN: usize = 8;
+/// Length of a [`PartitionOp::Purge`] body.
+pub const PURGE_BODY_LEN: usize = 8;
+
+const KIND_CONSUMER: u8 = 0;
+const KIND_GROUP: u8 = 1;
+
+/// One decoded partition operation (the body of a committed prepare).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionOp {
+    /// A stamped message batch (the bytes every replica persists).
+    Append(Bytes),
+    /// Store a consumer's offset. An explicit store may rewind; an
+    /// auto-commit (from a poll) only advances.
+    StoreOffset {
+        /// Consumer or consumer group.
+        kind: ConsumerKind,
+        /// The consumer (group) id.
+        id: u32,
+        /// The last consumed offset.
+        offset: u64,
+        /// True for a poll's auto-commit.
+        auto_commit: bool,
+    },
+    /// Forget a consumer's offset.
+    DeleteOffset {
+        /// Consumer or consumer group.
+        kind: ConsumerKind,
+        /// The consumer (group) id.
+        id: u32,
+    },
+    /// Truncate the partition and restart offsets at 0 under this
+    /// generation (applied only when it is above the current one).
+    Purge {
+        /// The purge generation this purge establishes.
+        generation: u64,
+    },
+    /// A VSR session registration (no partition state changes).
+    Register,
+}
+
+/// Why a prepare body is not a partition operation; nothing is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpDecodeError {
+    /// The operation code is none of the partition's.
+    UnknownOperation {
+        /// The code found.
+        operation: u8,
+    },
+    /// A fixed-size body of the wrong length.
+    BadLength {
+        /// The operation code.
+        operation: u8,
+        /// The length required.
+        expected: usize,
+        /// The length found.
+        actual: usize,
+    },
+    /// A consumer kind byte that is neither consumer (0) nor group (1).
+    UnknownConsumerKind {
+        /// The byte found.
+        kind: u8,
+    },
+    /// A flag byte that is neither 0 nor 1.
+    BadFlag {
+        /// The byte found.
+        flag: u8,
+    },
+    /// A reserved byte that is not zero.
+    ReservedNonZero {
+        /// Byte index within the body.
+        at: usize,
+    },
+    /// An append body that is not exactly one valid batch.
+    InvalidBatch(BatchError),
+}
+
+impl fmt::Display for OpDecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownOperation { operation } => {
+                write!(f, "operation code {operation} is not a partition operation")
+            }
+            Self::BadLength {
+                operation,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "operation {operation} needs a {expected}-byte body but carries {actual} bytes"
+            ),
+            Self::UnknownConsumerKind { kind } => {
+                write!(f, "consumer kind {kind} is neither consumer nor group")
+            }
+            Self::BadFlag { flag } => write!(f, "flag byte {flag} is neither 0 nor 1"),
+            Self::ReservedNonZero { at } => write!(f, "reserved body byte {at} is not zero"),
+            Self::InvalidBatch(e) => write!(f, "append body is not one valid batch: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpDecodeError {}
+
+fn kind_byte(kind: ConsumerKind) -> u8 {
+    match kind {
+        ConsumerKind::Consumer => KIND_CONSUMER,
+        ConsumerKind::ConsumerGroup => KIND_GROUP,
+    }
+}
+
+fn kind_from(byte: u8) -> Result<ConsumerKind, OpDecodeError> {
+    match byte {
+        KIND_CONSUMER => Ok(ConsumerKind::Consumer),
+        KIND_GROUP => Ok(ConsumerKind::ConsumerGroup),
+        kind => Err(OpDecodeError::UnknownConsumerKind { kind }),
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut v = [0u8; 4];
+    v.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(v)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
+}
+
+fn check_len(operation: u8, body: &[u8], expected: usize) -> Result<(), OpDecodeError> {
+    if body.len() != expected {
+        return Err(OpDecodeError::BadLength {
+            operation,
+            expected,
+            actual: body.len(),
+        });
+    }
+    Ok(())
+}
+
+fn check_zero(body: &[u8], range: std::ops::Range<usize>) -> Result<(), OpDecodeError> {
+    match body[range.clone()].iter().position(|&b| b != 0) {
+        Some(i) => Err(OpDecodeError::ReservedNonZero {
+            at: range.start + i,
+        }),
+        None => Ok(()),
+    }
+}
+
+impl PartitionOp {
+    /// The prepare `operation` code of this op.
+    pub fn operation(&self) -> u8 {
+        match self {
+            Self::Append(_) => OPERATION_APPEND,
+            Self::StoreOffset { .. } => OPERATION_STORE_OFFSET,
+            Self::DeleteOffset { .. } => OPERATION_DELETE_OFFSET,
+            Self::Purge { .. } => OPERATION_PURGE,
+            Self::Register => OPERATION_REGISTER,
+        }
+    }
+
+    /// The prepare body of this op.
+    pub fn encode_body(&self) -> Bytes {
+        match self {
+            Self::Append(batch) => batch.clone(),
+            Self::StoreOffset {
+                kind,
+                id,
+                offset,
+                auto_commit,
+            } => {
+                let mut b = [0u8; STORE_OFFSET_BODY_LEN];
+                b[0] = kind_byte(*kind);
+                b[1] = u8::from(*auto_commit);
+                b[4..8].copy_from_slice(&id.to_le_bytes());
+                b[8..16].copy_from_slice(&offset.to_le_bytes());
+                Bytes::copy_from_slice(&b)
+            }
+            Self::DeleteOffset { kind, id } => {
+                let mut b = [0u8; DELETE_OFFSET_BODY_LEN];
+                b[0] = kind_byte(*kind);
+                b[4..8].copy_from_slice(&id.to_le_bytes());
+                Bytes::copy_from_slice(&b)
+            }
+            Self::Purge { generation } => Bytes::copy_from_slice(&generation.to_le_bytes()),
+            Self::Register => Bytes::new(),
+        }
+    }
+
+    /// Decodes a prepare body. An append is checked as exactly one batch
+    /// at `integrity` (everything, for bytes from a peer or a client) and
+    /// against `batch_length_max`.
+    pub fn decode(
+        operation: u8,
+        body: &Bytes,
+        integrity: Integrity,
+        batch_length_max: u64,
+    ) -> Result<Self, OpDecodeError> {
+        match operation {
+            OPERATION_APPEND => {
+                BatchView::decode_exact(body, integrity, batch_length_max)
+                    .map_err(OpDecodeError::InvalidBatch)?;
+                Ok(Self::Append(body.clone()))
+            }
+            OPERATION_STORE_OFFSET => {
+                check_len(operation, body, STORE_OFFSET_BODY_LEN)?;
+                let kind = kind_from(body[0])?;
+                let auto_commit = match body[1] {
+                    0 => false,
+                    1 => true,
+                    flag => return Err(OpDecodeError::BadFlag { flag }),
+                };
+                check_zero(body, 2..4)?;
+                Ok(Self::StoreOffset {
+                    kind,
+                    id: u32_at(body, 4),
+                    offset: u64_at(body, 8),
+                    auto_commit,
+                })
+            }
+            OPERATION_DELETE_OFFSET => {
+                check_len(operation, body, DELETE_OFFSET_BODY_LEN)?;
+                let kind = kind_from(body[0])?;
+                check_zero(body, 1..4)?;
+                Ok(Self::DeleteOffset {
+                    kind,
+                    id: u32_at(body, 4),
+                })
+            }
+            OPERATION_PURGE => {
+                check_len(operation, body, PURGE_BODY_LEN)?;
+                Ok(Self::Purge {
+                    generation: u64_at(body, 0),
+                })
+            }
+            OPERATION_REGISTER => {
+                check_len(operation, body, 0)?;
+                Ok(Self::Register)
+            }
+            operation => Err(OpDecodeError::UnknownOperation { operation }),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use storage::batch::{BATCH_LENGTH_MAX_DEFAULT, BatchBuilder};
+
+    fn small_ops() -> Vec<PartitionOp> {
+        vec![
+            PartitionOp::StoreOffset {
+                kind: ConsumerKind::ConsumerGroup,
+                id: 7,
+                offset: 1 << 40,
+                auto_commit: true,
+            },
+            PartitionOp::StoreOffset {
+                kind: ConsumerKind::Consumer,
+                id: u32::MAX,
+                offset: 0,
+                auto_commit: false,
+            },
+            PartitionOp::DeleteOffset {
+                kind: ConsumerKind::Consumer,
+                id: 3,
+            },
+            PartitionOp::Purge { generation: 9 },
+        ]
+    }
+
+    #[test]
+    fn given_ops_when_encoded_should_round_trip() {
+        let mut b = BatchBuilder::new(1);
+        b.push(1, 0, b"x", b"");
+        let batch = Bytes::from(b.build_stamped(0, 5, 6).unwrap());
+        let mut ops = small_ops();
+        ops.push(PartitionOp::Append(batch));
+        ops.push(PartitionOp::Register);
+        for op in ops {
+            let body = op.encode_body();
+            let back = PartitionOp::decode(
+                op.operation(),
+                &body,
+                Integrity::Verify,
+                BATCH_LENGTH_MAX_DEFAULT,
+            )
+            .unwrap();
+            assert_eq!(back, op);
+        }
+    }
+
+    #[test]
+    fn given_truncated_or_extended_body_when_decoded_should_reject() {
+        for op in small_ops() {
+            let body = op.encode_body();
+            for len in 0..body.len() {
+                let cut = body.slice(..len);
+                assert!(
+                    PartitionOp::decode(op.operation(), &cut, Integrity::Verify, u64::MAX).is_err()
+                );
+            }
+            let mut longer = body.to_vec();
+            longer.push(0);
+            let longer = Bytes::from(longer);
+            assert!(
+                PartitionOp::decode(op.operation(), &longer, Integrity::Verify, u64::MAX).is_err()
+            );
+        }
+    }
+
+    #[test]
+    fn given_nonzero_reserved_or_bad_kind_when_decoded_should_reject() {
+        let store = small_ops()[0].encode_body().to_vec();
+        for (at, value) in [(0usize, 2u8), (1, 2), (2, 1), (3, 1)] {
+            let mut b = store.clone();
+            b[at] = value;
+            let r = PartitionOp::decode(
+                OPERATION_STORE_OFFSET,
+                &Bytes::from(b),
+                Integrity::Verify,
+                u64::MAX,
+            );
+            assert!(r.is_err(), "byte {at} = {value} accepted");
+        }
+        let delete = small_ops()[2].encode_body().to_vec();
+        for at in 0..4 {
+            let mut b = delete.clone();
+            b[at] = 9;
+            let r = PartitionOp::decode(
+                OPERATION_DELETE_OFFSET,
+                &Bytes::from(b),
+                Integrity::Verify,
+                u64::MAX,
+            );
+            assert!(r.is_err(), "byte {at} accepted");
+        }
+    }
+
+    #[test]
+    fn given_unknown_operation_or_bad_batch_when_decoded_should_reject() {
+        let body = Bytes::from_static(&[0u8; 8]);
+        assert_eq!(
+            PartitionOp::decode(2, &body, Integrity::Verify, u64::MAX),
+            Err(OpDecodeError::UnknownOperation { operation: 2 })
+        );
+        assert!(matches!(
+            PartitionOp::decode(OPERATION_APPEND, &body, Integrity::Verify, u64::MAX),
+            Err(OpDecodeError::InvalidBatch(_))
+        ));
+        let mut b = BatchBuilder::new(1);
+        b.push(1, 0, b"payload", b"");
+        let mut bytes = b.build_stamped(0, 0, 1).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        assert!(matches!(
+            PartitionOp::decode(
+                OPERATION_APPEND,
+                &Bytes::from(bytes),
+                Integrity::Verify,
+                u64::MAX
+            ),
+            Err(OpDecodeError::InvalidBatch(_))
+        ));
+    }
+}

@@ -1,0 +1,1130 @@
+//! The [`Partition`]: one partition group's state machine and the driver of
+//! its VSR replica.
+//!
+//! The VSR [`Replica`] is the group's consensus; the partition feeds it
+//! frames, ticks and client requests and carries out its actions:
+//!
+//! - `PersistState` → [`DurableState::persist_view`], then
+//!   [`Replica::on_persisted`] with exactly the values written (a failed
+//!   write is retried on the next tick; until then the core keeps holding
+//!   its sends);
+//! - `Apply` → the committed op is applied ([`crate::ops::PartitionOp`]):
+//!   a batch enters the in-memory [`PrepareJournal`] (readable at once,
+//!   flushed to segments by thresholds), a consumer-offset op is made
+//!   durable, a purge truncates the partition;
+//! - `Send` / `Reply` → the [`MessageBus`].
+//!
+//! Every mutating call takes `&mut self`, and a future holding it runs to
+//! completion before the next input: that exclusive borrow *is* the
+//! partition's write lock, so flush, purge, retention and apply never
+//! interleave (the reference needed an async mutex for the same effect).
+//!
+//! **Boot** ([`Partition::open`]): the superblock first (view, log_view,
+//! offset frontier), then the purge generation, then the segments
+//! (`storage::SegmentedLog::open`, which sweeps staging files, cuts a torn
+//! tail and rebuilds indexes), then the consumer offsets clamped to the
+//! recovered end. The offset counter is what the segments prove; a
+//! superblock frontier above it is refused, because the frontier only
+//! advances after the data below it was synced (see `flush.rs`), so such a
+//! record means synced data vanished.
+//!
+//! **Restart with peers.** The prepare journal is memory-only and the
+//! partition does not record which op its segments end at, so a replica of
+//! a multi-replica group that already holds data cannot rejoin by replaying
+//! ops: it needs a state transfer (issue F6). [`Partition::open`] refuses
+//! that case with [`BootError::RestartNeedsStateTransfer`] instead of
+//! booting into a state it cannot prove. A single replica resumes at once
+//! from its superblock.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use common::ConsumerKind;
+use consensus::DedupWatermark;
+use consensus::client_table::ClientTableError;
+use consensus::vsr::{
+    Action, AppliedState, Config as VsrConfig, DurableState as VsrDurable, Effect, Frame,
+    FrameError, Message, OPERATION_REGISTER, Prepare, Replica, Reply, ReplyStatus, Request,
+    RequestOutcome,
+};
+use journal::{
+    DurableState, EntryStats, JournalEntry, JournalError, JournalLimits, PrepareJournal,
+    SuperblockError, SuperblockStore, VsrState,
+};
+use storage::batch::{BatchHeader, Integrity};
+use storage::error::{RecoveryError, StorageError};
+use storage::fs::Fs;
+use storage::log::{LogConfig, SegmentedLog};
+
+use crate::bus::MessageBus;
+use crate::offset_storage::read_purge_generation;
+use crate::offsets::ConsumerOffsets;
+use crate::ops::{OpDecodeError, PartitionOp};
+
+/// Default `messages_required_to_save`: flush once this many messages wait.
+pub const MESSAGES_REQUIRED_TO_SAVE_DEFAULT: u64 = 1024;
+/// Default size threshold: flush once this many bytes wait (1 MiB).
+pub const SIZE_REQUIRED_TO_SAVE_BYTES_DEFAULT: u64 = 1024 * 1024;
+/// The client id the partition itself uses to replicate poll auto-commits.
+pub const INTERNAL_CLIENT: u128 = u128::MAX;
+
+/// Static configuration of one partition replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionConfig {
+    /// The partition id stamped into every batch header.
+    pub partition_id: u32,
+    /// The partition incarnation (`purge.gen` records belong to one).
+    pub created_revision: u64,
+    /// The cluster id recorded in the superblock.
+    pub cluster: u128,
+    /// Flush once this many committed messages wait in the journal.
+    pub messages_required_to_save: u64,
+    /// Flush once this many bytes wait in the journal.
+    pub size_required_to_save_bytes: u64,
+    /// Sync every flush, flush every commit, and hold the client's reply
+    /// until the sync returned.
+    pub enforce_fsync: bool,
+    /// Segment size, index density, batch ceiling, read integrity.
+    pub log: LogConfig,
+    /// Bounds of the in-memory journal of unflushed batches.
+    pub journal: JournalLimits,
+    /// The group's VSR configuration (replica index, count, group id…).
+    pub vsr: VsrConfig,
+}
+
+impl PartitionConfig {
+    /// Defaults around a VSR configuration.
+    pub fn new(vsr: VsrConfig) -> Self {
+        Self {
+            partition_id: 0,
+            created_revision: 0,
+            cluster: 0,
+            messages_required_to_save: MESSAGES_REQUIRED_TO_SAVE_DEFAULT,
+            size_required_to_save_bytes: SIZE_REQUIRED_TO_SAVE_BYTES_DEFAULT,
+            enforce_fsync: false,
+            log: LogConfig::default(),
+            // The replica's own journal retains applied prepares for
+            // repair; a second ring here would only double the memory.
+            journal: JournalLimits {
+                ring_entries_max: 0,
+                ..JournalLimits::default()
+            },
+            vsr,
+        }
+    }
+}
+
+/// Why a partition could not boot. Nothing was served.
+#[derive(Debug)]
+pub enum BootError {
+    /// The superblock could not be read or initialised.
+    Superblock(SuperblockError),
+    /// Segment recovery refused the directory (a hole, an I/O error…).
+    Recovery(RecoveryError),
+    /// `purge.gen` exists but cannot be read; booting with generation 0
+    /// could re-apply a purge over newer data.
+    PurgeGenerationUnreadable {
+        /// The partition directory.
+        dir: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The consumer-offset directories could not be loaded.
+    OffsetsUnreadable {
+        /// The partition directory.
+        dir: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The superblock's frontier is above what the segments hold: data
+    /// that was synced before the frontier advanced is gone.
+    FrontierAheadOfLog {
+        /// The durable frontier.
+        frontier: u64,
+        /// The offset after the last recovered batch.
+        log_next_offset: u64,
+    },
+    /// A replica of a multi-replica group with history restarted; it can
+    /// rejoin only through a state transfer.
+    RestartNeedsStateTransfer {
+        /// The superblock's commit bound.
+        commit: u64,
+        /// The offset after the last recovered batch.
+        log_next_offset: u64,
+    },
+}
+
+impl fmt::Display for BootError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Superblock(e) => write!(f, "partition superblock unusable: {e}"),
+            Self::Recovery(e) => write!(f, "partition segments could not be recovered: {e}"),
+            Self::PurgeGenerationUnreadable { dir, source } => write!(
+                f,
+                "purge generation in {} is unreadable: {source}",
+                dir.display()
+            ),
+            Self::OffsetsUnreadable { dir, source } => write!(
+                f,
+                "consumer offsets in {} could not be loaded: {source}",
+                dir.display()
+            ),
+            Self::FrontierAheadOfLog {
+                frontier,
+                log_next_offset,
+            } => write!(
+                f,
+                "the durable offset frontier {frontier} is above the recovered log end {log_next_offset}: synced data is missing"
+            ),
+            Self::RestartNeedsStateTransfer {
+                commit,
+                log_next_offset,
+            } => write!(
+                f,
+                "a replica with history (commit {commit}, log end {log_next_offset}) must rejoin its group by state transfer"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BootError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Superblock(e) => Some(e),
+            Self::Recovery(e) => Some(e),
+            Self::PurgeGenerationUnreadable { source, .. }
+            | Self::OffsetsUnreadable { source, .. } => Some(source),
+            Self::FrontierAheadOfLog { .. } | Self::RestartNeedsStateTransfer { .. } => None,
+        }
+    }
+}
+
+/// Why a partition refused an input or could not carry out an op.
+#[derive(Debug)]
+pub enum PartitionError {
+    /// An earlier local failure fenced the partition; it serves nothing
+    /// until rebooted.
+    Fenced {
+        /// What fenced it.
+        reason: String,
+    },
+    /// A client's batch or a peer's prepare body is not a valid op.
+    InvalidOp(OpDecodeError),
+    /// A prepare whose batch does not start at the offset this replica
+    /// expects after the op before it: refused (a gap repair refills),
+    /// never re-stamped.
+    PrepareOffsetMismatch {
+        /// The prepare's op.
+        op: u64,
+        /// The base offset the replica expected.
+        expected: u64,
+        /// The base offset the batch carries.
+        actual: u64,
+    },
+    /// A prepare whose batch names another partition.
+    PrepareWrongPartition {
+        /// The prepare's op.
+        op: u64,
+        /// The partition id in the batch.
+        partition_id: u64,
+    },
+    /// The VSR core refused a frame.
+    Frame(FrameError),
+    /// A store names an offset the partition has not committed yet.
+    StoreOffsetBeyondEnd {
+        /// The offset asked for.
+        offset: u64,
+        /// The next offset the partition will commit.
+        next_offset: u64,
+    },
+    /// A purge that does not advance the purge generation.
+    PurgeGenerationNotNewer {
+        /// The generation asked for.
+        generation: u64,
+        /// The generation in effect.
+        current: u64,
+    },
+    /// A committed batch does not continue the applied offsets (an
+    /// internal invariant; the partition is fenced).
+    ApplyOffsetMismatch {
+        /// The op.
+        op: u64,
+        /// The offset expected.
+        expected: u64,
+        /// The offset the batch carries.
+        actual: u64,
+    },
+    /// The segment log failed.
+    Storage(StorageError),
+    /// The superblock write failed.
+    Superblock(SuperblockError),
+    /// The in-memory journal refused an entry.
+    Journal(JournalError),
+    /// A consumer-offset file could not be written or removed.
+    OffsetIo {
+        /// Consumer or group.
+        kind: ConsumerKind,
+        /// Its id.
+        id: u32,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A purge step failed on disk.
+    PurgeIo {
+        /// Which step.
+        step: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for PartitionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Fenced { reason } => write!(f, "partition is fenced: {reason}"),
+            Self::InvalidOp(e) => write!(f, "operation refused: {e}"),
+            Self::PrepareOffsetMismatch {
+                op,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "prepare {op} starts at offset {actual} but this replica's next offset is {expected}"
+            ),
+            Self::PrepareWrongPartition { op, partition_id } => {
+                write!(
+                    f,
+                    "prepare {op} carries a batch of partition {partition_id}"
+                )
+            }
+            Self::Frame(e) => write!(f, "frame refused: {e}"),
+            Self::StoreOffsetBeyondEnd {
+                offset,
+                next_offset,
+            } => write!(
+                f,
+                "cannot store offset {offset}: the partition has committed only up to {next_offset}"
+            ),
+            Self::PurgeGenerationNotNewer {
+                generation,
+                current,
+            } => write!(
+                f,
+                "purge generation {generation} does not advance the current generation {current}"
+            ),
+            Self::ApplyOffsetMismatch {
+                op,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "committed op {op} starts at offset {actual}, not at the applied end {expected}"
+            ),
+            Self::Storage(e) => write!(f, "segment log failed: {e}"),
+            Self::Superblock(e) => write!(f, "superblock write failed: {e}"),
+            Self::Journal(e) => write!(f, "journal refused an entry: {e}"),
+            Self::OffsetIo { kind, id, source } => {
+                write!(
+                    f,
+                    "offset of {kind:?} {id} could not be persisted: {source}"
+                )
+            }
+            Self::PurgeIo { step, source } => write!(f, "purge failed at {step}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for PartitionError {}
+
+/// A client request, before it becomes a prepare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientRequest {
+    /// The client id (0 is reserved).
+    pub client: u128,
+    /// The client's session (the op of its Register; 0 for a Register).
+    pub session: u64,
+    /// The request number (0 for a Register).
+    pub request: u64,
+    /// The user the session belongs to.
+    pub user_id: u32,
+    /// What to do.
+    pub op: ClientOp,
+}
+
+/// What a client asks of a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientOp {
+    /// Open a session.
+    Register,
+    /// Append a batch, as the client encoded it (offsets and timestamps
+    /// are stamped by the primary).
+    Append(Vec<u8>),
+    /// Store a consumer offset explicitly (may rewind).
+    StoreOffset {
+        /// Consumer or group.
+        kind: ConsumerKind,
+        /// Its id.
+        id: u32,
+        /// The last consumed offset.
+        offset: u64,
+    },
+    /// Delete a consumer offset.
+    DeleteOffset {
+        /// Consumer or group.
+        kind: ConsumerKind,
+        /// Its id.
+        id: u32,
+    },
+    /// Purge the partition under a new generation.
+    Purge {
+        /// The new generation (must exceed the current one).
+        generation: u64,
+    },
+}
+
+/// Counters of a partition (committed state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PartitionStats {
+    /// Messages held (committed, not yet removed by retention or purge).
+    pub messages_count: u64,
+    /// Bytes of the batches held.
+    pub size_bytes: u64,
+    /// Segments on disk (sealed and active).
+    pub segments_count: u64,
+    /// The last committed offset, `None` when nothing is committed.
+    pub current_offset: Option<u64>,
+}
+
+/// The offset state after a run of ops: what the next batch must start at
+/// and the purge generation in effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OffsetState {
+    pub next_offset: u64,
+    pub purge_generation: u64,
+    pub last_timestamp: u64,
+}
+
+/// The replicated-but-internal client through which poll auto-commits
+/// become StoreOffset ops.
+#[derive(Debug, Default)]
+pub(crate) struct AutoCommits {
+    pub session: Option<u64>,
+    pub registering: bool,
+    pub next_request: u64,
+    pub pending: BTreeMap<(ConsumerKind, u32), u64>,
+}
+
+/// One partition replica. Generic over the bus `B`, the superblock store
+/// `S` and the filesystem `F`.
+pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
+    pub(crate) config: PartitionConfig,
+    pub(crate) fs: F,
+    pub(crate) dir: PathBuf,
+    pub(crate) bus: B,
+    pub(crate) durable: DurableState<S>,
+    pub(crate) replica: Replica,
+    pub(crate) log: SegmentedLog<F>,
+    pub(crate) journal: PrepareJournal,
+    pub(crate) offsets: ConsumerOffsets,
+    /// The offset after the last applied batch: the commit ceiling of polls
+    /// and the frontier a transfer would ship.
+    pub(crate) applied_next_offset: u64,
+    pub(crate) applied_last_timestamp: u64,
+    pub(crate) applied_purge_generation: u64,
+    pub(crate) messages_count: u64,
+    pub(crate) size_bytes: u64,
+    /// The log end recovered at boot (immutable after boot).
+    pub(crate) recovered_durable_offset: Option<u64>,
+    /// Set only by a state-transfer install (not implemented here).
+    pub(crate) installed_frontier: Option<u64>,
+    pub(crate) now_us: u64,
+    pub(crate) persist_failed: bool,
+    pub(crate) pending_replies: Vec<Reply>,
+    pub(crate) auto_commits: RefCell<AutoCommits>,
+    pub(crate) fenced: Option<String>,
+}
+
+impl<B: MessageBus, S: SuperblockStore, F: Fs> fmt::Debug for Partition<B, S, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Partition")
+            .field("dir", &self.dir)
+            .field("replica", &self.config.vsr.replica)
+            .field("commit_min", &self.replica.commit_min())
+            .field("applied_next_offset", &self.applied_next_offset)
+            .field("fenced", &self.fenced)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
+    /// Boots the partition in `dir` (see the module documentation for the
+    /// order and what is refused).
+    pub async fn open(
+        config: PartitionConfig,
+        fs: F,
+        dir: &Path,
+        bus: B,
+        mut store: S,
+    ) -> Result<Self, BootError> {
+        let fresh = store
+            .read_latest()
+            .await
+            .map_err(BootError::Superblock)?
+            .is_none();
+        let initial = VsrState {
+            cluster: config.cluster,
+            replica_id: config.vsr.replica,
+            replica_count: config.vsr.replica_count,
+            view: 0,
+            log_view: 0,
+            commit_max: 0,
+            checkpoint_op: 0,
+            checkpoint_checksum: 0,
+            offset_frontier: 0,
+        };
+        let durable = DurableState::open(store, initial)
+            .await
+            .map_err(BootError::Superblock)?;
+        let sb = *durable.state();
+        let generation = read_purge_generation(&fs, dir, config.created_revision)
+            .await
+            .map_err(|source| BootError::PurgeGenerationUnreadable {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+        let (log, report) = SegmentedLog::open(fs.clone(), dir, config.log, sb.offset_frontier)
+            .await
+            .map_err(BootError::Recovery)?;
+        for cut in &report.truncated {
+            tracing::warn!(path = %cut.path.display(), from = cut.from_bytes, to = cut.to_bytes, "recovery cut a torn segment tail");
+        }
+        let next = log.next_offset();
+        if sb.offset_frontier > next {
+            return Err(BootError::FrontierAheadOfLog {
+                frontier: sb.offset_frontier,
+                log_next_offset: next,
+            });
+        }
+        let mut offsets = ConsumerOffsets::new(dir);
+        offsets
+            .load(&fs, next.checked_sub(1))
+            .await
+            .map_err(|source| BootError::OffsetsUnreadable {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+        let replica = if fresh {
+            Replica::new(config.vsr)
+        } else {
+            let vsr_durable = VsrDurable {
+                view: sb.view,
+                log_view: sb.log_view,
+                commit: sb.commit_max,
+            };
+            if config.vsr.replica_count == 1 {
+                // Nobody to disagree with: resume at the durable commit
+                // bound; ops after the last flush are gone with the
+                // memory-only journal (acknowledged only without
+                // enforce_fsync).
+                Replica::restart(
+                    config.vsr,
+                    vsr_durable,
+                    AppliedState {
+                        commit_min: sb.commit_max,
+                        checksum: 0,
+                    },
+                )
+            } else if sb.commit_max == 0 && next == 0 && log.segments().count() == 1 {
+                Replica::restart(config.vsr, vsr_durable, AppliedState::default())
+            } else {
+                return Err(BootError::RestartNeedsStateTransfer {
+                    commit: sb.commit_max,
+                    log_next_offset: next,
+                });
+            }
+        };
+        let journal = PrepareJournal::new(config.journal, replica.commit_min() + 1);
+        let (messages_count, size_bytes, last_timestamp) =
+            log.segments().fold((0u64, 0u64, 0u64), |(m, b, t), s| {
+                (
+                    m + (s.next_offset - s.start_offset),
+                    b + s.size_bytes,
+                    t.max(s.end_timestamp),
+                )
+            });
+        let mut partition = Self {
+            dir: dir.to_path_buf(),
+            fs,
+            bus,
+            durable,
+            replica,
+            log,
+            journal,
+            offsets,
+            applied_next_offset: next,
+            applied_last_timestamp: last_timestamp,
+            applied_purge_generation: generation,
+            messages_count,
+            size_bytes,
+            recovered_durable_offset: next.checked_sub(1),
+            installed_frontier: None,
+            now_us: 0,
+            persist_failed: false,
+            pending_replies: Vec::new(),
+            auto_commits: RefCell::new(AutoCommits {
+                next_request: 1,
+                ..AutoCommits::default()
+            }),
+            fenced: None,
+            config,
+        };
+        // A restart may need its (view, log_view) persisted at once.
+        if let Err(e) = partition.drive().await {
+            tracing::warn!(error = %e, "partition boot could not persist its view");
+        }
+        tracing::info!(dir = %partition.dir.display(), next_offset = next, generation, view = partition.replica.view(), "partition booted");
+        Ok(partition)
+    }
+
+    // ----- accessors --------------------------------------------------------
+
+    /// The partition directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The group's replica core.
+    pub fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PartitionConfig {
+        &self.config
+    }
+
+    /// The next offset the partition will mint once every applied op is
+    /// counted (the offset frontier a transfer ships).
+    pub fn offset_frontier(&self) -> u64 {
+        self.applied_next_offset
+    }
+
+    /// The frontier the superblock durably holds.
+    pub fn durable_offset_frontier(&self) -> u64 {
+        self.durable.state().offset_frontier
+    }
+
+    /// The last offset recovered from segments at boot.
+    pub fn recovered_durable_offset(&self) -> Option<u64> {
+        self.recovered_durable_offset
+    }
+
+    /// Where the offset space starts after a state-transfer install.
+    pub fn installed_frontier(&self) -> Option<u64> {
+        self.installed_frontier
+    }
+
+    /// The purge generation applied (and recorded in `purge.gen`).
+    pub fn purge_generation(&self) -> u64 {
+        self.applied_purge_generation
+    }
+
+    /// The superblock store (e.g. to carry a `MemSuperblock` across a
+    /// simulated reboot).
+    pub fn superblock(&self) -> &S {
+        self.durable.store()
+    }
+
+    /// The segment log.
+    pub fn log(&self) -> &SegmentedLog<F> {
+        &self.log
+    }
+
+    /// The consumer offsets (live maps and durable records).
+    pub fn consumer_offsets(&self) -> &ConsumerOffsets {
+        &self.offsets
+    }
+
+    /// The live stored offset of `(kind, id)`.
+    pub fn stored_offset(&self, kind: ConsumerKind, id: u32) -> Option<u64> {
+        self.offsets.get(kind, id)
+    }
+
+    /// Why the partition is fenced, if it is.
+    pub fn fenced(&self) -> Option<&str> {
+        self.fenced.as_deref()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> PartitionStats {
+        PartitionStats {
+            messages_count: self.messages_count,
+            size_bytes: self.size_bytes,
+            segments_count: self.log.segments().count() as u64,
+            current_offset: self.applied_next_offset.checked_sub(1),
+        }
+    }
+
+    /// Committed messages waiting in the journal for a flush.
+    pub fn unflushed_messages(&self) -> u64 {
+        self.journal.info().messages_count
+    }
+
+    /// This group's dedup slice: one watermark per client, sorted by id.
+    pub fn dedup_export(&self) -> Vec<DedupWatermark> {
+        let mut slice = self.replica.client_table().export();
+        slice.sort_unstable_by_key(|w| w.client);
+        slice
+    }
+
+    /// Replaces this group's client table with a slice (state-transfer
+    /// install). Validated whole; on error nothing changes.
+    pub fn dedup_install(&mut self, slice: &[DedupWatermark]) -> Result<(), ClientTableError> {
+        self.replica.client_table_mut().install(slice)
+    }
+
+    // ----- inputs -----------------------------------------------------------
+
+    pub(crate) fn check_fenced(&self) -> Result<(), PartitionError> {
+        match &self.fenced {
+            Some(reason) => Err(PartitionError::Fenced {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn fence(&mut self, error: &PartitionError) {
+        tracing::error!(dir = %self.dir.display(), %error, "partition fenced");
+        if self.fenced.is_none() {
+            self.fenced = Some(error.to_string());
+        }
+    }
+
+    /// A frame from a peer. A prepare is checked before the core sees it:
+    /// its body must be a valid op and its batch must start where this
+    /// replica's log (applied plus journaled) ends. A refused prepare is
+    /// not journaled, so it is a gap that repair refetches; bad input
+    /// changes nothing.
+    pub async fn on_frame(&mut self, frame: Frame) -> Result<(), PartitionError> {
+        self.check_fenced()?;
+        if let Message::Prepare(p) | Message::RepairPrepare(p) = &frame.message
+            && p.verify()
+            && let Err(e) = self.check_prepare(p)
+        {
+            tracing::warn!(op = p.header.op, error = %e, "prepare refused before journaling");
+            return Err(e);
+        }
+        let res = self.replica.on_frame(frame);
+        self.drive().await?;
+        res.map_err(PartitionError::Frame)
+    }
+
+    /// One tick of the driver's clock; `now_us` is its time in µs (the
+    /// timestamp the primary stamps batches with, and retention's "now").
+    pub async fn on_tick(&mut self, now_us: u64) -> Result<(), PartitionError> {
+        self.check_fenced()?;
+        self.now_us = self.now_us.max(now_us);
+        if self.persist_failed {
+            self.retry_persist().await;
+        }
+        self.replica.on_tick();
+        self.drive().await?;
+        self.pump_auto_commits().await
+    }
+
+    /// A client request. Appends are validated whole and stamped here (on
+    /// the primary) before the core orders them; see `append.rs`.
+    pub async fn submit(
+        &mut self,
+        request: ClientRequest,
+        now_us: u64,
+    ) -> Result<RequestOutcome, PartitionError> {
+        self.check_fenced()?;
+        self.now_us = self.now_us.max(now_us);
+        let op = match request.op {
+            ClientOp::Register => PartitionOp::Register,
+            ClientOp::Append(batch) => {
+                if !self.replica.is_caught_up_primary() {
+                    return Ok(RequestOutcome::Unavailable);
+                }
+                match self.stamp_client_batch(batch)? {
+                    Some(stamped) => PartitionOp::Append(stamped),
+                    None => return Ok(RequestOutcome::Unavailable),
+                }
+            }
+            ClientOp::StoreOffset { kind, id, offset } => {
+                if offset >= self.applied_next_offset {
+                    return Err(PartitionError::StoreOffsetBeyondEnd {
+                        offset,
+                        next_offset: self.applied_next_offset,
+                    });
+                }
+                PartitionOp::StoreOffset {
+                    kind,
+                    id,
+                    offset,
+                    auto_commit: false,
+                }
+            }
+            ClientOp::DeleteOffset { kind, id } => PartitionOp::DeleteOffset { kind, id },
+            ClientOp::Purge { generation } => {
+                if generation <= self.applied_purge_generation {
+                    return Err(PartitionError::PurgeGenerationNotNewer {
+                        generation,
+                        current: self.applied_purge_generation,
+                    });
+                }
+                PartitionOp::Purge { generation }
+            }
+        };
+        let outcome = self.submit_op(
+            request.client,
+            request.session,
+            request.request,
+            request.user_id,
+            &op,
+        );
+        self.drive().await?;
+        Ok(outcome)
+    }
+
+    pub(crate) fn submit_op(
+        &mut self,
+        client: u128,
+        session: u64,
+        request: u64,
+        user_id: u32,
+        op: &PartitionOp,
+    ) -> RequestOutcome {
+        self.replica.on_client_request(Request {
+            client,
+            session,
+            request,
+            operation: op.operation(),
+            user_id,
+            body: op.encode_body(),
+        })
+    }
+
+    async fn retry_persist(&mut self) {
+        let (view, log_view, commit) = (
+            self.replica.view(),
+            self.replica.log_view(),
+            self.replica.commit_max(),
+        );
+        match self.durable.persist_view(view, log_view, commit).await {
+            Ok(()) => {
+                self.persist_failed = false;
+                self.replica.on_persisted(view, log_view);
+            }
+            Err(error) => tracing::warn!(%error, view, "superblock write failed again"),
+        }
+    }
+
+    /// Carries out the core's actions until it has none, then flushes by
+    /// threshold and delivers the replies (after the sync, with
+    /// `enforce_fsync`).
+    pub(crate) async fn drive(&mut self) -> Result<(), PartitionError> {
+        let mut failure = None;
+        'outer: loop {
+            let actions = self.replica.take_actions();
+            if actions.is_empty() {
+                break;
+            }
+            for action in actions {
+                match action {
+                    Action::Send { to, frame } => self.bus.send_to_replica(to, frame),
+                    Action::Reply(reply) => {
+                        if reply.client == INTERNAL_CLIENT {
+                            self.on_internal_reply(&reply);
+                        } else {
+                            self.pending_replies.push(reply);
+                        }
+                    }
+                    Action::Effect(effect) => {
+                        if let Err(e) = self.carry_out(effect).await {
+                            failure = Some(e);
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+        }
+        if failure.is_none()
+            && let Err(e) = self.flush_if_due().await
+        {
+            failure = Some(e);
+        }
+        if let Some(e) = failure {
+            // A committed op that cannot be applied, or a flush the reply
+            // waits for: the partition cannot go on consistently.
+            self.fence(&e);
+            self.pending_replies.clear();
+            return Err(e);
+        }
+        for reply in self.pending_replies.drain(..) {
+            self.bus.send_to_client(reply);
+        }
+        Ok(())
+    }
+
+    async fn carry_out(&mut self, effect: Effect) -> Result<(), PartitionError> {
+        match effect {
+            Effect::PersistState {
+                view,
+                log_view,
+                commit,
+            } => match self.durable.persist_view(view, log_view, commit).await {
+                Ok(()) => self.replica.on_persisted(view, log_view),
+                Err(error) => {
+                    // Sends stay held by the core; retried on the next tick.
+                    tracing::warn!(%error, view, log_view, "superblock write failed; sends held");
+                    self.persist_failed = true;
+                }
+            },
+            Effect::Apply { prepare, duplicate } => self.apply(prepare, duplicate).await?,
+            Effect::Journal { .. } | Effect::TruncateJournal { .. } => {}
+            Effect::StartStateTransfer { peer, floor, to_op } => {
+                tracing::warn!(
+                    peer,
+                    floor,
+                    to_op,
+                    "state transfer requested; not available in this build"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one committed op, in op order.
+    async fn apply(&mut self, prepare: Prepare, duplicate: bool) -> Result<(), PartitionError> {
+        let h = prepare.header;
+        let op = PartitionOp::decode(
+            h.operation,
+            &prepare.body,
+            Integrity::LayoutOnly,
+            self.config.log.batch_length_max,
+        )
+        .map_err(PartitionError::InvalidOp)?;
+        let mut stats = EntryStats::default();
+        let mut frame = Bytes::new();
+        match op {
+            PartitionOp::Append(batch) => {
+                // A duplicate (a request ordered twice across a view
+                // change) still occupies its offsets: the primary minted
+                // every later offset after it, so skipping it would leave
+                // a hole. That batch is stored twice (at-least-once).
+                if duplicate {
+                    tracing::warn!(
+                        op = h.op,
+                        client = h.client,
+                        request = h.request,
+                        "storing a batch ordered twice"
+                    );
+                }
+                let header = BatchHeader::decode(&batch, self.config.log.batch_length_max)
+                    .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
+                if header.base_offset != self.applied_next_offset {
+                    return Err(PartitionError::ApplyOffsetMismatch {
+                        op: h.op,
+                        expected: self.applied_next_offset,
+                        actual: header.base_offset,
+                    });
+                }
+                stats = EntryStats {
+                    messages: header.message_count,
+                    base_offset: header.base_offset,
+                    timestamp: header.base_timestamp,
+                };
+                self.applied_next_offset = header.next_offset();
+                self.applied_last_timestamp =
+                    self.applied_last_timestamp.max(header.base_timestamp);
+                self.messages_count += u64::from(header.message_count);
+                self.size_bytes += batch.len() as u64;
+                frame = batch;
+            }
+            PartitionOp::StoreOffset {
+                kind,
+                id,
+                offset,
+                auto_commit,
+            } => {
+                if !duplicate {
+                    self.apply_store(kind, id, offset, auto_commit).await?;
+                }
+            }
+            PartitionOp::DeleteOffset { kind, id } => {
+                if !duplicate {
+                    self.offsets
+                        .apply_delete(&self.fs, kind, id)
+                        .await
+                        .map_err(|source| PartitionError::OffsetIo { kind, id, source })?;
+                }
+            }
+            PartitionOp::Purge { generation } => {
+                // Gated by generation alone (never by `duplicate`), which
+                // is what the primary's offset fold assumes.
+                if generation > self.applied_purge_generation {
+                    return self.apply_purge(h.op, generation).await;
+                }
+            }
+            PartitionOp::Register => {}
+        }
+        let entry = JournalEntry {
+            op: h.op,
+            checksum: h.checksum,
+            parent: h.parent,
+            frame,
+            stats,
+        };
+        match self.journal.append(entry.clone()) {
+            Ok(()) => Ok(()),
+            Err(JournalError::Full { .. }) => {
+                self.flush(false).await?;
+                self.journal.append(entry).map_err(PartitionError::Journal)
+            }
+            Err(e) => Err(PartitionError::Journal(e)),
+        }
+    }
+
+    async fn apply_store(
+        &mut self,
+        kind: ConsumerKind,
+        id: u32,
+        offset: u64,
+        auto_commit: bool,
+    ) -> Result<(), PartitionError> {
+        // Clamped deterministically: the applied end is the same on every
+        // replica at this op, so every replica stores the same value.
+        let Some(last) = self.applied_next_offset.checked_sub(1) else {
+            return Ok(());
+        };
+        let offset = offset.min(last);
+        self.offsets
+            .apply_store(&self.fs, kind, id, offset, auto_commit)
+            .await
+            .map_err(|source| PartitionError::OffsetIo { kind, id, source })?;
+        Ok(())
+    }
+
+    // ----- the offset fold --------------------------------------------------
+
+    /// The offset state after applying every op below `op`: the applied
+    /// state folded forward over the journaled prepares `commit_min+1 ..
+    /// op-1`. `None` when `op` is already applied or a prepare in between
+    /// is missing (a hole: nothing to check against yet).
+    pub(crate) fn offset_state_before(&self, op: u64) -> Option<OffsetState> {
+        let applied = self.replica.commit_min();
+        if op <= applied {
+            return None;
+        }
+        let mut state = OffsetState {
+            next_offset: self.applied_next_offset,
+            purge_generation: self.applied_purge_generation,
+            last_timestamp: self.applied_last_timestamp,
+        };
+        for k in applied + 1..op {
+            let p = self.replica.journal_entry(k)?;
+            state = self.fold(state, p)?;
+        }
+        Some(state)
+    }
+
+    fn fold(&self, mut state: OffsetState, p: &Prepare) -> Option<OffsetState> {
+        match p.header.operation {
+            consensus::vsr::OPERATION_APPEND => {
+                let h = BatchHeader::decode(&p.body, self.config.log.batch_length_max).ok()?;
+                state.next_offset = h.next_offset();
+                state.last_timestamp = state.last_timestamp.max(h.base_timestamp);
+            }
+            crate::ops::OPERATION_PURGE => {
+                if let Ok(PartitionOp::Purge { generation }) =
+                    PartitionOp::decode(p.header.operation, &p.body, Integrity::LayoutOnly, 0)
+                    && generation > state.purge_generation
+                {
+                    state.next_offset = 0;
+                    state.purge_generation = generation;
+                }
+            }
+            _ => {}
+        }
+        Some(state)
+    }
+
+    // ----- auto-commit ------------------------------------------------------
+
+    fn on_internal_reply(&mut self, reply: &Reply) {
+        let mut ac = self.auto_commits.borrow_mut();
+        if reply.operation == OPERATION_REGISTER {
+            ac.registering = false;
+            if reply.status == ReplyStatus::Ok {
+                ac.session = Some(reply.session);
+                ac.next_request = 1;
+            }
+        } else if matches!(reply.status, ReplyStatus::NoSession | ReplyStatus::Fenced) {
+            ac.session = None;
+        }
+    }
+
+    /// On a caught-up primary, turns queued auto-commits into replicated
+    /// stores through the internal client (registering it first).
+    pub(crate) async fn pump_auto_commits(&mut self) -> Result<(), PartitionError> {
+        if !self.replica.is_caught_up_primary() {
+            return Ok(());
+        }
+        let (session, registering, empty) = {
+            let ac = self.auto_commits.borrow();
+            (ac.session, ac.registering, ac.pending.is_empty())
+        };
+        if empty {
+            return Ok(());
+        }
+        match session {
+            None if !registering => {
+                self.auto_commits.borrow_mut().registering = true;
+                let outcome = self.submit_op(INTERNAL_CLIENT, 0, 0, 0, &PartitionOp::Register);
+                if outcome == RequestOutcome::Unavailable {
+                    self.auto_commits.borrow_mut().registering = false;
+                }
+            }
+            None => {}
+            Some(session) => {
+                let next = {
+                    let ac = self.auto_commits.borrow();
+                    ac.pending
+                        .iter()
+                        .next()
+                        .map(|(&(kind, id), &offset)| (kind, id, offset, ac.next_request))
+                };
+                if let Some((kind, id, offset, request)) = next {
+                    let op = PartitionOp::StoreOffset {
+                        kind,
+                        id,
+                        offset,
+                        auto_commit: true,
+                    };
+                    let outcome = self.submit_op(INTERNAL_CLIENT, session, request, 0, &op);
+                    let mut ac = self.auto_commits.borrow_mut();
+                    match outcome {
+                        RequestOutcome::Prepared { .. } => {
+                            ac.next_request += 1;
+                            if ac.pending.get(&(kind, id)) == Some(&offset) {
+                                ac.pending.remove(&(kind, id));
+                            }
+                        }
+                        RequestOutcome::Answered => {
+                            ac.next_request += 1;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        self.drive().await
+    }
+}

@@ -1,0 +1,225 @@
+//! Polls: by offset, timestamp, first, last and next, bounded by a message
+//! count and by the commit point.
+//!
+//! The ceiling is the applied (committed) end: nothing prepared but not yet
+//! committed is ever served. Committed batches live in two tiers, read in
+//! offset order without a gap between them:
+//!
+//! - the **segments** (everything flushed), read through the storage
+//!   crate, which finds the start in a sealed segment through its sparse
+//!   index and validates every batch it returns;
+//! - the **journal** (committed, not yet flushed), served from memory.
+//!
+//! A read fault ends the poll with an error rather than skipping to the
+//! journal: falling through would silently lose offsets. Results are whole
+//! batches (shared, not copied); [`Polled::messages`] yields exactly the
+//! messages in the requested range.
+//!
+//! Auto-commit stores the last polled offset: at once in the live map of
+//! this replica (monotone, so `Next` continues from it), and as a
+//! replicated StoreOffset op with `auto_commit` set, queued for the
+//! partition's internal client and submitted on the next tick while this
+//! replica is a caught-up primary.
+
+use std::fmt;
+
+use bytes::Bytes;
+use common::ConsumerKind;
+use journal::SuperblockStore;
+use storage::batch::{BatchHeader, BatchView, Integrity, MessageView};
+use storage::error::StorageError;
+use storage::fs::Fs;
+
+use crate::bus::MessageBus;
+use crate::partition::Partition;
+
+/// How much a poll reads from a segment per storage call.
+pub const POLL_READ_BYTES: u64 = 1024 * 1024;
+
+/// Where a poll starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollingStrategy {
+    /// At this offset.
+    Offset(u64),
+    /// At the first batch whose timestamp (µs) is at or after this one.
+    Timestamp(u64),
+    /// At the oldest offset held.
+    First,
+    /// At the last `count` committed messages.
+    Last,
+    /// After the consumer's stored offset (or at the oldest offset held).
+    Next,
+}
+
+/// A poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollRequest {
+    /// Who polls (for `Next` and auto-commit).
+    pub consumer: (ConsumerKind, u32),
+    /// Where to start.
+    pub strategy: PollingStrategy,
+    /// At most this many messages.
+    pub count: u32,
+    /// Store the last polled offset.
+    pub auto_commit: bool,
+}
+
+/// Why a poll failed; nothing was committed.
+#[derive(Debug)]
+pub enum PollError {
+    /// A segment read failed or returned a batch that does not verify.
+    Storage(StorageError),
+}
+
+impl fmt::Display for PollError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Storage(e) => write!(f, "poll stopped at a segment read failure: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for PollError {}
+
+/// What a poll returned: whole batches and the offset range wanted from
+/// them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Polled {
+    /// Whole batches, in offset order; the first may start before
+    /// `first_offset` and the last may end after `last_offset`.
+    pub batches: Vec<Bytes>,
+    /// The first offset returned.
+    pub first_offset: u64,
+    /// The last offset returned (inclusive).
+    pub last_offset: u64,
+    /// Messages in `first_offset..=last_offset`.
+    pub count: u64,
+}
+
+impl Polled {
+    /// True when nothing was returned.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The messages in range, in order.
+    pub fn messages(&self) -> impl Iterator<Item = MessageView<'_>> {
+        let (first, last) = (self.first_offset, self.last_offset);
+        let empty = self.count == 0;
+        self.batches
+            .iter()
+            .filter_map(|b| BatchView::decode_exact(b, Integrity::LayoutOnly, u64::MAX).ok())
+            .flat_map(|v| v.messages())
+            .filter(move |m| !empty && m.offset >= first && m.offset <= last)
+    }
+}
+
+impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
+    /// The oldest offset held (retention and purge move it).
+    pub fn first_offset(&self) -> u64 {
+        self.log.segments().next().map_or(0, |s| s.start_offset)
+    }
+
+    /// Serves a poll (see the module documentation).
+    pub async fn poll(&self, request: &PollRequest) -> Result<Polled, PollError> {
+        let end = self.applied_next_offset;
+        let first = self.first_offset();
+        let count = u64::from(request.count);
+        let (kind, id) = request.consumer;
+        if count == 0 || end <= first {
+            return Ok(Polled::default());
+        }
+        let start = match request.strategy {
+            PollingStrategy::Offset(o) => o,
+            PollingStrategy::First => first,
+            PollingStrategy::Last => end.saturating_sub(count),
+            PollingStrategy::Next => self.offsets.get(kind, id).map_or(first, |o| o + 1),
+            PollingStrategy::Timestamp(ts) => match self.offset_at_timestamp(ts).await? {
+                Some(o) => o,
+                None => return Ok(Polled::default()),
+            },
+        }
+        .max(first);
+        if start >= end {
+            return Ok(Polled::default());
+        }
+        let last_wanted = (end - 1).min(start.saturating_add(count - 1));
+        let mut out = Polled {
+            first_offset: start,
+            ..Polled::default()
+        };
+        let mut at = start;
+        let flushed_end = self.log.next_offset();
+        while at < flushed_end && at <= last_wanted {
+            let read = self
+                .log
+                .read_by_offset(at, POLL_READ_BYTES)
+                .await
+                .map_err(PollError::Storage)?;
+            if read.is_empty() {
+                break;
+            }
+            let bytes = Bytes::from(read.bytes);
+            let mut pos = 0usize;
+            while pos < bytes.len() && at <= last_wanted {
+                let Ok(h) = BatchHeader::decode(&bytes[pos..], u64::MAX) else {
+                    break;
+                };
+                let len = usize::try_from(h.batch_length).unwrap_or(usize::MAX);
+                let Some(batch) = bytes.get(pos..pos.saturating_add(len)) else {
+                    break;
+                };
+                if h.last_offset() >= at {
+                    out.batches.push(bytes.slice_ref(batch));
+                    at = h.next_offset();
+                }
+                pos += len;
+            }
+        }
+        if at >= flushed_end && at <= last_wanted {
+            for e in self.journal.live() {
+                if at > last_wanted {
+                    break;
+                }
+                if e.stats.messages == 0 {
+                    continue;
+                }
+                let next = e.stats.base_offset + u64::from(e.stats.messages);
+                if next > at {
+                    out.batches.push(e.frame.clone());
+                    at = next;
+                }
+            }
+        }
+        if out.batches.is_empty() {
+            return Ok(Polled::default());
+        }
+        out.last_offset = at.saturating_sub(1).min(last_wanted);
+        out.count = out.last_offset - out.first_offset + 1;
+        if request.auto_commit {
+            self.offsets.advance_live(kind, id, out.last_offset);
+            let mut ac = self.auto_commits.borrow_mut();
+            let slot = ac.pending.entry((kind, id)).or_insert(out.last_offset);
+            *slot = (*slot).max(out.last_offset);
+        }
+        Ok(out)
+    }
+
+    /// The offset of the first committed batch whose timestamp is at or
+    /// after `timestamp`.
+    async fn offset_at_timestamp(&self, timestamp: u64) -> Result<Option<u64>, PollError> {
+        let read = self
+            .log
+            .read_by_timestamp(timestamp, 1)
+            .await
+            .map_err(PollError::Storage)?;
+        if let Some(b) = read.batches().next() {
+            return Ok(Some(b.header().base_offset));
+        }
+        Ok(self
+            .journal
+            .live()
+            .find(|e| e.stats.messages > 0 && e.stats.timestamp >= timestamp)
+            .map(|e| e.stats.base_offset))
+    }
+}

@@ -1,0 +1,116 @@
+//! Purge: a replicated op that empties the partition and restarts its
+//! offsets at 0 under a new purge generation.
+//!
+//! The durable steps, in order, each with the crash it defends against:
+//!
+//! 1. **Superblock frontier reset to 0.** First, because every later step
+//!    destroys evidence of the old offset space: were segments unlinked
+//!    while the superblock still claimed the old frontier, boot would see a
+//!    frontier above an empty log (refused as missing data) instead of a
+//!    purge in progress. If this write fails nothing has changed.
+//! 2. **Unlink every segment, oldest first, log before index.** A crash
+//!    mid-way leaves a contiguous suffix of the old chain (an orphan index
+//!    is swept at boot), whose end is still the old counter.
+//! 3. **Plant an empty segment at 0 and sync the directory** (the storage
+//!    crate's open does both when it finds no segment), making the unlinks
+//!    durable together with the new name. A crash before the plant boots an
+//!    empty directory, which opens at the superblock's frontier: 0.
+//! 4. **Clear the consumer offsets** (unlink every file, sync each
+//!    directory). A crash before this boots offsets clamped to the
+//!    recovered end, so none points past the data.
+//! 5. **`purge.gen` last.** It is the record that the purge finished: a
+//!    crash anywhere earlier leaves the old generation, so a retried
+//!    `Purge{generation}` applies again and completes the job.
+//!
+//! In memory, the journal (every live entry precedes the purge op) is
+//! cleared, the counters are zeroed and the applied offset restarts at 0.
+
+use std::io;
+
+use journal::SuperblockStore;
+use storage::fs::{FileKind, Fs};
+use storage::log::SegmentedLog;
+use storage::segment::{SegmentFileName, parse_file_name};
+
+use crate::bus::MessageBus;
+use crate::offset_storage::{PurgeGeneration, persist_purge_generation};
+use crate::partition::{Partition, PartitionError};
+
+impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
+    /// Applies a committed purge establishing `generation` at `op`.
+    pub(crate) async fn apply_purge(
+        &mut self,
+        op: u64,
+        generation: u64,
+    ) -> Result<(), PartitionError> {
+        tracing::info!(dir = %self.dir.display(), op, generation, "purging partition");
+        // 1. Frontier reset first (see the module comment).
+        self.durable
+            .reset_offset_frontier(0)
+            .await
+            .map_err(PartitionError::Superblock)?;
+        // 2. Unlink the chain oldest first.
+        let step =
+            |step: &'static str| move |source: io::Error| PartitionError::PurgeIo { step, source };
+        let entries = self
+            .fs
+            .read_dir(&self.dir)
+            .await
+            .map_err(step("list segments"))?;
+        let mut files: Vec<(u64, u8, std::ffi::OsString)> = entries
+            .into_iter()
+            .filter(|e| e.kind == FileKind::File)
+            .filter_map(|e| {
+                let order = match parse_file_name(e.name_str()?) {
+                    SegmentFileName::Log(start) => (start, 0),
+                    SegmentFileName::Index(start) => (start, 1),
+                    SegmentFileName::Staging => (u64::MAX, 2),
+                    SegmentFileName::Other => return None,
+                };
+                Some((order.0, order.1, e.name))
+            })
+            .collect();
+        files.sort();
+        for (_, _, name) in files {
+            match self.fs.remove_file(&self.dir.join(&name)).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(step("unlink segment")(e)),
+            }
+        }
+        // 3. Plant the empty segment at 0 (syncs the directory).
+        let (log, _) = SegmentedLog::open(self.fs.clone(), &self.dir, self.config.log, 0)
+            .await
+            .map_err(|e| PartitionError::PurgeIo {
+                step: "plant empty segment",
+                source: io::Error::other(e.to_string()),
+            })?;
+        self.log = log;
+        self.journal.clear_all(op + 1);
+        self.applied_next_offset = 0;
+        self.applied_last_timestamp = 0;
+        self.messages_count = 0;
+        self.size_bytes = 0;
+        self.recovered_durable_offset = None;
+        self.installed_frontier = None;
+        self.auto_commits.borrow_mut().pending.clear();
+        // 4. Consumer offsets.
+        self.offsets
+            .clear_all(&self.fs)
+            .await
+            .map_err(step("clear consumer offsets"))?;
+        // 5. The generation, last.
+        persist_purge_generation(
+            &self.fs,
+            &self.dir,
+            PurgeGeneration {
+                generation,
+                created_revision: self.config.created_revision,
+            },
+        )
+        .await
+        .map_err(step("record purge generation"))?;
+        self.applied_purge_generation = generation;
+        Ok(())
+    }
+}
