@@ -470,6 +470,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         bus: B,
         mut store: S,
     ) -> Result<Self, BootError> {
+        // The directory (and its name in the parent) must be durable
+        // before the superblock inside it can be.
+        if !fs.exists(dir).await.unwrap_or(false) {
+            let create = async {
+                fs.create_dir_all(dir).await?;
+                match dir.parent() {
+                    Some(parent) => fs.sync_dir(parent).await,
+                    None => Ok(()),
+                }
+            };
+            create.await.map_err(|source| {
+                BootError::Recovery(RecoveryError::Io {
+                    op: "create_dir",
+                    path: dir.to_path_buf(),
+                    source,
+                })
+            })?;
+        }
         let fresh = store
             .read_latest()
             .await
@@ -637,6 +655,17 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// simulated reboot).
     pub fn superblock(&self) -> &S {
         self.durable.store()
+    }
+
+    /// The filesystem handle.
+    pub fn fs(&self) -> &F {
+        &self.fs
+    }
+
+    /// Changes the flush thresholds (messages, bytes) at run time.
+    pub fn set_flush_thresholds(&mut self, messages: u64, size_bytes: u64) {
+        self.config.messages_required_to_save = messages;
+        self.config.size_required_to_save_bytes = size_bytes;
     }
 
     /// The segment log.

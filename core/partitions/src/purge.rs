@@ -8,13 +8,18 @@
 //!    while the superblock still claimed the old frontier, boot would see a
 //!    frontier above an empty log (refused as missing data) instead of a
 //!    purge in progress. If this write fails nothing has changed.
-//! 2. **Unlink every segment, oldest first, log before index.** A crash
-//!    mid-way leaves a contiguous suffix of the old chain (an orphan index
-//!    is swept at boot), whose end is still the old counter.
+//! 2. **Unlink every segment, oldest first, log before index, syncing the
+//!    directory between segments.** A crash mid-way leaves a contiguous
+//!    suffix of the old chain (an orphan index is swept at boot), whose end
+//!    is still the old counter. Without the sync per segment, unlinks
+//!    survive a crash independently and a crash test found the hole that
+//!    leaves.
 //! 3. **Plant an empty segment at 0 and sync the directory** (the storage
-//!    crate's open does both when it finds no segment), making the unlinks
-//!    durable together with the new name. A crash before the plant boots an
-//!    empty directory, which opens at the superblock's frontier: 0.
+//!    crate's open does both when it finds no segment), only after the last
+//!    unlink was synced: a crash test found that otherwise the new empty
+//!    segment at 0 can survive beside an old tail whose unlink was lost. A
+//!    crash before the plant boots an empty directory, which opens at the
+//!    superblock's frontier: 0.
 //! 4. **Clear the consumer offsets** (unlink every file, sync each
 //!    directory). A crash before this boots offsets clamped to the
 //!    recovered end, so none points past the data.
@@ -71,13 +76,32 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             })
             .collect();
         files.sort();
-        for (_, _, name) in files {
+        let mut previous = None;
+        for (start, _, name) in files {
+            if previous.is_some_and(|p| p != start) {
+                // One directory sync per segment: unsynced unlinks survive
+                // a crash independently, so without it a crash could keep
+                // a later segment's unlink and lose an earlier one's,
+                // leaving a hole in the chain.
+                self.fs
+                    .sync_dir(&self.dir)
+                    .await
+                    .map_err(step("sync directory"))?;
+            }
+            previous = Some(start);
             match self.fs.remove_file(&self.dir.join(&name)).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(step("unlink segment")(e)),
             }
         }
+        // The last segment's unlinks durable before the plant: otherwise a
+        // crash could keep the new empty segment at 0 beside a surviving
+        // old tail (an empty segment that is not the tail, refused at boot).
+        self.fs
+            .sync_dir(&self.dir)
+            .await
+            .map_err(step("sync directory"))?;
         // 3. Plant the empty segment at 0 (syncs the directory).
         let (log, _) = SegmentedLog::open(self.fs.clone(), &self.dir, self.config.log, 0)
             .await
