@@ -45,6 +45,7 @@ struct NetworkState {
     replies: Vec<Vec<Reply>>,
     frames_sent: u64,
     frames_dropped: u64,
+    isolated: Option<u8>,
 }
 
 /// A seeded in-memory network between the replicas of one group.
@@ -73,6 +74,7 @@ impl InMemoryNetwork {
                 replies: vec![Vec::new(); usize::from(replicas)],
                 frames_sent: 0,
                 frames_dropped: 0,
+                isolated: None,
             })),
         }
     }
@@ -88,6 +90,12 @@ impl InMemoryNetwork {
     /// Changes the fault mix (e.g. to heal the network).
     pub fn set_faults(&self, faults: NetworkFaults) {
         self.state.borrow_mut().faults = faults;
+    }
+
+    /// Cuts replica `replica` off (every frame to or from it is dropped),
+    /// or heals the cut with `None`.
+    pub fn isolate(&self, replica: Option<u8>) {
+        self.state.borrow_mut().isolated = replica;
     }
 
     /// Advances one tick and returns the frames due now, in a deterministic
@@ -128,7 +136,8 @@ impl NetworkState {
     fn enqueue(&mut self, to: u8, frame: Frame) {
         self.frames_sent += 1;
         let f = self.faults;
-        if f.drop_per_mille > 0 && self.prng.chance(f.drop_per_mille, 1000) {
+        let cut = self.isolated.is_some_and(|r| r == to || r == frame.replica);
+        if cut || (f.drop_per_mille > 0 && self.prng.chance(f.drop_per_mille, 1000)) {
             self.frames_dropped += 1;
             return;
         }
