@@ -12,6 +12,12 @@
 //!   same file; page cache hot, and cold (pages dropped with
 //!   `POSIX_FADV_DONTNEED` before every pass). Goal: ≥ 0.8.
 //!
+//! Besides criterion's per-function figures, each case first runs a paired
+//! pass (`PAIRS` rounds, baseline and ours back to back, order alternating)
+//! and prints the median of the per-pair ratios: on a machine shared with
+//! builds, drift between two criterion windows can swamp the difference
+//! being measured, while a pair shares its conditions.
+//!
 //! `STORAGE_BENCH_MIB` sets the data size (default 64 MiB).
 
 use std::path::{Path, PathBuf};
@@ -27,6 +33,36 @@ use storage::{BatchBuilder, LogConfig, SegmentedLog};
 const MESSAGES_PER_BATCH: u32 = 1_000;
 const MESSAGE_BYTES: usize = 1_024;
 const READ_CHUNK_BYTES: u64 = 1024 * 1024;
+const PAIRS: usize = 11;
+
+/// Runs baseline and candidate back to back `PAIRS` times (alternating
+/// which goes first), prints the median ratio baseline/candidate time
+/// (> 1 means ours is faster) and both median times.
+fn paired(name: &str, mut run: impl FnMut(bool) -> Duration) {
+    let mut ratios = Vec::with_capacity(PAIRS);
+    let (mut raws, mut ours) = (Vec::new(), Vec::new());
+    for i in 0..PAIRS {
+        let (raw, our) = if i % 2 == 0 {
+            let r = run(false);
+            (r, run(true))
+        } else {
+            let o = run(true);
+            (run(false), o)
+        };
+        ratios.push(raw.as_secs_f64() / our.as_secs_f64());
+        raws.push(raw);
+        ours.push(our);
+    }
+    ratios.sort_by(f64::total_cmp);
+    raws.sort();
+    ours.sort();
+    eprintln!(
+        "paired {name}: ratio {:.3} (baseline {:.2} ms, ours {:.2} ms, medians of {PAIRS})",
+        ratios[PAIRS / 2],
+        raws[PAIRS / 2].as_secs_f64() * 1e3,
+        ours[PAIRS / 2].as_secs_f64() * 1e3,
+    );
+}
 
 fn total_bytes() -> usize {
     std::env::var("STORAGE_BENCH_MIB")
@@ -121,6 +157,21 @@ fn bench_append(c: &mut Criterion) {
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(10));
     for fsync in [false, true] {
+        paired(&format!("append_1KB_x1000/fsync={fsync}"), |ours| {
+            rt.block_on(async {
+                if ours {
+                    let dir = scratch.path().join("log");
+                    let t = log_append(&dir, &mut data, fsync).await;
+                    std::fs::remove_dir_all(&dir).expect("rm");
+                    t
+                } else {
+                    let path = scratch.path().join("raw.bin");
+                    let t = raw_append(&path, &mut data, fsync).await;
+                    std::fs::remove_file(&path).expect("rm");
+                    t
+                }
+            })
+        });
         g.bench_function(format!("raw_write/fsync={fsync}"), |b| {
             b.iter_custom(|iters| {
                 rt.block_on(async {
@@ -228,6 +279,23 @@ fn bench_read(c: &mut Criterion) {
         let mut buf = Vec::with_capacity(READ_CHUNK_BYTES as usize + 64 * 1024);
         for cold in [false, true] {
             let label = if cold { "cold" } else { "hot" };
+            paired(
+                &format!("read_sealed_segment/{label}/{integrity:?}"),
+                |ours| {
+                    rt.block_on(async {
+                        if cold {
+                            drop_cache(&seg_path);
+                        }
+                        let start = Instant::now();
+                        if ours {
+                            std::hint::black_box(log_read(&log, 0, seg_size, &mut buf).await);
+                        } else {
+                            std::hint::black_box(raw_read(&seg_path, &mut buf).await);
+                        }
+                        start.elapsed()
+                    })
+                },
+            );
             g.bench_function(format!("raw_read/{label}/{integrity:?}"), |b| {
                 b.iter_custom(|iters| {
                     rt.block_on(async {
