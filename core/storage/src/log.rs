@@ -576,11 +576,13 @@ impl<F: Fs> SegmentedLog<F> {
         }
         // Find the batch boundary and the last batch before it, from the
         // index hint (read-only: nothing changes if the position is wrong).
+        // Strictly before `position`: the walk must cover the last batch
+        // before the cut, whose header gives the new end.
         let hint = seg
             .index
             .iter()
             .rev()
-            .find(|e| e.position <= position)
+            .find(|e| e.position < position)
             .copied();
         let mut meta = SegmentMeta::empty(segment_start);
         if position > 0 {
@@ -633,6 +635,13 @@ impl<F: Fs> SegmentedLog<F> {
                         return Err(StorageError::io("remove", path, e));
                     }
                 }
+            }
+            // One directory sync per segment: unlinks that are not yet
+            // durable may survive a crash in any combination, and an older
+            // segment gone while a newer one stays would be a hole.
+            if let Err(e) = self.fs.sync_dir(&self.dir).await {
+                self.poisoned = true;
+                return Err(StorageError::io("sync_dir", &self.dir, e));
             }
         }
         // Entries of the active segment past `index_written` are not in

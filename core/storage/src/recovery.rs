@@ -335,6 +335,23 @@ async fn plan_segment<F: Fs>(
         sane = i + 1;
     }
 
+    // Entry 0 must also name the first batch's offset and timestamp: a
+    // lost (zero-filled) first entry under a surviving later one would
+    // otherwise pass as "offset 0 at position 0" in a segment starting at 0.
+    // Later zeroed or torn entries fail the increasing-position check.
+    if sane > 0 {
+        let first_ok = match log.read_exact_at(BATCH_HEADER_SIZE, 0).await {
+            Ok(bytes) => BatchHeader::decode(&bytes, config.batch_length_max).is_ok_and(|h| {
+                h.base_offset == stored[0].offset && h.base_timestamp == stored[0].timestamp
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => false,
+            Err(e) => return Err(RecoveryError::io("read", &log_path, e)),
+        };
+        if !first_ok {
+            sane = 0;
+        }
+    }
+
     // The last entry that still points at a valid batch is where the walk
     // starts; entries after it are ahead of the log (index written, log
     // write lost) or damaged.

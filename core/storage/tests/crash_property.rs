@@ -130,6 +130,25 @@ async fn check_recovered(
     got.len()
 }
 
+/// Where model batch `j` sits: its segment's start offset and its byte
+/// position (the model equals the log's contents during a round).
+fn locate(log: &SegmentedLog<SimFs>, appended: &[Vec<u8>], j: usize) -> (u64, u64) {
+    let metas: Vec<_> = log.segments().copied().collect();
+    let base = |b: &Vec<u8>| BatchHeader::decode(b, u64::MAX).unwrap().base_offset;
+    let target = base(&appended[j]);
+    let seg = metas
+        .iter()
+        .rev()
+        .find(|m| m.start_offset <= target)
+        .unwrap();
+    let position = appended[..j]
+        .iter()
+        .filter(|b| base(b) >= seg.start_offset)
+        .map(|b| b.len() as u64)
+        .sum();
+    (seg.start_offset, position)
+}
+
 fn run_seed(seed: u64) {
     block_on(async {
         let fs = SimFs::new(seed);
@@ -201,6 +220,27 @@ fn run_seed(seed: u64) {
                         break;
                     }
                     synced = appended.len();
+                }
+                if rng.chance(3) && !appended.is_empty() {
+                    // Truncation at a batch boundary: the model loses its
+                    // suffix. Interrupted, the log may keep any prefix that
+                    // is at least the cut.
+                    let j = rng.below(appended.len() as u64) as usize;
+                    let (segment_start, position) = locate(&log, &appended, j);
+                    match log.truncate(segment_start, position).await {
+                        Ok(()) => {
+                            appended.truncate(j);
+                            synced = synced.min(j);
+                        }
+                        Err(e) => {
+                            assert!(
+                                power_cut,
+                                "seed {seed}: truncate failed without a fault: {e}"
+                            );
+                            synced = synced.min(j);
+                            break;
+                        }
+                    }
                 }
                 if rng.chance(5) {
                     match log.remove_oldest_sealed().await {
