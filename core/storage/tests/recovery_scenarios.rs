@@ -612,3 +612,20 @@ fn given_fsync_mode_sync_failure_when_appending_should_poison_without_roll_back(
         assert!(got == vec![first.clone()] || got == vec![first, second]);
     });
 }
+
+#[test]
+fn given_cut_exactly_at_an_indexed_batch_when_truncated_should_succeed() {
+    block_on(async {
+        let (_fs, mut log) = fresh(20).await;
+        let batches = fill(&mut log, 3).await;
+        let entries = log.index_entries(0).unwrap().to_vec();
+        let entry = *entries
+            .iter()
+            .find(|e| e.position > 0)
+            .expect("a second entry");
+        log.truncate(0, entry.position).await.unwrap();
+        assert_eq!(log.next_offset(), entry.offset);
+        let kept = (entry.offset / 3) as usize;
+        assert_eq!(read_all(&log).await, batches[..kept].to_vec());
+    });
+}
