@@ -451,3 +451,97 @@ fn given_retention_by_age_when_run_should_remove_only_expired() {
     assert!(!out.budget_spent);
     assert_eq!(node.partition.first_offset(), segs[2].start_offset);
 }
+
+#[test]
+fn given_no_segments_and_a_durable_frontier_when_booted_should_resume_minting_at_the_frontier() {
+    let fs = fresh_fs(16);
+    let mut node = open(&fs, MemSuperblock::new(), config());
+    node.produce(0, 40);
+    block_on(node.partition.flush_committed_messages()).unwrap();
+    let store = node.partition.superblock().clone();
+    drop(node);
+    // Every segment gone, the frontier kept: the shape an install of a
+    // fully retained-away log leaves. Minting resumes at the frontier.
+    for name in block_on(fs.read_dir(&dir())).unwrap() {
+        let name = name.name_str().unwrap().to_owned();
+        if name.ends_with(".log") || name.ends_with(".index") {
+            block_on(fs.remove_file(&dir().join(name))).unwrap();
+        }
+    }
+    block_on(fs.sync_dir(&dir())).unwrap();
+    let mut node = open(&fs, store, config());
+    assert_eq!(node.partition.offset_frontier(), 40);
+    assert_eq!(node.partition.first_offset(), 40);
+    node.produce(1, 2);
+    assert_eq!(
+        offsets(&node.poll(PollingStrategy::First, 10)),
+        vec![40, 41]
+    );
+}
+
+#[test]
+fn given_frontier_above_surviving_segments_when_booted_should_refuse() {
+    let fs = fresh_fs(17);
+    let mut node = open(&fs, MemSuperblock::new(), config());
+    node.produce(0, 10);
+    block_on(node.partition.flush_committed_messages()).unwrap();
+    let store = node.partition.superblock().clone();
+    drop(node);
+    // Synced data vanished under a frontier that recorded it: cut the log.
+    let log = dir().join(storage::segment::log_file_name(0));
+    let f = block_on(fs.open(&log, storage::OpenOptions::read_write())).unwrap();
+    block_on(storage::FsFile::set_len(&f, 0)).unwrap();
+    block_on(storage::FsFile::sync_all(&f)).unwrap();
+    let net = partitions::InMemoryNetwork::new(1, 1, partitions::NetworkFaults::default());
+    let res = block_on(partitions::Partition::open(
+        config(),
+        fs.clone(),
+        &dir(),
+        net.endpoint(0),
+        store,
+    ));
+    assert!(
+        matches!(
+            res,
+            Err(partitions::BootError::FrontierAheadOfLog {
+                frontier: 10,
+                log_next_offset: 0
+            })
+        ),
+        "{res:?}"
+    );
+}
+
+#[test]
+fn given_corrupt_offset_file_and_stale_sibling_when_booted_should_remove_both() {
+    let fs = fresh_fs(18);
+    let mut node = open(&fs, MemSuperblock::new(), config());
+    node.produce(0, 10);
+    block_on(node.partition.flush_committed_messages()).unwrap();
+    node.store(CONSUMER, 1, 3);
+    node.store(CONSUMER, 2, 4);
+    let store = node.partition.superblock().clone();
+    drop(node);
+    let consumers = dir().join("offsets/consumers");
+    fs.rot_byte(&consumers.join("1"), 2, 0x10).unwrap();
+    block_on(async {
+        let f = fs
+            .open(
+                &consumers.join("2.replacing"),
+                storage::OpenOptions::create_read_write(),
+            )
+            .await
+            .unwrap();
+        let storage::fs::BufResult(r, _) =
+            storage::FsFile::write_all_at(&f, partitions::OffsetRecord::encode(9).to_vec(), 0)
+                .await;
+        r.unwrap();
+        storage::FsFile::sync_all(&f).await.unwrap();
+        fs.sync_dir(&consumers).await.unwrap();
+    });
+    let node = open(&fs, store, config());
+    assert_eq!(node.partition.stored_offset(CONSUMER, 1), None);
+    assert_eq!(node.partition.stored_offset(CONSUMER, 2), Some(4));
+    assert!(!block_on(fs.exists(&consumers.join("1"))).unwrap());
+    assert!(!block_on(fs.exists(&consumers.join("2.replacing"))).unwrap());
+}
