@@ -97,8 +97,13 @@ pub struct PartitionConfig {
 }
 
 impl PartitionConfig {
-    /// Defaults around a VSR configuration.
-    pub fn new(vsr: VsrConfig) -> Self {
+    /// Defaults around a VSR configuration. A single replica serves no
+    /// repair, so its core is set to retain no applied prepares (it counts
+    /// ops, not bytes: 1,024 retained batches of 1 MiB would hold 1 GiB).
+    pub fn new(mut vsr: VsrConfig) -> Self {
+        if vsr.replica_count == 1 {
+            vsr.retention_ops = 0;
+        }
         Self {
             partition_id: 0,
             created_revision: 0,
@@ -741,8 +746,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// changes nothing.
     pub async fn on_frame(&mut self, frame: Frame) -> Result<(), PartitionError> {
         self.check_fenced()?;
+        // Only a header that verifies is worth checking (the core checks
+        // the body checksum itself; a bad body also fails the batch check).
         if let Message::Prepare(p) | Message::RepairPrepare(p) = &frame.message
-            && p.verify()
+            && p.header.verify()
             && let Err(e) = self.check_prepare(p)
         {
             tracing::warn!(op = p.header.op, error = %e, "prepare refused before journaling");
