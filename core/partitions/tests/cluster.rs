@@ -29,6 +29,14 @@ const MESSAGES_TOTAL: u64 = 10_000;
 const RETRY_TICKS: u64 = 30;
 const TICK_US: u64 = 10_000;
 
+/// Seeds per scenario (`PARTITION_CLUSTER_SEEDS`, default 3).
+fn seeds() -> u64 {
+    std::env::var("PARTITION_CLUSTER_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+}
+
 fn pdir() -> PathBuf {
     PathBuf::from("/data/p")
 }
@@ -343,15 +351,15 @@ fn run(seed: u64, isolate_primary_at: Option<u64>) {
 #[test]
 fn given_three_replicas_with_network_faults_when_10k_messages_produced_should_agree_byte_for_byte()
 {
-    for seed in 1..=3 {
+    for seed in 1..=seeds() {
         run(seed, None);
     }
 }
 
 #[test]
 fn given_primary_cut_off_mid_run_when_10k_messages_produced_should_change_view_and_agree() {
-    for seed in 11..=13 {
-        run(seed, Some(200));
+    for seed in 1..=seeds() {
+        run(1000 + seed, Some(200));
     }
 }
 
@@ -442,4 +450,122 @@ fn given_prepare_with_wrong_base_offset_when_received_by_backup_should_refuse_wi
             .journal_entry(head + 1)
             .is_some()
     );
+}
+
+/// Registers `client` through `primary` and returns its session.
+fn register(cluster: &mut Cluster, primary: u8, client: u128) -> u64 {
+    cluster.submit(
+        primary,
+        ClientRequest {
+            client,
+            session: 0,
+            request: 0,
+            user_id: 1,
+            op: ClientOp::Register,
+        },
+    );
+    for _ in 0..5 {
+        cluster.step();
+    }
+    cluster
+        .net
+        .take_replies(primary)
+        .iter()
+        .rev()
+        .find(|r| r.client == client)
+        .map(|r| r.session)
+        .unwrap()
+}
+
+#[test]
+fn given_purge_pipelined_with_appends_when_committed_should_restart_offsets_on_every_replica() {
+    let mut cluster = Cluster::new(7, NetworkFaults::default());
+    let primary = cluster.replicas[0].replica().primary_index(0);
+    let s1 = register(&mut cluster, primary, 1);
+    let s2 = register(&mut cluster, primary, 2);
+    for n in 1..=3 {
+        let (bytes, _) = client_batch(1, n);
+        cluster.submit(
+            primary,
+            ClientRequest {
+                client: 1,
+                session: s1,
+                request: n,
+                user_id: 1,
+                op: ClientOp::Append(bytes),
+            },
+        );
+        cluster.step();
+    }
+    cluster.submit(
+        primary,
+        ClientRequest {
+            client: 2,
+            session: s2,
+            request: 1,
+            user_id: 1,
+            op: ClientOp::StoreOffset {
+                kind: ConsumerKind::ConsumerGroup,
+                id: 5,
+                offset: 12,
+            },
+        },
+    );
+    for _ in 0..40 {
+        cluster.step();
+    }
+    for r in &cluster.replicas {
+        assert_eq!(r.offset_frontier(), 30);
+        assert_eq!(r.stored_offset(ConsumerKind::ConsumerGroup, 5), Some(12));
+    }
+    // The purge and an append ordered right behind it, before either
+    // commits: the append is stamped at offset 0 by the primary's fold.
+    cluster.submit(
+        primary,
+        ClientRequest {
+            client: 2,
+            session: s2,
+            request: 2,
+            user_id: 1,
+            op: ClientOp::Purge { generation: 1 },
+        },
+    );
+    let (bytes, _) = client_batch(1, 4);
+    let out = cluster.submit(
+        primary,
+        ClientRequest {
+            client: 1,
+            session: s1,
+            request: 4,
+            user_id: 1,
+            op: ClientOp::Append(bytes),
+        },
+    );
+    assert!(matches!(out, RequestOutcome::Prepared { .. }));
+    for _ in 0..40 {
+        cluster.step();
+    }
+    let mut polls = Vec::new();
+    for r in &cluster.replicas {
+        assert!(r.fenced().is_none());
+        assert_eq!(r.purge_generation(), 1);
+        assert_eq!(r.offset_frontier(), u64::from(MESSAGES_PER_BATCH));
+        assert_eq!(r.stored_offset(ConsumerKind::ConsumerGroup, 5), None);
+        let p = block_on(r.poll(&PollRequest {
+            consumer: (ConsumerKind::Consumer, 1),
+            strategy: PollingStrategy::First,
+            count: 100,
+            auto_commit: false,
+        }))
+        .unwrap();
+        polls.push(
+            p.messages()
+                .map(|m| (m.offset, m.payload.to_vec()))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(polls[0].len(), MESSAGES_PER_BATCH as usize);
+    assert_eq!(polls[0][0], (0, b"c1-b4-m0".to_vec()));
+    assert_eq!(polls[0], polls[1]);
+    assert_eq!(polls[0], polls[2]);
 }
