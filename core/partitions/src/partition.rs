@@ -71,6 +71,8 @@ pub const MESSAGES_REQUIRED_TO_SAVE_DEFAULT: u64 = 1024;
 pub const SIZE_REQUIRED_TO_SAVE_BYTES_DEFAULT: u64 = 1024 * 1024;
 /// The client id the partition itself uses to replicate poll auto-commits.
 pub const INTERNAL_CLIENT: u128 = u128::MAX;
+/// How long the internal client waits for its Register before re-sending.
+const REGISTER_RETRY_US: u64 = 1_000_000;
 
 /// Static configuration of one partition replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -418,7 +420,8 @@ pub(crate) struct OffsetState {
 #[derive(Debug, Default)]
 pub(crate) struct AutoCommits {
     pub session: Option<u64>,
-    pub registering: bool,
+    /// When the pending Register was sent (µs); a lost one is re-sent.
+    pub registering_since_us: Option<u64>,
     pub next_request: u64,
     pub pending: BTreeMap<(ConsumerKind, u32), u64>,
 }
@@ -1097,7 +1100,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     fn on_internal_reply(&mut self, reply: &Reply) {
         let mut ac = self.auto_commits.borrow_mut();
         if reply.operation == OPERATION_REGISTER {
-            ac.registering = false;
+            ac.registering_since_us = None;
             if reply.status == ReplyStatus::Ok {
                 ac.session = Some(reply.session);
                 ac.next_request = 1;
@@ -1113,19 +1116,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if !self.replica.is_caught_up_primary() {
             return Ok(());
         }
-        let (session, registering, empty) = {
+        let (session, registering_since, empty) = {
             let ac = self.auto_commits.borrow();
-            (ac.session, ac.registering, ac.pending.is_empty())
+            (ac.session, ac.registering_since_us, ac.pending.is_empty())
         };
         if empty {
             return Ok(());
         }
+        // A Register lost to a view change is sent again after a while.
+        let register_due = registering_since
+            .is_none_or(|since| self.now_us.saturating_sub(since) >= REGISTER_RETRY_US);
         match session {
-            None if !registering => {
-                self.auto_commits.borrow_mut().registering = true;
+            None if register_due => {
+                self.auto_commits.borrow_mut().registering_since_us = Some(self.now_us);
                 let outcome = self.submit_op(INTERNAL_CLIENT, 0, 0, 0, &PartitionOp::Register);
                 if outcome == RequestOutcome::Unavailable {
-                    self.auto_commits.borrow_mut().registering = false;
+                    self.auto_commits.borrow_mut().registering_since_us = None;
                 }
             }
             None => {}

@@ -569,3 +569,65 @@ fn given_purge_pipelined_with_appends_when_committed_should_restart_offsets_on_e
     assert_eq!(polls[0], polls[1]);
     assert_eq!(polls[0], polls[2]);
 }
+
+#[test]
+fn given_auto_commit_poll_on_primary_when_ticked_should_replicate_the_offset() {
+    let mut cluster = Cluster::new(21, NetworkFaults::default());
+    let primary = cluster.replicas[0].replica().primary_index(0);
+    let s1 = register(&mut cluster, primary, 1);
+    for n in 1..=4 {
+        let (bytes, _) = client_batch(1, n);
+        cluster.submit(
+            primary,
+            ClientRequest {
+                client: 1,
+                session: s1,
+                request: n,
+                user_id: 1,
+                op: ClientOp::Append(bytes),
+            },
+        );
+        cluster.step();
+    }
+    for _ in 0..20 {
+        cluster.step();
+    }
+    let consumer = (ConsumerKind::ConsumerGroup, 3);
+    let polled = block_on(cluster.replicas[usize::from(primary)].poll(&PollRequest {
+        consumer,
+        strategy: PollingStrategy::Next,
+        count: 15,
+        auto_commit: true,
+    }))
+    .unwrap();
+    assert_eq!(polled.last_offset, 14);
+    for _ in 0..40 {
+        cluster.step();
+    }
+    for r in &cluster.replicas {
+        assert_eq!(
+            r.consumer_offsets().durable().get(consumer.0, consumer.1),
+            Some(14)
+        );
+        assert_eq!(r.stored_offset(consumer.0, consumer.1), Some(14));
+    }
+    // The next poll continues after it, and an older auto-commit does not
+    // move it back.
+    let next = block_on(cluster.replicas[usize::from(primary)].poll(&PollRequest {
+        consumer,
+        strategy: PollingStrategy::Offset(2),
+        count: 1,
+        auto_commit: true,
+    }))
+    .unwrap();
+    assert_eq!(next.first_offset, 2);
+    for _ in 0..40 {
+        cluster.step();
+    }
+    for r in &cluster.replicas {
+        assert_eq!(
+            r.consumer_offsets().durable().get(consumer.0, consumer.1),
+            Some(14)
+        );
+    }
+}
