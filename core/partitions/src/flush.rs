@@ -17,7 +17,9 @@
 //! synced bytes), and only then the superblock's offset frontier advanced
 //! to the log's end. The frontier therefore never claims an offset whose
 //! bytes a crash could still lose, and boot can refuse a frontier above
-//! the recovered log as missing data.
+//! the recovered log as missing data. The frontier is a lower bound, so it
+//! is recorded only at on-demand flushes and when a segment seals (the
+//! rotation syncs it), not on every `enforce_fsync` flush.
 
 use journal::SuperblockStore;
 use storage::fs::Fs;
@@ -41,7 +43,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// whatever the thresholds.
     pub async fn flush_committed_messages(&mut self) -> Result<FlushOutcome, PartitionError> {
         self.check_fenced()?;
-        match self.flush(true).await {
+        match self.flush(true, true).await {
             Ok(outcome) => Ok(outcome),
             Err(e) => {
                 self.fence(&e);
@@ -57,18 +59,26 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             return Ok(());
         }
         if self.config.enforce_fsync {
-            self.flush(true).await?;
+            self.flush(true, false).await?;
         } else if info.messages_count >= self.config.messages_required_to_save
             || info.size_bytes >= self.config.size_required_to_save_bytes
         {
-            self.flush(false).await?;
+            self.flush(false, false).await?;
         }
         Ok(())
     }
 
     /// Writes the journal's batches to segments, optionally syncing, and
-    /// evicts what was written.
-    pub(crate) async fn flush(&mut self, sync: bool) -> Result<FlushOutcome, PartitionError> {
+    /// evicts what was written. The superblock frontier advances after a
+    /// sync when `record_frontier` is set or a segment was sealed: it is a
+    /// lower bound, so recording it on every `enforce_fsync` flush would
+    /// only add a superblock write (two syncs and a rename) per produce.
+    pub(crate) async fn flush(
+        &mut self,
+        sync: bool,
+        record_frontier: bool,
+    ) -> Result<FlushOutcome, PartitionError> {
+        let segments_before = self.log.segments().count();
         let entries: Vec<(u64, Option<(bytes::Bytes, u32)>)> = self
             .journal
             .live()
@@ -105,9 +115,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if sync {
             self.log.sync().await.map_err(PartitionError::Storage)?;
             outcome.synced = true;
+        }
+        let sealed = self.log.segments().count() != segments_before;
+        // Rotation syncs the sealed segment itself, so a seal is a durable
+        // point even without `sync`.
+        if (sync && record_frontier) || sealed {
             // After the sync, never before: see the module comment.
+            let durable_end = if sync {
+                self.log.next_offset()
+            } else {
+                self.log.segments().last().map_or(0, |s| s.start_offset)
+            };
             self.durable
-                .advance_offset_frontier(self.log.next_offset())
+                .advance_offset_frontier(durable_end)
                 .await
                 .map_err(PartitionError::Superblock)?;
         }

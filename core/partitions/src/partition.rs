@@ -1024,7 +1024,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         match self.journal.append(entry.clone()) {
             Ok(()) => Ok(()),
             Err(JournalError::Full { .. }) => {
-                self.flush(false).await?;
+                self.flush(false, false).await?;
                 self.journal.append(entry).map_err(PartitionError::Journal)
             }
             Err(e) => Err(PartitionError::Journal(e)),
