@@ -522,6 +522,16 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 dir: dir.to_path_buf(),
                 source,
             })?;
+        // A crash mid-way through recording a purge generation leaves its
+        // replacement sibling; the record itself is whole either way.
+        let sibling = dir.join(format!(
+            "{}{}",
+            crate::offset_storage::PURGE_GENERATION_FILE,
+            crate::offset_storage::REPLACEMENT_SUFFIX
+        ));
+        if let Ok(true) = crate::offset_storage::delete_persisted_offset(&fs, &sibling).await {
+            tracing::warn!(path = %sibling.display(), "swept a purge-generation replacement left by a crash");
+        }
         let (log, report) = SegmentedLog::open(fs.clone(), dir, config.log, sb.offset_frontier)
             .await
             .map_err(BootError::Recovery)?;

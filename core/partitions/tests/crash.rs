@@ -143,6 +143,10 @@ fn check(fs: &SimFs, before: &Before, purge_generation: Option<u64>) -> FileNode
             durable.len()
         );
     }
+    assert!(
+        !block_on(fs.exists(&dir().join("purge.gen.replacing"))).unwrap(),
+        "purge generation sibling survived boot"
+    );
     // Still serviceable.
     node.produce(999, 2);
     let last = node.poll(PollingStrategy::Last, 2);
