@@ -33,8 +33,13 @@ use storage::fs::Fs;
 use crate::bus::MessageBus;
 use crate::partition::Partition;
 
-/// How much a poll reads from a segment per storage call.
-pub const POLL_READ_BYTES: u64 = 1024 * 1024;
+/// The most a poll reads from a segment per storage call.
+pub const POLL_READ_BYTES_MAX: u64 = 1024 * 1024;
+/// The least a poll reads per storage call.
+pub const POLL_READ_BYTES_MIN: u64 = 64 * 1024;
+/// Bytes per message assumed when sizing a read from a poll's count (a
+/// guess only: a short read just means one more call).
+const POLL_BYTES_PER_MESSAGE_GUESS: u64 = 1024;
 
 /// Where a poll starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,10 +155,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         };
         let mut at = start;
         let flushed_end = self.log.next_offset();
+        // Sized by the count, so a poll of a few messages does not read a
+        // megabyte.
+        let read_bytes = count
+            .saturating_mul(POLL_BYTES_PER_MESSAGE_GUESS)
+            .clamp(POLL_READ_BYTES_MIN, POLL_READ_BYTES_MAX);
         while at < flushed_end && at <= last_wanted {
             let read = self
                 .log
-                .read_by_offset(at, POLL_READ_BYTES)
+                .read_by_offset(at, read_bytes)
                 .await
                 .map_err(PollError::Storage)?;
             if read.is_empty() {
