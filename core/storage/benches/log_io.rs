@@ -18,7 +18,8 @@
 //! builds, drift between two criterion windows can swamp the difference
 //! being measured, while a pair shares its conditions.
 //!
-//! `STORAGE_BENCH_MIB` sets the data size (default 64 MiB).
+//! `STORAGE_BENCH_MIB` sets the data size (default 64 MiB);
+//! `STORAGE_BENCH_PAIRED_ONLY=1` runs only the paired passes (quick).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -62,6 +63,10 @@ fn paired(name: &str, mut run: impl FnMut(bool) -> Duration) {
         raws[PAIRS / 2].as_secs_f64() * 1e3,
         ours[PAIRS / 2].as_secs_f64() * 1e3,
     );
+}
+
+fn paired_only() -> bool {
+    std::env::var_os("STORAGE_BENCH_PAIRED_ONLY").is_some()
 }
 
 fn total_bytes() -> usize {
@@ -172,6 +177,9 @@ fn bench_append(c: &mut Criterion) {
                 }
             })
         });
+        if paired_only() {
+            continue;
+        }
         g.bench_function(format!("raw_write/fsync={fsync}"), |b| {
             b.iter_custom(|iters| {
                 rt.block_on(async {
@@ -296,6 +304,9 @@ fn bench_read(c: &mut Criterion) {
                     })
                 },
             );
+            if paired_only() {
+                continue;
+            }
             g.bench_function(format!("raw_read/{label}/{integrity:?}"), |b| {
                 b.iter_custom(|iters| {
                     rt.block_on(async {

@@ -362,6 +362,39 @@ impl BatchHeader {
     }
 }
 
+/// Feeds message checksums to the batch checksum's streaming state in
+/// blocks of 64 (one `update` call per 512 bytes instead of per 8: the
+/// per-call overhead was a measurable share of verifying 1 KiB messages).
+struct ChecksumFeed {
+    state: Xxh3,
+    block: [u8; 512],
+    len: usize,
+}
+
+impl ChecksumFeed {
+    fn new(state: Xxh3) -> Self {
+        Self {
+            state,
+            block: [0; 512],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, checksum: u64) {
+        self.block[self.len..self.len + 8].copy_from_slice(&checksum.to_le_bytes());
+        self.len += 8;
+        if self.len == self.block.len() {
+            self.state.update(&self.block);
+            self.len = 0;
+        }
+    }
+
+    fn digest(mut self) -> u64 {
+        self.state.update(&self.block[..self.len]);
+        self.state.digest()
+    }
+}
+
 /// One message of a validated batch, borrowed from the batch bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageView<'a> {
@@ -500,7 +533,7 @@ impl<'a> BatchView<'a> {
         match integrity {
             Integrity::LayoutOnly => walk_frames(&header, bytes, |_, _| Ok(()))?,
             Integrity::Verify => {
-                let mut state = header.checksum_state();
+                let mut state = ChecksumFeed::new(header.checksum_state());
                 walk_frames(&header, bytes, |i, frame| {
                     let stored = u64_at(frame, MSG_CHECKSUM);
                     let computed = xxh3_64(&frame[MSG_ID..]);
@@ -511,7 +544,7 @@ impl<'a> BatchView<'a> {
                             computed,
                         });
                     }
-                    state.update(&stored.to_le_bytes());
+                    state.push(stored);
                     Ok(())
                 })?;
                 let computed = state.digest();
