@@ -375,6 +375,34 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn given_random_store_when_encoded_should_round_trip(
+            group in proptest::bool::ANY,
+            id in proptest::num::u32::ANY,
+            offset in proptest::num::u64::ANY,
+            auto_commit in proptest::bool::ANY,
+        ) {
+            let kind = if group { ConsumerKind::ConsumerGroup } else { ConsumerKind::Consumer };
+            let op = PartitionOp::StoreOffset { kind, id, offset, auto_commit };
+            let back = PartitionOp::decode(op.operation(), &op.encode_body(), Integrity::Verify, u64::MAX);
+            proptest::prop_assert_eq!(back, Ok(op));
+        }
+
+        #[test]
+        fn given_random_bytes_when_decoded_should_never_panic_and_reencode_exactly(
+            operation in 0u8..8,
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+        ) {
+            let body = Bytes::from(body);
+            if let Ok(op) = PartitionOp::decode(operation, &body, Integrity::Verify, u64::MAX) {
+                // Whatever decodes is canonical: no two encodings of an op.
+                proptest::prop_assert_eq!(op.encode_body(), body);
+                proptest::prop_assert_eq!(op.operation(), operation);
+            }
+        }
+    }
+
     #[test]
     fn given_unknown_operation_or_bad_batch_when_decoded_should_reject() {
         let body = Bytes::from_static(&[0u8; 8]);
