@@ -42,6 +42,10 @@ const ENOTDIR: i32 = 20;
 const EISDIR: i32 = 21;
 const EINVAL: i32 = 22;
 const ENOTEMPTY: i32 = 39;
+const EFBIG: i32 = 27;
+
+/// Largest file the simulator holds (it lives in memory).
+const SIM_FILE_BYTES_MAX: u64 = 1 << 34;
 
 /// The kinds of call a fault can be armed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -855,6 +859,10 @@ impl FsFile for SimFile {
         if !self.writable {
             return BufResult(Err(err(EBADF)), buf);
         }
+        let data_len = buf.buf_len() as u64;
+        if pos.saturating_add(data_len) > SIM_FILE_BYTES_MAX {
+            return BufResult(Err(err(EFBIG)), buf);
+        }
         let mut s = self.state.borrow_mut();
         let fault = s.tick(FaultKind::Write);
         let data = buf.as_init();
@@ -889,6 +897,9 @@ impl FsFile for SimFile {
         self.live()?;
         if !self.writable {
             return Err(err(EINVAL));
+        }
+        if len > SIM_FILE_BYTES_MAX {
+            return Err(err(EFBIG));
         }
         let mut s = self.state.borrow_mut();
         if let Some(Fault::Errno(e)) = s.tick(FaultKind::Write) {
