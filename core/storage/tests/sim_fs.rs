@@ -285,3 +285,38 @@ fn given_power_cut_when_calls_continue_should_fail_everything_until_crash() {
         );
     });
 }
+
+#[test]
+fn given_power_cut_at_every_step_when_replacing_a_file_should_leave_old_or_new_content() {
+    use storage::fs::replace_file_durably;
+    for cut in 0..8 {
+        for seed in 0..40 {
+            block_on(async {
+                let fs = SimFs::new(seed);
+                fs.create_dir(p("/d")).await.unwrap();
+                fs.sync_dir(p("/")).await.unwrap();
+                replace_file_durably(&fs, p("/d/rec"), b"old-record".to_vec(), ".tmp")
+                    .await
+                    .unwrap();
+                fs.cut_power_after(cut);
+                let done = replace_file_durably(&fs, p("/d/rec"), b"NEW".to_vec(), ".tmp").await;
+                fs.crash();
+                let got = fs.contents(p("/d/rec")).unwrap();
+                if done.is_ok() {
+                    assert_eq!(got, b"NEW", "cut {cut} seed {seed}: completed replace lost");
+                } else {
+                    assert!(
+                        got == b"old-record" || got == b"NEW",
+                        "cut {cut} seed {seed}: {got:?}"
+                    );
+                }
+                let f = fs
+                    .open(p("/d/rec"), OpenOptions::read_only())
+                    .await
+                    .unwrap();
+                assert!(f.read_to_end_bounded(4).await.is_err() || got == b"NEW");
+                assert_eq!(f.read_to_end_bounded(64).await.unwrap(), got);
+            });
+        }
+    }
+}

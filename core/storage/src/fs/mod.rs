@@ -236,6 +236,20 @@ pub trait FsFile: 'static {
         Ok(buf)
     }
 
+    /// Reads the whole file, refusing (with `InvalidData`) one longer than
+    /// `max_bytes` before allocating: for small records (superblocks,
+    /// offsets) whose size on disk is untrusted input.
+    async fn read_to_end_bounded(&self, max_bytes: u64) -> io::Result<Vec<u8>> {
+        let len = self.len().await?;
+        if len > max_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("file of {len} bytes exceeds the {max_bytes}-byte ceiling"),
+            ));
+        }
+        self.read_exact_at(len as usize, 0).await
+    }
+
     /// Writes all of `buf` at `pos`, looping over short writes. A write that
     /// makes no progress is `WriteZero`.
     async fn write_all_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<(), B> {
@@ -269,6 +283,36 @@ pub trait FsFile: 'static {
             }
         }
     }
+}
+
+/// Replaces the file at `path` with `bytes` so that a crash at any point
+/// leaves either the old content or the new, never a mix: write a sibling
+/// (`path` + `sibling_suffix`, truncated first), `sync_all` it, rename it
+/// over `path`, then sync the parent directory (the rename is the commit
+/// point; without the directory sync it could be undone by a crash). A
+/// sibling left behind by a crash is the caller's to sweep.
+pub async fn replace_file_durably<F: Fs>(
+    fs: &F,
+    path: &Path,
+    bytes: Vec<u8>,
+    sibling_suffix: &str,
+) -> io::Result<()> {
+    let mut sibling = path.as_os_str().to_os_string();
+    sibling.push(sibling_suffix);
+    let sibling = std::path::PathBuf::from(sibling);
+    let file = fs
+        .open(&sibling, OpenOptions::create_read_write().truncate(true))
+        .await?;
+    let BufResult(res, _) = file.write_all_at(bytes, 0).await;
+    res?;
+    file.sync_all().await?;
+    drop(file);
+    fs.rename(&sibling, path).await?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs.sync_dir(parent).await
 }
 
 fn unexpected_eof(pos: u64, len: usize, filled: usize) -> io::Error {
