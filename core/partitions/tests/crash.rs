@@ -38,7 +38,11 @@ fn cfg() -> PartitionConfig {
 }
 
 fn boot(fs: &SimFs) -> FileNode {
-    open(fs, FileSuperblock::new(fs.clone(), &dir()), cfg())
+    boot_with(fs, cfg())
+}
+
+fn boot_with(fs: &SimFs, config: PartitionConfig) -> FileNode {
+    open(fs, FileSuperblock::new(fs.clone(), &dir()), config)
 }
 
 /// The payload every produced message carries, by tag and index.
@@ -159,6 +163,7 @@ fn check(fs: &SimFs, before: &Before, purge_generation: Option<u64>) -> FileNode
 /// steps exercised.
 fn crash_at_every_step(
     seed: u64,
+    config: PartitionConfig,
     setup: impl Fn(&mut FileNode) -> Before,
     op: impl Fn(&mut FileNode) -> bool,
     purge_generation: Option<u64>,
@@ -170,6 +175,7 @@ fn crash_at_every_step(
     for variant in 0..CRASH_IMAGES_PER_STEP {
         steps = crash_at_every_step_once(
             seed.wrapping_add(variant << 32),
+            config,
             &setup,
             &op,
             purge_generation,
@@ -183,6 +189,7 @@ const CRASH_IMAGES_PER_STEP: u64 = 8;
 
 fn crash_at_every_step_once(
     seed: u64,
+    config: PartitionConfig,
     setup: &impl Fn(&mut FileNode) -> Before,
     op: &impl Fn(&mut FileNode) -> bool,
     purge_generation: Option<u64>,
@@ -190,7 +197,7 @@ fn crash_at_every_step_once(
 ) -> u64 {
     for n in 0u64.. {
         let fs = fresh_fs(seed ^ n.wrapping_mul(0x9E37_79B9));
-        let mut node = boot(&fs);
+        let mut node = boot_with(&fs, config);
         let before = setup(&mut node);
         fs.cut_power_after(n);
         let completed = op(&mut node);
@@ -238,6 +245,7 @@ fn submit(node: &mut FileNode, op: ClientOp) -> bool {
 fn given_crash_at_every_step_of_an_offset_replacement_when_rebooted_should_hold_old_or_new() {
     let steps = crash_at_every_step(
         0x0FF5E7,
+        cfg(),
         |node| {
             let before = synced_base(node, 5);
             node.store(ConsumerKind::Consumer, 1, 5);
@@ -266,6 +274,7 @@ fn given_crash_at_every_step_of_an_offset_replacement_when_rebooted_should_hold_
     // Deletes too.
     crash_at_every_step(
         0xDE1,
+        cfg(),
         |node| {
             let before = synced_base(node, 3);
             node.store(ConsumerKind::ConsumerGroup, 2, 7);
@@ -295,6 +304,7 @@ fn given_crash_at_every_step_of_an_offset_replacement_when_rebooted_should_hold_
 fn given_crash_at_every_step_of_a_purge_when_rebooted_should_be_old_or_purged_and_retryable() {
     let steps = crash_at_every_step(
         0x9A26E,
+        cfg(),
         |node| {
             let before = synced_base(node, 12);
             assert!(node.partition.stats().segments_count >= 3);
@@ -334,6 +344,7 @@ fn given_crash_at_every_step_of_a_purge_when_rebooted_should_be_old_or_purged_an
 fn given_crash_at_every_step_of_a_retention_pass_when_rebooted_should_keep_a_contiguous_suffix() {
     let steps = crash_at_every_step(
         0x2E7E,
+        cfg(),
         |node| synced_base(node, 15),
         |node| {
             let policy = RetentionPolicy {
@@ -360,6 +371,7 @@ fn given_crash_at_every_step_of_a_retention_pass_when_rebooted_should_keep_a_con
 fn given_crash_at_every_step_of_a_flush_when_rebooted_should_keep_a_prefix() {
     let steps = crash_at_every_step(
         0xF105,
+        cfg(),
         |node| {
             let mut before = synced_base(node, 4);
             // Committed, unflushed: the flush under test writes these.
@@ -379,4 +391,38 @@ fn given_crash_at_every_step_of_a_flush_when_rebooted_should_keep_a_prefix() {
         },
     );
     assert!(steps >= 3, "only {steps} steps");
+}
+
+#[test]
+fn given_crash_at_every_step_of_an_fsync_produce_when_acknowledged_should_survive() {
+    let mut fsync = cfg();
+    fsync.enforce_fsync = true;
+    let steps = crash_at_every_step(
+        0xACC,
+        fsync,
+        |node| {
+            let mut before = synced_base(node, 5);
+            before.unsynced = (0..4).map(|i| payload(50, i)).collect();
+            before
+        },
+        |node| {
+            // Acknowledged means a reply reached the client, whatever the
+            // partition reported afterwards.
+            let request = node.next_request;
+            submit(node, ClientOp::Append(common::batch(50, 4)));
+            node.net
+                .take_replies(0)
+                .iter()
+                .any(|r| r.request == request && r.status == consensus::vsr::ReplyStatus::Ok)
+        },
+        None,
+        |node, acknowledged| {
+            if acknowledged {
+                let p = node.poll(PollingStrategy::Offset(20), 4);
+                let got: Vec<Vec<u8>> = p.messages().map(|m| m.payload.to_vec()).collect();
+                assert_eq!(got, (0..4).map(|i| payload(50, i)).collect::<Vec<_>>());
+            }
+        },
+    );
+    assert!(steps >= 2, "only {steps} steps");
 }
