@@ -1,5 +1,6 @@
 //! The superblock: per consensus group, the durable `(view, log_view)`,
-//! commit number and offset frontier.
+//! commit number and, on partitions, the applied point (`checkpoint_op`,
+//! `checkpoint_checksum`) with the offset frontier after it.
 //!
 //! VSR's safety rests on a replica never answering a view change with a
 //! state older than one it acted in, so the record must survive any crash
@@ -81,12 +82,16 @@ pub struct VsrState {
     pub log_view: u32,
     /// A lower bound on the group's commit number, for recovery.
     pub commit_max: u64,
-    /// Op of the paired metadata snapshot (0 on partitions).
+    /// Metadata group: op of the paired snapshot. Partition groups: the
+    /// applied point, the last op whose effects are durable (its batches
+    /// synced in segments); a restart resumes applying after it.
     pub checkpoint_op: u64,
-    /// Checksum of the paired snapshot (0 on partitions).
+    /// Identity (header checksum) of op `checkpoint_op`, so the restarted
+    /// replica's hash chain continues from it (0 when it is op 0).
     pub checkpoint_checksum: u128,
-    /// Partition groups: the next message offset to mint (a durable lower
-    /// bound). Always 0 on the metadata group.
+    /// Partition groups: the next message offset after op `checkpoint_op`
+    /// (hence a durable lower bound of the next offset to mint). Always 0
+    /// on the metadata group.
     pub offset_frontier: u64,
 }
 
@@ -662,6 +667,55 @@ impl<S: SuperblockStore> DurableState<S> {
         };
         self.write(next).await?;
         Ok(self.durable.offset_frontier)
+    }
+
+    /// Records a partition's applied point: op `op` (identity `checksum`)
+    /// is applied and everything it implies is durable, and the next offset
+    /// after it is `offset_frontier`. The three fields are written in one
+    /// record, so a crash leaves the old triple or the new one. An `op` at
+    /// or below the durable `checkpoint_op` changes nothing (the applied
+    /// point never moves back here; see [`Self::reset_applied`]). Between
+    /// purges the frontier only grows with the op, so it is kept at least
+    /// the durable one (a lower bound).
+    pub async fn record_applied(
+        &mut self,
+        op: u64,
+        checksum: u128,
+        offset_frontier: u64,
+    ) -> Result<(), SuperblockError> {
+        if op <= self.durable.checkpoint_op {
+            return Ok(());
+        }
+        debug_assert!(
+            offset_frontier >= self.durable.offset_frontier,
+            "frontier {offset_frontier} below the durable {}",
+            self.durable.offset_frontier
+        );
+        let next = VsrState {
+            checkpoint_op: op,
+            checkpoint_checksum: checksum,
+            offset_frontier: offset_frontier.max(self.durable.offset_frontier),
+            ..self.durable
+        };
+        self.write(next).await
+    }
+
+    /// Records the applied point as exactly `(op, checksum, offset_frontier)`
+    /// (a purge restarting offsets, an install): the only way the frontier
+    /// may move down or the applied point move back.
+    pub async fn reset_applied(
+        &mut self,
+        op: u64,
+        checksum: u128,
+        offset_frontier: u64,
+    ) -> Result<(), SuperblockError> {
+        let next = VsrState {
+            checkpoint_op: op,
+            checkpoint_checksum: checksum,
+            offset_frontier,
+            ..self.durable
+        };
+        self.write(next).await
     }
 
     /// Records the offset frontier as a reset to exactly `frontier` (a purge

@@ -255,3 +255,67 @@ fn given_failed_frontier_write_when_reported_should_keep_durable_value() {
         assert_eq!(d.state().offset_frontier, 10);
     });
 }
+
+#[test]
+fn given_crash_during_record_applied_when_rebooted_should_read_old_or_new_triple() {
+    let old = (40u64, 0xAAu128, 400u64);
+    let new = (90u64, 0xBBu128, 950u64);
+    let mut cases = 0;
+    for (f, fault) in faults().iter().enumerate() {
+        for seed in 0..6u64 {
+            for mode in [CrashMode::Seeded, CrashMode::KeepAll, CrashMode::DropAll] {
+                let fs = fresh(seed * 977 + f as u64);
+                block_on(async {
+                    let store = FileSuperblock::new(fs.clone(), &dir());
+                    let mut d = DurableState::open(store, state(0)).await.unwrap();
+                    d.persist_view(3, 3, 80).await.unwrap();
+                    d.record_applied(old.0, old.1, old.2).await.unwrap();
+                });
+                let returned = block_on(async {
+                    let mut store = FileSuperblock::new(fs.clone(), &dir());
+                    store.read_latest().await.unwrap();
+                    let mut d = DurableState::open(store, state(0)).await.unwrap();
+                    fault(&fs);
+                    d.record_applied(new.0, new.1, new.2).await.is_ok()
+                });
+                fs.clear_faults();
+                fs.crash_with(mode);
+                let s = read(&fs).unwrap().unwrap();
+                let got = (s.checkpoint_op, s.checkpoint_checksum, s.offset_frontier);
+                assert_eq!((s.view, s.log_view, s.commit_max), (3, 3, 80));
+                if returned {
+                    assert_eq!(got, new, "acknowledged applied point lost");
+                } else {
+                    assert!(got == old || got == new, "fault {f} seed {seed}: {got:?}");
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert!(cases > 500);
+}
+
+#[test]
+fn given_applied_point_when_recorded_lower_should_keep_it_and_reset_should_move_it() {
+    let fs = fresh(5);
+    block_on(async {
+        let store = FileSuperblock::new(fs.clone(), &dir());
+        let mut d = DurableState::open(store, state(0)).await.unwrap();
+        d.record_applied(50, 0x50, 500).await.unwrap();
+        d.record_applied(30, 0x30, 300).await.unwrap();
+        d.record_applied(50, 0x51, 600).await.unwrap();
+        let s = *d.state();
+        assert_eq!(
+            (s.checkpoint_op, s.checkpoint_checksum, s.offset_frontier),
+            (50, 0x50, 500)
+        );
+        // A purge: the applied point and the frontier restart.
+        d.reset_applied(49, 0x49, 0).await.unwrap();
+    });
+    fs.crash_with(CrashMode::DropAll);
+    let s = read(&fs).unwrap().unwrap();
+    assert_eq!(
+        (s.checkpoint_op, s.checkpoint_checksum, s.offset_frontier),
+        (49, 0x49, 0)
+    );
+}
