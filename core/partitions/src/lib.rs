@@ -27,6 +27,7 @@ pub mod partition;
 pub mod poll;
 mod purge;
 pub mod retention;
+pub mod state_transfer;
 
 pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus, NetworkFaults};
 pub use flush::FlushOutcome;

@@ -1,0 +1,26 @@
+//! Partition state transfer: what a replica that fell behind every peer's
+//! retained range pulls from the group's caught-up primary, and how it is
+//! checked.
+//!
+//! - [`wire`]: the consumer-offsets artifact ("ICO2", decoding "ICO1").
+//! - [`walk`]: validation of a received segment artifact, incremental so it
+//!   can run chunk by chunk as bytes arrive.
+//! - [`errors`]: the refusal and failure taxonomy, each error saying
+//!   whether retrying can help.
+//!
+//! The offer, the receiver session, the crash-safe install and the fence
+//! build on these (issue F6; see `docs/state-transfer.md` as it grows).
+
+pub mod errors;
+pub mod walk;
+pub mod wire;
+
+pub use errors::{
+    PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,
+    SpillError, validate_consumer_offset_transfer_count,
+};
+pub use walk::{SegmentWalkError, SegmentWalkStats, SegmentWalker, walk_segment_payload};
+pub use wire::{
+    CONSUMER_OFFSETS_ENTRIES_MAX, ConsumerOffsetsWire, ConsumerOffsetsWireError,
+    offered_purge_generation,
+};
