@@ -8,7 +8,7 @@
 //! - [`log`]: [`SegmentedLog`], sealed segments plus one active.
 //! - [`recovery`]: the boot walk of a partition directory.
 //!
-//! The byte layouts are documented in `FORMATS.md` beside this crate.
+//! The byte layouts are documented in `docs/formats.md` §12.
 
 pub mod batch;
 pub mod error;
