@@ -12,14 +12,33 @@
 //! demand ([`Partition::flush_committed_messages`], e.g. at shutdown, so a
 //! graceful restart does not boot with consumer offsets past the data).
 //!
-//! Order of durable steps in a synced flush: batches written, log synced
-//! (the storage crate then writes the index entries that point into the
-//! synced bytes), and only then the superblock's offset frontier advanced
-//! to the log's end. The frontier therefore never claims an offset whose
-//! bytes a crash could still lose, and boot can refuse a frontier above
-//! the recovered log as missing data. The frontier is a lower bound, so it
-//! is recorded only at on-demand flushes and when a segment seals (the
-//! rotation syncs it), not on every `enforce_fsync` flush.
+//! **The applied point.** A flush writes the whole journal, so afterwards
+//! every op up to the last journaled one (`journaled_point`: its op, its
+//! identity, the next offset after it) has its effects in segments
+//! (consumer-offset ops are durable when applied, a purge records itself).
+//! Once those segments are synced, the superblock may record that op as
+//! the applied point (`checkpoint_op`, `checkpoint_checksum`) together with
+//! the offset frontier after it, in one write
+//! ([`journal::DurableState::record_applied`]). A restarted replica of a
+//! group resumes applying after that op and repairs the rest from its
+//! peers (see `partition.rs`, "Restart with peers").
+//!
+//! Order of durable steps: batches written, log synced (the storage crate
+//! then writes the index entries that point into the synced bytes), and
+//! only then the superblock record. The frontier therefore never claims an
+//! offset whose bytes a crash could still lose, and boot can refuse a
+//! frontier above the recovered log as missing data; a crash between the
+//! sync and the record leaves synced batches above the recorded point,
+//! which a restart finds on disk instead of writing them again.
+//!
+//! When the point is recorded: at on-demand flushes; when a segment seals
+//! (the active segment is synced too, one more sync per segment); and, in
+//! a multi-replica group, at any flush once the last journaled op is
+//! `retention_ops / 4` ops past the recorded one (a threshold flush then
+//! syncs). The last rule bounds how far back a restarted replica must
+//! repair, so that its peers, which retain `retention_ops` applied
+//! prepares, can still serve it. Not on every `enforce_fsync` flush: that
+//! would add a superblock write (two syncs) per produce.
 
 use journal::SuperblockStore;
 use storage::fs::Fs;
@@ -69,10 +88,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     }
 
     /// Writes the journal's batches to segments, optionally syncing, and
-    /// evicts what was written. The superblock frontier advances after a
-    /// sync when `record_frontier` is set or a segment was sealed: it is a
-    /// lower bound, so recording it on every `enforce_fsync` flush would
-    /// only add a superblock write (two syncs and a rename) per produce.
+    /// evicts what was written. The applied point and its frontier are
+    /// recorded after a sync when `record_frontier` is set, a segment was
+    /// sealed, or the recorded point lags (see the module documentation).
     pub(crate) async fn flush(
         &mut self,
         sync: bool,
@@ -112,22 +130,20 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if let Some(up_to) = written_to {
             self.journal.evict_flushed(up_to);
         }
-        if sync {
+        let sealed = self.log.segments().count() != segments_before;
+        let point = self.journaled_point;
+        let lag_max = (self.config.vsr.retention_ops / 4).max(1);
+        let lagging = self.config.vsr.replica_count > 1
+            && point.op.saturating_sub(self.durable.state().checkpoint_op) >= lag_max;
+        let record = (sync && record_frontier) || sealed || lagging;
+        if sync || record {
             self.log.sync().await.map_err(PartitionError::Storage)?;
             outcome.synced = true;
         }
-        let sealed = self.log.segments().count() != segments_before;
-        // Rotation syncs the sealed segment itself, so a seal is a durable
-        // point even without `sync`.
-        if (sync && record_frontier) || sealed {
+        if record {
             // After the sync, never before: see the module comment.
-            let durable_end = if sync {
-                self.log.next_offset()
-            } else {
-                self.log.segments().last().map_or(0, |s| s.start_offset)
-            };
             self.durable
-                .advance_offset_frontier(durable_end)
+                .record_applied(point.op, point.checksum, point.next_offset)
                 .await
                 .map_err(PartitionError::Superblock)?;
         }

@@ -20,21 +20,46 @@
 //! interleave (the reference needed an async mutex for the same effect).
 //!
 //! **Boot** ([`Partition::open`]): the superblock first (view, log_view,
-//! offset frontier), then the purge generation, then the segments
-//! (`storage::SegmentedLog::open`, which sweeps staging files, cuts a torn
-//! tail and rebuilds indexes), then the consumer offsets clamped to the
-//! recovered end. The offset counter is what the segments prove; a
-//! superblock frontier above it is refused, because the frontier only
-//! advances after the data below it was synced (see `flush.rs`), so such a
-//! record means synced data vanished.
+//! commit bound, applied point with its offset frontier), then the purge
+//! generation, then the segments (`storage::SegmentedLog::open`, which
+//! sweeps staging files, cuts a torn tail and rebuilds indexes), then the
+//! consumer offsets clamped to the recovered end. A superblock frontier
+//! above the recovered end is refused, because the frontier only advances
+//! after the data below it was synced (see `flush.rs`), so such a record
+//! means synced data vanished. A single replica then resumes at once: its
+//! offset counter is what the segments prove, its op numbers continue past
+//! the commit bound.
 //!
-//! **Restart with peers.** The prepare journal is memory-only and the
-//! partition does not record which op its segments end at, so a replica of
-//! a multi-replica group that already holds data cannot rejoin by replaying
-//! ops: it needs a state transfer (issue F6). [`Partition::open`] refuses
-//! that case with [`BootError::RestartNeedsStateTransfer`] instead of
-//! booting into a state it cannot prove. A single replica resumes at once
-//! from its superblock.
+//! **Restart with peers.** The prepare journal is memory-only, so a replica
+//! of a multi-replica group restarts from the *applied point* its flushes
+//! record in the superblock (`checkpoint_op`, `checkpoint_checksum`, and
+//! the offset frontier after that op; `flush.rs`): the VSR core restarts
+//! with `commit_min = checkpoint_op` and the hash chain continuing from its
+//! identity, quorum-invisible until repair brought its journal to the head
+//! the primary reports (docs/consensus.md §4). The partition's next offset
+//! for the base-offset checks and the apply path is the frontier at that
+//! op, not the end of the segments: a flush may have synced batches of
+//! later ops before the process died short of the superblock write. The
+//! log end recovered at boot (`recovered_durable_offset`) tells those
+//! apart: a committed batch re-applied whose offsets lie at or below it is
+//! already on disk, so it advances the applied offset (its base offset
+//! checked against it like every batch) but is neither written nor counted
+//! again; a batch that straddles it fences the partition
+//! ([`PartitionError::ReplayStraddlesRecoveredEnd`]; flushes write whole
+//! batches, so it cannot happen). Consumer-offset ops re-applied in order
+//! store what they stored before; a purge re-applied runs again only if
+//! `purge.gen` shows it unfinished (see `purge.rs`). When the peers no
+//! longer retain the ops after the applied point, repair concludes
+//! `FloorRefused` and the core asks for a state transfer; this build has
+//! none wired, so the replica stays lagging and invisible and reports it
+//! ([`Partition::state_transfer_needed`]). A record with a frontier but no
+//! applied point (written before it existed) is refused with
+//! [`BootError::RestartNeedsStateTransfer`].
+//!
+//! The client table is not durable: a restarted replica rebuilds only the
+//! sessions of the ops it re-applies. A request ordered twice whose first
+//! copy is at or below the applied point is therefore not recognised as a
+//! duplicate there (docs/consensus.md §9).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -155,8 +180,10 @@ pub enum BootError {
         /// The offset after the last recovered batch.
         log_next_offset: u64,
     },
-    /// A replica of a multi-replica group with history restarted; it can
-    /// rejoin only through a state transfer.
+    /// A replica of a multi-replica group restarted with an offset frontier
+    /// but no recorded applied point (a superblock written before the
+    /// applied point was recorded): it can rejoin only through a state
+    /// transfer.
     RestartNeedsStateTransfer {
         /// The superblock's commit bound.
         commit: u64,
@@ -265,6 +292,20 @@ pub enum PartitionError {
         /// The offset the batch carries.
         actual: u64,
     },
+    /// A committed batch re-applied after a restart straddles the end of
+    /// the log recovered at boot: part of it is on disk and part is not.
+    /// Flushes write whole batches, so this means the segments do not hold
+    /// what this group committed; the partition is fenced.
+    ReplayStraddlesRecoveredEnd {
+        /// The op.
+        op: u64,
+        /// The batch's first offset.
+        base_offset: u64,
+        /// The batch's last offset.
+        last_offset: u64,
+        /// The last offset recovered at boot.
+        recovered_end: u64,
+    },
     /// The segment log failed.
     Storage(StorageError),
     /// The superblock write failed.
@@ -330,6 +371,15 @@ impl fmt::Display for PartitionError {
             } => write!(
                 f,
                 "committed op {op} starts at offset {actual}, not at the applied end {expected}"
+            ),
+            Self::ReplayStraddlesRecoveredEnd {
+                op,
+                base_offset,
+                last_offset,
+                recovered_end,
+            } => write!(
+                f,
+                "re-applied op {op} holds offsets {base_offset}..={last_offset} but the log recovered at boot ends at {recovered_end}"
             ),
             Self::Storage(e) => write!(f, "segment log failed: {e}"),
             Self::Superblock(e) => write!(f, "superblock write failed: {e}"),
@@ -415,6 +465,30 @@ pub(crate) struct OffsetState {
     pub last_timestamp: u64,
 }
 
+/// The last op entered into the partition journal (or, before any, the
+/// applied point booted from) and the next offset after it: what a flush
+/// that writes the whole journal records as the durable applied point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct AppliedPoint {
+    pub op: u64,
+    pub checksum: u128,
+    pub next_offset: u64,
+}
+
+/// A state transfer the VSR core asked for (`Effect::StartStateTransfer`,
+/// after repair concluded `FloorRefused`). State transfer is not wired in
+/// this build: the replica stays lagging and serves nothing new until it
+/// is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateTransferNeeded {
+    /// The replica to transfer from.
+    pub peer: u8,
+    /// The highest op below every peer's retained range.
+    pub floor: u64,
+    /// The op repair was trying to reach.
+    pub to_op: u64,
+}
+
 /// The replicated-but-internal client through which poll auto-commits
 /// become StoreOffset ops.
 #[derive(Debug, Default)]
@@ -445,10 +519,15 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) applied_purge_generation: u64,
     pub(crate) messages_count: u64,
     pub(crate) size_bytes: u64,
-    /// The log end recovered at boot (immutable after boot).
+    /// The last offset recovered at boot: re-applied batches at or below
+    /// it are already on disk (cleared by a purge).
     pub(crate) recovered_durable_offset: Option<u64>,
     /// Set only by a state-transfer install (not implemented here).
     pub(crate) installed_frontier: Option<u64>,
+    /// The last journaled op and the offset after it (see `flush.rs`).
+    pub(crate) journaled_point: AppliedPoint,
+    /// The last state transfer the core asked for.
+    pub(crate) state_transfer_needed: Option<StateTransferNeeded>,
     pub(crate) now_us: u64,
     pub(crate) persist_failed: bool,
     pub(crate) pending_replies: Vec<Reply>,
@@ -553,6 +632,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 dir: dir.to_path_buf(),
                 source,
             })?;
+        // Where applying resumes: the op, its identity and the next offset
+        // after it. The segments may hold batches of later ops (a flush
+        // synced them and the process died before the superblock write);
+        // re-applying those finds them on disk (see `apply`).
+        let mut journaled_point = AppliedPoint {
+            op: 0,
+            checksum: 0,
+            next_offset: next,
+        };
         let replica = if fresh {
             Replica::new(config.vsr)
         } else {
@@ -566,23 +654,45 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 // bound; ops after the last flush are gone with the
                 // memory-only journal (acknowledged only without
                 // enforce_fsync).
+                // Op numbers continue past both the commit bound and the
+                // recorded applied point (either may be the larger).
+                journaled_point.op = sb.commit_max.max(sb.checkpoint_op);
                 Replica::restart(
                     config.vsr,
                     vsr_durable,
                     AppliedState {
-                        commit_min: sb.commit_max,
+                        commit_min: journaled_point.op,
                         checksum: 0,
                     },
                 )
-            } else if sb.commit_max == 0 && next == 0 && log.segments().count() == 1 {
-                Replica::restart(config.vsr, vsr_durable, AppliedState::default())
-            } else {
+            } else if sb.checkpoint_op == 0 && sb.offset_frontier != 0 {
+                // A frontier that names no op (written before the applied
+                // point was recorded): nothing says where to resume.
                 return Err(BootError::RestartNeedsStateTransfer {
                     commit: sb.commit_max,
                     log_next_offset: next,
                 });
+            } else {
+                // Resume after the recorded applied point; the core stays
+                // quorum-invisible until repair brought it to the head
+                // (docs/consensus.md §4), or asks for a state transfer when
+                // the peers no longer retain the ops it lacks.
+                journaled_point = AppliedPoint {
+                    op: sb.checkpoint_op,
+                    checksum: sb.checkpoint_checksum,
+                    next_offset: sb.offset_frontier,
+                };
+                Replica::restart(
+                    config.vsr,
+                    vsr_durable,
+                    AppliedState {
+                        commit_min: sb.checkpoint_op,
+                        checksum: sb.checkpoint_checksum,
+                    },
+                )
             }
         };
+        let applied_next_offset = journaled_point.next_offset;
         let journal = PrepareJournal::new(config.journal, replica.commit_min() + 1);
         let (messages_count, size_bytes, last_timestamp) =
             log.segments().fold((0u64, 0u64, 0u64), |(m, b, t), s| {
@@ -601,13 +711,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             log,
             journal,
             offsets,
-            applied_next_offset: next,
+            applied_next_offset,
             applied_last_timestamp: last_timestamp,
             applied_purge_generation: generation,
             messages_count,
             size_bytes,
             recovered_durable_offset: next.checked_sub(1),
             installed_frontier: None,
+            journaled_point,
+            state_transfer_needed: None,
             now_us: 0,
             persist_failed: false,
             pending_replies: Vec::new(),
@@ -622,7 +734,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if let Err(e) = partition.drive().await {
             tracing::warn!(error = %e, "partition boot could not persist its view");
         }
-        tracing::info!(dir = %partition.dir.display(), next_offset = next, generation, view = partition.replica.view(), "partition booted");
+        tracing::info!(dir = %partition.dir.display(), log_next_offset = next, applied_next_offset, applied_op = partition.replica.commit_min(), generation, view = partition.replica.view(), "partition booted");
         Ok(partition)
     }
 
@@ -657,6 +769,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The last offset recovered from segments at boot.
     pub fn recovered_durable_offset(&self) -> Option<u64> {
         self.recovered_durable_offset
+    }
+
+    /// The state transfer the core asked for, while it still waits for one
+    /// (repair concluded `FloorRefused`: the ops this replica lacks are
+    /// below every peer's retained range). `None` once the core resumed
+    /// repairing.
+    pub fn state_transfer_needed(&self) -> Option<StateTransferNeeded> {
+        self.state_transfer_needed
+            .filter(|_| self.replica.is_transferring())
     }
 
     /// Where the offset space starts after a state-transfer install.
@@ -939,6 +1060,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             Effect::Apply { prepare, duplicate } => self.apply(prepare, duplicate).await?,
             Effect::Journal { .. } | Effect::TruncateJournal { .. } => {}
             Effect::StartStateTransfer { peer, floor, to_op } => {
+                self.state_transfer_needed = Some(StateTransferNeeded { peer, floor, to_op });
                 tracing::warn!(
                     peer,
                     floor,
@@ -985,17 +1107,34 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                         actual: header.base_offset,
                     });
                 }
-                stats = EntryStats {
-                    messages: header.message_count,
-                    base_offset: header.base_offset,
-                    timestamp: header.base_timestamp,
-                };
                 self.applied_next_offset = header.next_offset();
                 self.applied_last_timestamp =
                     self.applied_last_timestamp.max(header.base_timestamp);
-                self.messages_count += u64::from(header.message_count);
-                self.size_bytes += batch.len() as u64;
-                frame = batch;
+                match self.recovered_durable_offset {
+                    // Re-applied after a restart and already in the
+                    // recovered segments (its base offset was checked
+                    // above): counted at boot, never written again.
+                    Some(end) if header.base_offset <= end => {
+                        if header.last_offset() > end {
+                            return Err(PartitionError::ReplayStraddlesRecoveredEnd {
+                                op: h.op,
+                                base_offset: header.base_offset,
+                                last_offset: header.last_offset(),
+                                recovered_end: end,
+                            });
+                        }
+                    }
+                    _ => {
+                        stats = EntryStats {
+                            messages: header.message_count,
+                            base_offset: header.base_offset,
+                            timestamp: header.base_timestamp,
+                        };
+                        self.messages_count += u64::from(header.message_count);
+                        self.size_bytes += batch.len() as u64;
+                        frame = batch;
+                    }
+                }
             }
             PartitionOp::StoreOffset {
                 kind,
@@ -1019,7 +1158,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 // Gated by generation alone (never by `duplicate`), which
                 // is what the primary's offset fold assumes.
                 if generation > self.applied_purge_generation {
-                    return self.apply_purge(h.op, generation).await;
+                    return self.apply_purge(&h, generation).await;
                 }
             }
             PartitionOp::Register => {}
@@ -1032,13 +1171,21 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             stats,
         };
         match self.journal.append(entry.clone()) {
-            Ok(()) => Ok(()),
+            Ok(()) => {}
             Err(JournalError::Full { .. }) => {
                 self.flush(false, false).await?;
-                self.journal.append(entry).map_err(PartitionError::Journal)
+                self.journal
+                    .append(entry)
+                    .map_err(PartitionError::Journal)?;
             }
-            Err(e) => Err(PartitionError::Journal(e)),
+            Err(e) => return Err(PartitionError::Journal(e)),
         }
+        self.journaled_point = AppliedPoint {
+            op: h.op,
+            checksum: h.checksum,
+            next_offset: self.applied_next_offset,
+        };
+        Ok(())
     }
 
     async fn apply_store(

@@ -3,11 +3,20 @@
 //!
 //! The durable steps, in order, each with the crash it defends against:
 //!
-//! 1. **Superblock frontier reset to 0.** First, because every later step
-//!    destroys evidence of the old offset space: were segments unlinked
-//!    while the superblock still claimed the old frontier, boot would see a
-//!    frontier above an empty log (refused as missing data) instead of a
-//!    purge in progress. If this write fails nothing has changed.
+//! 1. **Superblock frontier reset to 0, applied point to the op before the
+//!    purge** (`checkpoint_op = P − 1`, its identity being the purge's
+//!    `parent`). First, because every later step destroys evidence of the
+//!    old offset space: were segments unlinked while the superblock still
+//!    claimed the old frontier, boot would see a frontier above an empty
+//!    log (refused as missing data) instead of a purge in progress. If this
+//!    write fails nothing has changed. The applied point `P − 1` with
+//!    frontier 0 is not literally true (the old space had data), but every
+//!    effect of ops up to `P − 1` is about to be erased by `P`, and a
+//!    restarted replica of a group re-applies `P` first: `purge.gen` still
+//!    older → the purge runs again and completes; already `P`'s generation
+//!    → the partition is purged and its next offset is indeed 0. Ops
+//!    between the previous applied point and `P − 1` are never re-applied,
+//!    which is right since `P` erases them.
 //! 2. **Unlink every segment, oldest first, log before index, syncing the
 //!    directory between segments.** A crash mid-way leaves a contiguous
 //!    suffix of the old chain (an orphan index is swept at boot), whose end
@@ -26,12 +35,15 @@
 //! 5. **`purge.gen` last.** It is the record that the purge finished: a
 //!    crash anywhere earlier leaves the old generation, so a retried
 //!    `Purge{generation}` applies again and completes the job.
+//! 6. **Applied point to `P`** (frontier 0), so that a restart does not
+//!    need `P` from its peers.
 //!
 //! In memory, the journal (every live entry precedes the purge op) is
 //! cleared, the counters are zeroed and the applied offset restarts at 0.
 
 use std::io;
 
+use consensus::vsr::PrepareHeader;
 use journal::SuperblockStore;
 use storage::fs::{FileKind, Fs};
 use storage::log::SegmentedLog;
@@ -39,19 +51,20 @@ use storage::segment::{SegmentFileName, parse_file_name};
 
 use crate::bus::MessageBus;
 use crate::offset_storage::{PurgeGeneration, persist_purge_generation};
-use crate::partition::{Partition, PartitionError};
+use crate::partition::{AppliedPoint, Partition, PartitionError};
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
-    /// Applies a committed purge establishing `generation` at `op`.
+    /// Applies a committed purge establishing `generation` at op `h.op`.
     pub(crate) async fn apply_purge(
         &mut self,
-        op: u64,
+        h: &PrepareHeader,
         generation: u64,
     ) -> Result<(), PartitionError> {
+        let op = h.op;
         tracing::info!(dir = %self.dir.display(), op, generation, "purging partition");
         // 1. Frontier reset first (see the module comment).
         self.durable
-            .reset_offset_frontier(0)
+            .reset_applied(op.saturating_sub(1), h.parent, 0)
             .await
             .map_err(PartitionError::Superblock)?;
         // 2. Unlink the chain oldest first.
@@ -135,6 +148,16 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         .await
         .map_err(step("record purge generation"))?;
         self.applied_purge_generation = generation;
+        self.journaled_point = AppliedPoint {
+            op,
+            checksum: h.checksum,
+            next_offset: 0,
+        };
+        // 6. The applied point moves past the purge.
+        self.durable
+            .record_applied(op, h.checksum, 0)
+            .await
+            .map_err(PartitionError::Superblock)?;
         Ok(())
     }
 }
