@@ -560,6 +560,12 @@ impl Replica {
         self.transferring
     }
 
+    /// Whether a repair session (fetching missing headers or prepares from
+    /// a peer) is open.
+    pub fn is_repairing(&self) -> bool {
+        self.repair.is_some()
+    }
+
     /// The superblock state this replica needs durable now.
     pub fn durable_state(&self) -> DurableState {
         DurableState {
