@@ -7,17 +7,32 @@
 //!   can run chunk by chunk as bytes arrive.
 //! - [`errors`]: the refusal and failure taxonomy, each error saying
 //!   whether retrying can help.
+//! - [`offer`]: the serving side's offer: gate, plan, budgeted and
+//!   memoized checksum rounds, the offsets artifact.
+//! - [`serve`]: the offer cache per requester and nonce, chunk answers,
+//!   idle expiry.
 //!
 //! The offer, the receiver session, the crash-safe install and the fence
 //! build on these (issue F6; see `docs/state-transfer.md` as it grows).
 
 pub mod errors;
+pub mod offer;
+pub mod serve;
 pub mod walk;
 pub mod wire;
 
 pub use errors::{
     PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,
     SpillError, validate_consumer_offset_transfer_count,
+};
+pub use offer::{
+    BuildBudget, BuildClock, HashRound, HashedPlan, MonotonicClock, OfferBuilder, OfferPlan,
+    OfferedArtifact, OfferedSegment, PartitionOffer, Planned, PlannedSegment, SegmentIdentity,
+    ServeGateFacts, check_serve_gate, snapshot_offset_tables,
+};
+pub use serve::{
+    ChunkAnswer, ChunkRefusal, ChunkRequest, OfferServer, OfferServerConfig, ServedChunk,
+    load_verified_segment_artifact,
 };
 pub use walk::{SegmentWalkError, SegmentWalkStats, SegmentWalker, walk_segment_payload};
 pub use wire::{

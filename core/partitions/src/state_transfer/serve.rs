@@ -1,0 +1,453 @@
+//! Serving an offer (ST-S5): the offer cache per requester and nonce, the
+//! chunk answers, and the idle expiry.
+//!
+//! The protocol is pull-based (reference §4.2): a lagging replica asks for
+//! an offer with a fresh nonce, then pulls chunks `(artifact, offset, len)`
+//! one at a time. There is no completion frame; the server forgets an offer
+//! once it has been idle long enough.
+//!
+//! - **First wins per nonce.** The first offer built for `(requester,
+//!   nonce)` is the one every retry with that nonce gets, never a rebuilt
+//!   one: a rebuilt offer at a later op would describe other bytes under
+//!   the receiver's cursor. A new nonce from the same requester starts a
+//!   new session and replaces the old one (a requester runs one session
+//!   per group).
+//! - **One artifact in memory per session.** Segment artifacts are loaded
+//!   from their files when first served, checked against the manifest
+//!   checksum (a file replaced or rotted since the build is caught here,
+//!   not by the receiver after a full pull), and kept while the requester
+//!   pulls that artifact; loading the next drops the previous.
+//! - **Answers.** A chunk request for an artifact index past the manifest,
+//!   or at an offset at or past the artifact's end, is dropped: an empty
+//!   chunk would count as progress on the receiver and start an empty-frame
+//!   ping-pong. An unknown session is refused as transient (the requester
+//!   starts over); a segment that cannot be loaded is refused as its
+//!   [`SegmentLoadError`] classifies it, and the session is dropped.
+//! - **Expiry** in ticks: `repair_retry_ticks × 10` idle ticks, or `× 3`
+//!   once the last byte of the last artifact was served (long enough for
+//!   one re-request of a lost final chunk).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use journal::SuperblockStore;
+use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
+
+use super::errors::{PartitionTransferUnavailable, SegmentLoadError};
+use super::offer::{
+    BuildBudget, BuildClock, OFFER_READ_CHUNK_BYTES, OfferBuilder, OfferedArtifact, OfferedSegment,
+    PartitionOffer,
+};
+use crate::bus::MessageBus;
+use crate::partition::Partition;
+
+/// Default ceiling on one chunk's payload (the reference's 256 KiB).
+pub const STATE_CHUNK_LEN_MAX_DEFAULT: u32 = 256 * 1024;
+
+/// Default repair retry interval in ticks, the unit of offer expiry.
+pub const REPAIR_RETRY_TICKS_DEFAULT: u64 = 100;
+
+/// Idle ticks an offer survives, in units of the repair retry interval,
+/// while it is not fully served.
+pub const OFFER_IDLE_RETRIES_MAX: u64 = 10;
+
+/// Idle ticks an offer survives once fully served, in the same unit.
+pub const OFFER_SERVED_IDLE_RETRIES_MAX: u64 = 3;
+
+/// Configuration of an [`OfferServer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OfferServerConfig {
+    /// Ceiling on one chunk's payload; both ends compute the same clamp.
+    pub chunk_len_max_bytes: u32,
+    /// The repair retry interval in ticks (the expiry unit).
+    pub repair_retry_ticks: u64,
+    /// The per-round build budget.
+    pub budget: BuildBudget,
+}
+
+impl Default for OfferServerConfig {
+    fn default() -> Self {
+        Self {
+            chunk_len_max_bytes: STATE_CHUNK_LEN_MAX_DEFAULT,
+            repair_retry_ticks: REPAIR_RETRY_TICKS_DEFAULT,
+            budget: BuildBudget::default(),
+        }
+    }
+}
+
+/// A chunk request, as the `RequestStateChunk` header carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRequest {
+    /// The requesting replica.
+    pub requester: u8,
+    /// The requester's session nonce.
+    pub nonce: u128,
+    /// The artifact's manifest index.
+    pub artifact: u32,
+    /// Byte offset within the artifact.
+    pub offset: u64,
+    /// Bytes wanted.
+    pub len: u32,
+}
+
+/// A chunk to send back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedChunk {
+    /// The artifact's manifest index.
+    pub artifact: u32,
+    /// Byte offset of the payload within the artifact.
+    pub offset: u64,
+    /// The bytes; never empty.
+    pub payload: Bytes,
+}
+
+/// Why a chunk request is refused (answered with an unavailable target).
+#[derive(Debug)]
+pub enum ChunkRefusal {
+    /// No live session for this requester and nonce (expired, replaced, or
+    /// this replica restarted): the requester starts a new session.
+    UnknownSession,
+    /// A segment artifact could not be loaded as offered.
+    SegmentLoad {
+        /// The segment's base offset.
+        start_offset: u64,
+        /// Why.
+        error: SegmentLoadError,
+    },
+}
+
+impl ChunkRefusal {
+    /// Whether the requester should retry without charging a failure: a
+    /// local disk fault here is not transient, so peers stop asking.
+    pub fn transient(&self) -> bool {
+        match self {
+            Self::UnknownSession => true,
+            Self::SegmentLoad { error, .. } => error.transient(),
+        }
+    }
+}
+
+impl fmt::Display for ChunkRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownSession => f.write_str("no offer is held for this requester and nonce"),
+            Self::SegmentLoad {
+                start_offset,
+                error,
+            } => write!(f, "segment {start_offset:020} cannot be served: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ChunkRefusal {}
+
+/// The answer to a chunk request.
+#[derive(Debug)]
+pub enum ChunkAnswer {
+    /// Send this chunk.
+    Chunk(ServedChunk),
+    /// Send nothing (index or offset out of range, or a zero length).
+    Ignore,
+    /// Send an unavailable target.
+    Refuse(ChunkRefusal),
+}
+
+/// The artifact a session holds in memory.
+#[derive(Debug)]
+struct LoadedArtifact {
+    index: usize,
+    bytes: Bytes,
+}
+
+/// One requester's view of an offer.
+#[derive(Debug)]
+struct OfferSession {
+    offer: Rc<PartitionOffer>,
+    idle_ticks: u64,
+    fully_served: bool,
+    loaded: Option<LoadedArtifact>,
+}
+
+/// The serving side of one partition's state transfer, owned by its
+/// driver: the [`OfferBuilder`] and the sessions of the offers handed out.
+#[derive(Debug)]
+pub struct OfferServer {
+    config: OfferServerConfig,
+    builder: OfferBuilder,
+    sessions: BTreeMap<(u8, u128), OfferSession>,
+}
+
+impl OfferServer {
+    /// A server with no sessions.
+    pub fn new(config: OfferServerConfig) -> Self {
+        Self {
+            config,
+            builder: OfferBuilder::new(config.budget),
+            sessions: BTreeMap::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OfferServerConfig {
+        &self.config
+    }
+
+    /// The builder (memos, cached offer).
+    pub fn builder(&self) -> &OfferBuilder {
+        &self.builder
+    }
+
+    /// The builder, e.g. to change its budget.
+    pub fn builder_mut(&mut self) -> &mut OfferBuilder {
+        &mut self.builder
+    }
+
+    /// Live sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The offer held for `(requester, nonce)`, if any.
+    pub fn session_offer(&self, requester: u8, nonce: u128) -> Option<&Rc<PartitionOffer>> {
+        self.sessions.get(&(requester, nonce)).map(|s| &s.offer)
+    }
+
+    /// Forgets every session, memo and cached offer (after this partition
+    /// installed or converged: nothing offered before describes it now).
+    pub fn reset(&mut self) {
+        self.sessions.clear();
+        self.builder.reset();
+    }
+
+    /// Answers `RequestStateTransfer { nonce }` from `requester`: the offer
+    /// already held for that nonce, or a newly built one (one budgeted
+    /// round per call).
+    ///
+    /// # Errors
+    /// The build's refusal; `OfferBuildInProgress` means asking again with
+    /// the same nonce resumes the build.
+    pub async fn on_request_state_transfer<B, S, F, C>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        requester: u8,
+        nonce: u128,
+        clock: &C,
+    ) -> Result<Rc<PartitionOffer>, PartitionTransferUnavailable>
+    where
+        B: MessageBus,
+        S: SuperblockStore,
+        F: Fs,
+        C: BuildClock,
+    {
+        if let Some(session) = self.sessions.get_mut(&(requester, nonce)) {
+            session.idle_ticks = 0;
+            return Ok(Rc::clone(&session.offer));
+        }
+        let offer = partition
+            .build_state_transfer_offer(&mut self.builder, clock)
+            .await?;
+        self.sessions.retain(|&(who, _), _| who != requester);
+        self.sessions.insert(
+            (requester, nonce),
+            OfferSession {
+                offer: Rc::clone(&offer),
+                idle_ticks: 0,
+                fully_served: false,
+                loaded: None,
+            },
+        );
+        tracing::info!(
+            requester,
+            commit_op = offer.commit_op(),
+            artifacts = offer.artifact_count(),
+            "state-transfer offer handed out"
+        );
+        Ok(offer)
+    }
+
+    /// Answers one `RequestStateChunk`: `[offset, min(offset + min(len,
+    /// chunk_len_max), artifact_len))` of the artifact (see the module
+    /// documentation for what is dropped and what is refused).
+    pub async fn on_request_state_chunk<F: Fs>(
+        &mut self,
+        fs: &F,
+        request: ChunkRequest,
+    ) -> ChunkAnswer {
+        let key = (request.requester, request.nonce);
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return ChunkAnswer::Refuse(ChunkRefusal::UnknownSession);
+        };
+        session.idle_ticks = 0;
+        let Ok(index) = usize::try_from(request.artifact) else {
+            return ChunkAnswer::Ignore;
+        };
+        let offer = Rc::clone(&session.offer);
+        let Some(artifact) = offer.artifact(index) else {
+            return ChunkAnswer::Ignore;
+        };
+        let artifact_len = artifact.entry().len;
+        if request.offset >= artifact_len || request.len == 0 {
+            return ChunkAnswer::Ignore;
+        }
+        let len = request.len.min(self.config.chunk_len_max_bytes.max(1));
+        let end = request
+            .offset
+            .saturating_add(u64::from(len))
+            .min(artifact_len);
+        let source = match artifact {
+            OfferedArtifact::Offsets { bytes, .. } => bytes.clone(),
+            OfferedArtifact::Segment(segment) => {
+                match session.loaded.as_ref() {
+                    Some(loaded) if loaded.index == index => loaded.bytes.clone(),
+                    _ => {
+                        // Drop the previous artifact before reading the next:
+                        // at most one per session, ever.
+                        session.loaded = None;
+                        match load_verified_segment_artifact(fs, segment).await {
+                            Ok(bytes) => {
+                                let bytes = Bytes::from(bytes);
+                                session.loaded = Some(LoadedArtifact {
+                                    index,
+                                    bytes: bytes.clone(),
+                                });
+                                bytes
+                            }
+                            Err(error) => return self.refuse_load(key, segment, error),
+                        }
+                    }
+                }
+            }
+        };
+        // Both ends are within the artifact, whose length fits in memory.
+        let (Ok(from), Ok(to)) = (usize::try_from(request.offset), usize::try_from(end)) else {
+            return ChunkAnswer::Ignore;
+        };
+        if to > source.len() {
+            // Only an offer whose entry disagrees with its own bytes gets
+            // here; refuse rather than serve a short chunk.
+            return ChunkAnswer::Ignore;
+        }
+        let payload = source.slice(from..to);
+        if index + 1 == offer.artifact_count() && end == artifact_len {
+            session.fully_served = true;
+        }
+        ChunkAnswer::Chunk(ServedChunk {
+            artifact: request.artifact,
+            offset: request.offset,
+            payload,
+        })
+    }
+
+    /// A segment failed to load: the session goes (its offer no longer
+    /// describes the disk), so does the cached offer if it is the same, and
+    /// so does the segment's memo unless the disk itself failed.
+    fn refuse_load(
+        &mut self,
+        key: (u8, u128),
+        segment: &OfferedSegment,
+        error: SegmentLoadError,
+    ) -> ChunkAnswer {
+        tracing::warn!(
+            requester = key.0,
+            start_offset = segment.identity.start_offset,
+            %error,
+            transient = error.transient(),
+            "served segment could not be loaded"
+        );
+        if let Some(session) = self.sessions.remove(&key)
+            && self
+                .builder
+                .cached()
+                .is_some_and(|cached| Rc::ptr_eq(cached, &session.offer))
+        {
+            self.builder.clear_cached();
+        }
+        if !matches!(error, SegmentLoadError::LocalFault(_)) {
+            self.builder.forget(&segment.identity);
+        }
+        ChunkAnswer::Refuse(ChunkRefusal::SegmentLoad {
+            start_offset: segment.identity.start_offset,
+            error,
+        })
+    }
+
+    /// One tick: ages every session and drops those idle past their
+    /// expiry. Once no session is left the cached offer goes too (the
+    /// memos stay: they are what makes the next build cheap).
+    pub fn on_tick(&mut self) {
+        let retry = self.config.repair_retry_ticks.max(1);
+        self.sessions.retain(|&(requester, _), session| {
+            session.idle_ticks += 1;
+            let retries = if session.fully_served {
+                OFFER_SERVED_IDLE_RETRIES_MAX
+            } else {
+                OFFER_IDLE_RETRIES_MAX
+            };
+            let keep = session.idle_ticks < retry.saturating_mul(retries);
+            if !keep {
+                tracing::debug!(
+                    requester,
+                    fully_served = session.fully_served,
+                    "state-transfer offer expired"
+                );
+            }
+            keep
+        });
+        if self.sessions.is_empty() {
+            self.builder.clear_cached();
+        }
+    }
+}
+
+/// Reads the first `entry.len` bytes of a served segment's file (which may
+/// be longer: the active segment kept growing) in
+/// [`OFFER_READ_CHUNK_BYTES`] reads with a yield after each, and checks
+/// them against the manifest checksum.
+///
+/// # Errors
+/// [`SegmentLoadError`], classified by cause: a file gone or short is
+/// stale, EIO/EACCES is a local fault, a mismatch means the bytes changed.
+pub async fn load_verified_segment_artifact<F: Fs>(
+    fs: &F,
+    segment: &OfferedSegment,
+) -> Result<Vec<u8>, SegmentLoadError> {
+    let len = segment.entry.len;
+    let capacity = usize::try_from(len).map_err(|_| {
+        SegmentLoadError::Stale(std::io::Error::other(
+            "artifact larger than this node's address space",
+        ))
+    })?;
+    let file = fs
+        .open(&segment.path, OpenOptions::read_only())
+        .await
+        .map_err(SegmentLoadError::classify)?;
+    let mut hasher = consensus::StateArtifactHasher::new();
+    let mut bytes = Vec::with_capacity(capacity);
+    while bytes.len() < capacity {
+        let filled = bytes.len();
+        let want = (capacity - filled).min(OFFER_READ_CHUNK_BYTES);
+        let BufResult(read, back) = file.read_at(bytes, filled as u64, want).await;
+        bytes = back;
+        match read {
+            Ok(0) => {
+                return Err(SegmentLoadError::Stale(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "{} ends at {filled} bytes, before the offered {len}",
+                        segment.path.display()
+                    ),
+                )));
+            }
+            Ok(_) => {}
+            Err(error) => return Err(SegmentLoadError::classify(error)),
+        }
+        hasher.update(&bytes[filled..]);
+        fs.yield_now().await;
+    }
+    if hasher.finish() != segment.entry.checksum {
+        return Err(SegmentLoadError::ChecksumMismatch);
+    }
+    Ok(bytes)
+}
