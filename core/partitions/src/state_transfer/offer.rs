@@ -667,7 +667,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         ServeGateFacts {
             caught_up_primary: self.replica.is_caught_up_primary(),
             dir_present,
-            repairing: self.replica.is_repairing() || self.state_transfer_needed.is_some(),
+            // The accessor, not the field: the field keeps the last request
+            // after the core abandoned it.
+            repairing: self.replica.is_repairing() || self.state_transfer_needed().is_some(),
             commit_max: self.replica.commit_max(),
             installed_frontier: self.installed_frontier,
         }
