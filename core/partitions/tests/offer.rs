@@ -860,3 +860,69 @@ fn given_eager_auto_commit_when_offer_built_should_ship_only_the_durable_offset(
     let wire = ConsumerOffsetsWire::decode(offer.offsets_bytes()).unwrap();
     assert!(wire.consumers.contains(&(1, 5)), "{:?}", wire.consumers);
 }
+
+#[test]
+fn given_eio_while_hashing_when_built_should_refuse_unreadable_and_resume_from_the_memo() {
+    let (fs, mut node) = populated(24, 14);
+    let mut builder = OfferBuilder::new(BuildBudget::bytes(100 * 1024));
+    let clock = ByteClock::new(1);
+    let first = block_on(
+        node.partition
+            .build_state_transfer_offer(&mut builder, &clock),
+    );
+    let Err(U::OfferBuildInProgress { hashed, .. }) = first else {
+        panic!("{first:?}");
+    };
+    fs.fail_nth(FaultKind::Read, 1, EIO);
+    let refusal = block_on(
+        node.partition
+            .build_state_transfer_offer(&mut builder, &clock),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(refusal, U::SegmentUnreadable { .. }) && !refusal.transient(),
+        "{refusal}"
+    );
+    let read_before_error = clock.hashed.get();
+    assert_eq!(read_before_error, hashed, "the failed read fed nothing");
+    let (offer, _) = build_in_rounds(&mut node, &mut builder, &clock);
+    let total: u64 = offer.segments().iter().map(|s| s.entry.len).sum();
+    assert_eq!(clock.hashed.get(), total, "resumed where the memo stood");
+    let reference = build(&mut node, &mut unlimited()).unwrap();
+    assert_eq!(offer.manifest(), reference.manifest());
+}
+
+#[test]
+fn given_appends_between_plan_and_finish_when_built_should_offer_the_planned_prefix() {
+    let (fs, mut node) = populated(25, 9);
+    let mut builder = unlimited();
+    let Planned::Plan(plan) = block_on(node.partition.plan_state_transfer_offer(&builder)).unwrap()
+    else {
+        panic!("nothing cached yet");
+    };
+    let planned_active = plan.segments().last().unwrap().clone();
+    // The partition goes on committing while the plan is hashed.
+    node.request(ClientOp::Append(big_batch(70, 2, 64)));
+    block_on(node.partition.flush_committed_messages()).unwrap();
+    let HashRound::Complete(hashed) =
+        block_on(builder.hash_round(&fs, plan, &ByteClock::new(1))).unwrap()
+    else {
+        panic!("an unlimited round completes");
+    };
+    let offer = node
+        .partition
+        .finish_state_transfer_offer(&mut builder, hashed)
+        .unwrap();
+    assert!(offer.commit_op() < node.partition.replica().commit_min());
+    let active = offer.segments().last().unwrap();
+    assert_eq!(active.entry.len, planned_active.len_bytes);
+    let disk = fs.contents(&active.path).unwrap();
+    assert!(
+        disk.len() as u64 > active.entry.len,
+        "the file grew past the offer"
+    );
+    assert_eq!(
+        active.entry.checksum,
+        consensus::state_artifact_checksum(&disk[..planned_active.len_bytes as usize])
+    );
+}
