@@ -33,9 +33,9 @@
 //!
 //! When the point is recorded: at on-demand flushes; when a segment seals
 //! (the active segment is synced too, one more sync per segment); and, in
-//! a multi-replica group, at any flush once the last journaled op is
-//! `retention_ops / 4` ops past the recorded one (a threshold flush then
-//! syncs). The last rule bounds how far back a restarted replica must
+//! a multi-replica group, once the last journaled op is `retention_ops / 4`
+//! ops past the recorded one (that alone makes a flush due, and the flush
+//! then syncs). The last rule bounds how far back a restarted replica must
 //! repair, so that its peers, which retain `retention_ops` applied
 //! prepares, can still serve it. Not on every `enforce_fsync` flush: that
 //! would add a superblock write (two syncs) per produce.
@@ -71,20 +71,37 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
     }
 
-    /// The threshold check run after every drive step.
+    /// The threshold check run after every drive step. In a multi-replica
+    /// group a lagging applied point is due too, even when no message waits
+    /// (a run of consumer-offset ops, or many one-message batches below
+    /// the message threshold, would otherwise leave it behind).
     pub(crate) async fn flush_if_due(&mut self) -> Result<(), PartitionError> {
         let info = *self.journal.info();
-        if info.messages_count == 0 {
+        let lagging = self.applied_point_lags();
+        if info.messages_count == 0 && !lagging {
             return Ok(());
         }
-        if self.config.enforce_fsync {
+        if self.config.enforce_fsync && info.messages_count > 0 {
             self.flush(true, false).await?;
-        } else if info.messages_count >= self.config.messages_required_to_save
+        } else if lagging
+            || info.messages_count >= self.config.messages_required_to_save
             || info.size_bytes >= self.config.size_required_to_save_bytes
         {
             self.flush(false, false).await?;
         }
         Ok(())
+    }
+
+    /// Whether, in a multi-replica group, the last journaled op is
+    /// `retention_ops / 4` (at least 1) ops past the recorded applied point.
+    fn applied_point_lags(&self) -> bool {
+        let lag_max = (self.config.vsr.retention_ops / 4).max(1);
+        self.config.vsr.replica_count > 1
+            && self
+                .journaled_point
+                .op
+                .saturating_sub(self.durable.state().checkpoint_op)
+                >= lag_max
     }
 
     /// Writes the journal's batches to segments, optionally syncing, and
@@ -132,10 +149,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         let sealed = self.log.segments().count() != segments_before;
         let point = self.journaled_point;
-        let lag_max = (self.config.vsr.retention_ops / 4).max(1);
-        let lagging = self.config.vsr.replica_count > 1
-            && point.op.saturating_sub(self.durable.state().checkpoint_op) >= lag_max;
-        let record = (sync && record_frontier) || sealed || lagging;
+        let record = (sync && record_frontier) || sealed || self.applied_point_lags();
         if sync || record {
             self.log.sync().await.map_err(PartitionError::Storage)?;
             outcome.synced = true;

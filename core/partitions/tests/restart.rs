@@ -171,12 +171,20 @@ impl Cluster {
     /// The client sends or retries one request, the cluster steps, replies
     /// are taken. `produce` false: only finish what is in flight.
     fn client_step(&mut self, produce: bool) {
+        self.client_step_with(produce, |n| {
+            let (bytes, ids) = batch(n);
+            (ClientOp::Append(bytes), ids)
+        });
+    }
+
+    /// One client step whose next request (number `n`) is `next(n)`.
+    fn client_step_with(&mut self, produce: bool, next: impl Fn(u64) -> (ClientOp, Vec<u128>)) {
         if self.in_flight.is_none() {
             if self.session.is_none() {
                 self.in_flight = Some((0, ClientOp::Register, Vec::new()));
             } else if produce {
-                let (bytes, ids) = batch(self.next_request);
-                self.in_flight = Some((self.next_request, ClientOp::Append(bytes), ids));
+                let (op, ids) = next(self.next_request);
+                self.in_flight = Some((self.next_request, op, ids));
             }
             self.sent_at = 0;
         }
@@ -242,6 +250,24 @@ impl Cluster {
             ticks += 1;
             assert!(ticks < 50_000, "no progress producing");
             self.client_step(true);
+        }
+    }
+
+    /// Runs `count` more explicit consumer-offset stores (no messages).
+    fn store_offsets(&mut self, count: u64) {
+        let goal = self.next_request + count;
+        let mut ticks = 0;
+        while self.next_request < goal {
+            ticks += 1;
+            assert!(ticks < 50_000, "no progress storing offsets");
+            self.client_step_with(true, |n| {
+                let op = ClientOp::StoreOffset {
+                    kind: ConsumerKind::Consumer,
+                    id: 7,
+                    offset: n % 50,
+                };
+                (op, Vec::new())
+            });
         }
     }
 
@@ -584,4 +610,37 @@ fn given_backup_crashed_again_mid_repair_when_restarted_should_converge() {
         c.converge();
         c.assert_identical();
     }
+}
+
+/// A long run of consumer-offset stores (no message, so no message
+/// threshold is ever reached) still moves the recorded applied point, so a
+/// backup that restarts right after finds its peers (retaining 32 ops)
+/// still holding what it lacks, and rejoins without a state transfer.
+#[test]
+fn given_offset_only_traffic_when_backup_restarts_should_find_its_ops_retained() {
+    let mut c = Cluster::new(21, 32);
+    c.produce(30);
+    c.store_offsets(120);
+    c.converge();
+    let victim = (c.primary() + 1) % REPLICAS;
+    let applied = c.replica(victim).replica().commit_min();
+    c.crash(victim);
+    c.restart(victim);
+    let resumed_at = c.replica(victim).replica().commit_min();
+    assert!(
+        applied - resumed_at <= 8,
+        "resumed at {resumed_at}, had applied {applied}"
+    );
+    c.produce(20);
+    c.converge();
+    assert!(c.replica(victim).state_transfer_needed().is_none());
+    let stored: Vec<Option<u64>> = c
+        .up()
+        .map(|r| r.stored_offset(ConsumerKind::Consumer, 7))
+        .collect();
+    assert!(
+        stored.iter().all(|s| s.is_some() && *s == stored[0]),
+        "{stored:?}"
+    );
+    c.assert_identical();
 }
