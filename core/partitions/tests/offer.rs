@@ -926,3 +926,50 @@ fn given_appends_between_plan_and_finish_when_built_should_offer_the_planned_pre
         consensus::state_artifact_checksum(&disk[..planned_active.len_bytes as usize])
     );
 }
+
+/// A 12 MiB segment, served: each chunk request reads at most one 4 MiB
+/// read further, and bit rot past the first read is refused before the
+/// artifact's last byte goes out.
+#[test]
+fn given_large_segment_when_served_should_load_it_a_read_at_a_time_and_verify_before_its_end() {
+    let fs = fresh_fs(26);
+    let mut c = config();
+    c.log.segment_size_bytes = 12 * 1024 * 1024;
+    let mut node = open(&fs, MemSuperblock::new(), c);
+    for tag in 0..13 {
+        node.request(ClientOp::Append(big_batch(tag + 1, 16, 64 * 1024)));
+    }
+    let mut server = server(256 * 1024, 10);
+    let offer = offer_for(&mut server, &mut node, 2, 3);
+    let first = offer.segments()[0].clone();
+    assert!(first.entry.len > 12 << 20, "{}", first.entry.len);
+    let read = 4 << 20;
+    assert!(matches!(
+        chunk(&mut server, &fs, 3, 0, 0, 256 * 1024),
+        ChunkAnswer::Chunk(_)
+    ));
+    assert_eq!(server.loaded_artifact(2, 3), Some((0, read)));
+    // Rot a byte the next read will cover; chunks of the loaded prefix are
+    // still served from memory.
+    fs.rot_byte(&first.path, (read + 10) as u64, 0x01).unwrap();
+    assert!(matches!(
+        chunk(&mut server, &fs, 3, 0, 1 << 20, 256 * 1024),
+        ChunkAnswer::Chunk(_)
+    ));
+    assert_eq!(server.loaded_artifact(2, 3), Some((0, read)));
+    let ChunkAnswer::Chunk(next) = chunk(&mut server, &fs, 3, 0, read as u64, 256 * 1024) else {
+        panic!("the chunk past the first read is served");
+    };
+    assert_eq!(next.payload.len(), 256 * 1024);
+    assert_eq!(server.loaded_artifact(2, 3), Some((0, 2 * read)));
+    // The request for the last chunk completes the load and the check.
+    let last_offset = first.entry.len - 100;
+    match chunk(&mut server, &fs, 3, 0, last_offset, 256 * 1024) {
+        ChunkAnswer::Refuse(ChunkRefusal::SegmentLoad {
+            error: SegmentLoadError::ChecksumMismatch,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(server.session_count(), 0);
+}

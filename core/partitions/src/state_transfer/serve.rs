@@ -12,11 +12,17 @@
 //!   the receiver's cursor. A new nonce from the same requester starts a
 //!   new session and replaces the old one (a requester runs one session
 //!   per group).
-//! - **One artifact in memory per session.** Segment artifacts are loaded
-//!   from their files when first served, checked against the manifest
-//!   checksum (a file replaced or rotted since the build is caught here,
-//!   not by the receiver after a full pull), and kept while the requester
-//!   pulls that artifact; loading the next drops the previous.
+//! - **One artifact in memory per session, loaded as it is pulled.** A
+//!   segment artifact is read from its file (which may be longer: the
+//!   active segment kept growing; the artifact is the prefix) only as far
+//!   as the requested chunk needs, [`OFFER_READ_CHUNK_BYTES`] at a time,
+//!   with a running checksum; the read that completes it checks the whole
+//!   artifact against the manifest before its last bytes are served. So a
+//!   chunk request costs at most one read, however large the segment
+//!   (ST-B1: the pump answering it stays short), a file replaced or rotted
+//!   since the build is caught before the receiver holds the whole
+//!   artifact, and served bytes are exactly the bytes checked. Moving to
+//!   the next artifact drops the previous one.
 //! - **Answers.** A chunk request for an artifact index past the manifest,
 //!   or at an offset at or past the artifact's end, is dropped: an empty
 //!   chunk would count as progress on the receiver and start an empty-frame
@@ -32,6 +38,7 @@ use std::fmt;
 use std::rc::Rc;
 
 use bytes::Bytes;
+use consensus::StateArtifactHasher;
 use journal::SuperblockStore;
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 
@@ -154,11 +161,13 @@ pub enum ChunkAnswer {
     Refuse(ChunkRefusal),
 }
 
-/// The artifact a session holds in memory.
+/// The artifact a session holds in memory: the prefix read so far and the
+/// checksum over it.
 #[derive(Debug)]
 struct LoadedArtifact {
     index: usize,
-    bytes: Bytes,
+    bytes: Vec<u8>,
+    hasher: StateArtifactHasher,
 }
 
 /// One requester's view of an offer.
@@ -296,40 +305,34 @@ impl OfferServer {
             .offset
             .saturating_add(u64::from(len))
             .min(artifact_len);
-        let source = match artifact {
-            OfferedArtifact::Offsets { bytes, .. } => bytes.clone(),
-            OfferedArtifact::Segment(segment) => {
-                match session.loaded.as_ref() {
-                    Some(loaded) if loaded.index == index => loaded.bytes.clone(),
-                    _ => {
-                        // Drop the previous artifact before reading the next:
-                        // at most one per session, ever.
-                        session.loaded = None;
-                        match load_verified_segment_artifact(fs, segment).await {
-                            Ok(bytes) => {
-                                let bytes = Bytes::from(bytes);
-                                session.loaded = Some(LoadedArtifact {
-                                    index,
-                                    bytes: bytes.clone(),
-                                });
-                                bytes
-                            }
-                            Err(error) => return self.refuse_load(key, segment, error),
-                        }
-                    }
-                }
-            }
-        };
-        // Both ends are within the artifact, whose length fits in memory.
+        // Both ends are within the artifact, and an artifact is at most a
+        // segment, which this node holds in memory when it serves it.
         let (Ok(from), Ok(to)) = (usize::try_from(request.offset), usize::try_from(end)) else {
             return ChunkAnswer::Ignore;
         };
-        if to > source.len() {
-            // Only an offer whose entry disagrees with its own bytes gets
-            // here; refuse rather than serve a short chunk.
-            return ChunkAnswer::Ignore;
-        }
-        let payload = source.slice(from..to);
+        let payload = match artifact {
+            OfferedArtifact::Offsets { bytes, .. } => bytes.slice(from..to),
+            OfferedArtifact::Segment(segment) => {
+                if session.loaded.as_ref().is_none_or(|l| l.index != index) {
+                    // Drop the previous artifact first: one per session, ever.
+                    session.loaded = Some(LoadedArtifact {
+                        index,
+                        bytes: Vec::new(),
+                        hasher: StateArtifactHasher::new(),
+                    });
+                }
+                let Some(loaded) = session.loaded.as_mut() else {
+                    return ChunkAnswer::Ignore;
+                };
+                if let Err(error) = load_segment_through(fs, segment, loaded, to).await {
+                    return self.refuse_load(key, segment, error);
+                }
+                let Some(chunk) = loaded.bytes.get(from..to) else {
+                    return ChunkAnswer::Ignore;
+                };
+                Bytes::copy_from_slice(chunk)
+            }
+        };
         if index + 1 == offer.artifact_count() && end == artifact_len {
             session.fully_served = true;
         }
@@ -338,6 +341,15 @@ impl OfferServer {
             offset: request.offset,
             payload,
         })
+    }
+
+    /// Bytes of the artifact `(requester, nonce)` holds in memory, as
+    /// `(manifest index, bytes)`.
+    pub fn loaded_artifact(&self, requester: u8, nonce: u128) -> Option<(usize, usize)> {
+        self.sessions
+            .get(&(requester, nonce))
+            .and_then(|s| s.loaded.as_ref())
+            .map(|l| (l.index, l.bytes.len()))
     }
 
     /// A segment failed to load: the session goes (its offer no longer
@@ -401,35 +413,44 @@ impl OfferServer {
     }
 }
 
-/// Reads the first `entry.len` bytes of a served segment's file (which may
-/// be longer: the active segment kept growing) in
-/// [`OFFER_READ_CHUNK_BYTES`] reads with a yield after each, and checks
-/// them against the manifest checksum.
+/// Extends `loaded` (a prefix of `segment`'s artifact) to cover at least
+/// `need` bytes, reading [`OFFER_READ_CHUNK_BYTES`] at a time (so usually
+/// one read per call), and checks the whole artifact against the manifest
+/// checksum once the prefix reaches its end.
 ///
 /// # Errors
 /// [`SegmentLoadError`], classified by cause: a file gone or short is
 /// stale, EIO/EACCES is a local fault, a mismatch means the bytes changed.
-pub async fn load_verified_segment_artifact<F: Fs>(
+async fn load_segment_through<F: Fs>(
     fs: &F,
     segment: &OfferedSegment,
-) -> Result<Vec<u8>, SegmentLoadError> {
-    let len = segment.entry.len;
-    let capacity = usize::try_from(len).map_err(|_| {
+    loaded: &mut LoadedArtifact,
+    need: usize,
+) -> Result<(), SegmentLoadError> {
+    if loaded.bytes.len() >= need {
+        return Ok(());
+    }
+    let len = usize::try_from(segment.entry.len).map_err(|_| {
         SegmentLoadError::Stale(std::io::Error::other(
             "artifact larger than this node's address space",
         ))
     })?;
+    // Whole reads: the next boundary past `need`, capped at the artifact.
+    let target = need
+        .div_ceil(OFFER_READ_CHUNK_BYTES)
+        .saturating_mul(OFFER_READ_CHUNK_BYTES)
+        .min(len);
     let file = fs
         .open(&segment.path, OpenOptions::read_only())
         .await
         .map_err(SegmentLoadError::classify)?;
-    let mut hasher = consensus::StateArtifactHasher::new();
-    let mut bytes = Vec::with_capacity(capacity);
-    while bytes.len() < capacity {
-        let filled = bytes.len();
-        let want = (capacity - filled).min(OFFER_READ_CHUNK_BYTES);
-        let BufResult(read, back) = file.read_at(bytes, filled as u64, want).await;
-        bytes = back;
+    loaded.bytes.reserve_exact(target - loaded.bytes.len());
+    while loaded.bytes.len() < target {
+        let filled = loaded.bytes.len();
+        let want = (target - filled).min(OFFER_READ_CHUNK_BYTES);
+        let buf = std::mem::take(&mut loaded.bytes);
+        let BufResult(read, back) = file.read_at(buf, filled as u64, want).await;
+        loaded.bytes = back;
         match read {
             Ok(0) => {
                 return Err(SegmentLoadError::Stale(std::io::Error::new(
@@ -443,11 +464,34 @@ pub async fn load_verified_segment_artifact<F: Fs>(
             Ok(_) => {}
             Err(error) => return Err(SegmentLoadError::classify(error)),
         }
-        hasher.update(&bytes[filled..]);
+        loaded.hasher.update(&loaded.bytes[filled..]);
         fs.yield_now().await;
     }
-    if hasher.finish() != segment.entry.checksum {
+    if loaded.bytes.len() == len && loaded.hasher.finish() != segment.entry.checksum {
         return Err(SegmentLoadError::ChecksumMismatch);
     }
-    Ok(bytes)
+    Ok(())
+}
+
+/// Reads the whole artifact of `segment` and checks it against the
+/// manifest checksum (the serve path's loading, in one call).
+///
+/// # Errors
+/// As the serve path classifies them (see [`SegmentLoadError`]).
+pub async fn load_verified_segment_artifact<F: Fs>(
+    fs: &F,
+    segment: &OfferedSegment,
+) -> Result<Vec<u8>, SegmentLoadError> {
+    let mut loaded = LoadedArtifact {
+        index: 0,
+        bytes: Vec::new(),
+        hasher: StateArtifactHasher::new(),
+    };
+    let len = usize::try_from(segment.entry.len).map_err(|_| {
+        SegmentLoadError::Stale(std::io::Error::other(
+            "artifact larger than this node's address space",
+        ))
+    })?;
+    load_segment_through(fs, segment, &mut loaded, len).await?;
+    Ok(loaded.bytes)
 }
