@@ -644,3 +644,38 @@ fn given_offset_only_traffic_when_backup_restarts_should_find_its_ops_retained()
     );
     c.assert_identical();
 }
+
+/// A superblock with an offset frontier but no applied point (written
+/// before the applied point was recorded) names no op to resume after: a
+/// replica of a group refuses to boot from it rather than guess.
+#[test]
+fn given_frontier_without_applied_point_when_replica_of_group_boots_should_refuse() {
+    use journal::{MemSuperblock, SuperblockStore, VsrState};
+    let fs = fresh_fs(3);
+    let mut store = MemSuperblock::new();
+    block_on(store.write(&VsrState {
+        replica_id: 1,
+        replica_count: REPLICAS,
+        view: 2,
+        log_view: 2,
+        commit_max: 30,
+        offset_frontier: 5,
+        ..VsrState::default()
+    }))
+    .unwrap();
+    let net = InMemoryNetwork::new(1, REPLICAS, NetworkFaults::default());
+    let booted = block_on(Partition::open(
+        replica_config(1, REPLICAS, 512),
+        fs.clone(),
+        &pdir(),
+        net.endpoint(1),
+        store,
+    ));
+    assert!(
+        matches!(
+            booted,
+            Err(partitions::BootError::RestartNeedsStateTransfer { commit: 30, .. })
+        ),
+        "{booted:?}"
+    );
+}
