@@ -476,12 +476,14 @@ impl<F: Fs> FileSuperblock<F> {
                 .open(path, OpenOptions::create_read_write())
                 .await
                 .map_err(|e| io_error(path, e))?;
-            self.files[index] = Some(file);
+            return Ok(&*self.files[index].insert(file));
         }
-        match &self.files[index] {
-            Some(f) => Ok(f),
-            None => unreachable!("opened above"),
-        }
+        self.files[index].as_ref().ok_or_else(|| {
+            io_error(
+                &self.paths[index],
+                io::Error::other("superblock slot handle vanished"),
+            )
+        })
     }
 
     async fn write_slot(&mut self, index: usize, record: Vec<u8>) -> Result<(), SuperblockError> {
