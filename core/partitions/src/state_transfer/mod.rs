@@ -11,13 +11,19 @@
 //!   memoized checksum rounds, the offsets artifact.
 //! - [`serve`]: the offer cache per requester and nonce, chunk answers,
 //!   idle expiry.
+//! - [`receive`]: the receiver's pull session, descriptor checks, stall
+//!   handling, reuse of staged files, re-arm backoff.
+//! - [`spill`]: streaming a segment artifact to its staging files, resume
+//!   from the last synced byte, adoption of staged files.
 //!
 //! The offer, the receiver session, the crash-safe install and the fence
 //! build on these (issue F6; see `docs/state-transfer.md` as it grows).
 
 pub mod errors;
 pub mod offer;
+pub mod receive;
 pub mod serve;
+pub mod spill;
 pub mod walk;
 pub mod wire;
 
@@ -30,9 +36,19 @@ pub use offer::{
     OfferedArtifact, OfferedSegment, PartitionOffer, Planned, PlannedSegment, SegmentIdentity,
     ServeGateFacts, check_serve_gate, snapshot_offset_tables,
 };
+pub use receive::{
+    AcceptedDescriptor, AcceptedTransfer, DescriptorRefusal, IgnoreReason, LocalFacts,
+    PendingArtifact, PendingRearm, ReceiveError, ReceiveStep, ReceivedTransfer, ReceiverConfig,
+    ReceiverStats, TransferArtifact, TransferBackoff, TransferReceiver, TransferRequest,
+    TransferSession, rotate_peer,
+};
 pub use serve::{
     ChunkAnswer, ChunkRefusal, ChunkRequest, OfferServer, OfferServerConfig, ServedChunk,
     load_verified_segment_artifact,
+};
+pub use spill::{
+    ResumePoint, SegmentSpill, SpillConfig, StagedSegmentMeta, adopt_staged_segment,
+    segment_manifest_digest, staging_paths, sweep_staging_except,
 };
 pub use walk::{SegmentWalkError, SegmentWalkStats, SegmentWalker, walk_segment_payload};
 pub use wire::{

@@ -1,0 +1,1251 @@
+//! The receiving half of partition state transfer (ST-R1..R4, ST-B2): one
+//! [`TransferReceiver`] per partition runs the pull session against a
+//! peer, streams segment artifacts to staging files, adopts staged files an
+//! earlier session left, and backs off across failed attempts.
+//!
+//! It is sans-network: the driver hands it the frames that arrived
+//! (`StateTransferTarget`, `StateChunk`) and its ticks, and sends the
+//! [`TransferRequest`]s it returns. Its only I/O is on `.staging` files of
+//! the partition directory, which boot recovery sweeps, so nothing here can
+//! change the partition's live state; the install (ST-I1..I5) consumes a
+//! [`ReceivedTransfer`].
+//!
+//! The session (reference §4.2–§4.3): a nonce from a seeded PRNG, one
+//! chunk in flight, chunks accepted only through the chunk cursor
+//! ([`check_chunk`]), idle ticks reset only by a descriptor accepted or
+//! bytes landed, a re-request every `repair_retry_ticks` idle ticks that
+//! burns one stall attempt, and a failure once the stall budget is spent.
+//! Every failure ends the session and schedules a [`PendingRearm`]: a
+//! charged failure doubles the delay (up to 1024× the base) and rotates the
+//! peer; a transient refusal waits the flat base and charges nothing.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use consensus::chunk::{ChunkProgress, ChunkRejection, check_chunk};
+use consensus::header::StateTransferTargetHeader;
+use consensus::state_manifest::{ManifestError, decode_manifest};
+use consensus::vsr::Prng;
+use consensus::{ArtifactProgress, StateArtifact, append_chunk, artifact_kind, next_pending_chunk};
+use journal::SuperblockStore;
+use storage::fs::Fs;
+
+use super::errors::SpillError;
+use super::serve::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
+use super::spill::{
+    ResumePoint, SegmentSpill, SpillConfig, StagedSegmentMeta, adopt_staged_segment,
+    segment_manifest_digest, staging_paths, sweep_staging_except,
+};
+use super::wire::{ConsumerOffsetsWire, ConsumerOffsetsWireError};
+use crate::bus::MessageBus;
+use crate::partition::Partition;
+
+/// Default cap on one `SEGMENT_LOG` artifact: 1 GiB + 64 MiB.
+pub const SEGMENT_ARTIFACT_LEN_MAX_DEFAULT: u64 = (1 << 30) + (64 << 20);
+/// Cap on the consumer-offsets artifact: 32 MiB.
+pub const OFFSETS_ARTIFACT_LEN_MAX: u64 = 32 << 20;
+/// Cap on an offer's total bytes: 1 TiB.
+pub const TRANSFER_TOTAL_LEN_MAX: u64 = 1 << 40;
+/// Stall rounds against one peer before the attempt fails.
+pub const STALL_ATTEMPTS_MAX_DEFAULT: u32 = 5;
+/// The exponent cap of the re-arm backoff: at most 1024× the base.
+pub const BACKOFF_EXPONENT_MAX: u32 = 10;
+
+/// Configuration of a [`TransferReceiver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiverConfig {
+    /// Ceiling on one chunk request; both ends compute the same clamp.
+    pub chunk_len_max_bytes: u32,
+    /// Idle ticks before a re-request; also the re-arm base delay.
+    pub repair_retry_ticks: u64,
+    /// Stall rounds before an attempt fails.
+    pub stall_attempts_max: u32,
+    /// Cap on one segment artifact.
+    pub segment_artifact_len_max_bytes: u64,
+    /// How staging files are synced and re-read.
+    pub spill: SpillConfig,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        Self {
+            chunk_len_max_bytes: STATE_CHUNK_LEN_MAX_DEFAULT,
+            repair_retry_ticks: REPAIR_RETRY_TICKS_DEFAULT,
+            stall_attempts_max: STALL_ATTEMPTS_MAX_DEFAULT,
+            segment_artifact_len_max_bytes: SEGMENT_ARTIFACT_LEN_MAX_DEFAULT,
+            spill: SpillConfig::default(),
+        }
+    }
+}
+
+/// What the receiver needs to know about its own replica when it judges an
+/// offer or picks a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalFacts {
+    /// This replica's index.
+    pub replica: u8,
+    /// Replicas in the group.
+    pub replica_count: u8,
+    /// The current view.
+    pub view: u32,
+    /// The view's primary.
+    pub primary: u8,
+    /// Highest op known committed in the group.
+    pub commit_max: u64,
+    /// The purge generation this replica applied.
+    pub purge_generation: u64,
+}
+
+impl LocalFacts {
+    /// The facts of a partition replica.
+    pub fn of<B: MessageBus, S: SuperblockStore, F: Fs>(partition: &Partition<B, S, F>) -> Self {
+        let replica = partition.replica();
+        Self {
+            replica: replica.replica(),
+            replica_count: partition.config().vsr.replica_count,
+            view: replica.view(),
+            primary: replica.primary_index(replica.view()),
+            commit_max: replica.commit_max(),
+            purge_generation: partition.purge_generation(),
+        }
+    }
+}
+
+/// A frame the receiver asks the driver to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferRequest {
+    /// `RequestStateTransfer { nonce }` to `peer`.
+    Descriptor {
+        /// The serving peer.
+        peer: u8,
+        /// The session nonce.
+        nonce: u128,
+    },
+    /// `RequestStateChunk { nonce, artifact, offset, len }` to `peer`.
+    Chunk {
+        /// The serving peer.
+        peer: u8,
+        /// The session nonce.
+        nonce: u128,
+        /// The artifact's manifest index.
+        artifact: u32,
+        /// Byte offset within the artifact.
+        offset: u64,
+        /// Bytes wanted.
+        len: u32,
+    },
+}
+
+/// An offer's descriptor as accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptedDescriptor {
+    /// The op the offer describes (the server's `commit_min`).
+    pub commit_op: u64,
+    /// The server's view.
+    pub view: u32,
+    /// The server's `commit_max`.
+    pub commit_max: u64,
+    /// The manifest: segments ascending, the offsets artifact last.
+    pub manifest: Vec<StateArtifact>,
+}
+
+/// An artifact still arriving.
+#[derive(Debug)]
+pub enum PendingArtifact<H: storage::fs::FsFile> {
+    /// A segment; its spill starts with the first chunk (or at accept, when
+    /// an interrupted spill of the same entry resumes).
+    Segment {
+        /// The manifest entry.
+        entry: StateArtifact,
+        /// The staging file being written, once started (boxed: the
+        /// hasher state is large and only one slot holds one).
+        spill: Option<Box<SegmentSpill<H>>>,
+    },
+    /// The consumer-offsets artifact (at most 32 MiB), buffered.
+    Offsets(ArtifactProgress),
+}
+
+/// One artifact slot of a session, in manifest order.
+#[derive(Debug)]
+pub enum TransferArtifact<H: storage::fs::FsFile> {
+    /// Still arriving.
+    Pending(PendingArtifact<H>),
+    /// Validated and durable in its staging files.
+    Staged(StagedSegmentMeta),
+}
+
+impl<H: storage::fs::FsFile> ChunkProgress for TransferArtifact<H> {
+    fn declared_len(&self) -> u64 {
+        match self {
+            Self::Pending(PendingArtifact::Segment { entry, .. }) => entry.len,
+            Self::Pending(PendingArtifact::Offsets(progress)) => progress.entry.len,
+            Self::Staged(meta) => meta.size_bytes,
+        }
+    }
+
+    fn received_len(&self) -> u64 {
+        match self {
+            Self::Pending(PendingArtifact::Segment { spill, .. }) => {
+                spill.as_ref().map_or(0, |s| s.received_len_bytes())
+            }
+            Self::Pending(PendingArtifact::Offsets(progress)) => progress.received_len(),
+            Self::Staged(meta) => meta.size_bytes,
+        }
+    }
+
+    fn extend_from_chunk(&mut self, payload: &[u8]) {
+        match self {
+            Self::Pending(PendingArtifact::Offsets(progress)) => {
+                progress.extend_from_chunk(payload);
+            }
+            // A segment's bytes are recorded by its spill, after the write
+            // (it needs I/O, which this trait cannot do); a staged slot is
+            // complete and the cursor never addresses it.
+            Self::Pending(PendingArtifact::Segment { .. }) | Self::Staged(_) => {
+                debug_assert!(false, "segment chunks go through the spill");
+            }
+        }
+    }
+
+    fn reserve_declared(&mut self) {
+        if let Self::Pending(PendingArtifact::Offsets(progress)) = self {
+            progress.reserve_declared();
+        }
+    }
+}
+
+/// An accepted offer and its artifact slots.
+#[derive(Debug)]
+pub struct AcceptedTransfer<H: storage::fs::FsFile> {
+    /// The descriptor.
+    pub descriptor: AcceptedDescriptor,
+    /// One slot per manifest entry.
+    pub artifacts: Vec<TransferArtifact<H>>,
+}
+
+/// One pull session against one peer.
+#[derive(Debug)]
+pub struct TransferSession<H: storage::fs::FsFile> {
+    /// The nonce every frame of the session carries.
+    pub nonce: u128,
+    /// The serving peer; also where re-requests go.
+    pub peer: u8,
+    /// The accepted offer, `None` while waiting for a descriptor.
+    pub accepted: Option<AcceptedTransfer<H>>,
+    /// Ticks since the last progress.
+    pub idle_ticks: u64,
+    /// Stall rounds burned since the last progress.
+    pub stall_attempts: u32,
+}
+
+/// A scheduled re-arm: a fresh session against `peer` once `after_ticks`
+/// ticks passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingRearm {
+    /// The peer to ask.
+    pub peer: u8,
+    /// Ticks left.
+    pub after_ticks: u64,
+}
+
+/// Why a descriptor was refused at accept. None leaves anything behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DescriptorRefusal {
+    /// The manifest did not decode.
+    Manifest(ManifestError),
+    /// An artifact kind this plane cannot install.
+    UnknownKind {
+        /// Manifest index.
+        index: usize,
+        /// The kind.
+        kind: u8,
+    },
+    /// A segment artifact past the cap.
+    SegmentTooLarge {
+        /// Manifest index.
+        index: usize,
+        /// Declared length.
+        len: u64,
+        /// The cap.
+        max: u64,
+    },
+    /// The offsets artifact past its cap.
+    OffsetsTooLarge {
+        /// Declared length.
+        len: u64,
+        /// The cap.
+        max: u64,
+    },
+    /// The offer's bytes in total past the cap (or past `u64`).
+    TotalTooLarge {
+        /// The cap.
+        max: u64,
+    },
+    /// The offsets artifact is missing, repeated, or not last.
+    OffsetsArtifactMisplaced {
+        /// How many the manifest lists.
+        count: usize,
+    },
+    /// A segment entry does not start above the previous one (two would
+    /// share a staging file name).
+    SegmentsNotAscending {
+        /// Manifest index.
+        index: usize,
+        /// The previous base offset.
+        previous: u64,
+        /// This entry's base offset.
+        frontier: u64,
+    },
+    /// A zero-length segment (empty segments are never offered).
+    EmptySegment {
+        /// Manifest index.
+        index: usize,
+    },
+    /// The offer claims an op past its own `commit_max`.
+    CommitOpPastCommitMax {
+        /// The offer's op.
+        commit_op: u64,
+        /// The offer's `commit_max`.
+        commit_max: u64,
+    },
+    /// The peer is in an older view than this replica.
+    ViewBehind {
+        /// The peer's view.
+        offer_view: u32,
+        /// This replica's view.
+        local_view: u32,
+    },
+    /// The peer knows less committed than this replica.
+    CommitMaxBehind {
+        /// The peer's `commit_max`.
+        offer_commit_max: u64,
+        /// This replica's `commit_max`.
+        local_commit_max: u64,
+    },
+}
+
+impl fmt::Display for DescriptorRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Manifest(e) => write!(f, "offer manifest does not decode: {e}"),
+            Self::UnknownKind { index, kind } => {
+                write!(
+                    f,
+                    "offer artifact {index} has kind {kind}, which a partition cannot install"
+                )
+            }
+            Self::SegmentTooLarge { index, len, max } => {
+                write!(
+                    f,
+                    "offer segment {index} declares {len} bytes, past the cap of {max}"
+                )
+            }
+            Self::OffsetsTooLarge { len, max } => write!(
+                f,
+                "offer offsets artifact declares {len} bytes, past the cap of {max}"
+            ),
+            Self::TotalTooLarge { max } => {
+                write!(
+                    f,
+                    "offer declares more bytes in total than the cap of {max}"
+                )
+            }
+            Self::OffsetsArtifactMisplaced { count } => write!(
+                f,
+                "offer lists {count} consumer-offsets artifacts; exactly one, last, is required"
+            ),
+            Self::SegmentsNotAscending {
+                index,
+                previous,
+                frontier,
+            } => write!(
+                f,
+                "offer segment {index} starts at {frontier}, not above the previous one at {previous}"
+            ),
+            Self::EmptySegment { index } => write!(f, "offer segment {index} is empty"),
+            Self::CommitOpPastCommitMax {
+                commit_op,
+                commit_max,
+            } => write!(
+                f,
+                "offer at op {commit_op} is past its own commit_max {commit_max}"
+            ),
+            Self::ViewBehind {
+                offer_view,
+                local_view,
+            } => write!(
+                f,
+                "offer from view {offer_view} is behind this replica's view {local_view}"
+            ),
+            Self::CommitMaxBehind {
+                offer_commit_max,
+                local_commit_max,
+            } => write!(
+                f,
+                "offer peer's commit_max {offer_commit_max} is behind this replica's {local_commit_max}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DescriptorRefusal {}
+
+/// Why a transfer attempt failed. [`Self::transient`] says whether it is
+/// charged to the backoff.
+#[derive(Debug)]
+pub enum ReceiveError {
+    /// The descriptor was refused.
+    Descriptor(DescriptorRefusal),
+    /// The peer answered that it cannot serve.
+    PeerUnavailable {
+        /// Whether the peer said asking again soon may succeed.
+        transient: bool,
+    },
+    /// A segment artifact failed its checksum or walk, or staging failed.
+    Spill(SpillError),
+    /// The offsets artifact did not decode.
+    Offsets(ConsumerOffsetsWireError),
+    /// The offer was built before a purge this replica already applied.
+    OfferBeforePurge {
+        /// The offer's purge generation.
+        offered: u64,
+        /// This replica's.
+        local: u64,
+    },
+    /// The stall budget ran out.
+    Stalled {
+        /// Stall rounds burned.
+        attempts: u32,
+    },
+}
+
+impl ReceiveError {
+    /// Whether the failure is "not right now": re-armed on the flat base
+    /// delay and not charged to the backoff.
+    pub const fn transient(&self) -> bool {
+        matches!(self, Self::PeerUnavailable { transient: true })
+    }
+
+    /// Whether the failure says the peer's bytes cannot be trusted: the
+    /// session's staging files are swept and nothing is resumed from them.
+    pub const fn hostile(&self) -> bool {
+        matches!(
+            self,
+            Self::Spill(SpillError::ManifestChecksum { .. } | SpillError::Walk(_))
+                | Self::Offsets(_)
+                | Self::OfferBeforePurge { .. }
+        )
+    }
+}
+
+impl fmt::Display for ReceiveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Descriptor(r) => write!(f, "descriptor refused: {r}"),
+            Self::PeerUnavailable { transient: true } => f.write_str("peer cannot serve right now"),
+            Self::PeerUnavailable { transient: false } => f.write_str("peer cannot serve"),
+            Self::Spill(e) => write!(f, "segment artifact refused: {e}"),
+            Self::Offsets(e) => write!(f, "consumer-offsets artifact refused: {e}"),
+            Self::OfferBeforePurge { offered, local } => write!(
+                f,
+                "offer built at purge generation {offered}, before this replica's {local}"
+            ),
+            Self::Stalled { attempts } => {
+                write!(f, "transfer stalled for {attempts} retry rounds")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ReceiveError {}
+
+/// Why a frame changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IgnoreReason {
+    /// No session is live.
+    NoSession,
+    /// The nonce or the sender is not the session's.
+    NotThisSession,
+    /// A descriptor arrived after one was accepted.
+    DuplicateDescriptor,
+    /// A chunk arrived before a descriptor was accepted.
+    NotAccepted,
+    /// The chunk cursor refused the chunk.
+    Chunk(ChunkRejection),
+}
+
+/// Everything a completed pull hands to the install.
+#[derive(Debug)]
+pub struct ReceivedTransfer {
+    /// The peer that served it.
+    pub peer: u8,
+    /// The accepted descriptor.
+    pub descriptor: AcceptedDescriptor,
+    /// The staged segments, ascending.
+    pub staged: Vec<StagedSegmentMeta>,
+    /// The decoded consumer-offsets artifact.
+    pub offsets: ConsumerOffsetsWire,
+}
+
+/// What a frame did.
+#[derive(Debug)]
+pub enum ReceiveStep {
+    /// Nothing to send.
+    Ignored(IgnoreReason),
+    /// Send this.
+    Send(TransferRequest),
+    /// Every artifact is in: install it.
+    Complete(Box<ReceivedTransfer>),
+    /// The attempt failed; a re-arm is scheduled.
+    Failed(ReceiveError),
+}
+
+/// Counters a test or an operator reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReceiverStats {
+    /// Chunk requests sent (re-requests included).
+    pub chunk_requests: u64,
+    /// Chunk bytes accepted.
+    pub chunk_bytes: u64,
+    /// Most bytes held at once: the chunk being written, the walk's carry,
+    /// the offsets buffer.
+    pub peak_held_bytes: u64,
+    /// Reuse scans that read the directory (memo misses).
+    pub reuse_scans: u64,
+    /// Staged segments adopted at accept.
+    pub adopted_segments: u64,
+    /// Spills resumed from a synced prefix.
+    pub resumed_spills: u64,
+    /// Bytes a resume did not have to pull again.
+    pub resumed_bytes: u64,
+}
+
+/// Consecutive-failure backoff (ST-R4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferBackoff {
+    /// Charged failures since the last completed install.
+    pub failures: u32,
+    /// Transient refusals since the last completed install.
+    pub refusals: u32,
+}
+
+impl TransferBackoff {
+    /// The re-arm delay after the current count of failures:
+    /// `base × 2^min(failures, 10)`, saturating.
+    pub fn delay_ticks(&self, base_ticks: u64) -> u64 {
+        base_ticks
+            .max(1)
+            .saturating_mul(1 << self.failures.min(BACKOFF_EXPONENT_MAX))
+    }
+}
+
+/// The peer to try after `failed`: the view's primary if it is neither this
+/// replica nor the failed peer, otherwise the next replica around the ring
+/// past the failed one, skipping this replica.
+pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
+    if local.primary != local.replica && local.primary != failed {
+        return local.primary;
+    }
+    let n = local.replica_count.max(1);
+    let mut candidate = failed;
+    for _ in 0..n {
+        candidate = (candidate + 1) % n;
+        if candidate != local.replica {
+            return candidate;
+        }
+    }
+    failed
+}
+
+/// The result of the last reuse scan, keyed by the manifest's segment
+/// digest, kept current as new segments are staged.
+#[derive(Debug, Clone)]
+struct ReuseScanMemo {
+    digest: u64,
+    adopted: Vec<(usize, StagedSegmentMeta)>,
+}
+
+/// The receiving side of one partition's state transfer.
+#[derive(Debug)]
+pub struct TransferReceiver<F: Fs> {
+    fs: F,
+    dir: PathBuf,
+    config: ReceiverConfig,
+    prng: Prng,
+    session: Option<TransferSession<F::File>>,
+    rearm: Option<PendingRearm>,
+    backoff: TransferBackoff,
+    resume: Option<ResumePoint>,
+    reuse_memo: Option<ReuseScanMemo>,
+    stats: ReceiverStats,
+}
+
+impl<F: Fs> TransferReceiver<F> {
+    /// A receiver for the partition in `dir`, its nonces drawn from `seed`.
+    pub fn new(fs: F, dir: &Path, config: ReceiverConfig, seed: u64) -> Self {
+        Self {
+            fs,
+            dir: dir.to_path_buf(),
+            config,
+            prng: Prng::new(seed),
+            session: None,
+            rearm: None,
+            backoff: TransferBackoff::default(),
+            resume: None,
+            reuse_memo: None,
+            stats: ReceiverStats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ReceiverConfig {
+        &self.config
+    }
+
+    /// The live session, if any.
+    pub fn session(&self) -> Option<&TransferSession<F::File>> {
+        self.session.as_ref()
+    }
+
+    /// The scheduled re-arm, if any.
+    pub fn pending_rearm(&self) -> Option<PendingRearm> {
+        self.rearm
+    }
+
+    /// The backoff counters.
+    pub fn backoff(&self) -> TransferBackoff {
+        self.backoff
+    }
+
+    /// Where an interrupted spill would resume.
+    pub fn resume_point(&self) -> Option<ResumePoint> {
+        self.resume
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ReceiverStats {
+        self.stats
+    }
+
+    /// Resets the peak-memory counter (e.g. between measured phases).
+    pub fn reset_peak(&mut self) {
+        self.stats.peak_held_bytes = 0;
+    }
+
+    /// Called by the install once it completed: the only thing that resets
+    /// the backoff.
+    pub fn record_install_completed(&mut self) {
+        self.backoff = TransferBackoff::default();
+        self.rearm = None;
+    }
+
+    /// Starts a session against `peer` with a fresh nonce (dropping any
+    /// live one) and returns the descriptor request.
+    pub fn arm(&mut self, peer: u8) -> TransferRequest {
+        self.end_session();
+        self.rearm = None;
+        let nonce = u128::from(self.prng.next_u64()) << 64 | u128::from(self.prng.next_u64());
+        self.session = Some(TransferSession {
+            nonce,
+            peer,
+            accepted: None,
+            idle_ticks: 0,
+            stall_attempts: 0,
+        });
+        tracing::info!(peer, nonce, "state-transfer session armed");
+        TransferRequest::Descriptor { peer, nonce }
+    }
+
+    /// Drops the live session, keeping where its spill could resume.
+    fn end_session(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let Some(accepted) = session.accepted else {
+            return;
+        };
+        for slot in accepted.artifacts {
+            if let TransferArtifact::Pending(PendingArtifact::Segment {
+                spill: Some(spill), ..
+            }) = slot
+            {
+                let point = spill.resume_point();
+                if point.synced_len_bytes > 0 {
+                    self.resume = Some(point);
+                }
+            }
+        }
+    }
+
+    /// Ends the attempt with `error` and schedules the re-arm.
+    async fn fail(&mut self, error: ReceiveError, local: &LocalFacts) -> ReceiveStep {
+        let peer = self.session.as_ref().map_or(local.primary, |s| s.peer);
+        self.end_session();
+        self.fail_after_session(error, peer, local).await
+    }
+
+    /// Like [`Self::fail`], once the session is already gone.
+    async fn fail_after_session(
+        &mut self,
+        error: ReceiveError,
+        peer: u8,
+        local: &LocalFacts,
+    ) -> ReceiveStep {
+        if error.hostile() {
+            // Nothing the peer sent this attempt may be mistaken for valid
+            // later: drop the resume point and the memo, sweep every file.
+            self.resume = None;
+            self.reuse_memo = None;
+            sweep_staging_except(&self.fs, &self.dir, &[]).await;
+        }
+        self.schedule_rearm(&error, peer, local);
+        ReceiveStep::Failed(error)
+    }
+
+    fn schedule_rearm(&mut self, error: &ReceiveError, peer: u8, local: &LocalFacts) {
+        let base = self.config.repair_retry_ticks.max(1);
+        let rearm = if error.transient() {
+            self.backoff.refusals = self.backoff.refusals.saturating_add(1);
+            if self.backoff.refusals.is_multiple_of(10) {
+                tracing::error!(
+                    peer,
+                    refusals = self.backoff.refusals,
+                    "state transfer keeps being refused"
+                );
+            }
+            // Not charged; ask the primary if it is another replica (the
+            // refusal usually means the peer is not it), else the same peer.
+            let next = if local.primary != local.replica {
+                local.primary
+            } else {
+                peer
+            };
+            PendingRearm {
+                peer: next,
+                after_ticks: base,
+            }
+        } else {
+            self.backoff.failures = self.backoff.failures.saturating_add(1);
+            PendingRearm {
+                peer: rotate_peer(local, peer),
+                after_ticks: self.backoff.delay_ticks(base),
+            }
+        };
+        tracing::warn!(
+            peer,
+            next_peer = rearm.peer,
+            after_ticks = rearm.after_ticks,
+            failures = self.backoff.failures,
+            %error,
+            "state-transfer attempt failed"
+        );
+        self.rearm = Some(rearm);
+    }
+
+    /// One tick: counts a scheduled re-arm down (arming when it fires and
+    /// no session is live), or counts the session's idle ticks and
+    /// re-requests after `repair_retry_ticks` of them, failing the attempt
+    /// once the stall budget is spent.
+    pub fn on_tick(&mut self, local: &LocalFacts) -> Option<TransferRequest> {
+        if self.session.is_none() {
+            let rearm = self.rearm.as_mut()?;
+            rearm.after_ticks = rearm.after_ticks.saturating_sub(1);
+            if rearm.after_ticks > 0 {
+                return None;
+            }
+            let peer = rearm.peer;
+            return Some(self.arm(peer));
+        }
+        let retry = self.config.repair_retry_ticks.max(1);
+        let session = self.session.as_mut()?;
+        session.idle_ticks += 1;
+        if session.idle_ticks < retry {
+            return None;
+        }
+        session.idle_ticks = 0;
+        session.stall_attempts += 1;
+        if session.stall_attempts > self.config.stall_attempts_max {
+            let attempts = session.stall_attempts;
+            let peer = session.peer;
+            self.end_session();
+            let error = ReceiveError::Stalled { attempts };
+            self.schedule_rearm(&error, peer, local);
+            return None;
+        }
+        let (peer, nonce) = (session.peer, session.nonce);
+        tracing::debug!(
+            peer,
+            attempt = session.stall_attempts,
+            "state transfer idle; re-requesting"
+        );
+        match &session.accepted {
+            None => Some(TransferRequest::Descriptor { peer, nonce }),
+            Some(accepted) => {
+                let next =
+                    next_pending_chunk(&accepted.artifacts, self.config.chunk_len_max_bytes)?;
+                self.stats.chunk_requests += 1;
+                Some(TransferRequest::Chunk {
+                    peer,
+                    nonce,
+                    artifact: next.artifact,
+                    offset: next.offset,
+                    len: next.len,
+                })
+            }
+        }
+    }
+
+    /// Handles a `StateTransferTarget` from `from` in view `view`, with the
+    /// encoded manifest as `body`.
+    pub async fn on_target(
+        &mut self,
+        from: u8,
+        view: u32,
+        header: &StateTransferTargetHeader,
+        body: &[u8],
+        local: &LocalFacts,
+    ) -> ReceiveStep {
+        let Some(session) = self.session.as_ref() else {
+            return ReceiveStep::Ignored(IgnoreReason::NoSession);
+        };
+        if session.nonce != header.nonce || session.peer != from {
+            return ReceiveStep::Ignored(IgnoreReason::NotThisSession);
+        }
+        if session.accepted.is_some() {
+            return ReceiveStep::Ignored(IgnoreReason::DuplicateDescriptor);
+        }
+        if !header.available {
+            let error = ReceiveError::PeerUnavailable {
+                transient: header.unavailable_transient,
+            };
+            return self.fail(error, local).await;
+        }
+        let descriptor = match accept_descriptor(view, header, body, local, &self.config) {
+            Ok(d) => d,
+            Err(refusal) => return self.fail(ReceiveError::Descriptor(refusal), local).await,
+        };
+        let artifacts = self.open_slots(&descriptor.manifest).await;
+        tracing::info!(
+            peer = from,
+            commit_op = descriptor.commit_op,
+            artifacts = artifacts.len(),
+            staged = artifacts
+                .iter()
+                .filter(|a| matches!(a, TransferArtifact::Staged(_)))
+                .count(),
+            "state-transfer descriptor accepted"
+        );
+        let Some(session) = self.session.as_mut() else {
+            return ReceiveStep::Ignored(IgnoreReason::NoSession);
+        };
+        session.idle_ticks = 0;
+        session.stall_attempts = 0;
+        session.accepted = Some(AcceptedTransfer {
+            descriptor,
+            artifacts,
+        });
+        self.progress(local).await
+    }
+
+    /// The slots of a just-accepted manifest: staged files adopted (ST-R3),
+    /// an interrupted spill of one of its entries resumed (ST-B2), the rest
+    /// pending; every other staging file swept.
+    async fn open_slots(&mut self, manifest: &[StateArtifact]) -> Vec<TransferArtifact<F::File>> {
+        let adopted = self.reuse_staged(manifest).await;
+        let mut slots = Vec::with_capacity(manifest.len());
+        for (index, entry) in manifest.iter().enumerate() {
+            if let Some((_, meta)) = adopted.iter().find(|(i, _)| *i == index) {
+                slots.push(TransferArtifact::Staged(meta.clone()));
+                continue;
+            }
+            if entry.kind == artifact_kind::CONSUMER_OFFSETS {
+                slots.push(TransferArtifact::Pending(PendingArtifact::Offsets(
+                    ArtifactProgress::new(*entry),
+                )));
+                continue;
+            }
+            let mut spill = None;
+            if let Some(point) = self.resume.filter(|p| p.entry == *entry) {
+                match SegmentSpill::resume(&self.fs, &self.dir, point, self.config.spill).await {
+                    Ok(resumed) => {
+                        self.stats.resumed_spills += 1;
+                        self.stats.resumed_bytes += resumed.received_len_bytes();
+                        tracing::info!(
+                            start_offset = entry.frontier,
+                            resumed_bytes = resumed.received_len_bytes(),
+                            "resuming an interrupted segment spill"
+                        );
+                        spill = Some(Box::new(resumed));
+                    }
+                    Err(error) => {
+                        tracing::warn!(start_offset = entry.frontier, %error, "cannot resume spill; pulling it whole");
+                    }
+                }
+                self.resume = None;
+            }
+            slots.push(TransferArtifact::Pending(PendingArtifact::Segment {
+                entry: *entry,
+                spill,
+            }));
+        }
+        slots
+    }
+
+    /// ST-R3: adopts staged files matching a manifest entry byte for byte,
+    /// sweeps every other staging file except an interrupted spill the
+    /// manifest still lists, and memoizes the result by the segment digest.
+    async fn reuse_staged(
+        &mut self,
+        manifest: &[StateArtifact],
+    ) -> Vec<(usize, StagedSegmentMeta)> {
+        let digest = segment_manifest_digest(manifest);
+        if let Some(memo) = self.reuse_memo.as_ref().filter(|m| m.digest == digest) {
+            let adopted = memo.adopted.clone();
+            // The memo proves the bytes were validated; only their presence
+            // needs checking (an install or a sweep may have removed them).
+            let mut intact = true;
+            for (_, meta) in &adopted {
+                let log = self.fs.metadata(&meta.log_staging).await;
+                let index = self.fs.metadata(&meta.index_staging).await;
+                if !matches!(log, Ok(m) if m.len == meta.size_bytes) || index.is_err() {
+                    intact = false;
+                    break;
+                }
+            }
+            if intact {
+                return adopted;
+            }
+        }
+        self.reuse_memo = None;
+        self.stats.reuse_scans += 1;
+        let slice = self.config.spill.rehash_slice_bytes;
+        let mut adopted = Vec::new();
+        let mut keep = Vec::new();
+        for (index, entry) in manifest.iter().enumerate() {
+            if entry.kind != artifact_kind::SEGMENT_LOG {
+                continue;
+            }
+            match adopt_staged_segment(&self.fs, &self.dir, entry, slice).await {
+                Ok(Some(meta)) => {
+                    keep.push(meta.log_staging.clone());
+                    keep.push(meta.index_staging.clone());
+                    adopted.push((index, meta));
+                }
+                Ok(None) => {
+                    if self.resume.is_some_and(|p| p.entry == *entry) {
+                        keep.push(staging_paths(&self.dir, entry.frontier).0);
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(start_offset = entry.frontier, %error, "cannot adopt staged segment");
+                }
+            }
+        }
+        // One directory sync covers every rewritten index. If it fails no
+        // adoption stands: an index whose name a crash could undo would be
+        // a missing rename source for the install.
+        if !adopted.is_empty() && self.fs.sync_dir(&self.dir).await.is_err() {
+            adopted.clear();
+            keep.retain(|p| {
+                self.resume
+                    .is_some_and(|r| staging_paths(&self.dir, r.entry.frontier).0 == *p)
+            });
+        }
+        let swept = sweep_staging_except(&self.fs, &self.dir, &keep).await;
+        self.stats.adopted_segments += adopted.len() as u64;
+        tracing::debug!(adopted = adopted.len(), swept, "staged-segment reuse scan");
+        self.reuse_memo = Some(ReuseScanMemo {
+            digest,
+            adopted: adopted.clone(),
+        });
+        adopted
+    }
+
+    /// Handles a `StateChunk` from `from`.
+    pub async fn on_chunk(
+        &mut self,
+        from: u8,
+        nonce: u128,
+        artifact: u32,
+        offset: u64,
+        payload: Bytes,
+        local: &LocalFacts,
+    ) -> ReceiveStep {
+        let Some(session) = self.session.as_mut() else {
+            return ReceiveStep::Ignored(IgnoreReason::NoSession);
+        };
+        if session.nonce != nonce || session.peer != from {
+            return ReceiveStep::Ignored(IgnoreReason::NotThisSession);
+        }
+        let Some(accepted) = session.accepted.as_mut() else {
+            return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
+        };
+        let landed = match check_chunk(&accepted.artifacts, artifact, offset, &payload) {
+            Ok(landed) => landed,
+            Err(rejection) => {
+                if matches!(rejection, ChunkRejection::Overrun { .. }) {
+                    tracing::warn!(peer = from, %rejection, "chunk runs past its artifact");
+                }
+                return ReceiveStep::Ignored(IgnoreReason::Chunk(rejection));
+            }
+        };
+        let payload_len = payload.len() as u64;
+        let mut held = payload_len;
+        let mut staged = None;
+        let result = match accepted.artifacts.get_mut(landed.artifact) {
+            Some(TransferArtifact::Pending(PendingArtifact::Segment { entry, spill })) => {
+                let entry = *entry;
+                spill_chunk(
+                    &self.fs,
+                    &self.dir,
+                    self.config.spill,
+                    entry,
+                    spill,
+                    payload,
+                )
+                .await
+                .map(|carried| held += carried)
+                .map_err(ReceiveError::Spill)
+            }
+            Some(TransferArtifact::Pending(PendingArtifact::Offsets(_))) => {
+                let appended = append_chunk(&mut accepted.artifacts, artifact, offset, &payload);
+                debug_assert!(appended.is_ok(), "checked above");
+                if let Some(TransferArtifact::Pending(PendingArtifact::Offsets(p))) =
+                    accepted.artifacts.get(landed.artifact)
+                {
+                    held += p.buf.len() as u64;
+                }
+                Ok(())
+            }
+            Some(TransferArtifact::Staged(_)) | None => {
+                return ReceiveStep::Ignored(IgnoreReason::Chunk(ChunkRejection::AllComplete));
+            }
+        };
+        if let Err(error) = result {
+            return self.fail(error, local).await;
+        }
+        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(held);
+        self.stats.chunk_bytes += payload_len;
+        if landed.completes {
+            let Some(slot) = accepted.artifacts.get_mut(landed.artifact) else {
+                return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
+            };
+            if let TransferArtifact::Pending(PendingArtifact::Segment { spill, .. }) = slot {
+                let Some(done) = spill.take() else {
+                    return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
+                };
+                match done.finish(&self.fs, &self.dir).await {
+                    Ok(meta) => {
+                        *slot = TransferArtifact::Staged(meta.clone());
+                        staged = Some(meta);
+                    }
+                    Err(error) => return self.fail(ReceiveError::Spill(error), local).await,
+                }
+            }
+        }
+        // Bytes landed: the only chunk event that counts as liveness.
+        session.idle_ticks = 0;
+        session.stall_attempts = 0;
+        if let Some(meta) = staged {
+            tracing::debug!(
+                start_offset = meta.start_offset,
+                size_bytes = meta.size_bytes,
+                "segment staged"
+            );
+            let digest = segment_manifest_digest(&accepted.descriptor.manifest);
+            match self.reuse_memo.as_mut().filter(|m| m.digest == digest) {
+                Some(memo) => memo.adopted.push((landed.artifact, meta)),
+                None => {
+                    self.reuse_memo = Some(ReuseScanMemo {
+                        digest,
+                        adopted: vec![(landed.artifact, meta)],
+                    });
+                }
+            }
+        }
+        self.progress(local).await
+    }
+
+    /// The progress funnel: the next chunk to request, or the completed
+    /// transfer once every artifact is in.
+    async fn progress(&mut self, local: &LocalFacts) -> ReceiveStep {
+        let Some(session) = self.session.as_ref() else {
+            return ReceiveStep::Ignored(IgnoreReason::NoSession);
+        };
+        let Some(accepted) = session.accepted.as_ref() else {
+            return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
+        };
+        if let Some(next) = next_pending_chunk(&accepted.artifacts, self.config.chunk_len_max_bytes)
+        {
+            self.stats.chunk_requests += 1;
+            return ReceiveStep::Send(TransferRequest::Chunk {
+                peer: session.peer,
+                nonce: session.nonce,
+                artifact: next.artifact,
+                offset: next.offset,
+                len: next.len,
+            });
+        }
+        let Some(session) = self.session.take() else {
+            return ReceiveStep::Ignored(IgnoreReason::NoSession);
+        };
+        let peer = session.peer;
+        let Some(accepted) = session.accepted else {
+            return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
+        };
+        let mut staged = Vec::new();
+        let mut offsets_bytes = None;
+        for slot in accepted.artifacts {
+            match slot {
+                TransferArtifact::Staged(meta) => staged.push(meta),
+                TransferArtifact::Pending(PendingArtifact::Offsets(p)) => offsets_bytes = Some(p),
+                TransferArtifact::Pending(PendingArtifact::Segment { .. }) => {
+                    debug_assert!(false, "a complete segment is staged");
+                }
+            }
+        }
+        let outcome = match offsets_bytes
+            .as_ref()
+            .map(|p| ConsumerOffsetsWire::decode(&p.buf))
+        {
+            Some(Ok(offsets)) if offsets.purge_generation < local.purge_generation => {
+                Err(ReceiveError::OfferBeforePurge {
+                    offered: offsets.purge_generation,
+                    local: local.purge_generation,
+                })
+            }
+            Some(Ok(offsets)) => Ok(offsets),
+            Some(Err(error)) => Err(ReceiveError::Offsets(error)),
+            None => Err(ReceiveError::Descriptor(
+                DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 },
+            )),
+        };
+        match outcome {
+            Ok(offsets) => {
+                self.resume = None;
+                tracing::info!(
+                    peer,
+                    commit_op = accepted.descriptor.commit_op,
+                    segments = staged.len(),
+                    "state transfer received"
+                );
+                ReceiveStep::Complete(Box::new(ReceivedTransfer {
+                    peer,
+                    descriptor: accepted.descriptor,
+                    staged,
+                    offsets,
+                }))
+            }
+            Err(error) => self.fail_after_session(error, peer, local).await,
+        }
+    }
+}
+
+/// Writes one accepted chunk of a segment through its spill (started on
+/// the first chunk); returns the bytes the walk now carries.
+async fn spill_chunk<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    config: SpillConfig,
+    entry: StateArtifact,
+    spill: &mut Option<Box<SegmentSpill<F::File>>>,
+    payload: Bytes,
+) -> Result<u64, SpillError> {
+    if spill.is_none() {
+        *spill = Some(Box::new(
+            SegmentSpill::create(fs, dir, entry, config).await?,
+        ));
+    }
+    let Some(active) = spill.as_mut() else {
+        return Err(SpillError::NoPartitionDir);
+    };
+    active.append(payload).await?;
+    Ok(active.carried_bytes() as u64)
+}
+
+/// Checks an offer's descriptor whole before anything is created (ST-R1).
+fn accept_descriptor(
+    view: u32,
+    header: &StateTransferTargetHeader,
+    body: &[u8],
+    local: &LocalFacts,
+    config: &ReceiverConfig,
+) -> Result<AcceptedDescriptor, DescriptorRefusal> {
+    if header.commit_op > header.commit_max {
+        return Err(DescriptorRefusal::CommitOpPastCommitMax {
+            commit_op: header.commit_op,
+            commit_max: header.commit_max,
+        });
+    }
+    if view < local.view {
+        return Err(DescriptorRefusal::ViewBehind {
+            offer_view: view,
+            local_view: local.view,
+        });
+    }
+    if header.commit_max < local.commit_max {
+        return Err(DescriptorRefusal::CommitMaxBehind {
+            offer_commit_max: header.commit_max,
+            local_commit_max: local.commit_max,
+        });
+    }
+    let manifest = decode_manifest(body).map_err(DescriptorRefusal::Manifest)?;
+    let mut total: u64 = 0;
+    let mut offsets_count = 0;
+    let mut previous: Option<u64> = None;
+    for (index, entry) in manifest.iter().enumerate() {
+        match entry.kind {
+            artifact_kind::SEGMENT_LOG => {
+                if entry.len > config.segment_artifact_len_max_bytes {
+                    return Err(DescriptorRefusal::SegmentTooLarge {
+                        index,
+                        len: entry.len,
+                        max: config.segment_artifact_len_max_bytes,
+                    });
+                }
+                if entry.len == 0 {
+                    return Err(DescriptorRefusal::EmptySegment { index });
+                }
+                if let Some(previous) = previous.filter(|&p| entry.frontier <= p) {
+                    return Err(DescriptorRefusal::SegmentsNotAscending {
+                        index,
+                        previous,
+                        frontier: entry.frontier,
+                    });
+                }
+                previous = Some(entry.frontier);
+            }
+            artifact_kind::CONSUMER_OFFSETS => {
+                if entry.len > OFFSETS_ARTIFACT_LEN_MAX {
+                    return Err(DescriptorRefusal::OffsetsTooLarge {
+                        len: entry.len,
+                        max: OFFSETS_ARTIFACT_LEN_MAX,
+                    });
+                }
+                offsets_count += 1;
+            }
+            kind => return Err(DescriptorRefusal::UnknownKind { index, kind }),
+        }
+        total = total
+            .checked_add(entry.len)
+            .filter(|&t| t <= TRANSFER_TOTAL_LEN_MAX)
+            .ok_or(DescriptorRefusal::TotalTooLarge {
+                max: TRANSFER_TOTAL_LEN_MAX,
+            })?;
+    }
+    let last_is_offsets = manifest
+        .last()
+        .is_some_and(|e| e.kind == artifact_kind::CONSUMER_OFFSETS);
+    if offsets_count != 1 || !last_is_offsets {
+        return Err(DescriptorRefusal::OffsetsArtifactMisplaced {
+            count: offsets_count,
+        });
+    }
+    Ok(AcceptedDescriptor {
+        commit_op: header.commit_op,
+        view,
+        commit_max: header.commit_max,
+        manifest,
+    })
+}

@@ -1,0 +1,470 @@
+//! The receiver's staging files (ST-R2, ST-B2, ST-R3): a `SEGMENT_LOG`
+//! artifact streamed chunk by chunk into `{base:020}.log.staging`, its
+//! rebuilt index written to `{base:020}.index.staging`, the resume of an
+//! interrupted spill from its last synced byte, and the adoption of staged
+//! files an earlier session left behind.
+//!
+//! Nothing here holds an artifact in memory. A [`SegmentSpill`] keeps a
+//! running checksum and an incremental [`SegmentWalker`], whose only buffer
+//! is one batch straddling a chunk boundary; each chunk is written at its
+//! offset as it lands. The names carry the `.staging` suffix, which boot
+//! recovery never loads and always sweeps, so a crash anywhere in here
+//! leaves the partition exactly as it was.
+//!
+//! Durable steps, in order, and the crash each defends against:
+//! 1. every [`SpillConfig::sync_interval_bytes`] the log staging file is
+//!    data-synced and the synced length recorded: a resume trusts only
+//!    bytes a sync covered (unsynced bytes may be lost or kept, a torn
+//!    write may have landed half), so it never builds on bytes that were
+//!    not durable;
+//! 2. at the end, the log is synced before the index is written, the index
+//!    is synced, then the directory once: the slot reports `Staged` only
+//!    after both names and both contents are durable, so an install that
+//!    renames them never renames a name a crash could undo.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use consensus::{StateArtifact, StateArtifactHasher, artifact_kind};
+use storage::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions};
+use storage::index::encode_entries;
+use storage::segment::{STAGING_SUFFIX, index_file_name, log_file_name};
+
+use super::errors::SpillError;
+use super::walk::{SegmentWalkStats, SegmentWalker};
+
+/// Default interval between data syncs of a log staging file (8 MiB): the
+/// most a resume re-pulls, and one sync per 32 chunks of 256 KiB.
+pub const STAGING_SYNC_INTERVAL_BYTES_DEFAULT: u64 = 8 * 1024 * 1024;
+
+/// Default slice in which a staged prefix is re-read and re-hashed (1 MiB),
+/// with a yield to the shard between slices.
+pub const REHASH_SLICE_BYTES_DEFAULT: usize = 1024 * 1024;
+
+/// How a spill syncs and re-reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpillConfig {
+    /// Bytes written between two data syncs of the log staging file.
+    pub sync_interval_bytes: u64,
+    /// Bytes read per slice when a staged prefix is re-hashed.
+    pub rehash_slice_bytes: usize,
+}
+
+impl Default for SpillConfig {
+    fn default() -> Self {
+        Self {
+            sync_interval_bytes: STAGING_SYNC_INTERVAL_BYTES_DEFAULT,
+            rehash_slice_bytes: REHASH_SLICE_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// The staging names of the segment starting at `start_offset`:
+/// `({base:020}.log.staging, {base:020}.index.staging)`.
+pub fn staging_paths(dir: &Path, start_offset: u64) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("{}{STAGING_SUFFIX}", log_file_name(start_offset))),
+        dir.join(format!("{}{STAGING_SUFFIX}", index_file_name(start_offset))),
+    )
+}
+
+/// What the receiver learned about one validated, staged segment: what the
+/// install needs to rename it in and rebuild the in-memory segment without
+/// re-reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagedSegmentMeta {
+    /// Base offset (the manifest entry's frontier).
+    pub start_offset: u64,
+    /// Offset of the last message.
+    pub end_offset: u64,
+    /// Length of the log, equal to the manifest entry's length.
+    pub size_bytes: u64,
+    /// Length of the rebuilt index.
+    pub index_size_bytes: u64,
+    /// Base timestamp of the first batch.
+    pub start_timestamp: u64,
+    /// Base timestamp of the last batch.
+    pub end_timestamp: u64,
+    /// Largest base timestamp.
+    pub max_timestamp: u64,
+    /// `{base:020}.log.staging`.
+    pub log_staging: PathBuf,
+    /// `{base:020}.index.staging`.
+    pub index_staging: PathBuf,
+}
+
+impl StagedSegmentMeta {
+    fn from_walk(
+        entry: &StateArtifact,
+        stats: SegmentWalkStats,
+        index_size_bytes: u64,
+        (log_staging, index_staging): (PathBuf, PathBuf),
+    ) -> Self {
+        Self {
+            start_offset: entry.frontier,
+            end_offset: stats.end_offset,
+            size_bytes: entry.len,
+            index_size_bytes,
+            start_timestamp: stats.start_timestamp,
+            end_timestamp: stats.end_timestamp,
+            max_timestamp: stats.max_timestamp,
+            log_staging,
+            index_staging,
+        }
+    }
+}
+
+/// Where an interrupted spill can continue: its manifest entry (the whole
+/// entry, so a different artifact at the same base offset never matches)
+/// and how many of its bytes a sync made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The manifest entry being spilled.
+    pub entry: StateArtifact,
+    /// Bytes of the log staging file covered by a data sync.
+    pub synced_len_bytes: u64,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> SpillError + '_ {
+    move |source| SpillError::StagingIo {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// One `SEGMENT_LOG` artifact being streamed to its staging file.
+#[derive(Debug)]
+pub struct SegmentSpill<H: FsFile> {
+    entry: StateArtifact,
+    log_path: PathBuf,
+    index_path: PathBuf,
+    file: H,
+    hasher: StateArtifactHasher,
+    walker: SegmentWalker,
+    received_len_bytes: u64,
+    synced_len_bytes: u64,
+    config: SpillConfig,
+}
+
+impl<H: FsFile> SegmentSpill<H> {
+    /// Starts the spill of `entry` from its first byte, truncating whatever
+    /// an earlier attempt left in its staging file.
+    ///
+    /// # Errors
+    /// [`SpillError::StagingIo`] when the file cannot be created.
+    pub async fn create<F: Fs<File = H>>(
+        fs: &F,
+        dir: &Path,
+        entry: StateArtifact,
+        config: SpillConfig,
+    ) -> Result<Self, SpillError> {
+        debug_assert_eq!(entry.kind, artifact_kind::SEGMENT_LOG);
+        let (log_path, index_path) = staging_paths(dir, entry.frontier);
+        let file = fs
+            .open(&log_path, OpenOptions::create_read_write().truncate(true))
+            .await
+            .map_err(io_error(&log_path))?;
+        Ok(Self {
+            entry,
+            log_path,
+            index_path,
+            file,
+            hasher: StateArtifactHasher::new(),
+            walker: SegmentWalker::new(entry.frontier),
+            received_len_bytes: 0,
+            synced_len_bytes: 0,
+            config,
+        })
+    }
+
+    /// Continues an interrupted spill: re-reads the synced prefix in slices
+    /// (yielding between them) to rebuild the checksum and the walk, drops
+    /// any unsynced tail, and carries on from there. The prefix is walked
+    /// again, so bytes that rotted on disk since are refused here, not
+    /// installed.
+    ///
+    /// # Errors
+    /// [`SpillError::StagingIo`] when the file is gone or shorter than the
+    /// synced length; [`SpillError::Walk`] when its bytes no longer walk.
+    pub async fn resume<F: Fs<File = H>>(
+        fs: &F,
+        dir: &Path,
+        point: ResumePoint,
+        config: SpillConfig,
+    ) -> Result<Self, SpillError> {
+        let (log_path, index_path) = staging_paths(dir, point.entry.frontier);
+        let file = fs
+            .open(&log_path, OpenOptions::read_write())
+            .await
+            .map_err(io_error(&log_path))?;
+        let mut hasher = StateArtifactHasher::new();
+        let mut walker = SegmentWalker::new(point.entry.frontier);
+        rehash_prefix(
+            fs,
+            &file,
+            point.synced_len_bytes.min(point.entry.len),
+            config.rehash_slice_bytes,
+            &mut hasher,
+            &mut walker,
+        )
+        .await
+        .map_err(|e| match e {
+            RehashError::Io(source) => SpillError::StagingIo {
+                path: log_path.clone(),
+                source,
+            },
+            RehashError::Walk(w) => SpillError::Walk(w),
+        })?;
+        let synced = hasher.hashed_len_bytes();
+        file.set_len(synced).await.map_err(io_error(&log_path))?;
+        Ok(Self {
+            entry: point.entry,
+            log_path,
+            index_path,
+            file,
+            hasher,
+            walker,
+            received_len_bytes: synced,
+            synced_len_bytes: synced,
+            config,
+        })
+    }
+
+    /// The manifest entry being spilled.
+    pub fn entry(&self) -> &StateArtifact {
+        &self.entry
+    }
+
+    /// Bytes received (hashed, walked and written) so far.
+    pub fn received_len_bytes(&self) -> u64 {
+        self.received_len_bytes
+    }
+
+    /// Bytes covered by the last data sync.
+    pub fn synced_len_bytes(&self) -> u64 {
+        self.synced_len_bytes
+    }
+
+    /// Bytes the walk holds back (at most one batch).
+    pub fn carried_bytes(&self) -> usize {
+        self.walker.carried_bytes()
+    }
+
+    /// Where a later session may continue this spill.
+    pub fn resume_point(&self) -> ResumePoint {
+        ResumePoint {
+            entry: self.entry,
+            synced_len_bytes: self.synced_len_bytes,
+        }
+    }
+
+    /// Takes the next chunk, which the chunk cursor already placed at
+    /// [`Self::received_len_bytes`] and within the declared length: walks
+    /// it, hashes it, writes it at its offset, and syncs once another
+    /// interval of bytes is written.
+    ///
+    /// # Errors
+    /// [`SpillError::Walk`] for bytes that are not a valid segment (nothing
+    /// is written); [`SpillError::StagingIo`] for a failed write or sync.
+    /// Either way the spill is to be dropped; [`Self::resume_point`] still
+    /// names only synced, walked bytes.
+    pub async fn append(&mut self, payload: Bytes) -> Result<(), SpillError> {
+        debug_assert!(self.received_len_bytes + payload.len() as u64 <= self.entry.len);
+        // The walk first: a hostile chunk never reaches the disk.
+        self.walker.feed(&payload)?;
+        self.hasher.update(&payload);
+        let len = payload.len() as u64;
+        let BufResult(written, _) = self
+            .file
+            .write_all_at(payload, self.received_len_bytes)
+            .await;
+        written.map_err(io_error(&self.log_path))?;
+        self.received_len_bytes += len;
+        if self.received_len_bytes - self.synced_len_bytes >= self.config.sync_interval_bytes {
+            self.file
+                .sync_data()
+                .await
+                .map_err(io_error(&self.log_path))?;
+            self.synced_len_bytes = self.received_len_bytes;
+        }
+        Ok(())
+    }
+
+    /// Ends a complete spill: the checksum against the manifest, the end of
+    /// the walk, the log synced, the index written and synced, the directory
+    /// synced (module documentation: why in this order).
+    ///
+    /// # Errors
+    /// [`SpillError::ManifestChecksum`], [`SpillError::Walk`], or
+    /// [`SpillError::StagingIo`].
+    pub async fn finish<F: Fs<File = H>>(
+        self,
+        fs: &F,
+        dir: &Path,
+    ) -> Result<StagedSegmentMeta, SpillError> {
+        debug_assert_eq!(self.received_len_bytes, self.entry.len);
+        if self.hasher.finish() != self.entry.checksum {
+            return Err(SpillError::ManifestChecksum {
+                frontier: self.entry.frontier,
+            });
+        }
+        let (stats, index) = self.walker.finish()?;
+        self.file
+            .sync_data()
+            .await
+            .map_err(io_error(&self.log_path))?;
+        let index_bytes = encode_entries(&index);
+        let index_size_bytes = index_bytes.len() as u64;
+        write_synced(fs, &self.index_path, index_bytes).await?;
+        fs.sync_dir(dir).await.map_err(io_error(dir))?;
+        Ok(StagedSegmentMeta::from_walk(
+            &self.entry,
+            stats,
+            index_size_bytes,
+            (self.log_path, self.index_path),
+        ))
+    }
+}
+
+async fn write_synced<F: Fs>(fs: &F, path: &Path, bytes: Vec<u8>) -> Result<(), SpillError> {
+    let file = fs
+        .open(path, OpenOptions::create_read_write().truncate(true))
+        .await
+        .map_err(io_error(path))?;
+    let BufResult(written, _) = file.write_all_at(bytes, 0).await;
+    written.map_err(io_error(path))?;
+    file.sync_data().await.map_err(io_error(path))
+}
+
+enum RehashError {
+    Io(std::io::Error),
+    Walk(super::walk::SegmentWalkError),
+}
+
+/// Feeds the first `len` bytes of `file` to `hasher` and `walker`, one
+/// slice at a time with a yield between slices, reusing one buffer.
+async fn rehash_prefix<F: Fs>(
+    fs: &F,
+    file: &F::File,
+    len: u64,
+    slice_bytes: usize,
+    hasher: &mut StateArtifactHasher,
+    walker: &mut SegmentWalker,
+) -> Result<(), RehashError> {
+    let slice_bytes = slice_bytes.max(1);
+    let mut buf = Vec::with_capacity(slice_bytes);
+    let mut at = 0u64;
+    while at < len {
+        // Lossless: bounded by slice_bytes.
+        let want = (len - at).min(slice_bytes as u64) as usize;
+        buf = file
+            .read_exact_into(buf, want, at)
+            .await
+            .map_err(RehashError::Io)?;
+        walker.feed(&buf).map_err(RehashError::Walk)?;
+        hasher.update(&buf);
+        at += want as u64;
+        fs.yield_now().await;
+    }
+    Ok(())
+}
+
+/// Adopts a staged log left by an earlier session if it matches `entry`
+/// byte for byte: the length first (no read on a mismatch, the common case
+/// of a grown active segment), then a streaming re-read that rebuilds the
+/// checksum and the walk in slices. A match gets its index rewritten and
+/// synced (an earlier crash may have lost it); the caller syncs the
+/// directory once for every adoption. `Ok(None)`: no file, or no match.
+///
+/// # Errors
+/// [`SpillError::StagingIo`] when writing the index fails.
+pub async fn adopt_staged_segment<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    entry: &StateArtifact,
+    rehash_slice_bytes: usize,
+) -> Result<Option<StagedSegmentMeta>, SpillError> {
+    let (log_path, index_path) = staging_paths(dir, entry.frontier);
+    match fs.metadata(&log_path).await {
+        Ok(meta) if meta.kind == FileKind::File && meta.len == entry.len => {}
+        _ => return Ok(None),
+    }
+    let Ok(file) = fs.open(&log_path, OpenOptions::read_only()).await else {
+        return Ok(None);
+    };
+    let mut hasher = StateArtifactHasher::new();
+    let mut walker = SegmentWalker::new(entry.frontier);
+    if rehash_prefix(
+        fs,
+        &file,
+        entry.len,
+        rehash_slice_bytes,
+        &mut hasher,
+        &mut walker,
+    )
+    .await
+    .is_err()
+        || hasher.finish() != entry.checksum
+    {
+        return Ok(None);
+    }
+    let Ok((stats, index)) = walker.finish() else {
+        return Ok(None);
+    };
+    let index_bytes = encode_entries(&index);
+    let index_size_bytes = index_bytes.len() as u64;
+    write_synced(fs, &index_path, index_bytes).await?;
+    Ok(Some(StagedSegmentMeta::from_walk(
+        entry,
+        stats,
+        index_size_bytes,
+        (log_path, index_path),
+    )))
+}
+
+/// Unlinks every `.staging` file in `dir` whose path is not in `keep`,
+/// returning how many went. Best effort: a file that survives is swept at
+/// the next boot. Only names ending in `.staging` are ever touched, so a
+/// live `.log` or `.index` cannot be removed through here.
+pub async fn sweep_staging_except<F: Fs>(fs: &F, dir: &Path, keep: &[PathBuf]) -> usize {
+    let Ok(entries) = fs.read_dir(dir).await else {
+        return 0;
+    };
+    let mut swept = 0;
+    for entry in entries {
+        let Some(name) = entry.name_str() else {
+            continue;
+        };
+        if entry.kind != FileKind::File || !name.ends_with(STAGING_SUFFIX) {
+            continue;
+        }
+        let path = dir.join(name);
+        if keep.contains(&path) {
+            continue;
+        }
+        match fs.remove_file(&path).await {
+            Ok(()) => swept += 1,
+            Err(error) => {
+                tracing::debug!(path = %path.display(), %error, "staging sweep left a file for boot");
+            }
+        }
+    }
+    swept
+}
+
+/// A digest over every `SEGMENT_LOG` entry of a manifest (frontier, length,
+/// checksum), keying the reuse-scan memo: equal digests mean two offers
+/// expect byte-identical staged files. The offsets artifact is left out; it
+/// is never staged and is re-encoded per build.
+pub fn segment_manifest_digest(manifest: &[StateArtifact]) -> u64 {
+    let mut hasher = StateArtifactHasher::new();
+    for entry in manifest
+        .iter()
+        .filter(|e| e.kind == artifact_kind::SEGMENT_LOG)
+    {
+        hasher.update(&entry.frontier.to_le_bytes());
+        hasher.update(&entry.len.to_le_bytes());
+        hasher.update(&entry.checksum.to_le_bytes());
+    }
+    hasher.finish()
+}

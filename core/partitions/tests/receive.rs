@@ -1,0 +1,1277 @@
+//! The receiving half of partition state transfer (SPEC §7 ST-R1..R4,
+//! ST-B2, ST-C for the spill) on the simulated filesystem, driven against
+//! the real serving half (`OfferServer`) in-process: full pulls, the
+//! streaming memory bound, resume after an interruption, hostile peers,
+//! reuse of staged files, backoff, and a crash at every step of a spill.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ::common::ConsumerKind;
+use bytes::Bytes;
+use common::{Node, config, dir, fresh_fs, open};
+use consensus::header::StateTransferTargetHeader;
+use consensus::state_manifest::encode_manifest;
+use consensus::{ChunkRejection, StateArtifact, artifact_kind};
+use futures::executor::block_on;
+use journal::{FileSuperblock, MemSuperblock, SuperblockStore};
+use partitions::state_transfer::{
+    BuildBudget, BuildClock, ChunkAnswer, ChunkRequest, ConsumerOffsetsWire, DescriptorRefusal,
+    IgnoreReason, LocalFacts, OfferServer, OfferServerConfig, PendingRearm, ReceiveError,
+    ReceiveStep, ReceivedTransfer, ReceiverConfig, SegmentWalkError, SpillConfig, SpillError,
+    TransferBackoff, TransferReceiver, TransferRequest, rotate_peer, walk_segment_payload,
+};
+use partitions::{ClientOp, PartitionConfig, PollingStrategy};
+use storage::BatchBuilder;
+use storage::fs::{Fs, SimFs};
+
+/// The receiver's replica index in every test; the servers are 0 and 1.
+const ME: u8 = 2;
+
+struct NoClock;
+
+impl BuildClock for NoClock {
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn observe_hashed(&self, _bytes: u64) {}
+}
+
+/// A batch of `n` messages of `size` bytes.
+fn big_batch(tag: u64, n: u32, size: usize) -> Vec<u8> {
+    let mut b = BatchBuilder::new(tag);
+    for i in 0..n {
+        let payload = vec![(tag as u8) ^ (i as u8); size];
+        b.push(u128::from(tag) << 32 | u128::from(i), i, &payload, b"");
+    }
+    b.build()
+}
+
+/// The serving peer: a single-replica partition and its offer server.
+struct Peer {
+    fs: SimFs,
+    node: Node<MemSuperblock>,
+    server: OfferServer,
+}
+
+impl Peer {
+    /// `batches` batches of `n × size` bytes in segments of
+    /// `segment_bytes`, plus three consumer offsets.
+    fn new(seed: u64, segment_bytes: u64, batches: u64, n: u32, size: usize) -> Self {
+        let fs = fresh_fs(seed);
+        let mut c = config();
+        c.log.segment_size_bytes = segment_bytes;
+        let mut node = open(&fs, MemSuperblock::new(), c);
+        for tag in 0..batches {
+            node.request(ClientOp::Append(big_batch(tag + 1, n, size)));
+            node.now_us += 1_000;
+        }
+        node.store(ConsumerKind::Consumer, 1, 5);
+        node.store(ConsumerKind::Consumer, 9, 20);
+        node.store(ConsumerKind::ConsumerGroup, 4, 7);
+        // The offer flushes the committed prefix first; flushing here lets
+        // a test read the segments the offer will describe.
+        block_on(node.partition.flush_committed_messages()).unwrap();
+        Self {
+            fs,
+            node,
+            server: server(),
+        }
+    }
+
+    fn segment_logs(&self) -> Vec<(u64, Vec<u8>)> {
+        self.node
+            .partition
+            .log()
+            .segments()
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                let path = dir().join(storage::segment::log_file_name(s.start_offset));
+                (s.start_offset, self.fs.contents(&path).unwrap())
+            })
+            .collect()
+    }
+}
+
+fn server() -> OfferServer {
+    OfferServer::new(OfferServerConfig {
+        chunk_len_max_bytes: 256 * 1024,
+        repair_retry_ticks: 10,
+        budget: BuildBudget::bytes(u64::MAX),
+    })
+}
+
+fn local() -> LocalFacts {
+    LocalFacts {
+        replica: ME,
+        replica_count: 3,
+        view: 0,
+        primary: 0,
+        commit_max: 0,
+        purge_generation: 0,
+    }
+}
+
+fn receiver_config(chunk: u32, sync_interval_bytes: u64) -> ReceiverConfig {
+    ReceiverConfig {
+        chunk_len_max_bytes: chunk,
+        repair_retry_ticks: 10,
+        spill: SpillConfig {
+            sync_interval_bytes,
+            rehash_slice_bytes: 64 * 1024,
+        },
+        ..ReceiverConfig::default()
+    }
+}
+
+/// The receiving replica: its own partition (with data of its own) and
+/// its filesystem.
+fn receiver_fs(seed: u64) -> (SimFs, Node<MemSuperblock>) {
+    let fs = fresh_fs(seed);
+    let mut node = open(&fs, MemSuperblock::new(), config());
+    for tag in 0..3 {
+        node.produce(100 + tag, 4);
+    }
+    block_on(node.partition.flush_committed_messages()).unwrap();
+    (fs, node)
+}
+
+/// Every non-staging file of the partition directory with its contents.
+fn live_files(fs: &SimFs) -> BTreeMap<String, Vec<u8>> {
+    block_on(fs.read_dir(&dir()))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| e.name_str().map(str::to_owned))
+        .filter(|n| !n.ends_with(".staging"))
+        .filter(|n| fs.contents(&dir().join(n)).is_ok())
+        .map(|n| {
+            let bytes = fs.contents(&dir().join(&n)).unwrap();
+            (n, bytes)
+        })
+        .collect()
+}
+
+fn staging_files(fs: &SimFs) -> Vec<String> {
+    let mut names: Vec<String> = block_on(fs.read_dir(&dir()))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| e.name_str().map(str::to_owned))
+        .filter(|n| n.ends_with(".staging"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// How a test interferes with the exchange.
+#[derive(Default)]
+struct Hooks<'a> {
+    /// Rewrites the manifest the receiver sees.
+    manifest: Option<&'a dyn Fn(Vec<StateArtifact>) -> Vec<StateArtifact>>,
+    /// Rewrites a chunk's payload.
+    chunk: Option<&'a dyn Fn(u32, u64, Bytes) -> Bytes>,
+    /// Stops before serving this request (the exchange is cut there).
+    cut: Option<&'a dyn Fn(&TransferRequest) -> bool>,
+    /// Header fields of the offer as the peer reports them.
+    view: u32,
+    commit_max_delta: i64,
+}
+
+/// How an exchange ended.
+enum Ended {
+    Step(ReceiveStep),
+    Cut(TransferRequest),
+}
+
+/// Serves `request` and every request that follows from `peer`.
+fn drive(
+    rx: &mut TransferReceiver<SimFs>,
+    peer: &mut Peer,
+    peer_id: u8,
+    mut request: TransferRequest,
+    facts: &LocalFacts,
+    hooks: &Hooks<'_>,
+) -> Ended {
+    loop {
+        if hooks.cut.is_some_and(|cut| cut(&request)) {
+            return Ended::Cut(request);
+        }
+        let step = match request {
+            TransferRequest::Descriptor { peer: to, nonce } => {
+                assert_eq!(to, peer_id);
+                let offer = block_on(peer.server.on_request_state_transfer(
+                    &mut peer.node.partition,
+                    ME,
+                    nonce,
+                    &NoClock,
+                ))
+                .unwrap();
+                let commit_max = peer.node.partition.replica().commit_max();
+                let header = StateTransferTargetHeader {
+                    nonce,
+                    commit_op: offer.commit_op(),
+                    group: 0,
+                    available: true,
+                    unavailable_transient: false,
+                    commit_max: commit_max.saturating_add_signed(hooks.commit_max_delta),
+                };
+                let body = match hooks.manifest {
+                    Some(rewrite) => encode_manifest(&rewrite(offer.manifest())),
+                    None => offer.encoded_manifest().to_vec(),
+                };
+                block_on(rx.on_target(peer_id, hooks.view, &header, &body, facts))
+            }
+            TransferRequest::Chunk {
+                peer: to,
+                nonce,
+                artifact,
+                offset,
+                len,
+            } => {
+                assert_eq!(to, peer_id);
+                let answer = block_on(peer.server.on_request_state_chunk(
+                    &peer.fs,
+                    ChunkRequest {
+                        requester: ME,
+                        nonce,
+                        artifact,
+                        offset,
+                        len,
+                    },
+                ));
+                let ChunkAnswer::Chunk(chunk) = answer else {
+                    panic!("peer did not serve {request:?}: {answer:?}");
+                };
+                let payload = match hooks.chunk {
+                    Some(rewrite) => rewrite(chunk.artifact, chunk.offset, chunk.payload),
+                    None => chunk.payload,
+                };
+                block_on(rx.on_chunk(peer_id, nonce, chunk.artifact, chunk.offset, payload, facts))
+            }
+        };
+        match step {
+            ReceiveStep::Send(next) => request = next,
+            other => return Ended::Step(other),
+        }
+    }
+}
+
+fn complete(ended: Ended) -> Box<ReceivedTransfer> {
+    match ended {
+        Ended::Step(ReceiveStep::Complete(done)) => done,
+        Ended::Step(other) => panic!("transfer did not complete: {other:?}"),
+        Ended::Cut(request) => panic!("cut at {request:?}"),
+    }
+}
+
+fn failed(ended: Ended) -> ReceiveError {
+    match ended {
+        Ended::Step(ReceiveStep::Failed(error)) => error,
+        Ended::Step(other) => panic!("transfer did not fail: {other:?}"),
+        Ended::Cut(request) => panic!("cut at {request:?}"),
+    }
+}
+
+/// Checks staged files against the peer's segments: byte-identical logs,
+/// indexes as a fresh walk rebuilds them, metadata from the walk.
+fn assert_staged_match(fs: &SimFs, done: &ReceivedTransfer, peer: &Peer) {
+    let logs = peer.segment_logs();
+    assert_eq!(done.staged.len(), logs.len());
+    for (meta, (base, bytes)) in done.staged.iter().zip(&logs) {
+        assert_eq!(meta.start_offset, *base);
+        assert_eq!(meta.size_bytes, bytes.len() as u64);
+        let staged = fs.contents(&meta.log_staging).unwrap();
+        assert!(
+            staged == *bytes,
+            "staged log {base} differs from the peer's"
+        );
+        let (stats, index) = walk_segment_payload(*base, bytes).unwrap();
+        assert_eq!(fs.contents(&meta.index_staging).unwrap(), index);
+        assert_eq!(meta.index_size_bytes, index.len() as u64);
+        assert_eq!(meta.end_offset, stats.end_offset);
+        assert_eq!(meta.max_timestamp, stats.max_timestamp);
+        assert_eq!(
+            meta.log_staging,
+            dir().join(format!("{base:020}.log.staging"))
+        );
+    }
+}
+
+#[test]
+fn given_multi_segment_peer_when_pulled_should_stage_byte_identical_logs_and_rebuilt_indexes() {
+    let mut peer = Peer::new(1, 64 * 1024, 14, 16, 1024);
+    let (fs, node) = receiver_fs(2);
+    let before = live_files(&fs);
+    let mut rx =
+        TransferReceiver::new(fs.clone(), &dir(), receiver_config(16 * 1024, 32 * 1024), 7);
+    let first = rx.arm(0);
+    let done = complete(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks::default(),
+    ));
+    assert!(done.staged.len() >= 3, "{} segments", done.staged.len());
+    assert_staged_match(&fs, &done, &peer);
+    assert_eq!(done.offsets.consumers, vec![(1, 5), (9, 20)]);
+    assert_eq!(done.offsets.groups, vec![(4, 7)]);
+    assert_eq!(
+        done.offsets.next_offset,
+        peer.node.partition.offset_frontier()
+    );
+    assert_eq!(
+        done.descriptor.commit_op,
+        peer.node.partition.replica().commit_min()
+    );
+    assert!(rx.session().is_none());
+    // Nothing but staging files changed on the receiver.
+    assert_eq!(live_files(&fs), before);
+    drop(node);
+    // Everything staged is durable: a crash keeps every staged byte.
+    fs.crash();
+    assert_staged_match(&fs, &done, &peer);
+}
+
+#[test]
+fn given_64_mib_segment_when_streamed_should_hold_at_most_four_chunks() {
+    // 256 batches of 16 × 16 KiB: one 64 MiB segment (and a small tail).
+    let mut peer = Peer::new(3, 80 << 20, 256, 16, 16 * 1024);
+    let logs = peer.segment_logs();
+    assert!(logs[0].1.len() >= 64 << 20, "{}", logs[0].1.len());
+    let (fs, _node) = receiver_fs(4);
+    let chunk = 256 * 1024;
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, 8 << 20), 9);
+    let first = rx.arm(0);
+    let done = complete(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks::default(),
+    ));
+    assert_staged_match(&fs, &done, &peer);
+    let peak = rx.stats().peak_held_bytes;
+    eprintln!(
+        "peak receiver buffer: {peak} bytes ({:.2} chunks) over {} bytes",
+        peak as f64 / f64::from(chunk),
+        rx.stats().chunk_bytes
+    );
+    assert!(peak <= 4 * u64::from(chunk), "peak {peak}");
+    assert!(rx.stats().chunk_bytes >= 64 << 20);
+}
+
+#[test]
+fn given_interruption_at_90_percent_when_new_session_pulls_should_fetch_only_missing_chunks() {
+    // Three segments of about 1 MiB, synced every 128 KiB, 32 KiB chunks.
+    let mut peer = Peer::new(5, 1 << 20, 66, 16, 4 * 1024);
+    let logs = peer.segment_logs();
+    assert!(logs.len() >= 3);
+    let (fs, _node) = receiver_fs(6);
+    let chunk = 32 * 1024;
+    let sync = 128 * 1024;
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, sync), 11);
+    let target = 1u32;
+    let target_len = logs[1].1.len() as u64;
+    let cut_at = target_len * 9 / 10;
+    let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact, offset, .. } if *artifact == target && *offset >= cut_at);
+    let first = rx.arm(0);
+    let hooks = Hooks {
+        cut: Some(&cut),
+        ..Hooks::default()
+    };
+    let Ended::Cut(TransferRequest::Chunk {
+        offset: stopped, ..
+    }) = drive(&mut rx, &mut peer, 0, first, &local(), &hooks)
+    else {
+        panic!("not cut");
+    };
+    // A new session, new nonce, another peer serving the same state.
+    let mut other = Peer {
+        fs: peer.fs.clone(),
+        node: peer.node,
+        server: server(),
+    };
+    let requests_before = rx.stats().chunk_requests;
+    let second = rx.arm(1);
+    let point = rx.resume_point().unwrap();
+    assert_eq!(point.entry.frontier, logs[1].0);
+    assert_eq!(point.synced_len_bytes, stopped / sync * sync);
+    assert!(point.synced_len_bytes >= target_len * 8 / 10);
+    let done = complete(drive(
+        &mut rx,
+        &mut other,
+        1,
+        second,
+        &local(),
+        &Hooks::default(),
+    ));
+    let requests = rx.stats().chunk_requests - requests_before;
+    let missing_target = (target_len - point.synced_len_bytes).div_ceil(u64::from(chunk));
+    let later: u64 = logs[2..]
+        .iter()
+        .map(|(_, b)| (b.len() as u64).div_ceil(u64::from(chunk)))
+        .sum::<u64>()
+        + done
+            .descriptor
+            .manifest
+            .last()
+            .unwrap()
+            .len
+            .div_ceil(u64::from(chunk));
+    eprintln!(
+        "re-pull after a cut at {stopped}/{target_len}: {requests} chunk requests ({missing_target} of the cut segment, {later} later)"
+    );
+    assert_eq!(requests, missing_target + later);
+    assert_eq!(rx.stats().resumed_spills, 1);
+    assert_eq!(rx.stats().reuse_scans, 1, "the second accept hit the memo");
+    assert_staged_match(&fs, &done, &other);
+}
+
+#[test]
+fn given_staged_files_from_an_earlier_attempt_when_offer_accepted_should_adopt_matches_and_sweep_others()
+ {
+    let mut peer = Peer::new(7, 64 * 1024, 14, 16, 1024);
+    let (fs, _node) = receiver_fs(8);
+    let cfg = receiver_config(16 * 1024, 32 * 1024);
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), cfg, 13);
+    let first = rx.arm(0);
+    let done = complete(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks::default(),
+    ));
+    let segments = done.staged.len();
+    // A stray, a staged log with one byte changed, an orphan index.
+    let stray = dir().join("00000000000000999999.log.staging");
+    block_on(write(&fs, &stray, b"stray"));
+    let orphan = dir().join("00000000000000888888.index.staging");
+    block_on(write(&fs, &orphan, b"orphan"));
+    let rotted = &done.staged[1];
+    fs.rot_byte(&rotted.log_staging, 100, 0x10).unwrap();
+
+    // A fresh receiver (no memo): adopts all but the rotted one.
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), cfg, 14);
+    let first = rx.arm(0);
+    let again = complete(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks::default(),
+    ));
+    assert_eq!(rx.stats().adopted_segments, segments as u64 - 1);
+    assert_eq!(rx.stats().reuse_scans, 1);
+    let rotted_chunks = rotted.size_bytes.div_ceil(16 * 1024);
+    let offsets_chunks = 1;
+    assert_eq!(rx.stats().chunk_requests, rotted_chunks + offsets_chunks);
+    assert_staged_match(&fs, &again, &peer);
+    let mut expected: Vec<String> = again
+        .staged
+        .iter()
+        .flat_map(|m| [&m.index_staging, &m.log_staging])
+        .map(|p| p.file_name().unwrap().to_str().unwrap().to_owned())
+        .collect();
+    expected.sort();
+    assert_eq!(staging_files(&fs), expected, "strays swept");
+
+    // The same segments offered again: the memo answers, no rescan.
+    let first = rx.arm(0);
+    let third = complete(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks::default(),
+    ));
+    assert_eq!(rx.stats().reuse_scans, 1);
+    assert_eq!(third.staged, again.staged);
+}
+
+async fn write(fs: &SimFs, path: &Path, bytes: &[u8]) {
+    use storage::fs::{FsFile, OpenOptions};
+    let f = fs
+        .open(path, OpenOptions::create_read_write().truncate(true))
+        .await
+        .unwrap();
+    f.write_all_at(bytes.to_vec(), 0).await.0.unwrap();
+    f.sync_data().await.unwrap();
+}
+
+/// Runs a hostile exchange and checks that it leaves nothing staged and
+/// the partition's live files untouched.
+fn hostile(seed: u64, facts: LocalFacts, hooks: &Hooks<'_>) -> ReceiveError {
+    let mut peer = Peer::new(seed, 64 * 1024, 14, 16, 1024);
+    let (fs, _node) = receiver_fs(seed + 1);
+    let before = live_files(&fs);
+    let mut rx = TransferReceiver::new(
+        fs.clone(),
+        &dir(),
+        receiver_config(16 * 1024, 32 * 1024),
+        seed,
+    );
+    let first = rx.arm(0);
+    let error = failed(drive(&mut rx, &mut peer, 0, first, &facts, hooks));
+    assert!(
+        staging_files(&fs).is_empty(),
+        "{error}: {:?}",
+        staging_files(&fs)
+    );
+    assert_eq!(rx.resume_point(), None);
+    assert_eq!(live_files(&fs), before, "{error}");
+    assert!(rx.session().is_none());
+    assert_eq!(rx.backoff().failures, 1, "{error} is charged");
+    error
+}
+
+#[test]
+fn given_wrong_manifest_checksum_when_segment_completes_should_refuse_and_sweep() {
+    let tamper = |mut m: Vec<StateArtifact>| {
+        m[1].checksum ^= 1;
+        m
+    };
+    let error = hostile(
+        20,
+        local(),
+        &Hooks {
+            manifest: Some(&tamper),
+            ..Hooks::default()
+        },
+    );
+    assert!(matches!(
+        error,
+        ReceiveError::Spill(SpillError::ManifestChecksum { .. })
+    ));
+}
+
+/// A stamped batch of `count` messages at `base`.
+fn stamped(base: u64, count: u32, timestamp: u64) -> Vec<u8> {
+    let mut b = BatchBuilder::new(timestamp);
+    for i in 0..count {
+        b.push(u128::from(i) + 1, 0, &[base as u8; 200], b"");
+    }
+    let mut bytes = b.build();
+    storage::batch::stamp(&mut bytes, 3, base, timestamp, u64::MAX).unwrap();
+    bytes
+}
+
+/// Replaces the first segment artifact's bytes with `forged` (same length,
+/// so the cursor accepts it) and the manifest entry with one that matches
+/// them, so only the walk can object.
+fn forge_first_segment(seed: u64, forged_batches: &[(u64, u32)]) -> ReceiveError {
+    let peer = Peer::new(seed, 64 * 1024, 14, 16, 1024);
+    let real = peer.segment_logs()[0].1.clone();
+    let mut forged = Vec::new();
+    for &(base, count) in forged_batches {
+        forged.extend(stamped(base, count, 5));
+    }
+    assert!(forged.len() < real.len());
+    forged.resize(real.len(), 0);
+    let forged = Bytes::from(forged);
+    let entry = StateArtifact::for_bytes(artifact_kind::SEGMENT_LOG, 0, &forged);
+    let manifest = move |mut m: Vec<StateArtifact>| {
+        m[0] = entry;
+        m
+    };
+    let forged_chunk = {
+        let forged = forged.clone();
+        move |artifact: u32, offset: u64, payload: Bytes| {
+            if artifact == 0 {
+                let at = usize::try_from(offset).unwrap();
+                forged.slice(at..at + payload.len())
+            } else {
+                payload
+            }
+        }
+    };
+    drop(peer);
+    hostile(
+        seed,
+        local(),
+        &Hooks {
+            manifest: Some(&manifest),
+            chunk: Some(&forged_chunk),
+            ..Hooks::default()
+        },
+    )
+}
+
+#[test]
+fn given_hole_duplicate_or_gap_in_a_segment_when_walked_should_refuse_with_the_walk_error() {
+    // A hole: 0..3 then 5.
+    assert!(matches!(
+        forge_first_segment(30, &[(0, 3), (5, 3)]),
+        ReceiveError::Spill(SpillError::Walk(SegmentWalkError::NonContiguous {
+            expected: 3,
+            actual: 5
+        }))
+    ));
+    // A duplicate base offset.
+    assert!(matches!(
+        forge_first_segment(32, &[(0, 3), (0, 3)]),
+        ReceiveError::Spill(SpillError::Walk(SegmentWalkError::NonContiguous {
+            expected: 3,
+            actual: 0
+        }))
+    ));
+    // The first batch not at the declared base offset.
+    assert!(matches!(
+        forge_first_segment(34, &[(1, 3)]),
+        ReceiveError::Spill(SpillError::Walk(
+            SegmentWalkError::BaseOffsetMismatch { .. }
+        ))
+    ));
+    // Valid batches then zero padding: not a batch header.
+    assert!(matches!(
+        forge_first_segment(36, &[(0, 3), (3, 3)]),
+        ReceiveError::Spill(SpillError::Walk(SegmentWalkError::Batch { .. }))
+    ));
+}
+
+#[test]
+fn given_chunk_running_past_its_artifact_when_received_should_be_refused_by_the_cursor() {
+    let mut peer = Peer::new(40, 64 * 1024, 14, 16, 1024);
+    let (fs, _node) = receiver_fs(41);
+    let mut rx =
+        TransferReceiver::new(fs.clone(), &dir(), receiver_config(16 * 1024, 32 * 1024), 3);
+    let first = rx.arm(0);
+    let len0 = peer.segment_logs()[0].1.len() as u64;
+    let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, len, .. } if *offset + u64::from(*len) == len0);
+    let Ended::Cut(TransferRequest::Chunk {
+        nonce, offset, len, ..
+    }) = drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks {
+            cut: Some(&cut),
+            ..Hooks::default()
+        },
+    )
+    else {
+        panic!("not cut");
+    };
+    let received = rx.stats().chunk_bytes;
+    let long = Bytes::from(vec![0u8; len as usize + 1]);
+    let step = block_on(rx.on_chunk(0, nonce, 0, offset, long, &local()));
+    assert!(matches!(
+        step,
+        ReceiveStep::Ignored(IgnoreReason::Chunk(ChunkRejection::Overrun { .. }))
+    ));
+    // A duplicate of an earlier chunk and an empty one change nothing either.
+    let dup = Bytes::from(vec![0u8; 16]);
+    assert!(matches!(
+        block_on(rx.on_chunk(0, nonce, 0, 0, dup, &local())),
+        ReceiveStep::Ignored(IgnoreReason::Chunk(ChunkRejection::WrongOffset { .. }))
+    ));
+    assert!(matches!(
+        block_on(rx.on_chunk(0, nonce, 0, offset, Bytes::new(), &local())),
+        ReceiveStep::Ignored(IgnoreReason::Chunk(ChunkRejection::EmptyPayload))
+    ));
+    assert_eq!(rx.stats().chunk_bytes, received);
+    assert!(rx.session().is_some(), "the session goes on");
+}
+
+fn refused_at_accept(seed: u64, facts: LocalFacts, hooks: &Hooks<'_>) -> DescriptorRefusal {
+    match hostile(seed, facts, hooks) {
+        ReceiveError::Descriptor(refusal) => refusal,
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn given_manifest_past_caps_or_with_unknown_kinds_when_offered_should_refuse_at_accept() {
+    let big = |mut m: Vec<StateArtifact>| {
+        m[0].len = (1 << 30) + (64 << 20) + 1;
+        m
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&big),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::SegmentTooLarge { index: 0, .. }
+    ));
+    let offsets = |mut m: Vec<StateArtifact>| {
+        m.last_mut().unwrap().len = (32 << 20) + 1;
+        m
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&offsets),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::OffsetsTooLarge { .. }
+    ));
+    let total = |m: Vec<StateArtifact>| {
+        let last = *m.last().unwrap();
+        let mut out: Vec<StateArtifact> = (0..1_100u64)
+            .map(|i| StateArtifact {
+                kind: artifact_kind::SEGMENT_LOG,
+                frontier: i * 1_000,
+                len: 1 << 30,
+                checksum: 0,
+            })
+            .collect();
+        out.push(last);
+        out
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&total),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::TotalTooLarge { .. }
+    ));
+    let unknown = |mut m: Vec<StateArtifact>| {
+        m[1].kind = 7;
+        m
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&unknown),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::UnknownKind { index: 1, kind: 7 }
+    ));
+    let snapshot = |mut m: Vec<StateArtifact>| {
+        m[0].kind = artifact_kind::METADATA_SNAPSHOT;
+        m
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&snapshot),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::UnknownKind { index: 0, .. }
+    ));
+    let missing = |mut m: Vec<StateArtifact>| {
+        m.pop();
+        m
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&missing),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 }
+    ));
+    let first = |mut m: Vec<StateArtifact>| {
+        m.rotate_right(1);
+        m
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&first),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::OffsetsArtifactMisplaced { count: 1 }
+    ));
+    let twice = |mut m: Vec<StateArtifact>| {
+        let last = *m.last().unwrap();
+        m.push(last);
+        m
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&twice),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::OffsetsArtifactMisplaced { count: 2 }
+    ));
+    // Two segments at one base offset would share a staging file.
+    let duplicate = |mut m: Vec<StateArtifact>| {
+        m[1].frontier = m[0].frontier;
+        m
+    };
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&duplicate),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::SegmentsNotAscending { index: 1, .. }
+    ));
+    let garbage = |_: Vec<StateArtifact>| Vec::new();
+    assert!(matches!(
+        refused_at_accept(
+            50,
+            local(),
+            &Hooks {
+                manifest: Some(&garbage),
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 }
+    ));
+}
+
+#[test]
+fn given_undecodable_manifest_when_offered_should_refuse_at_accept() {
+    let (fs, _node) = receiver_fs(55);
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), ReceiverConfig::default(), 1);
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+        unreachable!()
+    };
+    let header = StateTransferTargetHeader {
+        nonce,
+        commit_op: 5,
+        group: 0,
+        available: true,
+        unavailable_transient: false,
+        commit_max: 5,
+    };
+    let step = block_on(rx.on_target(0, 0, &header, b"ISM1 not a manifest", &local()));
+    assert!(matches!(
+        step,
+        ReceiveStep::Failed(ReceiveError::Descriptor(DescriptorRefusal::Manifest(_)))
+    ));
+    assert!(staging_files(&fs).is_empty());
+}
+
+#[test]
+fn given_offer_from_a_peer_behind_when_offered_should_refuse_stale() {
+    let mut ahead = local();
+    ahead.view = 3;
+    assert!(matches!(
+        refused_at_accept(
+            60,
+            ahead,
+            &Hooks {
+                view: 2,
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::ViewBehind {
+            offer_view: 2,
+            local_view: 3
+        }
+    ));
+    let mut ahead = local();
+    ahead.commit_max = 1_000;
+    assert!(matches!(
+        refused_at_accept(60, ahead, &Hooks::default()),
+        DescriptorRefusal::CommitMaxBehind {
+            local_commit_max: 1_000,
+            ..
+        }
+    ));
+    assert!(matches!(
+        refused_at_accept(
+            60,
+            local(),
+            &Hooks {
+                commit_max_delta: -1,
+                ..Hooks::default()
+            }
+        ),
+        DescriptorRefusal::CommitOpPastCommitMax { .. }
+    ));
+}
+
+#[test]
+fn given_offer_built_before_a_purge_applied_here_when_received_should_refuse_and_sweep() {
+    let mut purged = local();
+    purged.purge_generation = 4;
+    let error = hostile(70, purged, &Hooks::default());
+    assert!(
+        matches!(
+            error,
+            ReceiveError::OfferBeforePurge {
+                offered: 0,
+                local: 4
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn given_duplicate_descriptor_or_foreign_frames_when_received_should_ignore_them() {
+    let mut peer = Peer::new(80, 64 * 1024, 6, 16, 1024);
+    let (fs, _node) = receiver_fs(81);
+    let mut rx =
+        TransferReceiver::new(fs.clone(), &dir(), receiver_config(16 * 1024, 32 * 1024), 5);
+    let first = rx.arm(0);
+    let stop = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { .. });
+    let Ended::Cut(TransferRequest::Chunk { nonce, .. }) = drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks {
+            cut: Some(&stop),
+            ..Hooks::default()
+        },
+    ) else {
+        panic!()
+    };
+    let header = StateTransferTargetHeader {
+        nonce,
+        commit_op: 1,
+        group: 0,
+        available: true,
+        unavailable_transient: false,
+        commit_max: 1,
+    };
+    let body = encode_manifest(&[]);
+    assert!(matches!(
+        block_on(rx.on_target(0, 0, &header, &body, &local())),
+        ReceiveStep::Ignored(IgnoreReason::DuplicateDescriptor)
+    ));
+    let other = StateTransferTargetHeader {
+        nonce: nonce ^ 1,
+        ..header
+    };
+    assert!(matches!(
+        block_on(rx.on_target(0, 0, &other, &body, &local())),
+        ReceiveStep::Ignored(IgnoreReason::NotThisSession)
+    ));
+    assert!(matches!(
+        block_on(rx.on_chunk(1, nonce, 0, 0, Bytes::from_static(b"x"), &local())),
+        ReceiveStep::Ignored(IgnoreReason::NotThisSession)
+    ));
+    assert!(rx.session().unwrap().accepted.is_some());
+}
+
+#[test]
+fn given_consecutive_failures_when_backing_off_should_double_up_to_1024_times_the_base() {
+    let mut b = TransferBackoff::default();
+    assert_eq!(b.delay_ticks(100), 100);
+    for (failures, factor) in [(1, 2), (2, 4), (5, 32), (10, 1024), (11, 1024), (40, 1024)] {
+        b.failures = failures;
+        assert_eq!(b.delay_ticks(100), 100 * factor, "{failures}");
+    }
+    b.failures = u32::MAX;
+    assert_eq!(b.delay_ticks(u64::MAX), u64::MAX, "saturates");
+    assert_eq!(b.delay_ticks(0), 1024, "a zero base is clamped to one tick");
+}
+
+#[test]
+fn given_failed_peer_when_rotating_should_prefer_primary_else_walk_the_ring_skipping_self() {
+    let facts = |replica, primary, count| LocalFacts {
+        replica,
+        replica_count: count,
+        primary,
+        ..local()
+    };
+    assert_eq!(rotate_peer(&facts(2, 0, 3), 1), 0, "the primary");
+    assert_eq!(
+        rotate_peer(&facts(2, 0, 3), 0),
+        1,
+        "primary failed: next in ring"
+    );
+    assert_eq!(rotate_peer(&facts(2, 2, 3), 0), 1, "self is primary");
+    assert_eq!(
+        rotate_peer(&facts(2, 2, 3), 1),
+        0,
+        "ring wraps, skipping self"
+    );
+    assert_eq!(rotate_peer(&facts(0, 0, 5), 4), 1, "wraps past self at 0");
+    assert_eq!(rotate_peer(&facts(1, 0, 2), 0), 0, "only one other replica");
+}
+
+fn unavailable(nonce: u128, transient: bool) -> StateTransferTargetHeader {
+    StateTransferTargetHeader {
+        nonce,
+        commit_op: 0,
+        group: 0,
+        available: false,
+        unavailable_transient: transient,
+        commit_max: 0,
+    }
+}
+
+#[test]
+fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_backoff() {
+    let (fs, _node) = receiver_fs(90);
+    let cfg = receiver_config(16 * 1024, 32 * 1024);
+    let mut rx = TransferReceiver::new(fs, &dir(), cfg, 17);
+    let mut facts = local();
+    facts.primary = 1;
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(1) else {
+        unreachable!()
+    };
+    // Transient: flat base delay, nothing charged.
+    let step = block_on(rx.on_target(1, 0, &unavailable(nonce, true), &[], &facts));
+    assert!(matches!(
+        step,
+        ReceiveStep::Failed(ReceiveError::PeerUnavailable { transient: true })
+    ));
+    assert_eq!(rx.backoff().failures, 0);
+    assert_eq!(rx.backoff().refusals, 1);
+    assert_eq!(
+        rx.pending_rearm(),
+        Some(PendingRearm {
+            peer: 1,
+            after_ticks: 10
+        })
+    );
+    for _ in 0..9 {
+        assert_eq!(rx.on_tick(&facts), None);
+    }
+    let Some(TransferRequest::Descriptor { peer: 1, nonce }) = rx.on_tick(&facts) else {
+        panic!("re-armed on the tenth tick");
+    };
+    // Faults: charged, rotated past the failed primary, doubling.
+    let mut expected = 10;
+    let mut nonce = nonce;
+    let mut peer = 1;
+    for failures in 1..=12u32 {
+        let step = block_on(rx.on_target(peer, 0, &unavailable(nonce, false), &[], &facts));
+        assert!(matches!(
+            step,
+            ReceiveStep::Failed(ReceiveError::PeerUnavailable { transient: false })
+        ));
+        expected = (expected * 2).min(10 * 1024);
+        assert_eq!(rx.backoff().failures, failures);
+        let rearm = rx.pending_rearm().unwrap();
+        assert_eq!(rearm.after_ticks, expected, "failure {failures}");
+        assert_eq!(rearm.peer, if peer == 1 { 0 } else { 1 }, "rotated");
+        let mut armed = None;
+        for _ in 0..rearm.after_ticks {
+            assert!(armed.is_none());
+            armed = rx.on_tick(&facts);
+        }
+        let Some(TransferRequest::Descriptor { peer: p, nonce: n }) = armed else {
+            panic!("no re-arm")
+        };
+        assert_ne!(n, nonce, "fresh nonce");
+        (peer, nonce) = (p, n);
+    }
+    rx.record_install_completed();
+    assert_eq!(rx.backoff(), TransferBackoff::default());
+}
+
+#[test]
+fn given_silent_peer_when_ticked_should_re_request_then_fail_after_the_stall_budget() {
+    let mut peer = Peer::new(95, 64 * 1024, 6, 16, 1024);
+    let (fs, _node) = receiver_fs(96);
+    let cfg = receiver_config(16 * 1024, 16 * 1024);
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), cfg, 19);
+    let facts = local();
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+        unreachable!()
+    };
+    // No descriptor yet: the same nonce is asked again every 10 ticks.
+    for _ in 0..9 {
+        assert_eq!(rx.on_tick(&facts), None);
+    }
+    assert_eq!(
+        rx.on_tick(&facts),
+        Some(TransferRequest::Descriptor { peer: 0, nonce })
+    );
+    // Accept, then lose the chunk: the pending chunk is asked again.
+    let stop =
+        |r: &TransferRequest| matches!(r, TransferRequest::Chunk { offset, .. } if *offset > 0);
+    let Ended::Cut(pending) = drive(
+        &mut rx,
+        &mut peer,
+        0,
+        TransferRequest::Descriptor { peer: 0, nonce },
+        &facts,
+        &Hooks {
+            cut: Some(&stop),
+            ..Hooks::default()
+        },
+    ) else {
+        panic!()
+    };
+    assert_eq!(
+        rx.session().unwrap().stall_attempts,
+        0,
+        "progress resets it"
+    );
+    for round in 1..=5 {
+        for _ in 0..9 {
+            assert_eq!(rx.on_tick(&facts), None);
+        }
+        assert_eq!(rx.on_tick(&facts), Some(pending), "round {round}");
+    }
+    for _ in 0..10 {
+        assert_eq!(rx.on_tick(&facts), None);
+    }
+    assert!(rx.session().is_none(), "stall budget spent");
+    assert_eq!(rx.backoff().failures, 1);
+    assert_eq!(
+        rx.pending_rearm(),
+        Some(PendingRearm {
+            peer: 1,
+            after_ticks: 20
+        })
+    );
+    // The synced prefix of the interrupted spill is kept for a resume.
+    assert!(rx.resume_point().is_some());
+    assert!(!staging_files(&fs).is_empty());
+}
+
+type FileNode = Node<FileSuperblock<SimFs>>;
+
+fn crash_config() -> PartitionConfig {
+    let mut c = config();
+    c.messages_required_to_save = 1;
+    c
+}
+
+fn boot(fs: &SimFs) -> FileNode {
+    open(fs, FileSuperblock::new(fs.clone(), &dir()), crash_config())
+}
+
+fn poll_all<S: SuperblockStore>(node: &Node<S>) -> Vec<(u64, Vec<u8>)> {
+    common::contents(&node.poll(PollingStrategy::Offset(0), 1_000))
+}
+
+#[test]
+fn given_power_cut_at_every_step_of_a_spill_when_rebooted_should_sweep_staging_and_keep_old_state()
+{
+    let mut peer = Peer::new(100, 32 * 1024, 8, 16, 1024);
+    let mut completed_at = None;
+    for n in 0u64.. {
+        let fs = fresh_fs(200 + n);
+        let mut node = boot(&fs);
+        for tag in 0..3 {
+            node.produce(500 + tag, 4);
+        }
+        block_on(node.partition.flush_committed_messages()).unwrap();
+        let logs_before: BTreeMap<_, _> = live_files(&fs)
+            .into_iter()
+            .filter(|(name, _)| name.ends_with(".log") || name.ends_with(".index"))
+            .collect();
+        let polled_before = poll_all(&node);
+        let mut rx =
+            TransferReceiver::new(fs.clone(), &dir(), receiver_config(8 * 1024, 16 * 1024), n);
+        let first = rx.arm(0);
+        fs.cut_power_after(n);
+        let ended = drive(&mut rx, &mut peer, 0, first, &local(), &Hooks::default());
+        let done = matches!(ended, Ended::Step(ReceiveStep::Complete(_)));
+        if !done {
+            assert!(
+                matches!(
+                    ended,
+                    Ended::Step(ReceiveStep::Failed(ReceiveError::Spill(
+                        SpillError::StagingIo { .. }
+                    )))
+                ),
+                "step {n}"
+            );
+        }
+        fs.clear_faults();
+        drop(rx);
+        drop(node);
+        fs.crash();
+        let rebooted = boot(&fs);
+        assert!(
+            staging_files(&fs).is_empty(),
+            "step {n}: boot sweeps staging"
+        );
+        let logs_after: BTreeMap<_, _> = live_files(&fs)
+            .into_iter()
+            .filter(|(name, _)| name.ends_with(".log") || name.ends_with(".index"))
+            .collect();
+        assert_eq!(logs_after, logs_before, "step {n}");
+        assert_eq!(poll_all(&rebooted), polled_before, "step {n}");
+        if done {
+            completed_at = Some(n);
+            break;
+        }
+        assert!(n < 400, "the pull never completed");
+    }
+    let steps = completed_at.unwrap();
+    eprintln!(
+        "a spill of {} segments takes {steps} fs calls",
+        peer.segment_logs().len()
+    );
+    assert!(steps > 10);
+}
+
+#[test]
+fn given_resume_point_when_staged_prefix_rotted_should_pull_the_segment_whole() {
+    let mut peer = Peer::new(110, 1 << 20, 20, 16, 4 * 1024);
+    let (fs, _node) = receiver_fs(111);
+    let chunk = 32 * 1024;
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, 64 * 1024), 23);
+    let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, .. } if *offset >= 512 * 1024);
+    let first = rx.arm(0);
+    let Ended::Cut(_) = drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks {
+            cut: Some(&cut),
+            ..Hooks::default()
+        },
+    ) else {
+        panic!()
+    };
+    let second = rx.arm(0);
+    let point = rx.resume_point().unwrap();
+    assert!(point.synced_len_bytes >= 448 * 1024);
+    let staged: PathBuf = dir().join(format!("{:020}.log.staging", point.entry.frontier));
+    fs.rot_byte(&staged, 1_000, 0x04).unwrap();
+    let done = complete(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        second,
+        &local(),
+        &Hooks::default(),
+    ));
+    assert_eq!(
+        rx.stats().resumed_spills,
+        0,
+        "the rotted prefix is not built on"
+    );
+    assert_staged_match(&fs, &done, &peer);
+    let _ = ConsumerOffsetsWire::default();
+}
