@@ -900,6 +900,12 @@ impl<F: Fs> TransferReceiver<F> {
         manifest: &[StateArtifact],
     ) -> Vec<(usize, StagedSegmentMeta)> {
         let digest = segment_manifest_digest(manifest);
+        // A resume point is only good for an entry this offer lists again;
+        // otherwise its file is about to be swept (or reused by another
+        // entry at the same base offset) and must not be built on later.
+        if self.resume.is_some_and(|p| !manifest.contains(&p.entry)) {
+            self.resume = None;
+        }
         if let Some(memo) = self.reuse_memo.as_ref().filter(|m| m.digest == digest) {
             let adopted = memo.adopted.clone();
             // The memo proves the bytes were validated; only their presence
