@@ -321,6 +321,14 @@ fn given_multi_segment_peer_when_pulled_should_stage_byte_identical_logs_and_reb
     assert_staged_match(&fs, &done, &peer);
     assert_eq!(done.offsets.consumers, vec![(1, 5), (9, 20)]);
     assert_eq!(done.offsets.groups, vec![(4, 7)]);
+    let served = peer
+        .server
+        .builder()
+        .cached()
+        .unwrap()
+        .offsets_bytes()
+        .to_vec();
+    assert_eq!(done.offsets_bytes, served);
     assert_eq!(
         done.offsets.next_offset,
         peer.node.partition.offset_frontier()
@@ -605,6 +613,83 @@ fn forge_first_segment(seed: u64, forged_batches: &[(u64, u32)]) -> ReceiveError
             ..Hooks::default()
         },
     )
+}
+
+#[test]
+fn given_offsets_artifact_not_matching_its_entry_when_completed_should_refuse_and_sweep() {
+    let tamper = |mut m: Vec<StateArtifact>| {
+        m.last_mut().unwrap().checksum ^= 1;
+        m
+    };
+    let error = hostile(
+        22,
+        local(),
+        &Hooks {
+            manifest: Some(&tamper),
+            ..Hooks::default()
+        },
+    );
+    assert!(matches!(error, ReceiveError::OffsetsChecksum), "{error}");
+}
+
+#[test]
+fn given_torn_write_mid_spill_when_next_session_resumes_should_cut_the_unsynced_tail() {
+    let mut peer = Peer::new(24, 1 << 20, 20, 16, 4 * 1024);
+    let (fs, _node) = receiver_fs(25);
+    let chunk = 32 * 1024;
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, 128 * 1024), 29);
+    let mut facts = local();
+    facts.primary = 1;
+    let first = rx.arm(0);
+    // Ten chunks land (synced at 128 KiB and 256 KiB), the eleventh write
+    // tears after 1 KiB and fails.
+    let torn = |r: &TransferRequest| {
+        if matches!(r, TransferRequest::Chunk { artifact: 0, offset, .. } if *offset == 10 * 32 * 1024)
+        {
+            fs.tear_nth_write(1, 1024);
+        }
+        false
+    };
+    let error = failed(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &facts,
+        &Hooks {
+            cut: Some(&torn),
+            ..Hooks::default()
+        },
+    ));
+    assert!(
+        matches!(error, ReceiveError::Spill(SpillError::StagingIo { .. })),
+        "{error}"
+    );
+    assert_eq!(rx.backoff().failures, 1, "a local fault is charged");
+    let point = rx.resume_point().unwrap();
+    assert_eq!(point.synced_len_bytes, 256 * 1024);
+    let rearm = rx.pending_rearm().unwrap();
+    assert_eq!(rearm.peer, 1, "rotated to the primary");
+    let mut again = None;
+    for _ in 0..rearm.after_ticks {
+        again = rx.on_tick(&facts);
+    }
+    // Peer 1 serves the same state.
+    let mut other = Peer {
+        fs: peer.fs.clone(),
+        node: peer.node,
+        server: server(),
+    };
+    let done = complete(drive(
+        &mut rx,
+        &mut other,
+        1,
+        again.unwrap(),
+        &facts,
+        &Hooks::default(),
+    ));
+    assert_eq!(rx.stats().resumed_bytes, 256 * 1024);
+    assert_staged_match(&fs, &done, &other);
 }
 
 #[test]

@@ -404,6 +404,8 @@ pub enum ReceiveError {
     },
     /// A segment artifact failed its checksum or walk, or staging failed.
     Spill(SpillError),
+    /// The offsets artifact does not hash to its manifest entry.
+    OffsetsChecksum,
     /// The offsets artifact did not decode.
     Offsets(ConsumerOffsetsWireError),
     /// The offer was built before a purge this replica already applied.
@@ -434,6 +436,7 @@ impl ReceiveError {
             self,
             Self::Spill(SpillError::ManifestChecksum { .. } | SpillError::Walk(_))
                 | Self::Offsets(_)
+                | Self::OffsetsChecksum
                 | Self::OfferBeforePurge { .. }
         )
     }
@@ -446,6 +449,9 @@ impl fmt::Display for ReceiveError {
             Self::PeerUnavailable { transient: true } => f.write_str("peer cannot serve right now"),
             Self::PeerUnavailable { transient: false } => f.write_str("peer cannot serve"),
             Self::Spill(e) => write!(f, "segment artifact refused: {e}"),
+            Self::OffsetsChecksum => {
+                f.write_str("consumer-offsets artifact fails its manifest checksum")
+            }
             Self::Offsets(e) => write!(f, "consumer-offsets artifact refused: {e}"),
             Self::OfferBeforePurge { offered, local } => write!(
                 f,
@@ -486,6 +492,9 @@ pub struct ReceivedTransfer {
     pub staged: Vec<StagedSegmentMeta>,
     /// The decoded consumer-offsets artifact.
     pub offsets: ConsumerOffsetsWire,
+    /// The same artifact as received (verified against its manifest entry),
+    /// for an install that decodes it itself.
+    pub offsets_bytes: Vec<u8>,
 }
 
 /// What a frame did.
@@ -1111,22 +1120,29 @@ impl<F: Fs> TransferReceiver<F> {
                 }
             }
         }
-        let outcome = match offsets_bytes
-            .as_ref()
-            .map(|p| ConsumerOffsetsWire::decode(&p.buf))
-        {
-            Some(Ok(offsets)) if offsets.purge_generation < local.purge_generation => {
-                Err(ReceiveError::OfferBeforePurge {
-                    offered: offsets.purge_generation,
-                    local: local.purge_generation,
-                })
-            }
-            Some(Ok(offsets)) => Ok(offsets),
-            Some(Err(error)) => Err(ReceiveError::Offsets(error)),
-            None => Err(ReceiveError::Descriptor(
-                DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 },
-            )),
+        let Some(offsets_progress) = offsets_bytes else {
+            // Unreachable: acceptance requires the offsets artifact last.
+            let error =
+                ReceiveError::Descriptor(DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 });
+            return self.fail_after_session(error, peer, local).await;
         };
+        // Every artifact is checked against its manifest entry, the small one
+        // too: the install gets exactly the bytes the offer promised.
+        let outcome =
+            if !consensus::verify_state_artifact(&offsets_progress.entry, &offsets_progress.buf) {
+                Err(ReceiveError::OffsetsChecksum)
+            } else {
+                match ConsumerOffsetsWire::decode(&offsets_progress.buf) {
+                    Ok(offsets) if offsets.purge_generation < local.purge_generation => {
+                        Err(ReceiveError::OfferBeforePurge {
+                            offered: offsets.purge_generation,
+                            local: local.purge_generation,
+                        })
+                    }
+                    Ok(offsets) => Ok(offsets),
+                    Err(error) => Err(ReceiveError::Offsets(error)),
+                }
+            };
         match outcome {
             Ok(offsets) => {
                 self.resume = None;
@@ -1141,6 +1157,7 @@ impl<F: Fs> TransferReceiver<F> {
                     descriptor: accepted.descriptor,
                     staged,
                     offsets,
+                    offsets_bytes: offsets_progress.buf,
                 }))
             }
             Err(error) => self.fail_after_session(error, peer, local).await,
