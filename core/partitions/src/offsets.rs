@@ -296,6 +296,25 @@ impl ConsumerOffsets {
         Ok(existed)
     }
 
+    /// Replaces both kinds' live and durable maps with `entries` (a
+    /// state-transfer install, after its files were renamed in and the
+    /// directories synced). The live maps are cleared and refilled in
+    /// place, so handles to them keep reading the same maps.
+    pub(crate) fn replace_installed(&mut self, entries: &[(ConsumerKind, u32, u64)]) {
+        self.consumers.pin().clear();
+        self.groups.pin().clear();
+        self.durable = DurableOffsets::default();
+        for &(kind, id, offset) in entries {
+            self.live(kind).pin().insert(id, offset);
+            self.durable.map_mut(kind).insert(
+                id,
+                DurableOffset {
+                    committed_offset: offset,
+                },
+            );
+        }
+    }
+
     /// Removes every offset file of both kinds (and any stray file in the
     /// directories), syncing each directory once, then clears the maps
     /// (purge).

@@ -611,6 +611,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if let Ok(true) = crate::offset_storage::delete_persisted_offset(&fs, &sibling).await {
             tracing::warn!(path = %sibling.display(), "swept a purge-generation replacement left by a crash");
         }
+        // An install a crash interrupted: converged to an empty partition
+        // at the recorded frontier, or dropped if its frontier never became
+        // durable (state_transfer/install.rs).
+        crate::state_transfer::install::recover_interrupted_install(
+            &fs,
+            dir,
+            (sb.checkpoint_op, sb.checkpoint_checksum, sb.offset_frontier),
+        )
+        .await
+        .map_err(|source| {
+            BootError::Recovery(RecoveryError::Io {
+                op: "recover interrupted install",
+                path: dir.to_path_buf(),
+                source,
+            })
+        })?;
         let (log, report) = SegmentedLog::open(fs.clone(), dir, config.log, sb.offset_frontier)
             .await
             .map_err(BootError::Recovery)?;

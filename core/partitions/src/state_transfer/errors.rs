@@ -227,6 +227,22 @@ pub enum PartitionInstallError {
         /// The error.
         source: io::Error,
     },
+    /// The partition is fenced: it takes no install until rebooted.
+    Fenced {
+        /// What fenced it.
+        reason: String,
+    },
+    /// The offer carries an older purge generation than this replica's
+    /// (applied, or committed on the metadata plane): it was built before
+    /// a purge this replica already knows about.
+    PurgeGenerationBehind {
+        /// The offer's generation.
+        offered: u64,
+        /// The local generation it is below.
+        local: u64,
+    },
+    /// The offer's dedup slice does not fit this replica's client table.
+    Dedup(consensus::client_table::ClientTableError),
     /// Converging after a failure failed too: the shard must fence this
     /// partition (its segment files move to `<dir>.fenced.<n>`; the
     /// superblock stays).
@@ -287,6 +303,12 @@ impl fmt::Display for PartitionInstallError {
                 "reopening installed segment {} failed: {source}",
                 path.display()
             ),
+            Self::Fenced { reason } => write!(f, "partition is fenced: {reason}"),
+            Self::PurgeGenerationBehind { offered, local } => write!(
+                f,
+                "offer purge generation {offered} is below the local generation {local}"
+            ),
+            Self::Dedup(source) => write!(f, "offered dedup slice refused: {source}"),
             Self::ConvergeFailed { source, frontier } => write!(
                 f,
                 "converging after a failed install failed at frontier {frontier}; the partition must be fenced: {source}"

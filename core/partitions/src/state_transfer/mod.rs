@@ -15,11 +15,13 @@
 //!   handling, reuse of staged files, re-arm backoff.
 //! - [`spill`]: streaming a segment artifact to its staging files, resume
 //!   from the last synced byte, adoption of staged files.
+//! - [`install`]: the crash-safe install, its converge and the fence.
 //!
 //! The offer, the receiver session, the crash-safe install and the fence
 //! build on these (issue F6; see `docs/state-transfer.md` as it grows).
 
 pub mod errors;
+pub mod install;
 pub mod offer;
 pub mod receive;
 pub mod serve;
@@ -31,6 +33,7 @@ pub use errors::{
     PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,
     SpillError, validate_consumer_offset_transfer_count,
 };
+pub use install::{INSTALL_MARKER_FILE, InstallInput, StagedSegment, fence_partition};
 pub use offer::{
     BuildBudget, BuildClock, HashRound, HashedPlan, MonotonicClock, OfferBuilder, OfferPlan,
     OfferedArtifact, OfferedSegment, PartitionOffer, Planned, PlannedSegment, SegmentIdentity,

@@ -1,0 +1,970 @@
+//! The receiving replica's install of a transferred partition state
+//! (issue F6, SPEC §7 ST-I1..I5).
+//!
+//! The input is what the receive side left behind: validated segment
+//! artifacts staged as `{base:020}.log.staging` + `{base:020}.index.staging`
+//! in the partition directory (written, data-synced, directory synced) and
+//! the encoded consumer-offsets artifact. [`Partition::install_partition_state`]
+//! turns them into the live partition in two phases.
+//!
+//! **Check phase** (changes nothing; every refusal leaves the directory and
+//! the live state as they were): fenced, stale op, offsets artifact decode,
+//! purge generation not behind, offset space not rewound, staged chain
+//! without duplicates or holes ending exactly at the offer's frontier, the
+//! staged files present, the dedup slice accepted by a scratch client table.
+//! Then the offset writes are planned (clamped to the installed end) and
+//! each is staged as a data-synced `{id}.replacing` sibling, which nothing
+//! trusts until renamed.
+//!
+//! **Mutate phase**, each durable step with the crash it defends against:
+//!
+//! 1. **Install marker, then the superblock** (frontier first, ST-I2). The
+//!    marker file [`INSTALL_MARKER_FILE`] (op, identity, frontier) is made
+//!    durable, then one superblock record carries the applied point
+//!    `(commit_op, identity)` together with the incoming frontier
+//!    (`reset_applied`). Both precede the first unlink: once old segments go,
+//!    nothing else on disk names the frontier, and a reboot minting from a
+//!    lower counter would stamp batches no peer shares. The marker is what
+//!    lets boot tell an interrupted install (superblock frontier above the
+//!    segments, legitimately) from synced data gone missing (refused as
+//!    `FrontierAheadOfLog`): boot compares it with the superblock; equal
+//!    means the install got past step 1 and boot converges the directory to
+//!    an empty segment at the frontier with no offset files (see
+//!    [`recover_interrupted_install`]); different means the superblock write
+//!    never landed and the old state stands. A failure here refuses with
+//!    `FrontierNotDurable` after discarding the siblings.
+//! 2. **Swap** (ST-I3): stray staging files swept; old chain unlinked oldest
+//!    first; directory synced (so no old `.log` can reappear beside the new
+//!    chain); every staged index renamed; directory synced (a `.log` is never
+//!    visible without its index); each staged log renamed with a directory
+//!    sync after it (each rename is its segment's commit point, so a cut
+//!    leaves a contiguous prefix); the log reopened from the directory,
+//!    which opens writers on the last segment only. An empty offer plants an
+//!    empty segment at the frontier (the open syncs the directory), which
+//!    recovery reads as a frontier marker.
+//! 3. **State** (ST-I4): journal cleared; every offset file not in the plan
+//!    unlinked (strays included), siblings renamed in, each changed offsets
+//!    directory synced once, then the maps replaced in place; dedup slice,
+//!    counters from the artifact's frontier, purge generation recorded when
+//!    it advanced, commit floor, sequencer, pipeline, commit max, end of the
+//!    transfer. **The marker is removed last**: until then a reboot converges
+//!    rather than trust a chain whose offsets may be half renamed.
+//!
+//! **Converge** (ST-I5): any mutate-phase failure converges disk and memory
+//! to the empty, honestly lagging shape boot would produce from the marker:
+//! every segment and staging file unlinked, directory synced, an empty
+//! segment planted at the frontier, every offset file removed, dedup
+//! cleared, the applied point the superblock already holds. If that fails
+//! too the install returns `ConvergeFailed`, the partition is fenced in
+//! memory (refuses all input) and the caller quarantines its files with
+//! [`fence_partition`].
+//!
+//! Dropping the serving side's memo and offer cache is the caller's job:
+//! it calls `OfferServer::reset()` after this returns, success or not (the
+//! partition does not own the server). The segment read cache lives in the
+//! `SegmentedLog`, which is replaced wholesale here.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::ConsumerKind;
+use journal::SuperblockStore;
+use storage::fs::{FileKind, Fs, FsFile, replace_file_durably};
+use storage::log::SegmentedLog;
+use storage::segment::{SegmentFileName, index_file_name, log_file_name, parse_file_name};
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::errors::{PartitionInstallError, PartitionInstallOutcome};
+use super::receive::ReceivedTransfer;
+use super::spill::StagedSegmentMeta;
+use super::wire::ConsumerOffsetsWire;
+use crate::bus::MessageBus;
+use crate::offset_storage::{
+    PurgeGeneration, REPLACEMENT_SUFFIX, commit_offset_replacement, delete_persisted_offset,
+    discard_offset_replacement, persist_purge_generation, stage_offset_replacement,
+};
+use crate::partition::{AppliedPoint, Partition};
+
+/// File in the partition directory naming an install in flight.
+pub const INSTALL_MARKER_FILE: &str = "install.pending";
+const MARKER_MAGIC: &[u8; 4] = b"RIM1";
+const MARKER_LEN: usize = 4 + 8 + 16 + 8 + 8;
+const STAGING_SUFFIX: &str = ".staging";
+/// Attempts per offset-file mutation (staging a sibling, unlinking).
+const OFFSET_IO_ATTEMPTS: u32 = 3;
+/// First retry delay; each further retry doubles it.
+const OFFSET_IO_BACKOFF: Duration = Duration::from_millis(10);
+
+/// One staged segment, as the receive side describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagedSegment {
+    /// Base offset (the file names' offset).
+    pub start_offset: u64,
+    /// Offset of the last message.
+    pub end_offset: u64,
+    /// Length of the staged log.
+    pub size_bytes: u64,
+    /// Base timestamp of the first batch.
+    pub start_timestamp: u64,
+    /// Base timestamp of the last batch.
+    pub end_timestamp: u64,
+    /// Largest base timestamp.
+    pub max_timestamp: u64,
+}
+
+impl StagedSegment {
+    /// `{base:020}.log.staging` and `{base:020}.index.staging` in `dir`.
+    pub fn staging_paths(&self, dir: &Path) -> (PathBuf, PathBuf) {
+        (
+            dir.join(format!(
+                "{}{STAGING_SUFFIX}",
+                log_file_name(self.start_offset)
+            )),
+            dir.join(format!(
+                "{}{STAGING_SUFFIX}",
+                index_file_name(self.start_offset)
+            )),
+        )
+    }
+}
+
+impl From<&StagedSegmentMeta> for StagedSegment {
+    fn from(meta: &StagedSegmentMeta) -> Self {
+        Self {
+            start_offset: meta.start_offset,
+            end_offset: meta.end_offset,
+            size_bytes: meta.size_bytes,
+            start_timestamp: meta.start_timestamp,
+            end_timestamp: meta.end_timestamp,
+            max_timestamp: meta.max_timestamp,
+        }
+    }
+}
+
+/// Everything an install needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallInput {
+    /// The op the transferred state represents.
+    pub commit_op: u64,
+    /// Identity (checksum) of op `commit_op`: the hash chain continues
+    /// from it.
+    pub commit_checksum: u128,
+    /// The staged segments, in any order.
+    pub staged: Vec<StagedSegment>,
+    /// The encoded consumer-offsets artifact (ICO2; ICO1 decodes).
+    pub offsets_artifact: Vec<u8>,
+    /// The purge generation the metadata plane has committed for this
+    /// partition, when the caller knows it.
+    pub committed_purge_generation: Option<u64>,
+}
+
+impl InstallInput {
+    /// The install input of a completed pull. The receive side does not
+    /// know the identity of op `commit_op`; the caller passes it (from the
+    /// offer or the prepare header it repaired), together with the
+    /// metadata plane's committed purge generation when it has it.
+    pub fn from_received(
+        received: &ReceivedTransfer,
+        commit_checksum: u128,
+        committed_purge_generation: Option<u64>,
+    ) -> Self {
+        Self {
+            commit_op: received.descriptor.commit_op,
+            commit_checksum,
+            staged: received.staged.iter().map(StagedSegment::from).collect(),
+            offsets_artifact: received.offsets_bytes.clone(),
+            committed_purge_generation,
+        }
+    }
+}
+
+/// The record of an install in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InstallMarker {
+    pub commit_op: u64,
+    pub checksum: u128,
+    pub frontier: u64,
+}
+
+impl InstallMarker {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(MARKER_LEN);
+        out.extend_from_slice(MARKER_MAGIC);
+        out.extend_from_slice(&self.commit_op.to_le_bytes());
+        out.extend_from_slice(&self.checksum.to_le_bytes());
+        out.extend_from_slice(&self.frontier.to_le_bytes());
+        let sum = xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != MARKER_LEN || &bytes[..4] != MARKER_MAGIC {
+            return None;
+        }
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        if u64_at(MARKER_LEN - 8) != xxh3_64(&bytes[..MARKER_LEN - 8]) {
+            return None;
+        }
+        let mut checksum = [0u8; 16];
+        checksum.copy_from_slice(&bytes[12..28]);
+        Some(Self {
+            commit_op: u64_at(4),
+            checksum: u128::from_le_bytes(checksum),
+            frontier: u64_at(28),
+        })
+    }
+}
+
+/// One consumer-offset file the install will write.
+#[derive(Debug, Clone)]
+struct PlannedOffsetWrite {
+    kind: ConsumerKind,
+    id: u32,
+    path: PathBuf,
+    value: u64,
+}
+
+/// An install that passed the check phase.
+struct CheckedInstall {
+    commit_op: u64,
+    checksum: u128,
+    wire: ConsumerOffsetsWire,
+    staged: Vec<StagedSegment>,
+    frontier: u64,
+    purge_advances: bool,
+    planned: Vec<PlannedOffsetWrite>,
+}
+
+/// Retries `op` up to [`OFFSET_IO_ATTEMPTS`] times, sleeping with a
+/// doubling backoff between attempts.
+async fn with_retry<F: Fs, T, Fut: Future<Output = io::Result<T>>>(
+    fs: &F,
+    what: &Path,
+    mut op: impl FnMut() -> Fut,
+) -> io::Result<T> {
+    let mut delay = OFFSET_IO_BACKOFF;
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Ok(value) => return Ok(value),
+            Err(error) if attempt < OFFSET_IO_ATTEMPTS => {
+                tracing::debug!(path = %what.display(), attempt, %error, "offset file mutation failed, retrying");
+                fs.sleep(delay).await;
+                delay *= 2;
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+fn swap_io(path: &Path) -> impl FnOnce(io::Error) -> PartitionInstallError + '_ {
+    move |source| PartitionInstallError::SwapIo {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The segment files (`.log`, `.index`) and staging files in `dir`, oldest
+/// segment first (a segment's log before its index; staging last).
+async fn segment_files<F: Fs>(fs: &F, dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let entries = match fs.read_dir(dir).await {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut files: Vec<(u64, u8, PathBuf)> = entries
+        .into_iter()
+        .filter(|e| e.kind == FileKind::File)
+        .filter_map(|e| {
+            let (start, order) = match parse_file_name(e.name_str()?) {
+                SegmentFileName::Log(start) => (start, 0),
+                SegmentFileName::Index(start) => (start, 1),
+                SegmentFileName::Staging => (u64::MAX, 2),
+                SegmentFileName::Other => return None,
+            };
+            Some((start, order, dir.join(&e.name)))
+        })
+        .collect();
+    files.sort();
+    Ok(files.into_iter().map(|(_, _, path)| path).collect())
+}
+
+async fn remove_if_present<F: Fs>(fs: &F, path: &Path) -> io::Result<()> {
+    match fs.remove_file(path).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Moves every `.log`, `.index` and `.staging` file of `dir` into
+/// `<dir>.fenced.<n>` (the first `n` in `0..1000` whose directory
+/// `create_dir` could create, so an earlier fence is never merged into),
+/// then syncs the target, `dir` and their parent. The superblock, the
+/// install marker, `purge.gen` and the offsets stay: the superblock is the
+/// group's only durable view and frontier, and a rebuild over this
+/// directory reads it. Returns the target directory.
+///
+/// The fenced files are evidence for an operator; nothing reads them again
+/// (recovery only looks at files directly in `dir`).
+///
+/// # Errors
+/// The underlying I/O error. The files may then be split between the two
+/// directories; the caller leaves the partition fenced and rebuilds
+/// nothing over it.
+pub async fn fence_partition<F: Fs>(fs: &F, dir: &Path) -> io::Result<PathBuf> {
+    let mut target = None;
+    for n in 0..1000 {
+        let mut name = dir.as_os_str().to_os_string();
+        name.push(format!(".fenced.{n}"));
+        let candidate = PathBuf::from(name);
+        match fs.create_dir(&candidate).await {
+            Ok(()) => {
+                target = Some(candidate);
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let Some(target) = target else {
+        return Err(io::Error::other(
+            "a thousand fenced copies of this partition already exist",
+        ));
+    };
+    for path in segment_files(fs, dir).await? {
+        let Some(name) = path.file_name() else {
+            continue;
+        };
+        fs.rename(&path, &target.join(name)).await?;
+    }
+    // The target's entries, the source's removals, and the target's own
+    // name in the parent: without all three a crash could leave a moved
+    // file linked in neither directory.
+    fs.sync_dir(&target).await?;
+    fs.sync_dir(dir).await?;
+    if let Some(parent) = dir.parent() {
+        fs.sync_dir(parent).await?;
+    }
+    tracing::error!(dir = %dir.display(), target = %target.display(), "partition segment files fenced");
+    Ok(target)
+}
+
+/// Boot step for an install a crash interrupted. Reads the marker; when it
+/// matches the superblock's applied point and frontier (the install got
+/// past its frontier record), every segment, staging and offset file is
+/// removed and the directory synced, so the open that follows plants an
+/// empty segment at the frontier: an empty, honestly lagging partition.
+/// When it does not match, the superblock write never landed and the old
+/// state stands. Either way the marker is removed last. Returns whether the
+/// directory was converged.
+///
+/// An unreadable marker is treated as matching: the superblock frontier is
+/// then kept, and nothing whose completeness is unknown is served.
+pub(crate) async fn recover_interrupted_install<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    applied: (u64, u128, u64),
+) -> io::Result<bool> {
+    let path = dir.join(INSTALL_MARKER_FILE);
+    let mut sibling = path.as_os_str().to_os_string();
+    sibling.push(REPLACEMENT_SUFFIX);
+    remove_if_present(fs, Path::new(&sibling)).await?;
+    let bytes = match fs.open(&path, storage::fs::OpenOptions::read_only()).await {
+        Ok(file) => file.read_to_end_bounded(MARKER_LEN as u64 + 1).await?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let marker = InstallMarker::decode(&bytes);
+    let in_flight = marker.is_none_or(|m| (m.commit_op, m.checksum, m.frontier) == applied);
+    if in_flight {
+        tracing::warn!(dir = %dir.display(), frontier = applied.2, op = applied.0, "an install was interrupted after recording its frontier: converging to an empty partition");
+        for file in segment_files(fs, dir).await? {
+            remove_if_present(fs, &file).await?;
+        }
+        fs.sync_dir(dir).await?;
+        crate::offsets::ConsumerOffsets::new(dir)
+            .clear_all(fs)
+            .await?;
+    } else {
+        tracing::warn!(dir = %dir.display(), "an install was interrupted before recording its frontier: the old state stands");
+    }
+    fs.remove_file(&path).await?;
+    fs.sync_dir(dir).await?;
+    Ok(in_flight)
+}
+
+impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
+    /// Installs a transferred partition state (see the module
+    /// documentation for the phases and their durable order).
+    ///
+    /// # Errors
+    /// Check-phase refusals ([`PartitionInstallError::StaleTransfer`],
+    /// `Offsets`, `PurgeGenerationBehind`, `OfferRewindsDurableData`,
+    /// `DuplicateSegment`, `SegmentSetHole`, `Dedup`, `Fenced`, a missing
+    /// staged file as `SwapIo`) and `OffsetPersistence` while staging
+    /// siblings change nothing. `FrontierNotDurable` changes nothing either
+    /// (siblings discarded). Later failures (`SwapIo`, `SegmentOpen`,
+    /// `OffsetPersistence`) return after the partition converged to an
+    /// empty one at the offer's frontier; `ConvergeFailed` leaves it fenced
+    /// and the caller runs [`fence_partition`].
+    pub async fn install_partition_state(
+        &mut self,
+        input: InstallInput,
+    ) -> Result<PartitionInstallOutcome, PartitionInstallError> {
+        let checked = self.check_install(input).await?;
+        self.stage_offset_writes(&checked.planned).await?;
+        if let Err(source) = self.record_install_frontier(&checked).await {
+            tracing::warn!(dir = %self.dir.display(), frontier = checked.frontier, %source, "install refused: the incoming frontier is not durable");
+            self.discard_offset_writes(&checked.planned).await;
+            return Err(PartitionInstallError::FrontierNotDurable {
+                frontier: checked.frontier,
+            });
+        }
+        match self.apply_install(&checked).await {
+            Ok(outcome) => {
+                tracing::info!(dir = %self.dir.display(), commit_op = checked.commit_op, frontier = checked.frontier, segments = checked.staged.len(), "partition state installed");
+                Ok(outcome)
+            }
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, frontier = checked.frontier, "install failed; converging to an empty partition");
+                self.discard_offset_writes(&checked.planned).await;
+                match self.converge_after_failed_install(&checked).await {
+                    Ok(()) => Err(error),
+                    Err(source) => {
+                        let failed = PartitionInstallError::ConvergeFailed {
+                            source,
+                            frontier: checked.frontier,
+                        };
+                        tracing::error!(dir = %self.dir.display(), error = %failed, "install converge failed; partition fenced");
+                        self.fenced.get_or_insert_with(|| failed.to_string());
+                        Err(failed)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Quarantines this partition's segment files (see [`fence_partition`])
+    /// and fences it in memory. For the caller after `ConvergeFailed`.
+    ///
+    /// # Errors
+    /// The quarantine's I/O error; the partition stays fenced either way.
+    pub async fn fence_segment_files(&mut self, reason: &str) -> io::Result<PathBuf> {
+        self.fenced.get_or_insert_with(|| reason.to_owned());
+        fence_partition(&self.fs, &self.dir).await
+    }
+
+    /// ST-I1: every refusal, in an order that reads nothing it need not.
+    async fn check_install(
+        &self,
+        input: InstallInput,
+    ) -> Result<CheckedInstall, PartitionInstallError> {
+        if let Some(reason) = &self.fenced {
+            return Err(PartitionInstallError::Fenced {
+                reason: reason.clone(),
+            });
+        }
+        let InstallInput {
+            commit_op,
+            commit_checksum,
+            mut staged,
+            offsets_artifact,
+            committed_purge_generation,
+        } = input;
+        // Below either commit point, the install would rewind ops this
+        // replica applied or knows to be committed.
+        let local_commit = self.replica.commit_min().max(self.replica.commit_max());
+        if commit_op < local_commit {
+            return Err(PartitionInstallError::StaleTransfer {
+                commit_op,
+                commit_min: local_commit,
+            });
+        }
+        let wire = ConsumerOffsetsWire::decode(&offsets_artifact)?;
+        // An offer from before a purge this replica applied, or the
+        // metadata plane committed, would bring back purged data.
+        let local_generation = committed_purge_generation
+            .unwrap_or(0)
+            .max(self.applied_purge_generation);
+        if wire.purge_generation < local_generation {
+            return Err(PartitionInstallError::PurgeGenerationBehind {
+                offered: wire.purge_generation,
+                local: local_generation,
+            });
+        }
+        // A purge this replica never applied is the one legitimate way the
+        // offset space moves down. `applied_purge_generation` is safe to
+        // compare here: a purge's first durable step resets the superblock
+        // frontier to 0, so a replica that crashed before recording
+        // `purge.gen` already has a local frontier of 0 and the rewind
+        // guard below has nothing to protect.
+        let purge_advances = wire.purge_generation > self.applied_purge_generation;
+        let local_next = self.applied_next_offset.max(self.durable_offset_frontier());
+        let frontier = wire.next_offset;
+        if !purge_advances && frontier < local_next {
+            return Err(PartitionInstallError::OfferRewindsDurableData {
+                offer_next_offset: frontier,
+                local_next_offset: local_next,
+            });
+        }
+        staged.sort_unstable_by_key(|s| s.start_offset);
+        for s in &staged {
+            // A staged segment holds at least one message.
+            if s.end_offset < s.start_offset {
+                return Err(PartitionInstallError::SegmentSetHole {
+                    previous_end: s.end_offset,
+                    next_start: s.start_offset,
+                });
+            }
+        }
+        for pair in staged.windows(2) {
+            if pair[1].start_offset == pair[0].start_offset {
+                return Err(PartitionInstallError::DuplicateSegment {
+                    start_offset: pair[1].start_offset,
+                });
+            }
+            if Some(pair[1].start_offset) != pair[0].end_offset.checked_add(1) {
+                return Err(PartitionInstallError::SegmentSetHole {
+                    previous_end: pair[0].end_offset,
+                    next_start: pair[1].start_offset,
+                });
+            }
+        }
+        // The chain must end exactly where the frontier starts: below it
+        // would leave offsets no segment holds under an active segment the
+        // storage could not name, above it would contradict the artifact.
+        if let Some(last) = staged.last()
+            && last.end_offset.checked_add(1) != Some(frontier)
+        {
+            return Err(PartitionInstallError::SegmentSetHole {
+                previous_end: last.end_offset,
+                next_start: frontier,
+            });
+        }
+        for s in &staged {
+            let (log, index) = s.staging_paths(&self.dir);
+            for path in [log, index] {
+                if !self.fs.exists(&path).await.map_err(swap_io(&path))? {
+                    return Err(PartitionInstallError::SwapIo {
+                        source: io::Error::new(io::ErrorKind::NotFound, "staged file missing"),
+                        path,
+                    });
+                }
+            }
+        }
+        let mut scratch = self.replica.client_table().clone();
+        scratch
+            .install(&wire.dedup)
+            .map_err(PartitionInstallError::Dedup)?;
+        // Offsets point at a consumed message, so at most the installed
+        // end; with nothing ever minted there is nothing to point at.
+        let last = frontier.checked_sub(1);
+        let mut planned = Vec::with_capacity(wire.consumers.len() + wire.groups.len());
+        for (kind, entries) in [
+            (ConsumerKind::Consumer, &wire.consumers),
+            (ConsumerKind::ConsumerGroup, &wire.groups),
+        ] {
+            let dir = self.offsets.dir(kind);
+            planned.extend(entries.iter().filter_map(|&(id, offset)| {
+                last.map(|last| PlannedOffsetWrite {
+                    kind,
+                    id,
+                    path: dir.join(id.to_string()),
+                    value: offset.min(last),
+                })
+            }));
+        }
+        Ok(CheckedInstall {
+            commit_op,
+            checksum: commit_checksum,
+            wire,
+            staged,
+            frontier,
+            purge_advances,
+            planned,
+        })
+    }
+
+    /// Writes and data-syncs every planned offset as an ignored sibling,
+    /// before anything destructive. Sequential on purpose: the filesystem
+    /// calls of one partition run on its shard's single reactor (and the
+    /// simulator's), so overlapping them buys queue depth, not wall time,
+    /// while a fixed order keeps fault injection and crash points
+    /// reproducible. Each file is retried with backoff.
+    async fn stage_offset_writes(
+        &self,
+        planned: &[PlannedOffsetWrite],
+    ) -> Result<(), PartitionInstallError> {
+        let mut created_dirs = false;
+        for kind in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup] {
+            if !planned.iter().any(|w| w.kind == kind) {
+                continue;
+            }
+            let dir = self.offsets.dir(kind);
+            let create = async {
+                if !self.fs.exists(&dir).await? {
+                    self.fs.create_dir_all(&dir).await?;
+                    created_dirs = true;
+                }
+                Ok::<(), io::Error>(())
+            };
+            create
+                .await
+                .map_err(|source| PartitionInstallError::OffsetPersistence {
+                    path: dir.clone(),
+                    source,
+                })?;
+        }
+        if created_dirs {
+            // The new directories' names, before files in them count.
+            let root = self.dir.join("offsets");
+            for d in [root.as_path(), self.dir.as_path()] {
+                self.fs.sync_dir(d).await.map_err(|source| {
+                    PartitionInstallError::OffsetPersistence {
+                        path: d.to_path_buf(),
+                        source,
+                    }
+                })?;
+            }
+        }
+        for write in planned {
+            let staged = with_retry(&self.fs, &write.path, || {
+                stage_offset_replacement(&self.fs, &write.path, write.value)
+            })
+            .await;
+            if let Err(source) = staged {
+                self.discard_offset_writes(planned).await;
+                return Err(PartitionInstallError::OffsetPersistence {
+                    path: write.path.clone(),
+                    source,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn discard_offset_writes(&self, planned: &[PlannedOffsetWrite]) {
+        for write in planned {
+            discard_offset_replacement(&self.fs, &write.path).await;
+        }
+    }
+
+    /// ST-I2: the marker, then the frontier and applied point in one
+    /// superblock record. The record is written as a reset: under an
+    /// advancing purge the frontier legitimately moves down, and otherwise
+    /// the check phase proved it is at least the durable one, so the reset
+    /// is an advance.
+    async fn record_install_frontier(&mut self, checked: &CheckedInstall) -> io::Result<()> {
+        let marker = InstallMarker {
+            commit_op: checked.commit_op,
+            checksum: checked.checksum,
+            frontier: checked.frontier,
+        };
+        let path = self.dir.join(INSTALL_MARKER_FILE);
+        replace_file_durably(&self.fs, &path, marker.encode(), REPLACEMENT_SUFFIX).await?;
+        if !checked.purge_advances {
+            debug_assert!(checked.frontier >= self.durable_offset_frontier());
+        }
+        if let Err(e) = self
+            .durable
+            .reset_applied(checked.commit_op, checked.checksum, checked.frontier)
+            .await
+        {
+            // Without the superblock record the marker means nothing;
+            // boot would drop it too.
+            if remove_if_present(&self.fs, &path).await.is_ok() {
+                let _ = self.fs.sync_dir(&self.dir).await;
+            }
+            return Err(io::Error::other(e.to_string()));
+        }
+        Ok(())
+    }
+
+    /// ST-I3 and ST-I4. Every error is converged from by the caller.
+    async fn apply_install(
+        &mut self,
+        checked: &CheckedInstall,
+    ) -> Result<PartitionInstallOutcome, PartitionInstallError> {
+        let dir = self.dir.clone();
+        let fs = self.fs.clone();
+        // Stray staging files of an abandoned attempt.
+        let keep: HashSet<PathBuf> = checked
+            .staged
+            .iter()
+            .flat_map(|s| {
+                let (log, index) = s.staging_paths(&dir);
+                [log, index]
+            })
+            .collect();
+        let existing = segment_files(&fs, &dir).await.map_err(swap_io(&dir))?;
+        for path in existing.iter().filter(|p| {
+            p.to_str().is_some_and(|s| s.ends_with(STAGING_SUFFIX)) && !keep.contains(*p)
+        }) {
+            if let Err(error) = fs.remove_file(path).await {
+                tracing::warn!(path = %path.display(), %error, "could not sweep a stray staging file (boot sweeps it)");
+            }
+        }
+        // The old chain, oldest first. A synced directory before any rename:
+        // an old `.log` whose unlink a crash undid could otherwise sit beside
+        // the new chain.
+        for path in existing
+            .iter()
+            .filter(|p| !p.to_str().is_some_and(|s| s.ends_with(STAGING_SUFFIX)))
+        {
+            remove_if_present(&fs, path).await.map_err(swap_io(path))?;
+        }
+        fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
+        // Every index before any log: a `.log` never shows without its index.
+        for s in &checked.staged {
+            let (_, index) = s.staging_paths(&dir);
+            let target = dir.join(index_file_name(s.start_offset));
+            fs.rename(&index, &target).await.map_err(swap_io(&index))?;
+        }
+        fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
+        // Each log rename, once synced, commits its segment: a cut leaves a
+        // contiguous prefix of the new chain.
+        for s in &checked.staged {
+            let (log, _) = s.staging_paths(&dir);
+            let target = dir.join(log_file_name(s.start_offset));
+            fs.rename(&log, &target).await.map_err(swap_io(&log))?;
+            fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
+        }
+        // Rebuild from the directory (writers on the last segment only); an
+        // empty offer finds no segment and plants one at the frontier.
+        let (log, _) = SegmentedLog::open(fs.clone(), &dir, self.config.log, checked.frontier)
+            .await
+            .map_err(|e| PartitionInstallError::SegmentOpen {
+                path: dir.clone(),
+                source: io::Error::other(e.to_string()),
+            })?;
+        if log.next_offset() != checked.frontier {
+            return Err(PartitionInstallError::SegmentOpen {
+                path: dir.clone(),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "installed chain ends at {} but the offer's frontier is {}",
+                        log.next_offset(),
+                        checked.frontier
+                    ),
+                ),
+            });
+        }
+        self.log = log;
+        self.journal.clear_all(checked.commit_op + 1);
+
+        // Offsets: everything not in the plan goes (strays included), then
+        // the siblings are renamed in, then each changed directory synced.
+        let planned_names: HashSet<(ConsumerKind, String)> = checked
+            .planned
+            .iter()
+            .map(|w| (w.kind, format!("{}{REPLACEMENT_SUFFIX}", w.id)))
+            .collect();
+        let mut changed = [false; 2];
+        for (slot, kind) in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup]
+            .into_iter()
+            .enumerate()
+        {
+            let odir = self.offsets.dir(kind);
+            let entries = match fs.read_dir(&odir).await {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+                Err(source) => {
+                    return Err(PartitionInstallError::OffsetPersistence { path: odir, source });
+                }
+            };
+            for entry in entries {
+                if entry.kind != FileKind::File {
+                    continue;
+                }
+                let Some(name) = entry.name_str() else {
+                    continue;
+                };
+                if planned_names.contains(&(kind, name.to_owned())) {
+                    continue;
+                }
+                let path = odir.join(name);
+                with_retry(&fs, &path, || delete_persisted_offset(&fs, &path))
+                    .await
+                    .map_err(|source| PartitionInstallError::OffsetPersistence {
+                        path: path.clone(),
+                        source,
+                    })?;
+                changed[slot] = true;
+            }
+        }
+        for write in &checked.planned {
+            commit_offset_replacement(&fs, &write.path)
+                .await
+                .map_err(|source| PartitionInstallError::OffsetPersistence {
+                    path: write.path.clone(),
+                    source,
+                })?;
+            changed[usize::from(write.kind == ConsumerKind::ConsumerGroup)] = true;
+        }
+        for (slot, kind) in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup]
+            .into_iter()
+            .enumerate()
+        {
+            if changed[slot] {
+                let odir = self.offsets.dir(kind);
+                fs.sync_dir(&odir).await.map_err(swap_io(&odir))?;
+            }
+        }
+        let entries: Vec<(ConsumerKind, u32, u64)> = checked
+            .planned
+            .iter()
+            .map(|w| (w.kind, w.id, w.value))
+            .collect();
+        self.offsets.replace_installed(&entries);
+        self.replica
+            .client_table_mut()
+            .install(&checked.wire.dedup)
+            .map_err(PartitionInstallError::Dedup)?;
+
+        // Counters from the artifact's frontier and the installed chain.
+        self.messages_count = checked
+            .staged
+            .iter()
+            .map(|s| s.end_offset - s.start_offset + 1)
+            .sum();
+        self.size_bytes = checked.staged.iter().map(|s| s.size_bytes).sum();
+        self.applied_last_timestamp = checked
+            .staged
+            .iter()
+            .map(|s| s.max_timestamp)
+            .max()
+            .unwrap_or(0);
+        let installed_end = checked.staged.last().map(|s| s.end_offset);
+        let purge_generation_recorded = self.record_offered_generation(checked).await;
+        self.lift_to_installed_point(checked, installed_end);
+        self.remove_install_marker().await;
+        if let Err(error) = self.drive().await {
+            tracing::warn!(dir = %self.dir.display(), %error, "driving the core after an install failed");
+        }
+        Ok(PartitionInstallOutcome {
+            applied_commit_op: checked.commit_op,
+            purge_generation_recorded,
+        })
+    }
+
+    /// Records the offered purge generation when it advanced. A failure is
+    /// reported, not fatal: a restart would re-purge and re-transfer.
+    async fn record_offered_generation(&mut self, checked: &CheckedInstall) -> bool {
+        if !checked.purge_advances {
+            return true;
+        }
+        let record = PurgeGeneration {
+            generation: checked.wire.purge_generation,
+            created_revision: self.config.created_revision,
+        };
+        let recorded = match persist_purge_generation(&self.fs, &self.dir, record).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), generation = record.generation, %error, "install could not record the offered purge generation");
+                false
+            }
+        };
+        self.applied_purge_generation = record.generation;
+        recorded
+    }
+
+    /// The applied bookkeeping and the consensus core after an install or
+    /// a converge: both leave the partition applied at `commit_op` with its
+    /// next offset at the frontier (what the superblock already records).
+    fn lift_to_installed_point(&mut self, checked: &CheckedInstall, installed_end: Option<u64>) {
+        self.applied_next_offset = checked.frontier;
+        self.journaled_point = AppliedPoint {
+            op: checked.commit_op,
+            checksum: checked.checksum,
+            next_offset: checked.frontier,
+        };
+        self.recovered_durable_offset = installed_end;
+        self.installed_frontier = (checked.frontier > 0).then_some(checked.frontier);
+        self.auto_commits.borrow_mut().pending.clear();
+        self.state_transfer_needed = None;
+        if checked.commit_op >= self.replica.commit_min() {
+            self.replica
+                .set_commit_floor(checked.commit_op, checked.checksum);
+        }
+        self.replica.set_sequence(checked.commit_op);
+        self.replica.clear_pipeline();
+        self.replica.advance_commit_max(checked.commit_op);
+        self.replica.finish_state_transfer();
+    }
+
+    /// The install's last step; a failure only means a reboot converges.
+    async fn remove_install_marker(&self) {
+        let path = self.dir.join(INSTALL_MARKER_FILE);
+        let removed = async {
+            remove_if_present(&self.fs, &path).await?;
+            self.fs.sync_dir(&self.dir).await
+        };
+        if let Err(error) = removed.await {
+            tracing::warn!(path = %path.display(), %error, "could not remove the install marker; a reboot converges this partition to empty");
+        }
+    }
+
+    /// ST-I5: disk and memory to an empty partition at the frontier, with
+    /// no offsets and no dedup, applied at the install's op (the
+    /// superblock already says so). The tail above it is repaired as usual.
+    async fn converge_after_failed_install(&mut self, checked: &CheckedInstall) -> io::Result<()> {
+        let dir = self.dir.clone();
+        let fs = self.fs.clone();
+        // Whatever the failure left: the old chain, a prefix of the new
+        // one, staging files. Only the directory knows.
+        for path in segment_files(&fs, &dir).await? {
+            remove_if_present(&fs, &path).await?;
+        }
+        fs.sync_dir(&dir).await?;
+        let (log, _) = SegmentedLog::open(fs.clone(), &dir, self.config.log, checked.frontier)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.log = log;
+        self.offsets.clear_all(&fs).await?;
+        self.journal.clear_all(checked.commit_op + 1);
+        self.messages_count = 0;
+        self.size_bytes = 0;
+        self.applied_last_timestamp = 0;
+        // Watermarks of data this replica no longer holds could swallow a
+        // replay; at-least-once until the next install.
+        if let Err(error) = self.replica.client_table_mut().install(&[]) {
+            tracing::warn!(%error, "could not clear the dedup table on converge");
+        }
+        self.lift_to_installed_point(checked, None);
+        self.remove_install_marker().await;
+        if let Err(error) = self.drive().await {
+            tracing::warn!(dir = %self.dir.display(), %error, "driving the core after a converge failed");
+        }
+        tracing::warn!(dir = %dir.display(), frontier = checked.frontier, "partition converged to empty after a failed install");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InstallMarker;
+
+    #[test]
+    fn marker_round_trips_and_rejects_rot() {
+        let m = InstallMarker {
+            commit_op: 7,
+            checksum: 0xfeed,
+            frontier: 42,
+        };
+        let mut bytes = m.encode();
+        assert_eq!(InstallMarker::decode(&bytes), Some(m));
+        bytes[5] ^= 1;
+        assert_eq!(InstallMarker::decode(&bytes), None);
+    }
+}

@@ -1,0 +1,739 @@
+//! State-transfer install (SPEC §7 ST-I1..I5, ST-C, the fence) over the
+//! simulated filesystem: check-phase refusals change nothing byte for
+//! byte; a power cut after every filesystem call of an install reboots to
+//! the old state, the new one, or an empty partition at the offer's
+//! frontier, and the install then completes; a fault at every step returns
+//! the right error and converges, or fences.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use ::common::ConsumerKind;
+use common::{Node, dir, fresh_fs};
+use consensus::vsr::Config;
+use futures::executor::block_on;
+use journal::FileSuperblock;
+use partitions::state_transfer::{
+    ConsumerOffsetsWire, INSTALL_MARKER_FILE, InstallInput, PartitionInstallError, StagedSegment,
+};
+use partitions::{
+    InMemoryNetwork, NetworkFaults, Partition, PartitionConfig, PollRequest, PollingStrategy,
+};
+use storage::fs::{EACCES, EIO, ENOSPC, FaultKind, FileKind, Fs, OpenOptions, SimFs};
+
+type P = Partition<partitions::InMemoryBus, FileSuperblock<SimFs>, SimFs>;
+
+const CHECKSUM: u128 = 0xC0FF_EE00_1234;
+/// Offsets of the source chain: six batches of five.
+const FRONTIER: u64 = 30;
+
+fn src_dir() -> PathBuf {
+    PathBuf::from("/data/src")
+}
+
+fn config(segment_size: u64) -> PartitionConfig {
+    let mut c = PartitionConfig::new(Config::new(0, 1, 7));
+    c.partition_id = 3;
+    c.created_revision = 11;
+    c.messages_required_to_save = 1;
+    c.log.segment_size_bytes = segment_size;
+    c
+}
+
+fn open_at(fs: &SimFs, at: &Path, segment_size: u64) -> P {
+    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
+    block_on(Partition::open(
+        config(segment_size),
+        fs.clone(),
+        at,
+        net.endpoint(0),
+        FileSuperblock::new(fs.clone(), at),
+    ))
+    .unwrap()
+}
+
+fn node_at(fs: &SimFs, at: &Path, segment_size: u64) -> Node<FileSuperblock<SimFs>> {
+    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
+    let partition = block_on(Partition::open(
+        config(segment_size),
+        fs.clone(),
+        at,
+        net.endpoint(0),
+        FileSuperblock::new(fs.clone(), at),
+    ))
+    .unwrap();
+    let mut node = Node {
+        partition,
+        net,
+        session: 0,
+        next_request: 1,
+        now_us: 1_000_000,
+    };
+    node.register();
+    node
+}
+
+/// Messages of a partition, from its first offset.
+fn messages(p: &P) -> Vec<(u64, Vec<u8>)> {
+    let polled = block_on(p.poll(&PollRequest {
+        consumer: (ConsumerKind::Consumer, 1),
+        strategy: PollingStrategy::First,
+        count: 1000,
+        auto_commit: false,
+    }))
+    .unwrap();
+    common::contents(&polled)
+}
+
+/// Every file under `root`, with its content, sorted.
+fn snapshot(fs: &SimFs, root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = block_on(fs.read_dir(&d)) else {
+            continue;
+        };
+        for e in entries {
+            let path = d.join(&e.name);
+            if e.kind == FileKind::Dir {
+                stack.push(path);
+            } else {
+                out.push((path.clone(), fs.contents(&path).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Offset files on disk: (kind dir, id, content).
+fn offset_files(fs: &SimFs) -> Vec<(String, String)> {
+    snapshot(fs, &dir().join("offsets"))
+        .into_iter()
+        .map(|(p, _)| {
+            let kind = p
+                .parent()
+                .unwrap()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (kind, p.file_name().unwrap().to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+struct Fixture {
+    fs: SimFs,
+    old: P,
+    /// The old partition's network (its replies land there).
+    old_net: InMemoryNetwork,
+    /// The old partition's messages and stored offsets.
+    old_messages: Vec<(u64, Vec<u8>)>,
+    /// The source chain's messages.
+    new_messages: Vec<(u64, Vec<u8>)>,
+    staged: Vec<StagedSegment>,
+    commit_op: u64,
+}
+
+const OLD_OFFSETS: [(ConsumerKind, u32, u64); 3] = [
+    (ConsumerKind::Consumer, 1, 7),
+    (ConsumerKind::Consumer, 9, 3),
+    (ConsumerKind::ConsumerGroup, 2, 10),
+];
+
+fn artifact(next_offset: u64, purge_generation: u64) -> Vec<u8> {
+    ConsumerOffsetsWire {
+        purge_generation,
+        next_offset,
+        consumers: vec![(1, 20), (4, 99)],
+        groups: vec![(2, 25)],
+        dedup: vec![],
+    }
+    .encode()
+}
+
+/// The offsets the artifact installs (consumer 4 clamped to the end).
+fn new_offsets(p: &P) -> bool {
+    use ConsumerKind::{Consumer, ConsumerGroup};
+    p.stored_offset(Consumer, 1) == Some(20)
+        && p.stored_offset(Consumer, 4) == Some(FRONTIER - 1)
+        && p.stored_offset(Consumer, 9).is_none()
+        && p.stored_offset(ConsumerGroup, 2) == Some(25)
+}
+
+fn old_offsets(p: &P) -> bool {
+    OLD_OFFSETS
+        .iter()
+        .all(|&(k, id, v)| p.stored_offset(k, id) == Some(v))
+        && p.stored_offset(ConsumerKind::Consumer, 4).is_none()
+}
+
+/// Copies the source's non-empty segments into the partition directory as
+/// staged pairs (written, synced, directory synced), as the receive side
+/// leaves them.
+fn stage(fs: &SimFs, source: &[(u64, u64, u64, u64, u64)]) -> Vec<StagedSegment> {
+    let mut out = Vec::new();
+    block_on(async {
+        for &(start, next, size, ts0, ts1) in source {
+            let s = StagedSegment {
+                start_offset: start,
+                end_offset: next - 1,
+                size_bytes: size,
+                start_timestamp: ts0,
+                end_timestamp: ts1,
+                max_timestamp: ts1,
+            };
+            let (log, index) = s.staging_paths(&dir());
+            for (from, to) in [
+                (src_dir().join(format!("{start:020}.log")), log),
+                (src_dir().join(format!("{start:020}.index")), index),
+            ] {
+                let bytes = fs.contents(&from).unwrap();
+                let f = fs
+                    .open(&to, OpenOptions::create_read_write().truncate(true))
+                    .await
+                    .unwrap();
+                storage::fs::FsFile::write_all_at(&f, bytes, 0)
+                    .await
+                    .0
+                    .unwrap();
+                storage::fs::FsFile::sync_all(&f).await.unwrap();
+            }
+            out.push(s);
+        }
+        fs.sync_dir(&dir()).await.unwrap();
+    });
+    out
+}
+
+type SourceSegments = Vec<(u64, u64, u64, u64, u64)>;
+
+fn fixture(seed: u64) -> (Fixture, SourceSegments) {
+    let fs = fresh_fs(seed);
+    // The source: every batch seals its own segment.
+    let mut src = node_at(&fs, &src_dir(), 1);
+    for tag in 0..6 {
+        src.produce(500 + tag, 5);
+    }
+    block_on(src.partition.flush_committed_messages()).unwrap();
+    let source: SourceSegments = src
+        .partition
+        .log()
+        .segments()
+        .filter(|s| s.size_bytes > 0)
+        .map(|s| {
+            (
+                s.start_offset,
+                s.next_offset,
+                s.size_bytes,
+                s.start_timestamp,
+                s.end_timestamp,
+            )
+        })
+        .collect();
+    assert_eq!(source.len(), 6);
+    let new_messages = messages(&src.partition);
+    assert_eq!(new_messages.len() as u64, FRONTIER);
+    drop(src);
+    // The old partition: 15 messages in one segment, three offsets.
+    let mut old = node_at(&fs, &dir(), 1 << 20);
+    for tag in 0..3 {
+        old.produce(100 + tag, 5);
+    }
+    for (k, id, v) in OLD_OFFSETS {
+        old.store(k, id, v);
+    }
+    block_on(old.partition.flush_committed_messages()).unwrap();
+    let staged = stage(&fs, &source);
+    let old_messages = messages(&old.partition);
+    assert_eq!(old_messages.len(), 15);
+    let commit_op = old.partition.replica().commit_max();
+    (
+        Fixture {
+            fs,
+            old: old.partition,
+            old_net: old.net,
+            old_messages,
+            new_messages,
+            staged,
+            commit_op,
+        },
+        source,
+    )
+}
+
+fn input(f: &Fixture) -> InstallInput {
+    InstallInput {
+        commit_op: f.commit_op,
+        commit_checksum: CHECKSUM,
+        staged: f.staged.clone(),
+        offsets_artifact: artifact(FRONTIER, 0),
+        committed_purge_generation: None,
+    }
+}
+
+fn assert_fully_installed(p: &P, f: &Fixture) {
+    assert_eq!(messages(p), f.new_messages);
+    assert!(new_offsets(p));
+    assert_eq!(p.offset_frontier(), FRONTIER);
+    assert_eq!(p.log().next_offset(), FRONTIER);
+    assert_eq!(
+        p.log().segments().filter(|s| s.size_bytes > 0).count(),
+        6,
+        "the installed chain"
+    );
+    let mut files = offset_files(&f.fs);
+    files.sort();
+    assert_eq!(
+        files,
+        vec![
+            ("consumers".to_owned(), "1".to_owned()),
+            ("consumers".to_owned(), "4".to_owned()),
+            ("groups".to_owned(), "2".to_owned()),
+        ]
+    );
+}
+
+fn assert_converged(p: &P, fs: &SimFs) {
+    assert!(messages(p).is_empty(), "converged partition holds nothing");
+    assert_eq!(p.offset_frontier(), FRONTIER);
+    assert_eq!(p.log().next_offset(), FRONTIER);
+    assert_eq!(p.log().segments().count(), 1);
+    assert!(
+        offset_files(fs).is_empty(),
+        "no offset file survives a converge"
+    );
+    assert_eq!(p.durable_offset_frontier(), FRONTIER);
+}
+
+#[test]
+fn given_staged_chain_when_installed_should_serve_new_chain_offsets_and_frontier() {
+    let (mut f, _) = fixture(1);
+    let out = block_on(f.old.install_partition_state(input(&f))).unwrap();
+    assert_eq!(out.applied_commit_op, f.commit_op);
+    assert!(out.purge_generation_recorded);
+    assert_fully_installed(&f.old, &f);
+    assert_eq!(f.old.replica().commit_min(), f.commit_op);
+    assert_eq!(f.old.replica().commit_min_checksum(), CHECKSUM);
+    assert_eq!(f.old.installed_frontier(), Some(FRONTIER));
+    assert!(!block_on(f.fs.exists(&dir().join(INSTALL_MARKER_FILE))).unwrap());
+    // Durable: a crash that keeps only synced state boots the same.
+    drop(f.old);
+    f.fs.crash_with(storage::fs::CrashMode::DropAll);
+    let p = open_at(&f.fs, &dir(), 1 << 20);
+    assert_eq!(messages(&p), f.new_messages);
+    assert!(new_offsets(&p));
+    assert_eq!(p.offset_frontier(), FRONTIER);
+}
+
+/// ST-C: a power cut after every filesystem call of the install.
+#[test]
+fn given_power_cut_after_every_install_call_when_rebooted_should_be_old_new_or_empty_at_frontier() {
+    let mut seen = [0u32; 3];
+    let mut completed = false;
+    for n in 1..400 {
+        let (mut f, source) = fixture(100 + n);
+        f.fs.cut_power_after(n);
+        let result = block_on(f.old.install_partition_state(input(&f)));
+        drop(f.old);
+        f.fs.crash();
+        let mut p = open_at(&f.fs, &dir(), 1 << 20);
+        assert!(
+            !block_on(f.fs.exists(&dir().join(INSTALL_MARKER_FILE))).unwrap(),
+            "boot resolves the marker"
+        );
+        let got = messages(&p);
+        assert!(
+            p.offset_frontier() >= 15,
+            "cut {n}: frontier rewound to {}",
+            p.offset_frontier()
+        );
+        if got == f.old_messages {
+            assert!(old_offsets(&p), "cut {n}: old chain with other offsets");
+            assert_eq!(p.offset_frontier(), 15);
+            seen[0] += 1;
+        } else if got == f.new_messages {
+            assert!(new_offsets(&p), "cut {n}: new chain with other offsets");
+            seen[1] += 1;
+        } else {
+            assert!(
+                got.is_empty(),
+                "cut {n}: neither old, new nor empty: {got:?}"
+            );
+            assert_eq!(p.offset_frontier(), FRONTIER, "cut {n}");
+            assert_eq!(p.log().next_offset(), FRONTIER, "cut {n}");
+            assert!(offset_files(&f.fs).is_empty(), "cut {n}: offsets survive");
+            seen[2] += 1;
+        }
+        // The install runs again to completion after the reboot.
+        let staged = stage(&f.fs, &source);
+        let f2 = Fixture {
+            staged,
+            ..Fixture {
+                fs: f.fs.clone(),
+                old: open_at(&f.fs, &src_dir(), 1),
+                old_net: InMemoryNetwork::new(1, 1, NetworkFaults::default()),
+                old_messages: f.old_messages.clone(),
+                new_messages: f.new_messages.clone(),
+                staged: vec![],
+                commit_op: f.commit_op,
+            }
+        };
+        block_on(p.install_partition_state(input(&f2))).unwrap();
+        assert_fully_installed(&p, &f2);
+        // Past its last call (the marker's removal, whose failure the
+        // install only logs) the install and the reboot agree.
+        if result.is_ok() && got == f.new_messages {
+            completed = true;
+            break;
+        }
+    }
+    assert!(completed, "the install never completed");
+    assert!(
+        seen.iter().all(|&c| c > 0),
+        "every outcome reached: old/new/empty = {seen:?}"
+    );
+}
+
+fn assert_unchanged_by(f: &mut Fixture, mutate: impl FnOnce(&mut InstallInput), expect: &str) {
+    let before = snapshot(&f.fs, Path::new("/data"));
+    let commit = (
+        f.old.replica().commit_min(),
+        f.old.replica().commit_max(),
+        f.old.offset_frontier(),
+        f.old.durable_offset_frontier(),
+    );
+    let mut i = input(f);
+    mutate(&mut i);
+    let err = block_on(f.old.install_partition_state(i)).unwrap_err();
+    assert!(format!("{err:?}").starts_with(expect), "{err:?}");
+    assert_eq!(snapshot(&f.fs, Path::new("/data")), before, "{expect}");
+    assert_eq!(
+        commit,
+        (
+            f.old.replica().commit_min(),
+            f.old.replica().commit_max(),
+            f.old.offset_frontier(),
+            f.old.durable_offset_frontier(),
+        )
+    );
+    assert_eq!(messages(&f.old), f.old_messages);
+    assert!(old_offsets(&f.old));
+}
+
+#[test]
+fn given_check_phase_refusal_when_installing_should_change_nothing_byte_for_byte() {
+    let (mut f, _) = fixture(2);
+    let op = f.commit_op;
+    assert_unchanged_by(&mut f, |i| i.commit_op = op - 1, "StaleTransfer");
+    assert_unchanged_by(
+        &mut f,
+        |i| i.offsets_artifact = artifact(10, 0),
+        "OfferRewindsDurableData",
+    );
+    assert_unchanged_by(
+        &mut f,
+        |i| {
+            let last = i.offsets_artifact.len() - 1;
+            i.offsets_artifact[last] ^= 0x40;
+        },
+        "Offsets",
+    );
+    assert_unchanged_by(
+        &mut f,
+        |i| i.staged.push(i.staged[2].clone()),
+        "DuplicateSegment",
+    );
+    assert_unchanged_by(
+        &mut f,
+        |i| {
+            i.staged.remove(3);
+        },
+        "SegmentSetHole",
+    );
+    assert_unchanged_by(
+        &mut f,
+        |i| i.offsets_artifact = artifact(FRONTIER + 5, 0),
+        "SegmentSetHole",
+    );
+    assert_unchanged_by(
+        &mut f,
+        |i| i.committed_purge_generation = Some(2),
+        "PurgeGenerationBehind",
+    );
+    // A staged file that is not there.
+    block_on(f.fs.remove_file(&f.staged[5].staging_paths(&dir()).1)).unwrap();
+    assert_unchanged_by(&mut f, |_| {}, "SwapIo");
+}
+
+#[test]
+fn given_empty_offer_when_installed_should_plant_a_frontier_segment_that_boots_as_the_frontier() {
+    let (mut f, _) = fixture(3);
+    let i = InstallInput {
+        staged: vec![],
+        offsets_artifact: ConsumerOffsetsWire {
+            purge_generation: 0,
+            next_offset: 40,
+            consumers: vec![(1, 12)],
+            groups: vec![],
+            dedup: vec![],
+        }
+        .encode(),
+        ..input(&f)
+    };
+    block_on(f.old.install_partition_state(i)).unwrap();
+    assert!(messages(&f.old).is_empty());
+    assert_eq!(f.old.log().next_offset(), 40);
+    assert_eq!(f.old.stored_offset(ConsumerKind::Consumer, 1), Some(12));
+    drop(f.old);
+    f.fs.crash_with(storage::fs::CrashMode::DropAll);
+    // Storage recovery alone reads the empty segment as the frontier.
+    let report = block_on(storage::recovery::recover_partition(
+        &f.fs,
+        &dir(),
+        storage::log::LogConfig::default().recovery(),
+    ))
+    .unwrap();
+    assert_eq!(report.next_offset(), Some(40));
+    let p = open_at(&f.fs, &dir(), 1 << 20);
+    assert_eq!(p.offset_frontier(), 40);
+    assert_eq!(p.stored_offset(ConsumerKind::Consumer, 1), Some(12));
+}
+
+#[test]
+fn given_offer_after_a_missed_purge_when_installed_should_reset_the_frontier_and_record_the_generation()
+ {
+    let (mut f, source) = fixture(4);
+    // Only the first staged segment: [0, 4], frontier 5 below the local 15.
+    for s in &f.staged[1..] {
+        let (log, index) = s.staging_paths(&dir());
+        block_on(f.fs.remove_file(&log)).unwrap();
+        block_on(f.fs.remove_file(&index)).unwrap();
+    }
+    let i = InstallInput {
+        staged: vec![f.staged[0].clone()],
+        offsets_artifact: ConsumerOffsetsWire {
+            purge_generation: 1,
+            next_offset: 5,
+            consumers: vec![],
+            groups: vec![],
+            dedup: vec![],
+        }
+        .encode(),
+        ..input(&f)
+    };
+    let out = block_on(f.old.install_partition_state(i.clone())).unwrap();
+    assert!(out.purge_generation_recorded);
+    assert_eq!(f.old.purge_generation(), 1);
+    assert_eq!(f.old.offset_frontier(), 5);
+    assert_eq!(messages(&f.old), f.new_messages[..5].to_vec());
+    drop(f.old);
+    f.fs.crash_with(storage::fs::CrashMode::DropAll);
+    let mut p = open_at(&f.fs, &dir(), 1 << 20);
+    assert_eq!(p.purge_generation(), 1);
+    assert_eq!(p.offset_frontier(), 5);
+    // The same offer again no longer advances a purge, and an older one is
+    // refused.
+    let _ = stage(&f.fs, &source[..1]);
+    let stale = InstallInput {
+        offsets_artifact: artifact(FRONTIER, 0),
+        ..i
+    };
+    let err = block_on(p.install_partition_state(stale)).unwrap_err();
+    assert!(matches!(
+        err,
+        PartitionInstallError::PurgeGenerationBehind { .. }
+    ));
+}
+
+/// Errors allowed when `kind` fails at some call of the install, and
+/// whether the partition must then be old (refused) or converged.
+fn classify(err: &PartitionInstallError) -> &'static str {
+    match err {
+        PartitionInstallError::OffsetPersistence { .. }
+        | PartitionInstallError::FrontierNotDurable { .. }
+        | PartitionInstallError::SwapIo { .. }
+        | PartitionInstallError::SegmentOpen { .. } => "ok",
+        other => panic!("unexpected install error {other:?}"),
+    }
+}
+
+/// Fault at every call of each kind, with each errno: the right variant,
+/// and the partition is either unchanged (refused before the frontier),
+/// converged to empty at the frontier (serving an empty range and
+/// accepting the install again), or fully installed.
+#[test]
+fn given_fault_at_every_step_when_installing_should_refuse_or_converge() {
+    let kinds = [
+        (FaultKind::Open, EACCES),
+        (FaultKind::Write, ENOSPC),
+        (FaultKind::Sync, EIO),
+        (FaultKind::Rename, EIO),
+        (FaultKind::Remove, EACCES),
+        (FaultKind::ReadDir, EIO),
+    ];
+    let mut outcomes = std::collections::BTreeMap::<String, u32>::new();
+    for (k, (kind, errno)) in kinds.into_iter().enumerate() {
+        for nth in 1..80 {
+            let (mut f, source) = fixture(1000 + k as u64 * 100 + nth);
+            f.fs.fail_nth(kind, nth, errno);
+            let result = block_on(f.old.install_partition_state(input(&f)));
+            f.fs.clear_faults();
+            match result {
+                Ok(_) => {
+                    assert_fully_installed(&f.old, &f);
+                    break;
+                }
+                Err(PartitionInstallError::ConvergeFailed { .. }) => {
+                    // A converge can only fail on a second fault; with one
+                    // fault armed it never does.
+                    panic!("{kind:?} #{nth}: converge failed on a single fault");
+                }
+                Err(err) => {
+                    classify(&err);
+                    let name = format!("{err:?}");
+                    let name = name.split([' ', '{', '(']).next().unwrap().to_owned();
+                    *outcomes.entry(name.clone()).or_default() += 1;
+                    assert!(f.old.fenced().is_none());
+                    if messages(&f.old) == f.old_messages {
+                        assert!(
+                            matches!(
+                                err,
+                                PartitionInstallError::OffsetPersistence { .. }
+                                    | PartitionInstallError::FrontierNotDurable { .. }
+                                    | PartitionInstallError::SwapIo { .. }
+                            ),
+                            "{kind:?} #{nth}: {err:?}"
+                        );
+                        assert!(old_offsets(&f.old));
+                        assert_eq!(f.old.offset_frontier(), 15);
+                    } else {
+                        assert_converged(&f.old, &f.fs);
+                        assert!(!block_on(f.fs.exists(&dir().join(INSTALL_MARKER_FILE))).unwrap());
+                    }
+                    // Either way the partition takes the install again.
+                    let staged = stage(&f.fs, &source);
+                    let again = InstallInput {
+                        staged,
+                        ..input(&f)
+                    };
+                    block_on(f.old.install_partition_state(again))
+                        .unwrap_or_else(|e| panic!("{kind:?} #{nth}: retry failed: {e:?}"));
+                    assert_fully_installed(&f.old, &f);
+                }
+            }
+        }
+    }
+    for expected in [
+        "FrontierNotDurable",
+        "OffsetPersistence",
+        "SwapIo",
+        "SegmentOpen",
+    ] {
+        assert!(
+            outcomes.contains_key(expected),
+            "no fault produced {expected}: {outcomes:?}"
+        );
+    }
+}
+
+#[test]
+fn given_converged_partition_when_producing_should_mint_from_the_frontier() {
+    let (mut f, _) = fixture(5);
+    // A staged log rename fails after the indexes are in: converge.
+    f.fs.fail_nth(FaultKind::Rename, 7, EIO);
+    let err = block_on(f.old.install_partition_state(input(&f))).unwrap_err();
+    f.fs.clear_faults();
+    assert!(
+        matches!(err, PartitionInstallError::SwapIo { .. }),
+        "{err:?}"
+    );
+    assert_converged(&f.old, &f.fs);
+    let polled = block_on(f.old.poll(&PollRequest {
+        consumer: (ConsumerKind::Consumer, 1),
+        strategy: PollingStrategy::Offset(0),
+        count: 10,
+        auto_commit: false,
+    }))
+    .unwrap();
+    assert_eq!(polled.count, 0);
+    // Appends continue at the frontier.
+    let mut node = Node {
+        partition: f.old,
+        net: f.old_net,
+        session: 0,
+        next_request: 1,
+        now_us: 3_000_000,
+    };
+    node.register();
+    node.produce(900, 3);
+    let got = messages(&node.partition);
+    assert_eq!(
+        got.iter().map(|m| m.0).collect::<Vec<_>>(),
+        vec![FRONTIER, FRONTIER + 1, FRONTIER + 2]
+    );
+}
+
+#[test]
+fn given_converge_failure_when_installing_should_fence_and_quarantine_segment_files() {
+    let (mut f, _) = fixture(6);
+    // A staged index rename fails, then the converge's directory listing.
+    // (Rename #1 is the install marker's.)
+    f.fs.fail_nth(FaultKind::Rename, 2, EIO);
+    f.fs.fail_nth(FaultKind::ReadDir, 2, EIO);
+    let err = block_on(f.old.install_partition_state(input(&f))).unwrap_err();
+    let PartitionInstallError::ConvergeFailed { frontier, .. } = err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(frontier, FRONTIER);
+    f.fs.clear_faults();
+    assert!(f.old.fenced().is_some());
+    assert!(matches!(
+        block_on(f.old.on_tick(5_000_000)),
+        Err(partitions::PartitionError::Fenced { .. })
+    ));
+    let err = block_on(f.old.install_partition_state(input(&f))).unwrap_err();
+    assert!(
+        matches!(err, PartitionInstallError::Fenced { .. }),
+        "{err:?}"
+    );
+    let superblock_before: Vec<_> = snapshot(&f.fs, &dir())
+        .into_iter()
+        .filter(|(p, _)| p.to_string_lossy().contains("superblock"))
+        .collect();
+    assert!(!superblock_before.is_empty());
+    let target = block_on(f.old.fence_segment_files("converge failed")).unwrap();
+    assert_eq!(target, PathBuf::from("/data/p0.fenced.0"));
+    let left: Vec<_> = snapshot(&f.fs, &dir())
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| {
+            let s = p.to_string_lossy();
+            s.ends_with(".log") || s.ends_with(".index") || s.ends_with(".staging")
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let moved = snapshot(&f.fs, &target);
+    assert!(!moved.is_empty());
+    let superblock_after: Vec<_> = snapshot(&f.fs, &dir())
+        .into_iter()
+        .filter(|(p, _)| p.to_string_lossy().contains("superblock"))
+        .collect();
+    assert_eq!(superblock_before, superblock_after);
+    // Durable: the move survives a crash that drops everything unsynced.
+    drop(f.old);
+    f.fs.crash_with(storage::fs::CrashMode::DropAll);
+    assert_eq!(snapshot(&f.fs, &target).len(), moved.len());
+    // A second fence takes the next free name; the reboot converges at
+    // the recorded frontier.
+    assert_eq!(
+        block_on(partitions::state_transfer::fence_partition(&f.fs, &dir())).unwrap(),
+        PathBuf::from("/data/p0.fenced.1")
+    );
+    let p = open_at(&f.fs, &dir(), 1 << 20);
+    assert_eq!(p.offset_frontier(), FRONTIER);
+    assert!(messages(&p).is_empty());
+}
