@@ -181,7 +181,7 @@ impl<H: FsFile> SegmentSpill<H> {
     /// (yielding between them) to rebuild the checksum and the walk, drops
     /// any unsynced tail, and carries on from there. The prefix is walked
     /// again, so bytes that rotted on disk since are refused here, not
-    /// installed.
+    /// installed. [`PrefixRehash`] does the same in budgeted steps.
     ///
     /// # Errors
     /// [`SpillError::StagingIo`] when the file is gone or shorter than the
@@ -192,38 +192,38 @@ impl<H: FsFile> SegmentSpill<H> {
         point: ResumePoint,
         config: SpillConfig,
     ) -> Result<Self, SpillError> {
-        let (log_path, index_path) = staging_paths(dir, point.entry.frontier);
-        let file = fs
-            .open(&log_path, OpenOptions::read_write())
+        let mut rehash =
+            PrefixRehash::open(fs, dir, point.entry, point.synced_len_bytes, true).await?;
+        while !rehash
+            .advance(fs, u64::MAX, config.rehash_slice_bytes)
+            .await?
+        {}
+        Self::from_rehash(rehash, config).await
+    }
+
+    /// Continues a spill from a completed [`PrefixRehash`] of its synced
+    /// prefix (opened writable), cutting any unsynced tail.
+    ///
+    /// # Errors
+    /// [`SpillError::StagingIo`] when the tail cannot be cut.
+    pub async fn from_rehash(
+        rehash: PrefixRehash<H>,
+        config: SpillConfig,
+    ) -> Result<Self, SpillError> {
+        debug_assert!(rehash.done());
+        let synced = rehash.hasher.hashed_len_bytes();
+        rehash
+            .file
+            .set_len(synced)
             .await
-            .map_err(io_error(&log_path))?;
-        let mut hasher = StateArtifactHasher::new();
-        let mut walker = SegmentWalker::new(point.entry.frontier);
-        rehash_prefix(
-            fs,
-            &file,
-            point.synced_len_bytes.min(point.entry.len),
-            config.rehash_slice_bytes,
-            &mut hasher,
-            &mut walker,
-        )
-        .await
-        .map_err(|e| match e {
-            RehashError::Io(source) => SpillError::StagingIo {
-                path: log_path.clone(),
-                source,
-            },
-            RehashError::Walk(w) => SpillError::Walk(w),
-        })?;
-        let synced = hasher.hashed_len_bytes();
-        file.set_len(synced).await.map_err(io_error(&log_path))?;
+            .map_err(io_error(&rehash.log_path))?;
         Ok(Self {
-            entry: point.entry,
-            log_path,
-            index_path,
-            file,
-            hasher,
-            walker,
+            entry: rehash.entry,
+            log_path: rehash.log_path,
+            index_path: rehash.index_path,
+            file: rehash.file,
+            hasher: rehash.hasher,
+            walker: rehash.walker,
             received_len_bytes: synced,
             synced_len_bytes: synced,
             config,
@@ -336,45 +336,154 @@ async fn write_synced<F: Fs>(fs: &F, path: &Path, bytes: Vec<u8>) -> Result<(), 
     file.sync_data().await.map_err(io_error(path))
 }
 
-enum RehashError {
-    Io(std::io::Error),
-    Walk(super::walk::SegmentWalkError),
+/// An incremental re-read of a staged log's first `target_len_bytes`,
+/// rebuilding its checksum and walk: the work behind a resume and an
+/// adoption, done in steps of bounded bytes so a driver can spread a
+/// multi-GiB re-read over many ticks (ST-B1).
+#[derive(Debug)]
+pub struct PrefixRehash<H: FsFile> {
+    entry: StateArtifact,
+    log_path: PathBuf,
+    index_path: PathBuf,
+    file: H,
+    hasher: StateArtifactHasher,
+    walker: SegmentWalker,
+    target_len_bytes: u64,
+    buf: Vec<u8>,
 }
 
-/// Feeds the first `len` bytes of `file` to `hasher` and `walker`, one
-/// slice at a time with a yield between slices, reusing one buffer.
-async fn rehash_prefix<F: Fs>(
-    fs: &F,
-    file: &F::File,
-    len: u64,
-    slice_bytes: usize,
-    hasher: &mut StateArtifactHasher,
-    walker: &mut SegmentWalker,
-) -> Result<(), RehashError> {
-    let slice_bytes = slice_bytes.max(1);
-    let mut buf = Vec::with_capacity(slice_bytes);
-    let mut at = 0u64;
-    while at < len {
-        // Lossless: bounded by slice_bytes.
-        let want = (len - at).min(slice_bytes as u64) as usize;
-        buf = file
-            .read_exact_into(buf, want, at)
+impl<H: FsFile> PrefixRehash<H> {
+    /// Opens `entry`'s staged log for a re-read of its first
+    /// `target_len_bytes` (capped at the entry's length); `writable` when a
+    /// spill will continue it.
+    ///
+    /// # Errors
+    /// [`SpillError::StagingIo`] when the file cannot be opened.
+    pub async fn open<F: Fs<File = H>>(
+        fs: &F,
+        dir: &Path,
+        entry: StateArtifact,
+        target_len_bytes: u64,
+        writable: bool,
+    ) -> Result<Self, SpillError> {
+        let (log_path, index_path) = staging_paths(dir, entry.frontier);
+        let opts = if writable {
+            OpenOptions::read_write()
+        } else {
+            OpenOptions::read_only()
+        };
+        let file = fs
+            .open(&log_path, opts)
             .await
-            .map_err(RehashError::Io)?;
-        walker.feed(&buf).map_err(RehashError::Walk)?;
-        hasher.update(&buf);
-        at += want as u64;
-        fs.yield_now().await;
+            .map_err(io_error(&log_path))?;
+        Ok(Self {
+            entry,
+            log_path,
+            index_path,
+            file,
+            hasher: StateArtifactHasher::new(),
+            walker: SegmentWalker::new(entry.frontier),
+            target_len_bytes: target_len_bytes.min(entry.len),
+            buf: Vec::new(),
+        })
     }
-    Ok(())
+
+    /// The manifest entry.
+    pub fn entry(&self) -> &StateArtifact {
+        &self.entry
+    }
+
+    /// Bytes re-read so far.
+    pub fn rehashed_len_bytes(&self) -> u64 {
+        self.hasher.hashed_len_bytes()
+    }
+
+    /// Whether the whole target prefix was re-read.
+    pub fn done(&self) -> bool {
+        self.hasher.hashed_len_bytes() >= self.target_len_bytes
+    }
+
+    /// Re-reads up to `budget_bytes` more (at least one slice), in slices
+    /// of `slice_bytes` with a yield after each, reusing one buffer.
+    /// Returns whether the prefix is complete.
+    ///
+    /// # Errors
+    /// [`SpillError::StagingIo`] for a failed or short read,
+    /// [`SpillError::Walk`] for bytes that no longer walk.
+    pub async fn advance<F: Fs<File = H>>(
+        &mut self,
+        fs: &F,
+        budget_bytes: u64,
+        slice_bytes: usize,
+    ) -> Result<bool, SpillError> {
+        let slice_bytes = slice_bytes.max(1) as u64;
+        let mut spent = 0u64;
+        while !self.done() && (spent == 0 || spent < budget_bytes) {
+            let at = self.hasher.hashed_len_bytes();
+            // Lossless: bounded by slice_bytes, a usize.
+            let want = (self.target_len_bytes - at).min(slice_bytes) as usize;
+            let buf = std::mem::take(&mut self.buf);
+            self.buf = self
+                .file
+                .read_exact_into(buf, want, at)
+                .await
+                .map_err(io_error(&self.log_path))?;
+            self.walker.feed(&self.buf)?;
+            self.hasher.update(&self.buf);
+            spent += want as u64;
+            fs.yield_now().await;
+        }
+        if self.done() {
+            self.buf = Vec::new();
+        }
+        Ok(self.done())
+    }
+
+    /// Ends a complete re-read of a whole staged log as an adoption: the
+    /// checksum against the entry and the end of the walk; on a match the
+    /// index is rewritten and synced (an earlier crash may have lost it;
+    /// the caller syncs the directory once for every adoption). `Ok(None)`
+    /// when the bytes do not match.
+    ///
+    /// # Errors
+    /// [`SpillError::StagingIo`] when writing the index fails.
+    pub async fn adopt<F: Fs<File = H>>(
+        self,
+        fs: &F,
+    ) -> Result<Option<StagedSegmentMeta>, SpillError> {
+        debug_assert!(self.done());
+        if self.target_len_bytes != self.entry.len || self.hasher.finish() != self.entry.checksum {
+            return Ok(None);
+        }
+        let Ok((stats, index)) = self.walker.finish() else {
+            return Ok(None);
+        };
+        let index_bytes = encode_entries(&index);
+        let index_size_bytes = index_bytes.len() as u64;
+        write_synced(fs, &self.index_path, index_bytes).await?;
+        Ok(Some(StagedSegmentMeta::from_walk(
+            &self.entry,
+            stats,
+            index_size_bytes,
+            (self.log_path, self.index_path),
+        )))
+    }
+}
+
+/// Whether `entry`'s staged log exists with exactly its length: the cheap
+/// test before an adoption reads anything (the common miss, a grown active
+/// segment, costs no read).
+pub async fn staged_len_matches<F: Fs>(fs: &F, dir: &Path, entry: &StateArtifact) -> bool {
+    let (log_path, _) = staging_paths(dir, entry.frontier);
+    matches!(
+        fs.metadata(&log_path).await,
+        Ok(m) if m.kind == FileKind::File && m.len == entry.len
+    )
 }
 
 /// Adopts a staged log left by an earlier session if it matches `entry`
-/// byte for byte: the length first (no read on a mismatch, the common case
-/// of a grown active segment), then a streaming re-read that rebuilds the
-/// checksum and the walk in slices. A match gets its index rewritten and
-/// synced (an earlier crash may have lost it); the caller syncs the
-/// directory once for every adoption. `Ok(None)`: no file, or no match.
+/// byte for byte, in one go ([`PrefixRehash`] in steps is the budgeted
+/// form). `Ok(None)`: no file, or no match.
 ///
 /// # Errors
 /// [`SpillError::StagingIo`] when writing the index fails.
@@ -384,42 +493,19 @@ pub async fn adopt_staged_segment<F: Fs>(
     entry: &StateArtifact,
     rehash_slice_bytes: usize,
 ) -> Result<Option<StagedSegmentMeta>, SpillError> {
-    let (log_path, index_path) = staging_paths(dir, entry.frontier);
-    match fs.metadata(&log_path).await {
-        Ok(meta) if meta.kind == FileKind::File && meta.len == entry.len => {}
-        _ => return Ok(None),
-    }
-    let Ok(file) = fs.open(&log_path, OpenOptions::read_only()).await else {
-        return Ok(None);
-    };
-    let mut hasher = StateArtifactHasher::new();
-    let mut walker = SegmentWalker::new(entry.frontier);
-    if rehash_prefix(
-        fs,
-        &file,
-        entry.len,
-        rehash_slice_bytes,
-        &mut hasher,
-        &mut walker,
-    )
-    .await
-    .is_err()
-        || hasher.finish() != entry.checksum
-    {
+    if !staged_len_matches(fs, dir, entry).await {
         return Ok(None);
     }
-    let Ok((stats, index)) = walker.finish() else {
+    let Ok(mut rehash) = PrefixRehash::open(fs, dir, *entry, entry.len, false).await else {
         return Ok(None);
     };
-    let index_bytes = encode_entries(&index);
-    let index_size_bytes = index_bytes.len() as u64;
-    write_synced(fs, &index_path, index_bytes).await?;
-    Ok(Some(StagedSegmentMeta::from_walk(
-        entry,
-        stats,
-        index_size_bytes,
-        (log_path, index_path),
-    )))
+    loop {
+        match rehash.advance(fs, u64::MAX, rehash_slice_bytes).await {
+            Ok(true) => return rehash.adopt(fs).await,
+            Ok(false) => {}
+            Err(_) => return Ok(None),
+        }
+    }
 }
 
 /// Unlinks every `.staging` file in `dir` whose path is not in `keep`,
