@@ -253,10 +253,28 @@ fn drive(
                 block_on(rx.on_chunk(peer_id, nonce, chunk.artifact, chunk.offset, payload, facts))
             }
         };
+        let mut step = step;
+        // Preparing an accepted offer (re-reading staged files) continues
+        // on ticks, one budget each.
+        let mut ticks = 0;
+        while matches!(step, ReceiveStep::Wait) {
+            ticks += 1;
+            assert!(ticks < 100_000, "preparation never finished");
+            step = block_on(rx.on_tick(facts));
+        }
         match step {
             ReceiveStep::Send(next) => request = next,
             other => return Ended::Step(other),
         }
+    }
+}
+
+/// One tick: the request it sends, `None` when it sends nothing.
+fn tick(rx: &mut TransferReceiver<SimFs>, facts: &LocalFacts) -> Option<TransferRequest> {
+    match block_on(rx.on_tick(facts)) {
+        ReceiveStep::Send(request) => Some(request),
+        ReceiveStep::Wait => None,
+        other => panic!("tick: {other:?}"),
     }
 }
 
@@ -672,7 +690,7 @@ fn given_torn_write_mid_spill_when_next_session_resumes_should_cut_the_unsynced_
     assert_eq!(rearm.peer, 1, "rotated to the primary");
     let mut again = None;
     for _ in 0..rearm.after_ticks {
-        again = rx.on_tick(&facts);
+        again = tick(&mut rx, &facts);
     }
     // Peer 1 serves the same state.
     let mut other = Peer {
@@ -1065,7 +1083,7 @@ fn given_duplicate_descriptor_or_foreign_frames_when_received_should_ignore_them
         block_on(rx.on_chunk(1, nonce, 0, 0, Bytes::from_static(b"x"), &local())),
         ReceiveStep::Ignored(IgnoreReason::NotThisSession)
     ));
-    assert!(rx.session().unwrap().accepted.is_some());
+    assert!(rx.session().unwrap().accepted().is_some());
 }
 
 #[test]
@@ -1142,9 +1160,9 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
         })
     );
     for _ in 0..9 {
-        assert_eq!(rx.on_tick(&facts), None);
+        assert_eq!(tick(&mut rx, &facts), None);
     }
-    let Some(TransferRequest::Descriptor { peer: 1, nonce }) = rx.on_tick(&facts) else {
+    let Some(TransferRequest::Descriptor { peer: 1, nonce }) = tick(&mut rx, &facts) else {
         panic!("re-armed on the tenth tick");
     };
     // Faults: charged, rotated past the failed primary, doubling.
@@ -1165,7 +1183,7 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
         let mut armed = None;
         for _ in 0..rearm.after_ticks {
             assert!(armed.is_none());
-            armed = rx.on_tick(&facts);
+            armed = tick(&mut rx, &facts);
         }
         let Some(TransferRequest::Descriptor { peer: p, nonce: n }) = armed else {
             panic!("no re-arm")
@@ -1189,10 +1207,10 @@ fn given_silent_peer_when_ticked_should_re_request_then_fail_after_the_stall_bud
     };
     // No descriptor yet: the same nonce is asked again every 10 ticks.
     for _ in 0..9 {
-        assert_eq!(rx.on_tick(&facts), None);
+        assert_eq!(tick(&mut rx, &facts), None);
     }
     assert_eq!(
-        rx.on_tick(&facts),
+        tick(&mut rx, &facts),
         Some(TransferRequest::Descriptor { peer: 0, nonce })
     );
     // Accept, then lose the chunk: the pending chunk is asked again.
@@ -1218,13 +1236,17 @@ fn given_silent_peer_when_ticked_should_re_request_then_fail_after_the_stall_bud
     );
     for round in 1..=5 {
         for _ in 0..9 {
-            assert_eq!(rx.on_tick(&facts), None);
+            assert_eq!(tick(&mut rx, &facts), None);
         }
-        assert_eq!(rx.on_tick(&facts), Some(pending), "round {round}");
+        assert_eq!(tick(&mut rx, &facts), Some(pending), "round {round}");
     }
-    for _ in 0..10 {
-        assert_eq!(rx.on_tick(&facts), None);
+    for _ in 0..9 {
+        assert_eq!(tick(&mut rx, &facts), None);
     }
+    assert!(matches!(
+        block_on(rx.on_tick(&facts)),
+        ReceiveStep::Failed(ReceiveError::Stalled { attempts: 6 })
+    ));
     assert!(rx.session().is_none(), "stall budget spent");
     assert_eq!(rx.backoff().failures, 1);
     assert_eq!(
@@ -1359,4 +1381,84 @@ fn given_resume_point_when_staged_prefix_rotted_should_pull_the_segment_whole() 
     );
     assert_staged_match(&fs, &done, &peer);
     let _ = ConsumerOffsetsWire::default();
+}
+
+#[test]
+fn given_staged_files_and_small_prepare_budget_when_offer_accepted_should_reread_them_over_many_ticks()
+ {
+    let mut peer = Peer::new(120, 256 * 1024, 40, 16, 1024);
+    let (fs, _node) = receiver_fs(121);
+    let cfg = receiver_config(32 * 1024, 64 * 1024);
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), cfg, 31);
+    let first = rx.arm(0);
+    let done = complete(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks::default(),
+    ));
+    let staged_bytes: u64 = done.staged.iter().map(|m| m.size_bytes).sum();
+    assert!(staged_bytes > 512 * 1024, "{staged_bytes}");
+
+    // A fresh receiver re-reads every staged log, 64 KiB per call.
+    let budget = 64 * 1024;
+    let mut rx = TransferReceiver::new(
+        fs.clone(),
+        &dir(),
+        ReceiverConfig {
+            prepare_budget_bytes: budget,
+            ..cfg
+        },
+        32,
+    );
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+        unreachable!()
+    };
+    let offer = block_on(peer.server.on_request_state_transfer(
+        &mut peer.node.partition,
+        ME,
+        nonce,
+        &NoClock,
+    ))
+    .unwrap();
+    let header = StateTransferTargetHeader {
+        nonce,
+        commit_op: offer.commit_op(),
+        group: 0,
+        available: true,
+        unavailable_transient: false,
+        commit_max: peer.node.partition.replica().commit_max(),
+    };
+    let step = block_on(rx.on_target(0, 0, &header, offer.encoded_manifest(), &local()));
+    assert!(matches!(step, ReceiveStep::Wait), "{step:?}");
+    assert!(rx.session().unwrap().descriptor_accepted());
+    let mut ticks = 1;
+    let request = loop {
+        if let Some(request) = tick(&mut rx, &local()) {
+            break request;
+        }
+        ticks += 1;
+    };
+    let stats = rx.stats();
+    assert_eq!(stats.rehashed_bytes, staged_bytes);
+    assert!(
+        stats.rehashed_bytes_max_per_call <= budget,
+        "{}",
+        stats.rehashed_bytes_max_per_call
+    );
+    assert!(ticks >= staged_bytes / budget, "{ticks} calls");
+    assert_eq!(stats.adopted_segments, done.staged.len() as u64);
+    // Only the offsets artifact is left to pull.
+    let again = complete(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        request,
+        &local(),
+        &Hooks::default(),
+    ));
+    assert_eq!(rx.stats().chunk_requests, 1);
+    assert_eq!(again.staged, done.staged);
 }

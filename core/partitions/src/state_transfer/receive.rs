@@ -15,6 +15,12 @@
 //! ([`check_chunk`]), idle ticks reset only by a descriptor accepted or
 //! bytes landed, a re-request every `repair_retry_ticks` idle ticks that
 //! burns one stall attempt, and a failure once the stall budget is spent.
+//! An accepted offer is first *prepared*: staged files an earlier
+//! attempt left are re-read (adopted when they match an entry, continued
+//! when they are the synced prefix of an interrupted spill) at most
+//! [`ReceiverConfig::prepare_budget_bytes`] per call, the rest on the next
+//! ticks, so a multi-GiB re-read never holds the shard's loop (ST-B1).
+//!
 //! Every failure ends the session and schedules a [`PendingRearm`]: a
 //! charged failure doubles the delay (up to 1024× the base) and rotates the
 //! peer; a transient refusal waits the flat base and charges nothing.
@@ -34,8 +40,8 @@ use storage::fs::Fs;
 use super::errors::SpillError;
 use super::serve::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
 use super::spill::{
-    ResumePoint, SegmentSpill, SpillConfig, StagedSegmentMeta, adopt_staged_segment,
-    segment_manifest_digest, staging_paths, sweep_staging_except,
+    PrefixRehash, ResumePoint, SegmentSpill, SpillConfig, StagedSegmentMeta,
+    segment_manifest_digest, staged_len_matches, sweep_staging_except,
 };
 use super::wire::{ConsumerOffsetsWire, ConsumerOffsetsWireError};
 use crate::bus::MessageBus;
@@ -65,7 +71,14 @@ pub struct ReceiverConfig {
     pub segment_artifact_len_max_bytes: u64,
     /// How staging files are synced and re-read.
     pub spill: SpillConfig,
+    /// Bytes of staged files re-read per call while preparing an accepted
+    /// offer (reuse, resume): the rest waits for the next tick (ST-B1).
+    pub prepare_budget_bytes: u64,
 }
+
+/// Default preparation budget per call: 64 MiB (tens of milliseconds of
+/// reading and hashing).
+pub const PREPARE_BUDGET_BYTES_DEFAULT: u64 = 64 << 20;
 
 impl Default for ReceiverConfig {
     fn default() -> Self {
@@ -75,6 +88,7 @@ impl Default for ReceiverConfig {
             stall_attempts_max: STALL_ATTEMPTS_MAX_DEFAULT,
             segment_artifact_len_max_bytes: SEGMENT_ARTIFACT_LEN_MAX_DEFAULT,
             spill: SpillConfig::default(),
+            prepare_budget_bytes: PREPARE_BUDGET_BYTES_DEFAULT,
         }
     }
 }
@@ -224,6 +238,48 @@ pub struct AcceptedTransfer<H: storage::fs::FsFile> {
     pub artifacts: Vec<TransferArtifact<H>>,
 }
 
+/// Which staged file an accepted offer's preparation is re-reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Candidate {
+    /// A whole staged log, to adopt if it matches.
+    Adopt,
+    /// The synced prefix of an interrupted spill, to continue.
+    Resume,
+}
+
+/// An accepted offer whose staged files are being re-read (ST-R3 reuse,
+/// ST-B2 resume) in budgeted steps before the first chunk is requested.
+#[derive(Debug)]
+pub struct Preparation<H: storage::fs::FsFile> {
+    descriptor: AcceptedDescriptor,
+    digest: u64,
+    memo_hit: bool,
+    next_index: usize,
+    current: Option<(usize, Candidate, PrefixRehash<H>)>,
+    adopted: Vec<(usize, StagedSegmentMeta)>,
+    newly_adopted: usize,
+    keep: Vec<PathBuf>,
+    resumed: Option<(usize, SegmentSpill<H>)>,
+}
+
+impl<H: storage::fs::FsFile> Preparation<H> {
+    /// The accepted descriptor.
+    pub fn descriptor(&self) -> &AcceptedDescriptor {
+        &self.descriptor
+    }
+}
+
+/// Where a session is.
+#[derive(Debug)]
+pub enum SessionStage<H: storage::fs::FsFile> {
+    /// The descriptor request is out.
+    AwaitingDescriptor,
+    /// A descriptor was accepted; staged files are being re-read.
+    Preparing(Box<Preparation<H>>),
+    /// Chunks are being pulled.
+    Fetching(AcceptedTransfer<H>),
+}
+
 /// One pull session against one peer.
 #[derive(Debug)]
 pub struct TransferSession<H: storage::fs::FsFile> {
@@ -231,12 +287,27 @@ pub struct TransferSession<H: storage::fs::FsFile> {
     pub nonce: u128,
     /// The serving peer; also where re-requests go.
     pub peer: u8,
-    /// The accepted offer, `None` while waiting for a descriptor.
-    pub accepted: Option<AcceptedTransfer<H>>,
+    /// Where the session is.
+    pub stage: SessionStage<H>,
     /// Ticks since the last progress.
     pub idle_ticks: u64,
     /// Stall rounds burned since the last progress.
     pub stall_attempts: u32,
+}
+
+impl<H: storage::fs::FsFile> TransferSession<H> {
+    /// The accepted offer and its slots, once fetching.
+    pub fn accepted(&self) -> Option<&AcceptedTransfer<H>> {
+        match &self.stage {
+            SessionStage::Fetching(accepted) => Some(accepted),
+            SessionStage::AwaitingDescriptor | SessionStage::Preparing(_) => None,
+        }
+    }
+
+    /// Whether a descriptor was accepted (preparing or fetching).
+    pub fn descriptor_accepted(&self) -> bool {
+        !matches!(self.stage, SessionStage::AwaitingDescriptor)
+    }
 }
 
 /// A scheduled re-arm: a fresh session against `peer` once `after_ticks`
@@ -497,11 +568,14 @@ pub struct ReceivedTransfer {
     pub offsets_bytes: Vec<u8>,
 }
 
-/// What a frame did.
+/// What a frame or a tick did.
 #[derive(Debug)]
 pub enum ReceiveStep {
     /// Nothing to send.
     Ignored(IgnoreReason),
+    /// Nothing to send now: waiting for a frame, a scheduled re-arm, or the
+    /// next tick to continue preparing an accepted offer.
+    Wait,
     /// Send this.
     Send(TransferRequest),
     /// Every artifact is in: install it.
@@ -528,6 +602,10 @@ pub struct ReceiverStats {
     pub resumed_spills: u64,
     /// Bytes a resume did not have to pull again.
     pub resumed_bytes: u64,
+    /// Staged bytes re-read by reuse and resume.
+    pub rehashed_bytes: u64,
+    /// Most staged bytes re-read in one call.
+    pub rehashed_bytes_max_per_call: u64,
 }
 
 /// Consecutive-failure backoff (ST-R4).
@@ -658,7 +736,7 @@ impl<F: Fs> TransferReceiver<F> {
         self.session = Some(TransferSession {
             nonce,
             peer,
-            accepted: None,
+            stage: SessionStage::AwaitingDescriptor,
             idle_ticks: 0,
             stall_attempts: 0,
         });
@@ -666,12 +744,13 @@ impl<F: Fs> TransferReceiver<F> {
         TransferRequest::Descriptor { peer, nonce }
     }
 
-    /// Drops the live session, keeping where its spill could resume.
+    /// Drops the live session, keeping where its spill could resume. (A
+    /// session dropped while preparing keeps the resume point it had.)
     fn end_session(&mut self) {
         let Some(session) = self.session.take() else {
             return;
         };
-        let Some(accepted) = session.accepted else {
+        let SessionStage::Fetching(accepted) = session.stage else {
             return;
         };
         for slot in accepted.artifacts {
@@ -753,24 +832,29 @@ impl<F: Fs> TransferReceiver<F> {
     }
 
     /// One tick: counts a scheduled re-arm down (arming when it fires and
-    /// no session is live), or counts the session's idle ticks and
+    /// no session is live); continues preparing an accepted offer by one
+    /// budget of re-reading; or counts the session's idle ticks and
     /// re-requests after `repair_retry_ticks` of them, failing the attempt
     /// once the stall budget is spent.
-    pub fn on_tick(&mut self, local: &LocalFacts) -> Option<TransferRequest> {
-        if self.session.is_none() {
-            let rearm = self.rearm.as_mut()?;
+    pub async fn on_tick(&mut self, local: &LocalFacts) -> ReceiveStep {
+        let Some(session) = self.session.as_mut() else {
+            let Some(rearm) = self.rearm.as_mut() else {
+                return ReceiveStep::Wait;
+            };
             rearm.after_ticks = rearm.after_ticks.saturating_sub(1);
             if rearm.after_ticks > 0 {
-                return None;
+                return ReceiveStep::Wait;
             }
             let peer = rearm.peer;
-            return Some(self.arm(peer));
+            return ReceiveStep::Send(self.arm(peer));
+        };
+        if matches!(session.stage, SessionStage::Preparing(_)) {
+            // Local work, not a silent peer: no idle ticks counted.
+            return self.prepare(local).await;
         }
-        let retry = self.config.repair_retry_ticks.max(1);
-        let session = self.session.as_mut()?;
         session.idle_ticks += 1;
-        if session.idle_ticks < retry {
-            return None;
+        if session.idle_ticks < self.config.repair_retry_ticks.max(1) {
+            return ReceiveStep::Wait;
         }
         session.idle_ticks = 0;
         session.stall_attempts += 1;
@@ -780,7 +864,7 @@ impl<F: Fs> TransferReceiver<F> {
             self.end_session();
             let error = ReceiveError::Stalled { attempts };
             self.schedule_rearm(&error, peer, local);
-            return None;
+            return ReceiveStep::Failed(error);
         }
         let (peer, nonce) = (session.peer, session.nonce);
         tracing::debug!(
@@ -788,21 +872,26 @@ impl<F: Fs> TransferReceiver<F> {
             attempt = session.stall_attempts,
             "state transfer idle; re-requesting"
         );
-        match &session.accepted {
-            None => Some(TransferRequest::Descriptor { peer, nonce }),
-            Some(accepted) => {
-                let next =
-                    next_pending_chunk(&accepted.artifacts, self.config.chunk_len_max_bytes)?;
+        let request = match &session.stage {
+            SessionStage::AwaitingDescriptor => TransferRequest::Descriptor { peer, nonce },
+            SessionStage::Fetching(accepted) => {
+                let Some(next) =
+                    next_pending_chunk(&accepted.artifacts, self.config.chunk_len_max_bytes)
+                else {
+                    return ReceiveStep::Wait;
+                };
                 self.stats.chunk_requests += 1;
-                Some(TransferRequest::Chunk {
+                TransferRequest::Chunk {
                     peer,
                     nonce,
                     artifact: next.artifact,
                     offset: next.offset,
                     len: next.len,
-                })
+                }
             }
-        }
+            SessionStage::Preparing(_) => return ReceiveStep::Wait,
+        };
+        ReceiveStep::Send(request)
     }
 
     /// Handles a `StateTransferTarget` from `from` in view `view`, with the
@@ -821,7 +910,7 @@ impl<F: Fs> TransferReceiver<F> {
         if session.nonce != header.nonce || session.peer != from {
             return ReceiveStep::Ignored(IgnoreReason::NotThisSession);
         }
-        if session.accepted.is_some() {
+        if session.descriptor_accepted() {
             return ReceiveStep::Ignored(IgnoreReason::DuplicateDescriptor);
         }
         if !header.available {
@@ -834,93 +923,34 @@ impl<F: Fs> TransferReceiver<F> {
             Ok(d) => d,
             Err(refusal) => return self.fail(ReceiveError::Descriptor(refusal), local).await,
         };
-        let artifacts = self.open_slots(&descriptor.manifest).await;
         tracing::info!(
             peer = from,
             commit_op = descriptor.commit_op,
-            artifacts = artifacts.len(),
-            staged = artifacts
-                .iter()
-                .filter(|a| matches!(a, TransferArtifact::Staged(_)))
-                .count(),
+            artifacts = descriptor.manifest.len(),
             "state-transfer descriptor accepted"
         );
+        let preparation = self.begin_preparation(descriptor).await;
         let Some(session) = self.session.as_mut() else {
             return ReceiveStep::Ignored(IgnoreReason::NoSession);
         };
         session.idle_ticks = 0;
         session.stall_attempts = 0;
-        session.accepted = Some(AcceptedTransfer {
-            descriptor,
-            artifacts,
-        });
-        self.progress(local).await
+        session.stage = SessionStage::Preparing(Box::new(preparation));
+        self.prepare(local).await
     }
 
-    /// The slots of a just-accepted manifest: staged files adopted (ST-R3),
-    /// an interrupted spill of one of its entries resumed (ST-B2), the rest
-    /// pending; every other staging file swept.
-    async fn open_slots(&mut self, manifest: &[StateArtifact]) -> Vec<TransferArtifact<F::File>> {
-        let adopted = self.reuse_staged(manifest).await;
-        let mut slots = Vec::with_capacity(manifest.len());
-        for (index, entry) in manifest.iter().enumerate() {
-            if let Some((_, meta)) = adopted.iter().find(|(i, _)| *i == index) {
-                slots.push(TransferArtifact::Staged(meta.clone()));
-                continue;
-            }
-            if entry.kind == artifact_kind::CONSUMER_OFFSETS {
-                slots.push(TransferArtifact::Pending(PendingArtifact::Offsets(
-                    ArtifactProgress::new(*entry),
-                )));
-                continue;
-            }
-            let mut spill = None;
-            if let Some(point) = self.resume.filter(|p| p.entry == *entry) {
-                match SegmentSpill::resume(&self.fs, &self.dir, point, self.config.spill).await {
-                    Ok(resumed) => {
-                        self.stats.resumed_spills += 1;
-                        self.stats.resumed_bytes += resumed.received_len_bytes();
-                        tracing::info!(
-                            start_offset = entry.frontier,
-                            resumed_bytes = resumed.received_len_bytes(),
-                            "resuming an interrupted segment spill"
-                        );
-                        spill = Some(Box::new(resumed));
-                    }
-                    Err(error) => {
-                        tracing::warn!(start_offset = entry.frontier, %error, "cannot resume spill; pulling it whole");
-                    }
-                }
-                self.resume = None;
-            }
-            slots.push(TransferArtifact::Pending(PendingArtifact::Segment {
-                entry: *entry,
-                spill,
-            }));
-        }
-        slots
-    }
-
-    /// ST-R3: adopts staged files matching a manifest entry byte for byte,
-    /// sweeps every other staging file except an interrupted spill the
-    /// manifest still lists, and memoizes the result by the segment digest.
-    async fn reuse_staged(
-        &mut self,
-        manifest: &[StateArtifact],
-    ) -> Vec<(usize, StagedSegmentMeta)> {
-        let digest = segment_manifest_digest(manifest);
-        // A resume point is only good for an entry this offer lists again;
-        // otherwise its file is about to be swept (or reused by another
-        // entry at the same base offset) and must not be built on later.
-        if self.resume.is_some_and(|p| !manifest.contains(&p.entry)) {
-            self.resume = None;
-        }
+    /// Starts preparing an accepted offer: a memo hit (the same segments
+    /// as the last scan, their files still there) adopts from the memo;
+    /// otherwise every staged log is a candidate for a re-read.
+    async fn begin_preparation(&mut self, descriptor: AcceptedDescriptor) -> Preparation<F::File> {
+        let digest = segment_manifest_digest(&descriptor.manifest);
+        let mut adopted = Vec::new();
+        let mut memo_hit = false;
         if let Some(memo) = self.reuse_memo.as_ref().filter(|m| m.digest == digest) {
-            let adopted = memo.adopted.clone();
             // The memo proves the bytes were validated; only their presence
             // needs checking (an install or a sweep may have removed them).
             let mut intact = true;
-            for (_, meta) in &adopted {
+            for (_, meta) in &memo.adopted {
                 let log = self.fs.metadata(&meta.log_staging).await;
                 let index = self.fs.metadata(&meta.index_staging).await;
                 if !matches!(log, Ok(m) if m.len == meta.size_bytes) || index.is_err() {
@@ -929,52 +959,126 @@ impl<F: Fs> TransferReceiver<F> {
                 }
             }
             if intact {
-                return adopted;
+                adopted.clone_from(&memo.adopted);
+                memo_hit = true;
             }
         }
-        self.reuse_memo = None;
-        self.stats.reuse_scans += 1;
-        let slice = self.config.spill.rehash_slice_bytes;
-        let mut adopted = Vec::new();
-        let mut keep = Vec::new();
-        for (index, entry) in manifest.iter().enumerate() {
-            if entry.kind != artifact_kind::SEGMENT_LOG {
-                continue;
-            }
-            match adopt_staged_segment(&self.fs, &self.dir, entry, slice).await {
-                Ok(Some(meta)) => {
-                    keep.push(meta.log_staging.clone());
-                    keep.push(meta.index_staging.clone());
-                    adopted.push((index, meta));
-                }
-                Ok(None) => {
-                    if self.resume.is_some_and(|p| p.entry == *entry) {
-                        keep.push(staging_paths(&self.dir, entry.frontier).0);
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(start_offset = entry.frontier, %error, "cannot adopt staged segment");
-                }
-            }
+        if !memo_hit {
+            self.reuse_memo = None;
+            self.stats.reuse_scans += 1;
         }
-        // One directory sync covers every rewritten index. If it fails no
-        // adoption stands: an index whose name a crash could undo would be
-        // a missing rename source for the install.
-        if !adopted.is_empty() && self.fs.sync_dir(&self.dir).await.is_err() {
-            adopted.clear();
-            keep.retain(|p| {
-                self.resume
-                    .is_some_and(|r| staging_paths(&self.dir, r.entry.frontier).0 == *p)
-            });
-        }
-        let swept = sweep_staging_except(&self.fs, &self.dir, &keep).await;
-        self.stats.adopted_segments += adopted.len() as u64;
-        tracing::debug!(adopted = adopted.len(), swept, "staged-segment reuse scan");
-        self.reuse_memo = Some(ReuseScanMemo {
+        Preparation {
+            descriptor,
             digest,
-            adopted: adopted.clone(),
+            memo_hit,
+            next_index: 0,
+            current: None,
+            adopted,
+            newly_adopted: 0,
+            keep: Vec::new(),
+            resumed: None,
+        }
+    }
+
+    /// Continues the preparation by one budget of re-reading; once every
+    /// candidate is done, finishes it and requests the first chunk.
+    async fn prepare(&mut self, local: &LocalFacts) -> ReceiveStep {
+        let Some(session) = self.session.as_mut() else {
+            return ReceiveStep::Ignored(IgnoreReason::NoSession);
+        };
+        let SessionStage::Preparing(preparation) = &mut session.stage else {
+            return ReceiveStep::Wait;
+        };
+        let done = advance_preparation(
+            &self.fs,
+            &self.dir,
+            &self.config,
+            preparation,
+            self.resume,
+            &mut self.stats,
+        )
+        .await;
+        if !done {
+            return ReceiveStep::Wait;
+        }
+        let stage = std::mem::replace(&mut session.stage, SessionStage::AwaitingDescriptor);
+        let SessionStage::Preparing(preparation) = stage else {
+            return ReceiveStep::Wait;
+        };
+        let accepted = self.finish_preparation(*preparation).await;
+        tracing::info!(
+            staged = accepted
+                .artifacts
+                .iter()
+                .filter(|a| matches!(a, TransferArtifact::Staged(_)))
+                .count(),
+            resumed = self.stats.resumed_spills,
+            "state-transfer offer prepared"
+        );
+        let Some(session) = self.session.as_mut() else {
+            return ReceiveStep::Ignored(IgnoreReason::NoSession);
+        };
+        session.stage = SessionStage::Fetching(accepted);
+        session.idle_ticks = 0;
+        self.progress(local).await
+    }
+
+    /// Ends a preparation: one directory sync for every rewritten index
+    /// (if it fails no adoption stands: an index whose name a crash could
+    /// undo would be a missing rename source for the install), every
+    /// staging file that is neither adopted nor resumed swept, the memo
+    /// recorded, and the slots built.
+    async fn finish_preparation(
+        &mut self,
+        mut preparation: Preparation<F::File>,
+    ) -> AcceptedTransfer<F::File> {
+        if !preparation.memo_hit {
+            if preparation.newly_adopted > 0 && self.fs.sync_dir(&self.dir).await.is_err() {
+                preparation.adopted.clear();
+                preparation.keep = preparation
+                    .resumed
+                    .as_ref()
+                    .map(|(_, spill)| vec![spill.log_path().to_path_buf()])
+                    .unwrap_or_default();
+            }
+            let swept = sweep_staging_except(&self.fs, &self.dir, &preparation.keep).await;
+            self.stats.adopted_segments += preparation.adopted.len() as u64;
+            tracing::debug!(
+                adopted = preparation.adopted.len(),
+                swept,
+                "staged-segment reuse scan"
+            );
+        }
+        self.reuse_memo = Some(ReuseScanMemo {
+            digest: preparation.digest,
+            adopted: preparation.adopted.clone(),
         });
-        adopted
+        // Consumed, or for an entry this offer does not list (its file was
+        // just swept, and must not be built on later).
+        self.resume = None;
+        let mut resumed = preparation.resumed.take();
+        let mut artifacts = Vec::with_capacity(preparation.descriptor.manifest.len());
+        for (index, entry) in preparation.descriptor.manifest.iter().enumerate() {
+            if let Some((_, meta)) = preparation.adopted.iter().find(|(i, _)| *i == index) {
+                artifacts.push(TransferArtifact::Staged(meta.clone()));
+            } else if entry.kind == artifact_kind::CONSUMER_OFFSETS {
+                artifacts.push(TransferArtifact::Pending(PendingArtifact::Offsets(
+                    ArtifactProgress::new(*entry),
+                )));
+            } else {
+                let spill = resumed
+                    .take_if(|(i, _)| *i == index)
+                    .map(|(_, spill)| Box::new(spill));
+                artifacts.push(TransferArtifact::Pending(PendingArtifact::Segment {
+                    entry: *entry,
+                    spill,
+                }));
+            }
+        }
+        AcceptedTransfer {
+            descriptor: preparation.descriptor,
+            artifacts,
+        }
     }
 
     /// Handles a `StateChunk` from `from`.
@@ -993,7 +1097,7 @@ impl<F: Fs> TransferReceiver<F> {
         if session.nonce != nonce || session.peer != from {
             return ReceiveStep::Ignored(IgnoreReason::NotThisSession);
         }
-        let Some(accepted) = session.accepted.as_mut() else {
+        let SessionStage::Fetching(accepted) = &mut session.stage else {
             return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
         };
         let landed = match check_chunk(&accepted.artifacts, artifact, offset, &payload) {
@@ -1088,7 +1192,7 @@ impl<F: Fs> TransferReceiver<F> {
         let Some(session) = self.session.as_ref() else {
             return ReceiveStep::Ignored(IgnoreReason::NoSession);
         };
-        let Some(accepted) = session.accepted.as_ref() else {
+        let Some(accepted) = session.accepted() else {
             return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
         };
         if let Some(next) = next_pending_chunk(&accepted.artifacts, self.config.chunk_len_max_bytes)
@@ -1106,7 +1210,7 @@ impl<F: Fs> TransferReceiver<F> {
             return ReceiveStep::Ignored(IgnoreReason::NoSession);
         };
         let peer = session.peer;
-        let Some(accepted) = session.accepted else {
+        let SessionStage::Fetching(accepted) = session.stage else {
             return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
         };
         let mut staged = Vec::new();
@@ -1163,6 +1267,109 @@ impl<F: Fs> TransferReceiver<F> {
             Err(error) => self.fail_after_session(error, peer, local).await,
         }
     }
+}
+
+/// Advances a preparation by at most one budget of re-reading: finishes the candidate in hand, then picks the next manifest
+/// entry whose staged log has its exact length (adopt) or is the
+/// interrupted spill of `resume` (resume). Returns whether every entry was
+/// examined.
+async fn advance_preparation<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    config: &ReceiverConfig,
+    preparation: &mut Preparation<F::File>,
+    resume: Option<ResumePoint>,
+    stats: &mut ReceiverStats,
+) -> bool {
+    let slice = config.spill.rehash_slice_bytes;
+    let mut budget = config.prepare_budget_bytes.max(1);
+    let mut spent_this_call = 0u64;
+    let done = loop {
+        if let Some((_, _, rehash)) = preparation.current.as_mut() {
+            if budget == 0 {
+                break false;
+            }
+            let before = rehash.rehashed_len_bytes();
+            let advanced = rehash.advance(fs, budget, slice).await;
+            let spent = rehash.rehashed_len_bytes() - before;
+            spent_this_call += spent;
+            budget = budget.saturating_sub(spent);
+            match advanced {
+                Ok(false) => break false,
+                Ok(true) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "staged file unusable; it will be pulled");
+                    preparation.current = None;
+                    continue;
+                }
+            }
+            let Some((index, candidate, rehash)) = preparation.current.take() else {
+                continue;
+            };
+            let frontier = rehash.entry().frontier;
+            match candidate {
+                Candidate::Adopt => match rehash.adopt(fs).await {
+                    Ok(Some(meta)) => {
+                        preparation.keep.push(meta.log_staging.clone());
+                        preparation.keep.push(meta.index_staging.clone());
+                        preparation.adopted.push((index, meta));
+                        preparation.newly_adopted += 1;
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(start_offset = frontier, %error, "cannot adopt staged segment");
+                    }
+                },
+                Candidate::Resume => match SegmentSpill::from_rehash(rehash, config.spill).await {
+                    Ok(spill) => {
+                        stats.resumed_spills += 1;
+                        stats.resumed_bytes += spill.received_len_bytes();
+                        tracing::info!(
+                            start_offset = frontier,
+                            resumed_bytes = spill.received_len_bytes(),
+                            "resuming an interrupted segment spill"
+                        );
+                        preparation.keep.push(spill.log_path().to_path_buf());
+                        preparation.resumed = Some((index, spill));
+                    }
+                    Err(error) => {
+                        tracing::warn!(start_offset = frontier, %error, "cannot resume spill; pulling it whole");
+                    }
+                },
+            }
+            continue;
+        }
+        let index = preparation.next_index;
+        let Some(entry) = preparation.descriptor.manifest.get(index).copied() else {
+            break true;
+        };
+        preparation.next_index += 1;
+        if entry.kind != artifact_kind::SEGMENT_LOG
+            || preparation.adopted.iter().any(|(i, _)| *i == index)
+        {
+            continue;
+        }
+        let opened = if !preparation.memo_hit && staged_len_matches(fs, dir, &entry).await {
+            PrefixRehash::open(fs, dir, entry, entry.len, false)
+                .await
+                .map(|r| (Candidate::Adopt, r))
+        } else if let Some(point) = resume.filter(|p| p.entry == entry) {
+            PrefixRehash::open(fs, dir, entry, point.synced_len_bytes, true)
+                .await
+                .map(|r| (Candidate::Resume, r))
+        } else {
+            continue;
+        };
+        match opened {
+            Ok((candidate, rehash)) => preparation.current = Some((index, candidate, rehash)),
+            Err(error) => {
+                tracing::warn!(start_offset = entry.frontier, %error, "staged file unreadable; it will be pulled");
+            }
+        }
+    };
+    stats.rehashed_bytes += spent_this_call;
+    stats.rehashed_bytes_max_per_call = stats.rehashed_bytes_max_per_call.max(spent_this_call);
+    done
 }
 
 /// Writes one accepted chunk of a segment through its spill (started on

@@ -235,6 +235,11 @@ impl<H: FsFile> SegmentSpill<H> {
         &self.entry
     }
 
+    /// The log staging file.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
     /// Bytes received (hashed, walked and written) so far.
     pub fn received_len_bytes(&self) -> u64 {
         self.received_len_bytes
@@ -403,9 +408,9 @@ impl<H: FsFile> PrefixRehash<H> {
         self.hasher.hashed_len_bytes() >= self.target_len_bytes
     }
 
-    /// Re-reads up to `budget_bytes` more (at least one slice), in slices
-    /// of `slice_bytes` with a yield after each, reusing one buffer.
-    /// Returns whether the prefix is complete.
+    /// Re-reads up to `budget_bytes` more (at least one byte), in slices
+    /// of at most `slice_bytes` with a yield after each, reusing one
+    /// buffer. Returns whether the prefix is complete.
     ///
     /// # Errors
     /// [`SpillError::StagingIo`] for a failed or short read,
@@ -416,12 +421,15 @@ impl<H: FsFile> PrefixRehash<H> {
         budget_bytes: u64,
         slice_bytes: usize,
     ) -> Result<bool, SpillError> {
+        let budget_bytes = budget_bytes.max(1);
         let slice_bytes = slice_bytes.max(1) as u64;
         let mut spent = 0u64;
-        while !self.done() && (spent == 0 || spent < budget_bytes) {
+        while !self.done() && spent < budget_bytes {
             let at = self.hasher.hashed_len_bytes();
             // Lossless: bounded by slice_bytes, a usize.
-            let want = (self.target_len_bytes - at).min(slice_bytes) as usize;
+            let want = (self.target_len_bytes - at)
+                .min(slice_bytes)
+                .min(budget_bytes - spent) as usize;
             let buf = std::mem::take(&mut self.buf);
             self.buf = self
                 .file
