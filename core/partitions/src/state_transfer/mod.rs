@@ -41,17 +41,17 @@ pub use offer::{
 };
 pub use receive::{
     AcceptedDescriptor, AcceptedTransfer, DescriptorRefusal, IgnoreReason, LocalFacts,
-    PendingArtifact, PendingRearm, ReceiveError, ReceiveStep, ReceivedTransfer, ReceiverConfig,
-    ReceiverStats, TransferArtifact, TransferBackoff, TransferReceiver, TransferRequest,
-    TransferSession, rotate_peer,
+    PendingArtifact, PendingRearm, Preparation, ReceiveError, ReceiveStep, ReceivedTransfer,
+    ReceiverConfig, ReceiverStats, SessionStage, TransferArtifact, TransferBackoff,
+    TransferReceiver, TransferRequest, TransferSession, rotate_peer,
 };
 pub use serve::{
     ChunkAnswer, ChunkRefusal, ChunkRequest, OfferServer, OfferServerConfig, ServedChunk,
     load_verified_segment_artifact,
 };
 pub use spill::{
-    ResumePoint, SegmentSpill, SpillConfig, StagedSegmentMeta, adopt_staged_segment,
-    segment_manifest_digest, staging_paths, sweep_staging_except,
+    PrefixRehash, ResumePoint, SegmentSpill, SpillConfig, StagedSegmentMeta, adopt_staged_segment,
+    segment_manifest_digest, staged_len_matches, staging_paths, sweep_staging_except,
 };
 pub use walk::{SegmentWalkError, SegmentWalkStats, SegmentWalker, walk_segment_payload};
 pub use wire::{
