@@ -1462,3 +1462,22 @@ fn given_staged_files_and_small_prepare_budget_when_offer_accepted_should_reread
     assert_eq!(rx.stats().chunk_requests, 1);
     assert_eq!(again.staged, done.staged);
 }
+
+#[test]
+fn given_partition_when_facts_taken_should_report_its_replica_view_commit_and_purge_generation() {
+    let (_fs, node) = receiver_fs(130);
+    let facts = LocalFacts::of(&node.partition);
+    let replica = node.partition.replica();
+    assert_eq!(
+        facts,
+        LocalFacts {
+            replica: 0,
+            replica_count: 1,
+            view: replica.view(),
+            primary: replica.primary_index(replica.view()),
+            commit_max: replica.commit_max(),
+            purge_generation: node.partition.purge_generation(),
+        }
+    );
+    assert!(facts.commit_max > 0);
+}
