@@ -22,7 +22,7 @@ use partitions::state_transfer::{
 };
 use partitions::{
     ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
-    PartitionConfig, PartitionError, PollRequest, PollingStrategy,
+    PartitionConfig, PartitionError, PollRequest, PollingStrategy, StateTransferNeeded,
 };
 use storage::batch::BatchBuilder;
 use storage::fs::{FileKind, Fs, SimFs};
@@ -396,6 +396,15 @@ impl BuildClock for NoClock {
 
 /// Pulls replica `from`'s offer into replica `to` and installs it.
 fn transfer(c: &mut Cluster, from: u8, to: u8) -> u64 {
+    let input = pull(c, from, to);
+    let receiver = c.replicas[usize::from(to)].as_mut().unwrap();
+    block_on(receiver.install_partition_state(input))
+        .unwrap()
+        .applied_commit_op
+}
+
+/// Pulls replica `from`'s offer into replica `to`'s staging files.
+fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
     let facts = {
         let r = c.replica(to).replica();
         LocalFacts {
@@ -474,32 +483,33 @@ fn transfer(c: &mut Cluster, from: u8, to: u8) -> u64 {
     // the offer's, and its identity is the one the hash chain continues from.
     let peer = c.replica(from).replica();
     assert_eq!(peer.commit_min(), done.descriptor.commit_op);
-    let input = InstallInput::from_received(&done, peer.commit_min_checksum(), None);
-    let receiver = c.replicas[usize::from(to)].as_mut().unwrap();
-    let out = block_on(receiver.install_partition_state(input)).unwrap();
     server.reset();
-    out.applied_commit_op
+    InstallInput::from_received(&done, peer.commit_min_checksum(), None)
 }
 
-#[test]
-fn given_backup_behind_every_peers_retention_when_state_transferred_should_repair_the_tail_and_agree()
- {
-    let mut c = Cluster::new(7, 16);
+/// A cluster whose backup restarted behind every peer's retention and asks
+/// for a state transfer.
+fn lagging_backup(seed: u64) -> (Cluster, u8, StateTransferNeeded) {
+    let mut c = Cluster::new(seed, 16);
     c.produce(20);
     let victim = (c.primary() + 1) % REPLICAS;
     c.crash(victim);
     c.produce(60);
     c.store_offsets(3);
     c.restart(victim);
-    let mut need = None;
     for _ in 0..200 {
         c.client_step(true);
-        need = c.replica(victim).state_transfer_needed();
-        if need.is_some() {
-            break;
+        if let Some(need) = c.replica(victim).state_transfer_needed() {
+            return (c, victim, need);
         }
     }
-    let need = need.expect("no state transfer asked for");
+    panic!("no state transfer asked for");
+}
+
+#[test]
+fn given_backup_behind_every_peers_retention_when_state_transferred_should_repair_the_tail_and_agree()
+ {
+    let (mut c, victim, need) = lagging_backup(7);
     let installed = transfer(&mut c, need.peer, victim);
     let r = c.replica(victim);
     eprintln!(
@@ -522,4 +532,70 @@ fn given_backup_behind_every_peers_retention_when_state_transferred_should_repai
     c.produce(5);
     c.converge();
     c.assert_identical();
+}
+
+/// The install fails mid-swap on the backup: it converges to an empty
+/// partition at the frontier, stays in its transfer (quorum-invisible,
+/// still asking), takes the next pull, and the group ends identical.
+#[test]
+fn given_install_failing_mid_swap_on_a_backup_when_pulled_again_should_agree() {
+    let (mut c, victim, need) = lagging_backup(8);
+    let input = pull(&mut c, need.peer, victim);
+    // Rename #1 is the install marker's, #2 the first staged index.
+    c.fss[usize::from(victim)].fail_nth(storage::fs::FaultKind::Rename, 2, storage::fs::EIO);
+    let receiver = c.replicas[usize::from(victim)].as_mut().unwrap();
+    let err = block_on(receiver.install_partition_state(input)).unwrap_err();
+    c.fss[usize::from(victim)].clear_faults();
+    assert!(
+        matches!(
+            err,
+            partitions::state_transfer::PartitionInstallError::SwapIo { .. }
+        ),
+        "{err:?}"
+    );
+    let r = c.replica(victim);
+    assert!(r.fenced().is_none());
+    assert_eq!(r.log().next_offset(), r.offset_frontier());
+    assert!(
+        r.state_transfer_needed().is_some(),
+        "converged but stopped asking"
+    );
+    assert!(!r.replica().is_quorum_visible());
+    let peer = need.peer;
+    transfer(&mut c, peer, victim);
+    c.produce(10);
+    c.converge();
+    c.assert_identical();
+}
+
+/// ST-C in the group: the backup's power is cut after every filesystem
+/// call of its install; it reboots (old state or empty at the frontier),
+/// is transferred to again, repairs the tail, and agrees byte for byte.
+#[test]
+fn given_power_cut_at_every_step_of_a_backup_install_when_rebooted_and_pulled_again_should_agree() {
+    let mut completed = false;
+    for n in 1..300 {
+        let (mut c, victim, need) = lagging_backup(9);
+        let input = pull(&mut c, need.peer, victim);
+        let fs = c.fss[usize::from(victim)].clone();
+        fs.cut_power_after(n);
+        let receiver = c.replicas[usize::from(victim)].as_mut().unwrap();
+        let result = block_on(receiver.install_partition_state(input));
+        c.crash(victim);
+        c.restart(victim);
+        let r = c.replica(victim);
+        assert!(r.fenced().is_none(), "cut {n}");
+        let frontier = r.offset_frontier();
+        let peer = c.primary();
+        transfer(&mut c, peer, victim);
+        assert!(c.replica(victim).offset_frontier() >= frontier, "cut {n}");
+        c.produce(3);
+        c.converge();
+        c.assert_identical();
+        if result.is_ok() {
+            completed = true;
+            break;
+        }
+    }
+    assert!(completed, "the install never completed");
 }

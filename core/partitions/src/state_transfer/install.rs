@@ -847,7 +847,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .unwrap_or(0);
         let installed_end = checked.staged.last().map(|s| s.end_offset);
         let purge_generation_recorded = self.record_offered_generation(checked).await;
-        self.lift_to_installed_point(checked, installed_end);
+        self.lift_to_installed_point(checked, installed_end, true);
         self.remove_install_marker().await;
         if let Err(error) = self.drive().await {
             tracing::warn!(dir = %self.dir.display(), %error, "driving the core after an install failed");
@@ -882,7 +882,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The applied bookkeeping and the consensus core after an install or
     /// a converge: both leave the partition applied at `commit_op` with its
     /// next offset at the frontier (what the superblock already records).
-    fn lift_to_installed_point(&mut self, checked: &CheckedInstall, installed_end: Option<u64>) {
+    /// `complete` ends the core's transfer; a converge leaves it waiting
+    /// (see [`Self::converge_after_failed_install`]).
+    fn lift_to_installed_point(
+        &mut self,
+        checked: &CheckedInstall,
+        installed_end: Option<u64>,
+        complete: bool,
+    ) {
         self.applied_next_offset = checked.frontier;
         self.journaled_point = AppliedPoint {
             op: checked.commit_op,
@@ -892,7 +899,6 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.recovered_durable_offset = installed_end;
         self.installed_frontier = (checked.frontier > 0).then_some(checked.frontier);
         self.auto_commits.borrow_mut().pending.clear();
-        self.state_transfer_needed = None;
         if checked.commit_op >= self.replica.commit_min() {
             self.replica
                 .set_commit_floor(checked.commit_op, checked.checksum);
@@ -900,7 +906,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.replica.set_sequence(checked.commit_op);
         self.replica.clear_pipeline();
         self.replica.advance_commit_max(checked.commit_op);
-        self.replica.finish_state_transfer();
+        if complete {
+            self.state_transfer_needed = None;
+            self.replica.finish_state_transfer();
+        }
     }
 
     /// The install's last step; a failure only means a reboot converges.
@@ -917,7 +926,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     /// ST-I5: disk and memory to an empty partition at the frontier, with
     /// no offsets and no dedup, applied at the install's op (the
-    /// superblock already says so). The tail above it is repaired as usual.
+    /// superblock already says so), so its next offset and its op numbers
+    /// agree with the group's. It is honestly lagging: it holds none of the
+    /// history below the frontier, so the core stays in its transfer
+    /// (quorum-invisible, `state_transfer_needed` still reported when it
+    /// was) and the driver pulls again; if the core's transfer timer runs
+    /// out first, it repairs the tail above the installed op as usual.
     async fn converge_after_failed_install(&mut self, checked: &CheckedInstall) -> io::Result<()> {
         let dir = self.dir.clone();
         let fs = self.fs.clone();
@@ -941,7 +955,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if let Err(error) = self.replica.client_table_mut().install(&[]) {
             tracing::warn!(%error, "could not clear the dedup table on converge");
         }
-        self.lift_to_installed_point(checked, None);
+        self.lift_to_installed_point(checked, None, false);
         self.remove_install_marker().await;
         if let Err(error) = self.drive().await {
             tracing::warn!(dir = %self.dir.display(), %error, "driving the core after a converge failed");
