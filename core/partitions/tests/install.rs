@@ -9,6 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ::common::ConsumerKind;
 use common::{Node, dir, fresh_fs};
@@ -568,16 +569,24 @@ fn classify(err: &PartitionInstallError) -> &'static str {
 #[test]
 fn given_fault_at_every_step_when_installing_should_refuse_or_converge() {
     let kinds = [
-        (FaultKind::Open, EACCES),
-        (FaultKind::Write, ENOSPC),
-        (FaultKind::Sync, EIO),
-        (FaultKind::Rename, EIO),
-        (FaultKind::Remove, EACCES),
-        (FaultKind::ReadDir, EIO),
+        FaultKind::Open,
+        FaultKind::Write,
+        FaultKind::Sync,
+        FaultKind::Rename,
+        FaultKind::Remove,
+        FaultKind::ReadDir,
     ];
     let mut outcomes = std::collections::BTreeMap::<String, u32>::new();
-    for (k, (kind, errno)) in kinds.into_iter().enumerate() {
-        for nth in 1..80 {
+    let cases = kinds
+        .into_iter()
+        .flat_map(|kind| [EIO, ENOSPC, EACCES].map(|errno| (kind, errno)));
+    // Every nth call of each kind up to SCAN (a fault the retry absorbs
+    // still completes the install, so the scan cannot stop at the first
+    // success); the last failing call must lie well inside the scan.
+    const SCAN: u64 = 60;
+    for (k, (kind, errno)) in cases.enumerate() {
+        let mut last_failing = 0;
+        for nth in 1..=SCAN {
             let (mut f, source) = fixture(1000 + k as u64 * 100 + nth);
             f.fs.fail_nth(kind, nth, errno);
             let result = block_on(f.old.install_partition_state(input(&f)));
@@ -585,7 +594,6 @@ fn given_fault_at_every_step_when_installing_should_refuse_or_converge() {
             match result {
                 Ok(_) => {
                     assert_fully_installed(&f.old, &f);
-                    break;
                 }
                 Err(PartitionInstallError::ConvergeFailed { .. }) => {
                     // A converge can only fail on a second fault; with one
@@ -594,6 +602,30 @@ fn given_fault_at_every_step_when_installing_should_refuse_or_converge() {
                 }
                 Err(err) => {
                     classify(&err);
+                    last_failing = nth;
+                    // Writes happen only in the staged siblings (retried, so
+                    // one fault never surfaces), the marker and the
+                    // superblock; renames are the marker's (first), the
+                    // swap's and the offset siblings'.
+                    match kind {
+                        FaultKind::Write => assert!(
+                            matches!(err, PartitionInstallError::FrontierNotDurable { .. }),
+                            "{kind:?} #{nth}: {err:?}"
+                        ),
+                        FaultKind::Rename if nth == 1 => assert!(
+                            matches!(err, PartitionInstallError::FrontierNotDurable { .. }),
+                            "{kind:?} #{nth}: {err:?}"
+                        ),
+                        FaultKind::Rename => assert!(
+                            matches!(
+                                err,
+                                PartitionInstallError::SwapIo { .. }
+                                    | PartitionInstallError::OffsetPersistence { .. }
+                            ),
+                            "{kind:?} #{nth}: {err:?}"
+                        ),
+                        _ => {}
+                    }
                     let name = format!("{err:?}");
                     let name = name.split([' ', '{', '(']).next().unwrap().to_owned();
                     *outcomes.entry(name.clone()).or_default() += 1;
@@ -626,7 +658,12 @@ fn given_fault_at_every_step_when_installing_should_refuse_or_converge() {
                 }
             }
         }
+        assert!(
+            last_failing + 15 < SCAN,
+            "{kind:?}: a fault at call {last_failing} still failed; widen the scan"
+        );
     }
+    eprintln!("fault outcomes: {outcomes:?}");
     for expected in [
         "FrontierNotDurable",
         "OffsetPersistence",
@@ -736,4 +773,37 @@ fn given_converge_failure_when_installing_should_fence_and_quarantine_segment_fi
     let p = open_at(&f.fs, &dir(), 1 << 20);
     assert_eq!(p.offset_frontier(), FRONTIER);
     assert!(messages(&p).is_empty());
+}
+
+/// Staging a sibling is retried with a doubling backoff: two faults are
+/// absorbed (after 10 + 20 ms of the simulator's clock), a third refuses
+/// with `OffsetPersistence` and nothing changed byte for byte.
+#[test]
+fn given_offset_sibling_write_faults_when_staging_should_retry_twice_then_refuse_unchanged() {
+    let (mut f, _) = fixture(7);
+    let t0 = f.fs.now();
+    f.fs.fail_nth(FaultKind::Write, 1, EIO);
+    f.fs.fail_nth(FaultKind::Write, 2, ENOSPC);
+    block_on(f.old.install_partition_state(input(&f))).unwrap();
+    assert!(
+        f.fs.now() - t0 >= Duration::from_millis(30),
+        "{:?}",
+        f.fs.now() - t0
+    );
+    assert_fully_installed(&f.old, &f);
+
+    let (mut f, _) = fixture(8);
+    let before = snapshot(&f.fs, Path::new("/data"));
+    for nth in 1..=3 {
+        f.fs.fail_nth(FaultKind::Write, nth, EACCES);
+    }
+    let err = block_on(f.old.install_partition_state(input(&f))).unwrap_err();
+    f.fs.clear_faults();
+    assert!(
+        matches!(err, PartitionInstallError::OffsetPersistence { .. }),
+        "{err:?}"
+    );
+    assert_eq!(snapshot(&f.fs, Path::new("/data")), before);
+    assert_eq!(messages(&f.old), f.old_messages);
+    assert!(old_offsets(&f.old));
 }
