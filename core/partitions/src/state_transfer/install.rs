@@ -54,8 +54,9 @@
 //! to the empty, honestly lagging shape boot would produce from the marker:
 //! every segment and staging file unlinked, directory synced, an empty
 //! segment planted at the frontier, every offset file removed, dedup
-//! cleared, the applied point the superblock already holds. If that fails
-//! too the install returns `ConvergeFailed`, the partition is fenced in
+//! cleared, the applied point the superblock already holds; the core stays
+//! in its transfer so the driver pulls the missing history again. If that
+//! fails too the install returns `ConvergeFailed`, the partition is fenced in
 //! memory (refuses all input) and the caller quarantines its files with
 //! [`fence_partition`].
 //!
