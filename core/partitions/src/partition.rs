@@ -89,6 +89,7 @@ use crate::bus::MessageBus;
 use crate::offset_storage::read_purge_generation;
 use crate::offsets::ConsumerOffsets;
 use crate::ops::{OpDecodeError, PartitionOp};
+use crate::state_transfer::missing::MissingHistory;
 
 /// Default `messages_required_to_save`: flush once this many messages wait.
 pub const MESSAGES_REQUIRED_TO_SAVE_DEFAULT: u64 = 1024;
@@ -528,6 +529,11 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) journaled_point: AppliedPoint,
     /// The last state transfer the core asked for.
     pub(crate) state_transfer_needed: Option<StateTransferNeeded>,
+    /// Set while the durable transfer-needed record stands (after a
+    /// converge): nothing below its frontier is held here.
+    pub(crate) missing_history: Option<MissingHistory>,
+    /// A completed install could not remove the record; retried on ticks.
+    pub(crate) missing_history_clear_pending: bool,
     pub(crate) now_us: u64,
     pub(crate) persist_failed: bool,
     pub(crate) pending_replies: Vec<Reply>,
@@ -623,6 +629,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         .map_err(|source| {
             BootError::Recovery(RecoveryError::Io {
                 op: "recover interrupted install",
+                path: dir.to_path_buf(),
+                source,
+            })
+        })?;
+        // A converge (here above, or at runtime before the crash) recorded
+        // that history below its frontier is missing; honoured below.
+        let missing = crate::state_transfer::missing::read_missing_history(
+            &fs,
+            dir,
+            MissingHistory {
+                commit_op: sb.checkpoint_op,
+                frontier: sb.offset_frontier,
+            },
+        )
+        .await
+        .map_err(|source| {
+            BootError::Recovery(RecoveryError::Io {
+                op: "read transfer-needed record",
                 path: dir.to_path_buf(),
                 source,
             })
@@ -736,6 +760,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             installed_frontier: None,
             journaled_point,
             state_transfer_needed: None,
+            missing_history: None,
+            missing_history_clear_pending: false,
             now_us: 0,
             persist_failed: false,
             pending_replies: Vec::new(),
@@ -746,6 +772,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             fenced: None,
             config,
         };
+        if let Some(record) = missing {
+            partition.mark_history_missing(record);
+        }
         // A restart may need its (view, log_view) persisted at once.
         if let Err(e) = partition.drive().await {
             tracing::warn!(error = %e, "partition boot could not persist its view");
@@ -755,6 +784,47 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     }
 
     // ----- accessors --------------------------------------------------------
+
+    /// The durable transfer-needed record, while it stands: a converge left
+    /// this replica applied at `commit_op` holding nothing below
+    /// `frontier`. Until an install clears it the replica reports
+    /// [`Self::state_transfer_needed`], serves no offer, refuses polls
+    /// below the frontier ([`crate::poll::PollError::HistoryMissing`]) and,
+    /// in a group, stays out of every quorum: it sends no PrepareOk,
+    /// StartViewChange, DoViewChange, and, should it be primary, no
+    /// Prepare, Commit or StartView; it takes no DoViewChange (so it cannot
+    /// assemble a view as its primary) and no client request.
+    pub fn missing_history(&self) -> Option<MissingHistory> {
+        self.missing_history
+    }
+
+    /// Marks the history below `record.frontier` missing in memory and
+    /// asks for a transfer (the durable record is the caller's).
+    pub(crate) fn mark_history_missing(&mut self, record: MissingHistory) {
+        self.missing_history = Some(record);
+        self.missing_history_clear_pending = false;
+        if self.state_transfer_needed.is_none() && self.config.vsr.replica_count > 1 {
+            let me = self.config.vsr.replica;
+            let primary = self.replica.primary_index(self.replica.view());
+            let peer = if primary == me {
+                (me + 1) % self.config.vsr.replica_count
+            } else {
+                primary
+            };
+            self.state_transfer_needed = Some(StateTransferNeeded {
+                peer,
+                floor: record.commit_op,
+                to_op: self.replica.commit_max().max(record.commit_op),
+            });
+        }
+        tracing::warn!(dir = %self.dir.display(), frontier = record.frontier, op = record.commit_op, "history below the frontier is missing: lagging until a state transfer installs");
+    }
+
+    /// Whether this replica must stay out of quorums (a group member with
+    /// missing history).
+    fn quorum_withheld(&self) -> bool {
+        self.missing_history.is_some() && self.config.vsr.replica_count > 1
+    }
 
     /// The partition directory.
     pub fn dir(&self) -> &Path {
@@ -790,10 +860,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The state transfer the core asked for, while it still waits for one
     /// (repair concluded `FloorRefused`: the ops this replica lacks are
     /// below every peer's retained range). `None` once the core resumed
-    /// repairing.
+    /// repairing, unless the transfer-needed record stands
+    /// ([`Self::missing_history`]): then until an install clears it.
     pub fn state_transfer_needed(&self) -> Option<StateTransferNeeded> {
         self.state_transfer_needed
-            .filter(|_| self.replica.is_transferring())
+            .filter(|_| self.replica.is_transferring() || self.quorum_withheld())
     }
 
     /// Where the offset space starts after a state-transfer install.
@@ -905,6 +976,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             tracing::warn!(op = p.header.op, error = %e, "prepare refused before journaling");
             return Err(e);
         }
+        if self.quorum_withheld() && matches!(frame.message, Message::DoViewChange(_)) {
+            // A vote for a view this replica would lead: it must not lead
+            // while history it claims is missing.
+            return Ok(());
+        }
         let res = self.replica.on_frame(frame);
         self.drive().await?;
         res.map_err(PartitionError::Frame)
@@ -917,6 +993,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.now_us = self.now_us.max(now_us);
         if self.persist_failed {
             self.retry_persist().await;
+        }
+        if self.missing_history_clear_pending {
+            self.clear_missing_history().await;
         }
         self.replica.on_tick();
         self.drive().await?;
@@ -932,6 +1011,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     ) -> Result<RequestOutcome, PartitionError> {
         self.check_fenced()?;
         self.now_us = self.now_us.max(now_us);
+        if self.quorum_withheld() {
+            return Ok(RequestOutcome::Unavailable);
+        }
         let op = match request.op {
             ClientOp::Register => PartitionOp::Register,
             ClientOp::Append(batch) => {
@@ -1024,7 +1106,21 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             }
             for action in actions {
                 match action {
-                    Action::Send { to, frame } => self.bus.send_to_replica(to, frame),
+                    Action::Send { to, frame } => {
+                        let vote_or_authority = matches!(
+                            frame.message,
+                            Message::PrepareOk { .. }
+                                | Message::StartViewChange
+                                | Message::DoViewChange(_)
+                                | Message::Prepare(_)
+                                | Message::Commit { .. }
+                                | Message::StartView(_)
+                        );
+                        if vote_or_authority && self.quorum_withheld() {
+                            continue;
+                        }
+                        self.bus.send_to_replica(to, frame);
+                    }
                     Action::Reply(reply) => {
                         if reply.client == INTERNAL_CLIENT {
                             self.on_internal_reply(&reply);

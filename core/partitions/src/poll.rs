@@ -74,12 +74,24 @@ pub struct PollRequest {
 pub enum PollError {
     /// A segment read failed or returned a batch that does not verify.
     Storage(StorageError),
+    /// The poll starts below `frontier` (or names no offset: first,
+    /// timestamp, a consumer with nothing stored), and this replica holds
+    /// nothing below it until a state transfer installs: not available
+    /// here, which is not the same as empty.
+    HistoryMissing {
+        /// The offset below which nothing is held.
+        frontier: u64,
+    },
 }
 
 impl fmt::Display for PollError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Storage(e) => write!(f, "poll stopped at a segment read failure: {e}"),
+            Self::HistoryMissing { frontier } => write!(
+                f,
+                "history below offset {frontier} is missing on this replica until a state transfer"
+            ),
         }
     }
 }
@@ -131,6 +143,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let first = self.first_offset();
         let count = u64::from(request.count);
         let (kind, id) = request.consumer;
+        if let Some(missing) = self.missing_history
+            && count > 0
+        {
+            let below = match request.strategy {
+                PollingStrategy::Offset(o) => o < missing.frontier,
+                PollingStrategy::Last => end.saturating_sub(count) < missing.frontier,
+                PollingStrategy::Next => self
+                    .offsets
+                    .get(kind, id)
+                    .is_none_or(|o| o.saturating_add(1) < missing.frontier),
+                PollingStrategy::First | PollingStrategy::Timestamp(_) => true,
+            };
+            if below {
+                return Err(PollError::HistoryMissing {
+                    frontier: missing.frontier,
+                });
+            }
+        }
         if count == 0 || end <= first {
             return Ok(Polled::default());
         }

@@ -76,11 +76,16 @@ fn node_at(fs: &SimFs, at: &Path, segment_size: u64) -> Node<FileSuperblock<SimF
     node
 }
 
-/// Messages of a partition, from its first offset.
+/// Messages of a partition, from its first offset (from the frontier when
+/// a converge left history below it missing: polls below it are refused).
 fn messages(p: &P) -> Vec<(u64, Vec<u8>)> {
+    let strategy = match p.missing_history() {
+        Some(missing) => PollingStrategy::Offset(missing.frontier),
+        None => PollingStrategy::First,
+    };
     let polled = block_on(p.poll(&PollRequest {
         consumer: (ConsumerKind::Consumer, 1),
-        strategy: PollingStrategy::First,
+        strategy,
         count: 1000,
         auto_commit: false,
     }))
@@ -689,14 +694,28 @@ fn given_converged_partition_when_producing_should_mint_from_the_frontier() {
         "{err:?}"
     );
     assert_converged(&f.old, &f.fs);
+    // History below the frontier is missing, durably: a poll there is
+    // "not available", not "empty".
+    assert!(
+        block_on(
+            f.fs.exists(
+                &f.old
+                    .dir()
+                    .join(partitions::state_transfer::TRANSFER_NEEDED_FILE)
+            )
+        )
+        .unwrap()
+    );
     let polled = block_on(f.old.poll(&PollRequest {
         consumer: (ConsumerKind::Consumer, 1),
         strategy: PollingStrategy::Offset(0),
         count: 10,
         auto_commit: false,
-    }))
-    .unwrap();
-    assert_eq!(polled.count, 0);
+    }));
+    assert!(
+        matches!(polled, Err(partitions::PollError::HistoryMissing { frontier }) if frontier == FRONTIER),
+        "{polled:?}"
+    );
     // Appends continue at the frontier.
     let mut node = Node {
         partition: f.old,

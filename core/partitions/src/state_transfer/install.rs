@@ -55,7 +55,9 @@
 //! every segment and staging file unlinked, directory synced, an empty
 //! segment planted at the frontier, every offset file removed, dedup
 //! cleared, the applied point the superblock already holds; the core stays
-//! in its transfer so the driver pulls the missing history again. If that
+//! in its transfer so the driver pulls the missing history again, and the
+//! durable transfer-needed record ([`super::missing`]) keeps it lagging
+//! across reboots until an install removes it (before the marker). If that
 //! fails too the install returns `ConvergeFailed`, the partition is fenced in
 //! memory (refuses all input) and the caller quarantines its files with
 //! [`fence_partition`].
@@ -79,6 +81,7 @@ use storage::segment::{SegmentFileName, index_file_name, log_file_name, parse_fi
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::errors::{PartitionInstallError, PartitionInstallOutcome};
+use super::missing::{MissingHistory, clear_missing_history, write_missing_history};
 use super::receive::ReceivedTransfer;
 use super::spill::StagedSegmentMeta;
 use super::wire::ConsumerOffsetsWire;
@@ -364,7 +367,9 @@ pub async fn fence_partition<F: Fs>(fs: &F, dir: &Path) -> io::Result<PathBuf> {
 /// matches the superblock's applied point and frontier (the install got
 /// past its frontier record), every segment, staging and offset file is
 /// removed and the directory synced, so the open that follows plants an
-/// empty segment at the frontier: an empty, honestly lagging partition.
+/// empty segment at the frontier: an empty, honestly lagging partition,
+/// which the transfer-needed record ([`super::missing`]), written before
+/// the marker goes, keeps lagging across reboots until an install.
 /// When it does not match, the superblock write never landed and the old
 /// state stands. Either way the marker is removed last. Returns whether the
 /// directory was converged.
@@ -396,6 +401,17 @@ pub(crate) async fn recover_interrupted_install<F: Fs>(
         crate::offsets::ConsumerOffsets::new(dir)
             .clear_all(fs)
             .await?;
+        // Before the marker goes: once it is gone, only this record says
+        // that nothing below the frontier is held here.
+        super::missing::write_missing_history(
+            fs,
+            dir,
+            super::missing::MissingHistory {
+                commit_op: applied.0,
+                frontier: applied.2,
+            },
+        )
+        .await?;
     } else {
         tracing::warn!(dir = %dir.display(), "an install was interrupted before recording its frontier: the old state stands");
     }
@@ -849,6 +865,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let installed_end = checked.staged.last().map(|s| s.end_offset);
         let purge_generation_recorded = self.record_offered_generation(checked).await;
         self.lift_to_installed_point(checked, installed_end, true);
+        self.clear_missing_history().await;
         self.remove_install_marker().await;
         if let Err(error) = self.drive().await {
             tracing::warn!(dir = %self.dir.display(), %error, "driving the core after an install failed");
@@ -913,6 +930,40 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
     }
 
+    /// After a converge: the history below the frontier is missing here.
+    /// The partition stays lagging in memory at once; the record is made
+    /// durable before the install marker goes. If the record cannot be
+    /// written the marker stays, so a reboot converges again and writes it.
+    async fn record_missing_history(&mut self, checked: &CheckedInstall) {
+        let record = MissingHistory {
+            commit_op: checked.commit_op,
+            frontier: checked.frontier,
+        };
+        self.mark_history_missing(record);
+        match write_missing_history(&self.fs, &self.dir, record).await {
+            Ok(()) => self.remove_install_marker().await,
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, "could not record the missing history; the install marker stays so a reboot converges and records it");
+            }
+        }
+    }
+
+    /// After a completed install: the record goes (before the install
+    /// marker, so a crash in between converges and records it again). A
+    /// failed removal keeps the partition lagging and is retried on ticks.
+    pub(crate) async fn clear_missing_history(&mut self) {
+        match clear_missing_history(&self.fs, &self.dir).await {
+            Ok(()) => {
+                self.missing_history = None;
+                self.missing_history_clear_pending = false;
+            }
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, "could not remove the transfer-needed record; retried on the next tick");
+                self.missing_history_clear_pending = true;
+            }
+        }
+    }
+
     /// The install's last step; a failure only means a reboot converges.
     async fn remove_install_marker(&self) {
         let path = self.dir.join(INSTALL_MARKER_FILE);
@@ -957,7 +1008,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             tracing::warn!(%error, "could not clear the dedup table on converge");
         }
         self.lift_to_installed_point(checked, None, false);
-        self.remove_install_marker().await;
+        self.record_missing_history(checked).await;
         if let Err(error) = self.drive().await {
             tracing::warn!(dir = %self.dir.display(), %error, "driving the core after a converge failed");
         }

@@ -16,12 +16,15 @@
 //! - [`spill`]: streaming a segment artifact to its staging files, resume
 //!   from the last synced byte, adoption of staged files.
 //! - [`install`]: the crash-safe install, its converge and the fence.
+//! - [`missing`]: the durable record that history below the frontier is
+//!   missing after a converge, until an install clears it.
 //!
 //! The offer, the receiver session, the crash-safe install and the fence
 //! build on these (issue F6; see `docs/state-transfer.md` as it grows).
 
 pub mod errors;
 pub mod install;
+pub mod missing;
 pub mod offer;
 pub mod receive;
 pub mod serve;
@@ -34,6 +37,7 @@ pub use errors::{
     SpillError, validate_consumer_offset_transfer_count,
 };
 pub use install::{INSTALL_MARKER_FILE, InstallInput, StagedSegment, fence_partition};
+pub use missing::{MissingHistory, TRANSFER_NEEDED_FILE};
 pub use offer::{
     BuildBudget, BuildClock, HashRound, HashedPlan, MonotonicClock, OfferBuilder, OfferPlan,
     OfferedArtifact, OfferedSegment, PartitionOffer, Planned, PlannedSegment, SegmentIdentity,

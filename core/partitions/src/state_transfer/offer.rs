@@ -669,7 +669,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             dir_present,
             // The accessor, not the field: the field keeps the last request
             // after the core abandoned it.
-            repairing: self.replica.is_repairing() || self.state_transfer_needed().is_some(),
+            repairing: self.replica.is_repairing()
+                || self.state_transfer_needed().is_some()
+                || self.missing_history.is_some(),
             commit_max: self.replica.commit_max(),
             installed_frontier: self.installed_frontier,
         }
