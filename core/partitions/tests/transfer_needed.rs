@@ -666,3 +666,32 @@ fn given_single_replica_converged_at_boot_when_asked_for_an_offer_should_refuse(
         "{refused:?}"
     );
 }
+
+/// It does not vote: with the primary crashed, the other backup and the
+/// replica with missing history are a majority by count, but no view forms
+/// through it (without the record the two would start a view whose log the
+/// lagging replica could lead over its hole). The group stalls instead:
+/// the lagging replica counts as failed, as an invisible one does.
+#[test]
+fn given_missing_history_when_the_primary_crashes_should_not_form_a_view_through_it() {
+    let (mut c, victim, _) = rebooted_converged(9);
+    assert!(c.replica(victim).missing_history().is_some());
+    for _ in 0..200 {
+        c.step();
+    }
+    let primary = c.primary();
+    assert_ne!(primary, victim);
+    let view = c.replica(victim).replica().view();
+    c.crash(primary);
+    for _ in 0..3_000 {
+        c.step();
+    }
+    for r in c.up() {
+        assert!(
+            !(r.replica().is_primary() && r.replica().view() > view),
+            "replica {} leads view {} formed through a replica with missing history",
+            r.replica().replica(),
+            r.replica().view()
+        );
+    }
+}
