@@ -19,7 +19,9 @@
 //! ≥ 0.7) and the receiver's peak buffer (`ReceiverStats::peak_held_bytes`)
 //! and the process's peak RSS. `TRANSFER_BENCH_MIB` sets the partition size
 //! (default 128 MiB, in 64 MiB segments), `TRANSFER_BENCH_PAIRS` the
-//! number of pairs (default 5):
+//! number of pairs (default 5), `TRANSFER_BENCH_SYNC_MIB` the receiver's
+//! staging sync interval (default the receiver's, 8 MiB). Each pair prints
+//! the transfer's phases (offer build and accept, pull, install):
 //!
 //! ```text
 //! TRANSFER_BENCH_MIB=2048 cargo bench -p partitions --bench transfer
@@ -160,10 +162,25 @@ async fn copy_and_hash(files: &[(PathBuf, u64)], out: &Path) -> u64 {
     sum
 }
 
+/// Phases of one transfer.
+#[derive(Debug, Clone, Copy, Default)]
+struct Phases {
+    /// Offer build (gate, plan, checksum pass, manifest) and accept.
+    build: Duration,
+    /// Every chunk served, walked, hashed and spilled.
+    pull: Duration,
+    /// The install.
+    install: Duration,
+}
+
 /// The whole transfer from `source` into a fresh receiving partition at
 /// `rx_dir`: offer build, serve, receive and spill, install. Returns the
-/// receiver's counters and the installed commit op.
-async fn transfer(source: &mut BenchPartition, rx_dir: &Path) -> (Duration, ReceiverStats, u64) {
+/// time it took, its phases, the receiver's counters and the installed
+/// commit op.
+async fn transfer(
+    source: &mut BenchPartition,
+    rx_dir: &Path,
+) -> (Duration, Phases, ReceiverStats, u64) {
     let (mut receiver, _net) = open(rx_dir).await;
     let facts = LocalFacts {
         replica: ME,
@@ -179,8 +196,16 @@ async fn transfer(source: &mut BenchPartition, rx_dir: &Path) -> (Duration, Rece
         budget: BuildBudget::bytes(u64::MAX),
         ..OfferServerConfig::default()
     });
-    let mut rx = TransferReceiver::new(RealFs, rx_dir, ReceiverConfig::default(), 1);
+    let mut config = ReceiverConfig::default();
+    if let Some(mib) = std::env::var("TRANSFER_BENCH_SYNC_MIB")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        config.spill.sync_interval_bytes = mib << 20;
+    }
+    let mut rx = TransferReceiver::new(RealFs, rx_dir, config, 1);
     let mut request = rx.arm(0);
+    let mut phases = Phases::default();
     let done = loop {
         let step = match request {
             TransferRequest::Descriptor { nonce, .. } => {
@@ -203,7 +228,9 @@ async fn transfer(source: &mut BenchPartition, rx_dir: &Path) -> (Duration, Rece
                     commit_max: source.replica().commit_max(),
                 };
                 let body = offer.encoded_manifest().to_vec();
-                rx.on_target(0, 0, &header, &body, &facts).await
+                let step = rx.on_target(0, 0, &header, &body, &facts).await;
+                phases.build = start.elapsed();
+                step
             }
             TransferRequest::Chunk {
                 nonce,
@@ -248,11 +275,13 @@ async fn transfer(source: &mut BenchPartition, rx_dir: &Path) -> (Duration, Rece
             other => panic!("transfer did not complete: {other:?}"),
         }
     };
+    phases.pull = start.elapsed() - phases.build;
     let input = InstallInput::from_received(&done, source.replica().commit_min_checksum(), Some(0));
     let out = receiver.install_partition_state(input).await.unwrap();
     rx.record_install_completed();
     let elapsed = start.elapsed();
-    (elapsed, rx.stats(), out.applied_commit_op)
+    phases.install = elapsed - phases.build - phases.pull;
+    (elapsed, phases, rx.stats(), out.applied_commit_op)
 }
 
 /// The process's peak resident set (`VmHWM`), in KiB.
@@ -287,6 +316,7 @@ fn main() {
     );
     let (mut ratios, mut bases, mut ours) = (Vec::new(), Vec::new(), Vec::new());
     let mut peak_held = 0u64;
+    let mut phases = Phases::default();
     for round in 0..pairs {
         let mut run = |ours: bool| -> Duration {
             for (path, _) in &files {
@@ -294,8 +324,9 @@ fn main() {
             }
             let out = tempfile::tempdir_in(scratch.path()).unwrap();
             if ours {
-                let (elapsed, stats, applied) =
+                let (elapsed, phased, stats, applied) =
                     rt.block_on(transfer(&mut source, &out.path().join("p")));
+                phases = phased;
                 assert_eq!(applied, source.replica().commit_min());
                 assert!(stats.chunk_bytes >= total, "{stats:?}");
                 peak_held = peak_held.max(stats.peak_held_bytes);
@@ -313,10 +344,15 @@ fn main() {
             let o = run(true);
             (run(false), o)
         };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         eprintln!(
-            "pair {round}: baseline {:.0} ms, transfer {:.0} ms, ratio {:.3}",
-            base.as_secs_f64() * 1e3,
-            our.as_secs_f64() * 1e3,
+            "pair {round}: baseline {:.0} ms, transfer {:.0} ms (build {:.0}, pull {:.0}, \
+             install {:.0}), ratio {:.3}",
+            ms(base),
+            ms(our),
+            ms(phases.build),
+            ms(phases.pull),
+            ms(phases.install),
             base.as_secs_f64() / our.as_secs_f64()
         );
         ratios.push(base.as_secs_f64() / our.as_secs_f64());

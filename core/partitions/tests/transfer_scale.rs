@@ -450,7 +450,7 @@ fn given_32_mib_artifact_when_served_and_received_should_keep_another_groups_tic
 }
 
 #[test]
-#[ignore = "256 MiB: about 2 GiB of RAM and tens of seconds; run with --release --ignored"]
+#[ignore = "256 MiB: about 1.5 GB of RAM, 3 s in release; run with --release --ignored"]
 fn given_256_mib_artifact_when_served_and_received_should_keep_another_groups_ticks_flowing() {
     ticks_flow_while_transferring(256);
 }
@@ -459,7 +459,7 @@ fn given_256_mib_artifact_when_served_and_received_should_keep_another_groups_ti
 /// the peak buffer stays within four chunks, and a cut at ~90% costs
 /// exactly the chunks past the last synced length.
 #[test]
-#[ignore = "1 GiB: about 5 GiB of RAM and a minute; run with --release --ignored"]
+#[ignore = "1 GiB: about 7 GB of RAM, 20 s in release; run with --release --ignored"]
 fn given_1_gib_segment_when_streamed_and_cut_at_90_percent_should_hold_four_chunks_and_re_pull_only_the_rest()
  {
     let started = Instant::now();
