@@ -20,7 +20,9 @@
 //! and the process's peak RSS. `TRANSFER_BENCH_MIB` sets the partition size
 //! (default 128 MiB, in 64 MiB segments), `TRANSFER_BENCH_PAIRS` the
 //! number of pairs (default 5), `TRANSFER_BENCH_SYNC_MIB` the receiver's
-//! staging sync interval (default the receiver's, 8 MiB). Each pair prints
+//! staging sync interval (default the receiver's, 8 MiB),
+//! `TRANSFER_BENCH_CHUNK_KIB` the chunk size on both ends (default 256 KiB).
+//! Each pair prints
 //! the transfer's phases (offer build and accept, pull, install):
 //!
 //! ```text
@@ -192,16 +194,27 @@ async fn transfer(
     };
     let clock = MonotonicClock::new();
     let start = Instant::now();
-    let mut server = OfferServer::new(OfferServerConfig {
+    let chunk = std::env::var("TRANSFER_BENCH_CHUNK_KIB")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .map(|kib| kib * 1024);
+    let mut server_config = OfferServerConfig {
         budget: BuildBudget::bytes(u64::MAX),
         ..OfferServerConfig::default()
-    });
+    };
+    if let Some(chunk) = chunk {
+        server_config.chunk_len_max_bytes = chunk;
+    }
+    let mut server = OfferServer::new(server_config);
     let mut config = ReceiverConfig::default();
     if let Some(mib) = std::env::var("TRANSFER_BENCH_SYNC_MIB")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
     {
         config.spill.sync_interval_bytes = mib << 20;
+    }
+    if let Some(chunk) = chunk {
+        config.chunk_len_max_bytes = chunk;
     }
     let mut rx = TransferReceiver::new(RealFs, rx_dir, config, 1);
     let mut request = rx.arm(0);
