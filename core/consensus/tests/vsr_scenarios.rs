@@ -163,6 +163,40 @@ fn given_backup_behind_repair_floor_when_healed_should_conclude_floor_refused_an
     converge(&mut s);
 }
 
+/// The reference's offer frame names the transferred op but not its
+/// identity: installed with an unknown identity, the replica learns it from
+/// the log or the primary's heartbeat, and the chain it then applies on
+/// joins the primary's exactly (the commit walk asserts the join).
+#[test]
+fn given_transfer_without_op_identity_when_installed_should_learn_it_and_converge() {
+    for seed in [14, 140, 1400] {
+        let mut config = quiet(seed, 3);
+        config.retention_ops = 8;
+        config.requests_per_client = 40;
+        config.transfer_without_checksum = true;
+        let mut s = sim(config);
+        s.partition(1 << 2);
+        assert!(
+            s.run_until(10_000, |s| s.acknowledged().len() >= 40)
+                .unwrap()
+        );
+        s.heal_partition();
+        let transferred = s
+            .run_until(5_000, |s| s.transfers_started().iter().any(|t| t.0 == 2))
+            .unwrap();
+        assert!(transferred, "seed {seed}: replica 2 should transfer");
+        converge(&mut s);
+        let (lagger, primary) = (s.replica(2).unwrap(), s.replica(0).unwrap());
+        assert!(lagger.commit_min_checksum_known());
+        assert_eq!(lagger.commit_min(), primary.commit_min(), "seed {seed}");
+        assert_eq!(
+            lagger.commit_min_checksum(),
+            primary.commit_min_checksum(),
+            "seed {seed}"
+        );
+    }
+}
+
 #[test]
 fn given_single_replica_when_restarted_should_resume_without_peers() {
     let mut s = sim(quiet(15, 1));

@@ -76,6 +76,10 @@ pub struct SimConfig {
     pub client_retry_ticks: u64,
     /// How prepares travel.
     pub topology: Topology,
+    /// Install state transfers without the identity of their op (as an
+    /// offer over the reference's frame does), so the replica must learn it
+    /// from the log or a heartbeat.
+    pub transfer_without_checksum: bool,
 }
 
 impl SimConfig {
@@ -101,6 +105,7 @@ impl SimConfig {
             timeouts: TimeoutConfig::scaled_down(5),
             client_retry_ticks: 40,
             topology: Topology::Star,
+            transfer_without_checksum: false,
         }
     }
 
@@ -118,6 +123,9 @@ impl SimConfig {
         if prng.chance(1, 3) {
             c.topology = Topology::Chain;
         }
+        // A third stream, so the knobs above never change for a seed.
+        let mut prng = Prng::new(seed ^ 0x5EED_C0FF_EE00_0003);
+        c.transfer_without_checksum = prng.chance(1, 2);
         c
     }
 
@@ -690,7 +698,11 @@ impl Simulation {
             || (requester_primary && !source.is_transferring() && source.commit_min() >= floor);
         let commit_op = source.commit_min();
         let table = source.client_table().export();
-        let checksum = source.commit_min_checksum();
+        let checksum = if self.config.transfer_without_checksum {
+            super::UNKNOWN_CHECKSUM
+        } else {
+            source.commit_min_checksum()
+        };
         let Some(target) = self.replica(r) else {
             return Ok(());
         };

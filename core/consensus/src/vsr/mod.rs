@@ -37,7 +37,7 @@ pub use message::{
     Reply, ReplyStatus, Request, StartView, SuffixSlot, body_checksum,
 };
 pub use pipeline::PIPELINE_PREPARE_QUEUE_MAX;
-pub use repair::REPAIR_CHUNK_MAX;
+pub use repair::{REPAIR_CHUNK_MAX, UNKNOWN_CHECKSUM};
 pub use replica::{
     Action, AppliedState, Config, DurableState, Effect, FrameError, OP_MAX, Replica,
     RequestOutcome, Status, Topology, VIEW_MAX,

@@ -20,6 +20,12 @@ use super::replica::{Effect, FrameError, RepairSession, Replica, Status};
 /// Prepares served per RequestPrepares.
 pub const REPAIR_CHUNK_MAX: u64 = 128;
 
+/// The identity recorded for an applied point whose prepare identity is not
+/// known (a state-transfer install: the offer names `commit_op` but not its
+/// identity). Zero is the reference's "unsealed, nothing to verify" value;
+/// a real identity of zero has odds of 2^-64 and op 0 legitimately has it.
+pub const UNKNOWN_CHECKSUM: u128 = 0;
+
 /// Unverified repaired prepares buffered while waiting for their anchor.
 const REPAIR_BUFFER_MAX: usize = 512;
 
@@ -248,6 +254,13 @@ impl Replica {
     /// State-transfer install: everything up to `floor` is now represented
     /// by installed state whose last op has identity `checksum`. Never
     /// moves `commit_min` backwards (asserted: the caller checks first).
+    ///
+    /// `checksum` may be [`UNKNOWN_CHECKSUM`]: the state-transfer offer
+    /// names its op but not that op's identity (the reference's frame has
+    /// no field for it). The replica then learns the identity from the
+    /// first trusted source that names it (see
+    /// [`Replica::commit_min_checksum_known`]) before it applies, proposes
+    /// or acknowledges anything chained to it.
     pub fn set_commit_floor(&mut self, floor: u64, checksum: u128) {
         assert!(
             floor >= self.commit_min,
@@ -258,6 +271,36 @@ impl Replica {
         self.journal.reset_floor(floor);
         self.repair_buffer.retain(|op, _| *op > floor);
         self.advance_commit_max(floor);
+        self.resolve_commit_min_checksum();
+    }
+
+    /// Whether the identity of op `commit_min` is known. Op 0 (nothing
+    /// applied) has identity 0 by definition.
+    pub fn commit_min_checksum_known(&self) -> bool {
+        self.commit_min == 0 || self.commit_min_checksum != UNKNOWN_CHECKSUM
+    }
+
+    /// Learns an unknown applied identity from the log: the `parent` of a
+    /// trusted header at `commit_min + 1` (a canonical header from a
+    /// StartView or merge, or an entry inserted by the view's authority or
+    /// verified down the hash chain) names it. Called wherever the log
+    /// gains trusted headers; until it succeeds, the commit walk and the
+    /// primary's proposals wait.
+    pub(super) fn resolve_commit_min_checksum(&mut self) {
+        if self.commit_min_checksum_known() {
+            return;
+        }
+        if let Some(above) = self.journal.header(self.commit_min + 1) {
+            self.learn_commit_min_checksum(above.parent);
+        }
+    }
+
+    /// Records the identity of op `commit_min`, if it was unknown.
+    pub(super) fn learn_commit_min_checksum(&mut self, checksum: u128) {
+        if self.commit_min_checksum_known() || checksum == UNKNOWN_CHECKSUM {
+            return;
+        }
+        self.commit_min_checksum = checksum;
     }
 
     /// The install is complete (or was abandoned): resume acknowledging,

@@ -805,6 +805,11 @@ impl Replica {
             return RequestOutcome::Unavailable;
         }
         let op = self.op() + 1;
+        if op == self.commit_min + 1 && !self.commit_min_checksum_known() {
+            // Chaining to an unknown identity would fork the hash chain;
+            // the client retries once the log or a peer has named it.
+            return RequestOutcome::Unavailable;
+        }
         let parent = self.parent_of(op);
         self.last_timestamp = (self.last_timestamp + 1).max(self.ticks);
         let mut header = PrepareHeader {
@@ -1042,6 +1047,10 @@ impl Replica {
         if self.transferring {
             return;
         }
+        self.resolve_commit_min_checksum();
+        if !self.commit_min_checksum_known() {
+            return;
+        }
         let mut applied = false;
         while self.commit_min < self.commit_max {
             let op = self.commit_min + 1;
@@ -1131,6 +1140,10 @@ impl Replica {
         }
         if commit > self.commit_min {
             self.journal.set_anchor(commit, checksum);
+        } else if commit == self.commit_min {
+            // An install that did not carry its op's identity learns it
+            // from the primary's heartbeat at that op.
+            self.learn_commit_min_checksum(checksum);
         }
         self.advance_commit_max(commit);
         self.after_journal_change();

@@ -296,6 +296,10 @@ impl Replica {
         let before = self.op();
         self.journal
             .install_log(&merged.headers, merged.op_head, self.commit_min);
+        if let Some(h) = merged.headers.iter().find(|h| h.op == self.commit_min) {
+            self.learn_commit_min_checksum(h.checksum);
+        }
+        self.resolve_commit_min_checksum();
         if before > merged.op_head {
             self.effect(Effect::TruncateJournal {
                 from_op: merged.op_head + 1,
@@ -428,6 +432,10 @@ impl Replica {
         self.advance_commit_max(sv.commit);
         let before = self.op();
         self.journal.install_log(&sv.suffix, sv.op, self.commit_min);
+        if let Some(h) = sv.suffix.iter().find(|h| h.op == self.commit_min) {
+            self.learn_commit_min_checksum(h.checksum);
+        }
+        self.resolve_commit_min_checksum();
         if before > sv.op {
             self.effect(Effect::TruncateJournal { from_op: sv.op + 1 });
         }
