@@ -275,9 +275,13 @@ impl Replica {
     }
 
     /// Whether the identity of op `commit_min` is known. Op 0 (nothing
-    /// applied) has identity 0 by definition.
+    /// applied) has identity 0 by definition, and a replica alone in its
+    /// group has nobody to learn from: its chain continues from whatever
+    /// it recorded (a solo restart records 0, see the partition's boot).
     pub fn commit_min_checksum_known(&self) -> bool {
-        self.commit_min == 0 || self.commit_min_checksum != UNKNOWN_CHECKSUM
+        self.commit_min == 0
+            || self.commit_min_checksum != UNKNOWN_CHECKSUM
+            || self.config.replica_count == 1
     }
 
     /// Learns an unknown applied identity from the log: the `parent` of a

@@ -370,6 +370,9 @@ pub struct Replica {
     pub(super) commit_min: u64,
     pub(super) commit_min_checksum: u128,
     pub(super) commit_max: u64,
+    /// The highest op this replica sent a PrepareOk for (since boot: the
+    /// journal is memory-only, so nothing from before a restart is held).
+    pub(super) acknowledged_max: u64,
     pub(super) journal: Journal,
     pub(super) pipeline: Pipeline,
     pub(super) client_table: ClientTable,
@@ -419,6 +422,7 @@ impl Replica {
             durable_log_view: durable.log_view,
             commit_min: applied.commit_min,
             commit_min_checksum: applied.checksum,
+            acknowledged_max: 0,
             commit_max: durable.commit.max(applied.commit_min),
             journal: Journal::new(applied.commit_min + 1),
             pipeline: Pipeline::new(),
@@ -553,6 +557,14 @@ impl Replica {
     /// restarted replica catches up).
     pub fn is_quorum_visible(&self) -> bool {
         self.recovering.is_none()
+    }
+
+    /// The highest op this replica acknowledged with a PrepareOk since it
+    /// booted. A state-transfer install must not land below it: the ack
+    /// may be part of the quorum that committed that op, and the install
+    /// erases the journal above its op.
+    pub fn acknowledged_max(&self) -> u64 {
+        self.acknowledged_max
     }
 
     /// Whether a state transfer is outstanding.
@@ -996,6 +1008,7 @@ impl Replica {
             return;
         };
         let primary = self.primary_index(self.view);
+        self.acknowledged_max = self.acknowledged_max.max(op);
         self.send(
             primary,
             Message::PrepareOk {
