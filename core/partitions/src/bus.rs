@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
+use bytes::Bytes;
 use consensus::vsr::{Frame, Prng, Reply};
 
 /// Where a partition's outputs go. Sending never blocks and never fails:
@@ -21,6 +22,10 @@ pub trait MessageBus {
     fn send_to_replica(&self, to: u8, frame: Frame);
     /// Delivers a reply to the client it names.
     fn send_to_client(&self, reply: Reply);
+    /// Sends an encoded frame (256-byte consensus header and body, as a
+    /// socket carries it) to replica `to`: the state-transfer commands,
+    /// which the driver encodes and the receiving side decodes and checks.
+    fn send_wire_to_replica(&self, to: u8, frame: Bytes);
 }
 
 /// Fault knobs of an [`InMemoryNetwork`] (per-mille chances, tick delays).
@@ -41,6 +46,8 @@ struct NetworkState {
     now: u64,
     /// (due tick, sequence) → (destination, frame): a deterministic queue.
     in_flight: BTreeMap<(u64, u64), (u8, Frame)>,
+    /// The same for encoded frames: (destination, sender, bytes).
+    wire_in_flight: BTreeMap<(u64, u64), (u8, u8, Bytes)>,
     sequence: u64,
     replies: Vec<Vec<Reply>>,
     frames_sent: u64,
@@ -70,6 +77,7 @@ impl InMemoryNetwork {
                 faults,
                 now: 0,
                 in_flight: BTreeMap::new(),
+                wire_in_flight: BTreeMap::new(),
                 sequence: 0,
                 replies: vec![Vec::new(); usize::from(replicas)],
                 frames_sent: 0,
@@ -110,6 +118,22 @@ impl InMemoryNetwork {
             .collect()
     }
 
+    /// The encoded frames due by the current tick (advanced by
+    /// [`Self::tick`]), in a deterministic order, as `(destination, sender,
+    /// frame)`.
+    pub fn take_wire(&self) -> Vec<(u8, u8, Bytes)> {
+        let mut s = self.state.borrow_mut();
+        let now = s.now;
+        let due: Vec<(u64, u64)> = s
+            .wire_in_flight
+            .range(..(now + 1, 0))
+            .map(|(k, _)| *k)
+            .collect();
+        due.into_iter()
+            .filter_map(|k| s.wire_in_flight.remove(&k))
+            .collect()
+    }
+
     /// The replies replica `replica` delivered to clients since the last
     /// call.
     pub fn take_replies(&self, replica: u8) -> Vec<Reply> {
@@ -122,7 +146,8 @@ impl InMemoryNetwork {
 
     /// Whether no frame is in flight.
     pub fn is_idle(&self) -> bool {
-        self.state.borrow().in_flight.is_empty()
+        let s = self.state.borrow();
+        s.in_flight.is_empty() && s.wire_in_flight.is_empty()
     }
 
     /// Frames sent and frames dropped so far.
@@ -133,24 +158,39 @@ impl InMemoryNetwork {
 }
 
 impl NetworkState {
-    fn enqueue(&mut self, to: u8, frame: Frame) {
+    /// The fault draw for one frame from `from` to `to`: the due keys of
+    /// its copies (none when dropped).
+    fn schedule(&mut self, from: u8, to: u8) -> Vec<(u64, u64)> {
         self.frames_sent += 1;
         let f = self.faults;
-        let cut = self.isolated.is_some_and(|r| r == to || r == frame.replica);
+        let cut = self.isolated.is_some_and(|r| r == to || r == from);
         if cut || (f.drop_per_mille > 0 && self.prng.chance(f.drop_per_mille, 1000)) {
             self.frames_dropped += 1;
-            return;
+            return Vec::new();
         }
         let copies = if f.duplicate_per_mille > 0 && self.prng.chance(f.duplicate_per_mille, 1000) {
             2
         } else {
             1
         };
-        for _ in 0..copies {
-            let delay = 1 + self.prng.below_inclusive(f.delay_ticks_max);
-            self.sequence += 1;
-            let key = (self.now + delay, self.sequence);
+        (0..copies)
+            .map(|_| {
+                let delay = 1 + self.prng.below_inclusive(f.delay_ticks_max);
+                self.sequence += 1;
+                (self.now + delay, self.sequence)
+            })
+            .collect()
+    }
+
+    fn enqueue(&mut self, to: u8, frame: Frame) {
+        for key in self.schedule(frame.replica, to) {
             self.in_flight.insert(key, (to, frame.clone()));
+        }
+    }
+
+    fn enqueue_wire(&mut self, from: u8, to: u8, frame: Bytes) {
+        for key in self.schedule(from, to) {
+            self.wire_in_flight.insert(key, (to, from, frame.clone()));
         }
     }
 }
@@ -166,6 +206,13 @@ impl MessageBus for InMemoryBus {
         if let Some(q) = s.replies.get_mut(usize::from(self.replica)) {
             q.push(reply);
         }
+    }
+
+    fn send_wire_to_replica(&self, to: u8, frame: Bytes) {
+        debug_assert_ne!(to, self.replica, "a replica never sends to itself");
+        self.state
+            .borrow_mut()
+            .enqueue_wire(self.replica, to, frame);
     }
 }
 

@@ -1177,7 +1177,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     peer,
                     floor,
                     to_op,
-                    "state transfer requested; not available in this build"
+                    "repair concluded FloorRefused: a state transfer is needed"
                 );
             }
         }

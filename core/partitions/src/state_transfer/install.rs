@@ -498,9 +498,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             offsets_artifact,
             committed_purge_generation,
         } = input;
-        // Below either commit point, the install would rewind ops this
-        // replica applied or knows to be committed.
-        let local_commit = self.replica.commit_min().max(self.replica.commit_max());
+        // Below the applied point the install would rewind applied ops;
+        // below an op this replica acknowledged it would erase a journaled
+        // op whose ack may be part of the quorum that committed it (the
+        // install clears the journal above its op). The reference bounds
+        // by `commit_max` instead, which also refuses every offer the group
+        // committed past during the pull: under steady load a pull never
+        // lands. Ops committed above the offer that this replica never
+        // acknowledged are not lost by erasing them here: a quorum holds
+        // them without this replica, and journal repair brings them back.
+        let local_commit = self
+            .replica
+            .commit_min()
+            .max(self.replica.acknowledged_max());
         if commit_op < local_commit {
             return Err(PartitionInstallError::StaleTransfer {
                 commit_op,

@@ -727,6 +727,35 @@ impl<F: Fs> TransferReceiver<F> {
         self.rearm = None;
     }
 
+    /// Drops the live session and any scheduled re-arm (the partition no
+    /// longer needs a transfer). Staged files stay for a later reuse.
+    pub fn disarm(&mut self) {
+        self.end_session();
+        self.rearm = None;
+    }
+
+    /// Called when the install of a completed pull from `peer` failed:
+    /// charges the backoff and schedules a re-arm against the next peer
+    /// (the partition still needs a transfer).
+    pub fn record_install_failed(&mut self, peer: u8, local: &LocalFacts) {
+        self.end_session();
+        self.backoff.failures = self.backoff.failures.saturating_add(1);
+        let rearm = PendingRearm {
+            peer: rotate_peer(local, peer),
+            after_ticks: self
+                .backoff
+                .delay_ticks(self.config.repair_retry_ticks.max(1)),
+        };
+        tracing::warn!(
+            peer,
+            next_peer = rearm.peer,
+            after_ticks = rearm.after_ticks,
+            failures = self.backoff.failures,
+            "state-transfer install failed; re-arm scheduled"
+        );
+        self.rearm = Some(rearm);
+    }
+
     /// Starts a session against `peer` with a fresh nonce (dropping any
     /// live one) and returns the descriptor request.
     pub fn arm(&mut self, peer: u8) -> TransferRequest {
@@ -910,14 +939,17 @@ impl<F: Fs> TransferReceiver<F> {
         if session.nonce != header.nonce || session.peer != from {
             return ReceiveStep::Ignored(IgnoreReason::NotThisSession);
         }
-        if session.descriptor_accepted() {
-            return ReceiveStep::Ignored(IgnoreReason::DuplicateDescriptor);
-        }
         if !header.available {
+            // Also after accept: a server that lost the session (expired,
+            // or restarted) answers a chunk request this way, and the
+            // session must restart rather than stall out.
             let error = ReceiveError::PeerUnavailable {
                 transient: header.unavailable_transient,
             };
             return self.fail(error, local).await;
+        }
+        if session.descriptor_accepted() {
+            return ReceiveStep::Ignored(IgnoreReason::DuplicateDescriptor);
         }
         let descriptor = match accept_descriptor(view, header, body, local, &self.config) {
             Ok(d) => d,

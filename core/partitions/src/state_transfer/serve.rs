@@ -218,6 +218,12 @@ impl OfferServer {
         self.sessions.len()
     }
 
+    /// Whether an offer is held for `requester` (under any nonce): a new
+    /// request from it replaces that session rather than adding one.
+    pub fn serves(&self, requester: u8) -> bool {
+        self.sessions.keys().any(|&(who, _)| who == requester)
+    }
+
     /// The offer held for `(requester, nonce)`, if any.
     pub fn session_offer(&self, requester: u8, nonce: u128) -> Option<&Rc<PartitionOffer>> {
         self.sessions.get(&(requester, nonce)).map(|s| &s.offer)
