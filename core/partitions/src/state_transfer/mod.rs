@@ -18,10 +18,13 @@
 //! - [`install`]: the crash-safe install, its converge and the fence.
 //! - [`missing`]: the durable record that history below the frontier is
 //!   missing after a converge, until an install clears it.
+//! - [`driver`]: what a shard calls per partition: frames in and out on the
+//!   consensus header, ticks, arming, admission, install and the fence.
 //!
-//! The offer, the receiver session, the crash-safe install and the fence
-//! build on these (issue F6; see `docs/state-transfer.md` as it grows).
+//! `docs/state-transfer.md` describes the protocol, the install's durable
+//! orderings and where this goes past the reference.
 
+pub mod driver;
 pub mod errors;
 pub mod install;
 pub mod missing;
@@ -32,6 +35,11 @@ pub mod spill;
 pub mod walk;
 pub mod wire;
 
+pub use driver::{
+    DriverOutput, DriverStats, Outgoing, RECEIVING_TRANSFERS_MAX_DEFAULT,
+    SERVING_TRANSFERS_MAX_DEFAULT, TransferDriver, TransferDriverConfig, TransferEvent,
+    TransferFrameError, TransferSlots,
+};
 pub use errors::{
     PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,
     SpillError, validate_consumer_offset_transfer_count,

@@ -1,18 +1,23 @@
-//! The three-replica test cluster shared by the restart, install and
-//! transfer-needed tests: an in-memory bus with seeded faults, simulated
-//! filesystems that crash and lose unsynced data, a retrying producer, and
-//! byte comparison of segment files.
+//! The three-replica test cluster shared by the restart, install,
+//! transfer-needed and end-to-end transfer tests: an in-memory bus with
+//! seeded faults, simulated filesystems that crash and lose unsynced data,
+//! a retrying producer, byte comparison of segment files, and (when
+//! enabled) a state-transfer driver per replica fed by the bus and ticks.
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use common::ConsumerKind;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome, TimeoutConfig};
 use futures::executor::block_on;
 use journal::FileSuperblock;
+use partitions::state_transfer::{
+    BuildClock, TransferDriver, TransferDriverConfig, TransferEvent, TransferSlots,
+};
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
+    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, MessageBus, NetworkFaults, Partition,
     PartitionConfig, PartitionError, PollRequest, PollingStrategy,
 };
 use storage::batch::BatchBuilder;
@@ -31,18 +36,61 @@ pub fn pdir() -> PathBuf {
     PathBuf::from("/data/p")
 }
 
+/// The cluster id the transfer drivers stamp on their frames.
+pub const CLUSTER: u128 = 0xC1;
+
+/// The size of the data a cluster holds: the defaults are small segments
+/// of small batches on a quiet network.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub segment_size: u64,
+    /// Messages between flushes.
+    pub messages_required_to_save: u64,
+    pub messages_per_batch: u32,
+    /// Payload bytes per message; 0 for a short text payload.
+    pub payload_len: usize,
+    pub faults: NetworkFaults,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Self {
+            segment_size: 8 * 1024,
+            // A flush every three batches, unsynced unless it seals a
+            // segment or the recorded applied point lags by
+            // `retention_ops / 4`.
+            messages_required_to_save: 30,
+            messages_per_batch: MESSAGES_PER_BATCH,
+            payload_len: 0,
+            faults: NetworkFaults::default(),
+        }
+    }
+}
+
 pub fn replica_config(replica: u8, count: u8, retention_ops: u64) -> PartitionConfig {
+    shaped_config(replica, count, retention_ops, &Shape::default())
+}
+
+pub fn shaped_config(replica: u8, count: u8, retention_ops: u64, shape: &Shape) -> PartitionConfig {
     let mut vsr = Config::new(replica, count, GROUP);
     vsr.timeouts = TimeoutConfig::scaled_down(5);
     vsr.retention_ops = retention_ops;
     vsr.seed = 13;
     let mut c = PartitionConfig::new(vsr);
     c.partition_id = 2;
-    c.log.segment_size_bytes = 8 * 1024;
-    // A flush every three batches, unsynced unless it seals a segment or
-    // the recorded applied point lags by `retention_ops / 4`.
-    c.messages_required_to_save = 30;
+    c.log.segment_size_bytes = shape.segment_size;
+    c.messages_required_to_save = shape.messages_required_to_save;
     c
+}
+
+/// A build clock that never advances: rounds are bounded by bytes alone,
+/// so runs replay exactly.
+pub struct FrozenClock;
+
+impl BuildClock for FrozenClock {
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 pub fn fresh_fs(seed: u64) -> SimFs {
@@ -56,8 +104,19 @@ pub fn fresh_fs(seed: u64) -> SimFs {
 }
 
 pub fn open(fs: &SimFs, net: &InMemoryNetwork, r: u8, count: u8, retention_ops: u64) -> Replica {
+    open_shaped(fs, net, r, count, retention_ops, &Shape::default())
+}
+
+pub fn open_shaped(
+    fs: &SimFs,
+    net: &InMemoryNetwork,
+    r: u8,
+    count: u8,
+    retention_ops: u64,
+    shape: &Shape,
+) -> Replica {
     block_on(Partition::open(
-        replica_config(r, count, retention_ops),
+        shaped_config(r, count, retention_ops, shape),
         fs.clone(),
         &pdir(),
         net.endpoint(r),
@@ -68,14 +127,38 @@ pub fn open(fs: &SimFs, net: &InMemoryNetwork, r: u8, count: u8, retention_ops: 
 
 /// The ids of batch `n`'s messages.
 pub fn batch(n: u64) -> (Vec<u8>, Vec<u128>) {
+    shaped_batch(n, &Shape::default())
+}
+
+/// Batch `n` in `shape` and the ids of its messages.
+pub fn shaped_batch(n: u64, shape: &Shape) -> (Vec<u8>, Vec<u128>) {
     let mut b = BatchBuilder::new(n);
     let mut ids = Vec::new();
-    for i in 0..MESSAGES_PER_BATCH {
+    for i in 0..shape.messages_per_batch {
         let id = CLIENT << 64 | u128::from(n) << 16 | u128::from(i);
         ids.push(id);
-        b.push(id, i, format!("b{n}-m{i}").as_bytes(), b"h");
+        let mut payload = format!("b{n}-m{i}-").into_bytes();
+        if shape.payload_len > 0 {
+            payload.resize(shape.payload_len, (n as u8) ^ (i as u8));
+        }
+        b.push(id, i, &payload, b"h");
     }
     (b.build(), ids)
+}
+
+/// The drivers of a cluster whose replicas drive their own transfers.
+pub struct Drivers {
+    pub config: TransferDriverConfig,
+    /// One per replica (`None` while it is down).
+    pub drivers: Vec<Option<TransferDriver<SimFs>>>,
+    /// One shard per replica.
+    pub slots: Vec<TransferSlots>,
+    /// Everything they reported, by replica.
+    pub events: Vec<(u8, TransferEvent)>,
+    /// Frames a driver refused.
+    pub refused_frames: u64,
+    /// Restarts so far (each driver's nonces come from a fresh seed).
+    pub incarnations: u64,
 }
 
 pub struct Cluster {
@@ -95,6 +178,11 @@ pub struct Cluster {
     pub target: u8,
     pub next_request: u64,
     pub acked: Vec<u128>,
+    pub shape: Shape,
+    /// The state-transfer drivers, once enabled.
+    pub drivers: Option<Drivers>,
+    /// Called once per tick after the replicas stepped (a test's hook).
+    pub on_step: Option<Box<dyn FnMut(u64)>>,
 }
 
 impl Cluster {
@@ -103,10 +191,23 @@ impl Cluster {
     }
 
     pub fn with_replicas(n: u8, seed: u64, retention_ops: u64) -> Self {
-        let net = InMemoryNetwork::new(seed, n, NetworkFaults::default());
+        Self::shaped(n, seed, retention_ops, Shape::default())
+    }
+
+    pub fn shaped(n: u8, seed: u64, retention_ops: u64, shape: Shape) -> Self {
+        let net = InMemoryNetwork::new(seed, n, shape.faults);
         let fss: Vec<SimFs> = (0..n).map(|r| fresh_fs(seed * 31 + u64::from(r))).collect();
         let replicas = (0..n)
-            .map(|r| Some(open(&fss[usize::from(r)], &net, r, n, retention_ops)))
+            .map(|r| {
+                Some(open_shaped(
+                    &fss[usize::from(r)],
+                    &net,
+                    r,
+                    n,
+                    retention_ops,
+                    &shape,
+                ))
+            })
             .collect();
         Self {
             n,
@@ -122,6 +223,74 @@ impl Cluster {
             target: 0,
             next_request: 1,
             acked: Vec::new(),
+            shape,
+            drivers: None,
+            on_step: None,
+        }
+    }
+
+    /// Gives every replica a state-transfer driver with `config`, fed the
+    /// encoded frames of the bus and the cluster's ticks.
+    pub fn enable_transfer_drivers(&mut self, config: TransferDriverConfig) {
+        let mut d = Drivers {
+            config,
+            drivers: Vec::new(),
+            slots: (0..self.n).map(|_| TransferSlots::default()).collect(),
+            events: Vec::new(),
+            refused_frames: 0,
+            incarnations: 0,
+        };
+        for r in 0..self.n {
+            let driver = self.replicas[usize::from(r)]
+                .is_some()
+                .then(|| new_driver(&self.fss[usize::from(r)], &config, r, 0));
+            d.drivers.push(driver);
+        }
+        self.drivers = Some(d);
+    }
+
+    /// The driver of replica `r`.
+    pub fn driver(&self, r: u8) -> &TransferDriver<SimFs> {
+        self.drivers.as_ref().unwrap().drivers[usize::from(r)]
+            .as_ref()
+            .unwrap()
+    }
+
+    /// Routes the encoded frames due now to the drivers, then ticks them.
+    fn step_drivers(&mut self) {
+        let Some(d) = self.drivers.as_mut() else {
+            return;
+        };
+        let mut outgoing = Vec::new();
+        for (to, from, frame) in self.net.take_wire() {
+            let i = usize::from(to);
+            let (Some(replica), Some(driver)) = (self.replicas[i].as_mut(), d.drivers[i].as_mut())
+            else {
+                continue;
+            };
+            match block_on(driver.on_frame(replica, &mut d.slots[i], from, frame, &FrozenClock)) {
+                Ok(out) => {
+                    outgoing.push((to, out.send));
+                    d.events.extend(out.events.into_iter().map(|e| (to, e)));
+                }
+                Err(_) => d.refused_frames += 1,
+            }
+        }
+        for i in 0..usize::from(self.n) {
+            let (Some(replica), Some(driver)) = (self.replicas[i].as_mut(), d.drivers[i].as_mut())
+            else {
+                continue;
+            };
+            let out = block_on(driver.on_tick(replica, &mut d.slots[i], &FrozenClock));
+            outgoing.push((i as u8, out.send));
+            d.events
+                .extend(out.events.into_iter().map(|e| (i as u8, e)));
+        }
+        for (from, frames) in outgoing {
+            let bus = self.net.endpoint(from);
+            for o in frames {
+                bus.send_wire_to_replica(o.to, o.frame);
+            }
         }
     }
 
@@ -158,16 +327,22 @@ impl Cluster {
             match block_on(r.on_tick(self.now * TICK_US)) {
                 Ok(()) => {}
                 Err(_) if self.powerless.is_some_and(|p| usize::from(p) == i) => {}
+                Err(_) if r.fenced().is_some() => {}
                 Err(e) => panic!("replica {i}: {e}"),
             }
+        }
+        self.step_drivers();
+        if let Some(hook) = self.on_step.as_mut() {
+            hook(self.now);
         }
     }
 
     /// The client sends or retries one request, the cluster steps, replies
     /// are taken. `produce` false: only finish what is in flight.
     pub fn client_step(&mut self, produce: bool) {
+        let shape = self.shape;
         self.client_step_with(produce, |n| {
-            let (bytes, ids) = batch(n);
+            let (bytes, ids) = shaped_batch(n, &shape);
             (ClientOp::Append(bytes), ids)
         });
     }
@@ -272,17 +447,32 @@ impl Cluster {
         self.powerless = None;
         self.replicas[usize::from(r)] = None;
         self.fss[usize::from(r)].crash();
+        if let Some(d) = self.drivers.as_mut() {
+            // The process is gone: its sessions and the shard's budget too.
+            d.drivers[usize::from(r)] = None;
+            d.slots[usize::from(r)] = TransferSlots::default();
+        }
     }
 
     pub fn restart(&mut self, r: u8) {
-        let p = open(
+        let p = open_shaped(
             &self.fss[usize::from(r)],
             &self.net,
             r,
             self.n,
             self.retention_ops,
+            &self.shape,
         );
         self.replicas[usize::from(r)] = Some(p);
+        if let Some(d) = self.drivers.as_mut() {
+            d.incarnations += 1;
+            d.drivers[usize::from(r)] = Some(new_driver(
+                &self.fss[usize::from(r)],
+                &d.config,
+                r,
+                d.incarnations,
+            ));
+        }
     }
 
     /// Steps until every live replica applied what any committed.
@@ -355,6 +545,20 @@ impl Cluster {
             assert_eq!(&listings[0], other, "segment files differ");
         }
     }
+}
+
+fn new_driver(
+    fs: &SimFs,
+    config: &TransferDriverConfig,
+    r: u8,
+    incarnation: u64,
+) -> TransferDriver<SimFs> {
+    TransferDriver::new(
+        fs.clone(),
+        &pdir(),
+        *config,
+        0xD21F_u64 ^ u64::from(r) << 8 ^ incarnation << 16,
+    )
 }
 
 pub fn segment_files(fs: &SimFs) -> Vec<(String, Vec<u8>)> {

@@ -1,0 +1,858 @@
+//! The per-partition state-transfer driver: what a shard calls for one
+//! partition, on every tick and for every state-transfer frame that
+//! arrives, on both sides of a transfer.
+//!
+//! The pieces below it are sans-network: [`TransferReceiver`] turns frames
+//! and ticks into requests, [`OfferServer`] turns requests into answers.
+//! The driver is the glue a shard would otherwise repeat per group:
+//!
+//! - **Frames.** The four state-transfer commands ride the consensus frame
+//!   header (`RequestStateTransfer`, `StateTransferTarget`,
+//!   `RequestStateChunk`, `StateChunk`). The driver decodes an inbound
+//!   frame with the header codec (seal, body checksum, command rules), then
+//!   checks what the codec cannot know: the cluster, the group, and that
+//!   the header's sender is the connection's peer. A frame that fails any
+//!   check is a typed [`TransferFrameError`] and changes nothing. Outbound
+//!   frames are encoded here and returned to the caller to send.
+//! - **Arming.** A partition whose repair concluded `FloorRefused` (or that
+//!   booted with the transfer-needed record of §8.6) reports
+//!   [`Partition::state_transfer_needed`]; the next tick arms a session
+//!   against the peer repair named, if the shard's receive budget has room.
+//!   The receiver's own re-arm (backoff, peer rotation) takes over after a
+//!   failure; the driver only withholds the slot while the budget is full.
+//! - **Serving.** A descriptor request is answered with the offer (the
+//!   manifest as the body) or a refusal that carries the server's view,
+//!   `commit_max` and the transient flag. An offer still being hashed is
+//!   refused as transient, and the driver keeps hashing it one budgeted
+//!   round per tick (ST-B1, ST-B3), so the requester's next attempt finds
+//!   it built or nearly so. A chunk request for a session the server does
+//!   not hold (expired, or this replica restarted) is answered with a
+//!   transient refusal, which restarts the requester's session.
+//! - **Install.** A completed pull is installed at once. The offer names
+//!   its op but not the op's identity (the reference's frame has no field
+//!   for it), so the install records the identity as unknown and the
+//!   consensus core learns it from the log or the primary's heartbeat
+//!   (`consensus::vsr::UNKNOWN_CHECKSUM`). A completed install resets the
+//!   backoff and the serving side's memos (the chain they describe is
+//!   gone); a failed one that converged charges the backoff and re-arms;
+//!   `ConvergeFailed` quarantines the partition's segment files (the
+//!   fence) and the driver stops: the partition takes nothing until the
+//!   shard rebuilds it.
+//! - **Admission.** A shard-wide [`TransferSlots`] caps sessions: at most
+//!   four partitions pulling at once (the reference's receive cap) and at
+//!   most two offers handed out (the reference derives its serving cap from
+//!   a cache budget of two segments per shard; one artifact is loaded per
+//!   session). A request past the serving cap is refused as transient.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use consensus::header::{
+    CommandHeader, FRAME_SIZE_MAX_DEFAULT, FrameHeader, HEADER_SIZE, HeaderError,
+    RequestStateChunkHeader, RequestStateTransferHeader, StateChunkHeader,
+    StateTransferTargetHeader, decode_frame, encode_frame,
+};
+use consensus::vsr::UNKNOWN_CHECKSUM;
+use journal::SuperblockStore;
+use storage::fs::Fs;
+
+use super::errors::{PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable};
+use super::install::InstallInput;
+use super::offer::BuildClock;
+use super::receive::{
+    LocalFacts, ReceiveError, ReceiveStep, ReceiverConfig, TransferReceiver, TransferRequest,
+};
+use super::serve::{ChunkAnswer, ChunkRequest, OfferServer, OfferServerConfig};
+use crate::bus::MessageBus;
+use crate::partition::{Partition, StateTransferNeeded};
+
+/// Partitions of one shard pulling a transfer at once (the reference's
+/// cap).
+pub const RECEIVING_TRANSFERS_MAX_DEFAULT: usize = 4;
+/// Offers one shard hands out at once (the reference's serving budget of
+/// two loaded segments; one artifact is loaded per session).
+pub const SERVING_TRANSFERS_MAX_DEFAULT: usize = 2;
+
+/// A shard's admission budget for state transfers, shared by the drivers
+/// of all its partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferSlots {
+    receiving: usize,
+    serving: usize,
+    receiving_max: usize,
+    serving_max: usize,
+}
+
+impl Default for TransferSlots {
+    fn default() -> Self {
+        Self::new(
+            RECEIVING_TRANSFERS_MAX_DEFAULT,
+            SERVING_TRANSFERS_MAX_DEFAULT,
+        )
+    }
+}
+
+impl TransferSlots {
+    /// A budget of `receiving_max` pulls and `serving_max` offers.
+    pub fn new(receiving_max: usize, serving_max: usize) -> Self {
+        Self {
+            receiving: 0,
+            serving: 0,
+            receiving_max,
+            serving_max,
+        }
+    }
+
+    /// Partitions pulling now.
+    pub fn receiving(&self) -> usize {
+        self.receiving
+    }
+
+    /// Offers handed out now.
+    pub fn serving(&self) -> usize {
+        self.serving
+    }
+
+    fn take_receiving(&mut self) -> bool {
+        if self.receiving >= self.receiving_max {
+            return false;
+        }
+        self.receiving += 1;
+        true
+    }
+
+    fn serving_full(&self) -> bool {
+        self.serving >= self.serving_max
+    }
+}
+
+/// Configuration of a [`TransferDriver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferDriverConfig {
+    /// The cluster id every frame carries.
+    pub cluster: u128,
+    /// The partition's consensus group.
+    pub group: u64,
+    /// Ceiling on an inbound frame's size.
+    pub frame_size_max: u32,
+    /// The receiving side.
+    pub receiver: ReceiverConfig,
+    /// The serving side.
+    pub server: OfferServerConfig,
+    /// The purge generation the metadata plane committed for this
+    /// partition, when known; the install refuses offers behind it.
+    pub committed_purge_generation: Option<u64>,
+}
+
+impl TransferDriverConfig {
+    /// Defaults for `group` of `cluster`.
+    pub fn new(cluster: u128, group: u64) -> Self {
+        Self {
+            cluster,
+            group,
+            frame_size_max: FRAME_SIZE_MAX_DEFAULT,
+            receiver: ReceiverConfig::default(),
+            server: OfferServerConfig::default(),
+            committed_purge_generation: None,
+        }
+    }
+}
+
+/// Why an inbound frame was refused. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferFrameError {
+    /// The header codec refused the frame.
+    Header(HeaderError),
+    /// The frame belongs to another cluster.
+    WrongCluster {
+        /// The frame's cluster.
+        cluster: u128,
+    },
+    /// The frame belongs to another group.
+    WrongGroup {
+        /// The frame's group.
+        group: u64,
+    },
+    /// The header names a sender other than the connection's peer, or one
+    /// outside the group.
+    Sender {
+        /// The header's replica field.
+        claimed: u8,
+        /// The peer the frame came from.
+        peer: u8,
+    },
+    /// Not one of the four state-transfer commands.
+    NotTransferCommand {
+        /// The command byte.
+        command: u8,
+    },
+}
+
+impl fmt::Display for TransferFrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Header(e) => write!(f, "state-transfer frame refused: {e}"),
+            Self::WrongCluster { cluster } => {
+                write!(f, "state-transfer frame from cluster {cluster:#x}")
+            }
+            Self::WrongGroup { group } => {
+                write!(f, "state-transfer frame for group {group:#x}")
+            }
+            Self::Sender { claimed, peer } => write!(
+                f,
+                "state-transfer frame from peer {peer} claims to be from replica {claimed}"
+            ),
+            Self::NotTransferCommand { command } => {
+                write!(f, "command {command} is not a state-transfer command")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TransferFrameError {}
+
+impl From<HeaderError> for TransferFrameError {
+    fn from(e: HeaderError) -> Self {
+        Self::Header(e)
+    }
+}
+
+/// An encoded frame to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The destination replica.
+    pub to: u8,
+    /// Header and body.
+    pub frame: Bytes,
+}
+
+/// Something an operator (or a test) wants to know about.
+#[derive(Debug)]
+pub enum TransferEvent {
+    /// A session was armed against `peer`.
+    Armed {
+        /// The serving peer.
+        peer: u8,
+    },
+    /// An attempt failed; the receiver scheduled a re-arm.
+    AttemptFailed(ReceiveError),
+    /// A pull completed and installed.
+    Installed(PartitionInstallOutcome),
+    /// A pull completed but its install failed; the partition converged
+    /// and a re-arm is scheduled.
+    InstallFailed(PartitionInstallError),
+    /// The install's converge failed: the segment files were quarantined
+    /// (`quarantine` is where, unless moving them failed too) and the
+    /// partition is fenced.
+    Fenced {
+        /// Why.
+        reason: String,
+        /// The quarantine directory.
+        quarantine: Option<PathBuf>,
+    },
+    /// The partition stopped needing a transfer; the session was dropped.
+    Disarmed,
+    /// An offer request was refused (the reason stays here: the frame only
+    /// carries the transient flag).
+    ServeRefused {
+        /// The requester.
+        requester: u8,
+        /// Why, or `None` when the shard's serving budget was full.
+        reason: Option<PartitionTransferUnavailable>,
+    },
+}
+
+/// What one call produced.
+#[derive(Debug, Default)]
+pub struct DriverOutput {
+    /// Frames to send.
+    pub send: Vec<Outgoing>,
+    /// What happened.
+    pub events: Vec<TransferEvent>,
+}
+
+/// Counters for operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// Frames accepted.
+    pub frames_in: u64,
+    /// Frames refused as [`TransferFrameError`].
+    pub frames_refused: u64,
+    /// Frames produced.
+    pub frames_out: u64,
+    /// Offers handed out (first answer per session).
+    pub offers_served: u64,
+    /// Chunks served.
+    pub chunks_served: u64,
+    /// Offer requests refused.
+    pub serve_refusals: u64,
+    /// Build rounds run on ticks.
+    pub tick_build_rounds: u64,
+    /// Installs that completed.
+    pub installs: u64,
+    /// Installs that failed.
+    pub install_failures: u64,
+}
+
+/// One partition's state-transfer driver.
+pub struct TransferDriver<F: Fs> {
+    config: TransferDriverConfig,
+    receiver: TransferReceiver<F>,
+    server: OfferServer,
+    /// An offer request was answered "in progress": keep hashing on ticks.
+    build_pending: bool,
+    /// The floor the live session (or scheduled re-arm) is for.
+    armed_floor: Option<u64>,
+    /// This driver holds one of the shard's receive slots.
+    receive_slot: bool,
+    /// Serving sessions this driver counted into the shard's budget.
+    serving_counted: usize,
+    /// The partition was fenced: nothing more is done.
+    fenced: bool,
+    stats: DriverStats,
+}
+
+impl<F: Fs> fmt::Debug for TransferDriver<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransferDriver")
+            .field("group", &self.config.group)
+            .field("session", &self.receiver.session().is_some())
+            .field("pending_rearm", &self.receiver.pending_rearm())
+            .field("serving", &self.server.session_count())
+            .field("build_pending", &self.build_pending)
+            .field("fenced", &self.fenced)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl<F: Fs> TransferDriver<F> {
+    /// A driver for the partition in `dir` on `fs`; `seed` draws its
+    /// session nonces.
+    pub fn new(fs: F, dir: &Path, config: TransferDriverConfig, seed: u64) -> Self {
+        Self {
+            receiver: TransferReceiver::new(fs, dir, config.receiver, seed),
+            server: OfferServer::new(config.server),
+            config,
+            build_pending: false,
+            armed_floor: None,
+            receive_slot: false,
+            serving_counted: 0,
+            fenced: false,
+            stats: DriverStats::default(),
+        }
+    }
+
+    /// The receiving side.
+    pub fn receiver(&self) -> &TransferReceiver<F> {
+        &self.receiver
+    }
+
+    /// The serving side.
+    pub fn server(&self) -> &OfferServer {
+        &self.server
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> DriverStats {
+        self.stats
+    }
+
+    /// Whether the driver stopped because its partition was fenced.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    /// Whether `frame` carries one of the four state-transfer commands (by
+    /// its command byte; nothing is verified): for routing.
+    pub fn is_transfer_frame(frame: &[u8]) -> bool {
+        matches!(frame.get(60), Some(22..=25))
+    }
+
+    /// Gives back every slot this driver holds (its partition is being
+    /// dropped by the shard).
+    pub fn release(&mut self, slots: &mut TransferSlots) {
+        self.receiver.disarm();
+        self.server.reset();
+        self.sync_slots(slots);
+    }
+
+    /// One tick: ages the served offers, continues a pending offer build by
+    /// one round, arms a session when the partition needs one and the
+    /// shard has room, and ticks the receiver (idle re-requests, re-arm
+    /// countdown, preparation of an accepted offer).
+    pub async fn on_tick<B, S, C>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        slots: &mut TransferSlots,
+        clock: &C,
+    ) -> DriverOutput
+    where
+        B: MessageBus,
+        S: SuperblockStore,
+        C: BuildClock,
+    {
+        let mut out = DriverOutput::default();
+        if self.fenced || partition.fenced().is_some() {
+            self.stop(slots);
+            return out;
+        }
+        self.server.on_tick();
+        if self.build_pending {
+            self.stats.tick_build_rounds += 1;
+            match partition
+                .build_state_transfer_offer(self.server.builder_mut(), clock)
+                .await
+            {
+                Err(PartitionTransferUnavailable::OfferBuildInProgress { .. }) => {}
+                Ok(_) | Err(_) => self.build_pending = false,
+            }
+        }
+        let facts = LocalFacts::of(partition);
+        // The core stops reporting the need while it retries repair between
+        // FloorRefused conclusions; a session survives that, and is only
+        // dropped once the applied point passed the floor it was armed for
+        // (repair found the ops after all).
+        let need = partition.state_transfer_needed().or_else(|| {
+            let floor = self.armed_floor?;
+            (partition.replica().commit_min() < floor).then_some(StateTransferNeeded {
+                peer: facts.primary,
+                floor,
+                to_op: facts.commit_max,
+            })
+        });
+        match need {
+            None => {
+                self.armed_floor = None;
+                if self.receiver.session().is_some() || self.receiver.pending_rearm().is_some() {
+                    self.receiver.disarm();
+                    out.events.push(TransferEvent::Disarmed);
+                }
+            }
+            Some(need) => {
+                self.armed_floor = Some(need.floor);
+                let idle = self.receiver.session().is_none();
+                match self.receiver.pending_rearm() {
+                    None if idle => {
+                        if self.take_receive_slot(slots) {
+                            let request = self.receiver.arm(need.peer);
+                            out.events.push(TransferEvent::Armed { peer: need.peer });
+                            self.push_request(partition, request, &mut out);
+                        }
+                    }
+                    // A re-arm about to fire needs a slot first; without
+                    // one its countdown waits at its last tick.
+                    Some(rearm) if idle && rearm.after_ticks <= 1 => {
+                        if self.take_receive_slot(slots) {
+                            let step = self.receiver.on_tick(&facts).await;
+                            if let ReceiveStep::Send(TransferRequest::Descriptor { peer, .. }) =
+                                &step
+                            {
+                                out.events.push(TransferEvent::Armed { peer: *peer });
+                            }
+                            self.on_step(partition, step, &mut out).await;
+                        }
+                    }
+                    _ => {
+                        let step = self.receiver.on_tick(&facts).await;
+                        self.on_step(partition, step, &mut out).await;
+                    }
+                }
+            }
+        }
+        self.sync_slots(slots);
+        out
+    }
+
+    /// One inbound frame from replica `from`.
+    ///
+    /// # Errors
+    /// [`TransferFrameError`] when the frame is refused; nothing changed.
+    pub async fn on_frame<B, S, C>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        slots: &mut TransferSlots,
+        from: u8,
+        frame: Bytes,
+        clock: &C,
+    ) -> Result<DriverOutput, TransferFrameError>
+    where
+        B: MessageBus,
+        S: SuperblockStore,
+        C: BuildClock,
+    {
+        let (header, view) = match self.check_frame(partition, from, &frame) {
+            Ok(checked) => checked,
+            Err(e) => {
+                self.stats.frames_refused += 1;
+                tracing::warn!(peer = from, group = self.config.group, error = %e, "state-transfer frame refused");
+                return Err(e);
+            }
+        };
+        self.stats.frames_in += 1;
+        let mut out = DriverOutput::default();
+        if self.fenced || partition.fenced().is_some() {
+            self.stop(slots);
+            return Ok(out);
+        }
+        match header {
+            CommandHeader::RequestStateTransfer(h) => {
+                self.serve_offer(partition, slots, from, h.nonce, clock, &mut out)
+                    .await;
+            }
+            CommandHeader::RequestStateChunk(h) => {
+                self.serve_chunk(partition, from, &h, &mut out).await;
+            }
+            CommandHeader::StateTransferTarget(h) => {
+                let body = &frame[HEADER_SIZE..];
+                let facts = LocalFacts::of(partition);
+                let step = self.receiver.on_target(from, view, &h, body, &facts).await;
+                self.on_step(partition, step, &mut out).await;
+            }
+            CommandHeader::StateChunk(h) => {
+                let payload = frame.slice(HEADER_SIZE..);
+                let facts = LocalFacts::of(partition);
+                let step = self
+                    .receiver
+                    .on_chunk(from, h.nonce, h.artifact, h.offset, payload, &facts)
+                    .await;
+                self.on_step(partition, step, &mut out).await;
+            }
+            other => {
+                // `check_frame` let only the four commands through.
+                return Err(TransferFrameError::NotTransferCommand {
+                    command: other.command() as u8,
+                });
+            }
+        }
+        self.sync_slots(slots);
+        Ok(out)
+    }
+
+    /// Decodes `frame` and checks what the codec cannot: cluster, group,
+    /// sender, command.
+    fn check_frame<B: MessageBus, S: SuperblockStore>(
+        &self,
+        partition: &Partition<B, S, F>,
+        from: u8,
+        frame: &[u8],
+    ) -> Result<(CommandHeader, u32), TransferFrameError> {
+        let decoded = decode_frame(frame, self.config.frame_size_max)?;
+        let h = decoded.header;
+        if h.cluster != self.config.cluster {
+            return Err(TransferFrameError::WrongCluster { cluster: h.cluster });
+        }
+        let local = partition.replica().replica();
+        let count = partition.config().vsr.replica_count;
+        if h.replica != from || from == local || from >= count {
+            return Err(TransferFrameError::Sender {
+                claimed: h.replica,
+                peer: from,
+            });
+        }
+        let group = match h.command {
+            CommandHeader::RequestStateTransfer(c) => c.group,
+            CommandHeader::StateTransferTarget(c) => c.group,
+            CommandHeader::RequestStateChunk(c) => c.group,
+            CommandHeader::StateChunk(c) => c.group,
+            other => {
+                return Err(TransferFrameError::NotTransferCommand {
+                    command: other.command() as u8,
+                });
+            }
+        };
+        if group != self.config.group {
+            return Err(TransferFrameError::WrongGroup { group });
+        }
+        Ok((h.command, h.view))
+    }
+
+    /// Answers a descriptor request: the offer, or a refusal.
+    async fn serve_offer<B, S, C>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        slots: &TransferSlots,
+        requester: u8,
+        nonce: u128,
+        clock: &C,
+        out: &mut DriverOutput,
+    ) where
+        B: MessageBus,
+        S: SuperblockStore,
+        C: BuildClock,
+    {
+        let known = self.server.session_offer(requester, nonce).is_some();
+        if !known && !self.server.serves(requester) && slots.serving_full() {
+            self.stats.serve_refusals += 1;
+            tracing::info!(
+                requester,
+                serving = slots.serving(),
+                "state-transfer offer refused: the shard's serving budget is full"
+            );
+            out.events.push(TransferEvent::ServeRefused {
+                requester,
+                reason: None,
+            });
+            self.push_refusal(partition, requester, nonce, true, out);
+            return;
+        }
+        match self
+            .server
+            .on_request_state_transfer(partition, requester, nonce, clock)
+            .await
+        {
+            Ok(offer) => {
+                self.build_pending = false;
+                if !known {
+                    self.stats.offers_served += 1;
+                }
+                let commit_max = partition.replica().commit_max();
+                let target = StateTransferTargetHeader {
+                    nonce,
+                    commit_op: offer.commit_op(),
+                    group: self.config.group,
+                    available: true,
+                    unavailable_transient: false,
+                    commit_max: commit_max.max(offer.commit_op()),
+                };
+                let body = offer.encoded_manifest().clone();
+                self.push(
+                    partition,
+                    requester,
+                    CommandHeader::StateTransferTarget(target),
+                    &body,
+                    out,
+                );
+            }
+            Err(reason) => {
+                self.stats.serve_refusals += 1;
+                self.build_pending = matches!(
+                    reason,
+                    PartitionTransferUnavailable::OfferBuildInProgress { .. }
+                );
+                let transient = reason.transient();
+                tracing::debug!(requester, %reason, transient, "state-transfer offer refused");
+                self.push_refusal(partition, requester, nonce, transient, out);
+                out.events.push(TransferEvent::ServeRefused {
+                    requester,
+                    reason: Some(reason),
+                });
+            }
+        }
+    }
+
+    /// Answers a chunk request: the chunk, nothing, or a refusal.
+    async fn serve_chunk<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &Partition<B, S, F>,
+        requester: u8,
+        h: &RequestStateChunkHeader,
+        out: &mut DriverOutput,
+    ) {
+        let request = ChunkRequest {
+            requester,
+            nonce: h.nonce,
+            artifact: h.artifact,
+            offset: h.offset,
+            len: h.len,
+        };
+        match self
+            .server
+            .on_request_state_chunk(partition.fs(), request)
+            .await
+        {
+            ChunkAnswer::Chunk(chunk) => {
+                self.stats.chunks_served += 1;
+                let header = StateChunkHeader {
+                    nonce: h.nonce,
+                    offset: chunk.offset,
+                    group: self.config.group,
+                    artifact: chunk.artifact,
+                };
+                self.push(
+                    partition,
+                    requester,
+                    CommandHeader::StateChunk(header),
+                    &chunk.payload,
+                    out,
+                );
+            }
+            ChunkAnswer::Ignore => {}
+            ChunkAnswer::Refuse(refusal) => {
+                tracing::info!(requester, %refusal, "state-transfer chunk refused");
+                self.push_refusal(partition, requester, h.nonce, refusal.transient(), out);
+            }
+        }
+    }
+
+    /// Acts on what the receiver said.
+    async fn on_step<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        step: ReceiveStep,
+        out: &mut DriverOutput,
+    ) {
+        match step {
+            ReceiveStep::Send(request) => self.push_request(partition, request, out),
+            ReceiveStep::Complete(done) => {
+                let peer = done.peer;
+                let input = InstallInput::from_received(
+                    &done,
+                    UNKNOWN_CHECKSUM,
+                    self.config.committed_purge_generation,
+                );
+                drop(done);
+                match partition.install_partition_state(input).await {
+                    Ok(outcome) => {
+                        self.stats.installs += 1;
+                        self.armed_floor = None;
+                        self.receiver.record_install_completed();
+                        // The chain the memos and offers describe is gone.
+                        self.server.reset();
+                        self.build_pending = false;
+                        out.events.push(TransferEvent::Installed(outcome));
+                    }
+                    Err(PartitionInstallError::ConvergeFailed { source, frontier }) => {
+                        self.stats.install_failures += 1;
+                        let reason = format!(
+                            "state-transfer install converge failed at frontier {frontier}: {source}"
+                        );
+                        let quarantine = match partition.fence_segment_files(&reason).await {
+                            Ok(path) => Some(path),
+                            Err(e) => {
+                                tracing::error!(dir = %partition.dir().display(), error = %e, "quarantining the fenced partition's segment files failed");
+                                None
+                            }
+                        };
+                        self.fenced = true;
+                        self.receiver.disarm();
+                        self.server.reset();
+                        out.events
+                            .push(TransferEvent::Fenced { reason, quarantine });
+                    }
+                    Err(e) => {
+                        self.stats.install_failures += 1;
+                        let facts = LocalFacts::of(partition);
+                        self.receiver.record_install_failed(peer, &facts);
+                        out.events.push(TransferEvent::InstallFailed(e));
+                    }
+                }
+            }
+            ReceiveStep::Failed(e) => out.events.push(TransferEvent::AttemptFailed(e)),
+            ReceiveStep::Wait | ReceiveStep::Ignored(_) => {}
+        }
+    }
+
+    fn push_request<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &Partition<B, S, F>,
+        request: TransferRequest,
+        out: &mut DriverOutput,
+    ) {
+        let group = self.config.group;
+        let (to, command) = match request {
+            TransferRequest::Descriptor { peer, nonce } => (
+                peer,
+                CommandHeader::RequestStateTransfer(RequestStateTransferHeader { nonce, group }),
+            ),
+            TransferRequest::Chunk {
+                peer,
+                nonce,
+                artifact,
+                offset,
+                len,
+            } => (
+                peer,
+                CommandHeader::RequestStateChunk(RequestStateChunkHeader {
+                    nonce,
+                    offset,
+                    group,
+                    len,
+                    artifact,
+                }),
+            ),
+        };
+        self.push(partition, to, command, &[], out);
+    }
+
+    fn push_refusal<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &Partition<B, S, F>,
+        to: u8,
+        nonce: u128,
+        transient: bool,
+        out: &mut DriverOutput,
+    ) {
+        let target = StateTransferTargetHeader {
+            nonce,
+            commit_op: 0,
+            group: self.config.group,
+            available: false,
+            unavailable_transient: transient,
+            commit_max: partition.replica().commit_max(),
+        };
+        self.push(
+            partition,
+            to,
+            CommandHeader::StateTransferTarget(target),
+            &[],
+            out,
+        );
+    }
+
+    fn push<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &Partition<B, S, F>,
+        to: u8,
+        command: CommandHeader,
+        body: &[u8],
+        out: &mut DriverOutput,
+    ) {
+        let replica = partition.replica();
+        let header = FrameHeader {
+            checksum: 0,
+            checksum_body: 0,
+            cluster: self.config.cluster,
+            size: 0,
+            view: replica.view(),
+            replica: replica.replica(),
+            command,
+        };
+        self.stats.frames_out += 1;
+        out.send.push(Outgoing {
+            to,
+            frame: Bytes::from(encode_frame(&header, body)),
+        });
+    }
+
+    fn take_receive_slot(&mut self, slots: &mut TransferSlots) -> bool {
+        if self.receive_slot {
+            return true;
+        }
+        self.receive_slot = slots.take_receiving();
+        self.receive_slot
+    }
+
+    /// Brings the shard's counts in line with this driver's sessions.
+    fn sync_slots(&mut self, slots: &mut TransferSlots) {
+        if self.receive_slot && self.receiver.session().is_none() {
+            self.receive_slot = false;
+            slots.receiving = slots.receiving.saturating_sub(1);
+        }
+        let serving = self.server.session_count();
+        slots.serving = slots
+            .serving
+            .saturating_sub(self.serving_counted)
+            .saturating_add(serving);
+        self.serving_counted = serving;
+    }
+
+    fn stop(&mut self, slots: &mut TransferSlots) {
+        self.fenced = true;
+        self.build_pending = false;
+        self.receiver.disarm();
+        self.server.reset();
+        self.sync_slots(slots);
+    }
+}
