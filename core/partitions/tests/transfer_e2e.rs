@@ -32,10 +32,11 @@ use consensus::header::{
 };
 use futures::executor::block_on;
 use partitions::state_transfer::{
-    BuildBudget, TransferDriver, TransferDriverConfig, TransferEvent, TransferFrameError,
-    TransferSlots,
+    BuildBudget, TransferArtifact, TransferDriver, TransferDriverConfig, TransferEvent,
+    TransferFrameError, TransferSlots,
 };
 use partitions::{NetworkFaults, PollRequest, PollingStrategy, RetentionPolicy};
+use storage::fs::{EIO, FaultKind, Fs};
 
 mod harness;
 use harness::*;
@@ -513,5 +514,156 @@ fn given_serving_budget_full_when_another_replica_asks_should_refuse_transiently
     assert_eq!(
         ask(&mut c, &mut driver, &mut slots, others[2], 5),
         (true, false, 1)
+    );
+}
+
+/// Steps (producing every 10 ticks) until every segment of `victim`'s
+/// accepted offer is staged, so only the offsets artifact is left to pull
+/// and the next thing the victim's disk sees is the install.
+fn until_segments_staged(c: &mut Cluster, victim: u8) {
+    for tick in 0..50_000u64 {
+        c.client_step(tick % 10 == 0);
+        let staged = c
+            .driver(victim)
+            .receiver()
+            .session()
+            .and_then(|s| s.accepted())
+            .is_some_and(|a| {
+                let n = a.artifacts.len();
+                n >= 2
+                    && a.artifacts[..n - 1]
+                        .iter()
+                        .all(|slot| matches!(slot, TransferArtifact::Staged(_)))
+            });
+        if staged {
+            return;
+        }
+    }
+    panic!("the victim never staged its segments");
+}
+
+/// The backup of `run`, restarted behind the floor with drivers on.
+fn lagging_backup_with_drivers(seed: u64) -> (Cluster, u8) {
+    let mut c = Cluster::shaped(REPLICAS, seed, 128, shape(256 * 1024));
+    c.enable_transfer_drivers(driver_config(64 * 1024));
+    c.produce(20);
+    c.store_offsets(2);
+    let victim = (c.primary() + 1) % REPLICAS;
+    c.crash(victim);
+    c.produce(200);
+    c.store_offsets(3);
+    retain(&mut c, 4 << 20);
+    c.restart(victim);
+    (c, victim)
+}
+
+fn events_of(c: &Cluster, r: u8) -> Vec<String> {
+    c.drivers
+        .as_ref()
+        .unwrap()
+        .events
+        .iter()
+        .filter(|(who, _)| *who == r)
+        .map(|(_, e)| format!("{e:?}"))
+        .collect()
+}
+
+/// A fault in the middle of the install's swap (a staged index rename
+/// fails with EIO): the install converges to an empty, lagging partition
+/// at the offer's frontier, the driver charges the backoff and re-arms,
+/// and the next transfer brings the backup level with the primary.
+#[test]
+fn given_install_fault_mid_swap_when_driven_should_converge_rearm_and_transfer_again() {
+    let (mut c, victim) = lagging_backup_with_drivers(51);
+    until_segments_staged(&mut c, victim);
+    // Rename #1 is the install marker's; #2 the first staged index.
+    c.fss[usize::from(victim)].fail_nth(FaultKind::Rename, 2, EIO);
+    for tick in 0..5_000u64 {
+        c.client_step(tick % 10 == 0);
+        if events_of(&c, victim)
+            .iter()
+            .any(|e| e.starts_with("InstallFailed"))
+        {
+            break;
+        }
+    }
+    let events = events_of(&c, victim);
+    assert!(
+        events.iter().any(|e| e.starts_with("InstallFailed(SwapIo")),
+        "{events:?}"
+    );
+    let r = c.replica(victim);
+    assert!(r.fenced().is_none());
+    assert!(r.missing_history().is_some(), "converged: history missing");
+    assert!(r.state_transfer_needed().is_some());
+    assert_eq!(c.driver(victim).receiver().backoff().failures, 1);
+    c.fss[usize::from(victim)].clear_faults();
+    until_installed(&mut c, victim, Some(10), 50_000);
+    assert_eq!(c.driver(victim).receiver().backoff().failures, 0);
+    c.produce(5);
+    c.store_offsets(1);
+    c.converge();
+    retain(&mut c, 4 << 20);
+    assert_same_as_primary(&mut c, victim);
+}
+
+/// The converge itself fails too (EIO on its directory listing): the
+/// driver fences the partition, its segment files move to
+/// `<dir>.fenced.<n>` while the superblock stays, the driver stops, and
+/// the rest of the group keeps committing.
+#[test]
+fn given_converge_failure_when_driven_should_fence_quarantine_and_leave_the_group_serving() {
+    let (mut c, victim) = lagging_backup_with_drivers(52);
+    until_segments_staged(&mut c, victim);
+    let fs = c.fss[usize::from(victim)].clone();
+    fs.fail_nth(FaultKind::Rename, 2, EIO);
+    fs.fail_nth(FaultKind::ReadDir, 2, EIO);
+    for tick in 0..5_000u64 {
+        c.client_step(tick % 10 == 0);
+        if c.driver(victim).is_fenced() {
+            break;
+        }
+    }
+    fs.clear_faults();
+    let events = events_of(&c, victim);
+    assert!(events.iter().any(|e| e.starts_with("Fenced")), "{events:?}");
+    assert!(c.replica(victim).fenced().is_some());
+    let quarantine = c
+        .drivers
+        .as_ref()
+        .unwrap()
+        .events
+        .iter()
+        .find_map(|(who, e)| match e {
+            TransferEvent::Fenced { quarantine, .. } if *who == victim => quarantine.clone(),
+            _ => None,
+        })
+        .expect("a quarantine directory");
+    assert!(
+        quarantine
+            .to_string_lossy()
+            .starts_with(&format!("{}.fenced.", pdir().display()))
+    );
+    assert!(block_on(fs.exists(&quarantine)).unwrap());
+    let names = |dir: &std::path::Path| -> Vec<String> {
+        block_on(fs.read_dir(dir))
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| e.name_str().map(str::to_owned))
+            .collect()
+    };
+    assert!(
+        !names(&pdir()).iter().any(|n| n.ends_with(".log")),
+        "segment files left in the partition directory"
+    );
+    // The driver does nothing more; the other two replicas keep serving.
+    let sent = c.driver(victim).stats().frames_out;
+    let acked = c.acked.len();
+    c.produce(20);
+    assert!(c.acked.len() > acked);
+    assert_eq!(c.driver(victim).stats().frames_out, sent);
+    assert_eq!(
+        c.drivers.as_ref().unwrap().slots[usize::from(victim)].receiving(),
+        0
     );
 }

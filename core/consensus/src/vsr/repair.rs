@@ -307,6 +307,22 @@ impl Replica {
         self.commit_min_checksum = checksum;
     }
 
+    /// A state-transfer session for this replica is live in its driver:
+    /// keep the core waiting for it (no commit walk, no acknowledgements,
+    /// no live prepares) and restart the state-transfer timer, so a pull
+    /// longer than the timer is not abandoned to repair half way. Without
+    /// this, a replica that resumed repairing between FloorRefused
+    /// conclusions (or after a converge) applies and acknowledges the live
+    /// tail, and every offer is behind it by the time it lands.
+    pub fn hold_state_transfer(&mut self) {
+        if !self.transferring {
+            self.transferring = true;
+            self.repair = None;
+            self.timers.repair.stop();
+        }
+        self.timers.state_transfer.start();
+    }
+
     /// The install is complete (or was abandoned): resume acknowledging,
     /// applying and repairing toward `commit_max`.
     pub fn finish_state_transfer(&mut self) {

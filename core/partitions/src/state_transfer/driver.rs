@@ -461,6 +461,9 @@ impl<F: Fs> TransferDriver<F> {
                 }
             }
         }
+        if self.receiver.session().is_some() {
+            partition.hold_state_transfer();
+        }
         self.sync_slots(slots);
         out
     }

@@ -471,6 +471,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
     }
 
+    /// Keeps the consensus core waiting for the live transfer session (see
+    /// `Replica::hold_state_transfer`); the driver calls it on every tick
+    /// of a session.
+    pub fn hold_state_transfer(&mut self) {
+        self.replica.hold_state_transfer();
+    }
+
     /// Quarantines this partition's segment files (see [`fence_partition`])
     /// and fences it in memory. For the caller after `ConvergeFailed`.
     ///

@@ -319,6 +319,7 @@ impl Cluster {
                 | Err(PartitionError::Frame(_))
                 | Err(PartitionError::PrepareOffsetMismatch { .. }) => {}
                 Err(_) if self.powerless == Some(to) => {}
+                Err(PartitionError::Fenced { .. }) if r.fenced().is_some() => {}
                 Err(e) => panic!("replica {to}: {e}"),
             }
         }
@@ -327,7 +328,7 @@ impl Cluster {
             match block_on(r.on_tick(self.now * TICK_US)) {
                 Ok(()) => {}
                 Err(_) if self.powerless.is_some_and(|p| usize::from(p) == i) => {}
-                Err(_) if r.fenced().is_some() => {}
+                Err(PartitionError::Fenced { .. }) if r.fenced().is_some() => {}
                 Err(e) => panic!("replica {i}: {e}"),
             }
         }
