@@ -973,3 +973,44 @@ fn given_large_segment_when_served_should_load_it_a_read_at_a_time_and_verify_be
     }
     assert_eq!(server.session_count(), 0);
 }
+
+/// A chain longer than the manifest can name (65,536 entries: one per
+/// segment plus the offsets artifact) is refused before the manifest
+/// encoder, which asserts its ceiling, ever sees it; one segment fewer
+/// builds.
+#[test]
+fn given_chain_longer_than_a_manifest_when_offer_asked_should_refuse_manifest_too_large() {
+    use consensus::state_manifest::STATE_MANIFEST_ENTRIES_MAX;
+    let fs = fresh_fs(77);
+    let mut c = config();
+    // Every batch seals its segment.
+    c.log.segment_size_bytes = 1;
+    c.messages_required_to_save = 1;
+    let mut node = open(&fs, MemSuperblock::new(), c);
+    let fits = STATE_MANIFEST_ENTRIES_MAX - 1;
+    for tag in 0..fits as u64 {
+        node.produce(tag + 1, 1);
+    }
+    block_on(node.partition.flush_committed_messages()).unwrap();
+    let segments = node
+        .partition
+        .log()
+        .segments()
+        .filter(|s| !s.is_empty())
+        .count();
+    assert_eq!(segments, fits);
+    let offer = build(&mut node, &mut unlimited()).unwrap();
+    assert_eq!(offer.artifact_count(), STATE_MANIFEST_ENTRIES_MAX);
+    node.produce(u64::MAX, 1);
+    block_on(node.partition.flush_committed_messages()).unwrap();
+    let err = build(&mut node, &mut unlimited()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            U::ManifestTooLarge { entries, max }
+                if entries == STATE_MANIFEST_ENTRIES_MAX + 1 && max == STATE_MANIFEST_ENTRIES_MAX
+        ),
+        "{err:?}"
+    );
+    assert!(!err.transient());
+}

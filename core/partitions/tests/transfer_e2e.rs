@@ -667,3 +667,43 @@ fn given_converge_failure_when_driven_should_fence_quarantine_and_leave_the_grou
         0
     );
 }
+
+/// The shard's receive budget: with no slot free the lagging backup's
+/// driver does not arm (it keeps asking on every tick); once a slot frees
+/// it arms, holds the slot while pulling, and gives it back after the
+/// install.
+#[test]
+fn given_receive_budget_full_when_transfer_needed_should_wait_for_a_slot() {
+    let (mut c, victim) = lagging_backup_with_drivers(53);
+    c.drivers.as_mut().unwrap().slots[usize::from(victim)] = TransferSlots::new(0, 2);
+    until_transfer_needed(&mut c, victim, true);
+    for _ in 0..500 {
+        c.client_step(false);
+    }
+    assert!(c.replica(victim).state_transfer_needed().is_some());
+    assert!(c.driver(victim).receiver().session().is_none());
+    assert!(
+        events_of(&c, victim).is_empty(),
+        "{:?}",
+        events_of(&c, victim)
+    );
+    c.drivers.as_mut().unwrap().slots[usize::from(victim)] = TransferSlots::new(1, 2);
+    let mut held = false;
+    for _ in 0..20_000 {
+        c.client_step(false);
+        let slots = &c.drivers.as_ref().unwrap().slots[usize::from(victim)];
+        if c.driver(victim).receiver().session().is_some() {
+            assert_eq!(slots.receiving(), 1);
+            held = true;
+        }
+        if !installs(&c, victim).is_empty() {
+            break;
+        }
+    }
+    assert!(held, "never armed");
+    assert_eq!(installs(&c, victim).len(), 1);
+    assert_eq!(
+        c.drivers.as_ref().unwrap().slots[usize::from(victim)].receiving(),
+        0
+    );
+}
