@@ -9,12 +9,16 @@
 //! 8 bytes of hashing per message and never touches the bodies.
 //!
 //! Validation fails closed with a typed [`BatchError`]; [`BatchView`]
-//! iterates messages in place, without copying. [`BatchBuilder`] encodes
-//! batches for tests and tools.
+//! iterates messages in place, without copying. [`BatchStream`] runs the
+//! same validation over a batch arriving in pieces, holding at most a
+//! header of it. [`BatchBuilder`] encodes batches for tests and tools.
 
 use std::fmt;
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+mod stream;
+pub use stream::BatchStream;
 
 /// Size of the batch header.
 pub const BATCH_HEADER_SIZE: usize = 256;

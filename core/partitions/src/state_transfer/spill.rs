@@ -6,10 +6,11 @@
 //!
 //! Nothing here holds an artifact in memory. A [`SegmentSpill`] keeps a
 //! running checksum and an incremental [`SegmentWalker`], whose only buffer
-//! is one batch straddling a chunk boundary; each chunk is written at its
-//! offset as it lands. The names carry the `.staging` suffix, which boot
-//! recovery never loads and always sweeps, so a crash anywhere in here
-//! leaves the partition exactly as it was.
+//! is the part of a batch header straddling a chunk boundary (at most 256
+//! bytes; a straddling batch is checked piece by piece, never carried);
+//! each chunk is written at its offset as it lands. The names carry the
+//! `.staging` suffix, which boot recovery never loads and always sweeps, so
+//! a crash anywhere in here leaves the partition exactly as it was.
 //!
 //! Durable steps, in order, and the crash each defends against:
 //! 1. every [`SpillConfig::sync_interval_bytes`] the log staging file is
@@ -250,7 +251,7 @@ impl<H: FsFile> SegmentSpill<H> {
         self.synced_len_bytes
     }
 
-    /// Bytes the walk holds back (at most one batch).
+    /// Bytes the walk holds back (at most a batch header, 256 bytes).
     pub fn carried_bytes(&self) -> usize {
         self.walker.carried_bytes()
     }

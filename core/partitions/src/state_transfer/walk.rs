@@ -3,17 +3,22 @@
 //! a rebuilt sparse index.
 //!
 //! [`SegmentWalker`] is incremental: it takes the artifact's bytes in any
-//! split, as chunks arrive, holding back only a batch that straddles a chunk
-//! boundary (bounded by the batch length ceiling, checked from the header
-//! before anything is buffered). A receiver can therefore validate and
-//! stream each chunk to its staging file as it lands instead of buffering
-//! the whole artifact, and the CPU work comes in slices no larger than a
-//! chunk, between which the shard runs its other groups' ticks.
+//! split, as chunks arrive. A batch wholly inside a chunk is decoded in
+//! place; a batch that straddles a chunk boundary is checked piece by piece
+//! by a [`BatchStream`] (header fields kept, running message and batch
+//! checksums), which holds back at most an incomplete header: 256 bytes,
+//! whatever the batch length (up to the 64 MiB ceiling). Every check and
+//! every error is the same as on the whole batch, so a split never changes
+//! the outcome or the rebuilt index. A receiver can therefore validate and
+//! stream each chunk to its staging file as it lands, holding a chunk and
+//! a few hundred bytes (ST-B2), and the CPU work comes in slices no larger
+//! than a chunk, between which the shard runs its other groups' ticks.
 
 use std::fmt;
 
 use storage::batch::{
-    BATCH_HEADER_SIZE, BATCH_LENGTH_MAX_DEFAULT, BatchError, BatchHeader, BatchView, Integrity,
+    BATCH_HEADER_SIZE, BATCH_LENGTH_MAX_DEFAULT, BatchError, BatchHeader, BatchStream, BatchView,
+    Integrity,
 };
 use storage::index::{INDEX_STRIDE_BYTES_DEFAULT, IndexEntry, encode_entries};
 
@@ -110,8 +115,9 @@ pub struct SegmentWalker {
     index_stride_bytes: u64,
     /// Bytes of the artifact consumed as whole batches.
     position: u64,
-    /// A batch straddling the last chunk boundary.
-    carry: Vec<u8>,
+    /// The batch straddling the last chunk boundary, checked so far; its
+    /// bytes are not kept (at most a partial header is).
+    straddling: Option<BatchStream>,
     next_offset: u64,
     stats: Option<SegmentWalkStats>,
     index: Vec<IndexEntry>,
@@ -135,7 +141,7 @@ impl SegmentWalker {
             batch_length_max,
             index_stride_bytes,
             position: 0,
-            carry: Vec::new(),
+            straddling: None,
             next_offset: base_offset,
             stats: None,
             index: Vec::new(),
@@ -147,50 +153,49 @@ impl SegmentWalker {
         self.position
     }
 
-    /// Bytes held back because a batch straddles a chunk boundary.
+    /// Bytes held back because a header straddles a chunk boundary: at
+    /// most [`BATCH_HEADER_SIZE`], whatever the batch length. (The hash
+    /// states of a straddling batch are a fixed ~2 KiB besides.)
     pub fn carried_bytes(&self) -> usize {
-        self.carry.len()
+        self.straddling.as_ref().map_or(0, BatchStream::held_bytes)
     }
 
     /// Takes the next bytes of the artifact, in order.
+    ///
+    /// # Errors
+    /// The first defect the bytes so far prove, named as on the whole
+    /// artifact. A batch's own errors come as soon as its bytes prove them
+    /// (they are the errors the whole batch would get); the walk's checks
+    /// on a batch (base offset, contiguity, overflow) come once it passed.
     pub fn feed(&mut self, mut chunk: &[u8]) -> Result<(), SegmentWalkError> {
         loop {
-            if !self.carry.is_empty() {
-                if self.carry.len() < BATCH_HEADER_SIZE {
-                    let take = (BATCH_HEADER_SIZE - self.carry.len()).min(chunk.len());
-                    self.carry.extend_from_slice(&chunk[..take]);
-                    chunk = &chunk[take..];
-                    if self.carry.len() < BATCH_HEADER_SIZE {
-                        return Ok(());
-                    }
-                }
-                let len = self.batch_length(&self.carry)?;
-                let take = (len - self.carry.len()).min(chunk.len());
-                self.carry.extend_from_slice(&chunk[..take]);
-                chunk = &chunk[take..];
-                if self.carry.len() < len {
+            if let Some(stream) = self.straddling.as_mut() {
+                let position = self.position;
+                let taken = stream
+                    .push(chunk)
+                    .map_err(|source| SegmentWalkError::Batch { position, source })?;
+                chunk = &chunk[taken..];
+                let Some(header) = stream.complete().copied() else {
+                    debug_assert!(chunk.is_empty(), "an incomplete batch takes every byte");
                     return Ok(());
-                }
-                let batch = std::mem::take(&mut self.carry);
-                self.batch(&batch)?;
+                };
+                self.straddling = None;
+                self.accept(header)?;
                 continue;
             }
             if chunk.is_empty() {
                 return Ok(());
             }
-            if chunk.len() < BATCH_HEADER_SIZE {
-                self.carry.extend_from_slice(chunk);
-                return Ok(());
+            if chunk.len() >= BATCH_HEADER_SIZE {
+                let len = self.batch_length(chunk)?;
+                if chunk.len() >= len {
+                    self.batch(&chunk[..len])?;
+                    chunk = &chunk[len..];
+                    continue;
+                }
             }
-            let len = self.batch_length(chunk)?;
-            if chunk.len() < len {
-                // Bounded: `len` passed the batch ceiling above.
-                self.carry.reserve_exact(len);
-                self.carry.extend_from_slice(chunk);
-                return Ok(());
-            }
-            self.batch(&chunk[..len])?;
-            chunk = &chunk[len..];
+            // The batch runs past this chunk: checked as its pieces come.
+            self.straddling = Some(BatchStream::new(Integrity::Verify, self.batch_length_max));
         }
     }
 
@@ -207,11 +212,18 @@ impl SegmentWalker {
         Ok(header.batch_length as usize)
     }
 
+    /// A batch wholly in one chunk, decoded in place.
     fn batch(&mut self, bytes: &[u8]) -> Result<(), SegmentWalkError> {
         let position = self.position;
         let view = BatchView::decode_prefix(bytes, Integrity::Verify, self.batch_length_max)
             .map_err(|source| SegmentWalkError::Batch { position, source })?;
-        let header = *view.header();
+        self.accept(*view.header())
+    }
+
+    /// The walk's checks on a batch that passed its own (whole or streamed),
+    /// then the index, the stats and the position past it.
+    fn accept(&mut self, header: BatchHeader) -> Result<(), SegmentWalkError> {
+        let position = self.position;
         if self.stats.is_none() && header.base_offset != self.base_offset {
             return Err(SegmentWalkError::BaseOffsetMismatch {
                 expected: self.base_offset,
@@ -263,16 +275,21 @@ impl SegmentWalker {
             },
         });
         self.next_offset = next;
-        self.position += bytes.len() as u64;
+        self.position += header.batch_length;
         Ok(())
     }
 
     /// Ends the walk: the stats and the rebuilt sparse index.
     pub fn finish(self) -> Result<(SegmentWalkStats, Vec<IndexEntry>), SegmentWalkError> {
-        if !self.carry.is_empty() {
+        if let Some(mut stream) = self.straddling {
+            // A stream that already failed names its error again.
+            let position = self.position;
+            stream
+                .push(&[])
+                .map_err(|source| SegmentWalkError::Batch { position, source })?;
             return Err(SegmentWalkError::PartialBatch {
-                position: self.position,
-                present: self.carry.len() as u64,
+                position,
+                present: stream.consumed_bytes(),
             });
         }
         let stats = self.stats.ok_or(SegmentWalkError::Empty)?;
@@ -490,7 +507,233 @@ mod tests {
         assert_eq!(walker.carried_bytes(), 0);
     }
 
+    type Walked = Result<(SegmentWalkStats, Vec<IndexEntry>), SegmentWalkError>;
+
+    /// Walks `bytes` fed whole (one `feed`), with a 512-byte index stride so
+    /// that small segments get several entries.
+    fn walk_whole(base: u64, bytes: &[u8]) -> Walked {
+        let mut walker = SegmentWalker::with_limits(base, BATCH_LENGTH_MAX_DEFAULT, 512);
+        walker.feed(bytes)?;
+        walker.finish()
+    }
+
+    /// Walks `bytes` fed in pieces ending at `cuts` (ascending), then the
+    /// rest; asserts the carry after every piece is at most a batch header.
+    fn walk_split(base: u64, bytes: &[u8], cuts: &[usize]) -> Walked {
+        let mut walker = SegmentWalker::with_limits(base, BATCH_LENGTH_MAX_DEFAULT, 512);
+        let mut at = 0;
+        for &end in cuts.iter().chain([&bytes.len()]) {
+            let end = end.clamp(at, bytes.len());
+            walker.feed(&bytes[at..end])?;
+            assert!(
+                walker.carried_bytes() <= BATCH_HEADER_SIZE,
+                "carried {} after byte {end}",
+                walker.carried_bytes()
+            );
+            at = end;
+        }
+        walker.finish()
+    }
+
+    /// Three batches of different shapes: 3 × 20 B, 40 × 300 B (12 KiB, the
+    /// one to straddle), 2 × 0 B; then another 12 KiB one.
+    fn mixed_segment(base: u64) -> Vec<u8> {
+        let mut out = batch(base, 3, 20, 1_000);
+        out.extend(batch(base + 3, 40, 300, 1_001));
+        out.extend(batch(base + 43, 2, 0, 1_002));
+        out.extend(batch(base + 45, 40, 300, 1_003));
+        out
+    }
+
+    #[test]
+    fn given_segment_split_at_every_byte_when_fed_should_match_whole_walk() {
+        let bytes = mixed_segment(7);
+        let want = walk_whole(7, &bytes).unwrap();
+        // The first batch, then the first one 512 bytes past it: the third
+        // (the second starts 460 bytes in).
+        let third = (batch(0, 3, 20, 0).len() + batch(0, 40, 300, 0).len()) as u64;
+        assert_eq!(
+            want.1,
+            vec![
+                IndexEntry {
+                    offset: 7,
+                    timestamp: 1_000,
+                    position: 0
+                },
+                IndexEntry {
+                    offset: 50,
+                    timestamp: 1_002,
+                    position: third
+                },
+            ]
+        );
+        for cut in 0..=bytes.len() {
+            assert_eq!(walk_split(7, &bytes, &[cut]), Ok(want.clone()), "cut {cut}");
+        }
+        let every_byte: Vec<usize> = (1..bytes.len()).collect();
+        assert_eq!(walk_split(7, &bytes, &every_byte), Ok(want.clone()));
+        // Chunks smaller than a frame header, and than a batch header.
+        for step in [5, 47, 255, 1_000] {
+            let cuts: Vec<usize> = (step..bytes.len()).step_by(step).collect();
+            assert_eq!(
+                walk_split(7, &bytes, &cuts),
+                Ok(want.clone()),
+                "step {step}"
+            );
+        }
+    }
+
+    #[test]
+    fn given_corruption_in_a_straddling_batch_when_fed_in_pieces_should_fail_as_whole() {
+        let bytes = mixed_segment(0);
+        let second = batch(0, 3, 20, 1_000).len();
+        let second_len = batch(3, 40, 300, 1_001).len();
+        let payload = second + BATCH_HEADER_SIZE + 48 * 20 + 300 * 19 + 100;
+        let cases: [(&str, usize, u8); 6] = [
+            ("header: base timestamp", second + 16, 0x01),
+            ("header: reserved byte", second + 200, 0x01),
+            ("header: batch length", second + 32, 0x02),
+            ("checksum field", second + 40, 0xFF),
+            ("payload", payload, 0x10),
+            ("last byte of the batch", second + second_len - 1, 0x80),
+        ];
+        for (what, at, mask) in cases {
+            let mut bad = bytes.clone();
+            bad[at] ^= mask;
+            let want = walk_whole(0, &bad);
+            let Err(SegmentWalkError::Batch { position, source }) = &want else {
+                panic!("{what}: {want:?}");
+            };
+            assert_eq!(*position, second as u64, "{what}");
+            match what {
+                "checksum field" | "header: base timestamp" => {
+                    assert!(
+                        matches!(source, BatchError::BatchChecksum { .. }),
+                        "{what}: {source:?}"
+                    );
+                }
+                "payload" | "last byte of the batch" => {
+                    assert!(
+                        matches!(source, BatchError::MessageChecksum { .. }),
+                        "{what}: {source:?}"
+                    );
+                }
+                _ => {}
+            }
+            // The batch decoded whole in place says the same.
+            let whole_batch = BatchView::decode_prefix(
+                &bad[second..],
+                Integrity::Verify,
+                BATCH_LENGTH_MAX_DEFAULT,
+            )
+            .map(|_| ());
+            assert_eq!(whole_batch, Err(source.clone()), "{what}");
+            for cut in second..=second + second_len {
+                assert_eq!(walk_split(0, &bad, &[cut]), want, "{what}: cut {cut}");
+            }
+            assert_eq!(
+                walk_split(0, &bad, &[second + 1, at, at + 1]),
+                want,
+                "{what}"
+            );
+        }
+        // A straddling batch that passes its own checks but does not continue
+        // the previous one: the walk's error, after the batch's.
+        let mut bad = batch(0, 3, 20, 1);
+        bad.extend(batch(4, 40, 300, 2));
+        let want = Err(SegmentWalkError::NonContiguous {
+            expected: 3,
+            actual: 4,
+        });
+        assert_eq!(walk_whole(0, &bad), want);
+        for cut in second..bad.len() {
+            assert_eq!(walk_split(0, &bad, &[cut]), want, "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn given_straddling_header_past_the_ceiling_when_fed_should_refuse_before_buffering() {
+        // The default ceiling, declared length u64::MAX, header in two pieces.
+        let mut bytes = batch(0, 1, 10, 1);
+        bytes[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
+        let mut walker = SegmentWalker::new(0);
+        walker.feed(&bytes[..100]).unwrap();
+        assert_eq!(walker.carried_bytes(), 100);
+        assert_eq!(
+            walker.feed(&bytes[100..]),
+            Err(SegmentWalkError::Batch {
+                position: 0,
+                source: BatchError::LengthAboveMax {
+                    batch_length: u64::MAX,
+                    max: BATCH_LENGTH_MAX_DEFAULT
+                },
+            })
+        );
+        assert!(walker.carried_bytes() <= BATCH_HEADER_SIZE);
+        // A real 12 KiB batch under a 4 KiB ceiling, in 1 KiB chunks: refused
+        // at its header, at the position of the batch.
+        let mut bytes = batch(0, 3, 20, 1);
+        bytes.extend(batch(3, 40, 300, 2));
+        let second = batch(0, 3, 20, 1).len();
+        let mut walker = SegmentWalker::with_limits(0, 4_096, 512);
+        let mut failed = None;
+        for piece in bytes.chunks(1_024) {
+            if let Err(e) = walker.feed(piece) {
+                failed = Some(e);
+                break;
+            }
+            assert!(walker.carried_bytes() <= BATCH_HEADER_SIZE);
+        }
+        assert!(matches!(
+            failed,
+            Some(SegmentWalkError::Batch {
+                position,
+                source: BatchError::LengthAboveMax { max: 4_096, .. },
+            }) if position == second as u64
+        ));
+    }
+
+    #[test]
+    fn given_artifact_ending_inside_a_straddling_batch_when_finished_should_report_partial() {
+        let bytes = mixed_segment(0);
+        let second = batch(0, 3, 20, 1_000).len();
+        for end in [second + 10, second + 300, second + 5_000] {
+            let mut walker = SegmentWalker::new(0);
+            walker.feed(&bytes[..second + 1]).unwrap();
+            walker.feed(&bytes[second + 1..end]).unwrap();
+            assert_eq!(walker.walked_bytes(), second as u64);
+            assert_eq!(
+                walker.finish(),
+                Err(SegmentWalkError::PartialBatch {
+                    position: second as u64,
+                    present: (end - second) as u64
+                })
+            );
+        }
+    }
+
     proptest! {
+        #[test]
+        fn given_large_batches_and_any_chunking_when_fed_should_match_whole_walk(
+            sizes in proptest::collection::vec((1u32..30, 0usize..3_000), 1..6),
+            cuts in proptest::collection::vec(0usize..200_000, 0..40),
+            flip in proptest::option::of((0usize..200_000, 0u8..8)),
+        ) {
+            let mut bytes = Vec::new();
+            let mut next = 50;
+            for (i, &(count, size)) in sizes.iter().enumerate() {
+                bytes.extend(batch(next, count, size, 10 + i as u64));
+                next += u64::from(count);
+            }
+            if let Some((at, bit)) = flip {
+                let at = at % bytes.len();
+                bytes[at] ^= 1 << bit;
+            }
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            prop_assert_eq!(walk_split(50, &bytes, &cuts), walk_whole(50, &bytes));
+        }
+
         #[test]
         fn given_any_chunking_when_fed_should_match_whole_walk(
             cuts in proptest::collection::vec(1usize..700, 1..40)
@@ -505,8 +748,8 @@ mod tests {
                 if at >= bytes.len() { break; }
                 let end = (at + cut).min(bytes.len());
                 walker.feed(&bytes[at..end]).unwrap();
-                // Memory held back never exceeds one batch.
-                prop_assert!(walker.carried_bytes() <= batch(0, 3, 90, 0).len());
+                // Memory held back never exceeds a batch header.
+                prop_assert!(walker.carried_bytes() <= BATCH_HEADER_SIZE);
                 at = end;
             }
             let (stats, index) = walker.finish().unwrap();
