@@ -8,7 +8,11 @@
 //!   `TransferReceiver` over an empty receiving partition, the whole
 //!   exchange driven in-process (descriptor, every chunk served, walked,
 //!   hashed and spilled to staging files with their syncs, indexes rebuilt),
-//!   then the install into the receiving partition.
+//!   then the install into the receiving partition. The pull runs the
+//!   serving and the receiving end as two concurrent futures on the one
+//!   runtime thread, joined by two queues, with a window of
+//!   `TRANSFER_BENCH_WINDOW` chunk requests in flight (default 32; 1 is
+//!   the lockstep pull).
 //! - **baseline**: the same segment files read in 4 MiB reads, hashed with
 //!   xxh3-64 and written to another directory, one fsync per file, then
 //!   one directory fsync.

@@ -1494,6 +1494,7 @@ type Answer = (u128, u32, u64, Bytes);
 fn drive_window(
     rx: &mut TransferReceiver<SimFs>,
     peer: &mut Peer,
+    peer_id: u8,
     first: TransferRequest,
     facts: &LocalFacts,
     deliver: &mut dyn FnMut(Vec<Answer>) -> Vec<Answer>,
@@ -1503,7 +1504,7 @@ fn drive_window(
     match drive(
         rx,
         peer,
-        0,
+        peer_id,
         first,
         facts,
         &Hooks {
@@ -1520,9 +1521,13 @@ fn drive_window(
         if out.is_empty() {
             ticks += 1;
             assert!(ticks < 10_000, "no re-request");
-            if let Some(request) = tick(rx, facts) {
-                out.push(request);
-                out.extend(rx.fill_window());
+            match block_on(rx.on_tick(facts)) {
+                ReceiveStep::Send(request) => {
+                    out.push(request);
+                    out.extend(rx.fill_window());
+                }
+                ReceiveStep::Wait => {}
+                other => return Ended::Step(other),
             }
             continue;
         }
@@ -1554,7 +1559,7 @@ fn drive_window(
             answers.push((nonce, chunk.artifact, chunk.offset, chunk.payload));
         }
         for (nonce, artifact, offset, payload) in deliver(answers) {
-            match block_on(rx.on_chunk(0, nonce, artifact, offset, payload, facts)) {
+            match block_on(rx.on_chunk(peer_id, nonce, artifact, offset, payload, facts)) {
                 ReceiveStep::Send(next) => out.push(next),
                 ReceiveStep::Wait | ReceiveStep::Ignored(_) => {}
                 other => return Ended::Step(other),
@@ -1597,6 +1602,7 @@ fn given_window_of_8_when_each_round_of_answers_arrives_reversed_should_hold_ear
     let done = complete(drive_window(
         &mut rx,
         &mut peer,
+        0,
         first,
         &local(),
         &mut |mut answers| {
@@ -1645,6 +1651,7 @@ fn given_window_when_every_answer_arrives_twice_should_land_each_byte_once() {
     let done = complete(drive_window(
         &mut rx,
         &mut peer,
+        0,
         first,
         &local(),
         &mut |answers| {
@@ -1668,6 +1675,7 @@ fn given_window_when_an_answer_is_lost_should_re_request_from_the_cursor_and_com
     let done = complete(drive_window(
         &mut rx,
         &mut peer,
+        0,
         first,
         &local(),
         &mut |answers| {
@@ -1766,4 +1774,70 @@ fn given_window_when_chunk_arrives_unrequested_or_past_the_hold_bound_should_ign
     assert!(matches!(step, ReceiveStep::Send(_)), "{step:?}");
     assert_eq!(rx.stats().chunk_bytes, 3 * kib16);
     assert_eq!(received(&rx), 3 * kib16);
+}
+
+#[test]
+fn given_window_when_cut_at_90_percent_and_stalled_should_resume_from_the_last_sync() {
+    // Three segments of about 1 MiB, synced every 128 KiB, 32 KiB chunks,
+    // eight requests in flight.
+    let mut peer = Peer::new(5, 1 << 20, 66, 16, 4 * 1024);
+    let logs = peer.segment_logs();
+    let (fs, _node) = receiver_fs(6);
+    let sync = 128 * 1024;
+    let config = ReceiverConfig {
+        chunks_in_flight: 8,
+        ..receiver_config(32 * 1024, sync)
+    };
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), config, 11);
+    let target_len = logs[1].1.len() as u64;
+    let cut_at = target_len * 9 / 10;
+    let mut cut = false;
+    let first = rx.arm(0);
+    // From the first answer at 90% of artifact 1 on, nothing arrives.
+    let error = failed(drive_window(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &mut |answers| {
+            answers
+                .into_iter()
+                .filter(|&(_, artifact, offset, _)| {
+                    cut |= artifact == 1 && offset >= cut_at || artifact > 1;
+                    !cut
+                })
+                .collect()
+        },
+    ));
+    assert!(matches!(error, ReceiveError::Stalled { .. }), "{error:?}");
+    let point = rx.resume_point().unwrap();
+    assert_eq!(point.entry.frontier, logs[1].0);
+    assert_eq!(point.synced_len_bytes % sync, 0);
+    assert!(point.synced_len_bytes >= target_len * 8 / 10, "{point:?}");
+    let mut other = Peer {
+        fs: peer.fs.clone(),
+        node: peer.node,
+        server: server(),
+    };
+    let bytes_before = rx.stats().chunk_bytes;
+    let second = rx.arm(1);
+    let done = complete(drive_window(
+        &mut rx,
+        &mut other,
+        1,
+        second,
+        &local(),
+        &mut |answers| answers,
+    ));
+    assert_staged_match(&fs, &done, &other);
+    assert_eq!(rx.stats().resumed_spills, 1);
+    assert_eq!(rx.stats().resumed_bytes, point.synced_len_bytes);
+    // Exactly what the sync had not covered, and the later artifacts.
+    let later: u64 = logs[2..].iter().map(|(_, b)| b.len() as u64).sum::<u64>()
+        + done.descriptor.manifest.last().unwrap().len;
+    assert_eq!(
+        rx.stats().chunk_bytes - bytes_before,
+        target_len - point.synced_len_bytes + later
+    );
 }

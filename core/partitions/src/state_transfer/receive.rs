@@ -11,8 +11,10 @@
 //! [`ReceivedTransfer`].
 //!
 //! The session (reference §4.2–§4.3): a nonce from a seeded PRNG, one
-//! chunk in flight, chunks accepted only through the chunk cursor
-//! ([`check_chunk`]), idle ticks reset only by a descriptor accepted or
+//! chunk in flight (or a window of [`ReceiverConfig::chunks_in_flight`],
+//! topped up by [`TransferReceiver::fill_window`], chunks arriving ahead of
+//! the cursor held until the bytes before them land), chunks landed only
+//! through the chunk cursor ([`check_chunk`]), idle ticks reset only by a descriptor accepted or
 //! bytes landed, a re-request every `repair_retry_ticks` idle ticks that
 //! burns one stall attempt, and a failure once the stall budget is spent.
 //! An accepted offer is first *prepared*: staged files an earlier
