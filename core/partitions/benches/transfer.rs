@@ -8,7 +8,11 @@
 //!   `TransferReceiver` over an empty receiving partition, the whole
 //!   exchange driven in-process (descriptor, every chunk served, walked,
 //!   hashed and spilled to staging files with their syncs, indexes rebuilt),
-//!   then the install into the receiving partition.
+//!   then the install into the receiving partition. The pull runs the
+//!   serving and the receiving end as two concurrent futures on the one
+//!   runtime thread, joined by two queues, with a window of
+//!   `TRANSFER_BENCH_WINDOW` chunk requests in flight (default 32; 1 is
+//!   the lockstep pull).
 //! - **baseline**: the same segment files read in 4 MiB reads, hashed with
 //!   xxh3-64 and written to another directory, one fsync per file, then
 //!   one directory fsync.
@@ -35,6 +39,8 @@ use std::time::{Duration, Instant};
 
 use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config, RequestOutcome};
+use futures::StreamExt;
+use futures::channel::mpsc;
 use journal::MemSuperblock;
 use partitions::state_transfer::{
     BuildBudget, ChunkAnswer, ChunkRequest, InstallInput, LocalFacts, MonotonicClock, OfferServer,
@@ -52,6 +58,8 @@ const MESSAGES_PER_BATCH: u32 = 1_000;
 const MESSAGE_BYTES: usize = 1_024;
 const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 const READ_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+/// Chunk requests in flight unless `TRANSFER_BENCH_WINDOW` says otherwise.
+const WINDOW_DEFAULT: u32 = 32;
 /// The receiver's replica index.
 const ME: u8 = 1;
 
@@ -216,58 +224,86 @@ async fn transfer(
     if let Some(chunk) = chunk {
         config.chunk_len_max_bytes = chunk;
     }
+    config.chunks_in_flight = chunks_in_flight();
     let mut rx = TransferReceiver::new(RealFs, rx_dir, config, 1);
-    let mut request = rx.arm(0);
     let mut phases = Phases::default();
-    let done = loop {
-        let step = match request {
-            TransferRequest::Descriptor { nonce, .. } => {
-                let offer = loop {
-                    match server
-                        .on_request_state_transfer(source, ME, nonce, &clock)
-                        .await
-                    {
-                        Ok(offer) => break offer,
-                        Err(PartitionTransferUnavailable::OfferBuildInProgress { .. }) => {}
-                        Err(other) => panic!("{other}"),
-                    }
-                };
-                let header = StateTransferTargetHeader {
-                    nonce,
-                    commit_op: offer.commit_op(),
-                    group: 0,
-                    available: true,
-                    unavailable_transient: false,
-                    commit_max: source.replica().commit_max(),
-                };
-                let body = offer.encoded_manifest().to_vec();
-                let step = rx.on_target(0, 0, &header, &body, &facts).await;
-                phases.build = start.elapsed();
-                step
-            }
-            TransferRequest::Chunk {
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+        panic!("arm asks for a descriptor");
+    };
+    let offer = loop {
+        match server
+            .on_request_state_transfer(source, ME, nonce, &clock)
+            .await
+        {
+            Ok(offer) => break offer,
+            Err(PartitionTransferUnavailable::OfferBuildInProgress { .. }) => {}
+            Err(other) => panic!("{other}"),
+        }
+    };
+    let header = StateTransferTargetHeader {
+        nonce,
+        commit_op: offer.commit_op(),
+        group: 0,
+        available: true,
+        unavailable_transient: false,
+        commit_max: source.replica().commit_max(),
+    };
+    let body = offer.encoded_manifest().to_vec();
+    let mut step = rx.on_target(0, 0, &header, &body, &facts).await;
+    while matches!(step, ReceiveStep::Wait) {
+        step = rx.on_tick(&facts).await;
+    }
+    phases.build = start.elapsed();
+    let ReceiveStep::Send(first) = step else {
+        panic!("no chunk asked for: {step:?}");
+    };
+    // The two ends run concurrently, as two replicas would: the server
+    // answers requests in order while the receiver writes and syncs, up to
+    // the receiver's window of requests in flight.
+    let (requests, mut inbox) = mpsc::unbounded::<TransferRequest>();
+    let (chunks, mut arrivals) = mpsc::unbounded();
+    requests.unbounded_send(first).unwrap();
+    for more in rx.fill_window() {
+        requests.unbounded_send(more).unwrap();
+    }
+    let serve = async {
+        while let Some(request) = inbox.next().await {
+            let TransferRequest::Chunk {
                 nonce,
                 artifact,
                 offset,
                 len,
                 ..
-            } => {
-                let answer = server
-                    .on_request_state_chunk(
-                        &RealFs,
-                        ChunkRequest {
-                            requester: ME,
-                            nonce,
-                            artifact,
-                            offset,
-                            len,
-                        },
-                    )
-                    .await;
-                let ChunkAnswer::Chunk(chunk) = answer else {
-                    panic!("source did not serve: {answer:?}");
-                };
-                rx.on_chunk(
+            } = request
+            else {
+                panic!("unexpected {request:?}");
+            };
+            let answer = server
+                .on_request_state_chunk(
+                    &RealFs,
+                    ChunkRequest {
+                        requester: ME,
+                        nonce,
+                        artifact,
+                        offset,
+                        len,
+                    },
+                )
+                .await;
+            let ChunkAnswer::Chunk(chunk) = answer else {
+                panic!("source did not serve: {answer:?}");
+            };
+            if chunks.unbounded_send((nonce, chunk)).is_err() {
+                break;
+            }
+        }
+    };
+    let receive = async {
+        let requests = requests;
+        loop {
+            let (nonce, chunk) = arrivals.next().await.unwrap();
+            let step = rx
+                .on_chunk(
                     0,
                     nonce,
                     chunk.artifact,
@@ -275,19 +311,19 @@ async fn transfer(
                     chunk.payload,
                     &facts,
                 )
-                .await
+                .await;
+            match step {
+                ReceiveStep::Send(next) => requests.unbounded_send(next).unwrap(),
+                ReceiveStep::Wait => {}
+                ReceiveStep::Complete(done) => break done,
+                other => panic!("transfer did not complete: {other:?}"),
             }
-        };
-        let mut step = step;
-        while matches!(step, ReceiveStep::Wait) {
-            step = rx.on_tick(&facts).await;
-        }
-        match step {
-            ReceiveStep::Send(next) => request = next,
-            ReceiveStep::Complete(done) => break done,
-            other => panic!("transfer did not complete: {other:?}"),
+            for more in rx.fill_window() {
+                requests.unbounded_send(more).unwrap();
+            }
         }
     };
+    let ((), done) = futures::join!(serve, receive);
     phases.pull = start.elapsed() - phases.build;
     let input = InstallInput::from_received(&done, source.replica().commit_min_checksum(), Some(0));
     let out = receiver.install_partition_state(input).await.unwrap();
@@ -295,6 +331,16 @@ async fn transfer(
     let elapsed = start.elapsed();
     phases.install = elapsed - phases.build - phases.pull;
     (elapsed, phases, rx.stats(), out.applied_commit_op)
+}
+
+/// The receiver's window (`TRANSFER_BENCH_WINDOW`, default
+/// [`WINDOW_DEFAULT`] chunk requests in flight).
+fn chunks_in_flight() -> u32 {
+    std::env::var("TRANSFER_BENCH_WINDOW")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .unwrap_or(WINDOW_DEFAULT)
+        .max(1)
 }
 
 /// The process's peak resident set (`VmHWM`), in KiB.

@@ -1014,3 +1014,42 @@ fn given_chain_longer_than_a_manifest_when_offer_asked_should_refuse_manifest_to
     );
     assert!(!err.transient());
 }
+
+/// Chunks are served from the loaded 4 MiB blocks: a chunk inside one is a
+/// slice of it, one straddling two is copied from both, and both are the
+/// file's bytes.
+#[test]
+fn given_chunks_inside_and_across_read_blocks_when_served_should_be_the_files_bytes() {
+    let fs = fresh_fs(27);
+    let mut c = config();
+    c.log.segment_size_bytes = 12 * 1024 * 1024;
+    let mut node = open(&fs, MemSuperblock::new(), c);
+    for tag in 0..13 {
+        node.request(ClientOp::Append(big_batch(tag + 1, 16, 64 * 1024)));
+    }
+    let mut server = server(1024 * 1024, 10);
+    let offer = offer_for(&mut server, &mut node, 2, 3);
+    let first = offer.segments()[0].clone();
+    let disk = fs.contents(&first.path).unwrap();
+    let read: u64 = 4 << 20;
+    let straddling = read - 300 * 1024;
+    for (offset, len) in [
+        (0, 1024 * 1024),
+        (straddling, 1024 * 1024),
+        (2 * read - 1, 2),
+        (read + 17, 4096),
+        (first.entry.len - 100, 1024 * 1024),
+    ] {
+        let ChunkAnswer::Chunk(served) = chunk(&mut server, &fs, 3, 0, offset, len) else {
+            panic!("chunk at {offset} not served");
+        };
+        let end = (offset + u64::from(len)).min(first.entry.len) as usize;
+        assert_eq!(served.payload.len(), end - offset as usize);
+        assert!(
+            served.payload[..] == disk[offset as usize..end],
+            "chunk at {offset} differs from the file"
+        );
+    }
+    let (index, loaded) = server.loaded_artifact(2, 3).unwrap();
+    assert_eq!((index, loaded as u64), (0, first.entry.len));
+}

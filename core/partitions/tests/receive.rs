@@ -16,7 +16,7 @@ use bytes::Bytes;
 use common::{Node, config, dir, fresh_fs, open};
 use consensus::header::StateTransferTargetHeader;
 use consensus::state_manifest::encode_manifest;
-use consensus::{ChunkRejection, StateArtifact, artifact_kind};
+use consensus::{ChunkProgress, ChunkRejection, StateArtifact, artifact_kind};
 use futures::executor::block_on;
 use journal::{FileSuperblock, MemSuperblock, SuperblockStore};
 use partitions::state_transfer::{
@@ -1519,4 +1519,364 @@ fn given_partition_when_facts_taken_should_report_its_replica_view_commit_and_pu
         }
     );
     assert!(facts.commit_max > 0);
+}
+
+/// A chunk answer on its way to the receiver: `(nonce, artifact, offset,
+/// payload)`.
+type Answer = (u128, u32, u64, Bytes);
+
+/// Serves `first` (a descriptor request) and then, in rounds, every chunk
+/// request out, handing each round's answers to `deliver`, which may
+/// reorder, duplicate or drop them. Requests come from every step and from
+/// `fill_window` after it; with nothing out, ticks until the stall
+/// re-request.
+fn drive_window(
+    rx: &mut TransferReceiver<SimFs>,
+    peer: &mut Peer,
+    peer_id: u8,
+    first: TransferRequest,
+    facts: &LocalFacts,
+    deliver: &mut dyn FnMut(Vec<Answer>) -> Vec<Answer>,
+) -> Ended {
+    let mut out = Vec::new();
+    let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { .. });
+    match drive(
+        rx,
+        peer,
+        peer_id,
+        first,
+        facts,
+        &Hooks {
+            cut: Some(&cut),
+            ..Hooks::default()
+        },
+    ) {
+        Ended::Cut(request) => out.push(request),
+        ended @ Ended::Step(_) => return ended,
+    }
+    out.extend(rx.fill_window());
+    let mut ticks = 0;
+    loop {
+        if out.is_empty() {
+            ticks += 1;
+            assert!(ticks < 10_000, "no re-request");
+            match block_on(rx.on_tick(facts)) {
+                ReceiveStep::Send(request) => {
+                    out.push(request);
+                    out.extend(rx.fill_window());
+                }
+                ReceiveStep::Wait => {}
+                other => return Ended::Step(other),
+            }
+            continue;
+        }
+        let mut answers = Vec::new();
+        for request in std::mem::take(&mut out) {
+            let TransferRequest::Chunk {
+                nonce,
+                artifact,
+                offset,
+                len,
+                ..
+            } = request
+            else {
+                panic!("{request:?}");
+            };
+            let answer = block_on(peer.server.on_request_state_chunk(
+                &peer.fs,
+                ChunkRequest {
+                    requester: ME,
+                    nonce,
+                    artifact,
+                    offset,
+                    len,
+                },
+            ));
+            let ChunkAnswer::Chunk(chunk) = answer else {
+                panic!("peer did not serve {request:?}: {answer:?}");
+            };
+            answers.push((nonce, chunk.artifact, chunk.offset, chunk.payload));
+        }
+        for (nonce, artifact, offset, payload) in deliver(answers) {
+            match block_on(rx.on_chunk(peer_id, nonce, artifact, offset, payload, facts)) {
+                ReceiveStep::Send(next) => out.push(next),
+                ReceiveStep::Wait | ReceiveStep::Ignored(_) => {}
+                other => return Ended::Step(other),
+            }
+            out.extend(rx.fill_window());
+        }
+    }
+}
+
+fn window_config(window: u32) -> ReceiverConfig {
+    ReceiverConfig {
+        chunks_in_flight: window,
+        ..receiver_config(16 * 1024, 32 * 1024)
+    }
+}
+
+/// Bytes of every artifact the peer offers.
+fn offered_bytes(peer: &Peer) -> u64 {
+    peer.server
+        .builder()
+        .cached()
+        .unwrap()
+        .manifest()
+        .iter()
+        .map(|e| e.len)
+        .sum()
+}
+
+#[test]
+fn given_window_of_8_when_each_round_of_answers_arrives_reversed_should_hold_early_chunks_and_stage_identical_logs()
+ {
+    // Segments of ~4 chunks: every window spans artifact boundaries.
+    let mut peer = Peer::new(1, 64 * 1024, 14, 16, 1024);
+    let (fs, _node) = receiver_fs(2);
+    let window = 8;
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), window_config(window), 7);
+    let first = rx.arm(0);
+    let mut rounds = 0;
+    let mut widest = 0;
+    let done = complete(drive_window(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &mut |mut answers| {
+            rounds += 1;
+            widest = widest.max(answers.len());
+            answers.reverse();
+            answers
+        },
+    ));
+    assert_staged_match(&fs, &done, &peer);
+    assert_eq!(done.offsets.consumers, vec![(1, 5), (9, 20)]);
+    let stats = rx.stats();
+    // Every byte pulled once, each chunk asked for once: nothing reordered
+    // was dropped and re-requested.
+    let total = offered_bytes(&peer);
+    assert_eq!(stats.chunk_bytes, total);
+    let chunks: u64 = peer
+        .server
+        .builder()
+        .cached()
+        .unwrap()
+        .manifest()
+        .iter()
+        .map(|e| e.len.div_ceil(16 * 1024))
+        .sum();
+    assert_eq!(stats.chunk_requests, chunks);
+    assert!(widest >= window as usize, "widest round {widest}");
+    assert!(
+        rounds < chunks as usize,
+        "{rounds} rounds for {chunks} chunks"
+    );
+    // Held chunks are bounded by the window.
+    assert!(
+        stats.peak_held_bytes <= u64::from(window) * 16 * 1024 + 20 * 1024,
+        "peak {}",
+        stats.peak_held_bytes
+    );
+}
+
+#[test]
+fn given_window_when_every_answer_arrives_twice_should_land_each_byte_once() {
+    let mut peer = Peer::new(1, 64 * 1024, 14, 16, 1024);
+    let (fs, _node) = receiver_fs(2);
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), window_config(4), 7);
+    let first = rx.arm(0);
+    let done = complete(drive_window(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &mut |answers| {
+            let mut twice = answers.clone();
+            // A late copy of each round after it, one interleaved.
+            twice.extend(answers.into_iter().rev());
+            twice
+        },
+    ));
+    assert_staged_match(&fs, &done, &peer);
+    assert_eq!(rx.stats().chunk_bytes, offered_bytes(&peer));
+}
+
+#[test]
+fn given_window_when_an_answer_is_lost_should_re_request_from_the_cursor_and_complete() {
+    let mut peer = Peer::new(1, 64 * 1024, 14, 16, 1024);
+    let (fs, _node) = receiver_fs(2);
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), window_config(6), 7);
+    let first = rx.arm(0);
+    let mut lost = Vec::new();
+    let done = complete(drive_window(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &mut |answers| {
+            // The first answer for artifact 1 at 16 KiB is lost, and so is
+            // the first one at the start of artifact 2 (the window's
+            // cursor and a chunk ahead of it).
+            answers
+                .into_iter()
+                .filter(|&(_, artifact, offset, _)| {
+                    let drop = (artifact, offset) == (1, 16 * 1024) || (artifact, offset) == (2, 0);
+                    if drop && !lost.contains(&(artifact, offset)) {
+                        lost.push((artifact, offset));
+                        return false;
+                    }
+                    true
+                })
+                .collect()
+        },
+    ));
+    assert_eq!(lost, vec![(1, 16 * 1024), (2, 0)]);
+    assert_staged_match(&fs, &done, &peer);
+    assert_eq!(rx.stats().chunk_bytes, offered_bytes(&peer));
+}
+
+#[test]
+fn given_window_when_chunk_arrives_unrequested_or_past_the_hold_bound_should_ignore_it() {
+    let mut peer = Peer::new(1, 64 * 1024, 14, 16, 1024);
+    let (fs, _node) = receiver_fs(2);
+    let facts = local();
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), window_config(3), 7);
+    let first = rx.arm(0);
+    let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { .. });
+    let Ended::Cut(TransferRequest::Chunk { nonce, .. }) = drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &facts,
+        &Hooks {
+            cut: Some(&cut),
+            ..Hooks::default()
+        },
+    ) else {
+        panic!("no chunk request");
+    };
+    // Three requests out: (0, 0), (0, 16 KiB), (0, 32 KiB).
+    let more = rx.fill_window();
+    assert_eq!(more.len(), 2, "{more:?}");
+    assert!(rx.fill_window().is_empty());
+    let serve = |peer: &mut Peer, offset: u64| {
+        let ChunkAnswer::Chunk(chunk) = block_on(peer.server.on_request_state_chunk(
+            &peer.fs,
+            ChunkRequest {
+                requester: ME,
+                nonce,
+                artifact: 0,
+                offset,
+                len: 16 * 1024,
+            },
+        )) else {
+            panic!("not served");
+        };
+        chunk.payload
+    };
+    let kib16 = 16 * 1024;
+    // Past the frontier: never requested, ignored.
+    let unrequested = serve(&mut peer, 3 * kib16);
+    assert!(matches!(
+        block_on(rx.on_chunk(0, nonce, 0, 3 * kib16, unrequested, &facts)),
+        ReceiveStep::Ignored(IgnoreReason::Chunk(ChunkRejection::WrongOffset { .. }))
+    ));
+    // Ahead of the cursor within the window: held (and its slot reused).
+    let ahead = serve(&mut peer, 2 * kib16);
+    let step = block_on(rx.on_chunk(0, nonce, 0, 2 * kib16, ahead.clone(), &facts));
+    assert!(matches!(step, ReceiveStep::Send(_)), "{step:?}");
+    // The same chunk again: not held twice.
+    assert!(matches!(
+        block_on(rx.on_chunk(0, nonce, 0, 2 * kib16, ahead, &facts)),
+        ReceiveStep::Ignored(_)
+    ));
+    // The cursor's chunk lands; the held one waits for the bytes before it.
+    let at_cursor = serve(&mut peer, 0);
+    let step = block_on(rx.on_chunk(0, nonce, 0, 0, at_cursor, &facts));
+    assert!(matches!(step, ReceiveStep::Send(_)), "{step:?}");
+    let received = |rx: &TransferReceiver<SimFs>| {
+        rx.session()
+            .and_then(|s| s.accepted())
+            .map(|a| a.artifacts[0].received_len())
+            .unwrap()
+    };
+    assert_eq!(rx.stats().chunk_bytes, kib16);
+    assert_eq!(received(&rx), kib16);
+    // The missing one lands, and the held one right after it.
+    let missing = serve(&mut peer, kib16);
+    let step = block_on(rx.on_chunk(0, nonce, 0, kib16, missing, &facts));
+    assert!(matches!(step, ReceiveStep::Send(_)), "{step:?}");
+    assert_eq!(rx.stats().chunk_bytes, 3 * kib16);
+    assert_eq!(received(&rx), 3 * kib16);
+}
+
+#[test]
+fn given_window_when_cut_at_90_percent_and_stalled_should_resume_from_the_last_sync() {
+    // Three segments of about 1 MiB, synced every 128 KiB, 32 KiB chunks,
+    // eight requests in flight.
+    let mut peer = Peer::new(5, 1 << 20, 66, 16, 4 * 1024);
+    let logs = peer.segment_logs();
+    let (fs, _node) = receiver_fs(6);
+    let sync = 128 * 1024;
+    let config = ReceiverConfig {
+        chunks_in_flight: 8,
+        ..receiver_config(32 * 1024, sync)
+    };
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), config, 11);
+    let target_len = logs[1].1.len() as u64;
+    let cut_at = target_len * 9 / 10;
+    let mut cut = false;
+    let first = rx.arm(0);
+    // From the first answer at 90% of artifact 1 on, nothing arrives.
+    let error = failed(drive_window(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &mut |answers| {
+            answers
+                .into_iter()
+                .filter(|&(_, artifact, offset, _)| {
+                    cut |= artifact == 1 && offset >= cut_at || artifact > 1;
+                    !cut
+                })
+                .collect()
+        },
+    ));
+    assert!(matches!(error, ReceiveError::Stalled { .. }), "{error:?}");
+    let point = rx.resume_point().unwrap();
+    assert_eq!(point.entry.frontier, logs[1].0);
+    assert_eq!(point.synced_len_bytes % sync, 0);
+    assert!(point.synced_len_bytes >= target_len * 8 / 10, "{point:?}");
+    let mut other = Peer {
+        fs: peer.fs.clone(),
+        node: peer.node,
+        server: server(),
+    };
+    let bytes_before = rx.stats().chunk_bytes;
+    let second = rx.arm(1);
+    let done = complete(drive_window(
+        &mut rx,
+        &mut other,
+        1,
+        second,
+        &local(),
+        &mut |answers| answers,
+    ));
+    assert_staged_match(&fs, &done, &other);
+    assert_eq!(rx.stats().resumed_spills, 1);
+    assert_eq!(rx.stats().resumed_bytes, point.synced_len_bytes);
+    // Exactly what the sync had not covered, and the later artifacts.
+    let later: u64 = logs[2..].iter().map(|(_, b)| b.len() as u64).sum::<u64>()
+        + done.descriptor.manifest.last().unwrap().len;
+    assert_eq!(
+        rx.stats().chunk_bytes - bytes_before,
+        target_len - point.synced_len_bytes + later
+    );
 }

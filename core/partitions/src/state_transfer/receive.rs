@@ -11,8 +11,10 @@
 //! [`ReceivedTransfer`].
 //!
 //! The session (reference §4.2–§4.3): a nonce from a seeded PRNG, one
-//! chunk in flight, chunks accepted only through the chunk cursor
-//! ([`check_chunk`]), idle ticks reset only by a descriptor accepted or
+//! chunk in flight (or a window of [`ReceiverConfig::chunks_in_flight`],
+//! topped up by [`TransferReceiver::fill_window`], chunks arriving ahead of
+//! the cursor held until the bytes before them land), chunks landed only
+//! through the chunk cursor ([`check_chunk`]), idle ticks reset only by a descriptor accepted or
 //! bytes landed, a re-request every `repair_retry_ticks` idle ticks that
 //! burns one stall attempt, and a failure once the stall budget is spent.
 //! An accepted offer is first *prepared*: staged files an earlier
@@ -25,6 +27,7 @@
 //! charged failure doubles the delay (up to 1024× the base) and rotates the
 //! peer; a transient refusal waits the flat base and charges nothing.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -74,6 +77,13 @@ pub struct ReceiverConfig {
     /// Bytes of staged files re-read per call while preparing an accepted
     /// offer (reuse, resume): the rest waits for the next tick (ST-B1).
     pub prepare_budget_bytes: u64,
+    /// Chunk requests a session keeps in flight (at least 1; the default,
+    /// 1, is the lockstep pull). With more, the serving peer reads ahead
+    /// while this replica writes and syncs; the driver tops the window up
+    /// with [`TransferReceiver::fill_window`] after every step, and a chunk
+    /// arriving ahead of the cursor is held (at most `chunks_in_flight - 1`
+    /// of them) until the bytes before it land.
+    pub chunks_in_flight: u32,
 }
 
 /// Default preparation budget per call: 64 MiB (tens of milliseconds of
@@ -89,6 +99,7 @@ impl Default for ReceiverConfig {
             segment_artifact_len_max_bytes: SEGMENT_ARTIFACT_LEN_MAX_DEFAULT,
             spill: SpillConfig::default(),
             prepare_budget_bytes: PREPARE_BUDGET_BYTES_DEFAULT,
+            chunks_in_flight: 1,
         }
     }
 }
@@ -653,6 +664,75 @@ struct ReuseScanMemo {
     adopted: Vec<(usize, StagedSegmentMeta)>,
 }
 
+/// The chunk requests a fetching session has out, and the chunks that
+/// arrived ahead of the cursor.
+#[derive(Debug, Default)]
+struct ChunkWindow {
+    /// Where the next request starts, `(artifact, offset)`: the end of the
+    /// furthest request sent (never behind the cursor when used).
+    frontier: Option<(u32, u64)>,
+    /// Requests sent and not answered yet (approximate after a loss: the
+    /// stall re-request resets it).
+    in_flight: u32,
+    /// Chunks that arrived past the cursor but before the frontier, by
+    /// `(artifact, offset)`; at most `chunks_in_flight - 1` of them.
+    early: BTreeMap<(u32, u64), Bytes>,
+    /// Bytes held in `early`.
+    early_bytes: u64,
+}
+
+impl ChunkWindow {
+    /// The held chunk at the cursor `at`, if any; held chunks behind it
+    /// (which can never land) are dropped.
+    fn take_early(&mut self, at: (u32, u64)) -> Option<Bytes> {
+        let kept = self.early.split_off(&at);
+        for payload in std::mem::replace(&mut self.early, kept).into_values() {
+            self.early_bytes -= payload.len() as u64;
+        }
+        let payload = self.early.remove(&at)?;
+        self.early_bytes -= payload.len() as u64;
+        Some(payload)
+    }
+}
+
+/// The next request of a window: from `frontier` (or `cursor` when the
+/// frontier is behind it or unset), the first artifact not yet complete,
+/// at most `chunk_len_max` bytes.
+fn request_at<P: ChunkProgress>(
+    artifacts: &[P],
+    cursor: consensus::ChunkRequest,
+    frontier: Option<(u32, u64)>,
+    chunk_len_max: u32,
+) -> Option<consensus::ChunkRequest> {
+    let (mut artifact, mut offset) = frontier
+        .filter(|&f| f > (cursor.artifact, cursor.offset))
+        .unwrap_or((cursor.artifact, cursor.offset));
+    loop {
+        let progress = artifacts.get(artifact as usize)?;
+        let declared = progress.declared_len();
+        let offset_here = offset.max(progress.received_len());
+        if !progress.complete() && offset_here < declared {
+            let len = (declared - offset_here).min(u64::from(chunk_len_max.max(1)));
+            return Some(consensus::ChunkRequest {
+                artifact,
+                offset: offset_here,
+                // Lossless: bounded by chunk_len_max.
+                len: len as u32,
+            });
+        }
+        artifact = artifact.checked_add(1)?;
+        offset = 0;
+    }
+}
+
+/// What landing one chunk did.
+enum Landed {
+    /// The bytes are in (and the artifact finished if they completed it).
+    Accepted,
+    /// The chunk changed nothing, or the attempt failed: this is the step.
+    Stop(ReceiveStep),
+}
+
 /// The receiving side of one partition's state transfer.
 #[derive(Debug)]
 pub struct TransferReceiver<F: Fs> {
@@ -666,6 +746,7 @@ pub struct TransferReceiver<F: Fs> {
     resume: Option<ResumePoint>,
     reuse_memo: Option<ReuseScanMemo>,
     stats: ReceiverStats,
+    window: ChunkWindow,
 }
 
 impl<F: Fs> TransferReceiver<F> {
@@ -682,6 +763,7 @@ impl<F: Fs> TransferReceiver<F> {
             resume: None,
             reuse_memo: None,
             stats: ReceiverStats::default(),
+            window: ChunkWindow::default(),
         }
     }
 
@@ -776,6 +858,7 @@ impl<F: Fs> TransferReceiver<F> {
     /// Drops the live session, keeping where its spill could resume. (A
     /// session dropped while preparing keeps the resume point it had.)
     fn end_session(&mut self) {
+        self.window = ChunkWindow::default();
         let Some(session) = self.session.take() else {
             return;
         };
@@ -909,6 +992,11 @@ impl<F: Fs> TransferReceiver<F> {
                 else {
                     return ReceiveStep::Wait;
                 };
+                // Whatever was in flight is presumed lost: the window
+                // restarts at the cursor (`fill_window` re-sends the rest;
+                // chunks held ahead of the cursor stay).
+                self.window.frontier = Some((next.artifact, next.offset + u64::from(next.len)));
+                self.window.in_flight = 1;
                 self.stats.chunk_requests += 1;
                 TransferRequest::Chunk {
                     peer,
@@ -1132,17 +1220,102 @@ impl<F: Fs> TransferReceiver<F> {
         let SessionStage::Fetching(accepted) = &mut session.stage else {
             return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
         };
+        if let Err(rejection) = check_chunk(&accepted.artifacts, artifact, offset, &payload) {
+            if self.hold_early(rejection, artifact, offset, &payload) {
+                self.window.early_bytes += payload.len() as u64;
+                self.window.early.insert((artifact, offset), payload);
+                self.window.in_flight = self.window.in_flight.saturating_sub(1);
+                return self.progress(local).await;
+            }
+            if matches!(rejection, ChunkRejection::Overrun { .. }) {
+                tracing::warn!(peer = from, %rejection, "chunk runs past its artifact");
+            }
+            return ReceiveStep::Ignored(IgnoreReason::Chunk(rejection));
+        }
+        let mut chunk = Some((artifact, offset, payload));
+        let mut first = true;
+        while let Some((artifact, offset, payload)) = chunk.take() {
+            match self
+                .land_chunk(from, artifact, offset, payload, first, local)
+                .await
+            {
+                Landed::Accepted => {}
+                // A held chunk that no longer fits is dropped; the cursor
+                // re-requests its bytes.
+                Landed::Stop(ReceiveStep::Ignored(_)) if !first => break,
+                Landed::Stop(step) => return step,
+            }
+            first = false;
+            let cursor = self
+                .session
+                .as_ref()
+                .and_then(|s| s.accepted())
+                .and_then(|a| next_pending_chunk(&a.artifacts, self.config.chunk_len_max_bytes));
+            chunk = cursor.and_then(|c| {
+                let at = (c.artifact, c.offset);
+                self.window
+                    .take_early(at)
+                    .map(|payload| (at.0, at.1, payload))
+            });
+        }
+        self.progress(local).await
+    }
+
+    /// Whether a chunk the cursor refused arrived ahead of it within the
+    /// window (requested, not yet due), so it is held until the bytes
+    /// before it land: bounded by `chunks_in_flight - 1` chunks of at most
+    /// `chunk_len_max_bytes`.
+    fn hold_early(
+        &self,
+        rejection: ChunkRejection,
+        artifact: u32,
+        offset: u64,
+        payload: &[u8],
+    ) -> bool {
+        let ahead = match rejection {
+            ChunkRejection::WrongOffset { expected, offset } => offset > expected,
+            ChunkRejection::NotCurrentArtifact { artifact, current } => artifact > current,
+            _ => false,
+        };
+        let window = self.config.chunks_in_flight.max(1);
+        ahead
+            && window > 1
+            && payload.len() <= self.config.chunk_len_max_bytes.max(1) as usize
+            && self.window.frontier.is_some_and(|f| (artifact, offset) < f)
+            && self.window.early.len() < (window - 1) as usize
+            && !self.window.early.contains_key(&(artifact, offset))
+    }
+
+    /// Lands one chunk the session's cursor accepts: through the spill (or
+    /// into the offsets buffer), finishing the artifact if it completes it.
+    /// `arrived` when it just arrived (it answers a request in flight),
+    /// not when it was held ahead of the cursor (counted when held).
+    async fn land_chunk(
+        &mut self,
+        from: u8,
+        artifact: u32,
+        offset: u64,
+        payload: Bytes,
+        arrived: bool,
+        local: &LocalFacts,
+    ) -> Landed {
+        let Some(session) = self.session.as_mut() else {
+            return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NoSession));
+        };
+        let SessionStage::Fetching(accepted) = &mut session.stage else {
+            return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NotAccepted));
+        };
         let landed = match check_chunk(&accepted.artifacts, artifact, offset, &payload) {
             Ok(landed) => landed,
             Err(rejection) => {
                 if matches!(rejection, ChunkRejection::Overrun { .. }) {
                     tracing::warn!(peer = from, %rejection, "chunk runs past its artifact");
                 }
-                return ReceiveStep::Ignored(IgnoreReason::Chunk(rejection));
+                return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::Chunk(rejection)));
             }
         };
         let payload_len = payload.len() as u64;
-        let mut held = payload_len;
+        let mut held = payload_len + self.window.early_bytes;
         let mut staged = None;
         let result = match accepted.artifacts.get_mut(landed.artifact) {
             Some(TransferArtifact::Pending(PendingArtifact::Segment { entry, spill })) => {
@@ -1170,28 +1343,41 @@ impl<F: Fs> TransferReceiver<F> {
                 Ok(())
             }
             Some(TransferArtifact::Staged(_)) | None => {
-                return ReceiveStep::Ignored(IgnoreReason::Chunk(ChunkRejection::AllComplete));
+                return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::Chunk(
+                    ChunkRejection::AllComplete,
+                )));
             }
         };
         if let Err(error) = result {
-            return self.fail(error, local).await;
+            return Landed::Stop(self.fail(error, local).await);
+        }
+        if arrived {
+            self.window.in_flight = self.window.in_flight.saturating_sub(1);
+        }
+        if payload_len < u64::from(self.config.chunk_len_max_bytes.max(1)) && !landed.completes {
+            // A shorter answer than asked (the peer clamps lower): the
+            // window restarts right after it, so no byte goes unrequested.
+            self.window.frontier = Some((artifact, offset + payload_len));
+            self.window.in_flight = 0;
         }
         self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(held);
         self.stats.chunk_bytes += payload_len;
         if landed.completes {
             let Some(slot) = accepted.artifacts.get_mut(landed.artifact) else {
-                return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
+                return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NotAccepted));
             };
             if let TransferArtifact::Pending(PendingArtifact::Segment { spill, .. }) = slot {
                 let Some(done) = spill.take() else {
-                    return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
+                    return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NotAccepted));
                 };
                 match done.finish(&self.fs, &self.dir).await {
                     Ok(meta) => {
                         *slot = TransferArtifact::Staged(meta.clone());
                         staged = Some(meta);
                     }
-                    Err(error) => return self.fail(ReceiveError::Spill(error), local).await,
+                    Err(error) => {
+                        return Landed::Stop(self.fail(ReceiveError::Spill(error), local).await);
+                    }
                 }
             }
         }
@@ -1215,7 +1401,47 @@ impl<F: Fs> TransferReceiver<F> {
                 }
             }
         }
-        self.progress(local).await
+        Landed::Accepted
+    }
+
+    /// The requests that fill the window up to
+    /// [`ReceiverConfig::chunks_in_flight`] (none with the default of 1:
+    /// every step already returns the one request due). A driver pulling
+    /// with a window sends these after every step of a fetching session.
+    pub fn fill_window(&mut self) -> Vec<TransferRequest> {
+        let mut requests = Vec::new();
+        while let Some(request) = self.next_window_request() {
+            requests.push(request);
+        }
+        requests
+    }
+
+    /// The next request if the window has room: at the frontier, counted
+    /// as in flight.
+    fn next_window_request(&mut self) -> Option<TransferRequest> {
+        let session = self.session.as_ref()?;
+        let accepted = session.accepted()?;
+        if self.window.in_flight >= self.config.chunks_in_flight.max(1) {
+            return None;
+        }
+        let chunk_len_max = self.config.chunk_len_max_bytes;
+        let cursor = next_pending_chunk(&accepted.artifacts, chunk_len_max)?;
+        let next = request_at(
+            &accepted.artifacts,
+            cursor,
+            self.window.frontier,
+            chunk_len_max,
+        )?;
+        self.window.frontier = Some((next.artifact, next.offset + u64::from(next.len)));
+        self.window.in_flight += 1;
+        self.stats.chunk_requests += 1;
+        Some(TransferRequest::Chunk {
+            peer: session.peer,
+            nonce: session.nonce,
+            artifact: next.artifact,
+            offset: next.offset,
+            len: next.len,
+        })
     }
 
     /// The progress funnel: the next chunk to request, or the completed
@@ -1227,16 +1453,14 @@ impl<F: Fs> TransferReceiver<F> {
         let Some(accepted) = session.accepted() else {
             return ReceiveStep::Ignored(IgnoreReason::NotAccepted);
         };
-        if let Some(next) = next_pending_chunk(&accepted.artifacts, self.config.chunk_len_max_bytes)
-        {
-            self.stats.chunk_requests += 1;
-            return ReceiveStep::Send(TransferRequest::Chunk {
-                peer: session.peer,
-                nonce: session.nonce,
-                artifact: next.artifact,
-                offset: next.offset,
-                len: next.len,
-            });
+        if next_pending_chunk(&accepted.artifacts, self.config.chunk_len_max_bytes).is_some() {
+            // With a window of one this is the chunk at the cursor, as the
+            // lockstep pull always asked; with more, the next one past the
+            // requests already out, or nothing while the window is full.
+            return match self.next_window_request() {
+                Some(request) => ReceiveStep::Send(request),
+                None => ReceiveStep::Wait,
+            };
         }
         let Some(session) = self.session.take() else {
             return ReceiveStep::Ignored(IgnoreReason::NoSession);

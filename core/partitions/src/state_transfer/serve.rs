@@ -161,13 +161,54 @@ pub enum ChunkAnswer {
     Refuse(ChunkRefusal),
 }
 
-/// The artifact a session holds in memory: the prefix read so far and the
-/// checksum over it.
+/// The artifact a session holds in memory: the prefix read so far, as
+/// whole [`OFFER_READ_CHUNK_BYTES`] blocks (block `i` covers
+/// `[i × OFFER_READ_CHUNK_BYTES, …)`), and the checksum over it.
+///
+/// Blocks, not one growing buffer: a chunk inside a block is served as a
+/// slice of it (no copy), and no block is ever reallocated or moved. One
+/// buffer grown to the artifact's length cost a copy per served chunk and,
+/// past the allocator's mmap threshold, fresh zeroed pages faulted in on
+/// every growth (measured, docs/state-transfer.md §9.2).
 #[derive(Debug)]
 struct LoadedArtifact {
     index: usize,
-    bytes: Vec<u8>,
+    blocks: Vec<Bytes>,
+    len: usize,
     hasher: StateArtifactHasher,
+}
+
+impl LoadedArtifact {
+    fn new(index: usize) -> Self {
+        Self {
+            index,
+            blocks: Vec::new(),
+            len: 0,
+            hasher: StateArtifactHasher::new(),
+        }
+    }
+
+    /// Bytes `[from, to)` of the loaded prefix: a slice of one block, or a
+    /// copy when the range straddles blocks. `None` past the prefix.
+    fn slice(&self, from: usize, to: usize) -> Option<Bytes> {
+        if from >= to || to > self.len {
+            return None;
+        }
+        let first = from / OFFER_READ_CHUNK_BYTES;
+        let last = (to - 1) / OFFER_READ_CHUNK_BYTES;
+        let base = first * OFFER_READ_CHUNK_BYTES;
+        if first == last {
+            return Some(self.blocks.get(first)?.slice(from - base..to - base));
+        }
+        let mut out = Vec::with_capacity(to - from);
+        for (i, block) in self.blocks.get(first..=last)?.iter().enumerate() {
+            let start = (first + i) * OFFER_READ_CHUNK_BYTES;
+            let lo = from.max(start) - start;
+            let hi = to.min(start + block.len()) - start;
+            out.extend_from_slice(block.get(lo..hi)?);
+        }
+        Some(Bytes::from(out))
+    }
 }
 
 /// One requester's view of an offer.
@@ -321,11 +362,8 @@ impl OfferServer {
             OfferedArtifact::Segment(segment) => {
                 if session.loaded.as_ref().is_none_or(|l| l.index != index) {
                     // Drop the previous artifact first: one per session, ever.
-                    session.loaded = Some(LoadedArtifact {
-                        index,
-                        bytes: Vec::new(),
-                        hasher: StateArtifactHasher::new(),
-                    });
+                    session.loaded = None;
+                    session.loaded = Some(LoadedArtifact::new(index));
                 }
                 let Some(loaded) = session.loaded.as_mut() else {
                     return ChunkAnswer::Ignore;
@@ -333,10 +371,10 @@ impl OfferServer {
                 if let Err(error) = load_segment_through(fs, segment, loaded, to).await {
                     return self.refuse_load(key, segment, error);
                 }
-                let Some(chunk) = loaded.bytes.get(from..to) else {
+                let Some(chunk) = loaded.slice(from, to) else {
                     return ChunkAnswer::Ignore;
                 };
-                Bytes::copy_from_slice(chunk)
+                chunk
             }
         };
         if index + 1 == offer.artifact_count() && end == artifact_len {
@@ -355,7 +393,7 @@ impl OfferServer {
         self.sessions
             .get(&(requester, nonce))
             .and_then(|s| s.loaded.as_ref())
-            .map(|l| (l.index, l.bytes.len()))
+            .map(|l| (l.index, l.len))
     }
 
     /// A segment failed to load: the session goes (its offer no longer
@@ -433,7 +471,7 @@ async fn load_segment_through<F: Fs>(
     loaded: &mut LoadedArtifact,
     need: usize,
 ) -> Result<(), SegmentLoadError> {
-    if loaded.bytes.len() >= need {
+    if loaded.len >= need {
         return Ok(());
     }
     let len = usize::try_from(segment.entry.len).map_err(|_| {
@@ -450,30 +488,39 @@ async fn load_segment_through<F: Fs>(
         .open(&segment.path, OpenOptions::read_only())
         .await
         .map_err(SegmentLoadError::classify)?;
-    loaded.bytes.reserve_exact(target - loaded.bytes.len());
-    while loaded.bytes.len() < target {
-        let filled = loaded.bytes.len();
-        let want = (target - filled).min(OFFER_READ_CHUNK_BYTES);
-        let buf = std::mem::take(&mut loaded.bytes);
-        let BufResult(read, back) = file.read_at(buf, filled as u64, want).await;
-        loaded.bytes = back;
-        match read {
-            Ok(0) => {
-                return Err(SegmentLoadError::Stale(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "{} ends at {filled} bytes, before the offered {len}",
-                        segment.path.display()
-                    ),
-                )));
+    while loaded.len < target {
+        // `loaded.len` is a block boundary: every block but the artifact's
+        // last is whole.
+        let at = loaded.len;
+        let want = (target - at).min(OFFER_READ_CHUNK_BYTES);
+        let mut block = Vec::with_capacity(want);
+        while block.len() < want {
+            let filled = block.len();
+            let BufResult(read, back) = file
+                .read_at(block, (at + filled) as u64, want - filled)
+                .await;
+            block = back;
+            match read {
+                Ok(0) => {
+                    return Err(SegmentLoadError::Stale(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "{} ends at {} bytes, before the offered {len}",
+                            segment.path.display(),
+                            at + filled
+                        ),
+                    )));
+                }
+                Ok(_) => {}
+                Err(error) => return Err(SegmentLoadError::classify(error)),
             }
-            Ok(_) => {}
-            Err(error) => return Err(SegmentLoadError::classify(error)),
         }
-        loaded.hasher.update(&loaded.bytes[filled..]);
+        loaded.hasher.update(&block);
+        loaded.len += block.len();
+        loaded.blocks.push(Bytes::from(block));
         fs.yield_now().await;
     }
-    if loaded.bytes.len() == len && loaded.hasher.finish() != segment.entry.checksum {
+    if loaded.len == len && loaded.hasher.finish() != segment.entry.checksum {
         return Err(SegmentLoadError::ChecksumMismatch);
     }
     Ok(())
@@ -488,16 +535,16 @@ pub async fn load_verified_segment_artifact<F: Fs>(
     fs: &F,
     segment: &OfferedSegment,
 ) -> Result<Vec<u8>, SegmentLoadError> {
-    let mut loaded = LoadedArtifact {
-        index: 0,
-        bytes: Vec::new(),
-        hasher: StateArtifactHasher::new(),
-    };
+    let mut loaded = LoadedArtifact::new(0);
     let len = usize::try_from(segment.entry.len).map_err(|_| {
         SegmentLoadError::Stale(std::io::Error::other(
             "artifact larger than this node's address space",
         ))
     })?;
     load_segment_through(fs, segment, &mut loaded, len).await?;
-    Ok(loaded.bytes)
+    let mut bytes = Vec::with_capacity(loaded.len);
+    for block in &loaded.blocks {
+        bytes.extend_from_slice(block);
+    }
+    Ok(bytes)
 }
