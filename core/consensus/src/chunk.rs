@@ -1,7 +1,10 @@
 //! The receiver's side of the chunk protocol: which piece of which artifact
 //! to ask for next, and which arriving chunks to accept.
 //!
-//! A state transfer pulls lockstep, one chunk in flight, in manifest order.
+//! A state transfer pulls in manifest order, the reference lockstep with one
+//! chunk in flight (the partition receiver may keep a small window out and
+//! hold the few chunks that arrive ahead of the cursor until it reaches
+//! them; these functions only ever see the chunk at the cursor).
 //! A chunk is addressed by `(artifact index, byte offset)`, and the only
 //! acceptable chunk is the one that continues the first incomplete artifact
 //! exactly where it stopped. Everything else — a duplicate, a reordered or

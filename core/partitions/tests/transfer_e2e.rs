@@ -258,6 +258,18 @@ fn run(seed: u64, total_bytes: u64, segment_size: u64, chunk: u32, produce_every
         "nothing was produced while the transfer ran"
     );
     assert_eq!(d.installs, 1);
+    // A window of three over a faulty network (reordered, duplicated and
+    // lost answers) stays inside ST-B2's four chunks.
+    let rx = c.driver(victim).receiver().stats();
+    assert!(
+        rx.peak_held_bytes <= 4 * u64::from(chunk),
+        "peak {} with {chunk}-byte chunks",
+        rx.peak_held_bytes
+    );
+    eprintln!(
+        "receiver peak {} bytes ({chunk}-byte chunks)",
+        rx.peak_held_bytes
+    );
     assert!(served.chunks_served > 0 && served.offers_served >= 1);
     assert_eq!(c.drivers.as_ref().unwrap().refused_frames, 0);
     // The tail produced during the transfer comes by journal repair.

@@ -73,6 +73,11 @@ pub const RECEIVING_TRANSFERS_MAX_DEFAULT: usize = 4;
 /// Offers one shard hands out at once (the reference's serving budget of
 /// two loaded segments; one artifact is loaded per session).
 pub const SERVING_TRANSFERS_MAX_DEFAULT: usize = 2;
+/// Chunk requests a driven pull keeps in flight: three overlap the
+/// source's reads with the staging writes, and a receiver then holds at
+/// most two chunks ahead of its cursor plus the one being written, inside
+/// ST-B2's four-chunk bound whatever order the answers come in.
+pub const DRIVER_CHUNKS_IN_FLIGHT_DEFAULT: u32 = 3;
 
 /// A shard's admission budget for state transfers, shared by the drivers
 /// of all its partitions.
@@ -152,7 +157,10 @@ impl TransferDriverConfig {
             cluster,
             group,
             frame_size_max: FRAME_SIZE_MAX_DEFAULT,
-            receiver: ReceiverConfig::default(),
+            receiver: ReceiverConfig {
+                chunks_in_flight: DRIVER_CHUNKS_IN_FLIGHT_DEFAULT,
+                ..ReceiverConfig::default()
+            },
             server: OfferServerConfig::default(),
             committed_purge_generation: None,
         }
@@ -697,7 +705,13 @@ impl<F: Fs> TransferDriver<F> {
         out: &mut DriverOutput,
     ) {
         match step {
-            ReceiveStep::Send(request) => self.push_request(partition, request, out),
+            ReceiveStep::Send(request) => {
+                self.push_request(partition, request, out);
+                // A window tops itself up after every request it sent.
+                for more in self.receiver.fill_window() {
+                    self.push_request(partition, more, out);
+                }
+            }
             ReceiveStep::Complete(done) => {
                 let peer = done.peer;
                 let input = InstallInput::from_received(
@@ -743,7 +757,15 @@ impl<F: Fs> TransferDriver<F> {
                 }
             }
             ReceiveStep::Failed(e) => out.events.push(TransferEvent::AttemptFailed(e)),
-            ReceiveStep::Wait | ReceiveStep::Ignored(_) => {}
+            ReceiveStep::Wait => {
+                // A chunk that landed may have freed window room without a
+                // request of its own (it was held, or the cursor's request
+                // is already out).
+                for more in self.receiver.fill_window() {
+                    self.push_request(partition, more, out);
+                }
+            }
+            ReceiveStep::Ignored(_) => {}
         }
     }
 

@@ -36,9 +36,9 @@ pub mod walk;
 pub mod wire;
 
 pub use driver::{
-    DriverOutput, DriverStats, Outgoing, RECEIVING_TRANSFERS_MAX_DEFAULT,
-    SERVING_TRANSFERS_MAX_DEFAULT, TransferDriver, TransferDriverConfig, TransferEvent,
-    TransferFrameError, TransferSlots,
+    DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DriverOutput, DriverStats, Outgoing,
+    RECEIVING_TRANSFERS_MAX_DEFAULT, SERVING_TRANSFERS_MAX_DEFAULT, TransferDriver,
+    TransferDriverConfig, TransferEvent, TransferFrameError, TransferSlots,
 };
 pub use errors::{
     PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,
