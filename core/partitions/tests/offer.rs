@@ -1053,3 +1053,77 @@ fn given_chunks_inside_and_across_read_blocks_when_served_should_be_the_files_by
     let (index, loaded) = server.loaded_artifact(2, 3).unwrap();
     assert_eq!((index, loaded as u64), (0, first.entry.len));
 }
+
+/// ST-B1 on the serve side: with loading bounded to one 4 MiB read per
+/// call, a request deep into an artifact (a receiver resuming mid-artifact
+/// in a new session) is answered `Loading`, and each `advance_loads` call
+/// reads at most one block more until the chunk is served, byte for byte;
+/// requests kept behind it are answered in order, and nothing else is
+/// answered early.
+#[test]
+fn given_bounded_loading_when_a_request_lies_deep_in_the_artifact_should_serve_it_over_later_calls()
+{
+    let fs = fresh_fs(28);
+    let mut c = config();
+    c.log.segment_size_bytes = 12 * 1024 * 1024;
+    let mut node = open(&fs, MemSuperblock::new(), c);
+    for tag in 0..13 {
+        node.request(ClientOp::Append(big_batch(tag + 1, 16, 64 * 1024)));
+    }
+    let mut server = server(256 * 1024, 10).with_load_blocks_per_call(1);
+    let offer = offer_for(&mut server, &mut node, 2, 3);
+    let first = offer.segments()[0].clone();
+    let disk = fs.contents(&first.path).unwrap();
+    let block: u64 = 4 << 20;
+    assert!(
+        first.entry.len > 2 * block + 256 * 1024,
+        "{}",
+        first.entry.len
+    );
+    let deep = 2 * block + 1000;
+    assert!(matches!(
+        chunk(&mut server, &fs, 3, 0, deep, 256 * 1024),
+        ChunkAnswer::Loading
+    ));
+    // A second request behind it, also too deep for this call.
+    let deeper = deep + 256 * 1024;
+    assert!(matches!(
+        chunk(&mut server, &fs, 3, 0, deeper, 256 * 1024),
+        ChunkAnswer::Loading
+    ));
+    let mut loaded_before = server.loaded_artifact(2, 3).unwrap().1 as u64;
+    assert!(loaded_before <= 2 * block, "{loaded_before}");
+    let mut served = Vec::new();
+    for _ in 0..10 {
+        for (requester, nonce, answer) in block_on(server.advance_loads(&fs)) {
+            assert_eq!((requester, nonce), (2, 3));
+            let ChunkAnswer::Chunk(c) = answer else {
+                panic!("{answer:?}");
+            };
+            served.push(c);
+        }
+        let loaded = server.loaded_artifact(2, 3).unwrap().1 as u64;
+        assert!(loaded - loaded_before <= block, "read more than a block");
+        loaded_before = loaded;
+        if served.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        served.iter().map(|c| c.offset).collect::<Vec<_>>(),
+        vec![deep, deeper]
+    );
+    for c in &served {
+        let at = c.offset as usize;
+        assert!(c.payload[..] == disk[at..at + c.payload.len()]);
+    }
+    // Nothing is left pending.
+    assert!(block_on(server.advance_loads(&fs)).is_empty());
+    // Unbounded (the default), the same request is served at once.
+    let mut unbounded = self::server(256 * 1024, 10);
+    offer_for(&mut unbounded, &mut node, 2, 4);
+    assert!(matches!(
+        chunk(&mut unbounded, &fs, 4, 0, deep, 256 * 1024),
+        ChunkAnswer::Chunk(_)
+    ));
+}

@@ -719,3 +719,72 @@ fn given_receive_budget_full_when_transfer_needed_should_wait_for_a_slot() {
         0
     );
 }
+
+/// An interrupted pull resumes where its last sync left it, and the server
+/// does not read the skipped prefix inside one frame (ST-B1, ST-B2): the
+/// backup is cut off in the middle of a 32 MiB segment until its session
+/// stalls out; healed, its next session resumes from the synced prefix
+/// (more than the 16 MiB one served call loads), the server answers that
+/// first request over the following ticks, and the transfer completes.
+#[test]
+fn given_pull_cut_mid_segment_when_healed_should_resume_and_serve_the_deep_request_over_ticks() {
+    let mut c = Cluster::shaped(REPLICAS, 54, 128, shape(32 << 20));
+    c.enable_transfer_drivers(driver_config(256 * 1024));
+    c.produce(20);
+    c.store_offsets(2);
+    let victim = (c.primary() + 1) % REPLICAS;
+    c.crash(victim);
+    // About 80 MiB: two sealed 32 MiB segments and an active one.
+    c.produce(1_300);
+    c.store_offsets(3);
+    retain(&mut c, 48 << 20);
+    c.restart(victim);
+    let deep = 24u64 << 20;
+    let mut cut = false;
+    for _ in 0..50_000 {
+        c.client_step(false);
+        let received = c
+            .driver(victim)
+            .receiver()
+            .session()
+            .and_then(|s| s.accepted())
+            .map_or(0, |a| {
+                use consensus::ChunkProgress;
+                a.artifacts[0].received_len()
+            });
+        if received >= deep {
+            cut = true;
+            break;
+        }
+    }
+    assert!(
+        cut,
+        "the pull never got {deep} bytes into its first segment"
+    );
+    c.net.isolate(Some(victim));
+    for _ in 0..200 {
+        c.client_step(false);
+        if c.driver(victim).receiver().session().is_none() {
+            break;
+        }
+    }
+    assert!(
+        c.driver(victim).receiver().session().is_none(),
+        "the session never stalled out"
+    );
+    c.net.isolate(None);
+    until_installed(&mut c, victim, None, 50_000);
+    let rx = c.driver(victim).receiver().stats();
+    assert_eq!(rx.resumed_spills, 1, "{rx:?}");
+    assert!(rx.resumed_bytes >= 16 << 20, "{rx:?}");
+    let primary = c.primary();
+    assert!(
+        c.driver(primary).stats().chunks_deferred >= 1,
+        "{:?}",
+        c.driver(primary).stats()
+    );
+    c.produce(5);
+    c.converge();
+    retain(&mut c, 48 << 20);
+    assert_same_as_primary(&mut c, victim);
+}

@@ -73,6 +73,11 @@ pub const RECEIVING_TRANSFERS_MAX_DEFAULT: usize = 4;
 /// Offers one shard hands out at once (the reference's serving budget of
 /// two loaded segments; one artifact is loaded per session).
 pub const SERVING_TRANSFERS_MAX_DEFAULT: usize = 2;
+/// Read blocks (4 MiB each) one call of a driven server may load for a
+/// chunk request: a request further into its artifact (a receiver resuming
+/// mid-artifact) is served over the following ticks instead of inside one
+/// frame (ST-B1).
+pub const DRIVER_LOAD_BLOCKS_PER_CALL: usize = 4;
 /// Chunk requests a driven pull keeps in flight: three overlap the
 /// source's reads with the staging writes, and a receiver then holds at
 /// most two chunks ahead of its cursor plus the one being written, inside
@@ -293,6 +298,9 @@ pub struct DriverStats {
     pub offers_served: u64,
     /// Chunks served.
     pub chunks_served: u64,
+    /// Chunk requests answered on a later tick because their chunk lay
+    /// further into its artifact than one call loads.
+    pub chunks_deferred: u64,
     /// Offer requests refused.
     pub serve_refusals: u64,
     /// Build rounds run on ticks.
@@ -341,7 +349,8 @@ impl<F: Fs> TransferDriver<F> {
     pub fn new(fs: F, dir: &Path, config: TransferDriverConfig, seed: u64) -> Self {
         Self {
             receiver: TransferReceiver::new(fs, dir, config.receiver, seed),
-            server: OfferServer::new(config.server),
+            server: OfferServer::new(config.server)
+                .with_load_blocks_per_call(DRIVER_LOAD_BLOCKS_PER_CALL),
             config,
             build_pending: false,
             armed_floor: None,
@@ -407,6 +416,9 @@ impl<F: Fs> TransferDriver<F> {
             return out;
         }
         self.server.on_tick();
+        for (requester, nonce, answer) in self.server.advance_loads(partition.fs()).await {
+            self.push_chunk_answer(partition, requester, nonce, answer, &mut out);
+        }
         if self.build_pending {
             self.stats.tick_build_rounds += 1;
             match partition
@@ -668,15 +680,27 @@ impl<F: Fs> TransferDriver<F> {
             offset: h.offset,
             len: h.len,
         };
-        match self
+        let answer = self
             .server
             .on_request_state_chunk(partition.fs(), request)
-            .await
-        {
+            .await;
+        self.push_chunk_answer(partition, requester, h.nonce, answer, out);
+    }
+
+    /// Sends what a chunk request earned: the chunk, nothing, or a refusal.
+    fn push_chunk_answer<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &Partition<B, S, F>,
+        requester: u8,
+        nonce: u128,
+        answer: ChunkAnswer,
+        out: &mut DriverOutput,
+    ) {
+        match answer {
             ChunkAnswer::Chunk(chunk) => {
                 self.stats.chunks_served += 1;
                 let header = StateChunkHeader {
-                    nonce: h.nonce,
+                    nonce,
                     offset: chunk.offset,
                     group: self.config.group,
                     artifact: chunk.artifact,
@@ -689,10 +713,11 @@ impl<F: Fs> TransferDriver<F> {
                     out,
                 );
             }
+            ChunkAnswer::Loading => self.stats.chunks_deferred += 1,
             ChunkAnswer::Ignore => {}
             ChunkAnswer::Refuse(refusal) => {
                 tracing::info!(requester, %refusal, "state-transfer chunk refused");
-                self.push_refusal(partition, requester, h.nonce, refusal.transient(), out);
+                self.push_refusal(partition, requester, nonce, refusal.transient(), out);
             }
         }
     }

@@ -36,8 +36,8 @@ pub mod walk;
 pub mod wire;
 
 pub use driver::{
-    DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DriverOutput, DriverStats, Outgoing,
-    RECEIVING_TRANSFERS_MAX_DEFAULT, SERVING_TRANSFERS_MAX_DEFAULT, TransferDriver,
+    DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DRIVER_LOAD_BLOCKS_PER_CALL, DriverOutput, DriverStats,
+    Outgoing, RECEIVING_TRANSFERS_MAX_DEFAULT, SERVING_TRANSFERS_MAX_DEFAULT, TransferDriver,
     TransferDriverConfig, TransferEvent, TransferFrameError, TransferSlots,
 };
 pub use errors::{

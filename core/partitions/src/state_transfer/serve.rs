@@ -159,7 +159,15 @@ pub enum ChunkAnswer {
     Ignore,
     /// Send an unavailable target.
     Refuse(ChunkRefusal),
+    /// Nothing to send yet: the chunk lies further into its artifact than
+    /// one call loads (a receiver resuming mid-artifact in a new session).
+    /// The request is kept, and [`OfferServer::advance_loads`] answers it
+    /// on a later call (see [`OfferServer::with_load_blocks_per_call`]).
+    Loading,
 }
+
+/// Requests kept per session while their chunk loads.
+const PENDING_REQUESTS_MAX: usize = 16;
 
 /// The artifact a session holds in memory: the prefix read so far, as
 /// whole [`OFFER_READ_CHUNK_BYTES`] blocks (block `i` covers
@@ -218,6 +226,8 @@ struct OfferSession {
     idle_ticks: u64,
     fully_served: bool,
     loaded: Option<LoadedArtifact>,
+    /// Requests answered [`ChunkAnswer::Loading`], oldest first.
+    pending: std::collections::VecDeque<ChunkRequest>,
 }
 
 /// The serving side of one partition's state transfer, owned by its
@@ -227,6 +237,8 @@ pub struct OfferServer {
     config: OfferServerConfig,
     builder: OfferBuilder,
     sessions: BTreeMap<(u8, u128), OfferSession>,
+    /// Read blocks one chunk request may load ([`usize::MAX`]: unbounded).
+    load_blocks_per_call: usize,
 }
 
 impl OfferServer {
@@ -236,6 +248,85 @@ impl OfferServer {
             config,
             builder: OfferBuilder::new(config.budget),
             sessions: BTreeMap::new(),
+            load_blocks_per_call: usize::MAX,
+        }
+    }
+
+    /// Bounds the reading one chunk request (or one
+    /// [`Self::advance_loads`] call per session) may do to `blocks` reads
+    /// of [`OFFER_READ_CHUNK_BYTES`] (at least one). A request further in
+    /// is answered [`ChunkAnswer::Loading`] and served once
+    /// `advance_loads`, called on later ticks, has loaded up to it (ST-B1:
+    /// a receiver resuming at 900 MiB must not have its server read and
+    /// hash 900 MiB inside one frame). Unbounded by default.
+    #[must_use]
+    pub fn with_load_blocks_per_call(mut self, blocks: usize) -> Self {
+        self.load_blocks_per_call = blocks.max(1);
+        self
+    }
+
+    /// Continues loading for the requests answered
+    /// [`ChunkAnswer::Loading`], one bounded call per session, and returns
+    /// the answers that are ready, as `(requester, nonce, answer)`: the
+    /// chunks now loaded, or the refusal a failed load earned. Requests
+    /// further in stay pending.
+    pub async fn advance_loads<F: Fs>(&mut self, fs: &F) -> Vec<(u8, u128, ChunkAnswer)> {
+        let keys: Vec<(u8, u128)> = self
+            .sessions
+            .iter()
+            .filter(|(_, session)| !session.pending.is_empty())
+            .map(|(key, _)| *key)
+            .collect();
+        let mut ready = Vec::new();
+        for key in keys {
+            let Some(session) = self.sessions.get_mut(&key) else {
+                continue;
+            };
+            let requests = std::mem::take(&mut session.pending);
+            let mut loaded_once = false;
+            for (i, request) in requests.iter().enumerate() {
+                if loaded_once && self.needs_load(key, request) {
+                    // One bounded load per session per call; the rest wait.
+                    if let Some(session) = self.sessions.get_mut(&key) {
+                        session.pending.extend(requests.iter().skip(i).copied());
+                    }
+                    break;
+                }
+                loaded_once |= self.needs_load(key, request);
+                match self.on_request_state_chunk(fs, *request).await {
+                    ChunkAnswer::Loading => {
+                        // Re-queued by the call; the rest wait behind it.
+                        if let Some(session) = self.sessions.get_mut(&key) {
+                            session.pending.extend(requests.iter().skip(i + 1).copied());
+                        }
+                        break;
+                    }
+                    ChunkAnswer::Ignore => {}
+                    answer => ready.push((key.0, key.1, answer)),
+                }
+            }
+        }
+        ready
+    }
+
+    /// Whether serving `request` would read from the file.
+    fn needs_load(&self, key: (u8, u128), request: &ChunkRequest) -> bool {
+        let Some(session) = self.sessions.get(&key) else {
+            return false;
+        };
+        let Ok(index) = usize::try_from(request.artifact) else {
+            return false;
+        };
+        let end = request
+            .offset
+            .saturating_add(u64::from(request.len))
+            .min(session.offer.artifact(index).map_or(0, |a| a.entry().len));
+        match &session.loaded {
+            Some(loaded) if loaded.index == index => (loaded.len as u64) < end,
+            _ => matches!(
+                session.offer.artifact(index),
+                Some(OfferedArtifact::Segment(_))
+            ),
         }
     }
 
@@ -312,6 +403,7 @@ impl OfferServer {
                 idle_ticks: 0,
                 fully_served: false,
                 loaded: None,
+                pending: std::collections::VecDeque::new(),
             },
         );
         tracing::info!(
@@ -368,8 +460,19 @@ impl OfferServer {
                 let Some(loaded) = session.loaded.as_mut() else {
                     return ChunkAnswer::Ignore;
                 };
-                if let Err(error) = load_segment_through(fs, segment, loaded, to).await {
-                    return self.refuse_load(key, segment, error);
+                match load_segment_through(fs, segment, loaded, to, self.load_blocks_per_call).await
+                {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        if session.pending.len() >= PENDING_REQUESTS_MAX {
+                            session.pending.pop_front();
+                        }
+                        if !session.pending.contains(&request) {
+                            session.pending.push_back(request);
+                        }
+                        return ChunkAnswer::Loading;
+                    }
+                    Err(error) => return self.refuse_load(key, segment, error),
                 }
                 let Some(chunk) = loaded.slice(from, to) else {
                     return ChunkAnswer::Ignore;
@@ -459,8 +562,9 @@ impl OfferServer {
 
 /// Extends `loaded` (a prefix of `segment`'s artifact) to cover at least
 /// `need` bytes, reading [`OFFER_READ_CHUNK_BYTES`] at a time (so usually
-/// one read per call), and checks the whole artifact against the manifest
-/// checksum once the prefix reaches its end.
+/// one read per call) and at most `blocks_max` reads, and checks the whole
+/// artifact against the manifest checksum once the prefix reaches its end.
+/// `Ok(false)`: `blocks_max` reads did not reach `need`; call again.
 ///
 /// # Errors
 /// [`SegmentLoadError`], classified by cause: a file gone or short is
@@ -470,9 +574,10 @@ async fn load_segment_through<F: Fs>(
     segment: &OfferedSegment,
     loaded: &mut LoadedArtifact,
     need: usize,
-) -> Result<(), SegmentLoadError> {
+    blocks_max: usize,
+) -> Result<bool, SegmentLoadError> {
     if loaded.len >= need {
-        return Ok(());
+        return Ok(true);
     }
     let len = usize::try_from(segment.entry.len).map_err(|_| {
         SegmentLoadError::Stale(std::io::Error::other(
@@ -488,7 +593,12 @@ async fn load_segment_through<F: Fs>(
         .open(&segment.path, OpenOptions::read_only())
         .await
         .map_err(SegmentLoadError::classify)?;
+    let mut blocks = 0usize;
     while loaded.len < target {
+        if blocks == blocks_max {
+            return Ok(false);
+        }
+        blocks += 1;
         // `loaded.len` is a block boundary: every block but the artifact's
         // last is whole.
         let at = loaded.len;
@@ -523,7 +633,7 @@ async fn load_segment_through<F: Fs>(
     if loaded.len == len && loaded.hasher.finish() != segment.entry.checksum {
         return Err(SegmentLoadError::ChecksumMismatch);
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Reads the whole artifact of `segment` and checks it against the
@@ -541,7 +651,8 @@ pub async fn load_verified_segment_artifact<F: Fs>(
             "artifact larger than this node's address space",
         ))
     })?;
-    load_segment_through(fs, segment, &mut loaded, len).await?;
+    // Unbounded: the whole artifact in this call.
+    load_segment_through(fs, segment, &mut loaded, len, usize::MAX).await?;
     let mut bytes = Vec::with_capacity(loaded.len);
     for block in &loaded.blocks {
         bytes.extend_from_slice(block);
