@@ -10,11 +10,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::ConsumerKind;
+use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome, TimeoutConfig};
 use futures::executor::block_on;
 use journal::FileSuperblock;
+use partitions::StateTransferNeeded;
 use partitions::state_transfer::{
-    BuildClock, TransferDriver, TransferDriverConfig, TransferEvent, TransferSlots,
+    BuildBudget, BuildClock, ChunkAnswer, ChunkRequest, InstallInput, LocalFacts, OfferServer,
+    OfferServerConfig, ReceiveStep, ReceiverConfig, TransferDriver, TransferDriverConfig,
+    TransferEvent, TransferReceiver, TransferRequest, TransferSlots,
 };
 use partitions::{
     ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, MessageBus, NetworkFaults, Partition,
@@ -546,6 +550,119 @@ impl Cluster {
             assert_eq!(&listings[0], other, "segment files differ");
         }
     }
+}
+
+/// Pulls replica `from`'s offer into replica `to` and installs it.
+pub fn transfer(c: &mut Cluster, from: u8, to: u8) -> u64 {
+    let input = pull(c, from, to);
+    let receiver = c.replicas[usize::from(to)].as_mut().unwrap();
+    block_on(receiver.install_partition_state(input))
+        .unwrap()
+        .applied_commit_op
+}
+
+/// Pulls replica `from`'s offer into replica `to`'s staging files.
+pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
+    let facts = {
+        let r = c.replica(to).replica();
+        LocalFacts {
+            replica: to,
+            replica_count: c.n,
+            view: r.view(),
+            primary: r.primary_index(r.view()),
+            commit_max: r.commit_max(),
+            purge_generation: c.replica(to).purge_generation(),
+        }
+    };
+    let mut server = OfferServer::new(OfferServerConfig {
+        chunk_len_max_bytes: 4096,
+        repair_retry_ticks: 10,
+        budget: BuildBudget::bytes(u64::MAX),
+    });
+    let to_fs = c.fss[usize::from(to)].clone();
+    let from_fs = c.fss[usize::from(from)].clone();
+    let mut rx = TransferReceiver::new(to_fs, &pdir(), ReceiverConfig::default(), 5);
+    let mut request = rx.arm(from);
+    let done = loop {
+        let step = match request {
+            TransferRequest::Descriptor { nonce, .. } => {
+                let peer = c.replicas[usize::from(from)].as_mut().unwrap();
+                let offer =
+                    block_on(server.on_request_state_transfer(peer, to, nonce, &FrozenClock))
+                        .unwrap();
+                let header = StateTransferTargetHeader {
+                    nonce,
+                    commit_op: offer.commit_op(),
+                    group: 0,
+                    available: true,
+                    unavailable_transient: false,
+                    commit_max: peer.replica().commit_max(),
+                };
+                let body = offer.encoded_manifest().to_vec();
+                let view = peer.replica().view();
+                block_on(rx.on_target(from, view, &header, &body, &facts))
+            }
+            TransferRequest::Chunk {
+                nonce,
+                artifact,
+                offset,
+                len,
+                ..
+            } => {
+                let answer = block_on(server.on_request_state_chunk(
+                    &from_fs,
+                    ChunkRequest {
+                        requester: to,
+                        nonce,
+                        artifact,
+                        offset,
+                        len,
+                    },
+                ));
+                let ChunkAnswer::Chunk(chunk) = answer else {
+                    panic!("peer did not serve: {answer:?}");
+                };
+                block_on(rx.on_chunk(
+                    from,
+                    nonce,
+                    chunk.artifact,
+                    chunk.offset,
+                    chunk.payload,
+                    &facts,
+                ))
+            }
+        };
+        match step {
+            ReceiveStep::Send(next) => request = next,
+            ReceiveStep::Complete(done) => break done,
+            other => panic!("transfer did not complete: {other:?}"),
+        }
+    };
+    // Nothing stepped since the offer was built: the server's applied op is
+    // the offer's, and its identity is the one the hash chain continues from.
+    let peer = c.replica(from).replica();
+    assert_eq!(peer.commit_min(), done.descriptor.commit_op);
+    server.reset();
+    InstallInput::from_received(&done, peer.commit_min_checksum(), None)
+}
+
+/// A cluster whose backup restarted behind every peer's retention and asks
+/// for a state transfer.
+pub fn lagging_backup(seed: u64) -> (Cluster, u8, StateTransferNeeded) {
+    let mut c = Cluster::new(seed, 16);
+    c.produce(20);
+    let victim = (c.primary() + 1) % REPLICAS;
+    c.crash(victim);
+    c.produce(60);
+    c.store_offsets(3);
+    c.restart(victim);
+    for _ in 0..200 {
+        c.client_step(true);
+        if let Some(need) = c.replica(victim).state_transfer_needed() {
+            return (c, victim, need);
+        }
+    }
+    panic!("no state transfer asked for");
 }
 
 fn new_driver(
