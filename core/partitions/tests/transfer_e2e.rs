@@ -632,7 +632,7 @@ fn given_converge_failure_when_driven_should_fence_quarantine_and_leave_the_grou
     fs.fail_nth(FaultKind::ReadDir, 2, EIO);
     for tick in 0..5_000u64 {
         c.client_step(tick % 10 == 0);
-        if c.driver(victim).is_fenced() {
+        if c.replica(victim).fenced().is_some() {
             break;
         }
     }

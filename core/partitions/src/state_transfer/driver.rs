@@ -324,8 +324,6 @@ pub struct TransferDriver<F: Fs> {
     receive_slot: bool,
     /// Serving sessions this driver counted into the shard's budget.
     serving_counted: usize,
-    /// The partition was fenced: nothing more is done.
-    fenced: bool,
     stats: DriverStats,
 }
 
@@ -337,7 +335,6 @@ impl<F: Fs> fmt::Debug for TransferDriver<F> {
             .field("pending_rearm", &self.receiver.pending_rearm())
             .field("serving", &self.server.session_count())
             .field("build_pending", &self.build_pending)
-            .field("fenced", &self.fenced)
             .field("stats", &self.stats)
             .finish()
     }
@@ -356,7 +353,6 @@ impl<F: Fs> TransferDriver<F> {
             armed_floor: None,
             receive_slot: false,
             serving_counted: 0,
-            fenced: false,
             stats: DriverStats::default(),
         }
     }
@@ -374,11 +370,6 @@ impl<F: Fs> TransferDriver<F> {
     /// The counters.
     pub fn stats(&self) -> DriverStats {
         self.stats
-    }
-
-    /// Whether the driver stopped because its partition was fenced.
-    pub fn is_fenced(&self) -> bool {
-        self.fenced
     }
 
     /// Whether `frame` carries one of the four state-transfer commands (by
@@ -411,7 +402,7 @@ impl<F: Fs> TransferDriver<F> {
         C: BuildClock,
     {
         let mut out = DriverOutput::default();
-        if self.fenced || partition.fenced().is_some() {
+        if partition.fenced().is_some() {
             self.stop(slots);
             return out;
         }
@@ -515,7 +506,7 @@ impl<F: Fs> TransferDriver<F> {
         };
         self.stats.frames_in += 1;
         let mut out = DriverOutput::default();
-        if self.fenced || partition.fenced().is_some() {
+        if partition.fenced().is_some() {
             self.stop(slots);
             return Ok(out);
         }
@@ -767,7 +758,6 @@ impl<F: Fs> TransferDriver<F> {
                                 None
                             }
                         };
-                        self.fenced = true;
                         self.receiver.disarm();
                         self.server.reset();
                         out.events
@@ -899,7 +889,6 @@ impl<F: Fs> TransferDriver<F> {
     }
 
     fn stop(&mut self, slots: &mut TransferSlots) {
-        self.fenced = true;
         self.build_pending = false;
         self.receiver.disarm();
         self.server.reset();
