@@ -1065,9 +1065,9 @@ fn given_bounded_loading_when_a_request_lies_deep_in_the_artifact_should_serve_i
 {
     let fs = fresh_fs(28);
     let mut c = config();
-    c.log.segment_size_bytes = 12 * 1024 * 1024;
+    c.log.segment_size_bytes = 16 * 1024 * 1024;
     let mut node = open(&fs, MemSuperblock::new(), c);
-    for tag in 0..13 {
+    for tag in 0..17 {
         node.request(ClientOp::Append(big_batch(tag + 1, 16, 64 * 1024)));
     }
     let mut server = server(256 * 1024, 10).with_load_blocks_per_call(1);
@@ -1076,7 +1076,7 @@ fn given_bounded_loading_when_a_request_lies_deep_in_the_artifact_should_serve_i
     let disk = fs.contents(&first.path).unwrap();
     let block: u64 = 4 << 20;
     assert!(
-        first.entry.len > 2 * block + 256 * 1024,
+        first.entry.len > 3 * block + 256 * 1024,
         "{}",
         first.entry.len
     );
@@ -1085,8 +1085,9 @@ fn given_bounded_loading_when_a_request_lies_deep_in_the_artifact_should_serve_i
         chunk(&mut server, &fs, 3, 0, deep, 256 * 1024),
         ChunkAnswer::Loading
     ));
-    // A second request behind it, also too deep for this call.
-    let deeper = deep + 256 * 1024;
+    // A second request behind it, a block further in: each call may load
+    // for one of them only.
+    let deeper = 3 * block + 1000;
     assert!(matches!(
         chunk(&mut server, &fs, 3, 0, deeper, 256 * 1024),
         ChunkAnswer::Loading

@@ -285,14 +285,15 @@ impl OfferServer {
             let requests = std::mem::take(&mut session.pending);
             let mut loaded_once = false;
             for (i, request) in requests.iter().enumerate() {
-                if loaded_once && self.needs_load(key, request) {
+                let needs_load = self.needs_load(key, request);
+                if needs_load && loaded_once {
                     // One bounded load per session per call; the rest wait.
                     if let Some(session) = self.sessions.get_mut(&key) {
                         session.pending.extend(requests.iter().skip(i).copied());
                     }
                     break;
                 }
-                loaded_once |= self.needs_load(key, request);
+                loaded_once |= needs_load;
                 match self.on_request_state_chunk(fs, *request).await {
                     ChunkAnswer::Loading => {
                         // Re-queued by the call; the rest wait behind it.
