@@ -33,19 +33,18 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use journal::MemSuperblock;
 use partitions::state_transfer::{BuildBudget, MonotonicClock, OfferBuilder};
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
-    PartitionConfig,
+    ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
 };
 use storage::BatchBuilder;
 use storage::fs::{Fs, FsFile, OpenOptions, RealFs};
+
+mod support;
+use support::*;
 
 const MESSAGES_PER_BATCH: u32 = 1_000;
 const MESSAGE_BYTES: usize = 1_024;
 const SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 const READ_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
-const PAIRS: usize = 7;
-
-type BenchPartition = Partition<InMemoryBus, MemSuperblock, RealFs>;
 
 fn paired_only() -> bool {
     std::env::var_os("OFFER_BENCH_PAIRED_ONLY").is_some()
@@ -58,39 +57,6 @@ fn total_bytes() -> usize {
         .unwrap_or(32)
         * 1024
         * 1024
-}
-
-fn paired(name: &str, mut run: impl FnMut(bool) -> Duration) {
-    let mut ratios = Vec::with_capacity(PAIRS);
-    let (mut raws, mut ours) = (Vec::new(), Vec::new());
-    for i in 0..PAIRS {
-        let (raw, our) = if i % 2 == 0 {
-            let r = run(false);
-            (r, run(true))
-        } else {
-            let o = run(true);
-            (run(false), o)
-        };
-        ratios.push(raw.as_secs_f64() / our.as_secs_f64());
-        raws.push(raw);
-        ours.push(our);
-    }
-    ratios.sort_by(f64::total_cmp);
-    raws.sort();
-    ours.sort();
-    eprintln!(
-        "paired {name}: ratio {:.3} (baseline {:.2} ms, offer {:.2} ms, medians of {PAIRS})",
-        ratios[PAIRS / 2],
-        raws[PAIRS / 2].as_secs_f64() * 1e3,
-        ours[PAIRS / 2].as_secs_f64() * 1e3,
-    );
-}
-
-fn bench_dir() -> tempfile::TempDir {
-    // Beside the target directory: same disk as the build, not tmpfs.
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-scratch");
-    std::fs::create_dir_all(&base).unwrap();
-    tempfile::tempdir_in(base).unwrap()
 }
 
 /// A one-replica partition holding about `total_bytes()` in 8 MiB segments.
@@ -130,13 +96,6 @@ async fn populated(dir: &Path) -> BenchPartition {
     }
     p.flush_committed_messages().await.unwrap();
     p
-}
-
-/// Evicts a file's pages from the page cache (a cold read follows).
-fn drop_cache(path: &Path) {
-    let f = std::fs::File::open(path).unwrap();
-    f.sync_all().unwrap();
-    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
 }
 
 /// Reads every file sequentially in 4 MiB positional reads into one reused
@@ -210,7 +169,11 @@ fn bench_offer(c: &mut Criterion) {
             })
         };
         let baseline = if cold { "raw_read" } else { "raw_read_xxh3" };
-        paired(&format!("offer_build/{label} vs {baseline}"), &mut run);
+        paired(
+            &format!("offer_build/{label} vs {baseline}"),
+            "offer",
+            &mut run,
+        );
         if paired_only() {
             continue;
         }

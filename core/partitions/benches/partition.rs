@@ -44,44 +44,18 @@ use consensus::vsr::{Config, RequestOutcome};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use journal::MemSuperblock;
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
-    PartitionConfig, PollRequest, PollingStrategy,
+    ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
+    PollRequest, PollingStrategy,
 };
 use storage::BatchBuilder;
 use storage::fs::RealFs;
 
+mod support;
+use support::*;
+
 const MESSAGES_PER_BATCH: u32 = 1_000;
 const MESSAGE_BYTES: usize = 1_024;
 const READ_CHUNK_BYTES: u64 = 1024 * 1024;
-const PAIRS: usize = 7;
-
-type BenchPartition = Partition<InMemoryBus, MemSuperblock, RealFs>;
-
-fn paired(name: &str, mut run: impl FnMut(bool) -> Duration) {
-    let mut ratios = Vec::with_capacity(PAIRS);
-    let (mut raws, mut ours) = (Vec::new(), Vec::new());
-    for i in 0..PAIRS {
-        let (raw, our) = if i % 2 == 0 {
-            let r = run(false);
-            (r, run(true))
-        } else {
-            let o = run(true);
-            (run(false), o)
-        };
-        ratios.push(raw.as_secs_f64() / our.as_secs_f64());
-        raws.push(raw);
-        ours.push(our);
-    }
-    ratios.sort_by(f64::total_cmp);
-    raws.sort();
-    ours.sort();
-    eprintln!(
-        "paired {name}: ratio {:.3} (baseline {:.2} ms, partition {:.2} ms, medians of {PAIRS})",
-        ratios[PAIRS / 2],
-        raws[PAIRS / 2].as_secs_f64() * 1e3,
-        ours[PAIRS / 2].as_secs_f64() * 1e3,
-    );
-}
 
 fn total_bytes() -> usize {
     std::env::var("PARTITION_BENCH_MIB")
@@ -123,13 +97,6 @@ fn stamped(batches: &[Vec<u8>]) -> Vec<Vec<u8>> {
             b
         })
         .collect()
-}
-
-fn bench_dir() -> tempfile::TempDir {
-    // Beside the target directory: same disk as the build, not tmpfs.
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-scratch");
-    std::fs::create_dir_all(&base).unwrap();
-    tempfile::tempdir_in(base).unwrap()
 }
 
 fn config(enforce_fsync: bool, segment_size_bytes: u64) -> PartitionConfig {
@@ -248,7 +215,7 @@ fn bench_produce(c: &mut Criterion) {
                 }
             })
         };
-        paired(&format!("produce/fsync={fsync}"), run);
+        paired(&format!("produce/fsync={fsync}"), "partition", run);
         g.bench_function(format!("raw_append/fsync={fsync}"), |b| {
             b.iter_custom(|iters| (0..iters).map(|_| run(false)).sum())
         });
@@ -257,13 +224,6 @@ fn bench_produce(c: &mut Criterion) {
         });
     }
     g.finish();
-}
-
-/// Evicts a file's pages from the page cache (a cold read follows).
-fn drop_cache(path: &Path) {
-    let f = std::fs::File::open(path).unwrap();
-    f.sync_all().unwrap();
-    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
 }
 
 async fn raw_read(path: &Path, len: u64, buf: &mut Vec<u8>) -> u64 {
@@ -353,7 +313,7 @@ fn bench_poll(c: &mut Criterion) {
                 start.elapsed()
             })
         };
-        paired(&format!("poll_sealed/{label}"), &mut run);
+        paired(&format!("poll_sealed/{label}"), "partition", &mut run);
         g.bench_function(format!("raw_read_{label}"), |b| {
             b.iter_custom(|iters| (0..iters).map(|_| run(false)).sum())
         });

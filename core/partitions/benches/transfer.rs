@@ -48,11 +48,13 @@ use partitions::state_transfer::{
     TransferReceiver, TransferRequest,
 };
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
-    PartitionConfig,
+    ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
 };
 use storage::BatchBuilder;
 use storage::fs::{Fs, FsFile, OpenOptions, RealFs};
+
+mod support;
+use support::*;
 
 const MESSAGES_PER_BATCH: u32 = 1_000;
 const MESSAGE_BYTES: usize = 1_024;
@@ -62,22 +64,6 @@ const READ_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
 const WINDOW_DEFAULT: u32 = 32;
 /// The receiver's replica index.
 const ME: u8 = 1;
-
-type BenchPartition = Partition<InMemoryBus, MemSuperblock, RealFs>;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse::<usize>().ok())
-        .unwrap_or(default)
-}
-
-fn bench_dir() -> tempfile::TempDir {
-    // Beside the target directory: same disk as the build, not tmpfs.
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-scratch");
-    std::fs::create_dir_all(&base).unwrap();
-    tempfile::tempdir_in(base).unwrap()
-}
 
 fn partition_config() -> PartitionConfig {
     let mut c = PartitionConfig::new(Config::new(0, 1, 1));
@@ -131,13 +117,6 @@ async fn populated(dir: &Path, bytes: usize) -> BenchPartition {
     }
     p.flush_committed_messages().await.unwrap();
     p
-}
-
-/// Evicts a file's pages from the page cache (a cold read follows).
-fn drop_cache(path: &Path) {
-    let f = std::fs::File::open(path).unwrap();
-    f.sync_all().unwrap();
-    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
 }
 
 /// The baseline: every file read in 4 MiB reads, hashed, written to `out`

@@ -1,0 +1,67 @@
+//! What the partition benchmarks share: the scratch directory, page-cache
+//! eviction, environment knobs and the paired baseline/ours measurement.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use journal::MemSuperblock;
+use partitions::{InMemoryBus, Partition};
+use storage::fs::RealFs;
+
+/// Paired rounds per [`paired`] measurement.
+pub const PAIRS: usize = 7;
+
+pub type BenchPartition = Partition<InMemoryBus, MemSuperblock, RealFs>;
+
+/// A scratch directory beside the target directory: the same disk as the
+/// build, not tmpfs.
+pub fn bench_dir() -> tempfile::TempDir {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-scratch");
+    std::fs::create_dir_all(&base).unwrap();
+    tempfile::tempdir_in(base).unwrap()
+}
+
+/// Evicts a file's pages from the page cache (a cold read follows).
+pub fn drop_cache(path: &Path) {
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+}
+
+/// An integer from the environment, or `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(default)
+}
+
+/// Runs the baseline (`run(false)`) and ours (`run(true)`) [`PAIRS`] times,
+/// alternating which goes first, and prints the median per-pair ratio
+/// (baseline time / ours) with both medians; `ours` names our side.
+pub fn paired(name: &str, ours: &str, mut run: impl FnMut(bool) -> Duration) {
+    let mut ratios = Vec::with_capacity(PAIRS);
+    let (mut raws, mut outs) = (Vec::new(), Vec::new());
+    for i in 0..PAIRS {
+        let (raw, out) = if i % 2 == 0 {
+            let r = run(false);
+            (r, run(true))
+        } else {
+            let o = run(true);
+            (run(false), o)
+        };
+        ratios.push(raw.as_secs_f64() / out.as_secs_f64());
+        raws.push(raw);
+        outs.push(out);
+    }
+    ratios.sort_by(f64::total_cmp);
+    raws.sort();
+    outs.sort();
+    eprintln!(
+        "paired {name}: ratio {:.3} (baseline {:.2} ms, {ours} {:.2} ms, medians of {PAIRS})",
+        ratios[PAIRS / 2],
+        raws[PAIRS / 2].as_secs_f64() * 1e3,
+        outs[PAIRS / 2].as_secs_f64() * 1e3,
+    );
+}
