@@ -569,6 +569,25 @@ impl Simulation {
         if !self.connected(from, to) {
             return;
         }
+        // Every frame crosses the wire codec, as between real replicas: a
+        // message the core emits that the codec cannot carry unchanged is
+        // a bug the simulation must surface.
+        let expect = super::wire::Expect {
+            cluster: 0,
+            size_max: crate::header::FRAME_SIZE_MAX_DEFAULT,
+            peer: Some(from),
+        };
+        let carried = super::wire::decode(&super::wire::encode(0, &frame), &expect);
+        // A prepare travels with one view, the frame's (the header field
+        // no checksum covers, restamped on retransmission).
+        let mut expected = frame.clone();
+        if let super::message::Message::Prepare(p) | super::message::Message::RepairPrepare(p) =
+            &mut expected.message
+        {
+            p.header.view = expected.view;
+        }
+        assert_eq!(carried, Ok(expected), "the wire codec changed a frame");
+        let frame = carried.unwrap_or(frame);
         if self.faults && self.prng.chance(self.config.drop_per_mille, 1000) {
             return;
         }

@@ -17,6 +17,8 @@
 //! - [`pipeline`]: the primary's bounded queue of uncommitted prepares.
 //! - [`timeout`]: tick timers with backoff and the seeded PRNG.
 //! - [`harness`]: a deterministic in-memory cluster with fault injection.
+//! - [`wire`]: the one codec between [`Frame`]s and the bytes between
+//!   replicas.
 //!
 //! The design, with the arguments for its safety rules, is in
 //! `docs/consensus.md`.
@@ -30,6 +32,7 @@ mod repair;
 pub mod replica;
 pub mod timeout;
 mod view_change;
+pub mod wire;
 
 pub use merge::{DVC_HEADERS_MAX, MergeStall, MergedLog, Quorums};
 pub use message::{
