@@ -1,0 +1,199 @@
+//! Client calls into a shard: what a caller (the server's client listener,
+//! the simulator's workload, a test) asks of one group, and the typed
+//! answers and errors.
+//!
+//! A call names its group and carries a [`ReplyTx`]; the shard answers it
+//! exactly once, after the op committed for writes, at once for reads and
+//! refusals. Every error says whether retrying can help
+//! ([`CallError::transient`]) so the server can map it to Iggy's status
+//! codes in one place.
+
+use std::fmt;
+
+use common::{ConsumerKind, GroupId, Offset, Op, ReplicaId};
+use futures::channel::oneshot;
+use partitions::{PartitionStats, PollRequest, Polled};
+
+/// The reply handle of one call.
+pub type ReplyTx = oneshot::Sender<Result<Answer, CallError>>;
+
+/// What a caller asks of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// Append a batch as the client encoded it (the primary stamps offsets
+    /// and timestamps).
+    Produce {
+        /// The batch bytes (storage::batch layout).
+        batch: Vec<u8>,
+    },
+    /// Read committed messages.
+    Poll(PollRequest),
+    /// Store a consumer offset (replicated).
+    StoreOffset {
+        /// Consumer or consumer group.
+        kind: ConsumerKind,
+        /// Its id.
+        id: u32,
+        /// The last consumed offset.
+        offset: Offset,
+    },
+    /// Read a stored consumer offset.
+    GetOffset {
+        /// Consumer or consumer group.
+        kind: ConsumerKind,
+        /// Its id.
+        id: u32,
+    },
+    /// Delete a stored consumer offset (replicated).
+    DeleteOffset {
+        /// Consumer or consumer group.
+        kind: ConsumerKind,
+        /// Its id.
+        id: u32,
+    },
+    /// Purge the partition under a new generation (replicated).
+    Purge {
+        /// The new generation (must exceed the current one).
+        generation: u64,
+    },
+    /// Flush the committed prefix to the active segment.
+    Flush,
+    /// The partition's counters.
+    Stats,
+}
+
+impl Call {
+    /// Whether the call becomes a replicated op (and so needs the shard's
+    /// session with the group).
+    pub fn is_replicated(&self) -> bool {
+        matches!(
+            self,
+            Self::Produce { .. }
+                | Self::StoreOffset { .. }
+                | Self::DeleteOffset { .. }
+                | Self::Purge { .. }
+        )
+    }
+
+    /// A short name for logs and counters.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Produce { .. } => "produce",
+            Self::Poll(_) => "poll",
+            Self::StoreOffset { .. } => "store_offset",
+            Self::GetOffset { .. } => "get_offset",
+            Self::DeleteOffset { .. } => "delete_offset",
+            Self::Purge { .. } => "purge",
+            Self::Flush => "flush",
+            Self::Stats => "stats",
+        }
+    }
+}
+
+/// A successful answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The replicated op committed (and, with `enforce_fsync`, synced).
+    Committed {
+        /// The op it committed as.
+        op: Op,
+    },
+    /// Messages read.
+    Polled(Polled),
+    /// A stored offset, `None` when the consumer has none.
+    Offset(Option<Offset>),
+    /// A flush or other local step finished.
+    Done,
+    /// Counters.
+    Stats(PartitionStats),
+}
+
+/// Why a call was not carried out. Nothing changed unless the variant says
+/// otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// No such group on this replica.
+    UnknownGroup {
+        /// The group asked for.
+        group: GroupId,
+    },
+    /// Another replica is the group's primary; the server forwards there.
+    NotPrimary {
+        /// The group's view.
+        view: u32,
+        /// The primary of that view.
+        primary: ReplicaId,
+    },
+    /// The group cannot take the call now: a view change, a state
+    /// transfer, a full pipeline, a session being opened. Retry.
+    Unavailable {
+        /// Why, for logs.
+        reason: &'static str,
+    },
+    /// The call was accepted but its outcome is unknown (the primary lost
+    /// its view before the op committed, or the shard is stopping): it may
+    /// or may not commit. Retrying may duplicate a produce.
+    Indeterminate {
+        /// Why.
+        reason: &'static str,
+    },
+    /// The partition is fenced (its data could not be made serviceable).
+    Fenced {
+        /// The fence reason.
+        reason: String,
+    },
+    /// The request itself is wrong (a batch that does not decode, an offset
+    /// past the end, a purge generation not newer…): the client's mistake.
+    Rejected {
+        /// The partition's error, as a sentence.
+        reason: String,
+    },
+    /// A local fault (disk) while serving the call.
+    Local {
+        /// The error, as a sentence.
+        reason: String,
+    },
+    /// The shard's inbox is full or the shard stopped; retry.
+    Overloaded,
+}
+
+impl CallError {
+    /// Whether the same call may succeed if retried (here or at the named
+    /// primary).
+    pub fn transient(&self) -> bool {
+        matches!(
+            self,
+            Self::NotPrimary { .. } | Self::Unavailable { .. } | Self::Overloaded
+        )
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownGroup { group } => write!(f, "group {} is not on this replica", group.0),
+            Self::NotPrimary { view, primary } => {
+                write!(f, "replica {} is the primary (view {view})", primary.0)
+            }
+            Self::Unavailable { reason } => write!(f, "group unavailable: {reason}"),
+            Self::Indeterminate { reason } => write!(f, "outcome unknown: {reason}"),
+            Self::Fenced { reason } => write!(f, "partition fenced: {reason}"),
+            Self::Rejected { reason } => write!(f, "request rejected: {reason}"),
+            Self::Local { reason } => write!(f, "local fault: {reason}"),
+            Self::Overloaded => write!(f, "shard overloaded"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// A call with its group and reply handle, as it travels to a shard.
+#[derive(Debug)]
+pub struct Envelope {
+    /// The group.
+    pub group: GroupId,
+    /// What to do.
+    pub call: Call,
+    /// Where the answer goes.
+    pub reply: ReplyTx,
+}

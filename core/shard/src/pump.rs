@@ -1,0 +1,112 @@
+//! The shard's pump: one task that owns the [`Shard`] and feeds it its
+//! inputs one at a time.
+//!
+//! It is a biased select, in priority order, over: stop, the tick timer,
+//! and the bounded inbox that connection reader tasks and client handlers
+//! fill. Biased, because an unbiased `select!` draws from a process-wide
+//! random source the simulator cannot seed. The tick timer is created
+//! once per period with its deadline fixed, and re-armed only after it
+//! fired, so a busy inbox delays a tick by at most the input being served,
+//! never pushes it back. The inbox is a `futures` mpsc channel; receiving
+//! from it is cancel-safe, so losing the select to the timer loses no
+//! input. No socket is read here: readers live in their own tasks (compio
+//! reads are not cancel-safe).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{GroupId, ReplicaId};
+use futures::channel::{mpsc, oneshot};
+use futures::{FutureExt, StreamExt};
+
+use crate::call::Envelope;
+use crate::catalog::GroupSpec;
+use crate::env::Env;
+use crate::shard::{GroupError, Shard};
+
+/// One input to a shard.
+#[derive(Debug)]
+pub enum Input {
+    /// A frame from a peer replica's same-index shard.
+    Frame {
+        /// The connection's peer.
+        from: ReplicaId,
+        /// Header and body.
+        bytes: Bytes,
+    },
+    /// A client call.
+    Call(Envelope),
+    /// Create a group (the metadata plane's effect).
+    CreateGroup {
+        /// What to create.
+        spec: GroupSpec,
+        /// The outcome.
+        done: oneshot::Sender<Result<(), GroupError>>,
+    },
+    /// Delete a group (the metadata plane's effect).
+    DeleteGroup {
+        /// What to delete.
+        group: GroupId,
+        /// The outcome.
+        done: oneshot::Sender<Result<(), GroupError>>,
+    },
+}
+
+/// The sending half of a shard's inbox.
+pub type Inbox = mpsc::Sender<Input>;
+
+/// A bounded inbox of `capacity` inputs: senders see `Full` past it and
+/// drop (frames; VSR retransmits) or answer `Overloaded` (calls).
+pub fn inbox(capacity: usize) -> (Inbox, mpsc::Receiver<Input>) {
+    mpsc::channel(capacity)
+}
+
+impl<E: Env> Shard<E> {
+    /// Serves one input.
+    pub async fn on_input(&mut self, input: Input) {
+        match input {
+            Input::Frame { from, bytes } => {
+                let _ = self.on_frame(from, bytes).await;
+            }
+            Input::Call(envelope) => self.on_call(envelope).await,
+            Input::CreateGroup { spec, done } => {
+                let _ = done.send(self.create_group(spec).await);
+            }
+            Input::DeleteGroup { group, done } => {
+                let _ = done.send(self.delete_group(group).await);
+            }
+        }
+    }
+}
+
+/// Runs the pump until `stop` fires (or every inbox sender is gone), then
+/// flushes every group's committed messages and returns the shard.
+pub async fn run<E: Env>(
+    mut shard: Shard<E>,
+    mut inbox: mpsc::Receiver<Input>,
+    mut stop: oneshot::Receiver<()>,
+) -> Shard<E> {
+    let env = shard.env();
+    let period = shard.config().tick.max(Duration::from_micros(1));
+    let mut deadline = env.now() + period;
+    let mut tick = env.sleep_until(deadline).fuse();
+    loop {
+        futures::select_biased! {
+            _ = stop => break,
+            () = tick => {
+                shard.on_tick().await;
+                // A tick that ran late does not make the next ones bunch
+                // up: the next deadline is a period after the later of the
+                // planned one and now.
+                deadline = (deadline + period).max(env.now());
+                tick = env.sleep_until(deadline).fuse();
+            }
+            input = inbox.next() => match input {
+                Some(input) => shard.on_input(input).await,
+                None => break,
+            },
+        }
+    }
+    shard.flush_all().await;
+    shard
+}

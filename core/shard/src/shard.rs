@@ -1,0 +1,1045 @@
+//! The shard: every group of one core, and the three inputs that drive
+//! them — frames from peer replicas, ticks, and client calls.
+//!
+//! Groups live in a `BTreeMap` keyed by group id, so every walk over them
+//! is in the same order on every replica and every run. A group is a
+//! [`Partition`] with its [`TransferDriver`]; the shard owns both through
+//! `&mut` and never holds a borrow across an await that another input
+//! could need (inputs are handled one at a time by the pump).
+//!
+//! Frames arrive as bytes from a connection whose peer is known. The shard
+//! checks them once, here: the state-transfer commands go to the group's
+//! driver (which runs the header codec and its own checks), every other
+//! command through [`consensus::vsr::wire::decode`] with the cluster, the
+//! size ceiling and the connection's peer. A refused frame is counted by
+//! its reason ([`FrameRefusal`]) and changes nothing.
+//!
+//! Replicated client calls (produce, offset store and delete, purge) need
+//! a VSR client session with the group. The shard is that client: one
+//! client id per shard and boot, a session registered with each group the
+//! first time a call needs it, request numbers in order. Calls wait in the
+//! group's queue while the session is being opened and are answered from
+//! the replies the partition delivers when their ops commit.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{GroupId, Offset, Op, ReplicaId};
+use consensus::vsr::wire::{self, Expect, WireError};
+use consensus::vsr::{
+    Config as VsrConfig, Frame, OPERATION_REGISTER, Reply, ReplyStatus, RequestOutcome,
+    TimeoutConfig,
+};
+use journal::FileSuperblock;
+use partitions::state_transfer::{
+    BuildClock, DriverOutput, TransferDriver, TransferDriverConfig, TransferEvent, TransferSlots,
+};
+use partitions::{
+    ClientOp, ClientRequest, MessageBus, Partition, PartitionConfig, PartitionError,
+    RetentionPolicy,
+};
+use storage::fs::Fs;
+
+use crate::call::{Answer, Call, CallError, Envelope, ReplyTx};
+use crate::catalog::{self, GroupSpec};
+use crate::env::{Env, Sent};
+use crate::placement::{ShardIndex, shard_of};
+
+/// Default tick period.
+pub const TICK_DEFAULT: Duration = Duration::from_millis(10);
+/// How many ticks between two retention passes of a group.
+const RETENTION_EVERY_TICKS: u64 = 100;
+/// Calls a group queues while its session is being opened.
+const QUEUED_CALLS_MAX: usize = 4096;
+/// Ticks a session registration may take before it is sent again.
+const REGISTER_RETRY_TICKS: u64 = 100;
+
+/// Static configuration of one shard.
+#[derive(Debug, Clone)]
+pub struct ShardConfig {
+    /// The cluster id every frame carries.
+    pub cluster: u128,
+    /// This replica.
+    pub replica: ReplicaId,
+    /// Replicas in the cluster.
+    pub replica_count: u8,
+    /// This shard's index.
+    pub shard: ShardIndex,
+    /// Shards per replica (the same on every replica).
+    pub shard_count: u16,
+    /// The shard's directory (its groups live below it).
+    pub dir: PathBuf,
+    /// Ceiling on an inbound frame, header included.
+    pub frame_size_max: u32,
+    /// The groups' VSR timeouts, in ticks.
+    pub timeouts: TimeoutConfig,
+    /// Applied prepares a group keeps in memory for its peers' repair.
+    pub retention_ops: u64,
+    /// Seeds the groups' PRNGs and the shard's client id (per boot).
+    pub seed: u64,
+    /// The tick period.
+    pub tick: Duration,
+}
+
+impl ShardConfig {
+    /// A configuration with the defaults around the identity fields.
+    pub fn new(
+        cluster: u128,
+        replica: ReplicaId,
+        replica_count: u8,
+        shard: ShardIndex,
+        shard_count: u16,
+        dir: PathBuf,
+    ) -> Self {
+        Self {
+            cluster,
+            replica,
+            replica_count,
+            shard,
+            shard_count,
+            dir,
+            frame_size_max: consensus::header::FRAME_SIZE_MAX_DEFAULT,
+            timeouts: TimeoutConfig::default(),
+            retention_ops: VsrConfig::new(0, 1, 0).retention_ops,
+            seed: 0,
+            tick: TICK_DEFAULT,
+        }
+    }
+}
+
+/// Why an inbound frame was refused (counted per variant).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameRefusal {
+    /// The bytes are not a frame this replica accepts.
+    Wire(WireError),
+    /// A frame for a group that does not live on this shard.
+    UnknownGroup {
+        /// The group named.
+        group: u64,
+    },
+    /// A frame for a group another shard index owns.
+    WrongShard {
+        /// The group named.
+        group: u64,
+        /// The shard that owns it.
+        owner: ShardIndex,
+    },
+    /// The state-transfer driver refused it.
+    Transfer(String),
+    /// The partition refused it (a prepare that does not fit its log…).
+    Partition(String),
+    /// A frame from a replica id outside the cluster.
+    UnknownPeer {
+        /// The peer.
+        peer: u8,
+    },
+}
+
+impl FrameRefusal {
+    /// The counter a refusal bumps.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Wire(WireError::Header(_)) => "header",
+            Self::Wire(WireError::WrongCluster { .. }) => "wrong_cluster",
+            Self::Wire(WireError::WrongSender { .. }) => "wrong_sender",
+            Self::Wire(WireError::NotVsr { .. }) => "not_vsr",
+            Self::Wire(_) => "suffix",
+            Self::UnknownGroup { .. } => "unknown_group",
+            Self::WrongShard { .. } => "wrong_shard",
+            Self::Transfer(_) => "transfer",
+            Self::Partition(_) => "partition",
+            Self::UnknownPeer { .. } => "unknown_peer",
+        }
+    }
+}
+
+impl std::fmt::Display for FrameRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Wire(e) => write!(f, "{e}"),
+            Self::UnknownGroup { group } => write!(f, "no group {group} on this shard"),
+            Self::WrongShard { group, owner } => {
+                write!(f, "group {group} belongs to shard {}", owner.0)
+            }
+            Self::Transfer(e) => write!(f, "state-transfer frame refused: {e}"),
+            Self::Partition(e) => write!(f, "partition refused the frame: {e}"),
+            Self::UnknownPeer { peer } => write!(f, "replica {peer} is not in the cluster"),
+        }
+    }
+}
+
+impl std::error::Error for FrameRefusal {}
+
+/// Why a group could not be created, opened or deleted.
+#[derive(Debug)]
+pub enum GroupError {
+    /// The group is already on this shard.
+    AlreadyExists(GroupId),
+    /// The group is not on this shard.
+    Unknown(GroupId),
+    /// The group belongs to another shard index.
+    WrongShard {
+        /// The group.
+        group: GroupId,
+        /// Its owner.
+        owner: ShardIndex,
+    },
+    /// A directory step failed.
+    Io {
+        /// The group.
+        group: GroupId,
+        /// What was being done.
+        step: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The partition refused to boot.
+    Boot {
+        /// The group.
+        group: GroupId,
+        /// The partition's error.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for GroupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::AlreadyExists(g) => write!(f, "group {} already exists", g.0),
+            Self::Unknown(g) => write!(f, "group {} is not on this shard", g.0),
+            Self::WrongShard { group, owner } => {
+                write!(f, "group {} belongs to shard {}", group.0, owner.0)
+            }
+            Self::Io {
+                group,
+                step,
+                source,
+            } => write!(f, "group {}: {step} failed: {source}", group.0),
+            Self::Boot { group, reason } => write!(f, "group {} did not boot: {reason}", group.0),
+        }
+    }
+}
+
+impl std::error::Error for GroupError {}
+
+/// Counters of a shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    /// Frames accepted.
+    pub frames_in: u64,
+    /// Frames refused, by [`FrameRefusal::reason`].
+    pub frames_refused: BTreeMap<&'static str, u64>,
+    /// Frames handed to the environment.
+    pub frames_out: u64,
+    /// Frames the environment dropped.
+    pub frames_dropped: u64,
+    /// Ticks run.
+    pub ticks: u64,
+    /// Calls answered, successful or not.
+    pub calls: u64,
+    /// Groups fenced since boot.
+    pub fenced: u64,
+    /// Transfers installed since boot.
+    pub installs: u64,
+}
+
+/// The partition type a shard hosts.
+pub type ShardPartition<E> = Partition<ShardBus<E>, FileSuperblock<<E as Env>::Fs>, <E as Env>::Fs>;
+
+/// Replies the shard's partitions delivered, awaiting matching to calls.
+type ReplyQueue = Rc<RefCell<Vec<(GroupId, Reply)>>>;
+
+/// The [`MessageBus`] a shard gives each of its partitions: frames leave
+/// as bytes through the environment, replies go to the shard's queue.
+pub struct ShardBus<E: Env> {
+    env: Rc<E>,
+    cluster: u128,
+    group: GroupId,
+    replies: ReplyQueue,
+    sent: Rc<RefCell<(u64, u64)>>,
+}
+
+impl<E: Env> ShardBus<E> {
+    fn send(&self, to: u8, frame: Bytes) {
+        let outcome = self.env.send_to_peer(ReplicaId(to), frame);
+        let mut sent = self.sent.borrow_mut();
+        sent.0 += 1;
+        if outcome == Sent::Dropped {
+            sent.1 += 1;
+        }
+    }
+}
+
+impl<E: Env> MessageBus for ShardBus<E> {
+    fn send_to_replica(&self, to: u8, frame: Frame) {
+        self.send(to, wire::encode(self.cluster, &frame));
+    }
+
+    fn send_to_client(&self, reply: Reply) {
+        self.replies.borrow_mut().push((self.group, reply));
+    }
+
+    fn send_wire_to_replica(&self, to: u8, frame: Bytes) {
+        self.send(to, frame);
+    }
+}
+
+/// The shard's VSR client session with one group.
+#[derive(Debug, Default)]
+enum Session {
+    /// None opened yet.
+    #[default]
+    Closed,
+    /// A Register is in flight (request 0), sent at this tick.
+    Registering {
+        /// The tick it was sent.
+        since_tick: u64,
+    },
+    /// Open: the session number is the Register's op.
+    Open {
+        /// The session.
+        session: u64,
+    },
+}
+
+/// A replicated call waiting for its commit.
+#[derive(Debug)]
+struct InFlight {
+    reply: ReplyTx,
+}
+
+/// One group on the shard.
+struct Group<E: Env> {
+    spec: GroupSpec,
+    partition: ShardPartition<E>,
+    driver: TransferDriver<E::Fs>,
+    session: Session,
+    next_request: u64,
+    /// Calls waiting for the session.
+    queued: VecDeque<(Call, ReplyTx)>,
+    /// Replicated calls sent, by request number.
+    in_flight: BTreeMap<u64, InFlight>,
+    fenced_reported: bool,
+}
+
+/// A build clock over the environment's monotonic time.
+struct EnvClock<'a, E: Env>(&'a E);
+
+impl<E: Env> BuildClock for EnvClock<'_, E> {
+    fn now(&self) -> Duration {
+        self.0.now()
+    }
+}
+
+/// The groups of one core and what drives them.
+pub struct Shard<E: Env> {
+    config: ShardConfig,
+    env: Rc<E>,
+    groups: BTreeMap<GroupId, Group<E>>,
+    slots: TransferSlots,
+    replies: ReplyQueue,
+    sent: Rc<RefCell<(u64, u64)>>,
+    client: u128,
+    tick: u64,
+    stats: ShardStats,
+    retention: RetentionPolicy,
+}
+
+impl<E: Env> std::fmt::Debug for Shard<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard")
+            .field("replica", &self.config.replica)
+            .field("shard", &self.config.shard)
+            .field("groups", &self.groups.len())
+            .field("tick", &self.tick)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Env> Shard<E> {
+    /// Boots the shard from its directory: finishes interrupted deletes,
+    /// removes creates that never recorded their spec, and opens every
+    /// group that has one. A group that fails to boot is logged and left
+    /// on disk; the shard serves the others.
+    ///
+    /// # Errors
+    /// Only when the shard directory itself cannot be listed.
+    pub async fn open(config: ShardConfig, env: Rc<E>) -> std::io::Result<Self> {
+        let fs = env.fs().clone();
+        let listing = catalog::list(&fs, &config.dir).await?;
+        // Unique per replica, shard and boot: a restarted shard must not
+        // reuse request numbers a table still holds for its last boot.
+        let client = (u128::from(config.seed) << 64)
+            | (u128::from(config.replica.0) << 16)
+            | u128::from(config.shard.0)
+            | (1 << 127);
+        let mut shard = Self {
+            replies: Rc::new(RefCell::new(Vec::new())),
+            sent: Rc::new(RefCell::new((0, 0))),
+            slots: TransferSlots::default(),
+            groups: BTreeMap::new(),
+            client,
+            tick: 0,
+            stats: ShardStats::default(),
+            retention: RetentionPolicy::default(),
+            config,
+            env,
+        };
+        for name in &listing.foreign {
+            tracing::warn!(dir = %shard.config.dir.display(), name, "unknown entry in shard directory left alone");
+        }
+        for group in listing.deleted {
+            if let Err(error) = catalog::finish_delete(&fs, &shard.config.dir, group).await {
+                tracing::error!(group = group.0, %error, "could not finish an interrupted delete");
+            }
+        }
+        for group in listing.groups {
+            let dir = catalog::group_dir(&shard.config.dir, group);
+            match catalog::read_spec(&fs, &dir).await {
+                Ok(Some(spec)) if spec.group == group => {
+                    if let Err(error) = shard.open_group(spec).await {
+                        tracing::error!(group = group.0, %error, "group left closed");
+                    }
+                }
+                Ok(Some(spec)) => tracing::error!(
+                    group = group.0,
+                    spec_group = spec.group.0,
+                    "group directory holds another group's spec; left alone"
+                ),
+                Ok(None) => {
+                    tracing::info!(
+                        group = group.0,
+                        "removing a group whose create never finished"
+                    );
+                    if let Err(error) =
+                        catalog::remove_unfinished(&fs, &shard.config.dir, group).await
+                    {
+                        tracing::error!(group = group.0, %error, "could not remove it");
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(group = group.0, %error, "group spec unreadable; left closed")
+                }
+            }
+        }
+        tracing::info!(
+            replica = shard.config.replica.0,
+            shard = shard.config.shard.0,
+            groups = shard.groups.len(),
+            dir = %shard.config.dir.display(),
+            "shard open"
+        );
+        Ok(shard)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ShardConfig {
+        &self.config
+    }
+
+    /// The environment.
+    pub fn env(&self) -> Rc<E> {
+        Rc::clone(&self.env)
+    }
+
+    /// Flushes every group's committed messages (on stop).
+    pub async fn flush_all(&mut self) {
+        for (id, g) in &mut self.groups {
+            if g.partition.fenced().is_some() {
+                continue;
+            }
+            if let Err(error) = g.partition.flush_committed_messages().await {
+                tracing::warn!(group = id.0, %error, "flush on stop failed");
+            }
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ShardStats {
+        let mut stats = self.stats.clone();
+        let sent = *self.sent.borrow();
+        stats.frames_out = sent.0;
+        stats.frames_dropped = sent.1;
+        stats
+    }
+
+    /// The groups on this shard, ascending.
+    pub fn groups(&self) -> impl Iterator<Item = GroupId> + '_ {
+        self.groups.keys().copied()
+    }
+
+    /// A group's partition, for inspection.
+    pub fn partition(&self, group: GroupId) -> Option<&ShardPartition<E>> {
+        self.groups.get(&group).map(|g| &g.partition)
+    }
+
+    /// A group's transfer driver, for inspection.
+    pub fn driver(&self, group: GroupId) -> Option<&TransferDriver<E::Fs>> {
+        self.groups.get(&group).map(|g| &g.driver)
+    }
+
+    /// The shard-wide transfer budget.
+    pub fn slots(&self) -> &TransferSlots {
+        &self.slots
+    }
+
+    /// Creates a group durably and opens it.
+    ///
+    /// # Errors
+    /// [`GroupError`]; a create cut short leaves nothing a boot would keep.
+    pub async fn create_group(&mut self, spec: GroupSpec) -> Result<(), GroupError> {
+        let owner = shard_of(spec.group, self.config.shard_count);
+        if owner != self.config.shard {
+            return Err(GroupError::WrongShard {
+                group: spec.group,
+                owner,
+            });
+        }
+        if self.groups.contains_key(&spec.group) {
+            return Err(GroupError::AlreadyExists(spec.group));
+        }
+        let fs = self.env.fs().clone();
+        catalog::create(&fs, &self.config.dir, &spec)
+            .await
+            .map_err(|source| GroupError::Io {
+                group: spec.group,
+                step: "create",
+                source,
+            })?;
+        self.open_group(spec).await
+    }
+
+    /// Deletes a group: it stops serving at once, and its directory is
+    /// gone for good once this returns (a crash after the commit point
+    /// finishes the removal at boot, never brings the group back).
+    ///
+    /// # Errors
+    /// [`GroupError`].
+    pub async fn delete_group(&mut self, group: GroupId) -> Result<(), GroupError> {
+        let Some(mut removed) = self.groups.remove(&group) else {
+            return Err(GroupError::Unknown(group));
+        };
+        removed.driver.release(&mut self.slots);
+        for (_, reply) in removed.queued.drain(..) {
+            let _ = reply.send(Err(CallError::UnknownGroup { group }));
+        }
+        for (_, flight) in std::mem::take(&mut removed.in_flight) {
+            let _ = flight.reply.send(Err(CallError::Indeterminate {
+                reason: "the group was deleted",
+            }));
+        }
+        drop(removed);
+        let fs = self.env.fs().clone();
+        catalog::delete(&fs, &self.config.dir, group)
+            .await
+            .map_err(|source| GroupError::Io {
+                group,
+                step: "delete",
+                source,
+            })
+    }
+
+    async fn open_group(&mut self, spec: GroupSpec) -> Result<(), GroupError> {
+        let group = spec.group;
+        let dir = catalog::group_dir(&self.config.dir, group);
+        let fs = self.env.fs().clone();
+        let mut vsr = VsrConfig::new(self.config.replica.0, self.config.replica_count, group.0);
+        vsr.timeouts = self.config.timeouts;
+        vsr.retention_ops = self.config.retention_ops;
+        vsr.seed = self.config.seed ^ group.0.rotate_left(17);
+        let mut config = PartitionConfig::new(vsr);
+        config.partition_id = spec.partition_id;
+        config.created_revision = spec.incarnation;
+        config.cluster = self.config.cluster;
+        config.log.segment_size_bytes = spec.segment_size_bytes;
+        config.messages_required_to_save = spec.messages_required_to_save;
+        config.enforce_fsync = spec.enforce_fsync;
+        let bus = ShardBus {
+            env: Rc::clone(&self.env),
+            cluster: self.config.cluster,
+            group,
+            replies: Rc::clone(&self.replies),
+            sent: Rc::clone(&self.sent),
+        };
+        let store = FileSuperblock::new(fs.clone(), &dir);
+        let partition = Partition::open(config, fs.clone(), &dir, bus, store)
+            .await
+            .map_err(|e| GroupError::Boot {
+                group,
+                reason: e.to_string(),
+            })?;
+        let mut driver_config = TransferDriverConfig::new(self.config.cluster, group.0);
+        driver_config.frame_size_max = self.config.frame_size_max;
+        let driver = TransferDriver::new(fs, &dir, driver_config, vsr.seed ^ 0x5EED);
+        self.groups.insert(
+            group,
+            Group {
+                spec,
+                partition,
+                driver,
+                session: Session::Closed,
+                next_request: 1,
+                queued: VecDeque::new(),
+                in_flight: BTreeMap::new(),
+                fenced_reported: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// One frame from replica `from`, as the connection delivered it.
+    ///
+    /// # Errors
+    /// [`FrameRefusal`], counted; nothing changed.
+    pub async fn on_frame(&mut self, from: ReplicaId, bytes: Bytes) -> Result<(), FrameRefusal> {
+        let result = self.accept_frame(from, bytes).await;
+        match &result {
+            Ok(()) => self.stats.frames_in += 1,
+            Err(refusal) => {
+                *self
+                    .stats
+                    .frames_refused
+                    .entry(refusal.reason())
+                    .or_default() += 1;
+                tracing::debug!(peer = from.0, shard = self.config.shard.0, %refusal, "frame refused");
+            }
+        }
+        self.settle().await;
+        result
+    }
+
+    async fn accept_frame(&mut self, from: ReplicaId, bytes: Bytes) -> Result<(), FrameRefusal> {
+        if from.0 >= self.config.replica_count || from == self.config.replica {
+            return Err(FrameRefusal::UnknownPeer { peer: from.0 });
+        }
+        if TransferDriver::<E::Fs>::is_transfer_frame(&bytes) {
+            let group = wire::peek_group(&bytes).unwrap_or(u64::MAX);
+            self.check_owner(group)?;
+            let Some(g) = self.groups.get_mut(&GroupId(group)) else {
+                return Err(FrameRefusal::UnknownGroup { group });
+            };
+            let clock = EnvClock(&*self.env);
+            let out = g
+                .driver
+                .on_frame(&mut g.partition, &mut self.slots, from.0, bytes, &clock)
+                .await
+                .map_err(|e| FrameRefusal::Transfer(e.to_string()))?;
+            self.carry_out(GroupId(group), out);
+            return Ok(());
+        }
+        let expect = Expect {
+            cluster: self.config.cluster,
+            size_max: self.config.frame_size_max,
+            peer: Some(from.0),
+        };
+        let frame = wire::decode(&bytes, &expect).map_err(FrameRefusal::Wire)?;
+        self.check_owner(frame.group)?;
+        let Some(g) = self.groups.get_mut(&GroupId(frame.group)) else {
+            return Err(FrameRefusal::UnknownGroup { group: frame.group });
+        };
+        g.partition
+            .on_frame(frame)
+            .await
+            .map_err(|e| FrameRefusal::Partition(e.to_string()))
+    }
+
+    fn check_owner(&self, group: u64) -> Result<(), FrameRefusal> {
+        let owner = shard_of(GroupId(group), self.config.shard_count);
+        if owner != self.config.shard {
+            return Err(FrameRefusal::WrongShard { group, owner });
+        }
+        if !self.groups.contains_key(&GroupId(group)) {
+            return Err(FrameRefusal::UnknownGroup { group });
+        }
+        Ok(())
+    }
+
+    /// One tick: every group's consensus timeouts, its transfer driver,
+    /// its flush thresholds and (every hundred ticks) its retention; then
+    /// the sessions and queued calls.
+    pub async fn on_tick(&mut self) {
+        self.tick += 1;
+        self.stats.ticks += 1;
+        let now = self.env.now();
+        let now_us = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+        let retention_due = self.tick.is_multiple_of(RETENTION_EVERY_TICKS);
+        let ids: Vec<GroupId> = self.groups.keys().copied().collect();
+        for id in ids {
+            let Some(g) = self.groups.get_mut(&id) else {
+                continue;
+            };
+            if let Err(error) = g.partition.on_tick(now_us).await
+                && !matches!(error, PartitionError::Fenced { .. })
+            {
+                tracing::warn!(group = id.0, %error, "tick failed");
+            }
+            let clock = EnvClock(&*self.env);
+            let out = g
+                .driver
+                .on_tick(&mut g.partition, &mut self.slots, &clock)
+                .await;
+            if retention_due && g.spec.message_expiry_us > 0 && g.partition.fenced().is_none() {
+                let policy = RetentionPolicy {
+                    max_age_us: Some(g.spec.message_expiry_us),
+                    ..self.retention
+                };
+                if let Err(error) = g.partition.retention_pass(now_us, &policy).await {
+                    tracing::warn!(group = id.0, %error, "retention pass failed");
+                }
+            }
+            self.carry_out(id, out);
+            self.pump_session(id).await;
+        }
+        self.settle().await;
+    }
+
+    /// Sends a driver's frames and reports its events.
+    fn carry_out(&mut self, group: GroupId, out: DriverOutput) {
+        for outgoing in out.send {
+            let sent = self
+                .env
+                .send_to_peer(ReplicaId(outgoing.to), outgoing.frame);
+            let mut counts = self.sent.borrow_mut();
+            counts.0 += 1;
+            if sent == Sent::Dropped {
+                counts.1 += 1;
+            }
+        }
+        for event in out.events {
+            match event {
+                TransferEvent::Installed(outcome) => {
+                    self.stats.installs += 1;
+                    tracing::info!(group = group.0, ?outcome, "state transfer installed");
+                }
+                TransferEvent::Fenced { reason, quarantine } => {
+                    self.stats.fenced += 1;
+                    tracing::error!(group = group.0, reason, ?quarantine, "partition fenced");
+                }
+                TransferEvent::Armed { peer } => {
+                    tracing::info!(group = group.0, peer, "state transfer armed");
+                }
+                TransferEvent::AttemptFailed(error) => {
+                    tracing::warn!(group = group.0, %error, "state transfer attempt failed");
+                }
+                TransferEvent::InstallFailed(error) => {
+                    tracing::warn!(group = group.0, %error, "state transfer install failed");
+                }
+                TransferEvent::Disarmed => {
+                    tracing::debug!(group = group.0, "state transfer no longer needed");
+                }
+                TransferEvent::ServeRefused { requester, reason } => {
+                    tracing::debug!(group = group.0, requester, ?reason, "offer request refused");
+                }
+            }
+        }
+        if let Some(g) = self.groups.get_mut(&group)
+            && let Some(reason) = g.partition.fenced()
+            && !g.fenced_reported
+        {
+            g.fenced_reported = true;
+            let reason = reason.to_owned();
+            for (_, reply) in g.queued.drain(..) {
+                let _ = reply.send(Err(CallError::Fenced {
+                    reason: reason.clone(),
+                }));
+            }
+        }
+    }
+
+    /// A client call. The answer goes to `envelope.reply`, now or when the
+    /// op commits.
+    pub async fn on_call(&mut self, envelope: Envelope) {
+        let Envelope { group, call, reply } = envelope;
+        let owner = shard_of(group, self.config.shard_count);
+        if owner != self.config.shard {
+            // The server forwards in-process before calling; a misrouted
+            // call is the caller's bug, answered rather than trusted.
+            let _ = reply.send(Err(CallError::UnknownGroup { group }));
+            return;
+        }
+        let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
+        let Some(g) = self.groups.get_mut(&group) else {
+            self.stats.calls += 1;
+            let _ = reply.send(Err(CallError::UnknownGroup { group }));
+            return;
+        };
+        if let Some(reason) = g.partition.fenced() {
+            self.stats.calls += 1;
+            let _ = reply.send(Err(CallError::Fenced {
+                reason: reason.to_owned(),
+            }));
+            return;
+        }
+        if let Err(refusal) = primary_check(&g.partition) {
+            self.stats.calls += 1;
+            let _ = reply.send(Err(refusal));
+            return;
+        }
+        if call.is_replicated() {
+            if g.queued.len() >= QUEUED_CALLS_MAX {
+                let _ = reply.send(Err(CallError::Unavailable {
+                    reason: "too many calls waiting for the group",
+                }));
+                return;
+            }
+            g.queued.push_back((call, reply));
+            self.pump_session(group).await;
+            self.settle().await;
+            return;
+        }
+        self.stats.calls += 1;
+        let answer = match call {
+            Call::Poll(request) => g
+                .partition
+                .poll(&request)
+                .await
+                .map(Answer::Polled)
+                .map_err(|e| match e {
+                    partitions::PollError::HistoryMissing { .. } => CallError::Unavailable {
+                        reason: "history missing until a state transfer",
+                    },
+                    other => CallError::Local {
+                        reason: other.to_string(),
+                    },
+                }),
+            Call::GetOffset { kind, id } => Ok(Answer::Offset(
+                g.partition.stored_offset(kind, id).map(Offset),
+            )),
+            Call::Flush => g
+                .partition
+                .flush_committed_messages()
+                .await
+                .map(|_| Answer::Done)
+                .map_err(partition_error),
+            Call::Stats => Ok(Answer::Stats(g.partition.stats())),
+            replicated => {
+                // Unreachable by the branch above; answered, not asserted,
+                // because it costs nothing to be safe.
+                let _ = now_us;
+                Err(CallError::Rejected {
+                    reason: format!("{} is replicated", replicated.name()),
+                })
+            }
+        };
+        let _ = reply.send(answer);
+        // A poll with auto-commit may have started an internal op.
+        self.settle().await;
+    }
+
+    /// Opens the group's session when calls wait for it, and submits the
+    /// waiting calls once it is open.
+    async fn pump_session(&mut self, group: GroupId) {
+        let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
+        let tick = self.tick;
+        let client = self.client;
+        let Some(g) = self.groups.get_mut(&group) else {
+            return;
+        };
+        if g.queued.is_empty() || g.partition.fenced().is_some() {
+            return;
+        }
+        if let Err(refusal) = primary_check(&g.partition) {
+            for (_, reply) in g.queued.drain(..) {
+                let _ = reply.send(Err(refusal.clone()));
+            }
+            return;
+        }
+        let session = match g.session {
+            Session::Open { session } => session,
+            Session::Registering { since_tick }
+                if tick.saturating_sub(since_tick) < REGISTER_RETRY_TICKS =>
+            {
+                return;
+            }
+            Session::Closed | Session::Registering { .. } => {
+                let request = ClientRequest {
+                    client,
+                    session: 0,
+                    request: 0,
+                    user_id: 0,
+                    op: ClientOp::Register,
+                };
+                match g.partition.submit(request, now_us).await {
+                    Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
+                        g.session = Session::Registering { since_tick: tick };
+                    }
+                    Ok(RequestOutcome::Answered) => {}
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(group = group.0, %error, "register failed"),
+                }
+                return;
+            }
+        };
+        while let Some((call, reply)) = g.queued.pop_front() {
+            let op = match call {
+                Call::Produce { batch } => ClientOp::Append(batch),
+                Call::StoreOffset { kind, id, offset } => ClientOp::StoreOffset {
+                    kind,
+                    id,
+                    offset: offset.0,
+                },
+                Call::DeleteOffset { kind, id } => ClientOp::DeleteOffset { kind, id },
+                Call::Purge { generation } => ClientOp::Purge { generation },
+                other => {
+                    let _ = reply.send(Err(CallError::Rejected {
+                        reason: format!("{} is not replicated", other.name()),
+                    }));
+                    continue;
+                }
+            };
+            let request_number = g.next_request;
+            let request = ClientRequest {
+                client,
+                session,
+                request: request_number,
+                user_id: 0,
+                op,
+            };
+            match g.partition.submit(request, now_us).await {
+                Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
+                    g.next_request += 1;
+                    g.in_flight.insert(request_number, InFlight { reply });
+                }
+                Ok(RequestOutcome::Answered) => {
+                    g.next_request += 1;
+                    g.in_flight.insert(request_number, InFlight { reply });
+                }
+                Ok(RequestOutcome::Unavailable) => {
+                    let _ = reply.send(Err(CallError::Unavailable {
+                        reason: "the group is not taking requests (view change, transfer or full pipeline)",
+                    }));
+                }
+                Ok(RequestOutcome::ReservedClient) => {
+                    let _ = reply.send(Err(CallError::Rejected {
+                        reason: "reserved client id".into(),
+                    }));
+                }
+                Err(error) => {
+                    let _ = reply.send(Err(partition_error(error)));
+                }
+            }
+        }
+    }
+
+    /// Matches the replies the partitions delivered to waiting calls, and
+    /// submits the calls of sessions that just opened (whose submission
+    /// may deliver replies in turn; bounded, as each round opens a session
+    /// at most once per group).
+    async fn settle(&mut self) {
+        for _ in 0..4 {
+            let opened = self.settle_replies();
+            if opened.is_empty() {
+                return;
+            }
+            for group in opened {
+                self.pump_session(group).await;
+            }
+        }
+    }
+
+    /// Matches delivered replies to waiting calls; returns the groups whose
+    /// session opened.
+    fn settle_replies(&mut self) -> Vec<GroupId> {
+        let replies = std::mem::take(&mut *self.replies.borrow_mut());
+        let mut opened = Vec::new();
+        for (group, reply) in replies {
+            if reply.client != self.client {
+                continue;
+            }
+            let Some(g) = self.groups.get_mut(&group) else {
+                continue;
+            };
+            if reply.operation == OPERATION_REGISTER {
+                match reply.status {
+                    ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
+                        g.session = Session::Open {
+                            session: reply.session.max(reply.op),
+                        };
+                        opened.push(group);
+                    }
+                    ReplyStatus::NoSession | ReplyStatus::Fenced => g.session = Session::Closed,
+                }
+                continue;
+            }
+            let Some(flight) = g.in_flight.remove(&reply.request) else {
+                continue;
+            };
+            self.stats.calls += 1;
+            let answer = match reply.status {
+                ReplyStatus::Ok => Ok(Answer::Committed { op: Op(reply.op) }),
+                ReplyStatus::AlreadyApplied => Err(CallError::Indeterminate {
+                    reason: "already applied; its reply is no longer cached",
+                }),
+                ReplyStatus::NoSession | ReplyStatus::Fenced => {
+                    g.session = Session::Closed;
+                    Err(CallError::Unavailable {
+                        reason: "the group lost this shard's session",
+                    })
+                }
+            };
+            let _ = flight.reply.send(answer);
+        }
+        // Calls whose primary moved away will not be answered by this
+        // replica's core: tell their callers the outcome is unknown.
+        for g in self.groups.values_mut() {
+            if !g.in_flight.is_empty() && !g.partition.replica().is_primary() {
+                for (_, flight) in std::mem::take(&mut g.in_flight) {
+                    let _ = flight.reply.send(Err(CallError::Indeterminate {
+                        reason: "the primary lost its view before the op committed",
+                    }));
+                }
+                g.session = Session::Closed;
+            }
+        }
+        opened
+    }
+}
+
+fn primary_check<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
+    partition: &Partition<B, S, F>,
+) -> Result<(), CallError> {
+    let replica = partition.replica();
+    if partition.state_transfer_needed().is_some() || partition.missing_history().is_some() {
+        return Err(CallError::Unavailable {
+            reason: "state transfer in progress",
+        });
+    }
+    if !replica.is_primary() {
+        let view = replica.view();
+        return Err(CallError::NotPrimary {
+            view,
+            primary: ReplicaId(replica.primary_index(view)),
+        });
+    }
+    if !replica.is_caught_up_primary() {
+        return Err(CallError::Unavailable {
+            reason: "view change in progress",
+        });
+    }
+    Ok(())
+}
+
+fn partition_error(error: PartitionError) -> CallError {
+    match error {
+        PartitionError::Fenced { .. } => CallError::Fenced {
+            reason: error.to_string(),
+        },
+        PartitionError::InvalidOp(_)
+        | PartitionError::StoreOffsetBeyondEnd { .. }
+        | PartitionError::PurgeGenerationNotNewer { .. } => CallError::Rejected {
+            reason: error.to_string(),
+        },
+        other => CallError::Local {
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// The directory of shard `shard` under a replica's data directory.
+pub fn shard_dir(data_dir: &Path, shard: ShardIndex) -> PathBuf {
+    data_dir.join(format!("shard-{}", shard.0))
+}

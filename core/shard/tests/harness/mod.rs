@@ -1,0 +1,300 @@
+//! A cluster of replicas, each with several shards, on the in-process
+//! environment: a virtual clock, a seeded network keyed by shard index and
+//! one `SimFs` per replica. Driven by ticks, never by wall time.
+#![allow(clippy::unwrap_used, dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use common::{GroupId, ReplicaId};
+use consensus::vsr::TimeoutConfig;
+use futures::channel::oneshot;
+use futures::executor::block_on;
+use partitions::NetworkFaults;
+use shard::testing::{TestClock, TestEnv, TestNet};
+use shard::{
+    Answer, Call, CallError, Envelope, GroupSpec, Shard, ShardConfig, ShardIndex, shard_dir,
+    shard_of,
+};
+use storage::batch::BatchBuilder;
+use storage::fs::{FileKind, Fs, SimFs};
+
+pub const TICK: Duration = Duration::from_millis(10);
+pub const CLUSTER: u128 = 0xC1;
+
+pub fn data_dir() -> PathBuf {
+    PathBuf::from("/data")
+}
+
+pub fn fresh_fs(seed: u64) -> SimFs {
+    let fs = SimFs::new(seed);
+    block_on(async {
+        fs.create_dir_all(&data_dir()).await.unwrap();
+        fs.sync_dir(Path::new("/")).await.unwrap();
+    });
+    fs
+}
+
+pub struct Cluster {
+    pub replicas: u8,
+    pub shards: u16,
+    pub clock: Rc<TestClock>,
+    pub net: TestNet,
+    pub fss: Vec<SimFs>,
+    /// `[replica][shard]`, `None` while the replica is down.
+    pub nodes: Vec<Vec<Option<Shard<TestEnv>>>>,
+    pub boots: u64,
+    pub retention_ops: u64,
+    pub segment_size: u64,
+}
+
+/// A call waiting for its answer.
+pub struct Pending {
+    pub group: GroupId,
+    pub call: Call,
+    pub rx: oneshot::Receiver<Result<Answer, CallError>>,
+    pub target: ReplicaId,
+    pub sent_tick: u64,
+}
+
+impl Cluster {
+    pub fn new(replicas: u8, shards: u16, seed: u64, faults: NetworkFaults) -> Self {
+        let mut c = Self {
+            replicas,
+            shards,
+            clock: TestClock::new(),
+            net: TestNet::new(seed, faults),
+            fss: (0..replicas)
+                .map(|r| fresh_fs(seed ^ u64::from(r) << 8))
+                .collect(),
+            nodes: Vec::new(),
+            boots: 0,
+            retention_ops: 64,
+            segment_size: 16 * 1024,
+        };
+        for r in 0..replicas {
+            let row = (0..shards).map(|s| Some(c.boot(r, s))).collect();
+            c.nodes.push(row);
+        }
+        c
+    }
+
+    pub fn config(&self, r: u8, s: u16) -> ShardConfig {
+        let mut config = ShardConfig::new(
+            CLUSTER,
+            ReplicaId(r),
+            self.replicas,
+            ShardIndex(s),
+            self.shards,
+            shard_dir(&data_dir(), ShardIndex(s)),
+        );
+        config.timeouts = TimeoutConfig::scaled_down(5);
+        config.retention_ops = self.retention_ops;
+        config.seed = 1000 + self.boots * 31 + u64::from(r) * 7 + u64::from(s);
+        config.tick = TICK;
+        config
+    }
+
+    pub fn boot(&mut self, r: u8, s: u16) -> Shard<TestEnv> {
+        self.boots += 1;
+        let env = TestEnv::new(
+            ReplicaId(r),
+            ShardIndex(s),
+            Rc::clone(&self.clock),
+            self.net.clone(),
+            self.fss[usize::from(r)].clone(),
+        );
+        block_on(Shard::open(self.config(r, s), env)).unwrap()
+    }
+
+    pub fn shard_of(&self, group: GroupId) -> u16 {
+        shard_of(group, self.shards).0
+    }
+
+    pub fn node(&mut self, r: u8, group: GroupId) -> &mut Shard<TestEnv> {
+        let s = self.shard_of(group);
+        self.nodes[usize::from(r)][usize::from(s)]
+            .as_mut()
+            .expect("replica is up")
+    }
+
+    pub fn spec(&self, group: GroupId) -> GroupSpec {
+        let mut spec = GroupSpec::new(group, (group.0 & 0xFFFFF) as u32);
+        spec.segment_size_bytes = self.segment_size;
+        spec.messages_required_to_save = 20;
+        spec
+    }
+
+    pub fn create_everywhere(&mut self, group: GroupId) {
+        let spec = self.spec(group);
+        for r in 0..self.replicas {
+            if self.nodes[usize::from(r)][usize::from(self.shard_of(group))].is_some() {
+                block_on(self.node(r, group).create_group(spec)).unwrap();
+            }
+        }
+    }
+
+    /// One tick of the whole cluster: deliver due frames, tick every shard,
+    /// advance the clock.
+    pub fn step(&mut self) {
+        for p in self.net.deliver() {
+            if let Some(node) = self.nodes[usize::from(p.to.0)][usize::from(p.shard.0)].as_mut() {
+                let _ = block_on(node.on_frame(p.from, p.bytes));
+            }
+        }
+        for row in &mut self.nodes {
+            for node in row.iter_mut().flatten() {
+                block_on(node.on_tick());
+            }
+        }
+        self.clock.advance(TICK);
+    }
+
+    pub fn ticks(&self) -> u64 {
+        (self.clock.now().as_millis() / TICK.as_millis()) as u64
+    }
+
+    pub fn run(&mut self, ticks: u64) {
+        for _ in 0..ticks {
+            self.step();
+        }
+    }
+
+    pub fn send(&mut self, target: ReplicaId, group: GroupId, call: Call) -> Pending {
+        let (tx, rx) = oneshot::channel();
+        let envelope = Envelope {
+            group,
+            call: call.clone(),
+            reply: tx,
+        };
+        let sent_tick = self.ticks();
+        let s = usize::from(self.shard_of(group));
+        match self.nodes[usize::from(target.0)][s].as_mut() {
+            Some(node) => block_on(node.on_call(envelope)),
+            None => drop(envelope),
+        }
+        Pending {
+            group,
+            call,
+            rx,
+            target,
+            sent_tick,
+        }
+    }
+
+    /// The replica that believes it is the group's primary, if any is up.
+    pub fn primary(&self, group: GroupId) -> Option<ReplicaId> {
+        let s = usize::from(self.shard_of(group));
+        (0..self.replicas).find_map(|r| {
+            let node = self.nodes[usize::from(r)][s].as_ref()?;
+            let p = node.partition(group)?;
+            (p.replica().is_caught_up_primary()).then_some(ReplicaId(r))
+        })
+    }
+
+    /// Sends `call` until it is answered Ok, following NotPrimary and
+    /// retrying transient errors; at most `ticks_max` ticks.
+    pub fn call_until_done(
+        &mut self,
+        group: GroupId,
+        call: Call,
+        ticks_max: u64,
+    ) -> Result<Answer, CallError> {
+        let mut target = ReplicaId(0);
+        let deadline = self.ticks() + ticks_max;
+        let mut last = CallError::Overloaded;
+        while self.ticks() < deadline {
+            let mut pending = self.send(target, group, call.clone());
+            let wait_until = self.ticks() + 200;
+            let result = loop {
+                match pending.rx.try_recv() {
+                    Ok(Some(result)) => break Some(result),
+                    Ok(None) => {}
+                    Err(_) => break None,
+                }
+                if self.ticks() >= wait_until {
+                    break None;
+                }
+                self.step();
+            };
+            match result {
+                Some(Ok(answer)) => return Ok(answer),
+                Some(Err(CallError::NotPrimary { primary, .. })) => {
+                    target = primary;
+                    last = CallError::Overloaded;
+                    self.step();
+                }
+                Some(Err(e)) if e.transient() || matches!(e, CallError::Indeterminate { .. }) => {
+                    last = e;
+                    target = ReplicaId((target.0 + 1) % self.replicas);
+                    self.run(5);
+                }
+                Some(Err(e)) => return Err(e),
+                None => {
+                    target = ReplicaId((target.0 + 1) % self.replicas);
+                    self.step();
+                }
+            }
+            let _ = &pending.call;
+        }
+        Err(last)
+    }
+
+    /// Every file of a group's directory on replica `r` with its bytes
+    /// (segment logs and indexes only).
+    pub fn segment_files(&self, r: u8, group: GroupId) -> Vec<(String, Vec<u8>)> {
+        let fs = &self.fss[usize::from(r)];
+        let dir = shard::catalog::group_dir(
+            &shard_dir(&data_dir(), ShardIndex(self.shard_of(group))),
+            group,
+        );
+        let mut out = Vec::new();
+        for entry in block_on(fs.read_dir(&dir)).unwrap() {
+            let name = entry.name_str().unwrap().to_owned();
+            if entry.kind == FileKind::File && (name.ends_with(".log") || name.ends_with(".index"))
+            {
+                out.push((name.clone(), fs.contents(&dir.join(&name)).unwrap()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    pub fn flush_all(&mut self) {
+        for row in &mut self.nodes {
+            for node in row.iter_mut().flatten() {
+                block_on(node.flush_all());
+            }
+        }
+    }
+
+    pub fn crash(&mut self, r: u8, mode: storage::fs::CrashMode) {
+        for s in 0..usize::from(self.shards) {
+            self.nodes[usize::from(r)][s] = None;
+        }
+        self.fss[usize::from(r)].crash_with(mode);
+    }
+
+    pub fn restart(&mut self, r: u8) {
+        for s in 0..self.shards {
+            let node = self.boot(r, s);
+            self.nodes[usize::from(r)][usize::from(s)] = Some(node);
+        }
+    }
+}
+
+/// A batch of `messages` messages whose payloads name `tag`.
+pub fn batch(tag: u64, messages: u32) -> Vec<u8> {
+    let mut b = BatchBuilder::new(tag);
+    for i in 0..messages {
+        let payload = format!("t{tag}-m{i}");
+        b.push(
+            (u128::from(tag) << 32) | (u128::from(i) + 1),
+            i,
+            payload.as_bytes(),
+            b"",
+        );
+    }
+    b.build()
+}
