@@ -238,3 +238,217 @@ fn given_unknown_group_when_called_should_answer_unknown_group() {
         Err(CallError::UnknownGroup { group: group(3) })
     );
 }
+
+/// A fingerprint of everything a refused frame must leave alone.
+fn fingerprint(c: &Cluster, r: u8) -> Vec<(u64, u64, u64, u32, u64)> {
+    let mut out = Vec::new();
+    for node in c.nodes[usize::from(r)].iter().flatten() {
+        for g in node.groups() {
+            let p = node.partition(g).unwrap();
+            out.push((
+                g.0,
+                p.replica().commit_min(),
+                p.replica().commit_max(),
+                p.replica().view(),
+                p.offset_frontier(),
+            ));
+        }
+    }
+    out
+}
+
+mod hostile {
+    use super::*;
+    use bytes::Bytes;
+    use consensus::vsr::wire;
+    use consensus::vsr::{Frame, Message};
+    use proptest::prelude::*;
+
+    fn valid_commit_frame(group: GroupId, from: u8) -> Vec<u8> {
+        wire::encode(
+            harness::CLUSTER,
+            &Frame {
+                group: group.0,
+                replica: from,
+                view: 0,
+                message: Message::Commit {
+                    commit: 0,
+                    commit_checksum: 0,
+                    timestamp_monotonic: 1,
+                },
+            },
+        )
+        .to_vec()
+    }
+
+    fn refused(c: &mut Cluster, from: u8, bytes: Vec<u8>) -> &'static str {
+        let g = group(1);
+        let before = fingerprint(c, 0);
+        let node = c.node(0, g);
+        let counted_before: u64 = node.stats().frames_refused.values().sum();
+        let err = block_on(node.on_frame(ReplicaId(from), Bytes::from(bytes))).unwrap_err();
+        let counted_after: u64 = node.stats().frames_refused.values().sum();
+        assert_eq!(counted_after, counted_before + 1, "{err}");
+        assert_eq!(
+            fingerprint(c, 0),
+            before,
+            "a refused frame changed state: {err}"
+        );
+        err.reason()
+    }
+
+    fn cluster() -> Cluster {
+        let mut c = Cluster::new(3, 1, 5, NetworkFaults::default());
+        c.create_everywhere(group(1));
+        c.run(60);
+        c
+    }
+
+    #[test]
+    fn given_each_kind_of_bad_frame_when_received_should_refuse_it_typed_and_count_it() {
+        let mut c = cluster();
+        let good = valid_commit_frame(group(1), 1);
+        // Wrong cluster.
+        let other = wire::encode(
+            harness::CLUSTER + 1,
+            &wire::decode(
+                &good,
+                &wire::Expect {
+                    cluster: harness::CLUSTER,
+                    size_max: 1 << 20,
+                    peer: None,
+                },
+            )
+            .unwrap(),
+        );
+        assert_eq!(refused(&mut c, 1, other.to_vec()), "wrong_cluster");
+        // A sender that is not the connection's peer.
+        assert_eq!(refused(&mut c, 2, good.clone()), "wrong_sender");
+        // Unknown group.
+        assert_eq!(
+            refused(&mut c, 1, valid_commit_frame(group(77), 1)),
+            "unknown_group"
+        );
+        // A peer outside the cluster, and this replica itself.
+        assert_eq!(refused(&mut c, 9, good.clone()), "unknown_peer");
+        assert_eq!(refused(&mut c, 0, good.clone()), "unknown_peer");
+        // Size past the ceiling: the size field claims 2 GiB.
+        let mut huge = good.clone();
+        huge[48..52].copy_from_slice(&(2u32 << 30).to_le_bytes());
+        assert_eq!(refused(&mut c, 1, huge), "header");
+        // Truncated body and truncated header.
+        assert_eq!(refused(&mut c, 1, good[..200].to_vec()), "header");
+        let mut prepare_like = good.clone();
+        prepare_like.extend_from_slice(b"trailing");
+        assert_eq!(refused(&mut c, 1, prepare_like), "header");
+        // Every field of the header corrupted in turn (one byte at a time).
+        for at in 0..256 {
+            let mut bad = good.clone();
+            bad[at] ^= 0x5A;
+            let reason = refused(&mut c, 1, bad);
+            assert!(
+                [
+                    "header",
+                    "wrong_cluster",
+                    "wrong_sender",
+                    "unknown_group",
+                    "wrong_shard",
+                    "not_vsr"
+                ]
+                .contains(&reason),
+                "byte {at}: {reason}"
+            );
+        }
+        // The untouched frame is still accepted.
+        let node = c.node(0, group(1));
+        block_on(node.on_frame(ReplicaId(1), Bytes::from(good))).unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn given_random_frames_when_received_should_never_panic_nor_change_state(
+            from in 0u8..4,
+            bytes in proptest::collection::vec(any::<u8>(), 0..700),
+            splice in proptest::option::of((0usize..256, any::<u8>())),
+        ) {
+            let mut c = cluster();
+            let mut bytes = bytes;
+            if let Some((at, value)) = splice {
+                // Start from a valid frame and corrupt it, so decoding gets
+                // past the first checks too.
+                bytes = valid_commit_frame(group(1), 1);
+                bytes[at] = value;
+            }
+            let before = fingerprint(&c, 0);
+            let node = c.node(0, group(1));
+            let result = block_on(node.on_frame(ReplicaId(from), Bytes::from(bytes)));
+            if result.is_err() {
+                prop_assert_eq!(fingerprint(&c, 0), before);
+            }
+        }
+    }
+}
+
+#[test]
+fn given_one_partition_fenced_when_others_are_called_should_keep_serving_them() {
+    let mut c = Cluster::new(1, 1, 2, NetworkFaults::default());
+    let doomed = group(40);
+    let mut spec = c.spec(doomed);
+    // Flushes every commit, so the next write the filesystem sees after
+    // the produce is this group's.
+    spec.enforce_fsync = true;
+    block_on(c.node(0, doomed).create_group(spec)).unwrap();
+    for n in 0..8 {
+        c.create_everywhere(group(n));
+    }
+    c.run(50);
+    c.fss[0].fail_nth(storage::fs::FaultKind::Write, 1, storage::fs::EIO);
+    let result = c.call_until_done(doomed, Call::Produce { batch: batch(1, 3) }, 500);
+    // The call that hit the fault reports it as local; the partition
+    // fenced itself (a flush a reply waits for cannot be skipped).
+    assert!(
+        matches!(
+            result,
+            Err(CallError::Local { .. } | CallError::Fenced { .. })
+        ),
+        "{result:?}"
+    );
+    assert!(
+        c.node(0, doomed)
+            .partition(doomed)
+            .unwrap()
+            .fenced()
+            .is_some()
+    );
+    for n in 0..8 {
+        let g = group(n);
+        let answer = c
+            .call_until_done(g, Call::Produce { batch: batch(n, 3) }, 500)
+            .unwrap();
+        assert!(matches!(answer, Answer::Committed { .. }));
+        let polled = c
+            .call_until_done(
+                g,
+                Call::Poll(PollRequest {
+                    consumer: (ConsumerKind::Consumer, 1),
+                    strategy: PollingStrategy::Offset(0),
+                    count: 10,
+                    auto_commit: false,
+                }),
+                500,
+            )
+            .unwrap();
+        let Answer::Polled(polled) = polled else {
+            panic!("not a poll answer")
+        };
+        assert_eq!(polled.count, 3, "group {n}");
+    }
+    // The fenced group keeps refusing, typed.
+    let mut p = c.send(ReplicaId(0), doomed, Call::Stats);
+    assert!(matches!(
+        p.rx.try_recv().unwrap().unwrap(),
+        Err(CallError::Fenced { .. })
+    ));
+}
