@@ -22,7 +22,7 @@
 //! the replies the partition delivers when their ops commit.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
@@ -344,6 +344,8 @@ pub struct Shard<E: Env> {
     replies: ReplyQueue,
     sent: Rc<RefCell<(u64, u64)>>,
     client: u128,
+    /// Groups with replicated calls waiting for their commit.
+    in_flight_groups: BTreeSet<GroupId>,
     tick: u64,
     stats: ShardStats,
     retention: RetentionPolicy,
@@ -383,6 +385,7 @@ impl<E: Env> Shard<E> {
             slots: TransferSlots::default(),
             groups: BTreeMap::new(),
             client,
+            in_flight_groups: BTreeSet::new(),
             tick: 0,
             stats: ShardStats::default(),
             retention: RetentionPolicy::default(),
@@ -664,24 +667,29 @@ impl<E: Env> Shard<E> {
     pub async fn on_tick(&mut self) {
         self.tick += 1;
         self.stats.ticks += 1;
-        let now = self.env.now();
-        let now_us = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+        let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
         let retention_due = self.tick.is_multiple_of(RETENTION_EVERY_TICKS);
-        let ids: Vec<GroupId> = self.groups.keys().copied().collect();
-        for id in ids {
-            let Some(g) = self.groups.get_mut(&id) else {
-                continue;
-            };
+        // One pass over the groups with only disjoint borrows of the shard;
+        // what needs the whole shard (sending, reporting, sessions) is
+        // collected and done after it.
+        let mut outputs = Vec::new();
+        let mut waiting = Vec::new();
+        let clock = EnvClock(&*self.env);
+        for (id, g) in self.groups.iter_mut() {
             if let Err(error) = g.partition.on_tick(now_us).await
                 && !matches!(error, PartitionError::Fenced { .. })
             {
                 tracing::warn!(group = id.0, %error, "tick failed");
             }
-            let clock = EnvClock(&*self.env);
-            let out = g
-                .driver
-                .on_tick(&mut g.partition, &mut self.slots, &clock)
-                .await;
+            // An idle driver's tick would do nothing: skipping it is what
+            // keeps thousands of quiet groups cheap.
+            if !g.driver.is_idle(&g.partition) {
+                let out = g
+                    .driver
+                    .on_tick(&mut g.partition, &mut self.slots, &clock)
+                    .await;
+                outputs.push((*id, out));
+            }
             if retention_due && g.spec.message_expiry_us > 0 && g.partition.fenced().is_none() {
                 let policy = RetentionPolicy {
                     max_age_us: Some(g.spec.message_expiry_us),
@@ -691,7 +699,17 @@ impl<E: Env> Shard<E> {
                     tracing::warn!(group = id.0, %error, "retention pass failed");
                 }
             }
+            if g.partition.fenced().is_some() && !g.fenced_reported {
+                outputs.push((*id, DriverOutput::default()));
+            }
+            if !g.queued.is_empty() {
+                waiting.push(*id);
+            }
+        }
+        for (id, out) in outputs {
             self.carry_out(id, out);
+        }
+        for id in waiting {
             self.pump_session(id).await;
         }
         self.settle().await;
@@ -903,10 +921,12 @@ impl<E: Env> Shard<E> {
                 Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
                     g.next_request += 1;
                     g.in_flight.insert(request_number, InFlight { reply });
+                    self.in_flight_groups.insert(group);
                 }
                 Ok(RequestOutcome::Answered) => {
                     g.next_request += 1;
                     g.in_flight.insert(request_number, InFlight { reply });
+                    self.in_flight_groups.insert(group);
                 }
                 Ok(RequestOutcome::Unavailable) => {
                     let _ = reply.send(Err(CallError::Unavailable {
@@ -985,8 +1005,17 @@ impl<E: Env> Shard<E> {
         }
         // Calls whose primary moved away will not be answered by this
         // replica's core: tell their callers the outcome is unknown.
-        for g in self.groups.values_mut() {
-            if !g.in_flight.is_empty() && !g.partition.replica().is_primary() {
+        let flying: Vec<GroupId> = self.in_flight_groups.iter().copied().collect();
+        for id in flying {
+            let Some(g) = self.groups.get_mut(&id) else {
+                self.in_flight_groups.remove(&id);
+                continue;
+            };
+            if g.in_flight.is_empty() {
+                self.in_flight_groups.remove(&id);
+                continue;
+            }
+            if !g.partition.replica().is_primary() {
                 for (_, flight) in std::mem::take(&mut g.in_flight) {
                     let _ = flight.reply.send(Err(CallError::Indeterminate {
                         reason: "the primary lost its view before the op committed",

@@ -378,6 +378,24 @@ impl<F: Fs> TransferDriver<F> {
         matches!(frame.get(60), Some(22..=25))
     }
 
+    /// Whether a tick would do nothing: no session on either side, no
+    /// re-arm counting down, no offer build to continue, no slot held, and
+    /// the partition needs no transfer. A shard skips an idle driver's
+    /// tick, which is what keeps thousands of quiet groups cheap.
+    pub fn is_idle<B: MessageBus, S: SuperblockStore>(
+        &self,
+        partition: &Partition<B, S, F>,
+    ) -> bool {
+        !self.build_pending
+            && self.armed_floor.is_none()
+            && !self.receive_slot
+            && self.serving_counted == 0
+            && self.server.session_count() == 0
+            && self.receiver.session().is_none()
+            && self.receiver.pending_rearm().is_none()
+            && partition.state_transfer_needed().is_none()
+    }
+
     /// Gives back every slot this driver holds (its partition is being
     /// dropped by the shard).
     pub fn release(&mut self, slots: &mut TransferSlots) {
