@@ -1,0 +1,48 @@
+//! replog's metadata plane: the state machine replicated as consensus
+//! group 0.
+//!
+//! Where to start:
+//! - [`MetadataState`] (`state.rs`) holds streams, topics, partitions,
+//!   consumer groups, users and purge generations; [`MetadataState::apply`]
+//!   applies one committed [`MetadataOp`] deterministically and returns the
+//!   reply's [`Outcome`] and the [`PartitionEffect`]s the shard must carry
+//!   out, or a typed [`Refusal`] with its Iggy error code.
+//! - [`MetadataOp::encode`] / [`MetadataOp::decode`] (`op_codec.rs`): the
+//!   fail-closed body codec of a group-0 prepare.
+//! - `query.rs`: what the client listener reads (streams and topics with
+//!   their sizes, consumer groups, assignments, routing, login).
+//! - `snapshot.rs` and [`MetadataStore`] (`store.rs`): the snapshot codec
+//!   and the durable store (metadata WAL + snapshots, boot by replay).
+//!
+//! The crate does no I/O outside [`MetadataStore`], which goes through
+//! `storage::fs::Fs`; it knows nothing of shards or sockets.
+
+mod consumer_group;
+mod effect;
+mod identifier;
+mod op;
+mod op_codec;
+mod refusal;
+mod state;
+mod topic_config;
+mod user;
+
+pub use consumer_group::{ConsumerGroup, ConsumerGroupId, Member, MemberId, SessionId};
+pub use effect::{PartitionEffect, PartitionGroupConfig};
+pub use identifier::{Identifier, NAME_LEN_MAX, NameKind};
+pub use op::MetadataOp;
+pub use op_codec::{OP_CODEC_VERSION, OpDecodeError, OpEncodeError};
+pub use refusal::Refusal;
+pub use state::{
+    Applied, ApplyError, CONSUMER_GROUPS_PER_TOPIC_MAX, GROUP_COUNTER_MAX, MEMBERS_PER_GROUP_MAX,
+    MetadataState, Outcome, PARTITIONS_PER_TOPIC_MAX, Partition, PartitionGroupInfo, STREAMS_MAX,
+    Stream, TOPICS_PER_STREAM_MAX, Topic, USERS_MAX,
+};
+pub use topic_config::{
+    CompressionAlgorithm, Durability, MaxTopicSize, MessageExpiry, SEGMENT_SIZE_BYTES_DEFAULT,
+    TopicConfig,
+};
+pub use user::{
+    HashParams, PASSWORD_HASH_LEN_MAX, PasswordError, PasswordHash, ROOT_USER, User, UserId,
+    hash_password, verify_password,
+};
