@@ -22,6 +22,7 @@ mod effect;
 mod identifier;
 mod op;
 mod op_codec;
+mod query;
 mod refusal;
 mod state;
 mod topic_config;
@@ -32,6 +33,10 @@ pub use effect::{PartitionEffect, PartitionGroupConfig};
 pub use identifier::{Identifier, NAME_LEN_MAX, NameKind};
 pub use op::MetadataOp;
 pub use op_codec::{OP_CODEC_VERSION, OpDecodeError, OpEncodeError};
+pub use query::{
+    ConsumerGroupDetails, MemberAssignment, MemberInfo, PartitionInfo, PartitionRoute,
+    PartitionStats, StatsSource, StreamDetails, StreamInfo, TopicDetails, TopicInfo,
+};
 pub use refusal::Refusal;
 pub use state::{
     Applied, ApplyError, CONSUMER_GROUPS_PER_TOPIC_MAX, GROUP_COUNTER_MAX, MEMBERS_PER_GROUP_MAX,

@@ -116,6 +116,15 @@ pub enum Refusal {
         /// The ceiling.
         max: u32,
     },
+    /// The partition is assigned to another member of the group (5009).
+    ConsumerGroupPartitionNotOwned {
+        /// The partition.
+        partition: u32,
+        /// The group.
+        group: u32,
+    },
+    /// Unknown user or wrong password (42).
+    InvalidCredentials,
     /// A topic setting out of range: replication factor or segment size 0
     /// (4042, Iggy's InvalidOptionValue).
     InvalidTopicConfig,
@@ -145,6 +154,8 @@ impl Refusal {
             Self::InvalidPasswordHash => 44,
             Self::LimitReached { .. } => 1,
             Self::InvalidTopicConfig => 4042,
+            Self::ConsumerGroupPartitionNotOwned { .. } => 5009,
+            Self::InvalidCredentials => 42,
         }
     }
 }
@@ -209,6 +220,11 @@ impl fmt::Display for Refusal {
                 f.write_str("the password hash is not an Argon2 PHC string")
             }
             Self::LimitReached { what, max } => write!(f, "at most {max} {what} may exist"),
+            Self::ConsumerGroupPartitionNotOwned { partition, group } => write!(
+                f,
+                "partition {partition} is assigned to another member of consumer group {group}"
+            ),
+            Self::InvalidCredentials => f.write_str("invalid username or password"),
             Self::InvalidTopicConfig => {
                 f.write_str("replication factor and segment size must be at least 1")
             }
