@@ -24,7 +24,9 @@ mod op;
 mod op_codec;
 mod query;
 mod refusal;
+mod snapshot;
 mod state;
+mod store;
 mod topic_config;
 mod user;
 
@@ -38,10 +40,17 @@ pub use query::{
     PartitionStats, StatsSource, StreamDetails, StreamInfo, TopicDetails, TopicInfo,
 };
 pub use refusal::Refusal;
+pub use snapshot::{
+    SNAPSHOT_MAGIC, SNAPSHOT_VERSION, SnapshotDecodeError, decode_snapshot, encode_snapshot,
+};
 pub use state::{
     Applied, ApplyError, CONSUMER_GROUPS_PER_TOPIC_MAX, GROUP_COUNTER_MAX, MEMBERS_PER_GROUP_MAX,
     MetadataState, Outcome, PARTITIONS_PER_TOPIC_MAX, Partition, PartitionGroupInfo, STREAMS_MAX,
     Stream, TOPICS_PER_STREAM_MAX, Topic, USERS_MAX,
+};
+pub use store::{
+    BootReport, MetadataStore, OpOrigin, SIBLING_SUFFIX, SNAPSHOT_EVERY_OPS_DEFAULT, SNAPSHOT_FILE,
+    StoreConfig, StoreError, WAL_FILE,
 };
 pub use topic_config::{
     CompressionAlgorithm, Durability, MaxTopicSize, MessageExpiry, SEGMENT_SIZE_BYTES_DEFAULT,

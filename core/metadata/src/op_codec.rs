@@ -168,19 +168,19 @@ impl fmt::Display for OpEncodeError {
 
 impl std::error::Error for OpEncodeError {}
 
-struct Writer(Vec<u8>);
+pub(crate) struct Writer(pub(crate) Vec<u8>);
 
 impl Writer {
-    fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    fn u32(&mut self, v: u32) {
+    pub(crate) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn name(&mut self, field: &'static str, name: &str) -> Result<(), OpEncodeError> {
+    pub(crate) fn name(&mut self, field: &'static str, name: &str) -> Result<(), OpEncodeError> {
         if name.is_empty() || name.len() > NAME_LEN_MAX {
             return Err(OpEncodeError::NameLength {
                 field,
@@ -191,7 +191,11 @@ impl Writer {
         self.0.extend_from_slice(name.as_bytes());
         Ok(())
     }
-    fn ident(&mut self, field: &'static str, id: &Identifier) -> Result<(), OpEncodeError> {
+    pub(crate) fn ident(
+        &mut self,
+        field: &'static str,
+        id: &Identifier,
+    ) -> Result<(), OpEncodeError> {
         match id {
             Identifier::Numeric(n) => {
                 self.u8(IDENT_NUMERIC);
@@ -204,14 +208,14 @@ impl Writer {
         }
         Ok(())
     }
-    fn count(&mut self, count: u32) -> Result<(), OpEncodeError> {
+    pub(crate) fn count(&mut self, count: u32) -> Result<(), OpEncodeError> {
         if count > PARTITIONS_PER_TOPIC_MAX {
             return Err(OpEncodeError::PartitionCountAboveCeiling { count });
         }
         self.u32(count);
         Ok(())
     }
-    fn config(&mut self, c: &TopicConfig) -> Result<(), OpEncodeError> {
+    pub(crate) fn config(&mut self, c: &TopicConfig) -> Result<(), OpEncodeError> {
         if c.replication_factor == 0 {
             return Err(OpEncodeError::ZeroReplicationFactor);
         }
@@ -226,7 +230,7 @@ impl Writer {
         self.u8(c.durability.to_wire());
         Ok(())
     }
-    fn hash(&mut self, h: &PasswordHash) {
+    pub(crate) fn hash(&mut self, h: &PasswordHash) {
         // A `PasswordHash` is 1..=512 bytes by construction.
         let bytes = h.as_str().as_bytes();
         self.0
@@ -235,27 +239,31 @@ impl Writer {
     }
 }
 
-struct Reader<'a>(LeCursor<'a>);
+pub(crate) struct Reader<'a>(pub(crate) LeCursor<'a>);
 
 impl<'a> Reader<'a> {
-    fn u8(&mut self, field: &'static str) -> Result<u8, OpDecodeError> {
+    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, OpDecodeError> {
         self.0.u8().map_err(|_| OpDecodeError::Truncated { field })
     }
-    fn u16(&mut self, field: &'static str) -> Result<u16, OpDecodeError> {
+    pub(crate) fn u16(&mut self, field: &'static str) -> Result<u16, OpDecodeError> {
         self.0.u16().map_err(|_| OpDecodeError::Truncated { field })
     }
-    fn u32(&mut self, field: &'static str) -> Result<u32, OpDecodeError> {
+    pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, OpDecodeError> {
         self.0.u32().map_err(|_| OpDecodeError::Truncated { field })
     }
-    fn u64(&mut self, field: &'static str) -> Result<u64, OpDecodeError> {
+    pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, OpDecodeError> {
         self.0.u64().map_err(|_| OpDecodeError::Truncated { field })
     }
-    fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], OpDecodeError> {
+    pub(crate) fn take(
+        &mut self,
+        field: &'static str,
+        n: usize,
+    ) -> Result<&'a [u8], OpDecodeError> {
         self.0
             .take(n)
             .map_err(|_| OpDecodeError::Truncated { field })
     }
-    fn name(&mut self, field: &'static str) -> Result<String, OpDecodeError> {
+    pub(crate) fn name(&mut self, field: &'static str) -> Result<String, OpDecodeError> {
         let len = self.u8(field)?;
         if len == 0 {
             return Err(OpDecodeError::EmptyName { field });
@@ -264,21 +272,21 @@ impl<'a> Reader<'a> {
         let s = std::str::from_utf8(bytes).map_err(|_| OpDecodeError::BadUtf8 { field })?;
         Ok(s.to_owned())
     }
-    fn ident(&mut self, field: &'static str) -> Result<Identifier, OpDecodeError> {
+    pub(crate) fn ident(&mut self, field: &'static str) -> Result<Identifier, OpDecodeError> {
         match self.u8(field)? {
             IDENT_NUMERIC => Ok(Identifier::Numeric(self.u32(field)?)),
             IDENT_NAME => Ok(Identifier::Name(self.name(field)?)),
             k => Err(OpDecodeError::UnknownIdentifierKind(k)),
         }
     }
-    fn count(&mut self, field: &'static str) -> Result<u32, OpDecodeError> {
+    pub(crate) fn count(&mut self, field: &'static str) -> Result<u32, OpDecodeError> {
         let count = self.u32(field)?;
         if count > PARTITIONS_PER_TOPIC_MAX {
             return Err(OpDecodeError::PartitionCountAboveCeiling { count });
         }
         Ok(count)
     }
-    fn config(&mut self) -> Result<TopicConfig, OpDecodeError> {
+    pub(crate) fn config(&mut self) -> Result<TopicConfig, OpDecodeError> {
         let message_expiry = MessageExpiry::from_wire(self.u64("message_expiry")?);
         let max_topic_size = MaxTopicSize::from_wire(self.u64("max_topic_size")?);
         let segment_size_bytes = self.u64("segment_size")?;
@@ -304,7 +312,7 @@ impl<'a> Reader<'a> {
             durability,
         })
     }
-    fn hash(&mut self) -> Result<PasswordHash, OpDecodeError> {
+    pub(crate) fn hash(&mut self) -> Result<PasswordHash, OpDecodeError> {
         let len = self.u16("password_hash")?;
         if len == 0 || usize::from(len) > PASSWORD_HASH_LEN_MAX {
             return Err(OpDecodeError::HashLengthOutOfRange { len });
@@ -315,7 +323,7 @@ impl<'a> Reader<'a> {
         })?;
         PasswordHash::from_phc(s.to_owned()).map_err(|_| OpDecodeError::HashNotPhc)
     }
-    fn session(&mut self) -> Result<SessionId, OpDecodeError> {
+    pub(crate) fn session(&mut self) -> Result<SessionId, OpDecodeError> {
         Ok(SessionId(self.u64("session")?))
     }
 }
