@@ -19,6 +19,7 @@
 
 mod consumer_group;
 mod effect;
+mod group;
 mod identifier;
 mod op;
 mod op_codec;
@@ -32,6 +33,9 @@ mod user;
 
 pub use consumer_group::{ConsumerGroup, ConsumerGroupId, Member, MemberId, SessionId};
 pub use effect::{PartitionEffect, PartitionGroupConfig};
+pub use group::{
+    CommittedEffect, GroupError, MetadataBus, MetadataGroup, MetadataReply, TransferNeeded,
+};
 pub use identifier::{Identifier, NAME_LEN_MAX, NameKind};
 pub use op::MetadataOp;
 pub use op_codec::{OP_CODEC_VERSION, OpDecodeError, OpEncodeError};

@@ -409,6 +409,24 @@ impl MetadataState {
         result.map_err(ApplyError::Refused)
     }
 
+    /// Occupies committed op `op` without changing anything else: a
+    /// client Register, or a request the client table recognised as
+    /// already committed. Same ordering rules as [`Self::apply`].
+    pub fn skip(&mut self, op: Op) -> Result<(), ApplyError> {
+        if op <= self.applied {
+            return Err(ApplyError::AlreadyApplied {
+                op,
+                applied: self.applied,
+            });
+        }
+        let expected = Op(self.applied.0 + 1);
+        if op != expected {
+            return Err(ApplyError::Gap { op, expected });
+        }
+        self.applied = op;
+        Ok(())
+    }
+
     fn apply_body(&mut self, op: Op, body: &MetadataOp) -> Result<Applied, Refusal> {
         match body {
             MetadataOp::CreateStream {

@@ -334,6 +334,12 @@ impl<F: Fs> MetadataStore<F> {
                     found: p.op,
                 });
             }
+            if frame.body.is_empty() {
+                // A skipped op (Register or duplicate): occupies its number.
+                state.skip(Op(p.op)).map_err(StoreError::Apply)?;
+                report.replayed += 1;
+                continue;
+            }
             let op = MetadataOp::decode(frame.body)
                 .map_err(|error| StoreError::WalEntryUndecodable { op: p.op, error })?;
             match state.apply(Op(p.op), &op) {
@@ -383,31 +389,53 @@ impl<F: Fs> MetadataStore<F> {
         if self.poisoned {
             return Err(StoreError::Poisoned);
         }
-        let expected = self.next_op();
-        if op != expected {
-            let e = if op < expected {
-                ApplyError::AlreadyApplied {
-                    op,
-                    applied: self.applied(),
-                }
-            } else {
-                ApplyError::Gap { op, expected }
-            };
-            return Err(StoreError::Apply(e));
-        }
+        self.check_next(op)?;
         let bytes = body.encode().map_err(StoreError::Encode)?;
         let frame = self.frame(op, &bytes, origin);
+        self.append(frame).await?;
+        match self.state.apply(op, body) {
+            Ok(applied) => Ok(Ok(applied)),
+            Err(ApplyError::Refused(r)) => Ok(Err(r)),
+            Err(e) => Err(StoreError::Apply(e)),
+        }
+    }
+
+    /// Makes committed op `op` durable as a skipped op (a Register, or a
+    /// request already committed at an earlier op): an empty WAL entry;
+    /// the state only records the op as applied.
+    pub async fn commit_skip(&mut self, op: Op, origin: OpOrigin) -> Result<(), StoreError> {
+        if self.poisoned {
+            return Err(StoreError::Poisoned);
+        }
+        self.check_next(op)?;
+        let frame = self.frame(op, &[], origin);
+        self.append(frame).await?;
+        self.state.skip(op).map_err(StoreError::Apply)
+    }
+
+    fn check_next(&self, op: Op) -> Result<(), StoreError> {
+        let expected = self.next_op();
+        if op == expected {
+            return Ok(());
+        }
+        Err(StoreError::Apply(if op < expected {
+            ApplyError::AlreadyApplied {
+                op,
+                applied: self.applied(),
+            }
+        } else {
+            ApplyError::Gap { op, expected }
+        }))
+    }
+
+    async fn append(&mut self, frame: Vec<u8>) -> Result<(), StoreError> {
         let identity = u128::from_le_bytes(frame[..16].try_into().unwrap_or([0; 16]));
         // Durable before applied: an effect is only ever handed out for an
         // op a reboot will replay.
         self.wal.append(frame).await?;
         self.parent = identity;
         self.ops_since_snapshot += 1;
-        match self.state.apply(op, body) {
-            Ok(applied) => Ok(Ok(applied)),
-            Err(ApplyError::Refused(r)) => Ok(Err(r)),
-            Err(e) => Err(StoreError::Apply(e)),
-        }
+        Ok(())
     }
 
     fn frame(&self, op: Op, body: &[u8], origin: OpOrigin) -> Vec<u8> {

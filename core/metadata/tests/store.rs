@@ -285,3 +285,21 @@ fn given_a_process_crash_that_keeps_the_page_cache_should_keep_every_acknowledge
         assert!(cut < 10_000);
     }
 }
+
+#[test]
+fn given_skipped_ops_when_rebooted_should_replay_them_as_occupied_op_numbers() {
+    let fs = fresh(6);
+    let mut store = open(&fs).unwrap();
+    commit(&mut store, &create_stream("a")).unwrap();
+    block_on(store.commit_skip(Op(2), OpOrigin::default())).unwrap();
+    commit(&mut store, &create_stream("b")).unwrap();
+    assert!(matches!(
+        block_on(store.commit_skip(Op(2), OpOrigin::default())),
+        Err(StoreError::Apply(_))
+    ));
+    let want = store.state().clone();
+    assert_eq!(want.applied(), Op(3));
+    drop(store);
+    fs.crash_with(CrashMode::DropAll);
+    assert_eq!(*open(&fs).unwrap().state(), want);
+}

@@ -1,0 +1,408 @@
+//! [`MetadataGroup`]: one replica of consensus group 0, driving the VSR
+//! [`Replica`] the way `partitions::Partition` drives a partition group.
+//!
+//! Inputs: frames from peers ([`MetadataGroup::on_frame`]), ticks
+//! ([`MetadataGroup::on_tick`]) and client requests
+//! ([`MetadataGroup::register`], [`MetadataGroup::submit`]). The core's
+//! actions are carried out at once:
+//!
+//! - `PersistState` → the superblock (`journal::DurableState`), then
+//!   [`Replica::on_persisted`] with the values written; a failed write is
+//!   retried on the next tick while the core keeps holding its sends;
+//! - `Apply` → [`MetadataStore::commit`]: the op is appended to the
+//!   metadata WAL and synced, then applied; its effects are queued for the
+//!   shard ([`MetadataGroup::take_effects`]) and its outcome rides on the
+//!   client's reply. A Register, or a request the client table recognises
+//!   as already committed at an earlier op (`duplicate`), occupies its op
+//!   number with an empty WAL entry and changes nothing, so a request
+//!   retried across a view change takes effect once;
+//! - `Send` / `Reply` → the [`MetadataBus`].
+//!
+//! Effects come only from `Apply`, which the core emits once per committed
+//! op per replica, in op order; the store refuses an op at or below the
+//! applied one. That is the whole exactly-once argument.
+//!
+//! Not here yet: restarting a replica of a multi-replica group from its
+//! store (the core needs the applied op's prepare identity, which the
+//! store does not record), and catching up past the peers' retention by a
+//! snapshot transfer (`Effect::StartStateTransfer` is recorded and
+//! reported by [`MetadataGroup::state_transfer_needed`]).
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use bytes::Bytes;
+use common::Op;
+use consensus::vsr::{
+    Action, Config as VsrConfig, Effect, Frame, FrameError, OPERATION_APPEND, OPERATION_REGISTER,
+    Prepare, Replica, Reply, Request, RequestOutcome,
+};
+use journal::{DurableState, SuperblockError, SuperblockStore, VsrState};
+use storage::fs::Fs;
+
+use crate::effect::PartitionEffect;
+use crate::op::MetadataOp;
+use crate::op_codec::OpEncodeError;
+use crate::refusal::Refusal;
+use crate::state::{MetadataState, Outcome};
+use crate::store::{MetadataStore, OpOrigin, StoreError};
+
+/// How many applied outcomes are kept for replies not yet sent.
+const OUTCOMES_KEPT: usize = 64;
+
+/// Where a metadata replica's outputs go.
+pub trait MetadataBus {
+    /// Sends `frame` to replica `to` of group 0.
+    fn send_to_replica(&self, to: u8, frame: Frame);
+    /// Delivers a reply to its client.
+    fn send_to_client(&self, reply: MetadataReply);
+}
+
+/// A reply and, when the request was applied here, what the op did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataReply {
+    /// The core's reply.
+    pub reply: Reply,
+    /// `Some(Ok)` for an accepted op, `Some(Err)` for a refused one, `None`
+    /// for a Register or a reply from the client table.
+    pub outcome: Option<Result<Outcome, Refusal>>,
+}
+
+/// An effect with the op that produced it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedEffect {
+    /// The committed op.
+    pub op: Op,
+    /// What the partition plane must do.
+    pub effect: PartitionEffect,
+}
+
+/// Why the group could not go on or refused an input.
+#[derive(Debug)]
+pub enum GroupError {
+    /// The superblock could not be opened.
+    Superblock(SuperblockError),
+    /// The store refused to commit an op the core committed: the replica
+    /// stops (fenced) rather than diverge.
+    Store(StoreError),
+    /// The op cannot be encoded.
+    Encode(OpEncodeError),
+    /// A frame from a peer was dropped.
+    Frame(FrameError),
+    /// The store already holds ops: restarting a replica from its store is
+    /// not supported yet.
+    RestartUnsupported {
+        /// The store's applied op.
+        applied: Op,
+    },
+    /// An earlier store failure fenced this replica.
+    Fenced,
+}
+
+impl fmt::Display for GroupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Superblock(e) => write!(f, "metadata superblock: {e}"),
+            Self::Store(e) => write!(f, "metadata store: {e}"),
+            Self::Encode(e) => write!(f, "metadata op: {e}"),
+            Self::Frame(e) => write!(f, "metadata frame dropped: {e}"),
+            Self::RestartUnsupported { applied } => write!(
+                f,
+                "the metadata store holds ops up to {}; restarting a replica from it is not supported yet",
+                applied.0
+            ),
+            Self::Fenced => f.write_str("the metadata replica is fenced after a store failure"),
+        }
+    }
+}
+
+impl std::error::Error for GroupError {}
+
+/// A state transfer the core asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferNeeded {
+    /// The peer to transfer from.
+    pub peer: u8,
+    /// The highest op below every peer's retained range.
+    pub floor: u64,
+    /// The op repair was trying to reach.
+    pub to_op: u64,
+}
+
+/// One replica of the metadata plane.
+pub struct MetadataGroup<F: Fs, S: SuperblockStore, B: MetadataBus> {
+    replica: Replica,
+    store: MetadataStore<F>,
+    durable: DurableState<S>,
+    bus: B,
+    effects: Vec<CommittedEffect>,
+    outcomes: VecDeque<(u64, Result<Outcome, Refusal>)>,
+    persist_failed: bool,
+    fenced: bool,
+    transfer_needed: Option<TransferNeeded>,
+}
+
+impl<F: Fs, S: SuperblockStore, B: MetadataBus> fmt::Debug for MetadataGroup<F, S, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetadataGroup")
+            .field("replica", &self.replica.replica())
+            .field("view", &self.replica.view())
+            .field("applied", &self.store.applied())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
+    /// A replica of a new group over an empty store.
+    pub async fn open(
+        config: VsrConfig,
+        cluster: u128,
+        store: MetadataStore<F>,
+        superblock: S,
+        bus: B,
+    ) -> Result<Self, GroupError> {
+        if store.applied() != Op(0) {
+            return Err(GroupError::RestartUnsupported {
+                applied: store.applied(),
+            });
+        }
+        let initial = VsrState {
+            cluster,
+            replica_id: config.replica,
+            replica_count: config.replica_count,
+            ..VsrState::default()
+        };
+        let durable = DurableState::open(superblock, initial)
+            .await
+            .map_err(GroupError::Superblock)?;
+        Ok(Self {
+            replica: Replica::new(config),
+            store,
+            durable,
+            bus,
+            effects: Vec::new(),
+            outcomes: VecDeque::new(),
+            persist_failed: false,
+            fenced: false,
+            transfer_needed: None,
+        })
+    }
+
+    /// The VSR core.
+    pub const fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    /// The applied metadata state.
+    pub const fn state(&self) -> &MetadataState {
+        self.store.state()
+    }
+
+    /// The durable store.
+    pub const fn store(&self) -> &MetadataStore<F> {
+        &self.store
+    }
+
+    /// The store, for snapshots between inputs.
+    pub fn store_mut(&mut self) -> &mut MetadataStore<F> {
+        &mut self.store
+    }
+
+    /// The effects applied since the last call, in op order.
+    pub fn take_effects(&mut self) -> Vec<CommittedEffect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// A state transfer the core asked for, if any.
+    pub const fn state_transfer_needed(&self) -> Option<TransferNeeded> {
+        self.transfer_needed
+    }
+
+    /// Whether a store failure stopped this replica.
+    pub const fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    fn check_fenced(&self) -> Result<(), GroupError> {
+        if self.fenced {
+            Err(GroupError::Fenced)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A frame from a peer.
+    pub async fn on_frame(&mut self, frame: Frame) -> Result<(), GroupError> {
+        self.check_fenced()?;
+        let res = self.replica.on_frame(frame);
+        self.drive().await?;
+        res.map_err(GroupError::Frame)
+    }
+
+    /// One tick of the driver's clock.
+    pub async fn on_tick(&mut self) -> Result<(), GroupError> {
+        self.check_fenced()?;
+        if self.persist_failed {
+            self.persist().await;
+        }
+        self.replica.on_tick();
+        self.drive().await
+    }
+
+    /// Registers a client session (its reply carries the session).
+    pub async fn register(
+        &mut self,
+        client: u128,
+        user_id: u32,
+    ) -> Result<RequestOutcome, GroupError> {
+        self.check_fenced()?;
+        let outcome = self.replica.on_client_request(Request {
+            client,
+            session: 0,
+            request: 0,
+            operation: OPERATION_REGISTER,
+            user_id,
+            body: Bytes::new(),
+        });
+        self.drive().await?;
+        Ok(outcome)
+    }
+
+    /// Orders a metadata op for a registered client. The caller (the
+    /// listener on the primary) has already stamped creation times and
+    /// hashed passwords into `op`.
+    pub async fn submit(
+        &mut self,
+        client: u128,
+        session: u64,
+        request: u64,
+        user_id: u32,
+        op: &MetadataOp,
+    ) -> Result<RequestOutcome, GroupError> {
+        self.check_fenced()?;
+        let body = op.encode().map_err(GroupError::Encode)?;
+        let outcome = self.replica.on_client_request(Request {
+            client,
+            session,
+            request,
+            operation: OPERATION_APPEND,
+            user_id,
+            body: Bytes::from(body),
+        });
+        self.drive().await?;
+        Ok(outcome)
+    }
+
+    async fn persist(&mut self) {
+        let (view, log_view, commit) = (
+            self.replica.view(),
+            self.replica.log_view(),
+            self.replica.commit_max(),
+        );
+        match self.durable.persist_view(view, log_view, commit).await {
+            Ok(()) => {
+                self.persist_failed = false;
+                self.replica.on_persisted(view, log_view);
+            }
+            Err(error) => {
+                // Sends stay held by the core; retried on the next tick.
+                tracing::warn!(%error, view, log_view, "metadata superblock write failed");
+                self.persist_failed = true;
+            }
+        }
+    }
+
+    async fn drive(&mut self) -> Result<(), GroupError> {
+        loop {
+            let actions = self.replica.take_actions();
+            if actions.is_empty() {
+                return Ok(());
+            }
+            for action in actions {
+                match action {
+                    Action::Send { to, frame } => self.bus.send_to_replica(to, frame),
+                    Action::Reply(reply) => {
+                        let outcome = self
+                            .outcomes
+                            .iter()
+                            .find(|(op, _)| *op == reply.op)
+                            .map(|(_, o)| o.clone());
+                        self.bus.send_to_client(MetadataReply { reply, outcome });
+                    }
+                    Action::Effect(Effect::PersistState { .. }) => self.persist().await,
+                    Action::Effect(Effect::Apply { prepare, duplicate }) => {
+                        if let Err(e) = self.apply(prepare, duplicate).await {
+                            tracing::error!(error = %e, "metadata op could not be committed; fencing");
+                            self.fenced = true;
+                            return Err(e);
+                        }
+                    }
+                    Action::Effect(Effect::Journal { .. } | Effect::TruncateJournal { .. }) => {}
+                    Action::Effect(Effect::StartStateTransfer { peer, floor, to_op }) => {
+                        tracing::warn!(
+                            peer,
+                            floor,
+                            to_op,
+                            "metadata replica needs a state transfer"
+                        );
+                        self.transfer_needed = Some(TransferNeeded { peer, floor, to_op });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn apply(&mut self, prepare: Prepare, duplicate: bool) -> Result<(), GroupError> {
+        let h = prepare.header;
+        let op = Op(h.op);
+        let origin = OpOrigin {
+            client: h.client,
+            request: h.request,
+            timestamp_us: h.timestamp,
+            user_id: h.user_id,
+        };
+        let body = if h.operation == OPERATION_REGISTER || duplicate {
+            None
+        } else {
+            match MetadataOp::decode(&prepare.body) {
+                Ok(body) => Some(body),
+                Err(error) => {
+                    // The primary encodes every op it orders, so this is a
+                    // bug or a hostile primary; every replica decodes the
+                    // same bytes and skips alike.
+                    tracing::error!(op = h.op, %error, "committed metadata op does not decode; skipped");
+                    None
+                }
+            }
+        };
+        let Some(body) = body else {
+            return self
+                .store
+                .commit_skip(op, origin)
+                .await
+                .map_err(GroupError::Store);
+        };
+        let result = self
+            .store
+            .commit(op, &body, origin)
+            .await
+            .map_err(GroupError::Store)?;
+        let outcome = match result {
+            Ok(applied) => {
+                self.effects.extend(
+                    applied
+                        .effects
+                        .into_iter()
+                        .map(|effect| CommittedEffect { op, effect }),
+                );
+                Ok(applied.outcome)
+            }
+            Err(refusal) => Err(refusal),
+        };
+        if self.outcomes.len() == OUTCOMES_KEPT {
+            self.outcomes.pop_front();
+        }
+        self.outcomes.push_back((h.op, outcome));
+        Ok(())
+    }
+}

@@ -1,0 +1,411 @@
+//! The metadata group on three in-process replicas: every operation,
+//! accepted and refused, leaves all replicas' applied states equal, with
+//! the same effects; a view change in the middle of a create-topic or a
+//! purge, with the client retrying at the new primary, takes effect once.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, VecDeque};
+use std::path::Path;
+use std::rc::Rc;
+
+use ::common::METADATA_GROUP;
+use common::*;
+use consensus::vsr::{Config, Frame, RequestOutcome, Status, TimeoutConfig};
+use futures::executor::block_on;
+use journal::MemSuperblock;
+use metadata::{
+    CommittedEffect, MetadataBus, MetadataGroup, MetadataOp, MetadataReply, MetadataStore,
+    PartitionEffect, StoreConfig,
+};
+use storage::fs::SimFs;
+
+#[derive(Default)]
+struct NetState {
+    frames: VecDeque<(u8, u8, Frame)>,
+    replies: Vec<MetadataReply>,
+    down: BTreeSet<u8>,
+    /// Frames from this replica are dropped (it still receives).
+    mute: BTreeSet<u8>,
+}
+
+#[derive(Clone, Default)]
+struct Net(Rc<RefCell<NetState>>);
+
+struct Bus {
+    me: u8,
+    net: Net,
+}
+
+impl MetadataBus for Bus {
+    fn send_to_replica(&self, to: u8, frame: Frame) {
+        self.net
+            .0
+            .borrow_mut()
+            .frames
+            .push_back((self.me, to, frame));
+    }
+    fn send_to_client(&self, reply: MetadataReply) {
+        self.net.0.borrow_mut().replies.push(reply);
+    }
+}
+
+type Group = MetadataGroup<SimFs, MemSuperblock, Bus>;
+
+struct Cluster {
+    groups: Vec<Group>,
+    effects: Vec<Vec<CommittedEffect>>,
+    net: Net,
+    client: u128,
+    session: u64,
+    request: u64,
+}
+
+impl Cluster {
+    fn new() -> Self {
+        let net = Net::default();
+        let groups = (0..3u8)
+            .map(|r| {
+                let fs = SimFs::new(u64::from(r) + 100);
+                let (store, _) = block_on(MetadataStore::open(
+                    &fs,
+                    Path::new("/meta"),
+                    StoreConfig::default(),
+                ))
+                .unwrap();
+                let mut config = Config::new(r, 3, METADATA_GROUP.0);
+                config.timeouts = TimeoutConfig::scaled_down(5);
+                config.seed = 7;
+                let bus = Bus {
+                    me: r,
+                    net: net.clone(),
+                };
+                block_on(Group::open(config, 1, store, MemSuperblock::new(), bus)).unwrap()
+            })
+            .collect();
+        let mut c = Self {
+            groups,
+            effects: vec![Vec::new(); 3],
+            net,
+            client: 0xC11E,
+            session: 0,
+            request: 0,
+        };
+        let p = c.primary();
+        block_on(c.groups[p].register(c.client, 0)).unwrap();
+        c.settle();
+        let reply = c.net.0.borrow_mut().replies.pop().unwrap();
+        c.session = reply.reply.session;
+        assert_ne!(c.session, 0);
+        c
+    }
+
+    fn up(&self, r: usize) -> bool {
+        !self.net.0.borrow().down.contains(&(r as u8))
+    }
+
+    fn primary(&self) -> usize {
+        (0..3)
+            .find(|&r| {
+                self.up(r)
+                    && self.groups[r].replica().is_primary()
+                    && self.groups[r].replica().status() == Status::Normal
+            })
+            .expect("a primary")
+    }
+
+    fn deliver(&mut self) {
+        for _ in 0..100_000 {
+            let next = self.net.0.borrow_mut().frames.pop_front();
+            let Some((from, to, frame)) = next else {
+                return;
+            };
+            let drop = {
+                let n = self.net.0.borrow();
+                n.down.contains(&from) || n.down.contains(&to) || n.mute.contains(&from)
+            };
+            if !drop {
+                let _ = block_on(self.groups[usize::from(to)].on_frame(frame));
+            }
+        }
+        panic!("the network never quiesced");
+    }
+
+    fn tick(&mut self) {
+        for r in 0..3 {
+            if self.up(r) {
+                block_on(self.groups[r].on_tick()).unwrap();
+            }
+        }
+        self.deliver();
+        for r in 0..3 {
+            self.effects[r].extend(self.groups[r].take_effects());
+        }
+    }
+
+    /// Ticks until every live replica applied the same op and no frame is
+    /// pending, then asserts their states are equal.
+    fn settle(&mut self) {
+        self.deliver();
+        for _ in 0..5_000 {
+            self.tick();
+            let live: Vec<usize> = (0..3).filter(|&r| self.up(r)).collect();
+            let ops: BTreeSet<u64> = live
+                .iter()
+                .map(|&r| self.groups[r].state().applied().0)
+                .collect();
+            let primary_ok = live.iter().any(|&r| {
+                self.groups[r].replica().is_primary()
+                    && self.groups[r].replica().status() == Status::Normal
+                    && self.groups[r].replica().commit_min() == self.groups[r].replica().op()
+            });
+            if ops.len() == 1 && primary_ok {
+                let first = self.groups[live[0]].state();
+                for &r in &live[1..] {
+                    assert_eq!(self.groups[r].state(), first, "replica {r} diverged");
+                }
+                return;
+            }
+        }
+        panic!("the cluster did not settle");
+    }
+
+    fn submit(&mut self, op: &MetadataOp) -> RequestOutcome {
+        self.request += 1;
+        let p = self.primary();
+        block_on(self.groups[p].submit(self.client, self.session, self.request, 0, op)).unwrap()
+    }
+
+    /// Submits, settles, and returns the reply.
+    fn run(&mut self, op: MetadataOp) -> MetadataReply {
+        assert!(matches!(self.submit(&op), RequestOutcome::Prepared { .. }));
+        self.settle();
+        let reply = self.net.0.borrow_mut().replies.pop().unwrap();
+        assert_eq!(reply.reply.request, self.request);
+        reply
+    }
+}
+
+#[test]
+fn given_every_operation_accepted_and_refused_on_three_replicas_should_keep_states_and_effects_equal()
+ {
+    let mut c = Cluster::new();
+    let ops = vec![
+        (create_user("iggy"), None),
+        (create_stream("s"), None),
+        (create_stream("s"), Some(1012)),
+        (
+            MetadataOp::UpdateStream {
+                stream: 0.into(),
+                name: "s2".into(),
+            },
+            None,
+        ),
+        (create_topic(0, "t", 3), None),
+        (create_topic(0, "t", 1), Some(2013)),
+        (create_topic(9, "x", 1), Some(1009)),
+        (create_group(0, 0, "g"), None),
+        (join(0, 0, 0, 1), None),
+        (join(0, 0, 0, 2), None),
+        (leave(0, 0, 0, 9), Some(5006)),
+        (
+            MetadataOp::CreatePartitions {
+                stream: 0.into(),
+                topic: 0.into(),
+                count: 2,
+                created_at_us: 1,
+            },
+            None,
+        ),
+        (
+            MetadataOp::DeletePartitions {
+                stream: 0.into(),
+                topic: 0.into(),
+                count: 1,
+            },
+            None,
+        ),
+        (
+            MetadataOp::PurgeTopic {
+                stream: 0.into(),
+                topic: 0.into(),
+            },
+            None,
+        ),
+        (
+            MetadataOp::EndSession {
+                session: metadata::SessionId(1),
+            },
+            None,
+        ),
+        (
+            MetadataOp::DeleteConsumerGroup {
+                stream: 0.into(),
+                topic: 0.into(),
+                group: "g".into(),
+            },
+            None,
+        ),
+        (
+            MetadataOp::DeleteTopic {
+                stream: 0.into(),
+                topic: "t".into(),
+            },
+            None,
+        ),
+        (MetadataOp::DeleteUser { user: 0.into() }, Some(48)),
+        (MetadataOp::PurgeStream { stream: 0.into() }, None),
+        (MetadataOp::DeleteStream { stream: 0.into() }, None),
+    ];
+    for (op, refused) in ops {
+        let name = op.name();
+        let reply = c.run(op);
+        match (reply.outcome, refused) {
+            (Some(Ok(_)), None) => {}
+            (Some(Err(r)), Some(code)) => assert_eq!(r.iggy_code(), code, "{name}"),
+            (other, want) => panic!("{name}: got {other:?}, wanted refusal {want:?}"),
+        }
+        assert_eq!(c.effects[0], c.effects[1], "after {name}");
+        assert_eq!(c.effects[1], c.effects[2], "after {name}");
+    }
+    // Each create and delete of a partition group happened once per
+    // replica.
+    let creates = c.effects[0]
+        .iter()
+        .filter(|e| matches!(e.effect, PartitionEffect::CreatePartitionGroup { .. }))
+        .count();
+    let deletes = c.effects[0]
+        .iter()
+        .filter(|e| matches!(e.effect, PartitionEffect::DeletePartitionGroup { .. }))
+        .count();
+    assert_eq!((creates, deletes), (5, 5));
+}
+
+/// Orders `op` on the primary, lets the prepare reach the backups but not
+/// their acknowledgements, takes the primary down, lets the others elect a
+/// new one, retries the same request there, brings the old primary back,
+/// and returns the effects of each replica after the op.
+fn view_change_mid(op: MetadataOp) -> (Cluster, Vec<Vec<CommittedEffect>>) {
+    let mut c = Cluster::new();
+    c.run(create_stream("s"));
+    c.run(create_topic(0, "t", 2));
+    let marks: Vec<usize> = c.effects.iter().map(Vec::len).collect();
+    let old = c.primary();
+    let view = c.groups[old].replica().view();
+    for r in 0..3 {
+        if r != old {
+            c.net.0.borrow_mut().mute.insert(r as u8);
+        }
+    }
+    assert!(matches!(c.submit(&op), RequestOutcome::Prepared { .. }));
+    c.deliver();
+    assert!(
+        (0..3).all(|r| c.groups[r].replica().op() == c.groups[old].replica().op()),
+        "the prepare reached every backup"
+    );
+    {
+        let mut n = c.net.0.borrow_mut();
+        n.mute.clear();
+        n.down.insert(old as u8);
+    }
+    for _ in 0..5_000 {
+        c.tick();
+        let p = (0..3).find(|&r| {
+            r != old
+                && c.groups[r].replica().is_primary()
+                && c.groups[r].replica().status() == Status::Normal
+                && c.groups[r].replica().view() > view
+        });
+        if p.is_some() {
+            break;
+        }
+    }
+    let new = c.primary();
+    assert_ne!(new, old);
+    // The client retries the same request at the new primary.
+    let retried = block_on(c.groups[new].submit(c.client, c.session, c.request, 0, &op)).unwrap();
+    assert!(
+        matches!(
+            retried,
+            RequestOutcome::Answered | RequestOutcome::InFlight | RequestOutcome::Prepared { .. }
+        ),
+        "{retried:?}"
+    );
+    c.net.0.borrow_mut().down.clear();
+    c.settle();
+    let after = (0..3).map(|r| c.effects[r][marks[r]..].to_vec()).collect();
+    (c, after)
+}
+
+#[test]
+fn given_a_view_change_in_the_middle_of_create_topic_when_retried_should_create_its_partitions_once()
+ {
+    let (c, effects) = view_change_mid(create_topic(0, "new", 2));
+    for (r, e) in effects.iter().enumerate() {
+        let creates: Vec<_> = e
+            .iter()
+            .filter(|x| matches!(x.effect, PartitionEffect::CreatePartitionGroup { .. }))
+            .collect();
+        assert_eq!(creates.len(), 2, "replica {r}: {e:?}");
+    }
+    assert_eq!(effects[0], effects[1]);
+    assert_eq!(effects[1], effects[2]);
+    let s = &c.groups[0].state().streams()[&::common::StreamId(0)];
+    assert_eq!(s.topics.len(), 2);
+}
+
+#[test]
+fn given_a_view_change_in_the_middle_of_a_purge_when_retried_should_purge_once() {
+    let (c, effects) = view_change_mid(MetadataOp::PurgeTopic {
+        stream: 0.into(),
+        topic: 0.into(),
+    });
+    for (r, e) in effects.iter().enumerate() {
+        let gens: Vec<u64> = e
+            .iter()
+            .map(|x| match x.effect {
+                PartitionEffect::PurgePartition { generation, .. } => generation,
+                ref other => panic!("replica {r}: unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(gens, vec![1, 1], "replica {r}");
+    }
+    let infos = c.groups[1].state().partition_groups();
+    assert!(infos.iter().all(|i| i.purge_generation == 1));
+}
+
+#[test]
+fn given_a_view_change_in_the_middle_of_delete_stream_when_retried_should_delete_once() {
+    let (_, effects) = view_change_mid(MetadataOp::DeleteStream { stream: 0.into() });
+    for e in &effects {
+        let deletes = e
+            .iter()
+            .filter(|x| matches!(x.effect, PartitionEffect::DeletePartitionGroup { .. }))
+            .count();
+        assert_eq!(deletes, 2);
+    }
+}
+
+#[test]
+fn given_a_request_retried_after_its_reply_when_resubmitted_should_be_answered_without_a_new_op() {
+    let mut c = Cluster::new();
+    c.run(create_stream("s"));
+    c.run(create_topic(0, "t", 1));
+    let applied = c.groups[0].state().applied();
+    let marks: Vec<usize> = c.effects.iter().map(Vec::len).collect();
+    let p = c.primary();
+    let op = MetadataOp::PurgeTopic {
+        stream: 0.into(),
+        topic: 0.into(),
+    };
+    // Request number of the create-topic, retried with another body.
+    let again = block_on(c.groups[p].submit(c.client, c.session, c.request, 0, &op)).unwrap();
+    assert_eq!(again, RequestOutcome::Answered);
+    c.settle();
+    assert_eq!(c.groups[0].state().applied(), applied);
+    for r in 0..3 {
+        assert_eq!(c.effects[r].len(), marks[r]);
+    }
+}
