@@ -405,7 +405,7 @@ fn given_a_request_retried_after_its_reply_when_resubmitted_should_be_answered_w
     assert_eq!(again, RequestOutcome::Answered);
     c.settle();
     assert_eq!(c.groups[0].state().applied(), applied);
-    for r in 0..3 {
-        assert_eq!(c.effects[r].len(), marks[r]);
+    for (effects, mark) in c.effects.iter().zip(&marks) {
+        assert_eq!(effects.len(), *mark);
     }
 }
