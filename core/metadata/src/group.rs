@@ -22,11 +22,14 @@
 //! op per replica, in op order; the store refuses an op at or below the
 //! applied one. That is the whole exactly-once argument.
 //!
-//! Not here yet: restarting a replica of a multi-replica group from its
-//! store (the core needs the applied op's prepare identity, which the
-//! store does not record), and catching up past the peers' retention by a
-//! snapshot transfer (`Effect::StartStateTransfer` is recorded and
-//! reported by [`MetadataGroup::state_transfer_needed`]).
+//! A restart resumes from the store's applied op and its prepare identity
+//! (recorded in every WAL entry and in the snapshot). The client table is
+//! not durable: a restarted replica rebuilds only the sessions of the ops
+//! it re-applies from peers (as on the partition plane).
+//!
+//! Not here yet: catching up past the peers' retention by a snapshot
+//! transfer (`Effect::StartStateTransfer` is recorded and reported by
+//! [`MetadataGroup::state_transfer_needed`]).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -34,8 +37,9 @@ use std::fmt;
 use bytes::Bytes;
 use common::Op;
 use consensus::vsr::{
-    Action, Config as VsrConfig, Effect, Frame, FrameError, OPERATION_APPEND, OPERATION_REGISTER,
-    Prepare, Replica, Reply, Request, RequestOutcome,
+    Action, AppliedState, Config as VsrConfig, DurableState as VsrDurable, Effect, Frame,
+    FrameError, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request,
+    RequestOutcome,
 };
 use journal::{DurableState, SuperblockError, SuperblockStore, VsrState};
 use storage::fs::Fs;
@@ -89,9 +93,9 @@ pub enum GroupError {
     Encode(OpEncodeError),
     /// A frame from a peer was dropped.
     Frame(FrameError),
-    /// The store already holds ops: restarting a replica from its store is
-    /// not supported yet.
-    RestartUnsupported {
+    /// The store holds ops but not the identity of the last one (it was
+    /// written outside replication): the hash chain cannot continue.
+    AppliedIdentityUnknown {
         /// The store's applied op.
         applied: Op,
     },
@@ -106,9 +110,9 @@ impl fmt::Display for GroupError {
             Self::Store(e) => write!(f, "metadata store: {e}"),
             Self::Encode(e) => write!(f, "metadata op: {e}"),
             Self::Frame(e) => write!(f, "metadata frame dropped: {e}"),
-            Self::RestartUnsupported { applied } => write!(
+            Self::AppliedIdentityUnknown { applied } => write!(
                 f,
-                "the metadata store holds ops up to {}; restarting a replica from it is not supported yet",
+                "the metadata store holds ops up to {} without the last one's prepare identity",
                 applied.0
             ),
             Self::Fenced => f.write_str("the metadata replica is fenced after a store failure"),
@@ -153,7 +157,12 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> fmt::Debug for MetadataGroup<F, 
 }
 
 impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
-    /// A replica of a new group over an empty store.
+    /// A replica of group 0 over its store and superblock. A new group (an
+    /// empty store and superblock) starts in view 0; otherwise the replica
+    /// restarts from the superblock's views and the store's applied op,
+    /// its hash chain continuing from that op's identity. With peers it
+    /// comes back quorum-invisible and repairs the ops after its applied
+    /// one from them (docs/consensus.md, "Restart rule").
     pub async fn open(
         config: VsrConfig,
         cluster: u128,
@@ -161,11 +170,6 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         superblock: S,
         bus: B,
     ) -> Result<Self, GroupError> {
-        if store.applied() != Op(0) {
-            return Err(GroupError::RestartUnsupported {
-                applied: store.applied(),
-            });
-        }
         let initial = VsrState {
             cluster,
             replica_id: config.replica,
@@ -175,8 +179,31 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         let durable = DurableState::open(superblock, initial)
             .await
             .map_err(GroupError::Superblock)?;
+        let sb = *durable.state();
+        let applied = store.applied();
+        let fresh = applied == Op(0) && sb.view == 0 && sb.log_view == 0 && sb.commit_max == 0;
+        let replica = if fresh {
+            Replica::new(config)
+        } else {
+            let identity = store.state().applied_identity();
+            if applied != Op(0) && identity == 0 {
+                return Err(GroupError::AppliedIdentityUnknown { applied });
+            }
+            Replica::restart(
+                config,
+                VsrDurable {
+                    view: sb.view,
+                    log_view: sb.log_view,
+                    commit: sb.commit_max.max(applied.0),
+                },
+                AppliedState {
+                    commit_min: applied.0,
+                    checksum: identity,
+                },
+            )
+        };
         Ok(Self {
-            replica: Replica::new(config),
+            replica,
             store,
             durable,
             bus,
@@ -360,6 +387,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             request: h.request,
             timestamp_us: h.timestamp,
             user_id: h.user_id,
+            identity: h.checksum,
         };
         let body = if h.operation == OPERATION_REGISTER || duplicate {
             None

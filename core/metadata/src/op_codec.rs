@@ -254,6 +254,11 @@ impl<'a> Reader<'a> {
     pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, OpDecodeError> {
         self.0.u64().map_err(|_| OpDecodeError::Truncated { field })
     }
+    pub(crate) fn u128(&mut self, field: &'static str) -> Result<u128, OpDecodeError> {
+        self.0
+            .u128()
+            .map_err(|_| OpDecodeError::Truncated { field })
+    }
     pub(crate) fn take(
         &mut self,
         field: &'static str,

@@ -3,7 +3,7 @@
 //! snapshot").
 //!
 //! `[magic "RMS1"][version u16 = 1][reserved u16 = 0][applied u64]
-//! [counters][streams…][users…][xxh3-64 trailer]`, little-endian. The
+//! [applied identity u128][counters][streams…][users…][xxh3-64 trailer]`, little-endian. The
 //! decoder fails closed: the trailer is verified over every preceding
 //! byte before any field is read, then each count is checked against its
 //! ceiling and against the bytes actually present (count × the smallest
@@ -156,6 +156,7 @@ pub fn encode_snapshot(state: &MetadataState) -> Vec<u8> {
     w.0.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     w.0.extend_from_slice(&0u16.to_le_bytes());
     w.u64(state.applied.0);
+    w.0.extend_from_slice(&state.applied_identity.to_le_bytes());
     w.u32(state.next_stream_id);
     w.u64(state.next_group);
     w.u32(state.next_user_id);
@@ -269,6 +270,7 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<MetadataState, SnapshotDecodeErro
     }
     let mut state = MetadataState {
         applied: Op(r.u64("applied")?),
+        applied_identity: r.u128("applied identity")?,
         next_stream_id: r.u32("next_stream_id")?,
         next_group: r.u64("next_group")?,
         next_user_id: r.u32("next_user_id")?,

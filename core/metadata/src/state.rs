@@ -267,6 +267,9 @@ pub struct PartitionGroupInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MetadataState {
     pub(crate) applied: Op,
+    /// The VSR identity of the applied op's prepare (0 outside
+    /// replication): a restarted replica's hash chain continues from it.
+    pub(crate) applied_identity: u128,
     pub(crate) next_stream_id: u32,
     pub(crate) next_group: u64,
     pub(crate) next_user_id: u32,
@@ -288,6 +291,17 @@ impl MetadataState {
     /// The last op applied (accepted or refused).
     pub const fn applied(&self) -> Op {
         self.applied
+    }
+
+    /// The VSR identity of the applied op's prepare (0 when not recorded).
+    pub const fn applied_identity(&self) -> u128 {
+        self.applied_identity
+    }
+
+    /// Records the applied op's prepare identity (the store does, after
+    /// applying a committed prepare).
+    pub(crate) fn set_applied_identity(&mut self, identity: u128) {
+        self.applied_identity = identity;
     }
 
     /// The streams by id.

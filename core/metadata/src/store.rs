@@ -90,6 +90,9 @@ pub struct OpOrigin {
     pub timestamp_us: u64,
     /// The requesting user.
     pub user_id: u32,
+    /// The committed prepare's VSR identity (0 outside replication),
+    /// recorded in the entry's `request_checksum` field.
+    pub identity: u128,
 }
 
 /// Why the store could not boot, commit or snapshot.
@@ -337,6 +340,7 @@ impl<F: Fs> MetadataStore<F> {
             if frame.body.is_empty() {
                 // A skipped op (Register or duplicate): occupies its number.
                 state.skip(Op(p.op)).map_err(StoreError::Apply)?;
+                state.set_applied_identity(p.request_checksum);
                 report.replayed += 1;
                 continue;
             }
@@ -347,6 +351,7 @@ impl<F: Fs> MetadataStore<F> {
                 Ok(_) | Err(ApplyError::Refused(_)) => report.replayed += 1,
                 Err(e) => return Err(StoreError::Apply(e)),
             }
+            state.set_applied_identity(p.request_checksum);
         }
         Ok(held)
     }
@@ -393,7 +398,9 @@ impl<F: Fs> MetadataStore<F> {
         let bytes = body.encode().map_err(StoreError::Encode)?;
         let frame = self.frame(op, &bytes, origin);
         self.append(frame).await?;
-        match self.state.apply(op, body) {
+        let result = self.state.apply(op, body);
+        self.state.set_applied_identity(origin.identity);
+        match result {
             Ok(applied) => Ok(Ok(applied)),
             Err(ApplyError::Refused(r)) => Ok(Err(r)),
             Err(e) => Err(StoreError::Apply(e)),
@@ -410,7 +417,9 @@ impl<F: Fs> MetadataStore<F> {
         self.check_next(op)?;
         let frame = self.frame(op, &[], origin);
         self.append(frame).await?;
-        self.state.skip(op).map_err(StoreError::Apply)
+        self.state.skip(op).map_err(StoreError::Apply)?;
+        self.state.set_applied_identity(origin.identity);
+        Ok(())
     }
 
     fn check_next(&self, op: Op) -> Result<(), StoreError> {
@@ -449,7 +458,7 @@ impl<F: Fs> MetadataStore<F> {
             command: CommandHeader::Prepare(PrepareHeader {
                 client: origin.client,
                 parent: self.parent,
-                request_checksum: 0,
+                request_checksum: origin.identity,
                 op: op.0,
                 commit: op.0 - 1,
                 timestamp: origin.timestamp_us,

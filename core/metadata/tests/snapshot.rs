@@ -92,8 +92,9 @@ fn given_structurally_bad_content_with_a_valid_trailer_should_refuse_with_each_o
         patch(6, &1u16.to_le_bytes()),
         Err(SnapshotDecodeError::ReservedNonZero(1))
     );
-    // Header 8, applied 8, next_stream_id 4, next_group 8, next_user_id 4.
-    let streams_at = 8 + 8 + 4 + 8 + 4;
+    // Header 8, applied 8, identity 16, next_stream_id 4, next_group 8,
+    // next_user_id 4.
+    let streams_at = 8 + 8 + 16 + 4 + 8 + 4;
     assert_eq!(
         patch(streams_at, &u32::MAX.to_le_bytes()),
         Err(SnapshotDecodeError::CountAboveCeiling {
@@ -111,7 +112,7 @@ fn given_structurally_bad_content_with_a_valid_trailer_should_refuse_with_each_o
     );
     // The partition group counter below the groups in use.
     assert_eq!(
-        patch(8 + 8 + 4, &2u64.to_le_bytes()),
+        patch(8 + 8 + 16 + 4, &2u64.to_le_bytes()),
         Err(SnapshotDecodeError::Inconsistent(
             "partition group zero, beyond the counter or duplicated"
         ))
@@ -146,7 +147,7 @@ fn given_duplicate_or_unordered_ids_when_decoded_should_refuse_as_not_ascending(
     sm.ok(create_stream("a"));
     sm.ok(create_stream("b"));
     let c = content(&sm.state);
-    let streams_at = 8 + 8 + 4 + 8 + 4;
+    let streams_at = 8 + 8 + 16 + 4 + 8 + 4;
     let first = streams_at + 4;
     // stream record: id 4, name 1 + 1, created_at 8, next_topic_id 4,
     // topic count 4 = 22 bytes.
