@@ -13,8 +13,17 @@
 //!   their sizes, consumer groups, assignments, routing, login).
 //! - `snapshot.rs` and [`MetadataStore`] (`store.rs`): the snapshot codec
 //!   and the durable store (metadata WAL + snapshots, boot by replay).
+//! - [`MetadataGroup`] (`group.rs`): one replica of group 0, driving the
+//!   VSR core over a [`MetadataBus`]; committed ops go through the store,
+//!   their effects come out of [`MetadataGroup::take_effects`].
 //!
-//! The crate does no I/O outside [`MetadataStore`], which goes through
+//! A shard hosting group 0 opens a [`MetadataStore`], wraps it in a
+//! [`MetadataGroup`] with the group's superblock and its bus, feeds it
+//! frames, ticks and requests, carries out the [`PartitionEffect`]s in op
+//! order, and at boot reconciles its partition groups with
+//! [`MetadataState::partition_groups`]. Byte layouts: docs/formats.md §13.
+//!
+//! The crate does no I/O outside the store and the group, which go through
 //! `storage::fs::Fs`; it knows nothing of shards or sockets.
 
 mod consumer_group;
