@@ -9,8 +9,11 @@
 //! which lists every group that should exist with its incarnation and
 //! committed purge generation.
 
+use std::collections::BTreeMap;
+
 use common::{GroupId, PartitionId, StreamId, TopicId};
 
+use crate::state::{MetadataState, PartitionGroupInfo};
 use crate::topic_config::{Durability, MaxTopicSize, MessageExpiry, TopicConfig};
 
 /// The settings a partition group needs from its topic.
@@ -76,4 +79,63 @@ pub enum PartitionEffect {
         /// The new settings.
         config: PartitionGroupConfig,
     },
+}
+
+/// The effects that take the partition plane from `old`'s partition groups
+/// to `new`'s: deletes of groups gone, creates (then a purge, if the new
+/// group was already purged) of groups that appeared, purges and
+/// reconfigurations of groups that changed. Used where ops were not
+/// applied one by one — a state-transfer install — and at boot
+/// (`reconcile_effects(&MetadataState::new(), &state)` lists everything to
+/// create). Group ids are never reused, so identity by `GroupId` is exact.
+pub fn reconcile_effects(old: &MetadataState, new: &MetadataState) -> Vec<PartitionEffect> {
+    let before: BTreeMap<GroupId, PartitionGroupInfo> = old
+        .partition_groups()
+        .into_iter()
+        .map(|i| (i.group, i))
+        .collect();
+    let after: BTreeMap<GroupId, PartitionGroupInfo> = new
+        .partition_groups()
+        .into_iter()
+        .map(|i| (i.group, i))
+        .collect();
+    let mut out = Vec::new();
+    for group in before.keys().filter(|g| !after.contains_key(g)) {
+        out.push(PartitionEffect::DeletePartitionGroup { group: *group });
+    }
+    for (group, info) in &after {
+        match before.get(group) {
+            None => {
+                out.push(PartitionEffect::CreatePartitionGroup {
+                    group: *group,
+                    stream: info.stream,
+                    topic: info.topic,
+                    partition: info.partition,
+                    incarnation: info.incarnation,
+                    config: info.config,
+                });
+                if info.purge_generation > 0 {
+                    out.push(PartitionEffect::PurgePartition {
+                        group: *group,
+                        generation: info.purge_generation,
+                    });
+                }
+            }
+            Some(was) => {
+                if was.config != info.config {
+                    out.push(PartitionEffect::ReconfigurePartitionGroup {
+                        group: *group,
+                        config: info.config,
+                    });
+                }
+                if info.purge_generation > was.purge_generation {
+                    out.push(PartitionEffect::PurgePartition {
+                        group: *group,
+                        generation: info.purge_generation,
+                    });
+                }
+            }
+        }
+    }
+    out
 }

@@ -27,9 +27,13 @@
 //! not durable: a restarted replica rebuilds only the sessions of the ops
 //! it re-applies from peers (as on the partition plane).
 //!
-//! Not here yet: catching up past the peers' retention by a snapshot
-//! transfer (`Effect::StartStateTransfer` is recorded and reported by
-//! [`MetadataGroup::state_transfer_needed`]).
+//! A replica behind every peer's retention is told so by the core
+//! (`Effect::StartStateTransfer`, reported by
+//! [`MetadataGroup::state_transfer_needed`]); the shard pulls a caught-up
+//! primary's [`MetadataGroup::transfer_offer`] over the chunk protocol and
+//! installs it with [`MetadataGroup::install_transfer`] (snapshot and client
+//! table, so dedup survives the transfer). Not here yet: the chunk session
+//! itself over the bus, which the shard runs.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -44,10 +48,17 @@ use consensus::vsr::{
 use journal::{DurableState, SuperblockError, SuperblockStore, VsrState};
 use storage::fs::Fs;
 
-use crate::effect::PartitionEffect;
+use consensus::state_manifest::{StateArtifact, artifact_kind};
+use consensus::verify_state_artifact;
+
+use crate::client_table_artifact::{
+    ClientTableDecodeError, decode_client_table, encode_client_table,
+};
+use crate::effect::{PartitionEffect, reconcile_effects};
 use crate::op::MetadataOp;
 use crate::op_codec::OpEncodeError;
 use crate::refusal::Refusal;
+use crate::snapshot::{SnapshotDecodeError, decode_snapshot, encode_snapshot};
 use crate::state::{MetadataState, Outcome};
 use crate::store::{MetadataStore, OpOrigin, StoreError};
 
@@ -101,6 +112,8 @@ pub enum GroupError {
     },
     /// An earlier store failure fenced this replica.
     Fenced,
+    /// A state-transfer offer was refused.
+    Transfer(TransferError),
 }
 
 impl fmt::Display for GroupError {
@@ -116,6 +129,7 @@ impl fmt::Display for GroupError {
                 applied.0
             ),
             Self::Fenced => f.write_str("the metadata replica is fenced after a store failure"),
+            Self::Transfer(e) => write!(f, "metadata state transfer: {e}"),
         }
     }
 }
@@ -132,6 +146,84 @@ pub struct TransferNeeded {
     /// The op repair was trying to reach.
     pub to_op: u64,
 }
+
+/// What a caught-up primary serves to a replica behind its peers'
+/// retention: the manifest (a `METADATA_SNAPSHOT` artifact whose frontier
+/// is the applied op, then a `CLIENT_TABLE` artifact at the same op) and
+/// the artifacts' bytes in manifest order. The chunk protocol of
+/// `consensus::chunk` carries them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataOffer {
+    /// The op the snapshot is at.
+    pub commit_op: Op,
+    /// The manifest.
+    pub manifest: Vec<StateArtifact>,
+    /// The artifacts: the snapshot (docs/formats.md §13.3), then the
+    /// client table (§13.5).
+    pub artifacts: Vec<Vec<u8>>,
+}
+
+/// Why an offer could not be served or installed. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferError {
+    /// Only a caught-up primary serves (a backup may be behind).
+    NotCaughtUpPrimary,
+    /// Nothing is committed yet (a view-0 phantom could wipe a peer).
+    NothingCommitted,
+    /// The manifest is not a metadata snapshot then a client table at the
+    /// same op, or the artifacts do not match it in number.
+    UnexpectedManifest,
+    /// The client-table artifact does not decode or install.
+    ClientTable(ClientTableDecodeError),
+    /// The client table does not fit this replica's.
+    ClientTableRefused,
+    /// The bytes do not match the manifest's length and checksum.
+    ArtifactMismatch,
+    /// The snapshot does not decode.
+    Snapshot(SnapshotDecodeError),
+    /// The snapshot's op is not the manifest's frontier.
+    FrontierMismatch {
+        /// The manifest's frontier.
+        frontier: u64,
+        /// The snapshot's applied op.
+        applied: u64,
+    },
+    /// The offer is not ahead of what this replica applied.
+    StaleTransfer {
+        /// The offer's op.
+        offer: u64,
+        /// This replica's applied op.
+        applied: u64,
+    },
+}
+
+impl fmt::Display for TransferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotCaughtUpPrimary => f.write_str("only a caught-up primary serves metadata"),
+            Self::NothingCommitted => f.write_str("nothing is committed to transfer"),
+            Self::UnexpectedManifest => {
+                f.write_str("the manifest is not a metadata snapshot and a client table at one op")
+            }
+            Self::ClientTable(e) => write!(f, "the transferred client table is unusable: {e}"),
+            Self::ClientTableRefused => {
+                f.write_str("the transferred client table does not fit this replica's")
+            }
+            Self::ArtifactMismatch => f.write_str("the snapshot bytes do not match the manifest"),
+            Self::Snapshot(e) => write!(f, "the transferred snapshot is unusable: {e}"),
+            Self::FrontierMismatch { frontier, applied } => write!(
+                f,
+                "the manifest names op {frontier} but the snapshot is at op {applied}"
+            ),
+            Self::StaleTransfer { offer, applied } => write!(
+                f,
+                "the offer at op {offer} is not ahead of the applied op {applied}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TransferError {}
 
 /// One replica of the metadata plane.
 pub struct MetadataGroup<F: Fs, S: SuperblockStore, B: MetadataBus> {
@@ -243,6 +335,100 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// A state transfer the core asked for, if any.
     pub const fn state_transfer_needed(&self) -> Option<TransferNeeded> {
         self.transfer_needed
+    }
+
+    /// Serves the applied state as a state-transfer offer.
+    pub fn transfer_offer(&self) -> Result<MetadataOffer, TransferError> {
+        if !self.replica.is_caught_up_primary() {
+            return Err(TransferError::NotCaughtUpPrimary);
+        }
+        let applied = self.store.applied();
+        if applied == Op(0) {
+            return Err(TransferError::NothingCommitted);
+        }
+        let snapshot = encode_snapshot(self.store.state());
+        let clients = encode_client_table(&self.replica.client_table().export());
+        let manifest = vec![
+            StateArtifact::for_bytes(artifact_kind::METADATA_SNAPSHOT, applied.0, &snapshot),
+            StateArtifact::for_bytes(artifact_kind::CLIENT_TABLE, applied.0, &clients),
+        ];
+        Ok(MetadataOffer {
+            commit_op: applied,
+            manifest,
+            artifacts: vec![snapshot, clients],
+        })
+    }
+
+    /// Installs a transferred snapshot: checked whole first (manifest,
+    /// artifact checksum, decode, frontier, ahead of the applied op), then
+    /// made durable by the store, then the core's floor is lifted to it.
+    /// Returns the effects that bring the partition plane from the old
+    /// state to the new (the ops in between were never applied here one
+    /// by one); they are also queued for [`Self::take_effects`].
+    pub async fn install_transfer(
+        &mut self,
+        manifest: &[StateArtifact],
+        artifacts: &[Vec<u8>],
+    ) -> Result<Vec<PartitionEffect>, GroupError> {
+        self.check_fenced()?;
+        let refuse = |e| Err(GroupError::Transfer(e));
+        let ([snap, table], [snapshot, clients]) = (manifest, artifacts) else {
+            return refuse(TransferError::UnexpectedManifest);
+        };
+        if snap.kind != artifact_kind::METADATA_SNAPSHOT
+            || table.kind != artifact_kind::CLIENT_TABLE
+            || table.frontier != snap.frontier
+        {
+            return refuse(TransferError::UnexpectedManifest);
+        }
+        if !verify_state_artifact(snap, snapshot) || !verify_state_artifact(table, clients) {
+            return refuse(TransferError::ArtifactMismatch);
+        }
+        let state = decode_snapshot(snapshot)
+            .map_err(|e| GroupError::Transfer(TransferError::Snapshot(e)))?;
+        let watermarks = decode_client_table(clients)
+            .map_err(|e| GroupError::Transfer(TransferError::ClientTable(e)))?;
+        if state.applied().0 != snap.frontier {
+            return refuse(TransferError::FrontierMismatch {
+                frontier: snap.frontier,
+                applied: state.applied().0,
+            });
+        }
+        let applied = self.store.applied();
+        if state.applied() <= applied || state.applied().0 < self.replica.commit_min() {
+            return Err(GroupError::Transfer(TransferError::StaleTransfer {
+                offer: state.applied().0,
+                applied: applied.0,
+            }));
+        }
+        // Checked on a copy first, so a refusal changes nothing.
+        let mut table = self.replica.client_table().clone();
+        if table.install(&watermarks).is_err() {
+            return refuse(TransferError::ClientTableRefused);
+        }
+        let effects = reconcile_effects(self.store.state(), &state);
+        let (op, identity) = (state.applied().0, state.applied_identity());
+        // Durable first: a crash after this boots the installed state.
+        self.store.install(state).await.map_err(|e| {
+            self.fenced = true;
+            GroupError::Store(e)
+        })?;
+        *self.replica.client_table_mut() = table;
+        self.replica.set_commit_floor(op, identity);
+        self.replica.set_sequence(op);
+        self.replica.clear_pipeline();
+        self.replica.advance_commit_max(op);
+        self.replica.finish_state_transfer();
+        self.transfer_needed = None;
+        self.outcomes.clear();
+        self.effects
+            .extend(effects.iter().map(|effect| CommittedEffect {
+                op: Op(op),
+                effect: effect.clone(),
+            }));
+        tracing::info!(op, "metadata state transfer installed");
+        self.drive().await?;
+        Ok(effects)
     }
 
     /// Whether a store failure stopped this replica.

@@ -26,6 +26,7 @@
 //! The crate does no I/O outside the store and the group, which go through
 //! `storage::fs::Fs`; it knows nothing of shards or sockets.
 
+mod client_table_artifact;
 mod consumer_group;
 mod effect;
 mod group;
@@ -40,10 +41,15 @@ mod store;
 mod topic_config;
 mod user;
 
+pub use client_table_artifact::{
+    CLIENT_TABLE_ENTRIES_MAX, CLIENT_TABLE_MAGIC, ClientTableDecodeError, decode_client_table,
+    encode_client_table,
+};
 pub use consumer_group::{ConsumerGroup, ConsumerGroupId, Member, MemberId, SessionId};
-pub use effect::{PartitionEffect, PartitionGroupConfig};
+pub use effect::{PartitionEffect, PartitionGroupConfig, reconcile_effects};
 pub use group::{
-    CommittedEffect, GroupError, MetadataBus, MetadataGroup, MetadataReply, TransferNeeded,
+    CommittedEffect, GroupError, MetadataBus, MetadataGroup, MetadataOffer, MetadataReply,
+    TransferError, TransferNeeded,
 };
 pub use identifier::{Identifier, NAME_LEN_MAX, NameKind};
 pub use op::MetadataOp;

@@ -474,12 +474,33 @@ impl<F: Fs> MetadataStore<F> {
     /// Writes a snapshot of the applied state and empties the WAL (the
     /// order and its crash arguments are in the module documentation).
     pub async fn snapshot(&mut self) -> Result<(), StoreError> {
+        let bytes = encode_snapshot(&self.state);
+        self.write_snapshot(bytes).await
+    }
+
+    /// Replaces the state by `state` (a state transfer's, strictly ahead of
+    /// the applied op): it becomes the durable snapshot, then the WAL is
+    /// emptied, exactly as [`Self::snapshot`] orders it. A crash before the
+    /// snapshot's rename boots the old state; after it, the new one (the
+    /// old WAL's ops are all below it and skipped).
+    pub async fn install(&mut self, state: MetadataState) -> Result<(), StoreError> {
+        if state.applied() <= self.applied() {
+            return Err(StoreError::Apply(ApplyError::AlreadyApplied {
+                op: state.applied(),
+                applied: self.applied(),
+            }));
+        }
+        self.write_snapshot(encode_snapshot(&state)).await?;
+        self.state = state;
+        Ok(())
+    }
+
+    async fn write_snapshot(&mut self, bytes: Vec<u8>) -> Result<(), StoreError> {
         if self.poisoned {
             return Err(StoreError::Poisoned);
         }
         let snapshot_path = self.dir.join(SNAPSHOT_FILE);
         let wal_path = self.dir.join(WAL_FILE);
-        let bytes = encode_snapshot(&self.state);
         replace_file_durably(&self.fs, &snapshot_path, bytes, SIBLING_SUFFIX)
             .await
             .map_err(io_err("write snapshot", &snapshot_path))?;

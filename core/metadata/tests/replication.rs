@@ -56,6 +56,7 @@ type Group = MetadataGroup<SimFs, FileSuperblock<SimFs>, Bus>;
 
 struct Cluster {
     fss: Vec<SimFs>,
+    retention_ops: u64,
     groups: Vec<Group>,
     effects: Vec<Vec<CommittedEffect>>,
     net: Net,
@@ -65,7 +66,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn open_replica(fs: &SimFs, r: u8, net: &Net) -> Group {
+    fn open_replica_retaining(fs: &SimFs, r: u8, net: &Net, retention_ops: u64) -> Group {
         let (store, _) = block_on(MetadataStore::open(
             fs,
             Path::new("/meta"),
@@ -75,6 +76,7 @@ impl Cluster {
         let mut config = Config::new(r, 3, METADATA_GROUP.0);
         config.timeouts = TimeoutConfig::scaled_down(5);
         config.seed = 7;
+        config.retention_ops = retention_ops;
         let bus = Bus {
             me: r,
             net: net.clone(),
@@ -84,13 +86,18 @@ impl Cluster {
     }
 
     fn new() -> Self {
+        Self::retaining(1024)
+    }
+
+    fn retaining(retention_ops: u64) -> Self {
         let net = Net::default();
         let fss: Vec<SimFs> = (0..3u64).map(|r| SimFs::new(r + 100)).collect();
         let groups = (0..3u8)
-            .map(|r| Self::open_replica(&fss[usize::from(r)], r, &net))
+            .map(|r| Self::open_replica_retaining(&fss[usize::from(r)], r, &net, retention_ops))
             .collect();
         let mut c = Self {
             fss,
+            retention_ops,
             groups,
             effects: vec![Vec::new(); 3],
             net,
@@ -116,7 +123,8 @@ impl Cluster {
 
     /// Boots replica `r` from its disk and brings it back on the network.
     fn reboot(&mut self, r: usize) {
-        self.groups[r] = Self::open_replica(&self.fss[r], r as u8, &self.net);
+        self.groups[r] =
+            Self::open_replica_retaining(&self.fss[r], r as u8, &self.net, self.retention_ops);
         self.net.0.borrow_mut().down.remove(&(r as u8));
     }
 
@@ -546,4 +554,96 @@ fn given_seeded_power_cuts_of_a_backup_when_rebooted_should_converge_to_equal_st
         cut += 1;
         assert!(cut < 1_000);
     }
+}
+
+#[test]
+fn given_a_replica_down_past_the_peers_retention_when_rebooted_should_catch_up_by_snapshot_transfer()
+ {
+    let mut c = Cluster::retaining(4);
+    c.run(create_stream("s"));
+    c.run(create_topic(0, "t", 2));
+    let b = (c.primary() + 1) % 3;
+    c.crash(b);
+    for i in 0..10 {
+        c.run(create_topic(0, &format!("t{i}"), 1));
+    }
+    c.run(MetadataOp::PurgeTopic {
+        stream: 0.into(),
+        topic: "t".into(),
+    });
+    c.run(MetadataOp::DeleteTopic {
+        stream: 0.into(),
+        topic: "t0".into(),
+    });
+    c.reboot(b);
+    let mut needed = None;
+    for _ in 0..2_000 {
+        c.tick();
+        needed = c.groups[b].state_transfer_needed();
+        if needed.is_some() {
+            break;
+        }
+    }
+    let needed = needed.expect("repair concluded that a transfer is needed");
+    let p = c.primary();
+    assert_eq!(needed.peer as usize, p);
+    let offer = c.groups[p].transfer_offer().unwrap();
+    // Refusals first: a damaged artifact, a reordered manifest, a backup's
+    // offer; none changes anything.
+    let before = c.groups[b].state().clone();
+    let mut damaged = offer.artifacts.clone();
+    damaged[0][20] ^= 1;
+    assert!(matches!(
+        block_on(c.groups[b].install_transfer(&offer.manifest, &damaged)),
+        Err(metadata::GroupError::Transfer(
+            metadata::TransferError::ArtifactMismatch
+        ))
+    ));
+    let reversed: Vec<_> = offer.manifest.iter().rev().copied().collect();
+    assert!(matches!(
+        block_on(c.groups[b].install_transfer(&reversed, &offer.artifacts)),
+        Err(metadata::GroupError::Transfer(
+            metadata::TransferError::UnexpectedManifest
+        ))
+    ));
+    let other_backup = 3 - p - b;
+    assert_eq!(
+        c.groups[other_backup].transfer_offer().err(),
+        Some(metadata::TransferError::NotCaughtUpPrimary)
+    );
+    assert_eq!(*c.groups[b].state(), before);
+    let effects =
+        block_on(c.groups[b].install_transfer(&offer.manifest, &offer.artifacts)).unwrap();
+    assert!(!effects.is_empty());
+    c.settle();
+    c.run(create_stream("after"));
+    let bytes: Vec<Vec<u8>> = (0..3)
+        .map(|r| metadata::encode_snapshot(c.groups[r].state()))
+        .collect();
+    assert_eq!(bytes[0], bytes[1]);
+    assert_eq!(bytes[1], bytes[2]);
+    // The victim's effects (before the crash, the install's reconciliation,
+    // after) leave exactly the live partition groups.
+    let mut live = BTreeSet::new();
+    for e in &c.effects[b] {
+        match e.effect {
+            PartitionEffect::CreatePartitionGroup { group, .. } => assert!(live.insert(group)),
+            PartitionEffect::DeletePartitionGroup { group } => assert!(live.remove(&group)),
+            _ => {}
+        }
+    }
+    let want: BTreeSet<_> = c.groups[b]
+        .state()
+        .partition_groups()
+        .iter()
+        .map(|i| i.group)
+        .collect();
+    assert_eq!(live, want);
+    // A second install of the same offer is stale.
+    assert!(matches!(
+        block_on(c.groups[b].install_transfer(&offer.manifest, &offer.artifacts)),
+        Err(metadata::GroupError::Transfer(
+            metadata::TransferError::StaleTransfer { .. }
+        ))
+    ));
 }
