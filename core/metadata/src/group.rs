@@ -459,7 +459,34 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             self.persist().await;
         }
         self.replica.on_tick();
-        self.drive().await
+        self.drive().await?;
+        if self.store.snapshot_due() && !self.replica.is_transferring() {
+            // Between inputs, so no apply interleaves. A failure before the
+            // snapshot's rename changes nothing (retried next tick); after
+            // it the store refuses commits and the next apply fences.
+            if let Err(error) = self.store.snapshot().await {
+                tracing::warn!(%error, "metadata snapshot failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Asserts the driver's invariants (after every input in debug builds):
+    /// the store applied exactly what the core applied, and the state's
+    /// own invariants hold.
+    ///
+    /// # Panics
+    /// If an invariant does not hold: a bug in this crate or the core.
+    pub fn invariants(&self) {
+        if self.fenced {
+            return;
+        }
+        assert_eq!(
+            self.store.applied().0,
+            self.replica.commit_min(),
+            "the store and the core disagree on the applied op"
+        );
+        self.store.state().invariants();
     }
 
     /// Registers a client session (its reply carries the session).
@@ -529,6 +556,9 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         loop {
             let actions = self.replica.take_actions();
             if actions.is_empty() {
+                if cfg!(debug_assertions) {
+                    self.invariants();
+                }
                 return Ok(());
             }
             for action in actions {

@@ -67,12 +67,13 @@ struct Cluster {
 
 impl Cluster {
     fn open_replica_retaining(fs: &SimFs, r: u8, net: &Net, retention_ops: u64) -> Group {
-        let (store, _) = block_on(MetadataStore::open(
-            fs,
-            Path::new("/meta"),
-            StoreConfig::default(),
-        ))
-        .unwrap();
+        // Snapshots every few ops, so the runs cross snapshot steps too.
+        let store_config = StoreConfig {
+            snapshot_every_ops: 3,
+            ..StoreConfig::default()
+        };
+        let (store, _) =
+            block_on(MetadataStore::open(fs, Path::new("/meta"), store_config)).unwrap();
         let mut config = Config::new(r, 3, METADATA_GROUP.0);
         config.timeouts = TimeoutConfig::scaled_down(5);
         config.seed = 7;
