@@ -672,6 +672,9 @@ fn given_a_replica_down_past_the_peers_retention_when_rebooted_should_catch_up_b
     ));
 }
 
+/// A topic as a client sees it: name, consumer groups, purge generations.
+type TopicView = (String, usize, Vec<u64>);
+
 /// A lockstep client over a seeded faulty network (drops, duplicates,
 /// reordering, one replica isolated now and then): each request is retried
 /// with the same number until answered. After healing, all replicas hold
@@ -773,7 +776,7 @@ fn faulty_run(seed: u64) {
     // The model applied each answered request once, in order; the cluster
     // also applied the client's Register, so op numbers (and with them
     // incarnations) differ: compare what a client sees.
-    let view = |st: &MetadataState| -> Vec<(String, Vec<(String, usize, Vec<u64>)>)> {
+    let view = |st: &MetadataState| -> Vec<(String, Vec<TopicView>)> {
         st.streams()
             .values()
             .map(|s| {
