@@ -303,3 +303,54 @@ fn given_skipped_ops_when_rebooted_should_replay_them_as_occupied_op_numbers() {
     fs.crash_with(CrashMode::DropAll);
     assert_eq!(*open(&fs).unwrap().state(), want);
 }
+
+#[test]
+fn given_a_power_cut_at_every_call_of_an_install_when_rebooted_should_hold_the_old_or_the_installed_state()
+ {
+    let ops = history();
+    let states = expected_states(&ops);
+    for mode in [CrashMode::DropAll, CrashMode::Seeded, CrashMode::KeepAll] {
+        let mut cut = 0;
+        loop {
+            let fs = fresh(cut + 40);
+            let mut store = open(&fs).unwrap();
+            for op in &ops[..3] {
+                commit(&mut store, op).unwrap();
+            }
+            let old = store.state().clone();
+            let new = states[ops.len()].clone();
+            fs.cut_power_after(cut);
+            let res = block_on(store.install(new.clone()));
+            drop(store);
+            fs.crash_with(mode);
+            let rebooted = open(&fs).unwrap();
+            if res.is_ok() {
+                assert_eq!(*rebooted.state(), new, "cut {cut}");
+                break;
+            }
+            assert!(
+                *rebooted.state() == old || *rebooted.state() == new,
+                "cut {cut}: booted at op {}",
+                rebooted.applied().0
+            );
+            cut += 1;
+            assert!(cut < 1_000);
+        }
+        assert!(cut >= 4, "an install is at least write, sync, rename, sync");
+    }
+}
+
+#[test]
+fn given_an_install_not_ahead_of_the_store_when_installed_should_refuse() {
+    let fs = fresh(7);
+    let mut store = open(&fs).unwrap();
+    for op in &history()[..3] {
+        commit(&mut store, op).unwrap();
+    }
+    let behind = expected_states(&history())[2].clone();
+    assert!(matches!(
+        block_on(store.install(behind)),
+        Err(StoreError::Apply(_))
+    ));
+    assert_eq!(store.applied(), Op(3));
+}
