@@ -332,6 +332,12 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         std::mem::take(&mut self.effects)
     }
 
+    /// Keeps the core waiting while the shard pulls an offer (no commit
+    /// walk, no acknowledgements), so the offer is not overtaken.
+    pub fn hold_state_transfer(&mut self) {
+        self.replica.hold_state_transfer();
+    }
+
     /// A state transfer the core asked for, if any.
     pub const fn state_transfer_needed(&self) -> Option<TransferNeeded> {
         self.transfer_needed

@@ -21,7 +21,12 @@
 //! [`MetadataGroup`] with the group's superblock and its bus, feeds it
 //! frames, ticks and requests, carries out the [`PartitionEffect`]s in op
 //! order, and at boot reconciles its partition groups with
-//! [`MetadataState::partition_groups`]. Byte layouts: docs/formats.md §13.
+//! [`reconcile_effects`] from an empty state (or compares against
+//! [`MetadataState::partition_groups`]). A replica behind its peers'
+//! retention reports [`MetadataGroup::state_transfer_needed`]; the shard
+//! pulls the primary's [`MetadataGroup::transfer_offer`] over the chunk
+//! protocol and hands it to [`MetadataGroup::install_transfer`]. Byte
+//! layouts: docs/formats.md §13.
 //!
 //! The crate does no I/O outside the store and the group, which go through
 //! `storage::fs::Fs`; it knows nothing of shards or sockets.
@@ -42,8 +47,7 @@ mod topic_config;
 mod user;
 
 pub use client_table_artifact::{
-    CLIENT_TABLE_ENTRIES_MAX, CLIENT_TABLE_MAGIC, ClientTableDecodeError, decode_client_table,
-    encode_client_table,
+    CLIENT_TABLE_ENTRIES_MAX, CLIENT_TABLE_MAGIC, ClientTableDecodeError,
 };
 pub use consumer_group::{ConsumerGroup, ConsumerGroupId, Member, MemberId, SessionId};
 pub use effect::{PartitionEffect, PartitionGroupConfig, reconcile_effects};
