@@ -350,6 +350,18 @@ impl MetadataState {
         Ok(gid)
     }
 
+    /// STORE/GET/DELETE_CONSUMER_OFFSET for a consumer group: the id its
+    /// offsets are kept under (no membership needed to read or store), with
+    /// Iggy's codes for a missing stream, topic or group.
+    pub fn consumer_group_id(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<ConsumerGroupId, Refusal> {
+        self.topic_by(stream, topic)?.resolve_consumer_group(group)
+    }
+
     /// The consensus group of a partition, by ids.
     pub fn group_id_of(
         &self,

@@ -171,6 +171,18 @@ fn given_a_consumer_group_when_queried_should_report_members_assignments_and_pol
     assert_eq!(gate(9, own).unwrap_err().iggy_code(), 5006);
     assert_eq!(
         sm.state
+            .consumer_group_id(&"s".into(), &"t".into(), &"g".into()),
+        Ok(ConsumerGroupId(0))
+    );
+    assert_eq!(
+        sm.state
+            .consumer_group_id(&0.into(), &0.into(), &4.into())
+            .unwrap_err()
+            .iggy_code(),
+        5000
+    );
+    assert_eq!(
+        sm.state
             .list_consumer_groups(&0.into(), &0.into())
             .unwrap()
             .len(),
