@@ -308,8 +308,98 @@ fn given_every_operation_accepted_and_refused_on_three_replicas_should_keep_stat
             None,
         ),
         (MetadataOp::DeleteUser { user: 0.into() }, Some(48)),
+        (create_user("bob"), None),
+        (create_user("bob"), Some(46)),
+        (
+            MetadataOp::ChangePassword {
+                user: "bob".into(),
+                password_hash: hash("new"),
+            },
+            None,
+        ),
+        (
+            MetadataOp::ChangePassword {
+                user: "nobody".into(),
+                password_hash: hash("new"),
+            },
+            Some(20),
+        ),
+        (MetadataOp::DeleteUser { user: "bob".into() }, None),
+        (
+            MetadataOp::UpdateStream {
+                stream: 7.into(),
+                name: "z".into(),
+            },
+            Some(1009),
+        ),
+        (create_topic(0, "v", 1), None),
+        (
+            MetadataOp::UpdateTopic {
+                stream: 0.into(),
+                topic: "v".into(),
+                name: "v2".into(),
+                config: metadata::TopicConfig {
+                    durability: metadata::Durability::Persisted,
+                    ..metadata::TopicConfig::default()
+                },
+            },
+            None,
+        ),
+        (
+            MetadataOp::UpdateTopic {
+                stream: 0.into(),
+                topic: "nope".into(),
+                name: "x".into(),
+                config: metadata::TopicConfig::default(),
+            },
+            Some(2011),
+        ),
+        (create_group(0, 1, "h"), None),
+        (create_group(0, 1, "h"), Some(5004)),
+        (join(0, 1, 9, 1), Some(5000)),
+        (
+            MetadataOp::DeleteConsumerGroup {
+                stream: 0.into(),
+                topic: 1.into(),
+                group: "zz".into(),
+            },
+            Some(5003),
+        ),
+        (
+            MetadataOp::CreatePartitions {
+                stream: 0.into(),
+                topic: 1.into(),
+                count: 1000,
+                created_at_us: 1,
+            },
+            Some(2019),
+        ),
+        (
+            MetadataOp::DeletePartitions {
+                stream: 0.into(),
+                topic: 1.into(),
+                count: 5,
+            },
+            Some(2019),
+        ),
+        (
+            MetadataOp::PurgeTopic {
+                stream: 0.into(),
+                topic: 8.into(),
+            },
+            Some(2010),
+        ),
+        (
+            MetadataOp::DeleteTopic {
+                stream: 0.into(),
+                topic: 8.into(),
+            },
+            Some(2010),
+        ),
+        (MetadataOp::PurgeStream { stream: 5.into() }, Some(1009)),
         (MetadataOp::PurgeStream { stream: 0.into() }, None),
         (MetadataOp::DeleteStream { stream: 0.into() }, None),
+        (MetadataOp::DeleteStream { stream: 0.into() }, Some(1009)),
     ];
     for (op, refused) in ops {
         let name = op.name();
@@ -332,7 +422,9 @@ fn given_every_operation_accepted_and_refused_on_three_replicas_should_keep_stat
         .iter()
         .filter(|e| matches!(e.effect, PartitionEffect::DeletePartitionGroup { .. }))
         .count();
-    assert_eq!((creates, deletes), (5, 5));
+    // t: 3 + 2 added, 1 removed (deleted with t), v: 1 (deleted with the
+    // stream).
+    assert_eq!((creates, deletes), (6, 6));
 }
 
 /// Orders `op` on the primary, lets the prepare reach the backups but not
