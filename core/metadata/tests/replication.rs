@@ -728,9 +728,15 @@ fn given_a_replica_down_past_the_peers_retention_when_rebooted_should_catch_up_b
         Some(metadata::TransferError::NotCaughtUpPrimary)
     );
     assert_eq!(*c.groups[b].state(), before);
+    assert!(c.groups[b].replica().client_table().export().is_empty());
     let effects =
         block_on(c.groups[b].install_transfer(&offer.manifest, &offer.artifacts)).unwrap();
     assert!(!effects.is_empty());
+    // The client table came with the snapshot: retries stay deduplicated.
+    assert_eq!(
+        c.groups[b].replica().client_table().export(),
+        c.groups[p].replica().client_table().export()
+    );
     c.settle();
     c.run(create_stream("after"));
     let bytes: Vec<Vec<u8>> = (0..3)
