@@ -18,6 +18,12 @@
 //!   retried across a view change takes effect once;
 //! - `Send` / `Reply` → the [`MetadataBus`].
 //!
+//! Durability: the core emits a committed op's `Apply` before its `Reply`,
+//! and the apply awaits the WAL sync, so the client is answered only after
+//! the primary made the op durable; a backup makes it durable when it
+//! applies it (ops a backup only journaled live in its memory, as the
+//! `replicated` mode of SPEC §6.1 has it for this plane).
+//!
 //! Effects come only from `Apply`, which the core emits once per committed
 //! op per replica, in op order; the store refuses an op at or below the
 //! applied one. That is the whole exactly-once argument.
