@@ -1,0 +1,664 @@
+//! [`MetadataGroup`]: one replica of consensus group 0, driving the VSR
+//! [`Replica`] the way `partitions::Partition` drives a partition group.
+//!
+//! Inputs: frames from peers ([`MetadataGroup::on_frame`]), ticks
+//! ([`MetadataGroup::on_tick`]) and client requests
+//! ([`MetadataGroup::register`], [`MetadataGroup::submit`]). The core's
+//! actions are carried out at once:
+//!
+//! - `PersistState` → the superblock (`journal::DurableState`), then
+//!   [`Replica::on_persisted`] with the values written; a failed write is
+//!   retried on the next tick while the core keeps holding its sends;
+//! - `Apply` → [`MetadataStore::commit`]: the op is appended to the
+//!   metadata WAL and synced, then applied; its effects are queued for the
+//!   shard ([`MetadataGroup::take_effects`]) and its outcome rides on the
+//!   client's reply. A Register, or a request the client table recognises
+//!   as already committed at an earlier op (`duplicate`), occupies its op
+//!   number with an empty WAL entry and changes nothing, so a request
+//!   retried across a view change takes effect once;
+//! - `Send` / `Reply` → the [`MetadataBus`].
+//!
+//! Durability: the core emits a committed op's `Apply` before its `Reply`,
+//! and the apply awaits the WAL sync, so the client is answered only after
+//! the primary made the op durable; a backup makes it durable when it
+//! applies it (ops a backup only journaled live in its memory, as the
+//! `replicated` mode of SPEC §6.1 has it for this plane).
+//!
+//! Effects come only from `Apply`, which the core emits once per committed
+//! op per replica, in op order; the store refuses an op at or below the
+//! applied one. That is the whole exactly-once argument.
+//!
+//! A restart resumes from the store's applied op and its prepare identity
+//! (recorded in every WAL entry and in the snapshot). The client table is
+//! not durable: a restarted replica rebuilds only the sessions of the ops
+//! it re-applies from peers (as on the partition plane).
+//!
+//! A replica behind every peer's retention is told so by the core
+//! (`Effect::StartStateTransfer`, reported by
+//! [`MetadataGroup::state_transfer_needed`]); the shard pulls a caught-up
+//! primary's [`MetadataGroup::transfer_offer`] over the chunk protocol and
+//! installs it with [`MetadataGroup::install_transfer`] (snapshot and client
+//! table, so dedup survives the transfer). Not here yet: the chunk session
+//! itself over the bus, which the shard runs.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use bytes::Bytes;
+use common::Op;
+use consensus::vsr::{
+    Action, AppliedState, Config as VsrConfig, DurableState as VsrDurable, Effect, Frame,
+    FrameError, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request,
+    RequestOutcome,
+};
+use journal::{DurableState, SuperblockError, SuperblockStore, VsrState};
+use storage::fs::Fs;
+
+use consensus::state_manifest::{StateArtifact, artifact_kind};
+use consensus::verify_state_artifact;
+
+use crate::client_table_artifact::{
+    ClientTableDecodeError, decode_client_table, encode_client_table,
+};
+use crate::effect::{PartitionEffect, reconcile_effects};
+use crate::op::MetadataOp;
+use crate::op_codec::OpEncodeError;
+use crate::refusal::Refusal;
+use crate::snapshot::{SnapshotDecodeError, decode_snapshot, encode_snapshot};
+use crate::state::{MetadataState, Outcome};
+use crate::store::{MetadataStore, OpOrigin, StoreError};
+
+/// How many applied outcomes are kept for replies not yet sent.
+const OUTCOMES_KEPT: usize = 64;
+
+/// Where a metadata replica's outputs go.
+pub trait MetadataBus {
+    /// Sends `frame` to replica `to` of group 0.
+    fn send_to_replica(&self, to: u8, frame: Frame);
+    /// Delivers a reply to its client.
+    fn send_to_client(&self, reply: MetadataReply);
+}
+
+/// A reply and, when the request was applied here, what the op did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataReply {
+    /// The core's reply.
+    pub reply: Reply,
+    /// `Some(Ok)` for an accepted op, `Some(Err)` for a refused one, `None`
+    /// for a Register or a reply from the client table.
+    pub outcome: Option<Result<Outcome, Refusal>>,
+}
+
+/// An effect with the op that produced it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedEffect {
+    /// The committed op.
+    pub op: Op,
+    /// What the partition plane must do.
+    pub effect: PartitionEffect,
+}
+
+/// Why the group could not go on or refused an input.
+#[derive(Debug)]
+pub enum GroupError {
+    /// The superblock could not be opened.
+    Superblock(SuperblockError),
+    /// The store refused to commit an op the core committed: the replica
+    /// stops (fenced) rather than diverge.
+    Store(StoreError),
+    /// The op cannot be encoded.
+    Encode(OpEncodeError),
+    /// A frame from a peer was dropped.
+    Frame(FrameError),
+    /// The store holds ops but not the identity of the last one (it was
+    /// written outside replication): the hash chain cannot continue.
+    AppliedIdentityUnknown {
+        /// The store's applied op.
+        applied: Op,
+    },
+    /// An earlier store failure fenced this replica.
+    Fenced,
+    /// A state-transfer offer was refused.
+    Transfer(TransferError),
+}
+
+impl fmt::Display for GroupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Superblock(e) => write!(f, "metadata superblock: {e}"),
+            Self::Store(e) => write!(f, "metadata store: {e}"),
+            Self::Encode(e) => write!(f, "metadata op: {e}"),
+            Self::Frame(e) => write!(f, "metadata frame dropped: {e}"),
+            Self::AppliedIdentityUnknown { applied } => write!(
+                f,
+                "the metadata store holds ops up to {} without the last one's prepare identity",
+                applied.0
+            ),
+            Self::Fenced => f.write_str("the metadata replica is fenced after a store failure"),
+            Self::Transfer(e) => write!(f, "metadata state transfer: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for GroupError {}
+
+/// A state transfer the core asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferNeeded {
+    /// The peer to transfer from.
+    pub peer: u8,
+    /// The highest op below every peer's retained range.
+    pub floor: u64,
+    /// The op repair was trying to reach.
+    pub to_op: u64,
+}
+
+/// What a caught-up primary serves to a replica behind its peers'
+/// retention: the manifest (a `METADATA_SNAPSHOT` artifact whose frontier
+/// is the applied op, then a `CLIENT_TABLE` artifact at the same op) and
+/// the artifacts' bytes in manifest order. The chunk protocol of
+/// `consensus::chunk` carries them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataOffer {
+    /// The op the snapshot is at.
+    pub commit_op: Op,
+    /// The manifest.
+    pub manifest: Vec<StateArtifact>,
+    /// The artifacts: the snapshot (docs/formats.md §13.3), then the
+    /// client table (§13.5).
+    pub artifacts: Vec<Vec<u8>>,
+}
+
+/// Why an offer could not be served or installed. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferError {
+    /// Only a caught-up primary serves (a backup may be behind).
+    NotCaughtUpPrimary,
+    /// Nothing is committed yet (a view-0 phantom could wipe a peer).
+    NothingCommitted,
+    /// The manifest is not a metadata snapshot then a client table at the
+    /// same op, or the artifacts do not match it in number.
+    UnexpectedManifest,
+    /// The client-table artifact does not decode or install.
+    ClientTable(ClientTableDecodeError),
+    /// The client table does not fit this replica's.
+    ClientTableRefused,
+    /// The bytes do not match the manifest's length and checksum.
+    ArtifactMismatch,
+    /// The snapshot does not decode.
+    Snapshot(SnapshotDecodeError),
+    /// The snapshot's op is not the manifest's frontier.
+    FrontierMismatch {
+        /// The manifest's frontier.
+        frontier: u64,
+        /// The snapshot's applied op.
+        applied: u64,
+    },
+    /// The offer is not ahead of what this replica applied.
+    StaleTransfer {
+        /// The offer's op.
+        offer: u64,
+        /// This replica's applied op.
+        applied: u64,
+    },
+}
+
+impl fmt::Display for TransferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotCaughtUpPrimary => f.write_str("only a caught-up primary serves metadata"),
+            Self::NothingCommitted => f.write_str("nothing is committed to transfer"),
+            Self::UnexpectedManifest => {
+                f.write_str("the manifest is not a metadata snapshot and a client table at one op")
+            }
+            Self::ClientTable(e) => write!(f, "the transferred client table is unusable: {e}"),
+            Self::ClientTableRefused => {
+                f.write_str("the transferred client table does not fit this replica's")
+            }
+            Self::ArtifactMismatch => f.write_str("the snapshot bytes do not match the manifest"),
+            Self::Snapshot(e) => write!(f, "the transferred snapshot is unusable: {e}"),
+            Self::FrontierMismatch { frontier, applied } => write!(
+                f,
+                "the manifest names op {frontier} but the snapshot is at op {applied}"
+            ),
+            Self::StaleTransfer { offer, applied } => write!(
+                f,
+                "the offer at op {offer} is not ahead of the applied op {applied}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TransferError {}
+
+/// One replica of the metadata plane.
+pub struct MetadataGroup<F: Fs, S: SuperblockStore, B: MetadataBus> {
+    replica: Replica,
+    store: MetadataStore<F>,
+    durable: DurableState<S>,
+    bus: B,
+    effects: Vec<CommittedEffect>,
+    outcomes: VecDeque<(u64, Result<Outcome, Refusal>)>,
+    persist_failed: bool,
+    fenced: bool,
+    transfer_needed: Option<TransferNeeded>,
+}
+
+impl<F: Fs, S: SuperblockStore, B: MetadataBus> fmt::Debug for MetadataGroup<F, S, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetadataGroup")
+            .field("replica", &self.replica.replica())
+            .field("view", &self.replica.view())
+            .field("applied", &self.store.applied())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
+    /// A replica of group 0 over its store and superblock. A new group (an
+    /// empty store and superblock) starts in view 0; otherwise the replica
+    /// restarts from the superblock's views and the store's applied op,
+    /// its hash chain continuing from that op's identity. With peers it
+    /// comes back quorum-invisible and repairs the ops after its applied
+    /// one from them (docs/consensus.md, "Restart rule").
+    pub async fn open(
+        config: VsrConfig,
+        cluster: u128,
+        store: MetadataStore<F>,
+        superblock: S,
+        bus: B,
+    ) -> Result<Self, GroupError> {
+        let initial = VsrState {
+            cluster,
+            replica_id: config.replica,
+            replica_count: config.replica_count,
+            ..VsrState::default()
+        };
+        let durable = DurableState::open(superblock, initial)
+            .await
+            .map_err(GroupError::Superblock)?;
+        let sb = *durable.state();
+        let applied = store.applied();
+        let fresh = applied == Op(0) && sb.view == 0 && sb.log_view == 0 && sb.commit_max == 0;
+        let replica = if fresh {
+            Replica::new(config)
+        } else {
+            let identity = store.state().applied_identity();
+            if applied != Op(0) && identity == 0 {
+                return Err(GroupError::AppliedIdentityUnknown { applied });
+            }
+            Replica::restart(
+                config,
+                VsrDurable {
+                    view: sb.view,
+                    log_view: sb.log_view,
+                    commit: sb.commit_max.max(applied.0),
+                },
+                AppliedState {
+                    commit_min: applied.0,
+                    checksum: identity,
+                },
+            )
+        };
+        Ok(Self {
+            replica,
+            store,
+            durable,
+            bus,
+            effects: Vec::new(),
+            outcomes: VecDeque::new(),
+            persist_failed: false,
+            fenced: false,
+            transfer_needed: None,
+        })
+    }
+
+    /// The VSR core.
+    pub const fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    /// The applied metadata state.
+    pub const fn state(&self) -> &MetadataState {
+        self.store.state()
+    }
+
+    /// The durable store.
+    pub const fn store(&self) -> &MetadataStore<F> {
+        &self.store
+    }
+
+    /// The store, for snapshots between inputs.
+    pub fn store_mut(&mut self) -> &mut MetadataStore<F> {
+        &mut self.store
+    }
+
+    /// The effects applied since the last call, in op order.
+    pub fn take_effects(&mut self) -> Vec<CommittedEffect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Keeps the core waiting while the shard pulls an offer (no commit
+    /// walk, no acknowledgements), so the offer is not overtaken.
+    pub fn hold_state_transfer(&mut self) {
+        self.replica.hold_state_transfer();
+    }
+
+    /// A state transfer the core asked for, if any.
+    pub const fn state_transfer_needed(&self) -> Option<TransferNeeded> {
+        self.transfer_needed
+    }
+
+    /// Serves the applied state as a state-transfer offer.
+    pub fn transfer_offer(&self) -> Result<MetadataOffer, TransferError> {
+        if !self.replica.is_caught_up_primary() {
+            return Err(TransferError::NotCaughtUpPrimary);
+        }
+        let applied = self.store.applied();
+        if applied == Op(0) {
+            return Err(TransferError::NothingCommitted);
+        }
+        let snapshot = encode_snapshot(self.store.state());
+        let clients = encode_client_table(&self.replica.client_table().export());
+        let manifest = vec![
+            StateArtifact::for_bytes(artifact_kind::METADATA_SNAPSHOT, applied.0, &snapshot),
+            StateArtifact::for_bytes(artifact_kind::CLIENT_TABLE, applied.0, &clients),
+        ];
+        Ok(MetadataOffer {
+            commit_op: applied,
+            manifest,
+            artifacts: vec![snapshot, clients],
+        })
+    }
+
+    /// Installs a transferred snapshot: checked whole first (manifest,
+    /// artifact checksum, decode, frontier, ahead of the applied op), then
+    /// made durable by the store, then the core's floor is lifted to it.
+    /// Returns the effects that bring the partition plane from the old
+    /// state to the new (the ops in between were never applied here one
+    /// by one); they are also queued for [`Self::take_effects`].
+    pub async fn install_transfer(
+        &mut self,
+        manifest: &[StateArtifact],
+        artifacts: &[Vec<u8>],
+    ) -> Result<Vec<PartitionEffect>, GroupError> {
+        self.check_fenced()?;
+        let refuse = |e| Err(GroupError::Transfer(e));
+        let ([snap, table], [snapshot, clients]) = (manifest, artifacts) else {
+            return refuse(TransferError::UnexpectedManifest);
+        };
+        if snap.kind != artifact_kind::METADATA_SNAPSHOT
+            || table.kind != artifact_kind::CLIENT_TABLE
+            || table.frontier != snap.frontier
+        {
+            return refuse(TransferError::UnexpectedManifest);
+        }
+        if !verify_state_artifact(snap, snapshot) || !verify_state_artifact(table, clients) {
+            return refuse(TransferError::ArtifactMismatch);
+        }
+        let state = decode_snapshot(snapshot)
+            .map_err(|e| GroupError::Transfer(TransferError::Snapshot(e)))?;
+        let watermarks = decode_client_table(clients)
+            .map_err(|e| GroupError::Transfer(TransferError::ClientTable(e)))?;
+        if state.applied().0 != snap.frontier {
+            return refuse(TransferError::FrontierMismatch {
+                frontier: snap.frontier,
+                applied: state.applied().0,
+            });
+        }
+        let applied = self.store.applied();
+        if state.applied() <= applied || state.applied().0 < self.replica.commit_min() {
+            return Err(GroupError::Transfer(TransferError::StaleTransfer {
+                offer: state.applied().0,
+                applied: applied.0,
+            }));
+        }
+        // Checked on a copy first, so a refusal changes nothing.
+        let mut table = self.replica.client_table().clone();
+        if table.install(&watermarks).is_err() {
+            return refuse(TransferError::ClientTableRefused);
+        }
+        let effects = reconcile_effects(self.store.state(), &state);
+        let (op, identity) = (state.applied().0, state.applied_identity());
+        // Durable first: a crash after this boots the installed state.
+        self.store.install(state).await.map_err(|e| {
+            self.fenced = true;
+            GroupError::Store(e)
+        })?;
+        *self.replica.client_table_mut() = table;
+        self.replica.set_commit_floor(op, identity);
+        self.replica.set_sequence(op);
+        self.replica.clear_pipeline();
+        self.replica.advance_commit_max(op);
+        self.replica.finish_state_transfer();
+        self.transfer_needed = None;
+        self.outcomes.clear();
+        self.effects
+            .extend(effects.iter().map(|effect| CommittedEffect {
+                op: Op(op),
+                effect: effect.clone(),
+            }));
+        tracing::info!(op, "metadata state transfer installed");
+        self.drive().await?;
+        Ok(effects)
+    }
+
+    /// Whether a store failure stopped this replica.
+    pub const fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    fn check_fenced(&self) -> Result<(), GroupError> {
+        if self.fenced {
+            Err(GroupError::Fenced)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A frame from a peer.
+    pub async fn on_frame(&mut self, frame: Frame) -> Result<(), GroupError> {
+        self.check_fenced()?;
+        let res = self.replica.on_frame(frame);
+        self.drive().await?;
+        res.map_err(GroupError::Frame)
+    }
+
+    /// One tick of the driver's clock.
+    pub async fn on_tick(&mut self) -> Result<(), GroupError> {
+        self.check_fenced()?;
+        if self.persist_failed {
+            self.persist().await;
+        }
+        self.replica.on_tick();
+        self.drive().await?;
+        if self.store.snapshot_due() && !self.replica.is_transferring() {
+            // Between inputs, so no apply interleaves. A failure before the
+            // snapshot's rename changes nothing (retried next tick); after
+            // it the store refuses commits and the next apply fences.
+            if let Err(error) = self.store.snapshot().await {
+                tracing::warn!(%error, "metadata snapshot failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Asserts the driver's invariants (after every input in debug builds):
+    /// the store applied exactly what the core applied, and the state's
+    /// own invariants hold.
+    ///
+    /// # Panics
+    /// If an invariant does not hold: a bug in this crate or the core.
+    pub fn invariants(&self) {
+        if self.fenced {
+            return;
+        }
+        assert_eq!(
+            self.store.applied().0,
+            self.replica.commit_min(),
+            "the store and the core disagree on the applied op"
+        );
+        self.store.state().invariants();
+    }
+
+    /// Registers a client session (its reply carries the session).
+    pub async fn register(
+        &mut self,
+        client: u128,
+        user_id: u32,
+    ) -> Result<RequestOutcome, GroupError> {
+        self.check_fenced()?;
+        let outcome = self.replica.on_client_request(Request {
+            client,
+            session: 0,
+            request: 0,
+            operation: OPERATION_REGISTER,
+            user_id,
+            body: Bytes::new(),
+        });
+        self.drive().await?;
+        Ok(outcome)
+    }
+
+    /// Orders a metadata op for a registered client. The caller (the
+    /// listener on the primary) has already stamped creation times and
+    /// hashed passwords into `op`.
+    pub async fn submit(
+        &mut self,
+        client: u128,
+        session: u64,
+        request: u64,
+        user_id: u32,
+        op: &MetadataOp,
+    ) -> Result<RequestOutcome, GroupError> {
+        self.check_fenced()?;
+        let body = op.encode().map_err(GroupError::Encode)?;
+        let outcome = self.replica.on_client_request(Request {
+            client,
+            session,
+            request,
+            operation: OPERATION_APPEND,
+            user_id,
+            body: Bytes::from(body),
+        });
+        self.drive().await?;
+        Ok(outcome)
+    }
+
+    async fn persist(&mut self) {
+        let (view, log_view, commit) = (
+            self.replica.view(),
+            self.replica.log_view(),
+            self.replica.commit_max(),
+        );
+        match self.durable.persist_view(view, log_view, commit).await {
+            Ok(()) => {
+                self.persist_failed = false;
+                self.replica.on_persisted(view, log_view);
+            }
+            Err(error) => {
+                // Sends stay held by the core; retried on the next tick.
+                tracing::warn!(%error, view, log_view, "metadata superblock write failed");
+                self.persist_failed = true;
+            }
+        }
+    }
+
+    async fn drive(&mut self) -> Result<(), GroupError> {
+        loop {
+            let actions = self.replica.take_actions();
+            if actions.is_empty() {
+                if cfg!(debug_assertions) {
+                    self.invariants();
+                }
+                return Ok(());
+            }
+            for action in actions {
+                match action {
+                    Action::Send { to, frame } => self.bus.send_to_replica(to, frame),
+                    Action::Reply(reply) => {
+                        let outcome = self
+                            .outcomes
+                            .iter()
+                            .find(|(op, _)| *op == reply.op)
+                            .map(|(_, o)| o.clone());
+                        self.bus.send_to_client(MetadataReply { reply, outcome });
+                    }
+                    Action::Effect(Effect::PersistState { .. }) => self.persist().await,
+                    Action::Effect(Effect::Apply { prepare, duplicate }) => {
+                        if let Err(e) = self.apply(prepare, duplicate).await {
+                            tracing::error!(error = %e, "metadata op could not be committed; fencing");
+                            self.fenced = true;
+                            return Err(e);
+                        }
+                    }
+                    Action::Effect(Effect::Journal { .. } | Effect::TruncateJournal { .. }) => {}
+                    Action::Effect(Effect::StartStateTransfer { peer, floor, to_op }) => {
+                        tracing::warn!(
+                            peer,
+                            floor,
+                            to_op,
+                            "metadata replica needs a state transfer"
+                        );
+                        self.transfer_needed = Some(TransferNeeded { peer, floor, to_op });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn apply(&mut self, prepare: Prepare, duplicate: bool) -> Result<(), GroupError> {
+        let h = prepare.header;
+        let op = Op(h.op);
+        let origin = OpOrigin {
+            client: h.client,
+            request: h.request,
+            timestamp_us: h.timestamp,
+            user_id: h.user_id,
+            identity: h.checksum,
+        };
+        let body = if h.operation == OPERATION_REGISTER || duplicate {
+            None
+        } else {
+            match MetadataOp::decode(&prepare.body) {
+                Ok(body) => Some(body),
+                Err(error) => {
+                    // The primary encodes every op it orders, so this is a
+                    // bug or a hostile primary; every replica decodes the
+                    // same bytes and skips alike.
+                    tracing::error!(op = h.op, %error, "committed metadata op does not decode; skipped");
+                    None
+                }
+            }
+        };
+        let Some(body) = body else {
+            return self
+                .store
+                .commit_skip(op, origin)
+                .await
+                .map_err(GroupError::Store);
+        };
+        let result = self
+            .store
+            .commit(op, &body, origin)
+            .await
+            .map_err(GroupError::Store)?;
+        let outcome = match result {
+            Ok(applied) => {
+                self.effects.extend(
+                    applied
+                        .effects
+                        .into_iter()
+                        .map(|effect| CommittedEffect { op, effect }),
+                );
+                Ok(applied.outcome)
+            }
+            Err(refusal) => Err(refusal),
+        };
+        if self.outcomes.len() == OUTCOMES_KEPT {
+            self.outcomes.pop_front();
+        }
+        self.outcomes.push_back((h.op, outcome));
+        Ok(())
+    }
+}

@@ -1,0 +1,136 @@
+//! Effects against the state: folding every applied op's effects gives
+//! exactly the partition groups the state holds (created once, deleted
+//! once, purge generations and settings as committed), and
+//! `reconcile_effects` between any two states of a history moves the
+//! first's partition plane to the second's.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use ::common::GroupId;
+use common::*;
+use metadata::{
+    MetadataOp, MetadataState, PartitionEffect, PartitionGroupConfig, SessionId, reconcile_effects,
+};
+use proptest::prelude::*;
+
+/// What the partition plane holds: group → (purge generation, settings).
+type Plane = BTreeMap<GroupId, (u64, PartitionGroupConfig)>;
+
+fn fold(plane: &mut Plane, effects: &[PartitionEffect]) -> Result<(), String> {
+    for e in effects {
+        match e {
+            PartitionEffect::CreatePartitionGroup { group, config, .. } => {
+                if plane.insert(*group, (0, *config)).is_some() {
+                    return Err(format!("{group:?} created twice"));
+                }
+            }
+            PartitionEffect::DeletePartitionGroup { group } => {
+                if plane.remove(group).is_none() {
+                    return Err(format!("{group:?} deleted while absent"));
+                }
+            }
+            PartitionEffect::PurgePartition { group, generation } => {
+                let g = plane.get_mut(group).ok_or("purge of an absent group")?;
+                if *generation <= g.0 {
+                    return Err(format!("{group:?} purge generation went back"));
+                }
+                g.0 = *generation;
+            }
+            PartitionEffect::ReconfigurePartitionGroup { group, config } => {
+                plane
+                    .get_mut(group)
+                    .ok_or("reconfigure of an absent group")?
+                    .1 = *config;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn plane_of(state: &MetadataState) -> Plane {
+    state
+        .partition_groups()
+        .into_iter()
+        .map(|i| (i.group, (i.purge_generation, i.config)))
+        .collect()
+}
+
+fn step() -> impl Strategy<Value = MetadataOp> {
+    prop_oneof![
+        (0u8..3).prop_map(|n| create_stream(&format!("s{n}"))),
+        (0u32..3, 0u8..3, 0u32..4).prop_map(|(s, n, p)| create_topic(s, &format!("t{n}"), p)),
+        (0u32..3, 0u32..3).prop_map(|(s, t)| MetadataOp::PurgeTopic {
+            stream: s.into(),
+            topic: t.into()
+        }),
+        (0u32..3).prop_map(|s| MetadataOp::PurgeStream { stream: s.into() }),
+        (0u32..3).prop_map(|s| MetadataOp::DeleteStream { stream: s.into() }),
+        (0u32..3, 0u32..3).prop_map(|(s, t)| MetadataOp::DeleteTopic {
+            stream: s.into(),
+            topic: t.into()
+        }),
+        (0u32..3, 0u32..3, 1u32..3).prop_map(|(s, t, n)| MetadataOp::CreatePartitions {
+            stream: s.into(),
+            topic: t.into(),
+            count: n,
+            created_at_us: 1
+        }),
+        (0u32..3, 0u32..3, 1u32..3).prop_map(|(s, t, n)| MetadataOp::DeletePartitions {
+            stream: s.into(),
+            topic: t.into(),
+            count: n
+        }),
+        (0u32..3, 0u32..3, 0u8..2).prop_map(|(s, t, n)| MetadataOp::UpdateTopic {
+            stream: s.into(),
+            topic: t.into(),
+            name: format!("t{n}"),
+            config: metadata::TopicConfig {
+                durability: if n == 0 {
+                    metadata::Durability::Replicated
+                } else {
+                    metadata::Durability::Persisted
+                },
+                ..metadata::TopicConfig::default()
+            },
+        }),
+        (0u32..3, 0u32..3, 0u64..3).prop_map(|(s, t, x)| join(s, t, 0, x)),
+        (0u64..3).prop_map(|x| MetadataOp::EndSession {
+            session: SessionId(x)
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn given_random_histories_when_effects_are_folded_should_equal_the_states_partition_groups(
+        ops in proptest::collection::vec(step(), 0..50),
+        split in any::<prop::sample::Index>(),
+    ) {
+        let mut sm = Sm::default();
+        let mut plane = Plane::new();
+        let mut states = vec![sm.state.clone()];
+        for op in ops {
+            if let Ok(applied) = sm.apply(op) {
+                fold(&mut plane, &applied.effects).map_err(TestCaseError::fail)?;
+            }
+            prop_assert_eq!(&plane, &plane_of(&sm.state));
+            states.push(sm.state.clone());
+        }
+        // From scratch (a shard's boot) and from any earlier state (a
+        // transfer install) to the last.
+        let last = states.last().unwrap();
+        let mut scratch = Plane::new();
+        fold(&mut scratch, &reconcile_effects(&MetadataState::new(), last))
+            .map_err(TestCaseError::fail)?;
+        prop_assert_eq!(&scratch, &plane);
+        let from = &states[split.index(states.len())];
+        let mut moved = plane_of(from);
+        fold(&mut moved, &reconcile_effects(from, last)).map_err(TestCaseError::fail)?;
+        prop_assert_eq!(&moved, &plane);
+    }
+}
