@@ -32,7 +32,9 @@
 //!    an empty segment at the frontier with no offset files (see
 //!    [`recover_interrupted_install`]); different means the superblock write
 //!    never landed and the old state stands. A failure here refuses with
-//!    `FrontierNotDurable` after discarding the siblings.
+//!    `FrontierNotDurable` after discarding the siblings, and keeps the
+//!    marker: a fault on the superblock's second copy leaves the first
+//!    holding the new frontier, which only the marker explains at boot.
 //! 2. **Swap** (ST-I3): stray staging files swept; old chain unlinked oldest
 //!    first; directory synced (so no old `.log` can reappear beside the new
 //!    chain); every staged index renamed; directory synced (a `.log` is never
@@ -709,18 +711,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if !checked.purge_advances {
             debug_assert!(checked.frontier >= self.durable_offset_frontier());
         }
-        if let Err(e) = self
-            .durable
+        // A failed record may still have landed in part: the two-copy
+        // superblock writes copy A, syncs it, then copy B, so a fault on B
+        // leaves A (the newer sequence) holding the new frontier, and the
+        // next boot reads it. The marker therefore stays: boot compares it
+        // with whatever record won and converges when it is the new one
+        // (an empty partition at the frontier, lagging), or drops it when
+        // the old one stands. Removing it here would leave a frontier
+        // above the old chain with nothing to explain it
+        // (`FrontierAheadOfLog`, an unbootable partition). The next install
+        // overwrites it; a later superblock write in this life replaces
+        // both copies with the old lineage, which the marker then does not
+        // match.
+        self.durable
             .reset_applied(checked.commit_op, checked.checksum, checked.frontier)
             .await
-        {
-            // Without the superblock record the marker means nothing;
-            // boot would drop it too.
-            if remove_if_present(&self.fs, &path).await.is_ok() {
-                let _ = self.fs.sync_dir(&self.dir).await;
-            }
-            return Err(io::Error::other(e.to_string()));
-        }
+            .map_err(|e| io::Error::other(e.to_string()))?;
         Ok(())
     }
 
