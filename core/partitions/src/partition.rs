@@ -534,6 +534,12 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) missing_history: Option<MissingHistory>,
     /// A completed install could not remove the record; retried on ticks.
     pub(crate) missing_history_clear_pending: bool,
+    /// A converge's transfer-needed record that could not be written. The
+    /// install marker then stays as the only evidence, and it is evidence
+    /// only while the superblock's applied point still matches it, so
+    /// until the record is durable (retried every tick) no applied point
+    /// is recorded past the install (`flush`).
+    pub(crate) missing_history_record_pending: Option<MissingHistory>,
     pub(crate) now_us: u64,
     pub(crate) persist_failed: bool,
     pub(crate) pending_replies: Vec<Reply>,
@@ -762,6 +768,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             state_transfer_needed: None,
             missing_history: None,
             missing_history_clear_pending: false,
+            missing_history_record_pending: None,
             now_us: 0,
             persist_failed: false,
             pending_replies: Vec::new(),
@@ -996,6 +1003,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         if self.missing_history_clear_pending {
             self.clear_missing_history().await;
+        }
+        if let Some(record) = self.missing_history_record_pending {
+            self.retry_missing_history_record(record).await;
         }
         self.replica.on_tick();
         self.drive().await?;

@@ -948,6 +948,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.replica.clear_pipeline();
         self.replica.advance_commit_max(checked.commit_op);
         if complete {
+            self.missing_history_record_pending = None;
             self.state_transfer_needed = None;
             self.replica.finish_state_transfer();
         }
@@ -963,10 +964,25 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             frontier: checked.frontier,
         };
         self.mark_history_missing(record);
+        self.retry_missing_history_record(record).await;
+    }
+
+    /// Writes the transfer-needed record, then removes the install marker.
+    /// On failure the marker stays and the record is retried on every
+    /// tick; meanwhile no applied point past the install is recorded
+    /// (`flush`), so the marker keeps matching the superblock and a reboot
+    /// converges and writes the record itself.
+    pub(crate) async fn retry_missing_history_record(&mut self, record: MissingHistory) {
         match write_missing_history(&self.fs, &self.dir, record).await {
-            Ok(()) => self.remove_install_marker().await,
+            Ok(()) => {
+                self.missing_history_record_pending = None;
+                self.remove_install_marker().await;
+            }
             Err(error) => {
-                tracing::warn!(dir = %self.dir.display(), %error, "could not record the missing history; the install marker stays so a reboot converges and records it");
+                if self.missing_history_record_pending.is_none() {
+                    tracing::warn!(dir = %self.dir.display(), %error, "could not record the missing history; the install marker stays, the applied point stays at the install, and the record is retried every tick");
+                }
+                self.missing_history_record_pending = Some(record);
             }
         }
     }
