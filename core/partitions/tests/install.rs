@@ -943,3 +943,59 @@ fn given_torn_superblock_pair_when_recording_install_frontier_should_boot_and_in
         }
     }
 }
+
+/// Issue 15 item 3: an offer at an op no real log reaches (`u64::MAX`, or
+/// just past `OP_MAX`) is a typed refusal that changes nothing; the
+/// install computed `commit_op + 1` (overflow in debug, a wrap to a
+/// journal floor of 0 in release).
+#[test]
+fn given_offer_at_u64_max_op_when_installing_should_refuse_out_of_range_unchanged() {
+    let (mut f, _) = fixture(12);
+    assert_unchanged_by(&mut f, |i| i.commit_op = u64::MAX, "OpOutOfRange");
+    assert_unchanged_by(
+        &mut f,
+        |i| i.commit_op = consensus::vsr::OP_MAX + 1,
+        "OpOutOfRange",
+    );
+}
+
+/// Issue 15 item 3: a superblock naming an op past `OP_MAX` (its commit
+/// bound or applied point) refuses the boot with a typed error instead of
+/// overflowing in the core's `commit_min + 1`.
+#[test]
+fn given_superblock_op_at_u64_max_when_booting_should_refuse_out_of_range() {
+    use journal::{MemSuperblock, SuperblockStore, VsrState};
+    for (commit_max, checkpoint_op) in [(u64::MAX, 0), (u64::MAX, u64::MAX), (0, u64::MAX)] {
+        let fs = fresh_fs(13);
+        let mut store = MemSuperblock::new();
+        let c = config(1 << 20);
+        block_on(store.write(&VsrState {
+            cluster: c.cluster,
+            replica_id: 0,
+            replica_count: 1,
+            view: 0,
+            log_view: 0,
+            commit_max,
+            checkpoint_op,
+            checkpoint_checksum: 0,
+            offset_frontier: 0,
+        }))
+        .unwrap();
+        let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
+        let booted = block_on(Partition::open(
+            c,
+            fs.clone(),
+            &dir(),
+            net.endpoint(0),
+            store,
+        ));
+        assert!(
+            matches!(
+                booted,
+                Err(partitions::BootError::SuperblockOpOutOfRange { op: u64::MAX, .. })
+            ),
+            "{commit_max}/{checkpoint_op}: {:?}",
+            booted.map(|_| ())
+        );
+    }
+}

@@ -427,7 +427,7 @@ impl Replica {
             commit_min_checksum: applied.checksum,
             acknowledged_max: 0,
             commit_max: durable.commit.max(applied.commit_min),
-            journal: Journal::new(applied.commit_min + 1),
+            journal: Journal::new(applied.commit_min.saturating_add(1)),
             pipeline: Pipeline::new(),
             client_table: ClientTable::new(config.clients_max),
             prng: Prng::new(seed),

@@ -178,6 +178,14 @@ pub enum PartitionInstallError {
         /// This replica's applied op.
         commit_min: u64,
     },
+    /// The offer's op is past any op a real log reaches
+    /// ([`consensus::vsr::OP_MAX`]); the op after it would overflow.
+    OpOutOfRange {
+        /// The offer's op.
+        commit_op: u64,
+        /// The largest op accepted.
+        max: u64,
+    },
     /// The incoming frontier could not be made durable before the swap.
     FrontierNotDurable {
         /// The frontier.
@@ -260,6 +268,9 @@ impl fmt::Display for PartitionInstallError {
             Self::NoPartitionDir => f.write_str("partition has no directory on disk"),
             Self::NoOffsetDir { kind } => {
                 write!(f, "partition has no {kind:?} offsets directory")
+            }
+            Self::OpOutOfRange { commit_op, max } => {
+                write!(f, "transfer at op {commit_op} is past the largest op {max}")
             }
             Self::StaleTransfer {
                 commit_op,

@@ -516,6 +516,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // lands. Ops committed above the offer that this replica never
         // acknowledged are not lost by erasing them here: a quorum holds
         // them without this replica, and journal repair brings them back.
+        // Peer-supplied: every later step computes the op after it.
+        if commit_op > consensus::vsr::OP_MAX {
+            return Err(PartitionInstallError::OpOutOfRange {
+                commit_op,
+                max: consensus::vsr::OP_MAX,
+            });
+        }
         let local_commit = self
             .replica
             .commit_min()
@@ -876,9 +883,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.messages_count = checked
             .staged
             .iter()
-            .map(|s| s.end_offset - s.start_offset + 1)
-            .sum();
-        self.size_bytes = checked.staged.iter().map(|s| s.size_bytes).sum();
+            // The check phase proved start <= end < frontier per segment.
+            .map(|s| (s.end_offset - s.start_offset).saturating_add(1))
+            .fold(0u64, u64::saturating_add);
+        self.size_bytes = checked
+            .staged
+            .iter()
+            .map(|s| s.size_bytes)
+            .fold(0u64, u64::saturating_add);
         self.applied_last_timestamp = checked
             .staged
             .iter()
