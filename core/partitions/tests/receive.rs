@@ -2173,3 +2173,88 @@ mod hostile {
         }
     }
 }
+
+/// Issue 15 item 5: a primary whose own segment file is missing, or cut
+/// shorter than its log records, refuses as a local fault (not transient),
+/// so the receiver charges the failure, backs off and rotates to the next
+/// peer, which serves the transfer. It was refused as transient
+/// (`SegmentSetChanged`), so the receiver re-asked the same primary at the
+/// flat interval forever.
+#[test]
+fn given_primary_missing_its_own_segment_when_pulled_should_refuse_as_fault_and_second_peer_serves()
+{
+    for truncate in [false, true] {
+        let mut broken = Peer::new(95, 64 * 1024, 10, 16, 1024);
+        let mut healthy = Peer::new(95, 64 * 1024, 10, 16, 1024);
+        let (base, bytes) = broken.segment_logs()[1].clone();
+        let path = dir().join(storage::segment::log_file_name(base));
+        if truncate {
+            let f = block_on(
+                broken
+                    .fs
+                    .open(&path, storage::fs::OpenOptions::read_write()),
+            )
+            .unwrap();
+            block_on(storage::fs::FsFile::set_len(&f, bytes.len() as u64 / 2)).unwrap();
+        } else {
+            block_on(broken.fs.remove_file(&path)).unwrap();
+        }
+        let (fs, _node) = receiver_fs(96);
+        let mut rx = TransferReceiver::new(
+            fs.clone(),
+            &dir(),
+            receiver_config(16 * 1024, 32 * 1024),
+            11,
+        );
+        let facts = local();
+        let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+            unreachable!()
+        };
+        let refused = block_on(broken.server.on_request_state_transfer(
+            &mut broken.node.partition,
+            ME,
+            nonce,
+            &NoClock,
+        ))
+        .unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                partitions::state_transfer::PartitionTransferUnavailable::SegmentMissing { start_offset, .. }
+                    if start_offset == base
+            ),
+            "truncate {truncate}: {refused:?}"
+        );
+        assert!(
+            !refused.transient(),
+            "a lost file does not heal by asking again"
+        );
+        let step =
+            block_on(rx.on_target(0, 0, &unavailable(nonce, refused.transient()), &[], &facts));
+        assert!(matches!(
+            step,
+            ReceiveStep::Failed(ReceiveError::PeerUnavailable { transient: false })
+        ));
+        assert_eq!(rx.backoff().failures, 1, "the fault is charged");
+        let rearm = rx.pending_rearm().unwrap();
+        assert_eq!(rearm.peer, 1, "rotates away from the faulty primary");
+        assert!(rearm.after_ticks > 10, "backs off: {rearm:?}");
+        let mut request = None;
+        for _ in 0..=rearm.after_ticks {
+            if let Some(r) = tick(&mut rx, &facts) {
+                request = Some(r);
+                break;
+            }
+        }
+        let request = request.expect("never re-armed");
+        let done = complete(drive(
+            &mut rx,
+            &mut healthy,
+            1,
+            request,
+            &facts,
+            &Hooks::default(),
+        ));
+        assert_staged_match(&fs, &done, &healthy);
+    }
+}
