@@ -46,3 +46,52 @@ fn seed_3266_merge_anchor_comes_from_canonical_voter() {
 fn seed_4181_transfer_source_at_the_floor_is_served() {
     must_pass(4181);
 }
+
+/// Seeds of the current mix (`SimConfig::for_seed`) that ended "no
+/// convergence after healing" in the sweep of 10,000,000..10,100,000
+/// (issue 15 item 10): every replica Normal at the same op, a client never
+/// answered. In each a primary had installed a state transfer at its own
+/// head without the op's identity (the offer carries none) and refused
+/// every request as `Unavailable`, because every proposal chains to that
+/// identity and nothing could tell it: backups learn it from the
+/// primary's heartbeat, and the primary's log held nothing above the op.
+/// Two fixes: the install keeps the identity the primary's own log named
+/// (`set_commit_floor`), and a primary that still cannot learn it starts a
+/// view change once a backup's election timeout passed (seed 10087433:
+/// its peers knew the identity only from a heartbeat, without the header,
+/// so not even the merge could name it).
+const NO_CONVERGENCE_SEEDS: [u64; 18] = [
+    10_002_976, 10_004_839, 10_009_684, 10_023_746, 10_024_589, 10_037_276, 10_042_640, 10_043_066,
+    10_046_872, 10_051_880, 10_053_693, 10_056_665, 10_065_475, 10_072_865, 10_087_433, 10_089_354,
+    10_091_155, 10_098_571,
+];
+
+#[test]
+fn seeds_of_the_10m_sweep_primary_with_unknown_applied_identity_converges() {
+    for seed in NO_CONVERGENCE_SEEDS {
+        if let Err(failure) = run_config(SimConfig::for_seed(seed)) {
+            panic!("{failure}");
+        }
+    }
+}
+
+/// The primary of seed 10024589 installed at its head while its own log
+/// held the op's header: it keeps its view (learned from its log) instead
+/// of needing a view change to learn the identity from a peer.
+#[test]
+fn seed_10024589_primary_keeps_the_identity_its_log_names_across_an_install() {
+    let report = run_config(SimConfig::for_seed(10_024_589)).unwrap();
+    assert!(report.transfers > 0);
+    assert_eq!(
+        report.view_max, 1,
+        "the primary had to step down to learn its own applied identity"
+    );
+}
+
+/// Seed 10087433: nobody holds the header of the primary's applied op,
+/// only its identity; without stepping down the primary waits forever.
+#[test]
+fn seed_10087433_primary_that_cannot_learn_its_applied_identity_steps_down() {
+    let report = run_config(SimConfig::for_seed(10_087_433)).unwrap();
+    assert!(report.view_max > 2, "{report:?}");
+}

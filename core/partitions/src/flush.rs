@@ -96,7 +96,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// `retention_ops / 4` (at least 1) ops past the recorded applied point.
     fn applied_point_lags(&self) -> bool {
         let lag_max = (self.config.vsr.retention_ops / 4).max(1);
-        self.config.vsr.replica_count > 1
+        self.missing_history_record_pending.is_none()
+            && self.config.vsr.replica_count > 1
             && self
                 .journaled_point
                 .op
@@ -149,7 +150,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         let sealed = self.log.segments().count() != segments_before;
         let point = self.journaled_point;
-        let record = (sync && record_frontier) || sealed || self.applied_point_lags();
+        // While a converge's transfer-needed record is not durable the
+        // install marker is the only evidence that history is missing,
+        // and boot honours it only while the superblock's applied point
+        // still matches it: recording a later point would make a reboot
+        // read "the old state stands" and come back complete.
+        let record = ((sync && record_frontier) || sealed || self.applied_point_lags())
+            && self.missing_history_record_pending.is_none();
         if sync || record {
             self.log.sync().await.map_err(PartitionError::Storage)?;
             outcome.synced = true;

@@ -191,6 +191,15 @@ pub enum BootError {
         /// The offset after the last recovered batch.
         log_next_offset: u64,
     },
+    /// The superblock names an op (its commit bound or applied point) past
+    /// any op a real log reaches ([`consensus::vsr::OP_MAX`]): the core
+    /// would compute the op after it.
+    SuperblockOpOutOfRange {
+        /// The offending op.
+        op: u64,
+        /// The largest op accepted.
+        max: u64,
+    },
 }
 
 impl fmt::Display for BootError {
@@ -222,6 +231,9 @@ impl fmt::Display for BootError {
                 f,
                 "a replica with history (commit {commit}, log end {log_next_offset}) must rejoin its group by state transfer"
             ),
+            Self::SuperblockOpOutOfRange { op, max } => {
+                write!(f, "the superblock names op {op}, past the largest op {max}")
+            }
         }
     }
 }
@@ -233,7 +245,9 @@ impl std::error::Error for BootError {
             Self::Recovery(e) => Some(e),
             Self::PurgeGenerationUnreadable { source, .. }
             | Self::OffsetsUnreadable { source, .. } => Some(source),
-            Self::FrontierAheadOfLog { .. } | Self::RestartNeedsStateTransfer { .. } => None,
+            Self::FrontierAheadOfLog { .. }
+            | Self::RestartNeedsStateTransfer { .. }
+            | Self::SuperblockOpOutOfRange { .. } => None,
         }
     }
 }
@@ -534,6 +548,12 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) missing_history: Option<MissingHistory>,
     /// A completed install could not remove the record; retried on ticks.
     pub(crate) missing_history_clear_pending: bool,
+    /// A converge's transfer-needed record that could not be written. The
+    /// install marker then stays as the only evidence, and it is evidence
+    /// only while the superblock's applied point still matches it, so
+    /// until the record is durable (retried every tick) no applied point
+    /// is recorded past the install (`flush`).
+    pub(crate) missing_history_record_pending: Option<MissingHistory>,
     pub(crate) now_us: u64,
     pub(crate) persist_failed: bool,
     pub(crate) pending_replies: Vec<Reply>,
@@ -601,6 +621,16 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .await
             .map_err(BootError::Superblock)?;
         let sb = *durable.state();
+        // Disk-supplied: the core computes the op after each.
+        if let Some(op) = [sb.commit_max, sb.checkpoint_op]
+            .into_iter()
+            .find(|op| *op > consensus::vsr::OP_MAX)
+        {
+            return Err(BootError::SuperblockOpOutOfRange {
+                op,
+                max: consensus::vsr::OP_MAX,
+            });
+        }
         let generation = read_purge_generation(&fs, dir, config.created_revision)
             .await
             .map_err(|source| BootError::PurgeGenerationUnreadable {
@@ -762,6 +792,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             state_transfer_needed: None,
             missing_history: None,
             missing_history_clear_pending: false,
+            missing_history_record_pending: None,
             now_us: 0,
             persist_failed: false,
             pending_replies: Vec::new(),
@@ -996,6 +1027,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         if self.missing_history_clear_pending {
             self.clear_missing_history().await;
+        }
+        if let Some(record) = self.missing_history_record_pending {
+            self.retry_missing_history_record(record).await;
         }
         self.replica.on_tick();
         self.drive().await?;

@@ -826,3 +826,176 @@ fn given_offset_sibling_write_faults_when_staging_should_retry_twice_then_refuse
     assert_eq!(messages(&f.old), f.old_messages);
     assert!(old_offsets(&f.old));
 }
+
+/// Reboots `f`'s directory after a crash in `mode`, then stages the
+/// source again and installs it: the transfer that follows the reboot.
+/// Returns whether the boot found the partition converged (empty at the
+/// frontier, lagging) rather than on its old state.
+fn reboot_then_install_again(
+    f: Fixture,
+    source: &SourceSegments,
+    mode: storage::fs::CrashMode,
+    what: &str,
+) -> bool {
+    let Fixture {
+        fs,
+        old,
+        old_messages,
+        new_messages,
+        commit_op,
+        ..
+    } = f;
+    drop(old);
+    fs.crash_with(mode);
+    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
+    let p = block_on(Partition::open(
+        config(1 << 20),
+        fs.clone(),
+        &dir(),
+        net.endpoint(0),
+        FileSuperblock::new(fs.clone(), &dir()),
+    ))
+    .unwrap_or_else(|e| panic!("{what}: boot refused: {e:?}"));
+    let got = messages(&p);
+    let converged = got.is_empty();
+    if converged {
+        assert_eq!(p.offset_frontier(), FRONTIER, "{what}");
+        assert!(
+            p.missing_history().is_some(),
+            "{what}: converged without the record"
+        );
+    } else {
+        assert_eq!(got, old_messages, "{what}");
+        assert_eq!(p.offset_frontier(), 15, "{what}");
+    }
+    let staged = stage(&fs, source);
+    let mut again = Fixture {
+        fs,
+        old: p,
+        old_net: net,
+        old_messages,
+        new_messages,
+        staged,
+        commit_op,
+    };
+    block_on(again.old.install_partition_state(input(&again)))
+        .unwrap_or_else(|e| panic!("{what}: install after boot: {e:?}"));
+    assert_fully_installed(&again.old, &again);
+    converged
+}
+
+/// Issue 15 item 1: the frontier record is a two-copy superblock write (A
+/// written and synced, then B). A fault on B's write or sync, or a power
+/// cut right after A, leaves A holding the new frontier. Every such case
+/// must reboot (converged from the marker, or the old state when A never
+/// landed) and take the next transfer; removing the marker on the failed
+/// record made the reboot refuse the partition (`FrontierAheadOfLog`).
+#[test]
+fn given_torn_superblock_pair_when_recording_install_frontier_should_boot_and_install_again() {
+    let mut converged_boots = 0;
+    let mut cases = 0;
+    // Writes: three offset siblings, the marker's sibling, copy A, copy B;
+    // syncs interleave with them. Scanning past them covers both copies.
+    let scan = [(FaultKind::Write, 1..=8u64), (FaultKind::Sync, 1..=16u64)];
+    for (kind, range) in scan {
+        for nth in range {
+            for mode in [
+                storage::fs::CrashMode::DropAll,
+                storage::fs::CrashMode::KeepAll,
+            ] {
+                let (mut f, source) = fixture(5_000 + nth);
+                f.fs.fail_nth(kind, nth, EIO);
+                let result = block_on(f.old.install_partition_state(input(&f)));
+                f.fs.clear_faults();
+                if !matches!(
+                    result,
+                    Err(PartitionInstallError::FrontierNotDurable { .. })
+                ) {
+                    continue;
+                }
+                cases += 1;
+                let what = format!("{kind:?} #{nth} {mode:?}");
+                converged_boots += u32::from(reboot_then_install_again(f, &source, mode, &what));
+            }
+        }
+    }
+    assert!(
+        cases >= 4,
+        "the scan reached the frontier record {cases} times"
+    );
+    assert!(
+        converged_boots > 0,
+        "no fault left copy A holding the new frontier"
+    );
+    // Power cuts after every call up to and through the frontier record.
+    for n in 1..40 {
+        let (mut f, source) = fixture(6_000 + n);
+        f.fs.cut_power_after(n);
+        let result = block_on(f.old.install_partition_state(input(&f)));
+        reboot_then_install_again(
+            f,
+            &source,
+            storage::fs::CrashMode::DropAll,
+            &format!("cut {n}"),
+        );
+        if result.is_ok() {
+            break;
+        }
+    }
+}
+
+/// Issue 15 item 3: an offer at an op no real log reaches (`u64::MAX`, or
+/// just past `OP_MAX`) is a typed refusal that changes nothing; the
+/// install computed `commit_op + 1` (overflow in debug, a wrap to a
+/// journal floor of 0 in release).
+#[test]
+fn given_offer_at_u64_max_op_when_installing_should_refuse_out_of_range_unchanged() {
+    let (mut f, _) = fixture(12);
+    assert_unchanged_by(&mut f, |i| i.commit_op = u64::MAX, "OpOutOfRange");
+    assert_unchanged_by(
+        &mut f,
+        |i| i.commit_op = consensus::vsr::OP_MAX + 1,
+        "OpOutOfRange",
+    );
+}
+
+/// Issue 15 item 3: a superblock naming an op past `OP_MAX` (its commit
+/// bound or applied point) refuses the boot with a typed error instead of
+/// overflowing in the core's `commit_min + 1`.
+#[test]
+fn given_superblock_op_at_u64_max_when_booting_should_refuse_out_of_range() {
+    use journal::{MemSuperblock, SuperblockStore, VsrState};
+    for (commit_max, checkpoint_op) in [(u64::MAX, 0), (u64::MAX, u64::MAX), (0, u64::MAX)] {
+        let fs = fresh_fs(13);
+        let mut store = MemSuperblock::new();
+        let c = config(1 << 20);
+        block_on(store.write(&VsrState {
+            cluster: c.cluster,
+            replica_id: 0,
+            replica_count: 1,
+            view: 0,
+            log_view: 0,
+            commit_max,
+            checkpoint_op,
+            checkpoint_checksum: 0,
+            offset_frontier: 0,
+        }))
+        .unwrap();
+        let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
+        let booted = block_on(Partition::open(
+            c,
+            fs.clone(),
+            &dir(),
+            net.endpoint(0),
+            store,
+        ));
+        assert!(
+            matches!(
+                booted,
+                Err(partitions::BootError::SuperblockOpOutOfRange { op: u64::MAX, .. })
+            ),
+            "{commit_max}/{checkpoint_op}: {:?}",
+            booted.map(|_| ())
+        );
+    }
+}

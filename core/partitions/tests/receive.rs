@@ -1880,3 +1880,381 @@ fn given_window_when_cut_at_90_percent_and_stalled_should_resume_from_the_last_s
         target_len - point.synced_len_bytes + later
     );
 }
+
+// ----- issue 15 item 3: peer-controlled values at their extremes ---------
+
+fn nonce_of(request: &TransferRequest) -> u128 {
+    match request {
+        TransferRequest::Descriptor { nonce, .. } | TransferRequest::Chunk { nonce, .. } => *nonce,
+    }
+}
+
+/// An offer whose `commit_max` (and op) is `u64::MAX` is refused as out of
+/// range before anything is created: the install would compute the op
+/// after it.
+#[test]
+fn given_offer_at_u64_max_op_when_accepting_descriptor_should_refuse_out_of_range() {
+    let (fs, _node) = receiver_fs(90);
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(4096, 4096), 3);
+    let mut nonce = nonce_of(&rx.arm(0));
+    let offsets = ConsumerOffsetsWire {
+        purge_generation: 0,
+        next_offset: 0,
+        consumers: vec![],
+        groups: vec![],
+        dedup: vec![],
+    }
+    .encode();
+    let body = encode_manifest(&[StateArtifact::for_bytes(
+        artifact_kind::CONSUMER_OFFSETS,
+        u64::MAX,
+        &offsets,
+    )]);
+    for (commit_op, commit_max) in [(u64::MAX, u64::MAX), (0, u64::MAX), (1 << 63, 1 << 63)] {
+        let header = StateTransferTargetHeader {
+            nonce,
+            commit_op,
+            group: 0,
+            available: true,
+            unavailable_transient: false,
+            commit_max,
+        };
+        let step = block_on(rx.on_target(0, u32::MAX, &header, &body, &local()));
+        assert!(
+            matches!(
+                step,
+                ReceiveStep::Failed(ReceiveError::Descriptor(
+                    DescriptorRefusal::OpOutOfRange { .. }
+                ))
+            ),
+            "{commit_op}/{commit_max}: {step:?}"
+        );
+        assert!(staging_files(&fs).is_empty());
+        // The refusal ends the session; a new one asks again.
+        nonce = nonce_of(&rx.arm(0));
+    }
+}
+
+/// Chunk frames and chunk requests with every field at its extreme change
+/// nothing and panic nowhere: offset `u64::MAX`, artifact `u32::MAX`,
+/// length `u32::MAX`, payloads that would run past the end.
+#[test]
+fn given_chunk_fields_at_their_extremes_when_received_or_requested_should_be_ignored() {
+    let mut peer = Peer::new(91, 64 * 1024, 4, 8, 512);
+    let (fs, _node) = receiver_fs(92);
+    let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(4096, 4096), 5);
+    let first = rx.arm(0);
+    let nonce = nonce_of(&first);
+    // Accept the descriptor (stop at the first chunk request).
+    let ended = drive(
+        &mut rx,
+        &mut peer,
+        0,
+        first,
+        &local(),
+        &Hooks {
+            cut: Some(&|r| matches!(r, TransferRequest::Chunk { .. })),
+            ..Hooks::default()
+        },
+    );
+    assert!(matches!(ended, Ended::Cut(_)));
+    for (artifact, offset) in [
+        (u32::MAX, 0),
+        (0, u64::MAX),
+        (0, u64::MAX - 1),
+        (u32::MAX, u64::MAX),
+        (1, u64::MAX - 3),
+    ] {
+        let step = block_on(rx.on_chunk(
+            0,
+            nonce,
+            artifact,
+            offset,
+            Bytes::from(vec![7u8; 16]),
+            &local(),
+        ));
+        assert!(
+            matches!(step, ReceiveStep::Ignored(_)),
+            "{artifact}/{offset}: {step:?}"
+        );
+    }
+    for (artifact, offset, len) in [
+        (u32::MAX, 0, 1),
+        (0, u64::MAX, u32::MAX),
+        (0, 0, u32::MAX),
+        (0, u64::MAX - 1, u32::MAX),
+        (u32::MAX, u64::MAX, u32::MAX),
+    ] {
+        let answer = block_on(peer.server.on_request_state_chunk(
+            &peer.fs,
+            ChunkRequest {
+                requester: ME,
+                nonce,
+                artifact,
+                offset,
+                len,
+            },
+        ));
+        match answer {
+            ChunkAnswer::Ignore => {}
+            ChunkAnswer::Chunk(chunk) => assert!(chunk.payload.len() <= 256 * 1024),
+            other => panic!("{artifact}/{offset}/{len}: {other:?}"),
+        }
+    }
+}
+
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn extreme_u64() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(1u64),
+            Just(u64::MAX),
+            Just(u64::MAX - 1),
+            Just(1u64 << 62),
+            Just((1u64 << 62) + 1),
+            0u64..4096,
+            any::<u64>(),
+        ]
+    }
+
+    fn artifact() -> impl Strategy<Value = StateArtifact> {
+        (
+            prop_oneof![
+                Just(artifact_kind::SEGMENT_LOG),
+                Just(artifact_kind::CONSUMER_OFFSETS),
+                any::<u8>()
+            ],
+            extreme_u64(),
+            extreme_u64(),
+            any::<u64>(),
+        )
+            .prop_map(|(kind, frontier, len, checksum)| StateArtifact {
+                kind,
+                frontier,
+                len,
+                checksum,
+            })
+    }
+
+    #[derive(Debug, Clone)]
+    enum Frame {
+        Target {
+            commit_op: u64,
+            commit_max: u64,
+            view: u32,
+            body: Option<Vec<u8>>,
+            manifest: Vec<StateArtifact>,
+            available: bool,
+        },
+        Chunk {
+            artifact: u32,
+            offset: u64,
+            payload: Vec<u8>,
+        },
+        Request {
+            artifact: u32,
+            offset: u64,
+            len: u32,
+        },
+        Tick,
+    }
+
+    fn frame() -> impl Strategy<Value = Frame> {
+        prop_oneof![
+            (
+                extreme_u64(),
+                extreme_u64(),
+                prop_oneof![Just(0u32), Just(u32::MAX), any::<u32>()],
+                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
+                proptest::collection::vec(artifact(), 0..6),
+                any::<bool>(),
+            )
+                .prop_map(
+                    |(commit_op, commit_max, view, body, manifest, available)| {
+                        Frame::Target {
+                            commit_op,
+                            commit_max,
+                            view,
+                            body,
+                            manifest,
+                            available,
+                        }
+                    }
+                ),
+            (
+                prop_oneof![Just(0u32), Just(1u32), Just(u32::MAX), any::<u32>()],
+                extreme_u64(),
+                proptest::collection::vec(any::<u8>(), 0..300),
+            )
+                .prop_map(|(artifact, offset, payload)| Frame::Chunk {
+                    artifact,
+                    offset,
+                    payload,
+                }),
+            (
+                prop_oneof![Just(0u32), Just(1u32), Just(u32::MAX), any::<u32>()],
+                extreme_u64(),
+                prop_oneof![Just(0u32), Just(1u32), Just(u32::MAX), any::<u32>()],
+            )
+                .prop_map(|(artifact, offset, len)| Frame::Request {
+                    artifact,
+                    offset,
+                    len,
+                }),
+            Just(Frame::Tick),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Random descriptors, manifests (encoded, or raw bytes), chunk
+        /// frames and chunk requests, at and around every extreme, fed to
+        /// a receiver with a live session and to a server with a live
+        /// offer: nothing panics (debug build: no overflow either).
+        #[test]
+        fn given_random_hostile_frames_when_fed_to_receiver_and_server_should_never_panic(
+            frames in proptest::collection::vec(frame(), 1..24),
+        ) {
+            let mut peer = Peer::new(93, 64 * 1024, 6, 4, 256);
+            let (fs, _node) = receiver_fs(94);
+            let mut rx = TransferReceiver::new(fs, &dir(), receiver_config(4096, 4096), 9);
+            let mut nonce = nonce_of(&rx.arm(0));
+            // A live offer session on the server for the same nonce.
+            block_on(peer.server.on_request_state_transfer(
+                &mut peer.node.partition,
+                ME,
+                nonce,
+                &NoClock,
+            ))
+            .unwrap();
+            for frame in frames {
+                let step = match frame {
+                    Frame::Target { commit_op, commit_max, view, body, manifest, available } => {
+                        let header = StateTransferTargetHeader {
+                            nonce,
+                            commit_op,
+                            group: 0,
+                            available,
+                            unavailable_transient: !available,
+                            commit_max,
+                        };
+                        let body = body.unwrap_or_else(|| encode_manifest(&manifest));
+                        Some(block_on(rx.on_target(0, view, &header, &body, &local())))
+                    }
+                    Frame::Chunk { artifact, offset, payload } => Some(block_on(rx.on_chunk(
+                        0,
+                        nonce,
+                        artifact,
+                        offset,
+                        Bytes::from(payload),
+                        &local(),
+                    ))),
+                    Frame::Request { artifact, offset, len } => {
+                        let answer = block_on(peer.server.on_request_state_chunk(
+                            &peer.fs,
+                            ChunkRequest { requester: ME, nonce, artifact, offset, len },
+                        ));
+                        if let ChunkAnswer::Chunk(chunk) = answer {
+                            prop_assert!(chunk.payload.len() <= 256 * 1024);
+                        }
+                        None
+                    }
+                    Frame::Tick => Some(block_on(rx.on_tick(&local()))),
+                };
+                // A failed session re-arms; keep feeding the new one.
+                if let Some(ReceiveStep::Failed(_)) = step {
+                    nonce = nonce_of(&rx.arm(0));
+                }
+            }
+        }
+    }
+}
+
+/// Issue 15 item 5: a primary whose own segment file is missing, or cut
+/// shorter than its log records, refuses as a local fault (not transient),
+/// so the receiver charges the failure, backs off and rotates to the next
+/// peer, which serves the transfer. It was refused as transient
+/// (`SegmentSetChanged`), so the receiver re-asked the same primary at the
+/// flat interval forever.
+#[test]
+fn given_primary_missing_its_own_segment_when_pulled_should_refuse_as_fault_and_second_peer_serves()
+{
+    for truncate in [false, true] {
+        let mut broken = Peer::new(95, 64 * 1024, 10, 16, 1024);
+        let mut healthy = Peer::new(95, 64 * 1024, 10, 16, 1024);
+        let (base, bytes) = broken.segment_logs()[1].clone();
+        let path = dir().join(storage::segment::log_file_name(base));
+        if truncate {
+            let f = block_on(
+                broken
+                    .fs
+                    .open(&path, storage::fs::OpenOptions::read_write()),
+            )
+            .unwrap();
+            block_on(storage::fs::FsFile::set_len(&f, bytes.len() as u64 / 2)).unwrap();
+        } else {
+            block_on(broken.fs.remove_file(&path)).unwrap();
+        }
+        let (fs, _node) = receiver_fs(96);
+        let mut rx = TransferReceiver::new(
+            fs.clone(),
+            &dir(),
+            receiver_config(16 * 1024, 32 * 1024),
+            11,
+        );
+        let facts = local();
+        let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+            unreachable!()
+        };
+        let refused = block_on(broken.server.on_request_state_transfer(
+            &mut broken.node.partition,
+            ME,
+            nonce,
+            &NoClock,
+        ))
+        .unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                partitions::state_transfer::PartitionTransferUnavailable::SegmentMissing { start_offset, .. }
+                    if start_offset == base
+            ),
+            "truncate {truncate}: {refused:?}"
+        );
+        assert!(
+            !refused.transient(),
+            "a lost file does not heal by asking again"
+        );
+        let step =
+            block_on(rx.on_target(0, 0, &unavailable(nonce, refused.transient()), &[], &facts));
+        assert!(matches!(
+            step,
+            ReceiveStep::Failed(ReceiveError::PeerUnavailable { transient: false })
+        ));
+        assert_eq!(rx.backoff().failures, 1, "the fault is charged");
+        let rearm = rx.pending_rearm().unwrap();
+        assert_eq!(rearm.peer, 1, "rotates away from the faulty primary");
+        assert!(rearm.after_ticks > 10, "backs off: {rearm:?}");
+        let mut request = None;
+        for _ in 0..=rearm.after_ticks {
+            if let Some(r) = tick(&mut rx, &facts) {
+                request = Some(r);
+                break;
+            }
+        }
+        let request = request.expect("never re-armed");
+        let done = complete(drive(
+            &mut rx,
+            &mut healthy,
+            1,
+            request,
+            &facts,
+            &Hooks::default(),
+        ));
+        assert_staged_match(&fs, &done, &healthy);
+    }
+}

@@ -211,3 +211,155 @@ fn given_missing_history_when_the_primary_crashes_should_not_form_a_view_through
         );
     }
 }
+
+/// The backup's install fails mid-swap (its first staged index rename) and
+/// converges, and the converge cannot write its transfer-needed record:
+/// `record_fault` arms the faults that hit the record. Returns the cluster
+/// and the victim, or `None` when the faults missed the record.
+fn converged_without_record(
+    seed: u64,
+    record_fault: impl FnOnce(&storage::fs::SimFs),
+) -> Option<(Cluster, u8)> {
+    let (mut c, victim, need) = lagging_backup(seed);
+    let input = pull(&mut c, need.peer, victim);
+    let fs = c.fss[usize::from(victim)].clone();
+    // Rename #1 is the install marker's, #2 the first staged index.
+    fs.fail_nth(storage::fs::FaultKind::Rename, 2, storage::fs::EIO);
+    record_fault(&fs);
+    let receiver = c.replicas[usize::from(victim)].as_mut().unwrap();
+    let result = block_on(receiver.install_partition_state(input));
+    let converged = matches!(
+        result,
+        Err(partitions::state_transfer::PartitionInstallError::SwapIo { .. })
+    );
+    let marker = pdir().join(partitions::state_transfer::INSTALL_MARKER_FILE);
+    if !converged
+        || block_on(fs.exists(&record_path())).unwrap()
+        || !block_on(fs.exists(&marker)).unwrap()
+    {
+        fs.clear_faults();
+        return None;
+    }
+    Some((c, victim))
+}
+
+/// After the tail ran and a reboot, the victim still knows its history is
+/// missing: it asks for a transfer, is refused by the serve gate (as a
+/// solo primary over the same disk) and acknowledges nothing.
+fn assert_still_missing_after_tail_and_reboot(mut c: Cluster, victim: u8, what: &str) {
+    let fs = c.fss[usize::from(victim)].clone();
+    let op_before = c.replica(victim).replica().commit_min();
+    // The tail: the group commits; the victim's transfer timer runs out,
+    // it repairs and applies above the install (and records the applied
+    // point unless the record is still not durable).
+    // Within the peers' retention (16 ops), past the flush's lag bound (4).
+    c.produce(8);
+    for _ in 0..5_000 {
+        if c.replica(victim).replica().commit_min() >= op_before + 6 {
+            break;
+        }
+        c.step();
+    }
+    assert!(
+        c.replica(victim).replica().commit_min() > op_before,
+        "{what}: the victim never ran the tail"
+    );
+    fs.clear_faults();
+    c.crash(victim);
+    c.restart(victim);
+    let r = c.replica(victim);
+    assert!(
+        r.missing_history().is_some(),
+        "{what}: rebooted complete with nothing below its frontier"
+    );
+    assert!(
+        r.state_transfer_needed().is_some(),
+        "{what}: stopped asking"
+    );
+    assert!(
+        block_on(fs.exists(&record_path())).unwrap(),
+        "{what}: no record"
+    );
+    // No acknowledgements: with the other backup cut off nothing commits.
+    for _ in 0..200 {
+        c.step();
+    }
+    let primary = c.primary();
+    let other = (0..REPLICAS)
+        .find(|r| *r != primary && *r != victim)
+        .unwrap();
+    let acked_before = c.next_request;
+    c.net.isolate(Some(other));
+    for _ in 0..300 {
+        c.client_step(true);
+    }
+    assert_eq!(c.next_request, acked_before, "{what}: committed through it");
+    c.net.isolate(None);
+    // The serve gate refuses it as a solo primary over the same disk.
+    drop(c.replicas[usize::from(victim)].take());
+    let net = InMemoryNetwork::new(3, 1, NetworkFaults::default());
+    let mut solo = block_on(Partition::open(
+        replica_config(0, 1, 16),
+        fs.clone(),
+        &pdir(),
+        net.endpoint(0),
+        FileSuperblock::new(fs, &pdir()),
+    ))
+    .unwrap();
+    let mut server = OfferServer::new(OfferServerConfig {
+        chunk_len_max_bytes: 4096,
+        repair_retry_ticks: 10,
+        budget: BuildBudget::bytes(u64::MAX),
+    });
+    let refused = block_on(server.on_request_state_transfer(&mut solo, 1, 77, &FrozenClock));
+    assert!(refused.is_err(), "{what}: served an offer: {refused:?}");
+}
+
+/// Issue 15 item 2: a converge whose transfer-needed record fails at each
+/// of its filesystem calls (open, write, sync, rename of the sibling, the
+/// directory sync) keeps the evidence: the record is retried on ticks, and
+/// until it is durable the applied point is not recorded past the install,
+/// so the marker still matches at boot. Without that, the tail moved the
+/// superblock's applied point, boot read the marker as "the old state
+/// stands", and the replica came back complete with nothing below its
+/// frontier.
+#[test]
+fn given_transfer_needed_record_failing_at_every_call_when_tail_runs_and_reboots_should_stay_missing()
+ {
+    use storage::fs::FaultKind;
+    let mut hit = std::collections::BTreeSet::new();
+    for kind in [
+        FaultKind::Open,
+        FaultKind::Write,
+        FaultKind::Sync,
+        FaultKind::Rename,
+    ] {
+        for nth in 1..=24 {
+            let seed = 40;
+            let Some((c, victim)) = converged_without_record(seed, |fs| {
+                // A rename fault counts the install's own failed rename.
+                let nth = if kind == FaultKind::Rename {
+                    nth + 1
+                } else {
+                    nth
+                };
+                fs.fail_nth(kind, nth, storage::fs::EIO);
+            }) else {
+                continue;
+            };
+            hit.insert(format!("{kind:?}"));
+            assert_still_missing_after_tail_and_reboot(c, victim, &format!("{kind:?} #{nth}"));
+            break;
+        }
+    }
+    assert_eq!(hit.len(), 4, "the scan missed the record's calls: {hit:?}");
+    // The record never becomes durable while the tail runs: every rename
+    // fails (the tail itself renames nothing).
+    let (c, victim) = converged_without_record(41, |fs| {
+        for nth in 3..=2_000 {
+            fs.fail_nth(storage::fs::FaultKind::Rename, nth, storage::fs::EIO);
+        }
+    })
+    .expect("the rename faults missed the record");
+    assert_still_missing_after_tail_and_reboot(c, victim, "every rename failing");
+}

@@ -946,7 +946,7 @@ impl Simulation {
             .iter()
             .map(|n| match &n.replica {
                 Some(r) => format!(
-                    "r{} {:?} v{} lv{} min{} max{} op{} vis{} xfer{}",
+                    "r{} {:?} v{} lv{} min{} max{} op{} vis{} xfer{} id{}",
                     r.replica(),
                     r.status(),
                     r.view(),
@@ -955,7 +955,8 @@ impl Simulation {
                     r.commit_max(),
                     r.op(),
                     r.is_quorum_visible(),
-                    r.is_transferring()
+                    r.is_transferring(),
+                    r.commit_min_checksum_known()
                 ),
                 None => "down".to_string(),
             })

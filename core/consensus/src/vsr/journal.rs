@@ -275,7 +275,9 @@ impl Journal {
     pub fn reset_floor(&mut self, floor: u64) {
         self.entries.retain(|op, _| *op > floor);
         self.headers.retain(|op, _| *op > floor);
-        self.retained_from = floor + 1;
+        // Saturating: a floor is an op a caller checked against OP_MAX,
+        // and this must not be the place an unchecked one panics.
+        self.retained_from = floor.saturating_add(1);
         if self.anchor.is_some_and(|(a, _)| a <= floor) {
             self.anchor = None;
         }

@@ -266,12 +266,44 @@ impl Replica {
             floor >= self.commit_min,
             "set_commit_floor would rewind commit_min"
         );
+        let checksum = if checksum == UNKNOWN_CHECKSUM {
+            self.own_committed_identity(floor)
+                .unwrap_or(UNKNOWN_CHECKSUM)
+        } else {
+            checksum
+        };
         self.commit_min = floor;
         self.commit_min_checksum = checksum;
         self.journal.reset_floor(floor);
         self.repair_buffer.retain(|op, _| *op > floor);
         self.advance_commit_max(floor);
         self.resolve_commit_min_checksum();
+    }
+
+    /// The identity of op `op` when this replica's own log already names
+    /// it as committed, read before an install drops the journal at and
+    /// below its floor: `commit_min` itself, or, on the primary of the
+    /// current view, the header its log holds at an op at or below
+    /// `commit_max` (the primary's log is the view's canonical log, and an
+    /// op it knows committed is the one every later view holds).
+    ///
+    /// Without this a primary that installed a transfer at its own head
+    /// (the offer carries no identity) lost the header that named it and
+    /// had no way to learn it again: backups learn from its heartbeat, it
+    /// learns from nobody, so it refused every request as `Unavailable`
+    /// while the group looked healthy (vsr_sim seeds 10002976, 10024589
+    /// and sixteen more in 10,000,000..10,100,000).
+    fn own_committed_identity(&self, op: u64) -> Option<u128> {
+        if op == self.commit_min && self.commit_min_checksum_known() {
+            return Some(self.commit_min_checksum);
+        }
+        if !self.is_primary() || op > self.commit_max {
+            return None;
+        }
+        self.journal
+            .header(op)
+            .map(|h| h.checksum)
+            .filter(|c| *c != UNKNOWN_CHECKSUM)
     }
 
     /// Whether the identity of op `commit_min` is known. Op 0 (nothing

@@ -382,6 +382,9 @@ pub struct Replica {
     pub(super) last_timestamp: u64,
     pub(super) heartbeat_counter: u64,
     pub(super) heartbeat_seen: u64,
+    /// Heartbeats this primary sent while it could not propose: the
+    /// identity of `commit_min` unknown and nothing in its log naming it.
+    pub(super) identity_unknown_heartbeats: u64,
     pub(super) svc_from: u32,
     pub(super) dvcs: Vec<Option<DoViewChange>>,
     pub(super) dvc_sent: bool,
@@ -424,7 +427,7 @@ impl Replica {
             commit_min_checksum: applied.checksum,
             acknowledged_max: 0,
             commit_max: durable.commit.max(applied.commit_min),
-            journal: Journal::new(applied.commit_min + 1),
+            journal: Journal::new(applied.commit_min.saturating_add(1)),
             pipeline: Pipeline::new(),
             client_table: ClientTable::new(config.clients_max),
             prng: Prng::new(seed),
@@ -433,6 +436,7 @@ impl Replica {
             last_timestamp: 0,
             heartbeat_counter: 0,
             heartbeat_seen: 0,
+            identity_unknown_heartbeats: 0,
             svc_from: 0,
             dvcs: vec![None; usize::from(config.replica_count)],
             dvc_sent: false,
@@ -1171,6 +1175,9 @@ impl Replica {
             self.send_request_start_view(Some(self.observed_newer_view));
             return;
         }
+        if self.abdicate_if_identity_unlearnable() {
+            return;
+        }
         self.heartbeat_counter += 1;
         let message = Message::Commit {
             commit: self.commit_min,
@@ -1178,6 +1185,44 @@ impl Replica {
             timestamp_monotonic: self.heartbeat_counter,
         };
         self.broadcast(message);
+    }
+
+    /// Primary: steps down when it cannot propose and cannot learn why.
+    ///
+    /// A primary whose applied op came from a state transfer may not know
+    /// that op's identity (the offer carries none), and every proposal
+    /// chains to it. Backups learn it from the primary's heartbeat; the
+    /// primary learns it only from its log (a header at or above the op)
+    /// or a view change's merge, and its log is empty above an install at
+    /// its head. Peers that learned the identity from a heartbeat hold it
+    /// without the header, so even a merge cannot name it. Waiting is
+    /// then forever: the group looks healthy and refuses every request
+    /// (vsr_sim seed 10087433). After a backup's election timeout worth of
+    /// heartbeats in that state, it starts a view change to the next view,
+    /// whose primary is another replica; it learns the identity from that
+    /// primary's heartbeat. A view change is always safe; this costs one
+    /// per such install, and none while a transfer is outstanding (the
+    /// install that follows may still name it).
+    fn abdicate_if_identity_unlearnable(&mut self) -> bool {
+        let stuck = !self.transferring
+            && !self.commit_min_checksum_known()
+            && self
+                .journal
+                .header(self.commit_min.saturating_add(1))
+                .is_none();
+        if !stuck {
+            self.identity_unknown_heartbeats = 0;
+            return false;
+        }
+        self.identity_unknown_heartbeats = self.identity_unknown_heartbeats.saturating_add(1);
+        let t = &self.config.timeouts;
+        let limit = (t.normal_heartbeat_ticks / t.commit_message_ticks.max(1)).max(1);
+        if self.identity_unknown_heartbeats < limit {
+            return false;
+        }
+        self.identity_unknown_heartbeats = 0;
+        self.start_view_change(self.view.saturating_add(1));
+        true
     }
 
     /// Primary: retransmit un-acknowledged prepares to the replicas that

@@ -64,6 +64,16 @@ pub enum PartitionTransferUnavailable {
     },
     /// Flushing the committed prefix before building failed.
     FlushFailed(PartitionError),
+    /// A segment the live chain still lists at its planned length is gone
+    /// from disk or shorter than that: this node lost data it claims to
+    /// hold. Not transient, so requesters charge the failure, back off and
+    /// ask another peer instead of re-asking this one forever.
+    SegmentMissing {
+        /// The segment's base offset.
+        start_offset: u64,
+        /// The read error (not found, or a short read).
+        source: io::Error,
+    },
     /// A segment could not be read on this node.
     SegmentUnreadable {
         /// The segment's base offset.
@@ -88,6 +98,7 @@ impl PartitionTransferUnavailable {
             | Self::ConsumerOffsetStateInconsistent { .. }
             | Self::ManifestTooLarge { .. }
             | Self::FlushFailed(_)
+            | Self::SegmentMissing { .. }
             | Self::SegmentUnreadable { .. } => false,
         }
     }
@@ -124,6 +135,13 @@ impl fmt::Display for PartitionTransferUnavailable {
             Self::FlushFailed(source) => {
                 write!(f, "flushing the committed prefix failed: {source}")
             }
+            Self::SegmentMissing {
+                start_offset,
+                source,
+            } => write!(
+                f,
+                "segment {start_offset:020}.log is missing or shorter than this node's log records: {source}"
+            ),
             Self::SegmentUnreadable {
                 start_offset,
                 source,
@@ -177,6 +195,14 @@ pub enum PartitionInstallError {
         commit_op: u64,
         /// This replica's applied op.
         commit_min: u64,
+    },
+    /// The offer's op is past any op a real log reaches
+    /// ([`consensus::vsr::OP_MAX`]); the op after it would overflow.
+    OpOutOfRange {
+        /// The offer's op.
+        commit_op: u64,
+        /// The largest op accepted.
+        max: u64,
     },
     /// The incoming frontier could not be made durable before the swap.
     FrontierNotDurable {
@@ -260,6 +286,9 @@ impl fmt::Display for PartitionInstallError {
             Self::NoPartitionDir => f.write_str("partition has no directory on disk"),
             Self::NoOffsetDir { kind } => {
                 write!(f, "partition has no {kind:?} offsets directory")
+            }
+            Self::OpOutOfRange { commit_op, max } => {
+                write!(f, "transfer at op {commit_op} is past the largest op {max}")
             }
             Self::StaleTransfer {
                 commit_op,

@@ -32,7 +32,9 @@
 //!    an empty segment at the frontier with no offset files (see
 //!    [`recover_interrupted_install`]); different means the superblock write
 //!    never landed and the old state stands. A failure here refuses with
-//!    `FrontierNotDurable` after discarding the siblings.
+//!    `FrontierNotDurable` after discarding the siblings, and keeps the
+//!    marker: a fault on the superblock's second copy leaves the first
+//!    holding the new frontier, which only the marker explains at boot.
 //! 2. **Swap** (ST-I3): stray staging files swept; old chain unlinked oldest
 //!    first; directory synced (so no old `.log` can reappear beside the new
 //!    chain); every staged index renamed; directory synced (a `.log` is never
@@ -514,6 +516,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // lands. Ops committed above the offer that this replica never
         // acknowledged are not lost by erasing them here: a quorum holds
         // them without this replica, and journal repair brings them back.
+        // Peer-supplied: every later step computes the op after it.
+        if commit_op > consensus::vsr::OP_MAX {
+            return Err(PartitionInstallError::OpOutOfRange {
+                commit_op,
+                max: consensus::vsr::OP_MAX,
+            });
+        }
         let local_commit = self
             .replica
             .commit_min()
@@ -709,18 +718,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if !checked.purge_advances {
             debug_assert!(checked.frontier >= self.durable_offset_frontier());
         }
-        if let Err(e) = self
-            .durable
+        // A failed record may still have landed in part: the two-copy
+        // superblock writes copy A, syncs it, then copy B, so a fault on B
+        // leaves A (the newer sequence) holding the new frontier, and the
+        // next boot reads it. The marker therefore stays: boot compares it
+        // with whatever record won and converges when it is the new one
+        // (an empty partition at the frontier, lagging), or drops it when
+        // the old one stands. Removing it here would leave a frontier
+        // above the old chain with nothing to explain it
+        // (`FrontierAheadOfLog`, an unbootable partition). The next install
+        // overwrites it; a later superblock write in this life replaces
+        // both copies with the old lineage, which the marker then does not
+        // match.
+        self.durable
             .reset_applied(checked.commit_op, checked.checksum, checked.frontier)
             .await
-        {
-            // Without the superblock record the marker means nothing;
-            // boot would drop it too.
-            if remove_if_present(&self.fs, &path).await.is_ok() {
-                let _ = self.fs.sync_dir(&self.dir).await;
-            }
-            return Err(io::Error::other(e.to_string()));
-        }
+            .map_err(|e| io::Error::other(e.to_string()))?;
         Ok(())
     }
 
@@ -870,9 +883,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.messages_count = checked
             .staged
             .iter()
-            .map(|s| s.end_offset - s.start_offset + 1)
-            .sum();
-        self.size_bytes = checked.staged.iter().map(|s| s.size_bytes).sum();
+            // The check phase proved start <= end < frontier per segment.
+            .map(|s| (s.end_offset - s.start_offset).saturating_add(1))
+            .fold(0u64, u64::saturating_add);
+        self.size_bytes = checked
+            .staged
+            .iter()
+            .map(|s| s.size_bytes)
+            .fold(0u64, u64::saturating_add);
         self.applied_last_timestamp = checked
             .staged
             .iter()
@@ -942,6 +960,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.replica.clear_pipeline();
         self.replica.advance_commit_max(checked.commit_op);
         if complete {
+            self.missing_history_record_pending = None;
             self.state_transfer_needed = None;
             self.replica.finish_state_transfer();
         }
@@ -957,10 +976,25 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             frontier: checked.frontier,
         };
         self.mark_history_missing(record);
+        self.retry_missing_history_record(record).await;
+    }
+
+    /// Writes the transfer-needed record, then removes the install marker.
+    /// On failure the marker stays and the record is retried on every
+    /// tick; meanwhile no applied point past the install is recorded
+    /// (`flush`), so the marker keeps matching the superblock and a reboot
+    /// converges and writes the record itself.
+    pub(crate) async fn retry_missing_history_record(&mut self, record: MissingHistory) {
         match write_missing_history(&self.fs, &self.dir, record).await {
-            Ok(()) => self.remove_install_marker().await,
+            Ok(()) => {
+                self.missing_history_record_pending = None;
+                self.remove_install_marker().await;
+            }
             Err(error) => {
-                tracing::warn!(dir = %self.dir.display(), %error, "could not record the missing history; the install marker stays so a reboot converges and records it");
+                if self.missing_history_record_pending.is_none() {
+                    tracing::warn!(dir = %self.dir.display(), %error, "could not record the missing history; the install marker stays, the applied point stays at the install, and the record is retried every tick");
+                }
+                self.missing_history_record_pending = Some(record);
             }
         }
     }

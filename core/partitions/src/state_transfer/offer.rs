@@ -442,9 +442,32 @@ impl OfferBuilder {
     /// # Errors
     /// [`PartitionTransferUnavailable::SegmentSetChanged`] when a planned
     /// file is gone or shorter than planned (the chain moved under the
-    /// plan); [`PartitionTransferUnavailable::SegmentUnreadable`] for a
-    /// local disk fault.
+    /// plan, as far as this step can tell; [`Partition::build_state_transfer_offer`]
+    /// also checks the live chain and reports a file lost under an
+    /// unchanged chain as `SegmentMissing`);
+    /// [`PartitionTransferUnavailable::SegmentUnreadable`] for a local disk
+    /// fault.
     pub async fn hash_round<F: Fs, C: BuildClock>(
+        &mut self,
+        fs: &F,
+        plan: OfferPlan,
+        clock: &C,
+    ) -> Result<HashRound, PartitionTransferUnavailable> {
+        match self.hash_round_classified(fs, plan, clock).await {
+            Err(PartitionTransferUnavailable::SegmentMissing {
+                start_offset,
+                source,
+            }) => {
+                tracing::info!(start_offset, error = %source, "planned segment changed while it was hashed");
+                Err(PartitionTransferUnavailable::SegmentSetChanged)
+            }
+            other => other,
+        }
+    }
+
+    /// [`Self::hash_round`], with a planned file gone or short reported as
+    /// `SegmentMissing` for the caller to classify against the live chain.
+    async fn hash_round_classified<F: Fs, C: BuildClock>(
         &mut self,
         fs: &F,
         plan: OfferPlan,
@@ -551,14 +574,10 @@ fn hash_failure(segment: &PlannedSegment, source: io::Error) -> PartitionTransfe
             start_offset: segment.identity.start_offset,
             source,
         },
-        SegmentLoadError::Stale(source) => {
-            tracing::info!(
-                start_offset = segment.identity.start_offset,
-                error = %source,
-                "planned segment changed while it was hashed"
-            );
-            PartitionTransferUnavailable::SegmentSetChanged
-        }
+        SegmentLoadError::Stale(source) => PartitionTransferUnavailable::SegmentMissing {
+            start_offset: segment.identity.start_offset,
+            source,
+        },
         SegmentLoadError::ChecksumMismatch => PartitionTransferUnavailable::SegmentSetChanged,
     }
 }
@@ -874,7 +893,35 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             Planned::Cached(offer) => return Ok(offer),
             Planned::Plan(plan) => plan,
         };
-        match builder.hash_round(&self.fs, plan, clock).await? {
+        let generation = plan.purge_generation;
+        let planned: Vec<(SegmentIdentity, u64)> = plan
+            .segments
+            .iter()
+            .map(|s| (s.identity, s.len_bytes))
+            .collect();
+        let round = match builder.hash_round_classified(&self.fs, plan, clock).await {
+            Err(PartitionTransferUnavailable::SegmentMissing {
+                start_offset,
+                source,
+            }) => {
+                // Gone or short while the live chain still lists every
+                // planned segment at least as long: nothing moved, the
+                // file itself is lost or cut. Reported as a local fault,
+                // so requesters rotate and back off instead of re-asking
+                // this node at the flat interval forever.
+                if self.chain_still_holds(generation, planned.iter().map(|(i, l)| (i, *l))) {
+                    tracing::error!(dir = %self.dir.display(), start_offset, error = %source, "a segment this node's log records is missing or short on disk; refusing to serve");
+                    return Err(PartitionTransferUnavailable::SegmentMissing {
+                        start_offset,
+                        source,
+                    });
+                }
+                tracing::info!(start_offset, error = %source, "planned segment changed while it was hashed");
+                return Err(PartitionTransferUnavailable::SegmentSetChanged);
+            }
+            other => other?,
+        };
+        match round {
             HashRound::InProgress { hashed, remaining } => {
                 Err(PartitionTransferUnavailable::OfferBuildInProgress { hashed, remaining })
             }

@@ -384,6 +384,15 @@ pub enum DescriptorRefusal {
         /// Manifest index.
         index: usize,
     },
+    /// The offer's `commit_max` (so its op) is past any op a real log
+    /// reaches ([`consensus::vsr::OP_MAX`]): arithmetic on it (the op after
+    /// the install, the journal's floor) would overflow.
+    OpOutOfRange {
+        /// The offer's `commit_max`.
+        commit_max: u64,
+        /// The largest op accepted.
+        max: u64,
+    },
     /// The offer claims an op past its own `commit_max`.
     CommitOpPastCommitMax {
         /// The offer's op.
@@ -446,6 +455,10 @@ impl fmt::Display for DescriptorRefusal {
                 "offer segment {index} starts at {frontier}, not above the previous one at {previous}"
             ),
             Self::EmptySegment { index } => write!(f, "offer segment {index} is empty"),
+            Self::OpOutOfRange { commit_max, max } => write!(
+                f,
+                "offer commit_max {commit_max} is past the largest op {max}"
+            ),
             Self::CommitOpPastCommitMax {
                 commit_op,
                 commit_max,
@@ -1658,6 +1671,12 @@ fn accept_descriptor(
     local: &LocalFacts,
     config: &ReceiverConfig,
 ) -> Result<AcceptedDescriptor, DescriptorRefusal> {
+    if header.commit_max > consensus::vsr::OP_MAX {
+        return Err(DescriptorRefusal::OpOutOfRange {
+            commit_max: header.commit_max,
+            max: consensus::vsr::OP_MAX,
+        });
+    }
     if header.commit_op > header.commit_max {
         return Err(DescriptorRefusal::CommitOpPastCommitMax {
             commit_op: header.commit_op,
