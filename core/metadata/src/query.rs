@@ -338,13 +338,13 @@ impl MetadataState {
         let m = g
             .member_of(session)
             .ok_or(Refusal::ConsumerGroupMemberNotFound {
-                session: session.0,
-                group: gid.0,
+                session,
+                group: gid,
             })?;
         if !m.partitions.contains(&partition) {
             return Err(Refusal::ConsumerGroupPartitionNotOwned {
-                partition: partition.0,
-                group: gid.0,
+                partition,
+                group: gid,
             });
         }
         Ok(gid)
@@ -392,9 +392,9 @@ impl MetadataState {
             .partitions
             .get(&partition)
             .ok_or(Refusal::PartitionNotFound {
-                partition: partition.0,
-                topic: t.0,
-                stream: s.0,
+                partition,
+                topic: t,
+                stream: s,
             })?;
         Ok(PartitionRoute {
             stream: s,

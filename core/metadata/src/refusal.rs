@@ -11,13 +11,16 @@
 
 use std::fmt;
 
+use common::{PartitionId, StreamId, TopicId};
+
+use crate::consumer_group::{ConsumerGroupId, SessionId};
 use crate::identifier::{Identifier, NameKind};
 
 /// An operation the metadata state machine refused. Nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// No stream has this numeric id (1009).
-    StreamIdNotFound(u32),
+    StreamIdNotFound(StreamId),
     /// No stream has this name (1010).
     StreamNameNotFound(String),
     /// Another stream already has this name (1012).
@@ -25,23 +28,23 @@ pub enum Refusal {
     /// No topic of the stream has this numeric id (2010).
     TopicIdNotFound {
         /// The topic id asked for.
-        topic: u32,
+        topic: TopicId,
         /// The stream it was looked up in.
-        stream: u32,
+        stream: StreamId,
     },
     /// No topic of the stream has this name (2011).
     TopicNameNotFound {
         /// The topic name asked for.
         topic: String,
         /// The stream it was looked up in.
-        stream: u32,
+        stream: StreamId,
     },
     /// Another topic of the stream already has this name (2013).
     TopicNameAlreadyExists {
         /// The name.
         topic: String,
         /// The stream.
-        stream: u32,
+        stream: StreamId,
     },
     /// A partition count outside what the operation allows (2019).
     InvalidPartitionsCount {
@@ -53,11 +56,11 @@ pub enum Refusal {
     /// The topic has no such partition (3007).
     PartitionNotFound {
         /// The partition id.
-        partition: u32,
+        partition: PartitionId,
         /// The topic.
-        topic: u32,
+        topic: TopicId,
         /// The stream.
-        stream: u32,
+        stream: StreamId,
     },
     /// A name that is empty or longer than 255 bytes (1013, 2014, 5005 or
     /// 43 by kind).
@@ -70,30 +73,30 @@ pub enum Refusal {
     /// No consumer group of the topic has this numeric id (5000).
     ConsumerGroupIdNotFound {
         /// The group id.
-        group: u32,
+        group: ConsumerGroupId,
         /// The topic.
-        topic: u32,
+        topic: TopicId,
     },
     /// No consumer group of the topic has this name (5003).
     ConsumerGroupNameNotFound {
         /// The group name.
         group: String,
         /// The topic.
-        topic: u32,
+        topic: TopicId,
     },
     /// Another consumer group of the topic already has this name (5004).
     ConsumerGroupNameAlreadyExists {
         /// The name.
         group: String,
         /// The topic.
-        topic: u32,
+        topic: TopicId,
     },
     /// The session is not a member of the group (5006).
     ConsumerGroupMemberNotFound {
         /// The session.
-        session: u64,
+        session: SessionId,
         /// The group.
-        group: u32,
+        group: ConsumerGroupId,
     },
     /// Another user already has this name (46).
     UserAlreadyExists(String),
@@ -119,9 +122,9 @@ pub enum Refusal {
     /// The partition is assigned to another member of the group (5009).
     ConsumerGroupPartitionNotOwned {
         /// The partition.
-        partition: u32,
+        partition: PartitionId,
         /// The group.
-        group: u32,
+        group: ConsumerGroupId,
     },
     /// Unknown user or wrong password (42).
     InvalidCredentials,
@@ -163,23 +166,26 @@ impl Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::StreamIdNotFound(id) => write!(f, "stream with id {id} was not found"),
+            Self::StreamIdNotFound(id) => write!(f, "stream with id {} was not found", id.0),
             Self::StreamNameNotFound(name) => write!(f, "stream with name {name:?} was not found"),
             Self::StreamNameAlreadyExists(name) => {
                 write!(f, "a stream named {name:?} already exists")
             }
-            Self::TopicIdNotFound { topic, stream } => {
-                write!(f, "topic with id {topic} was not found in stream {stream}")
-            }
-            Self::TopicNameNotFound { topic, stream } => {
-                write!(f, "topic named {topic:?} was not found in stream {stream}")
-            }
-            Self::TopicNameAlreadyExists { topic, stream } => {
-                write!(
-                    f,
-                    "a topic named {topic:?} already exists in stream {stream}"
-                )
-            }
+            Self::TopicIdNotFound { topic, stream } => write!(
+                f,
+                "topic with id {} was not found in stream {}",
+                topic.0, stream.0
+            ),
+            Self::TopicNameNotFound { topic, stream } => write!(
+                f,
+                "topic named {topic:?} was not found in stream {}",
+                stream.0
+            ),
+            Self::TopicNameAlreadyExists { topic, stream } => write!(
+                f,
+                "a topic named {topic:?} already exists in stream {}",
+                stream.0
+            ),
             Self::InvalidPartitionsCount { count, max } => {
                 write!(f, "partition count {count} is outside 0..={max}")
             }
@@ -189,29 +195,32 @@ impl fmt::Display for Refusal {
                 stream,
             } => write!(
                 f,
-                "partition {partition} was not found in topic {topic} of stream {stream}"
+                "partition {} was not found in topic {} of stream {}",
+                partition.0, topic.0, stream.0
             ),
             Self::InvalidName { kind, len } => {
                 write!(f, "a {kind} name must be 1..=255 bytes, not {len}")
             }
-            Self::ConsumerGroupIdNotFound { group, topic } => {
-                write!(f, "consumer group {group} was not found in topic {topic}")
-            }
-            Self::ConsumerGroupNameNotFound { group, topic } => {
-                write!(f, "consumer group {group:?} was not found in topic {topic}")
-            }
-            Self::ConsumerGroupNameAlreadyExists { group, topic } => {
-                write!(
-                    f,
-                    "a consumer group named {group:?} already exists in topic {topic}"
-                )
-            }
-            Self::ConsumerGroupMemberNotFound { session, group } => {
-                write!(
-                    f,
-                    "session {session} is not a member of consumer group {group}"
-                )
-            }
+            Self::ConsumerGroupIdNotFound { group, topic } => write!(
+                f,
+                "consumer group {} was not found in topic {}",
+                group.0, topic.0
+            ),
+            Self::ConsumerGroupNameNotFound { group, topic } => write!(
+                f,
+                "consumer group {group:?} was not found in topic {}",
+                topic.0
+            ),
+            Self::ConsumerGroupNameAlreadyExists { group, topic } => write!(
+                f,
+                "a consumer group named {group:?} already exists in topic {}",
+                topic.0
+            ),
+            Self::ConsumerGroupMemberNotFound { session, group } => write!(
+                f,
+                "session {} is not a member of consumer group {}",
+                session.0, group.0
+            ),
             Self::UserAlreadyExists(name) => write!(f, "a user named {name:?} already exists"),
             Self::UserNotFound(id) => write!(f, "user {id} was not found"),
             Self::CannotDeleteRootUser => f.write_str("the root user cannot be deleted"),
@@ -222,7 +231,8 @@ impl fmt::Display for Refusal {
             Self::LimitReached { what, max } => write!(f, "at most {max} {what} may exist"),
             Self::ConsumerGroupPartitionNotOwned { partition, group } => write!(
                 f,
-                "partition {partition} is assigned to another member of consumer group {group}"
+                "partition {} is assigned to another member of consumer group {}",
+                partition.0, group.0
             ),
             Self::InvalidCredentials => f.write_str("invalid username or password"),
             Self::InvalidTopicConfig => {

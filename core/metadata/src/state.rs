@@ -94,8 +94,8 @@ impl Topic {
                     Ok(g)
                 } else {
                     Err(Refusal::ConsumerGroupIdNotFound {
-                        group: *n,
-                        topic: self.id.0,
+                        group: g,
+                        topic: self.id,
                     })
                 }
             }
@@ -106,7 +106,7 @@ impl Topic {
                 .map(|g| g.id)
                 .ok_or_else(|| Refusal::ConsumerGroupNameNotFound {
                     group: name.clone(),
-                    topic: self.id.0,
+                    topic: self.id,
                 }),
         }
     }
@@ -137,8 +137,8 @@ impl Stream {
                     Ok(t)
                 } else {
                     Err(Refusal::TopicIdNotFound {
-                        topic: *n,
-                        stream: self.id.0,
+                        topic: t,
+                        stream: self.id,
                     })
                 }
             }
@@ -149,7 +149,7 @@ impl Stream {
                 .map(|t| t.id)
                 .ok_or_else(|| Refusal::TopicNameNotFound {
                     topic: name.clone(),
-                    stream: self.id.0,
+                    stream: self.id,
                 }),
         }
     }
@@ -336,7 +336,7 @@ impl MetadataState {
                 if self.streams.contains_key(&StreamId(*n)) {
                     Ok(StreamId(*n))
                 } else {
-                    Err(Refusal::StreamIdNotFound(*n))
+                    Err(Refusal::StreamIdNotFound(StreamId(*n)))
                 }
             }
             Identifier::Name(name) => self
@@ -494,7 +494,7 @@ impl MetadataState {
                 if self.streams[&s].topic_name_taken(name, Some(t)) {
                     return Err(Refusal::TopicNameAlreadyExists {
                         topic: name.clone(),
-                        stream: s.0,
+                        stream: s,
                     });
                 }
                 let tp = self.topic_mut(s, t);
@@ -582,7 +582,7 @@ impl MetadataState {
                 if tp.consumer_groups.values().any(|g| &g.name == name) {
                     return Err(Refusal::ConsumerGroupNameAlreadyExists {
                         group: name.clone(),
-                        topic: t.0,
+                        topic: t,
                     });
                 }
                 if tp.consumer_groups.len() as u32 >= CONSUMER_GROUPS_PER_TOPIC_MAX {
@@ -653,8 +653,8 @@ impl MetadataState {
                 let cg = tp.consumer_groups.get_mut(&g).expect("resolved");
                 if !cg.leave(*session, &ids) {
                     return Err(Refusal::ConsumerGroupMemberNotFound {
-                        session: session.0,
-                        group: g.0,
+                        session: *session,
+                        group: g,
                     });
                 }
                 Ok(Applied::done(Vec::new()))
@@ -745,7 +745,7 @@ impl MetadataState {
         if st.topic_name_taken(name, None) {
             return Err(Refusal::TopicNameAlreadyExists {
                 topic: name.to_owned(),
-                stream: s.0,
+                stream: s,
             });
         }
         if partitions_count > PARTITIONS_PER_TOPIC_MAX {

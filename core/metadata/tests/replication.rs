@@ -912,3 +912,35 @@ fn given_seeded_network_faults_and_retries_when_healed_should_agree_and_apply_ea
         faulty_run(seed);
     }
 }
+
+#[test]
+fn given_the_primary_cannot_make_an_op_durable_when_it_commits_should_not_answer_the_client() {
+    let mut c = Cluster::new();
+    c.run(create_stream("s"));
+    let p = c.primary();
+    c.net.0.borrow_mut().replies.clear();
+    c.fss[p].cut_power_after(0);
+    assert!(matches!(
+        c.submit(&create_topic(0, "t", 1)),
+        RequestOutcome::Prepared { .. }
+    ));
+    for _ in 0..50 {
+        c.tick();
+    }
+    assert!(c.groups[p].is_fenced(), "the primary's WAL append failed");
+    assert!(
+        c.net.0.borrow().replies.is_empty(),
+        "a reply went out for an op its primary could not make durable"
+    );
+    // Its power comes back (a reboot): the op committed at the quorum is
+    // applied everywhere exactly once.
+    c.crash(p);
+    c.reboot(p);
+    c.settle();
+    for r in 0..3 {
+        let s = &c.groups[r].state().streams()[&::common::StreamId(0)];
+        assert_eq!(s.topics.len(), 1, "replica {r}");
+    }
+    assert_eq!(c.effects[0], c.effects[1]);
+    assert_eq!(c.effects[1], c.effects[2]);
+}
