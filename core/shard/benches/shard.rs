@@ -77,7 +77,12 @@ fn batch(n: u64) -> Vec<u8> {
     let mut b = BatchBuilder::new(n);
     let payload = vec![n as u8; MESSAGE_BYTES];
     for i in 0..MESSAGES_PER_BATCH {
-        b.push((u128::from(n) << 32) | (u128::from(i) + 1), i, &payload, b"");
+        b.push(
+            (u128::from(n) << 32) | (u128::from(i) + 1),
+            i,
+            &payload,
+            b"",
+        );
     }
     b.build()
 }

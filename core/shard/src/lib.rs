@@ -20,6 +20,7 @@
 mod call;
 pub mod catalog;
 mod env;
+mod metadata_host;
 mod placement;
 pub mod pump;
 mod shard;
@@ -28,6 +29,7 @@ pub mod testing;
 pub use call::{Answer, Call, CallError, Envelope, ReplyTx};
 pub use catalog::GroupSpec;
 pub use env::{Env, LocalFuture, Sent};
+pub use metadata_host::{MetaCall, MetaError, MetaQuery, MetaReplyTx, MetadataHost};
 pub use placement::{ShardIndex, shard_of};
 pub use pump::{Inbox, Input, inbox};
 pub use shard::{

@@ -22,6 +22,7 @@ use futures::{FutureExt, StreamExt};
 use crate::call::Envelope;
 use crate::catalog::GroupSpec;
 use crate::env::Env;
+use crate::metadata_host::MetaCall;
 use crate::shard::{GroupError, Shard};
 
 /// One input to a shard.
@@ -50,6 +51,15 @@ pub enum Input {
         /// The outcome.
         done: oneshot::Sender<Result<(), GroupError>>,
     },
+    /// A call to the metadata plane (shard 0 only).
+    Meta(MetaCall),
+    /// The partition groups the committed metadata names: create the
+    /// missing ones this shard owns, delete the ones it holds that are not
+    /// named (boot reconciliation).
+    Reconcile {
+        /// Every live group of the replica.
+        live: Vec<GroupSpec>,
+    },
 }
 
 /// The sending half of a shard's inbox.
@@ -75,6 +85,8 @@ impl<E: Env> Shard<E> {
             Input::DeleteGroup { group, done } => {
                 let _ = done.send(self.delete_group(group).await);
             }
+            Input::Meta(call) => self.on_meta(call).await,
+            Input::Reconcile { live } => self.reconcile(&live).await,
         }
     }
 }

@@ -28,7 +28,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{GroupId, Offset, Op, ReplicaId};
+use common::{GroupId, METADATA_GROUP, Offset, Op, ReplicaId};
 use consensus::vsr::wire::{self, Expect, WireError};
 use consensus::vsr::{
     Config as VsrConfig, Frame, OPERATION_REGISTER, Reply, ReplyStatus, RequestOutcome,
@@ -47,7 +47,9 @@ use storage::fs::Fs;
 use crate::call::{Answer, Call, CallError, Envelope, ReplyTx};
 use crate::catalog::{self, GroupSpec};
 use crate::env::{Env, Sent};
+use crate::metadata_host::{MetaCall, MetaError, MetadataHost};
 use crate::placement::{ShardIndex, shard_of};
+use crate::pump::{Inbox, Input};
 
 /// Default tick period.
 pub const TICK_DEFAULT: Duration = Duration::from_millis(10);
@@ -57,6 +59,8 @@ const RETENTION_EVERY_TICKS: u64 = 100;
 const QUEUED_CALLS_MAX: usize = 4096;
 /// Ticks a session registration may take before it is sent again.
 const REGISTER_RETRY_TICKS: u64 = 100;
+/// Group 0's directory under shard 0's.
+pub const METADATA_DIR: &str = "metadata";
 
 /// Static configuration of one shard.
 #[derive(Debug, Clone)]
@@ -83,6 +87,8 @@ pub struct ShardConfig {
     pub seed: u64,
     /// The tick period.
     pub tick: Duration,
+    /// Whether this shard hosts the metadata group (shard 0 does).
+    pub host_metadata: bool,
 }
 
 impl ShardConfig {
@@ -107,6 +113,7 @@ impl ShardConfig {
             retention_ops: VsrConfig::new(0, 1, 0).retention_ops,
             seed: 0,
             tick: TICK_DEFAULT,
+            host_metadata: shard == ShardIndex(0),
         }
     }
 }
@@ -132,6 +139,9 @@ pub enum FrameRefusal {
     Transfer(String),
     /// The partition refused it (a prepare that does not fit its log…).
     Partition(String),
+    /// A state-transfer frame for group 0: the shard does not pull or
+    /// serve metadata snapshots over the bus yet.
+    MetadataTransfer,
     /// A frame from a replica id outside the cluster.
     UnknownPeer {
         /// The peer.
@@ -153,6 +163,7 @@ impl FrameRefusal {
             Self::Transfer(_) => "transfer",
             Self::Partition(_) => "partition",
             Self::UnknownPeer { .. } => "unknown_peer",
+            Self::MetadataTransfer => "metadata_transfer",
         }
     }
 }
@@ -168,6 +179,9 @@ impl std::fmt::Display for FrameRefusal {
             Self::Transfer(e) => write!(f, "state-transfer frame refused: {e}"),
             Self::Partition(e) => write!(f, "partition refused the frame: {e}"),
             Self::UnknownPeer { peer } => write!(f, "replica {peer} is not in the cluster"),
+            Self::MetadataTransfer => {
+                write!(f, "metadata state transfer over the bus is not served yet")
+            }
         }
     }
 }
@@ -346,6 +360,11 @@ pub struct Shard<E: Env> {
     client: u128,
     /// Groups with replicated calls waiting for their commit.
     in_flight_groups: BTreeSet<GroupId>,
+    /// Group 0, on the shard that hosts it.
+    metadata: Option<MetadataHost<E>>,
+    /// Every shard's inbox of this replica, by index (set by the node once
+    /// all shards exist): where effects for other shards' groups go.
+    siblings: Vec<Inbox>,
     tick: u64,
     stats: ShardStats,
     retention: RetentionPolicy,
@@ -386,13 +405,35 @@ impl<E: Env> Shard<E> {
             groups: BTreeMap::new(),
             client,
             in_flight_groups: BTreeSet::new(),
+            metadata: None,
+            siblings: Vec::new(),
             tick: 0,
             stats: ShardStats::default(),
             retention: RetentionPolicy::default(),
             config,
             env,
         };
-        for name in &listing.foreign {
+        if shard.config.host_metadata {
+            let mut vsr = VsrConfig::new(
+                shard.config.replica.0,
+                shard.config.replica_count,
+                METADATA_GROUP.0,
+            );
+            vsr.timeouts = shard.config.timeouts;
+            vsr.seed = shard.config.seed ^ 0x0E7A;
+            let dir = shard.config.dir.join(METADATA_DIR);
+            match MetadataHost::open(Rc::clone(&shard.env), &dir, vsr, shard.config.cluster).await {
+                Ok(host) => shard.metadata = Some(host),
+                Err(reason) => {
+                    return Err(std::io::Error::other(reason));
+                }
+            }
+        }
+        for name in listing
+            .foreign
+            .iter()
+            .filter(|n| n.as_str() != METADATA_DIR)
+        {
             tracing::warn!(dir = %shard.config.dir.display(), name, "unknown entry in shard directory left alone");
         }
         for group in listing.deleted {
@@ -621,6 +662,9 @@ impl<E: Env> Shard<E> {
         }
         if TransferDriver::<E::Fs>::is_transfer_frame(&bytes) {
             let group = wire::peek_group(&bytes).unwrap_or(u64::MAX);
+            if group == METADATA_GROUP.0 {
+                return Err(FrameRefusal::MetadataTransfer);
+            }
             self.check_owner(group)?;
             let Some(g) = self.groups.get_mut(&GroupId(group)) else {
                 return Err(FrameRefusal::UnknownGroup { group });
@@ -640,6 +684,17 @@ impl<E: Env> Shard<E> {
             peer: Some(from.0),
         };
         let frame = wire::decode(&bytes, &expect).map_err(FrameRefusal::Wire)?;
+        if frame.group == METADATA_GROUP.0 {
+            let Some(host) = self.metadata.as_mut() else {
+                return Err(FrameRefusal::UnknownGroup { group: frame.group });
+            };
+            host.group
+                .on_frame(frame)
+                .await
+                .map_err(|e| FrameRefusal::Partition(e.to_string()))?;
+            self.after_metadata_input().await;
+            return Ok(());
+        }
         self.check_owner(frame.group)?;
         let Some(g) = self.groups.get_mut(&GroupId(frame.group)) else {
             return Err(FrameRefusal::UnknownGroup { group: frame.group });
@@ -669,6 +724,12 @@ impl<E: Env> Shard<E> {
         self.stats.ticks += 1;
         let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
         let retention_due = self.tick.is_multiple_of(RETENTION_EVERY_TICKS);
+        if let Some(host) = self.metadata.as_mut() {
+            if let Err(error) = host.group.on_tick().await {
+                tracing::warn!(%error, "metadata tick failed");
+            }
+            self.after_metadata_input().await;
+        }
         // One pass over the groups with only disjoint borrows of the shard;
         // what needs the whole shard (sending, reporting, sessions) is
         // collected and done after it.
@@ -1026,6 +1087,205 @@ impl<E: Env> Shard<E> {
         }
         opened
     }
+}
+
+impl<E: Env> Shard<E> {
+    /// Wires the inboxes of every shard of this replica (by index), where
+    /// the metadata plane's effects for other shards' groups go.
+    pub fn set_siblings(&mut self, siblings: Vec<Inbox>) {
+        self.siblings = siblings;
+    }
+
+    /// Group 0, when this shard hosts it.
+    pub fn metadata(&self) -> Option<&MetadataHost<E>> {
+        self.metadata.as_ref()
+    }
+
+    /// A call to the metadata plane.
+    pub async fn on_meta(&mut self, call: MetaCall) {
+        let Some(host) = self.metadata.as_mut() else {
+            if let MetaCall::Submit { reply, .. } = call {
+                let _ = reply.send(Err(MetaError::NotHosted));
+            }
+            return;
+        };
+        match call {
+            MetaCall::Query(query) => query(host.state()),
+            MetaCall::Submit { op, user_id, reply } => {
+                host.enqueue(op, user_id, reply);
+                self.after_metadata_input().await;
+            }
+        }
+    }
+
+    /// After any input to group 0: submit queued ops once the session is
+    /// open, answer committed ones, and carry out committed effects.
+    async fn after_metadata_input(&mut self) {
+        let client = self.client;
+        let tick = self.tick;
+        for _ in 0..4 {
+            let Some(host) = self.metadata.as_mut() else {
+                return;
+            };
+            host.pump(client, tick).await;
+            let opened = host.settle(client);
+            let effects = host.group.take_effects();
+            for committed in effects {
+                self.carry_out_effect(committed.effect).await;
+            }
+            if !opened {
+                break;
+            }
+        }
+    }
+
+    async fn carry_out_effect(&mut self, effect: metadata::PartitionEffect) {
+        use metadata::PartitionEffect;
+        match effect {
+            PartitionEffect::CreatePartitionGroup {
+                group,
+                partition,
+                incarnation,
+                config,
+                ..
+            } => {
+                let spec = spec_of(group, partition.0, incarnation, &config);
+                let (done, _) = futures::channel::oneshot::channel();
+                self.route(group, Input::CreateGroup { spec, done }).await;
+            }
+            PartitionEffect::DeletePartitionGroup { group } => {
+                let (done, _) = futures::channel::oneshot::channel();
+                self.route(group, Input::DeleteGroup { group, done }).await;
+            }
+            PartitionEffect::ReconfigurePartitionGroup { group, config } => {
+                // The spec on disk is written at creation; a changed topic
+                // (expiry, size, durability) is not carried into existing
+                // groups yet.
+                tracing::warn!(
+                    group = group.0,
+                    ?config,
+                    "partition group reconfiguration is not applied to existing groups yet"
+                );
+            }
+            PartitionEffect::PurgePartition { group, generation } => {
+                // Every replica sees the effect; the partition's primary
+                // proposes the purge, the others' calls answer NotPrimary.
+                let (reply, _) = futures::channel::oneshot::channel();
+                let call = Input::Call(Envelope {
+                    group,
+                    call: Call::Purge { generation },
+                    reply,
+                });
+                self.route(group, call).await;
+            }
+        }
+    }
+
+    /// Serves `input` here when this shard owns `group`, else hands it to
+    /// the owning shard's inbox (waiting for room: an effect is never
+    /// dropped).
+    async fn route(&mut self, group: GroupId, input: Input) {
+        let owner = shard_of(group, self.config.shard_count);
+        if owner == self.config.shard {
+            match input {
+                Input::CreateGroup { spec, .. } => match self.create_group(spec).await {
+                    Ok(()) | Err(GroupError::AlreadyExists(_)) => {}
+                    Err(error) => tracing::error!(group = group.0, %error, "create failed"),
+                },
+                Input::DeleteGroup { group, .. } => match self.delete_group(group).await {
+                    Ok(()) | Err(GroupError::Unknown(_)) => {}
+                    Err(error) => tracing::error!(group = group.0, %error, "delete failed"),
+                },
+                Input::Call(envelope) => Box::pin(self.on_call(envelope)).await,
+                other => tracing::error!(?other, "not routable"),
+            }
+            return;
+        }
+        let Some(inbox) = self.siblings.get_mut(usize::from(owner.0)) else {
+            tracing::error!(
+                group = group.0,
+                shard = owner.0,
+                "no inbox for the owning shard"
+            );
+            return;
+        };
+        use futures::SinkExt;
+        if inbox.send(input).await.is_err() {
+            tracing::error!(group = group.0, shard = owner.0, "owning shard stopped");
+        }
+    }
+
+    /// Boot reconciliation: asks every shard of this replica to hold
+    /// exactly the partition groups the committed metadata names.
+    pub async fn reconcile_partitions(&mut self) {
+        let Some(host) = self.metadata.as_ref() else {
+            return;
+        };
+        let live: Vec<GroupSpec> = host
+            .state()
+            .partition_groups()
+            .iter()
+            .map(|i| spec_of(i.group, i.partition.0, i.incarnation, &i.config))
+            .collect();
+        let count = self.config.shard_count;
+        for index in 0..count {
+            if ShardIndex(index) == self.config.shard {
+                self.reconcile(&live).await;
+            } else if let Some(inbox) = self.siblings.get_mut(usize::from(index)) {
+                use futures::SinkExt;
+                let _ = inbox.send(Input::Reconcile { live: live.clone() }).await;
+            }
+        }
+    }
+
+    /// Creates the named groups this shard owns and lacks, deletes the
+    /// ones it holds that are not named.
+    pub async fn reconcile(&mut self, live: &[GroupSpec]) {
+        let mine: BTreeMap<GroupId, GroupSpec> = live
+            .iter()
+            .filter(|s| shard_of(s.group, self.config.shard_count) == self.config.shard)
+            .map(|s| (s.group, *s))
+            .collect();
+        let held: Vec<GroupId> = self.groups.keys().copied().collect();
+        for group in held {
+            if !mine.contains_key(&group) {
+                tracing::info!(
+                    group = group.0,
+                    "deleting a group the metadata no longer names"
+                );
+                if let Err(error) = self.delete_group(group).await {
+                    tracing::error!(group = group.0, %error, "reconcile delete failed");
+                }
+            }
+        }
+        for (group, spec) in mine {
+            if !self.groups.contains_key(&group)
+                && let Err(error) = self.create_group(spec).await
+            {
+                tracing::error!(group = group.0, %error, "reconcile create failed");
+            }
+        }
+    }
+}
+
+/// The spec of a partition group the metadata plane names.
+pub fn spec_of(
+    group: GroupId,
+    partition_id: u32,
+    incarnation: u64,
+    config: &metadata::PartitionGroupConfig,
+) -> GroupSpec {
+    let mut spec = GroupSpec::new(group, partition_id);
+    spec.incarnation = incarnation;
+    if config.segment_size_bytes > 0 {
+        spec.segment_size_bytes = config.segment_size_bytes;
+    }
+    spec.enforce_fsync = config.durability == metadata::Durability::Persisted;
+    spec.message_expiry_us = match config.message_expiry {
+        metadata::MessageExpiry::After { micros } => micros,
+        metadata::MessageExpiry::ServerDefault | metadata::MessageExpiry::Never => 0,
+    };
+    spec
 }
 
 fn primary_check<B: MessageBus, S: journal::SuperblockStore, F: Fs>(

@@ -47,6 +47,8 @@ pub struct Cluster {
     pub boots: u64,
     pub retention_ops: u64,
     pub segment_size: u64,
+    /// `[replica][shard]`: each shard's inbox, fed by its siblings.
+    pub inboxes: Vec<Vec<futures::channel::mpsc::Receiver<shard::Input>>>,
 }
 
 /// A call waiting for its answer.
@@ -72,10 +74,13 @@ impl Cluster {
             boots: 0,
             retention_ops: 64,
             segment_size: 16 * 1024,
+            inboxes: Vec::new(),
         };
         for r in 0..replicas {
             let row = (0..shards).map(|s| Some(c.boot(r, s))).collect();
             c.nodes.push(row);
+            c.inboxes.push(Vec::new());
+            c.wire_siblings(r);
         }
         c
     }
@@ -106,6 +111,29 @@ impl Cluster {
             self.fss[usize::from(r)].clone(),
         );
         block_on(Shard::open(self.config(r, s), env)).unwrap()
+    }
+
+    /// Gives the shards of replica `r` fresh inboxes of each other.
+    pub fn wire_siblings(&mut self, r: u8) {
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..self.shards).map(|_| shard::inbox(1024)).unzip();
+        for node in self.nodes[usize::from(r)].iter_mut().flatten() {
+            node.set_siblings(senders.clone());
+        }
+        self.inboxes[usize::from(r)] = receivers;
+    }
+
+    /// Serves what shards handed each other.
+    pub fn drain_inboxes(&mut self) {
+        for r in 0..usize::from(self.replicas) {
+            for s in 0..usize::from(self.shards) {
+                while let Ok(input) = self.inboxes[r][s].try_recv() {
+                    if let Some(node) = self.nodes[r][s].as_mut() {
+                        block_on(node.on_input(input));
+                    }
+                }
+            }
+        }
     }
 
     pub fn shard_of(&self, group: GroupId) -> u16 {
@@ -148,6 +176,7 @@ impl Cluster {
                 block_on(node.on_tick());
             }
         }
+        self.drain_inboxes();
         self.clock.advance(TICK);
     }
 
@@ -281,6 +310,18 @@ impl Cluster {
             let node = self.boot(r, s);
             self.nodes[usize::from(r)][usize::from(s)] = Some(node);
         }
+        self.wire_siblings(r);
+    }
+
+    /// Restarts replica `r` and reconciles its partition groups with its
+    /// committed metadata, as the server does at boot (groups made by hand
+    /// in a test, not by the metadata plane, would be deleted).
+    pub fn restart_reconciled(&mut self, r: u8) {
+        self.restart(r);
+        if let Some(node) = self.nodes[usize::from(r)][0].as_mut() {
+            block_on(node.reconcile_partitions());
+        }
+        self.drain_inboxes();
     }
 }
 

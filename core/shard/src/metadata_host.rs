@@ -1,0 +1,358 @@
+//! Group 0 on shard 0: the metadata plane hosted by a shard.
+//!
+//! Shard 0 of every replica holds a [`MetadataGroup`] next to its
+//! partition groups. Its frames arrive like any other (the wire codec
+//! routes group 0 here), it ticks with the shard, and callers reach it
+//! through [`MetaCall`]: ops to replicate (the shard is their VSR client,
+//! as it is for partition calls) and queries that read the applied state
+//! on the shard's own thread. Every committed op's partition-plane effects
+//! come out in op order and become group creations, deletions and purges
+//! on the shards that own the groups, on every replica alike.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::rc::Rc;
+
+use common::ReplicaId;
+use consensus::vsr::{Frame, OPERATION_REGISTER, ReplyStatus, RequestOutcome};
+use futures::channel::oneshot;
+use journal::FileSuperblock;
+use metadata::{
+    MetadataBus, MetadataGroup, MetadataOp, MetadataReply, MetadataState, MetadataStore, Outcome,
+    Refusal, StoreConfig,
+};
+
+use crate::env::{Env, Sent};
+
+/// What a metadata call answers.
+pub type MetaReplyTx = oneshot::Sender<Result<Outcome, MetaError>>;
+
+/// A read of the applied metadata state, run on shard 0's thread.
+pub type MetaQuery = Box<dyn FnOnce(&MetadataState) + Send>;
+
+/// A call to the metadata plane.
+pub enum MetaCall {
+    /// Replicate `op` (creation times stamped and passwords hashed by the
+    /// caller) and answer its outcome once committed.
+    Submit {
+        /// The op.
+        op: MetadataOp,
+        /// The user on whose behalf it runs.
+        user_id: u32,
+        /// The answer.
+        reply: MetaReplyTx,
+    },
+    /// Read the applied state.
+    Query(MetaQuery),
+}
+
+impl fmt::Debug for MetaCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Submit { op, .. } => write!(f, "MetaCall::Submit({op:?})"),
+            Self::Query(_) => write!(f, "MetaCall::Query"),
+        }
+    }
+}
+
+/// Why a metadata op was not carried out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaError {
+    /// The state machine refused it (with its Iggy error code).
+    Refused(Refusal),
+    /// Another replica is group 0's primary.
+    NotPrimary {
+        /// The view.
+        view: u32,
+        /// Its primary.
+        primary: ReplicaId,
+    },
+    /// Group 0 cannot take ops now (view change, transfer); retry.
+    Unavailable {
+        /// Why.
+        reason: &'static str,
+    },
+    /// Accepted, outcome unknown (the primary lost its view).
+    Indeterminate {
+        /// Why.
+        reason: &'static str,
+    },
+    /// A local fault (the store, the disk).
+    Local {
+        /// The error.
+        reason: String,
+    },
+    /// This shard does not host group 0.
+    NotHosted,
+}
+
+impl fmt::Display for MetaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Refused(r) => write!(f, "{r}"),
+            Self::NotPrimary { view, primary } => write!(
+                f,
+                "replica {} is the metadata primary (view {view})",
+                primary.0
+            ),
+            Self::Unavailable { reason } => write!(f, "metadata unavailable: {reason}"),
+            Self::Indeterminate { reason } => write!(f, "metadata outcome unknown: {reason}"),
+            Self::Local { reason } => write!(f, "metadata local fault: {reason}"),
+            Self::NotHosted => write!(f, "this shard does not host the metadata group"),
+        }
+    }
+}
+
+impl std::error::Error for MetaError {}
+
+/// The bus group 0 speaks through: frames leave as bytes, replies queue
+/// for the host.
+pub struct MetaBus<E: Env> {
+    env: Rc<E>,
+    cluster: u128,
+    replies: Rc<RefCell<Vec<MetadataReply>>>,
+}
+
+impl<E: Env> MetadataBus for MetaBus<E> {
+    fn send_to_replica(&self, to: u8, frame: Frame) {
+        let bytes = consensus::vsr::wire::encode(self.cluster, &frame);
+        if self.env.send_to_peer(ReplicaId(to), bytes) == Sent::Dropped {
+            tracing::trace!(peer = to, "metadata frame dropped by the bus");
+        }
+    }
+
+    fn send_to_client(&self, reply: MetadataReply) {
+        self.replies.borrow_mut().push(reply);
+    }
+}
+
+/// The hosted group type.
+pub type HostedGroup<E> = MetadataGroup<<E as Env>::Fs, FileSuperblock<<E as Env>::Fs>, MetaBus<E>>;
+
+#[derive(Debug, Default)]
+enum Session {
+    #[default]
+    Closed,
+    Registering {
+        since_tick: u64,
+    },
+    Open {
+        session: u64,
+    },
+}
+
+/// Group 0 and the shard's client session with it.
+pub struct MetadataHost<E: Env> {
+    pub(crate) group: HostedGroup<E>,
+    replies: Rc<RefCell<Vec<MetadataReply>>>,
+    session: Session,
+    next_request: u64,
+    queued: VecDeque<(MetadataOp, u32, MetaReplyTx)>,
+    in_flight: BTreeMap<u64, MetaReplyTx>,
+}
+
+const QUEUED_MAX: usize = 1024;
+const REGISTER_RETRY_TICKS: u64 = 100;
+
+impl<E: Env> MetadataHost<E> {
+    /// Opens group 0 in `dir` (its store and superblock).
+    ///
+    /// # Errors
+    /// A sentence naming the failing part.
+    pub async fn open(
+        env: Rc<E>,
+        dir: &std::path::Path,
+        vsr: consensus::vsr::Config,
+        cluster: u128,
+    ) -> Result<Self, String> {
+        let fs = env.fs().clone();
+        let (store, report) = MetadataStore::open(
+            &fs,
+            dir,
+            StoreConfig {
+                cluster,
+                ..StoreConfig::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("metadata store in {}: {e}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), ?report, "metadata store open");
+        let replies = Rc::new(RefCell::new(Vec::new()));
+        let bus = MetaBus {
+            env,
+            cluster,
+            replies: Rc::clone(&replies),
+        };
+        let superblock = FileSuperblock::new(fs, dir);
+        let group = MetadataGroup::open(vsr, cluster, store, superblock, bus)
+            .await
+            .map_err(|e| format!("metadata group in {}: {e}", dir.display()))?;
+        Ok(Self {
+            group,
+            replies,
+            session: Session::Closed,
+            next_request: 1,
+            queued: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+        })
+    }
+
+    /// The applied state.
+    pub fn state(&self) -> &MetadataState {
+        self.group.state()
+    }
+
+    /// Queues an op; it is submitted once the shard's session is open.
+    pub(crate) fn enqueue(&mut self, op: MetadataOp, user_id: u32, reply: MetaReplyTx) {
+        if let Err(e) = self.primary_check() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        if self.queued.len() >= QUEUED_MAX {
+            let _ = reply.send(Err(MetaError::Unavailable {
+                reason: "too many metadata calls waiting",
+            }));
+            return;
+        }
+        self.queued.push_back((op, user_id, reply));
+    }
+
+    fn primary_check(&self) -> Result<(), MetaError> {
+        let replica = self.group.replica();
+        if self.group.is_fenced() {
+            return Err(MetaError::Local {
+                reason: "the metadata store failed; this replica's group 0 is fenced".into(),
+            });
+        }
+        if !replica.is_primary() {
+            let view = replica.view();
+            return Err(MetaError::NotPrimary {
+                view,
+                primary: ReplicaId(replica.primary_index(view)),
+            });
+        }
+        if !replica.is_caught_up_primary() || self.group.state_transfer_needed().is_some() {
+            return Err(MetaError::Unavailable {
+                reason: "metadata view change or transfer in progress",
+            });
+        }
+        Ok(())
+    }
+
+    /// Opens the session when ops wait, then submits them.
+    pub(crate) async fn pump(&mut self, client: u128, tick: u64) {
+        if self.queued.is_empty() {
+            return;
+        }
+        if let Err(e) = self.primary_check() {
+            for (_, _, reply) in self.queued.drain(..) {
+                let _ = reply.send(Err(e.clone()));
+            }
+            return;
+        }
+        let session = match self.session {
+            Session::Open { session } => session,
+            Session::Registering { since_tick }
+                if tick.saturating_sub(since_tick) < REGISTER_RETRY_TICKS =>
+            {
+                return;
+            }
+            Session::Closed | Session::Registering { .. } => {
+                match self.group.register(client, 0).await {
+                    Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
+                        self.session = Session::Registering { since_tick: tick };
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%error, "metadata register failed"),
+                }
+                return;
+            }
+        };
+        while let Some((op, user_id, reply)) = self.queued.pop_front() {
+            let request = self.next_request;
+            match self
+                .group
+                .submit(client, session, request, user_id, &op)
+                .await
+            {
+                Ok(
+                    RequestOutcome::Prepared { .. }
+                    | RequestOutcome::InFlight
+                    | RequestOutcome::Answered,
+                ) => {
+                    self.next_request += 1;
+                    self.in_flight.insert(request, reply);
+                }
+                Ok(RequestOutcome::Unavailable) => {
+                    let _ = reply.send(Err(MetaError::Unavailable {
+                        reason: "group 0 is not taking requests now",
+                    }));
+                }
+                Ok(RequestOutcome::ReservedClient) => {
+                    let _ = reply.send(Err(MetaError::Local {
+                        reason: "reserved client id".into(),
+                    }));
+                }
+                Err(error) => {
+                    let _ = reply.send(Err(MetaError::Local {
+                        reason: error.to_string(),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Matches replies to waiting calls; returns whether the session just
+    /// opened (queued ops can go).
+    pub(crate) fn settle(&mut self, client: u128) -> bool {
+        let replies = std::mem::take(&mut *self.replies.borrow_mut());
+        let mut opened = false;
+        for MetadataReply { reply, outcome } in replies {
+            if reply.client != client {
+                continue;
+            }
+            if reply.operation == OPERATION_REGISTER {
+                match reply.status {
+                    ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
+                        self.session = Session::Open {
+                            session: reply.session.max(reply.op),
+                        };
+                        opened = true;
+                    }
+                    ReplyStatus::NoSession | ReplyStatus::Fenced => self.session = Session::Closed,
+                }
+                continue;
+            }
+            let Some(tx) = self.in_flight.remove(&reply.request) else {
+                continue;
+            };
+            let answer = match (reply.status, outcome) {
+                (ReplyStatus::Ok, Some(Ok(outcome))) => Ok(outcome),
+                (ReplyStatus::Ok, Some(Err(refusal))) => Err(MetaError::Refused(refusal)),
+                (ReplyStatus::Ok | ReplyStatus::AlreadyApplied, None) => {
+                    Err(MetaError::Indeterminate {
+                        reason: "answered from the client table without its outcome",
+                    })
+                }
+                (ReplyStatus::AlreadyApplied, Some(result)) => result.map_err(MetaError::Refused),
+                (ReplyStatus::NoSession | ReplyStatus::Fenced, _) => {
+                    self.session = Session::Closed;
+                    Err(MetaError::Unavailable {
+                        reason: "group 0 lost this shard's session",
+                    })
+                }
+            };
+            let _ = tx.send(answer);
+        }
+        if !self.in_flight.is_empty() && !self.group.replica().is_primary() {
+            for (_, tx) in std::mem::take(&mut self.in_flight) {
+                let _ = tx.send(Err(MetaError::Indeterminate {
+                    reason: "the metadata primary lost its view before the op committed",
+                }));
+            }
+            self.session = Session::Closed;
+        }
+        opened
+    }
+}

@@ -1,0 +1,177 @@
+//! Group 0 hosted on shard 0: metadata ops replicate and their effects
+//! create and delete partition groups on the owning shards of every
+//! replica, and a restarted replica reconciles its groups with the
+//! committed metadata.
+#![allow(clippy::unwrap_used)]
+
+mod harness;
+
+use std::collections::BTreeSet;
+
+use common::{GroupId, ReplicaId};
+use futures::channel::oneshot;
+use futures::executor::block_on;
+use harness::{Cluster, batch};
+use metadata::{Identifier, MetadataOp, Outcome, TopicConfig};
+use partitions::NetworkFaults;
+use shard::{Answer, Call, Input, MetaCall, MetaError};
+use storage::fs::CrashMode;
+
+fn submit(c: &mut Cluster, op: MetadataOp) -> Result<Outcome, MetaError> {
+    let mut target = ReplicaId(0);
+    for _ in 0..50 {
+        let (tx, mut rx) = oneshot::channel();
+        let Some(node) = c.nodes[usize::from(target.0)][0].as_mut() else {
+            target = ReplicaId((target.0 + 1) % c.replicas);
+            continue;
+        };
+        block_on(node.on_input(Input::Meta(MetaCall::Submit {
+            op: op.clone(),
+            user_id: 0,
+            reply: tx,
+        })));
+        let mut answer = None;
+        for _ in 0..300 {
+            if let Ok(Some(a)) = rx.try_recv() {
+                answer = Some(a);
+                break;
+            }
+            c.step();
+        }
+        match answer {
+            Some(Err(MetaError::NotPrimary { primary, .. })) => target = primary,
+            Some(Err(MetaError::Unavailable { .. })) | None => c.run(20),
+            Some(other) => return other,
+        }
+    }
+    panic!("metadata op never answered");
+}
+
+fn partition_groups(c: &Cluster, r: u8) -> BTreeSet<GroupId> {
+    c.nodes[usize::from(r)]
+        .iter()
+        .flatten()
+        .flat_map(|n| n.groups().collect::<Vec<_>>())
+        .collect()
+}
+
+fn expected_groups(c: &Cluster, r: u8) -> BTreeSet<GroupId> {
+    c.nodes[usize::from(r)][0]
+        .as_ref()
+        .unwrap()
+        .metadata()
+        .unwrap()
+        .state()
+        .partition_groups()
+        .iter()
+        .map(|i| i.group)
+        .collect()
+}
+
+#[test]
+fn given_topic_created_when_committed_should_create_its_groups_on_every_replica() {
+    let mut c = Cluster::new(3, 2, 21, NetworkFaults::default());
+    c.run(100);
+    let stream = submit(
+        &mut c,
+        MetadataOp::CreateStream {
+            name: "orders".into(),
+            created_at_us: 1,
+        },
+    )
+    .unwrap();
+    assert!(matches!(stream, Outcome::StreamCreated(_)));
+    let duplicate = submit(
+        &mut c,
+        MetadataOp::CreateStream {
+            name: "orders".into(),
+            created_at_us: 2,
+        },
+    );
+    assert!(
+        matches!(duplicate, Err(MetaError::Refused(_))),
+        "{duplicate:?}"
+    );
+    let topic = submit(
+        &mut c,
+        MetadataOp::CreateTopic {
+            stream: Identifier::Name("orders".into()),
+            name: "eu".into(),
+            partitions_count: 6,
+            config: TopicConfig::default(),
+            created_at_us: 3,
+        },
+    )
+    .unwrap();
+    assert!(matches!(topic, Outcome::TopicCreated(..)));
+    c.run(50);
+    let expected = expected_groups(&c, 0);
+    assert_eq!(expected.len(), 6);
+    for r in 0..3 {
+        assert_eq!(expected_groups(&c, r), expected, "replica {r} metadata");
+        assert_eq!(partition_groups(&c, r), expected, "replica {r} groups");
+    }
+    // The groups serve.
+    for g in &expected {
+        let answer = c
+            .call_until_done(
+                *g,
+                Call::Produce {
+                    batch: batch(g.0, 3),
+                },
+                2000,
+            )
+            .unwrap();
+        assert!(matches!(answer, Answer::Committed { .. }));
+    }
+    // Deleting the stream deletes them everywhere, and a restart brings
+    // none back.
+    submit(
+        &mut c,
+        MetadataOp::DeleteStream {
+            stream: Identifier::Name("orders".into()),
+        },
+    )
+    .unwrap();
+    c.run(50);
+    for r in 0..3 {
+        assert!(partition_groups(&c, r).is_empty(), "replica {r}");
+    }
+    c.crash(1, CrashMode::DropAll);
+    c.restart_reconciled(1);
+    c.run(50);
+    assert!(partition_groups(&c, 1).is_empty());
+}
+
+#[test]
+fn given_replica_down_while_topic_created_when_restarted_should_reconcile_its_groups() {
+    let mut c = Cluster::new(3, 2, 22, NetworkFaults::default());
+    c.run(100);
+    c.crash(0, CrashMode::DropAll);
+    submit(
+        &mut c,
+        MetadataOp::CreateStream {
+            name: "s".into(),
+            created_at_us: 1,
+        },
+    )
+    .unwrap();
+    submit(
+        &mut c,
+        MetadataOp::CreateTopic {
+            stream: Identifier::Name("s".into()),
+            name: "t".into(),
+            partitions_count: 4,
+            config: TopicConfig::default(),
+            created_at_us: 2,
+        },
+    )
+    .unwrap();
+    c.restart_reconciled(0);
+    // Repair brings group 0's ops; their effects create the groups.
+    c.run(400);
+    let expected = expected_groups(&c, 1);
+    assert_eq!(expected.len(), 4);
+    assert_eq!(expected_groups(&c, 0), expected);
+    assert_eq!(partition_groups(&c, 0), expected);
+}
