@@ -1,0 +1,375 @@
+//! The official `iggy` 0.11.0 SDK against [`Session`] over real loopback
+//! TCP, with the in-memory test backend: the flows of client_protocol.md
+//! §12.2 (low-level smoke flow, producer, stand-alone consumer, consumer
+//! group), each bounded in time.
+//!
+//! The test server is one thread polling non-blocking sockets, so one
+//! backend serves every connection without locks; it is test scaffolding,
+//! not the listener (which the server wires over compio).
+
+#![allow(clippy::unwrap_used)]
+
+use crate::protocol::Name;
+use crate::protocol::records::{ClusterMetadata, ClusterNode, MemberId, NodeRole, NodeStatus};
+use crate::session::memory::MemoryBackend;
+use crate::session::{Output, Session, SessionConfig};
+use iggy::prelude::*;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+struct TestServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    session: Session,
+    open: bool,
+}
+
+fn start_server() -> TestServer {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let config = Arc::new(SessionConfig {
+        frame_size_max_bytes: consensus::header::FRAME_SIZE_MAX_DEFAULT,
+        cluster: ClusterMetadata {
+            name: "replog-test".to_owned(),
+            node: ClusterNode {
+                name: "replica-0".to_owned(),
+                ip: "127.0.0.1".to_owned(),
+                tcp_port: addr.port(),
+                quic_port: 0,
+                http_port: 0,
+                websocket_port: 0,
+                role: NodeRole::Leader,
+                status: NodeStatus::Healthy,
+            },
+        },
+        server_version: Name::new("replog-test").unwrap(),
+    });
+    let stop_flag = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let mut backend = MemoryBackend::new("iggy", "iggy");
+        let mut conns: Vec<Conn> = Vec::new();
+        let mut next_member = 1;
+        let mut buf = vec![0u8; 64 * 1024];
+        while !stop_flag.load(Ordering::Relaxed) {
+            let mut idle = true;
+            while let Ok((stream, peer)) = listener.accept() {
+                stream.set_nonblocking(true).unwrap();
+                stream.set_nodelay(true).unwrap();
+                let session = Session::new(config.clone(), MemberId(next_member), peer.to_string());
+                next_member += 1;
+                conns.push(Conn {
+                    stream,
+                    session,
+                    open: true,
+                });
+                idle = false;
+            }
+            for c in conns.iter_mut().filter(|c| c.open) {
+                match c.stream.read(&mut buf) {
+                    Ok(0) => {
+                        futures::executor::block_on(c.session.disconnect(&mut backend));
+                        c.open = false;
+                    }
+                    Ok(n) => {
+                        idle = false;
+                        c.session.receive(&buf[..n]);
+                        while let Some(out) =
+                            futures::executor::block_on(c.session.next_output(&mut backend))
+                        {
+                            match out {
+                                Output::Reply(bytes) => write_all(&mut c.stream, &bytes),
+                                Output::Close(e) => panic!("the SDK sent a bad frame: {e}"),
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(_) => {
+                        futures::executor::block_on(c.session.disconnect(&mut backend));
+                        c.open = false;
+                    }
+                }
+            }
+            if idle {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    TestServer {
+        addr,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+fn write_all(stream: &mut TcpStream, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        match stream.write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(_) => return,
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(60), f).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what} did not finish within 60 s"),
+    }
+}
+
+async fn connected(addr: SocketAddr) -> IggyClient {
+    let client = IggyClient::builder()
+        .with_tcp()
+        .with_server_address(addr.to_string())
+        .build()
+        .unwrap();
+    client.connect().await.unwrap();
+    client
+}
+
+#[test]
+fn given_the_sdk_when_it_runs_the_low_level_flow_should_get_back_what_it_sent() {
+    let server = start_server();
+    runtime().block_on(bounded("low-level flow", async {
+        let client = connected(server.addr).await;
+        // Before login: ping works, a read is refused.
+        client.ping().await.unwrap();
+        client.login_user("iggy", "iggy").await.unwrap();
+        client.ping().await.unwrap();
+
+        let meta = client.get_cluster_metadata().await.unwrap();
+        assert_eq!(meta.nodes.len(), 1);
+
+        let stream_id = Identifier::named("smoke").unwrap();
+        assert!(client.get_stream(&stream_id).await.unwrap().is_none());
+        let stream = client.create_stream("smoke").await.unwrap();
+        assert_eq!(stream.name, "smoke");
+        assert_eq!(stream.id, 0);
+        let topic_id = Identifier::named("events").unwrap();
+        assert!(
+            client
+                .get_topic(&stream_id, &topic_id)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let options = TopicCreateOptions {
+            partitions_count: Some(2),
+            ..TopicCreateOptions::default()
+        };
+        let topic = client
+            .create_topic(&stream_id, "events", &options)
+            .await
+            .unwrap();
+        assert_eq!(topic.partitions_count, 2);
+        assert_eq!(topic.partitions.len(), 2);
+
+        let mut messages: Vec<IggyMessage> = (0..10)
+            .map(|i| IggyMessage::from_str(&format!("message-{i}")).unwrap())
+            .collect();
+        client
+            .send_messages(
+                &stream_id,
+                &topic_id,
+                &Partitioning::partition_id(1),
+                &mut messages,
+            )
+            .await
+            .unwrap();
+
+        let consumer = Consumer::new(Identifier::numeric(7).unwrap());
+        let polled = client
+            .poll_messages(
+                &stream_id,
+                &topic_id,
+                Some(1),
+                &consumer,
+                &PollingStrategy::offset(0),
+                100,
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(polled.partition_id, 1);
+        assert_eq!(polled.messages.len(), 10);
+        for (i, m) in polled.messages.iter().enumerate() {
+            assert_eq!(m.header.offset, i as u64);
+            assert_eq!(m.payload.as_ref(), format!("message-{i}").as_bytes());
+        }
+        // A poll starting mid-batch gets a cut batch with the right offsets.
+        let tail = client
+            .poll_messages(
+                &stream_id,
+                &topic_id,
+                Some(1),
+                &consumer,
+                &PollingStrategy::offset(7),
+                2,
+                false,
+            )
+            .await
+            .unwrap();
+        let offsets: Vec<u64> = tail.messages.iter().map(|m| m.header.offset).collect();
+        assert_eq!(offsets, vec![7, 8]);
+
+        assert!(
+            client
+                .get_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        client
+            .store_consumer_offset(&consumer, &stream_id, &topic_id, Some(1), 4)
+            .await
+            .unwrap();
+        let offset = client
+            .get_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(offset.stored_offset, 4);
+        assert_eq!(offset.current_offset, 9);
+        let next = client
+            .poll_messages(
+                &stream_id,
+                &topic_id,
+                Some(1),
+                &consumer,
+                &PollingStrategy::next(),
+                3,
+                true,
+            )
+            .await
+            .unwrap();
+        let offsets: Vec<u64> = next.messages.iter().map(|m| m.header.offset).collect();
+        assert_eq!(offsets, vec![5, 6, 7]);
+        client
+            .delete_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
+            .await
+            .unwrap();
+
+        // Errors come back as the SDK's own codes.
+        let err = client
+            .send_messages(
+                &stream_id,
+                &topic_id,
+                &Partitioning::partition_id(9),
+                &mut [IggyMessage::from_str("x").unwrap()],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.as_code(), 3007, "{err:?}");
+        let err = client.create_stream("smoke").await.unwrap_err();
+        assert_eq!(err.as_code(), 1012, "{err:?}");
+
+        let streams = client.get_streams().await.unwrap();
+        assert_eq!(streams.len(), 1);
+        let topics = client.get_topics(&stream_id).await.unwrap();
+        assert_eq!(topics.len(), 1);
+        let me = client.get_me().await.unwrap();
+        assert_eq!(me.transport, "TCP");
+
+        client.delete_topic(&stream_id, &topic_id).await.unwrap();
+        client.delete_stream(&stream_id).await.unwrap();
+        assert!(client.get_streams().await.unwrap().is_empty());
+        client.logout_user().await.unwrap();
+    }));
+}
+
+#[test]
+fn given_a_wrong_password_when_logging_in_should_get_invalid_credentials() {
+    let server = start_server();
+    runtime().block_on(bounded("bad login", async {
+        let client = connected(server.addr).await;
+        let err = client.login_user("iggy", "wrong").await.unwrap_err();
+        assert_eq!(
+            err.as_code(),
+            IggyError::InvalidCredentials.as_code(),
+            "{err:?}"
+        );
+        // The connection stays usable: the right password then works.
+        client.login_user("iggy", "iggy").await.unwrap();
+        client.ping().await.unwrap();
+    }));
+}
+
+#[test]
+fn given_a_producer_and_a_consumer_group_when_run_should_deliver_every_message_once() {
+    let server = start_server();
+    runtime().block_on(bounded("producer and consumer group", async {
+        let url = format!("iggy://iggy:iggy@{}", server.addr);
+        let client = IggyClient::from_connection_string(&url).unwrap();
+        client.connect().await.unwrap();
+        let producer = client
+            .producer("high", "level")
+            .unwrap()
+            .direct(
+                DirectConfig::builder()
+                    .batch_length(1)
+                    .linger_time(IggyDuration::from(Duration::from_millis(1)))
+                    .build(),
+            )
+            .partitioning(Partitioning::balanced())
+            .create_topic_if_not_exists(3, IggyExpiry::ServerDefault, MaxTopicSize::ServerDefault)
+            .build();
+        producer.init().await.unwrap();
+        for i in 0..30 {
+            producer
+                .send(vec![IggyMessage::from_str(&format!("m{i}")).unwrap()])
+                .await
+                .unwrap();
+        }
+
+        let consumer_client = IggyClient::from_connection_string(&url).unwrap();
+        consumer_client.connect().await.unwrap();
+        let mut consumer = consumer_client
+            .consumer_group("readers", "high", "level")
+            .unwrap()
+            .auto_join_consumer_group()
+            .create_consumer_group_if_not_exists()
+            .polling_strategy(PollingStrategy::next())
+            .poll_interval(IggyDuration::from(Duration::from_millis(5)))
+            .batch_length(10)
+            .build();
+        consumer.init().await.unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        use futures::StreamExt;
+        while seen.len() < 30 {
+            let m = consumer.next().await.unwrap().unwrap();
+            let text = String::from_utf8(m.message.payload.to_vec()).unwrap();
+            assert!(seen.insert(text), "a message arrived twice");
+        }
+        consumer.shutdown().await.unwrap();
+    }));
+}
