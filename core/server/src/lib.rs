@@ -11,9 +11,10 @@
 //! - [`status`]: the Iggy error codes and the one mapping of internal
 //!   errors to them;
 //!
-//! Nothing here opens a socket; the listener and the replica bus drive
-//! these types.
+//! - [`node`]: a running replica — shard threads on compio, the handles
+//!   that reach them, the client listener.
 
+pub mod node;
 pub mod protocol;
 pub mod session;
 pub mod status;
