@@ -1,0 +1,186 @@
+//! The data directory's identity: which cluster, replica and shard count
+//! it was laid out for. Recorded on first start; every later start
+//! refuses a directory that belongs to another cluster or replica, or was
+//! laid out for another shard count (groups would be looked for on the
+//! wrong shards).
+//!
+//! `replica.id` holds: magic `RPLI`, version 1, cluster u128, replica u8,
+//! shard count u16, all little-endian, then an xxh3-64 trailer. It is
+//! written to a sibling, synced, renamed into place and the directory
+//! synced, so a crash leaves either no identity (the next start records
+//! it) or the whole one.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::NodeConfig;
+
+const FILE: &str = "replica.id";
+const MAGIC: &[u8; 4] = b"RPLI";
+const LEN: usize = 4 + 1 + 16 + 1 + 2;
+
+/// What a data directory was laid out for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// The cluster id.
+    pub cluster: u128,
+    /// The replica id.
+    pub replica: u8,
+    /// Shards per replica.
+    pub shard_count: u16,
+}
+
+/// The identity a configuration asks for.
+pub fn of(config: &NodeConfig) -> Identity {
+    Identity {
+        cluster: config.cluster,
+        replica: config.replica.0,
+        shard_count: config.shard_count,
+    }
+}
+
+impl Identity {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(LEN + 8);
+        out.extend_from_slice(MAGIC);
+        out.push(1);
+        out.extend_from_slice(&self.cluster.to_le_bytes());
+        out.push(self.replica);
+        out.extend_from_slice(&self.shard_count.to_le_bytes());
+        let sum = xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.len() != LEN + 8 {
+            return Err(format!("{} bytes, expected {}", bytes.len(), LEN + 8));
+        }
+        let (body, trailer) = bytes.split_at(LEN);
+        let mut sum = [0u8; 8];
+        sum.copy_from_slice(trailer);
+        if u64::from_le_bytes(sum) != xxh3_64(body) {
+            return Err("checksum mismatch".into());
+        }
+        if &body[..4] != MAGIC || body[4] != 1 {
+            return Err("not a replica identity of version 1".into());
+        }
+        let mut cluster = [0u8; 16];
+        cluster.copy_from_slice(&body[5..21]);
+        Ok(Self {
+            cluster: u128::from_le_bytes(cluster),
+            replica: body[21],
+            shard_count: u16::from_le_bytes([body[22], body[23]]),
+        })
+    }
+}
+
+/// Records `wanted` in a new data directory, or checks that an existing
+/// one was laid out for it.
+///
+/// # Errors
+/// A sentence for the operator naming the directory and the mismatch.
+pub fn check_or_record(data_dir: &Path, wanted: &Identity) -> Result<(), String> {
+    let path = data_dir.join(FILE);
+    match fs::read(&path) {
+        Ok(bytes) => {
+            let found = Identity::decode(&bytes)
+                .map_err(|e| format!("{}: unreadable replica identity: {e}", path.display()))?;
+            if found.cluster != wanted.cluster {
+                return Err(format!(
+                    "{} belongs to cluster {:#x}, this replica is configured for cluster {:#x}; refusing to start",
+                    data_dir.display(),
+                    found.cluster,
+                    wanted.cluster
+                ));
+            }
+            if found.replica != wanted.replica {
+                return Err(format!(
+                    "{} belongs to replica {}, this process is configured as replica {}; refusing to start",
+                    data_dir.display(),
+                    found.replica,
+                    wanted.replica
+                ));
+            }
+            if found.shard_count != wanted.shard_count {
+                return Err(format!(
+                    "{} was laid out for {} shards, the configuration asks for {}; groups would be looked for on the wrong shards, refusing to start",
+                    data_dir.display(),
+                    found.shard_count,
+                    wanted.shard_count
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => record(data_dir, wanted),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+fn record(data_dir: &Path, wanted: &Identity) -> Result<(), String> {
+    let io = |step: &str, e: std::io::Error| format!("{}: {step}: {e}", data_dir.display());
+    fs::create_dir_all(data_dir).map_err(|e| io("creating the data directory", e))?;
+    let path = data_dir.join(FILE);
+    let sibling = data_dir.join(format!("{FILE}.new"));
+    let mut file = fs::File::create(&sibling).map_err(|e| io("creating the identity", e))?;
+    file.write_all(&wanted.encode())
+        .map_err(|e| io("writing the identity", e))?;
+    file.sync_all().map_err(|e| io("syncing the identity", e))?;
+    drop(file);
+    fs::rename(&sibling, &path).map_err(|e| io("renaming the identity into place", e))?;
+    fs::File::open(data_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("syncing the data directory", e))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn id() -> Identity {
+        Identity {
+            cluster: 7,
+            replica: 1,
+            shard_count: 2,
+        }
+    }
+
+    #[test]
+    fn given_new_directory_when_checked_should_record_then_accept_the_same_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        check_or_record(dir.path(), &id()).unwrap();
+        check_or_record(dir.path(), &id()).unwrap();
+    }
+
+    #[test]
+    fn given_directory_of_another_cluster_replica_or_shard_count_should_refuse() {
+        let dir = tempfile::tempdir().unwrap();
+        check_or_record(dir.path(), &id()).unwrap();
+        for other in [
+            Identity { cluster: 8, ..id() },
+            Identity { replica: 2, ..id() },
+            Identity {
+                shard_count: 4,
+                ..id()
+            },
+        ] {
+            let err = check_or_record(dir.path(), &other).unwrap_err();
+            assert!(err.contains("refusing to start"), "{err}");
+        }
+    }
+
+    #[test]
+    fn given_damaged_identity_when_checked_should_refuse() {
+        let dir = tempfile::tempdir().unwrap();
+        check_or_record(dir.path(), &id()).unwrap();
+        let path = dir.path().join(FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[6] ^= 1;
+        fs::write(&path, bytes).unwrap();
+        assert!(check_or_record(dir.path(), &id()).is_err());
+    }
+}
