@@ -1061,3 +1061,37 @@ fn given_foreign_files_in_offset_dirs_when_installing_or_converging_should_leave
     }
     assert!(f.old.stored_offset(ConsumerKind::Consumer, 1).is_none());
 }
+
+/// Issue 15 item 13: a partition directory whose existence cannot be
+/// checked (here ENOTDIR: a file sits where a parent directory should be;
+/// on a sick disk EIO) refuses the boot with that error, checked as such.
+/// `exists(..).unwrap_or(false)` read it as "does not exist" and went on
+/// to create the directory over it.
+#[test]
+fn given_partition_dir_that_cannot_be_checked_when_booting_should_report_the_error() {
+    let fs = fresh_fs(16);
+    let blocker = PathBuf::from("/data/blocker");
+    block_on(async {
+        let f = fs
+            .open(&blocker, OpenOptions::create_read_write())
+            .await
+            .unwrap();
+        storage::fs::FsFile::sync_all(&f).await.unwrap();
+    });
+    let at = blocker.join("p0");
+    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
+    let booted = block_on(Partition::open(
+        config(1 << 20),
+        fs.clone(),
+        &at,
+        net.endpoint(0),
+        journal::MemSuperblock::new(),
+    ));
+    match booted {
+        Err(partitions::BootError::Recovery(storage::RecoveryError::Io { op, source, .. })) => {
+            assert_eq!(op, "exists", "the check's own error, not a later create's");
+            assert_ne!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}

@@ -526,14 +526,25 @@ impl ReceiveError {
 
     /// Whether the failure says the peer's bytes cannot be trusted: the
     /// session's staging files are swept and nothing is resumed from them.
+    ///
+    /// An offsets artifact from a newer encoder (an unknown version, bytes
+    /// past the last section) is not hostile: it matched its manifest
+    /// checksum, and so did every segment before it, so the staged
+    /// segments are kept for the next attempt; the failure is charged once
+    /// like any other. Sweeping them made every attempt against such a peer
+    /// pull the whole partition again.
     pub const fn hostile(&self) -> bool {
-        matches!(
-            self,
+        match self {
+            Self::Offsets(
+                ConsumerOffsetsWireError::UnsupportedVersion { .. }
+                | ConsumerOffsetsWireError::TrailingBytes { .. },
+            ) => false,
             Self::Spill(SpillError::ManifestChecksum { .. } | SpillError::Walk(_))
-                | Self::Offsets(_)
-                | Self::OffsetsChecksum
-                | Self::OfferBeforePurge { .. }
-        )
+            | Self::Offsets(_)
+            | Self::OffsetsChecksum
+            | Self::OfferBeforePurge { .. } => true,
+            _ => false,
+        }
     }
 }
 
@@ -661,7 +672,12 @@ pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
     let n = local.replica_count.max(1);
     let mut candidate = failed;
     for _ in 0..n {
-        candidate = (candidate + 1) % n;
+        // `failed` is a peer id from a session; past the ring (or at
+        // u8::MAX, where `+ 1` overflowed) the ring starts over at 0.
+        candidate = match candidate.checked_add(1) {
+            Some(next) if next < n => next,
+            _ => 0,
+        };
         if candidate != local.replica {
             return candidate;
         }
