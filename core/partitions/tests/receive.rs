@@ -2414,3 +2414,45 @@ fn given_offsets_artifact_from_newer_encoder_when_pulled_should_charge_once_and_
         "only the offsets artifact"
     );
 }
+
+/// Issue 15 item 4: the staging sweep over a maximal manifest (65,536
+/// entries, a log and an index staged for each) keeps exactly the set it
+/// is given. The keep list is a `HashSet` (the signature takes one) and
+/// adopted slots a map by index: both were lists searched once per file
+/// or entry, quadratic in a manifest a peer controls. Time-independent:
+/// the bound is the type; this checks the set's semantics at full size.
+#[test]
+fn given_maximal_manifest_of_staged_files_when_swept_should_keep_exactly_the_keep_set() {
+    use std::collections::HashSet;
+    let fs = fresh_fs(99);
+    block_on(fs.create_dir_all(&dir())).unwrap();
+    let entries = consensus::state_manifest::STATE_MANIFEST_ENTRIES_MAX as u64;
+    let mut keep = HashSet::new();
+    block_on(async {
+        for base in 0..entries {
+            for name in [
+                format!("{base:020}.log.staging"),
+                format!("{base:020}.index.staging"),
+            ] {
+                let path = dir().join(name);
+                fs.open(&path, storage::fs::OpenOptions::create_read_write())
+                    .await
+                    .unwrap();
+                if base % 2 == 0 {
+                    keep.insert(path);
+                }
+            }
+        }
+    });
+    let swept = block_on(partitions::state_transfer::sweep_staging_except(
+        &fs,
+        &dir(),
+        &keep,
+    ));
+    assert_eq!(swept as u64, entries, "every file not kept went");
+    let left: HashSet<PathBuf> = staging_files(&fs)
+        .into_iter()
+        .map(|n| dir().join(n))
+        .collect();
+    assert_eq!(left, keep);
+}
