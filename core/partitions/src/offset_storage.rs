@@ -120,6 +120,14 @@ pub fn offset_replacement_id(name: &str) -> Option<u32> {
     name.strip_suffix(REPLACEMENT_SUFFIX)?.parse().ok()
 }
 
+/// Whether a file name in an offsets directory is one this code writes:
+/// a consumer id (`{id}`, the name boot loads) or its replacement sibling
+/// (`{id}.replacing`). Anything else is left alone by every sweep (an
+/// operator's note, another tool's file), as boot leaves it.
+pub fn is_owned_offset_file(name: &str) -> bool {
+    name.parse::<u32>().is_ok() || offset_replacement_id(name).is_some()
+}
+
 async fn write_synced<F: Fs>(fs: &F, path: &Path, bytes: Vec<u8>) -> io::Result<()> {
     let file = fs
         .open(path, OpenOptions::create_read_write().truncate(true))

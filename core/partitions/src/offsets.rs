@@ -327,8 +327,16 @@ impl ConsumerOffsets {
                 Err(e) => return Err(e),
             };
             for entry in entries {
-                if entry.kind == storage::fs::FileKind::File {
-                    delete_persisted_offset(fs, &dir.join(&entry.name)).await?;
+                if entry.kind != storage::fs::FileKind::File {
+                    continue;
+                }
+                match entry.name_str() {
+                    Some(name) if crate::offset_storage::is_owned_offset_file(name) => {
+                        delete_persisted_offset(fs, &dir.join(name)).await?;
+                    }
+                    _ => {
+                        tracing::warn!(path = %dir.join(&entry.name).display(), "leaving a foreign file in an offsets directory");
+                    }
                 }
             }
             fs.sync_dir(&dir).await?;

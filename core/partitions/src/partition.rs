@@ -585,7 +585,16 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     ) -> Result<Self, BootError> {
         // The directory (and its name in the parent) must be durable
         // before the superblock inside it can be.
-        if !fs.exists(dir).await.unwrap_or(false) {
+        // An error here (EIO, EACCES) is not "does not exist": creating
+        // over it would hide a sick disk behind a fresh, empty partition.
+        let exists = fs.exists(dir).await.map_err(|source| {
+            BootError::Recovery(RecoveryError::Io {
+                op: "exists",
+                path: dir.to_path_buf(),
+                source,
+            })
+        })?;
+        if !exists {
             let create = async {
                 fs.create_dir_all(dir).await?;
                 match dir.parent() {

@@ -999,3 +999,99 @@ fn given_superblock_op_at_u64_max_when_booting_should_refuse_out_of_range() {
         );
     }
 }
+
+/// Issue 15 item 7: the install's offset sweep and the converge delete only
+/// files this code owns (numeric ids and their `.replacing` siblings);
+/// foreign names (which boot ignores too) stay. Both swept them.
+#[test]
+fn given_foreign_files_in_offset_dirs_when_installing_or_converging_should_leave_them() {
+    let foreign = [
+        dir().join("offsets").join("consumers").join("README"),
+        dir().join("offsets").join("groups").join("7.bak"),
+    ];
+    let plant = |fs: &SimFs| {
+        block_on(async {
+            for path in &foreign {
+                let f = fs
+                    .open(path, OpenOptions::create_read_write())
+                    .await
+                    .unwrap();
+                storage::fs::FsFile::write_all_at(&f, b"operator note".to_vec(), 0)
+                    .await
+                    .0
+                    .unwrap();
+                storage::fs::FsFile::sync_all(&f).await.unwrap();
+            }
+        });
+    };
+    // A completed install: strays with numeric names go, foreign ones stay.
+    let (mut f, _) = fixture(14);
+    plant(&f.fs);
+    block_on(f.old.install_partition_state(input(&f))).unwrap();
+    assert!(new_offsets(&f.old));
+    assert!(
+        f.old.stored_offset(ConsumerKind::Consumer, 9).is_none(),
+        "a numeric stray is still swept"
+    );
+    for path in &foreign {
+        assert_eq!(
+            f.fs.contents(path).unwrap(),
+            b"operator note",
+            "{}",
+            path.display()
+        );
+    }
+    // A converge (a staged log rename fails after the indexes are in).
+    let (mut f, _) = fixture(15);
+    plant(&f.fs);
+    f.fs.fail_nth(FaultKind::Rename, 7, EIO);
+    let err = block_on(f.old.install_partition_state(input(&f))).unwrap_err();
+    f.fs.clear_faults();
+    assert!(
+        matches!(err, PartitionInstallError::SwapIo { .. }),
+        "{err:?}"
+    );
+    for path in &foreign {
+        assert_eq!(
+            f.fs.contents(path).unwrap(),
+            b"operator note",
+            "{}",
+            path.display()
+        );
+    }
+    assert!(f.old.stored_offset(ConsumerKind::Consumer, 1).is_none());
+}
+
+/// Issue 15 item 13: a partition directory whose existence cannot be
+/// checked (here ENOTDIR: a file sits where a parent directory should be;
+/// on a sick disk EIO) refuses the boot with that error, checked as such.
+/// `exists(..).unwrap_or(false)` read it as "does not exist" and went on
+/// to create the directory over it.
+#[test]
+fn given_partition_dir_that_cannot_be_checked_when_booting_should_report_the_error() {
+    let fs = fresh_fs(16);
+    let blocker = PathBuf::from("/data/blocker");
+    block_on(async {
+        let f = fs
+            .open(&blocker, OpenOptions::create_read_write())
+            .await
+            .unwrap();
+        storage::fs::FsFile::sync_all(&f).await.unwrap();
+    });
+    let at = blocker.join("p0");
+    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
+    let booted = block_on(Partition::open(
+        config(1 << 20),
+        fs.clone(),
+        &at,
+        net.endpoint(0),
+        journal::MemSuperblock::new(),
+    ));
+    match booted {
+        Err(partitions::BootError::Recovery(storage::RecoveryError::Io { op, source, .. })) => {
+            assert_eq!(op, "exists", "the check's own error, not a later create's");
+            assert_ne!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}

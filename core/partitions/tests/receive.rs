@@ -2258,3 +2258,201 @@ fn given_primary_missing_its_own_segment_when_pulled_should_refuse_as_fault_and_
         assert_staged_match(&fs, &done, &healthy);
     }
 }
+
+/// Issue 15 item 13: peer ids at the top of `u8` rotate without the
+/// `candidate + 1` overflow (a debug panic; a wrap in release).
+#[test]
+fn given_peer_id_at_u8_max_when_rotating_should_wrap_without_overflow() {
+    let facts = |replica, primary, count| LocalFacts {
+        replica,
+        replica_count: count,
+        primary,
+        ..local()
+    };
+    // The primary is self, so the ring decides.
+    assert_eq!(rotate_peer(&facts(2, 2, 3), u8::MAX), 0);
+    assert_eq!(rotate_peer(&facts(0, 0, 3), u8::MAX), 1, "skips self");
+    assert_eq!(
+        rotate_peer(&facts(254, 254, 255), 253),
+        0,
+        "past the last id"
+    );
+    assert_eq!(rotate_peer(&facts(0, 0, u8::MAX), u8::MAX - 1), 1);
+    assert_eq!(rotate_peer(&facts(1, 1, u8::MAX), u8::MAX), 0);
+}
+
+/// Issue 15 item 13: an offsets artifact from a newer encoder (a version
+/// this build does not speak) fails the attempt once, charged, and keeps
+/// the staged segments, which matched their manifest checksums: the next
+/// attempt adopts them and pulls only the offsets artifact. It was treated
+/// as hostile and swept every staged segment on every attempt.
+#[test]
+fn given_offsets_artifact_from_newer_encoder_when_pulled_should_charge_once_and_keep_staged_segments()
+ {
+    let mut peer = Peer::new(97, 64 * 1024, 10, 16, 1024);
+    let (fs, _node) = receiver_fs(98);
+    let mut rx = TransferReceiver::new(
+        fs.clone(),
+        &dir(),
+        receiver_config(16 * 1024, 32 * 1024),
+        13,
+    );
+    let facts = local();
+    let newer = |bytes: &[u8]| {
+        let mut b = bytes.to_vec();
+        // Version byte after the four-byte magic; this build speaks 2.
+        b[4] = 3;
+        let content = b.len() - 8;
+        let trailer = consensus::state_artifact_checksum(&b[..content]);
+        b[content..].copy_from_slice(&trailer.to_le_bytes());
+        b
+    };
+    // Describe the substituted artifact honestly: fetch the offer's
+    // offsets bytes first, so the manifest entry matches what the chunk
+    // hook sends (a newer peer's own, consistent offer).
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+        unreachable!()
+    };
+    let offer = block_on(peer.server.on_request_state_transfer(
+        &mut peer.node.partition,
+        ME,
+        nonce,
+        &NoClock,
+    ))
+    .unwrap();
+    let last = offer.manifest().len() - 1;
+    let offsets_len = offer.manifest()[last].len;
+    let answer = block_on(peer.server.on_request_state_chunk(
+        &peer.fs,
+        ChunkRequest {
+            requester: ME,
+            nonce,
+            artifact: u32::try_from(last).unwrap(),
+            offset: 0,
+            len: u32::try_from(offsets_len).unwrap(),
+        },
+    ));
+    let ChunkAnswer::Chunk(real) = answer else {
+        panic!("{answer:?}");
+    };
+    assert_eq!(real.payload.len() as u64, offsets_len);
+    let substituted = newer(&real.payload);
+    let entry = StateArtifact::for_bytes(
+        artifact_kind::CONSUMER_OFFSETS,
+        offer.manifest()[last].frontier,
+        &substituted,
+    );
+    let manifest_hook = move |mut m: Vec<StateArtifact>| {
+        let i = m.len() - 1;
+        m[i] = entry;
+        m
+    };
+    let sub = substituted.clone();
+    let chunk_hook = move |artifact: u32, offset: u64, payload: Bytes| {
+        if artifact as usize == last {
+            let start = usize::try_from(offset).unwrap();
+            Bytes::from(sub[start..start + payload.len()].to_vec())
+        } else {
+            payload
+        }
+    };
+    let err = failed(drive(
+        &mut rx,
+        &mut peer,
+        0,
+        TransferRequest::Descriptor { peer: 0, nonce },
+        &facts,
+        &Hooks {
+            manifest: Some(&manifest_hook),
+            chunk: Some(&chunk_hook),
+            ..Hooks::default()
+        },
+    ));
+    assert!(
+        matches!(
+            err,
+            ReceiveError::Offsets(
+                partitions::state_transfer::ConsumerOffsetsWireError::UnsupportedVersion { .. }
+            )
+        ),
+        "{err:?}"
+    );
+    assert!(!err.hostile(), "a newer encoder is not a lying peer");
+    assert_eq!(rx.backoff().failures, 1, "charged once");
+    let staged = staging_files(&fs);
+    assert!(!staged.is_empty(), "the verified segments were swept");
+    // The next attempt (an honest offer of the same segments) adopts them
+    // and asks only for the offsets artifact.
+    let rearm = rx.pending_rearm().unwrap();
+    let mut request = None;
+    for _ in 0..=rearm.after_ticks {
+        if let Some(r) = tick(&mut rx, &facts) {
+            request = Some(r);
+            break;
+        }
+    }
+    let request = request.unwrap();
+    let TransferRequest::Descriptor { peer: to, .. } = request else {
+        panic!("{request:?}");
+    };
+    // Rotated past the failed primary; this peer serves the same chain.
+    let before = rx.stats();
+    let done = complete(drive(
+        &mut rx,
+        &mut peer,
+        to,
+        request,
+        &facts,
+        &Hooks::default(),
+    ));
+    assert_staged_match(&fs, &done, &peer);
+    let after = rx.stats();
+
+    assert_eq!(
+        after.chunk_requests - before.chunk_requests,
+        1,
+        "only the offsets artifact"
+    );
+}
+
+/// Issue 15 item 4: the staging sweep over a maximal manifest (65,536
+/// entries, a log and an index staged for each) keeps exactly the set it
+/// is given. The keep list is a `HashSet` (the signature takes one) and
+/// adopted slots a map by index: both were lists searched once per file
+/// or entry, quadratic in a manifest a peer controls. Time-independent:
+/// the bound is the type; this checks the set's semantics at full size.
+#[test]
+fn given_maximal_manifest_of_staged_files_when_swept_should_keep_exactly_the_keep_set() {
+    use std::collections::HashSet;
+    let fs = fresh_fs(99);
+    block_on(fs.create_dir_all(&dir())).unwrap();
+    let entries = consensus::state_manifest::STATE_MANIFEST_ENTRIES_MAX as u64;
+    let mut keep = HashSet::new();
+    block_on(async {
+        for base in 0..entries {
+            for name in [
+                format!("{base:020}.log.staging"),
+                format!("{base:020}.index.staging"),
+            ] {
+                let path = dir().join(name);
+                fs.open(&path, storage::fs::OpenOptions::create_read_write())
+                    .await
+                    .unwrap();
+                if base % 2 == 0 {
+                    keep.insert(path);
+                }
+            }
+        }
+    });
+    let swept = block_on(partitions::state_transfer::sweep_staging_except(
+        &fs,
+        &dir(),
+        &keep,
+    ));
+    assert_eq!(swept as u64, entries, "every file not kept went");
+    let left: HashSet<PathBuf> = staging_files(&fs)
+        .into_iter()
+        .map(|n| dir().join(n))
+        .collect();
+    assert_eq!(left, keep);
+}

@@ -588,6 +588,28 @@ fn events_of(c: &Cluster, r: u8) -> Vec<String> {
 fn given_install_fault_mid_swap_when_driven_should_converge_rearm_and_transfer_again() {
     let (mut c, victim) = lagging_backup_with_drivers(51);
     until_segments_staged(&mut c, victim);
+    // Issue 15 item 6: memos and a cached offer on the victim's serving
+    // side (built over the primary's chain with the victim's builder), so
+    // the converge below has something to reset.
+    let primary = c.primary();
+    {
+        let Cluster {
+            replicas, drivers, ..
+        } = &mut c;
+        let builder = drivers.as_mut().unwrap().drivers[usize::from(victim)]
+            .as_mut()
+            .unwrap()
+            .server_mut()
+            .builder_mut();
+        let partition = replicas[usize::from(primary)].as_mut().unwrap();
+        for _ in 0..10_000 {
+            if block_on(partition.build_state_transfer_offer(builder, &FrozenClock)).is_ok() {
+                break;
+            }
+        }
+    }
+    let serving = c.driver(victim).server().builder();
+    assert!(serving.memoized().count() > 0 && serving.cached().is_some());
     // Rename #1 is the install marker's; #2 the first staged index.
     c.fss[usize::from(victim)].fail_nth(FaultKind::Rename, 2, EIO);
     for tick in 0..5_000u64 {
@@ -609,6 +631,14 @@ fn given_install_fault_mid_swap_when_driven_should_converge_rearm_and_transfer_a
     assert!(r.missing_history().is_some(), "converged: history missing");
     assert!(r.state_transfer_needed().is_some());
     assert_eq!(c.driver(victim).receiver().backoff().failures, 1);
+    // The converge replaced the chain: the serving side's memos and cached
+    // offer are gone, so the next offer re-hashes what is on disk.
+    let serving = c.driver(victim).server().builder();
+    assert_eq!(serving.memoized().count(), 0, "memos survived a converge");
+    assert!(
+        serving.cached().is_none(),
+        "cached offer survived a converge"
+    );
     c.fss[usize::from(victim)].clear_faults();
     until_installed(&mut c, victim, Some(10), 50_000);
     assert_eq!(c.driver(victim).receiver().backoff().failures, 0);

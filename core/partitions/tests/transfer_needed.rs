@@ -31,6 +31,15 @@ fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
     for n in 1..300 {
         let (mut c, victim, need) = lagging_backup(seed);
         let input = pull(&mut c, need.peer, victim);
+        let offer_frontier =
+            partitions::state_transfer::ConsumerOffsetsWire::decode(&input.offsets_artifact)
+                .unwrap()
+                .next_offset;
+        let old_frontier = c.replica(victim).offset_frontier();
+        assert!(
+            offer_frontier > old_frontier,
+            "the offer must move the frontier"
+        );
         let fs = c.fss[usize::from(victim)].clone();
         fs.cut_power_after(n);
         let receiver = c.replicas[usize::from(victim)].as_mut().unwrap();
@@ -44,9 +53,30 @@ fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
             && r.first_offset() == r.offset_frontier()
             && r.offset_frontier() > 0;
         if converged {
+            assert_eq!(r.offset_frontier(), offer_frontier, "cut {n}");
             return (c, victim, n);
         }
-        assert!(result.is_err() || n > 1, "cut {n}");
+        // Not converged: the cut came before the frontier record and the
+        // old state stands (the install reported the cut), or the install
+        // completed and the new chain stands whole. Nothing in between,
+        // and no record of missing history either way.
+        assert!(
+            r.missing_history().is_none(),
+            "cut {n}: lagging but not converged"
+        );
+        if r.offset_frontier() == old_frontier {
+            assert!(result.is_err(), "cut {n}: reported installed, booted old");
+        } else {
+            assert_eq!(
+                r.offset_frontier(),
+                offer_frontier,
+                "cut {n}: neither old nor new"
+            );
+            assert!(
+                r.first_offset() < offer_frontier,
+                "cut {n}: new frontier, no chain"
+            );
+        }
     }
     panic!("no power cut left the backup converged");
 }

@@ -367,6 +367,12 @@ impl<F: Fs> TransferDriver<F> {
         &self.server
     }
 
+    /// The serving side, mutably (a shard's tests and tools; the driver
+    /// itself builds and serves through its frames and ticks).
+    pub fn server_mut(&mut self) -> &mut OfferServer {
+        &mut self.server
+    }
+
     /// The counters.
     pub fn stats(&self) -> DriverStats {
         self.stats
@@ -783,6 +789,12 @@ impl<F: Fs> TransferDriver<F> {
                     }
                     Err(e) => {
                         self.stats.install_failures += 1;
+                        // Success or not (install.rs): a converge replaced
+                        // the chain the memos and the cached offer
+                        // describe; a check-phase refusal changed nothing,
+                        // and the next build only re-hashes.
+                        self.server.reset();
+                        self.build_pending = false;
                         let facts = LocalFacts::of(partition);
                         self.receiver.record_install_failed(peer, &facts);
                         out.events.push(TransferEvent::InstallFailed(e));

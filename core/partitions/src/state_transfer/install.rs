@@ -840,6 +840,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 if planned_names.contains(&(kind, name.to_owned())) {
                     continue;
                 }
+                // Only files this code writes (ids and their siblings):
+                // anything else is not an offset record, boot ignores it,
+                // and it is not this install's to delete.
+                if !crate::offset_storage::is_owned_offset_file(name) {
+                    tracing::warn!(path = %odir.join(name).display(), "leaving a foreign file in an offsets directory");
+                    continue;
+                }
                 let path = odir.join(name);
                 with_retry(&fs, &path, || delete_persisted_offset(&fs, &path))
                     .await

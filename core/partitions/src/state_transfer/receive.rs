@@ -27,7 +27,7 @@
 //! charged failure doubles the delay (up to 1024× the base) and rotates the
 //! peer; a transient refusal waits the flat base and charges nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -267,9 +267,12 @@ pub struct Preparation<H: storage::fs::FsFile> {
     memo_hit: bool,
     next_index: usize,
     current: Option<(usize, Candidate, PrefixRehash<H>)>,
-    adopted: Vec<(usize, StagedSegmentMeta)>,
+    /// Adopted slots by manifest index: looked up once per entry, so a map
+    /// (a manifest has up to 65,536 entries; a list made it quadratic).
+    adopted: BTreeMap<usize, StagedSegmentMeta>,
     newly_adopted: usize,
-    keep: Vec<PathBuf>,
+    /// Staging files the sweep keeps; a set for the same reason.
+    keep: HashSet<PathBuf>,
     resumed: Option<(usize, SegmentSpill<H>)>,
 }
 
@@ -526,14 +529,25 @@ impl ReceiveError {
 
     /// Whether the failure says the peer's bytes cannot be trusted: the
     /// session's staging files are swept and nothing is resumed from them.
+    ///
+    /// An offsets artifact from a newer encoder (an unknown version, bytes
+    /// past the last section) is not hostile: it matched its manifest
+    /// checksum, and so did every segment before it, so the staged
+    /// segments are kept for the next attempt; the failure is charged once
+    /// like any other. Sweeping them made every attempt against such a peer
+    /// pull the whole partition again.
     pub const fn hostile(&self) -> bool {
-        matches!(
-            self,
+        match self {
+            Self::Offsets(
+                ConsumerOffsetsWireError::UnsupportedVersion { .. }
+                | ConsumerOffsetsWireError::TrailingBytes { .. },
+            ) => false,
             Self::Spill(SpillError::ManifestChecksum { .. } | SpillError::Walk(_))
-                | Self::Offsets(_)
-                | Self::OffsetsChecksum
-                | Self::OfferBeforePurge { .. }
-        )
+            | Self::Offsets(_)
+            | Self::OffsetsChecksum
+            | Self::OfferBeforePurge { .. } => true,
+            _ => false,
+        }
     }
 }
 
@@ -661,7 +675,12 @@ pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
     let n = local.replica_count.max(1);
     let mut candidate = failed;
     for _ in 0..n {
-        candidate = (candidate + 1) % n;
+        // `failed` is a peer id from a session; past the ring (or at
+        // u8::MAX, where `+ 1` overflowed) the ring starts over at 0.
+        candidate = match candidate.checked_add(1) {
+            Some(next) if next < n => next,
+            _ => 0,
+        };
         if candidate != local.replica {
             return candidate;
         }
@@ -674,7 +693,7 @@ pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
 #[derive(Debug, Clone)]
 struct ReuseScanMemo {
     digest: u64,
-    adopted: Vec<(usize, StagedSegmentMeta)>,
+    adopted: BTreeMap<usize, StagedSegmentMeta>,
 }
 
 /// The chunk requests a fetching session has out, and the chunks that
@@ -910,7 +929,7 @@ impl<F: Fs> TransferReceiver<F> {
             // later: drop the resume point and the memo, sweep every file.
             self.resume = None;
             self.reuse_memo = None;
-            sweep_staging_except(&self.fs, &self.dir, &[]).await;
+            sweep_staging_except(&self.fs, &self.dir, &HashSet::new()).await;
         }
         self.schedule_rearm(&error, peer, local);
         ReceiveStep::Failed(error)
@@ -1077,13 +1096,13 @@ impl<F: Fs> TransferReceiver<F> {
     /// otherwise every staged log is a candidate for a re-read.
     async fn begin_preparation(&mut self, descriptor: AcceptedDescriptor) -> Preparation<F::File> {
         let digest = segment_manifest_digest(&descriptor.manifest);
-        let mut adopted = Vec::new();
+        let mut adopted = BTreeMap::new();
         let mut memo_hit = false;
         if let Some(memo) = self.reuse_memo.as_ref().filter(|m| m.digest == digest) {
             // The memo proves the bytes were validated; only their presence
             // needs checking (an install or a sweep may have removed them).
             let mut intact = true;
-            for (_, meta) in &memo.adopted {
+            for meta in memo.adopted.values() {
                 let log = self.fs.metadata(&meta.log_staging).await;
                 let index = self.fs.metadata(&meta.index_staging).await;
                 if !matches!(log, Ok(m) if m.len == meta.size_bytes) || index.is_err() {
@@ -1108,7 +1127,7 @@ impl<F: Fs> TransferReceiver<F> {
             current: None,
             adopted,
             newly_adopted: 0,
-            keep: Vec::new(),
+            keep: HashSet::new(),
             resumed: None,
         }
     }
@@ -1171,7 +1190,7 @@ impl<F: Fs> TransferReceiver<F> {
                 preparation.keep = preparation
                     .resumed
                     .as_ref()
-                    .map(|(_, spill)| vec![spill.log_path().to_path_buf()])
+                    .map(|(_, spill)| HashSet::from([spill.log_path().to_path_buf()]))
                     .unwrap_or_default();
             }
             let swept = sweep_staging_except(&self.fs, &self.dir, &preparation.keep).await;
@@ -1192,7 +1211,7 @@ impl<F: Fs> TransferReceiver<F> {
         let mut resumed = preparation.resumed.take();
         let mut artifacts = Vec::with_capacity(preparation.descriptor.manifest.len());
         for (index, entry) in preparation.descriptor.manifest.iter().enumerate() {
-            if let Some((_, meta)) = preparation.adopted.iter().find(|(i, _)| *i == index) {
+            if let Some(meta) = preparation.adopted.get(&index) {
                 artifacts.push(TransferArtifact::Staged(meta.clone()));
             } else if entry.kind == artifact_kind::CONSUMER_OFFSETS {
                 artifacts.push(TransferArtifact::Pending(PendingArtifact::Offsets(
@@ -1405,11 +1424,13 @@ impl<F: Fs> TransferReceiver<F> {
             );
             let digest = segment_manifest_digest(&accepted.descriptor.manifest);
             match self.reuse_memo.as_mut().filter(|m| m.digest == digest) {
-                Some(memo) => memo.adopted.push((landed.artifact, meta)),
+                Some(memo) => {
+                    memo.adopted.insert(landed.artifact, meta);
+                }
                 None => {
                     self.reuse_memo = Some(ReuseScanMemo {
                         digest,
-                        adopted: vec![(landed.artifact, meta)],
+                        adopted: BTreeMap::from([(landed.artifact, meta)]),
                     });
                 }
             }
@@ -1579,9 +1600,9 @@ async fn advance_preparation<F: Fs>(
             match candidate {
                 Candidate::Adopt => match rehash.adopt(fs).await {
                     Ok(Some(meta)) => {
-                        preparation.keep.push(meta.log_staging.clone());
-                        preparation.keep.push(meta.index_staging.clone());
-                        preparation.adopted.push((index, meta));
+                        preparation.keep.insert(meta.log_staging.clone());
+                        preparation.keep.insert(meta.index_staging.clone());
+                        preparation.adopted.insert(index, meta);
                         preparation.newly_adopted += 1;
                     }
                     Ok(None) => {}
@@ -1598,7 +1619,7 @@ async fn advance_preparation<F: Fs>(
                             resumed_bytes = spill.received_len_bytes(),
                             "resuming an interrupted segment spill"
                         );
-                        preparation.keep.push(spill.log_path().to_path_buf());
+                        preparation.keep.insert(spill.log_path().to_path_buf());
                         preparation.resumed = Some((index, spill));
                     }
                     Err(error) => {
@@ -1613,9 +1634,7 @@ async fn advance_preparation<F: Fs>(
             break true;
         };
         preparation.next_index += 1;
-        if entry.kind != artifact_kind::SEGMENT_LOG
-            || preparation.adopted.iter().any(|(i, _)| *i == index)
-        {
+        if entry.kind != artifact_kind::SEGMENT_LOG || preparation.adopted.contains_key(&index) {
             continue;
         }
         let opened = if !preparation.memo_hit && staged_len_matches(fs, dir, &entry).await {

@@ -520,8 +520,14 @@ pub async fn adopt_staged_segment<F: Fs>(
 /// Unlinks every `.staging` file in `dir` whose path is not in `keep`,
 /// returning how many went. Best effort: a file that survives is swept at
 /// the next boot. Only names ending in `.staging` are ever touched, so a
-/// live `.log` or `.index` cannot be removed through here.
-pub async fn sweep_staging_except<F: Fs>(fs: &F, dir: &Path, keep: &[PathBuf]) -> usize {
+/// live `.log` or `.index` cannot be removed through here. `keep` is a
+/// set: both it and the directory hold up to two files per manifest entry
+/// (65,536), and a list lookup per file made the sweep quadratic.
+pub async fn sweep_staging_except<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    keep: &std::collections::HashSet<PathBuf>,
+) -> usize {
     let Ok(entries) = fs.read_dir(dir).await else {
         return 0;
     };
