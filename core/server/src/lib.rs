@@ -10,10 +10,12 @@
 //!   plane implement;
 //! - [`status`]: the Iggy error codes and the one mapping of internal
 //!   errors to them;
+//! - [`config`]: the effective configuration (file, environment, flags).
 //!
 //! Nothing here opens a socket; the listener and the replica bus drive
 //! these types.
 
+pub mod config;
 pub mod protocol;
 pub mod session;
 pub mod status;
