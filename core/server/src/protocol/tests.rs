@@ -1169,9 +1169,6 @@ fn given_an_eviction_when_encoded_should_match_the_sdk_header_struct_byte_for_by
         iggy_binary_protocol::IGGY_PROTOCOL_VERSION_MIN,
     );
     assert_eq!(&got[..], bytemuck::bytes_of(&want));
-    // And the SDK maps reason 9 to InvalidCredentials.
-    let err = iggy::prelude::IggyError::from_code(42);
-    assert_eq!(err.as_code(), 42);
 }
 
 // ------------------------------------------------ golden bytes from the doc
