@@ -10,10 +10,11 @@
 //!   plane implement;
 //! - [`status`]: the Iggy error codes and the one mapping of internal
 //!   errors to them;
-//!
+//! - [`config`]: the effective configuration (file, environment, flags);
 //! - [`node`]: a running replica — shard threads on compio, the handles
 //!   that reach them, the client listener.
 
+pub mod config;
 pub mod node;
 pub mod protocol;
 pub mod session;

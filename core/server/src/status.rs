@@ -119,7 +119,8 @@ impl From<&PayloadError> for ErrorCode {
             | P::InvalidUtf8 { .. }
             | P::UnknownKind { .. }
             | P::InvalidFlag { .. }
-            | P::MetadataLengthMismatch { .. } => Self::InvalidFormat,
+            | P::MetadataLengthMismatch { .. }
+            | P::RequestChecksumMismatch { .. } => Self::InvalidFormat,
             P::InvalidIdentifier { .. } => Self::InvalidIdentifier,
             P::InvalidName { field, .. } => match field {
                 NameField::Stream => Self::InvalidStreamName,

@@ -48,6 +48,20 @@ pub const HEADERS_PER_FRAME_MAX: usize = 128;
 
 const SIZE_OFFSET: usize = 48;
 const COMMAND_OFFSET: usize = 60;
+
+/// The `size` field of a frame whose first bytes are `prefix`, once its
+/// four bytes (48..52) have arrived: what a stream reader needs to check a
+/// frame against its ceiling before buffering the rest.
+pub fn peek_size(prefix: &[u8]) -> Option<u32> {
+    let b = prefix.get(SIZE_OFFSET..SIZE_OFFSET + 4)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// The command byte (offset 60) of a frame whose first bytes are
+/// `prefix`, once it has arrived.
+pub fn peek_command(prefix: &[u8]) -> Option<u8> {
+    prefix.get(COMMAND_OFFSET).copied()
+}
 const COMMON_RESERVED: std::ops::Range<usize> = 62..128;
 
 /// The command byte. Codes 0–29 are the reference's; 30 and 31 add the

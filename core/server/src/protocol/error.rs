@@ -160,6 +160,14 @@ pub enum PayloadError {
     },
     /// SEND_MESSAGES: the batch failed the batch codec.
     Batch(BatchError),
+    /// The header's `request_checksum` (which the SDK stamps on metadata
+    /// and session operations) does not match the body.
+    RequestChecksumMismatch {
+        /// The stamp in the header.
+        stored: u128,
+        /// xxh3-64 of the body.
+        computed: u128,
+    },
 }
 
 impl fmt::Display for PayloadError {
@@ -194,6 +202,10 @@ impl fmt::Display for PayloadError {
                 "metadata counts {declared} messages but the batch holds {batch}"
             ),
             Self::Batch(e) => write!(f, "message batch refused: {e}"),
+            Self::RequestChecksumMismatch { stored, computed } => write!(
+                f,
+                "request checksum {stored:#x} does not match the body ({computed:#x})"
+            ),
         }
     }
 }

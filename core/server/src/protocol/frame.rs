@@ -15,11 +15,10 @@
 
 use super::error::FrameError;
 use bytes::{Bytes, BytesMut};
-use consensus::header::{CommandHeader, FrameHeader, HEADER_SIZE, RequestHeader, decode_frame};
-
-const SIZE_END: usize = 52;
-const COMMAND_OFFSET: usize = 60;
-const REQUEST_COMMAND: u8 = 5;
+use consensus::header::{
+    Command, CommandHeader, FrameHeader, HEADER_SIZE, RequestHeader, decode_frame, peek_command,
+    peek_size,
+};
 
 /// Accumulates bytes into whole request frames.
 #[derive(Debug)]
@@ -83,8 +82,8 @@ impl FrameReader {
     /// stream is no longer aligned on frames.
     pub fn next_frame(&mut self) -> Result<Option<RequestFrame>, FrameError> {
         if self.frame_size.is_none() {
-            if self.buf.len() >= SIZE_END {
-                self.check_size()?;
+            if let Some(size) = peek_size(&self.buf) {
+                self.check_size(size)?;
             }
             if self.buf.len() < HEADER_SIZE {
                 return Ok(None);
@@ -117,18 +116,11 @@ impl FrameReader {
         }
         Err(FrameError::Truncated {
             received: self.buf.len(),
-            size: (self.buf.len() >= SIZE_END).then(|| self.declared_size()),
+            size: peek_size(&self.buf),
         })
     }
 
-    fn declared_size(&self) -> u32 {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(&self.buf[48..SIZE_END]);
-        u32::from_le_bytes(b)
-    }
-
-    fn check_size(&self) -> Result<usize, FrameError> {
-        let size = self.declared_size();
+    fn check_size(&self, size: u32) -> Result<usize, FrameError> {
         if (size as usize) < HEADER_SIZE {
             return Err(FrameError::SizeBelowHeader { size });
         }
@@ -141,14 +133,15 @@ impl FrameReader {
         Ok(size as usize)
     }
 
+    /// Called once the whole header is buffered.
     fn check_header(&self) -> Result<usize, FrameError> {
-        let size = self.check_size()?;
-        let command = self.buf[COMMAND_OFFSET];
-        if command != REQUEST_COMMAND {
-            return Err(FrameError::NotARequest { command });
-        }
         let mut head = [0u8; HEADER_SIZE];
         head.copy_from_slice(&self.buf[..HEADER_SIZE]);
+        let size = self.check_size(peek_size(&head).unwrap_or(0))?;
+        let command = peek_command(&head).unwrap_or(0);
+        if command != Command::Request as u8 {
+            return Err(FrameError::NotARequest { command });
+        }
         FrameHeader::from_bytes(&head).map_err(FrameError::Header)?;
         Ok(size)
     }

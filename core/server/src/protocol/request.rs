@@ -362,10 +362,21 @@ impl RequestFrame {
             .ok_or(PayloadError::UnknownCommand { operation, code })
     }
 
-    /// Decodes the body of the command the header names.
+    /// Decodes the body of the command the header names. A non-zero
+    /// `request_checksum` must be xxh3-64 of the body: the SDK stamps it on
+    /// metadata and session operations, and TCP's own checksum is too weak
+    /// to trust a create or delete that arrived bent.
     pub fn decode_command(&self) -> Result<ClientCommand, PayloadError> {
         let code = self.command_code()?;
-        decode_body(code, &self.body())
+        let body = self.body();
+        let stored = self.header.request_checksum;
+        if stored != 0 {
+            let computed = u128::from(xxhash_rust::xxh3::xxh3_64(&body));
+            if stored != computed {
+                return Err(PayloadError::RequestChecksumMismatch { stored, computed });
+            }
+        }
+        decode_body(code, &body)
     }
 }
 

@@ -1,0 +1,412 @@
+//! The effective configuration of a `replog` replica.
+//!
+//! Sources, later ones winning: the built-in defaults, the TOML file given
+//! with `--config`, the environment (`REPLOG_ROOT_PASSWORD`), and the
+//! command-line flags. The file refuses unknown fields, so a misspelt key
+//! is an error rather than a silently ignored default. Every field, with
+//! its default, is documented in `docs/configuration.md`; the test
+//! `given_the_docs_when_compared_should_document_every_field` keeps the two
+//! in step.
+
+use clap::{Args, Parser, Subcommand};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The environment variable that overrides the root password.
+pub const ROOT_PASSWORD_ENV: &str = "REPLOG_ROOT_PASSWORD";
+
+/// A replica's whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the replica keeps its data.
+    pub data_dir: PathBuf,
+    /// The cluster's id; every frame between replicas carries it, and a
+    /// data directory of another cluster is refused.
+    pub cluster_id: u64,
+    /// This replica's id in the roster, `0..N`.
+    pub replica_id: u8,
+    /// Shards (threads, one compio runtime each); 0 = one per core.
+    pub shards: u16,
+    /// The period of the consensus and transfer clock, in milliseconds.
+    pub tick_ms: u64,
+    /// The Iggy client listener.
+    pub client: ClientConfig,
+    /// The replica-to-replica listener.
+    pub replica: ReplicaConfig,
+    /// The root user.
+    pub root: RootUser,
+    /// Partition storage.
+    pub storage: StorageConfig,
+    /// Every replica of the cluster; empty for a single replica (this one,
+    /// at the listeners above).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<RosterEntry>,
+}
+
+/// The Iggy client listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientConfig {
+    /// The address clients connect to (Iggy's default port is 8090).
+    pub listen: SocketAddr,
+    /// The largest request frame accepted, header included, in bytes.
+    pub frame_size_max_bytes: u32,
+}
+
+/// The replica-to-replica listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicaConfig {
+    /// The address other replicas connect to.
+    pub listen: SocketAddr,
+}
+
+/// The root user, the only user in this version.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RootUser {
+    /// Its name.
+    pub username: String,
+    /// Its password (overridden by `REPLOG_ROOT_PASSWORD`).
+    pub password: String,
+}
+
+impl fmt::Debug for RootUser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RootUser")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Partition storage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// A segment is sealed once it reaches this size, in bytes.
+    pub segment_size_bytes: u64,
+    /// Whether each acknowledged write is fsynced before the reply.
+    pub fsync: bool,
+}
+
+/// One replica of the roster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RosterEntry {
+    /// Its id.
+    pub id: u8,
+    /// Where Iggy clients reach it.
+    pub client_address: SocketAddr,
+    /// Where other replicas reach it.
+    pub replica_address: SocketAddr,
+}
+
+fn addr(text: &str) -> SocketAddr {
+    // Literal defaults; a typo here is caught by every test.
+    text.parse()
+        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("./data"),
+            cluster_id: 1,
+            replica_id: 0,
+            shards: 0,
+            tick_ms: 10,
+            client: ClientConfig::default(),
+            replica: ReplicaConfig::default(),
+            root: RootUser::default(),
+            storage: StorageConfig::default(),
+            replicas: Vec::new(),
+        }
+    }
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            listen: addr("127.0.0.1:8090"),
+            frame_size_max_bytes: consensus::header::FRAME_SIZE_MAX_DEFAULT,
+        }
+    }
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        Self {
+            listen: addr("127.0.0.1:8091"),
+        }
+    }
+}
+
+impl Default for RootUser {
+    fn default() -> Self {
+        // What the Iggy SDK's examples and connection strings assume.
+        Self {
+            username: "iggy".to_owned(),
+            password: "iggy".to_owned(),
+        }
+    }
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            segment_size_bytes: common::GIB,
+            fsync: true,
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The file could not be read.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        error: String,
+    },
+    /// The file is not valid TOML for this schema (including unknown
+    /// fields).
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        error: String,
+    },
+    /// A value is out of range or the fields contradict each other.
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Read { path, error } => write!(f, "cannot read {}: {error}", path.display()),
+            Self::Parse { path, error } => write!(f, "{} is not valid: {error}", path.display()),
+            Self::Invalid { field, reason } => write!(f, "invalid `{field}`: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Parses a configuration file's text (unset fields keep defaults).
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            error: e.message().to_owned(),
+        })
+    }
+
+    /// Reads and parses a configuration file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_owned(),
+            error: e.to_string(),
+        })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// The effective configuration for a command line: defaults, then the
+    /// file, then the environment and flags (clap reads
+    /// `REPLOG_ROOT_PASSWORD` for `--root-password`, a flag winning over
+    /// the variable), then validation. `cores` resolves `shards = 0`.
+    pub fn effective(overrides: &Overrides, cores: usize) -> Result<Self, ConfigError> {
+        let mut config = match &overrides.config {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        overrides.apply(&mut config);
+        if config.shards == 0 {
+            config.shards = u16::try_from(cores.max(1)).unwrap_or(u16::MAX);
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and the roster.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.tick_ms == 0 {
+            return Err(invalid("tick_ms", "must be at least 1"));
+        }
+        if self.storage.segment_size_bytes == 0 {
+            return Err(invalid("storage.segment_size_bytes", "must be at least 1"));
+        }
+        if (self.client.frame_size_max_bytes as usize) < consensus::header::HEADER_SIZE {
+            return Err(invalid(
+                "client.frame_size_max_bytes",
+                "must cover the 256-byte header",
+            ));
+        }
+        if !(1..=255).contains(&self.root.username.len()) {
+            return Err(invalid("root.username", "must be 1..=255 bytes"));
+        }
+        if !(1..=255).contains(&self.root.password.len()) {
+            return Err(invalid("root.password", "must be 1..=255 bytes"));
+        }
+        if self.replicas.is_empty() {
+            if self.replica_id != 0 {
+                return Err(invalid(
+                    "replica_id",
+                    "a single replica (no roster) has id 0",
+                ));
+            }
+            return Ok(());
+        }
+        let n = self.replicas.len();
+        if ![1, 3, 5].contains(&n) {
+            return Err(invalid(
+                "replicas",
+                format!("{n} replicas; 1, 3 or 5 allowed"),
+            ));
+        }
+        let mut ids: Vec<u8> = self.replicas.iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        if ids.iter().enumerate().any(|(i, &id)| usize::from(id) != i) {
+            return Err(invalid("replicas", format!("ids {ids:?} are not 0..{n}")));
+        }
+        let Some(me) = self.replicas.iter().find(|r| r.id == self.replica_id) else {
+            return Err(invalid(
+                "replica_id",
+                format!("{} is not in the roster", self.replica_id),
+            ));
+        };
+        if me.client_address.port() != self.client.listen.port()
+            || me.replica_address.port() != self.replica.listen.port()
+        {
+            return Err(invalid(
+                "replicas",
+                "this replica's roster entry names other ports than its listeners",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The roster: the configured one, or this replica alone.
+    pub fn roster(&self) -> Vec<RosterEntry> {
+        if self.replicas.is_empty() {
+            return vec![RosterEntry {
+                id: self.replica_id,
+                client_address: self.client.listen,
+                replica_address: self.replica.listen,
+            }];
+        }
+        self.replicas.clone()
+    }
+
+    /// The configuration as TOML, with the password redacted (`replog
+    /// config` prints this; a printed secret ends up in terminals and logs).
+    pub fn to_toml_redacted(&self) -> String {
+        let mut shown = self.clone();
+        shown.root.password = "<redacted>".to_owned();
+        toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot print: {e}\n"))
+    }
+}
+
+/// The command line of `replog`.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "replog",
+    version,
+    about = "A replicated, partitioned log speaking the Apache Iggy 0.11.0 protocol"
+)]
+pub struct Cli {
+    /// Configuration sources and per-field overrides.
+    #[command(flatten)]
+    pub overrides: Overrides,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// `replog` subcommands.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum Command {
+    /// Print the effective configuration (TOML, password redacted).
+    Config,
+}
+
+/// The flags that override the file, field by field.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+pub struct Overrides {
+    /// The TOML configuration file.
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// `data_dir`.
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// `cluster_id`.
+    #[arg(long, global = true)]
+    pub cluster_id: Option<u64>,
+    /// `replica_id`.
+    #[arg(long, global = true)]
+    pub replica_id: Option<u8>,
+    /// `shards` (0 = one per core).
+    #[arg(long, global = true)]
+    pub shards: Option<u16>,
+    /// `tick_ms`.
+    #[arg(long, global = true)]
+    pub tick_ms: Option<u64>,
+    /// `client.listen`.
+    #[arg(long, global = true)]
+    pub listen: Option<SocketAddr>,
+    /// `replica.listen`.
+    #[arg(long, global = true)]
+    pub replica_listen: Option<SocketAddr>,
+    /// `root.username`.
+    #[arg(long, global = true)]
+    pub root_username: Option<String>,
+    /// `root.password` (also read from REPLOG_ROOT_PASSWORD).
+    #[arg(long, global = true, env = ROOT_PASSWORD_ENV, hide_env_values = true)]
+    pub root_password: Option<String>,
+    /// `storage.segment_size_bytes`.
+    #[arg(long, global = true)]
+    pub segment_size_bytes: Option<u64>,
+}
+
+impl Overrides {
+    /// Writes every given flag over `config`.
+    pub fn apply(&self, config: &mut Config) {
+        fn set<T: Clone>(field: &mut T, value: &Option<T>) {
+            if let Some(v) = value {
+                *field = v.clone();
+            }
+        }
+        set(&mut config.data_dir, &self.data_dir);
+        set(&mut config.cluster_id, &self.cluster_id);
+        set(&mut config.replica_id, &self.replica_id);
+        set(&mut config.shards, &self.shards);
+        set(&mut config.tick_ms, &self.tick_ms);
+        set(&mut config.client.listen, &self.listen);
+        set(&mut config.replica.listen, &self.replica_listen);
+        set(&mut config.root.username, &self.root_username);
+        set(&mut config.root.password, &self.root_password);
+        set(
+            &mut config.storage.segment_size_bytes,
+            &self.segment_size_bytes,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests;
