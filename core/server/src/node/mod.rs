@@ -3,5 +3,6 @@
 //! [`handle::ShardHandles`] through which the client listener reaches
 //! them.
 
+pub mod backend;
 pub mod env;
 pub mod handle;
