@@ -9,6 +9,7 @@
 //! until every shard reports ready, then let shard 0 reconcile the
 //! partition groups with the committed metadata and serve clients.
 
+pub mod backend;
 pub mod env;
 pub mod handle;
 pub mod identity;

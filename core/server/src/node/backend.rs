@@ -1,0 +1,1156 @@
+//! [`NodeBackend`]: the real [`Backend`] behind every client connection of
+//! a replica. Each operation becomes metadata ops and queries (group 0 on
+//! shard 0) and partition calls (on the shard that owns the partition's
+//! group), through [`ShardHandles`].
+//!
+//! The backend is outside the deterministic core, so this is where the
+//! wall clock is read (`created_at_us` of new streams and topics) and where
+//! passwords are hashed and verified (Argon2 is slow by design: it runs on
+//! the connection's thread, never on the apply path or shard 0's thread).
+//!
+//! Every error reaches the client through the one mapping at the bottom of
+//! this file (`refused`, `meta_failed`, `call_failed`), which turns the
+//! metadata plane's [`Refusal`]s and the shard's errors into
+//! [`BackendError`]s; `crate::status` turns those into Iggy codes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use common::{ConsumerKind, GroupId, Offset, PartitionId};
+use metadata::{
+    HashParams, MetadataOp, MetadataState, Outcome, PartitionRoute, PartitionStats, Refusal,
+    SessionId, TopicConfig,
+};
+use shard::{Answer, Call, CallError, MetaError};
+
+use super::handle::ShardHandles;
+use crate::protocol::poll::select_messages;
+use crate::protocol::records::{
+    Compression, ConsumerGroupDetails, ConsumerGroupId, ConsumerGroupInfo, ConsumerGroupList,
+    ConsumerGroupMember, ConsumerOffsetInfo, GroupAssignment, JoinedGroup, MemberId, PartitionInfo,
+    PolledMessages, SendConfirmation, StreamDetails, StreamInfo, StreamList, TopicDetails,
+    TopicInfo, TopicList, UserId,
+};
+use crate::protocol::{
+    Consumer, ConsumerOffsetKey, CreateConsumerGroup, CreateStream, CreateTopic,
+    DeleteConsumerOffset, GroupRef, Identifier, Name, Options, Partitioning, PollMessages,
+    PollingStrategy, SendMessages, StoreConsumerOffset, TopicRef,
+};
+use crate::session::{Backend, BackendError, BackendResult, Caller, LoginGrant};
+
+/// Round-robin cursors kept before the map is reset (a client naming many
+/// topics cannot grow it without bound).
+const BALANCED_CURSORS_MAX: usize = 1024;
+
+/// The backend of one replica's client connections.
+///
+/// Clones share the login-session counter; each keeps its own balanced
+/// round-robin cursors (one clone per connection: a producer's balanced
+/// sends rotate over the partitions in its own order).
+#[derive(Debug, Clone)]
+pub struct NodeBackend {
+    handles: ShardHandles,
+    node_tag: u32,
+    sessions: Arc<AtomicU64>,
+    balanced: HashMap<TopicRef, u32>,
+}
+
+impl NodeBackend {
+    /// A backend over `handles`. `node_tag` must differ between replicas
+    /// and between boots of one replica (e.g. replica id and boot count
+    /// packed): a connection's consumer-group session is `node_tag` and
+    /// its connection id, so no two live connections of the cluster share
+    /// one, and a restarted node cannot inherit a dead connection's
+    /// membership.
+    pub fn new(handles: ShardHandles, node_tag: u32) -> Self {
+        Self {
+            handles,
+            node_tag,
+            sessions: Arc::new(AtomicU64::new(1)),
+            balanced: HashMap::new(),
+        }
+    }
+
+    /// The metadata plane's session of a connection (group membership).
+    fn session_of(&self, caller: Caller) -> SessionId {
+        SessionId((u64::from(self.node_tag) << 32) | u64::from(caller.member.0))
+    }
+
+    /// Runs a query that may refuse, on the applied metadata state.
+    async fn query<T, Q>(&self, query: Q) -> BackendResult<T>
+    where
+        T: Send + 'static,
+        Q: FnOnce(&MetadataState) -> BackendResult<T> + Send + 'static,
+    {
+        self.handles.meta_query(query).await.map_err(meta_failed)?
+    }
+
+    /// Replicates an op and waits for its outcome.
+    async fn submit(&self, caller: Caller, op: MetadataOp) -> BackendResult<Outcome> {
+        self.handles
+            .meta_submit(op, caller.user.0)
+            .await
+            .map_err(meta_failed)
+    }
+
+    /// Runs a partition call on its group's primary.
+    async fn call(&self, route: &PartitionRoute, call: Call) -> BackendResult<Answer> {
+        self.handles
+            .call(route.group, call)
+            .await
+            .map_err(call_failed)
+    }
+
+    /// The numbers of each group, asked of every group at once; a group
+    /// that answers an error counts as zeros (a read of sizes must not
+    /// fail because one partition is between primaries).
+    async fn stats_of(&self, groups: Vec<GroupId>) -> BTreeMap<GroupId, PartitionStats> {
+        let calls = groups.iter().map(|g| self.handles.call(*g, Call::Stats));
+        let answers = futures::future::join_all(calls).await;
+        groups
+            .into_iter()
+            .zip(answers)
+            .filter_map(|(g, answer)| match answer {
+                Ok(Answer::Stats(s)) => Some((g, stats_record(&s))),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// One partition's numbers (zeros if it cannot answer).
+    async fn partition_stats(&self, route: &PartitionRoute) -> PartitionStats {
+        self.stats_of(vec![route.group])
+            .await
+            .remove(&route.group)
+            .unwrap_or_default()
+    }
+
+    /// The next balanced partition index for a topic.
+    fn next_balanced(&mut self, topic: &TopicRef) -> u32 {
+        if self.balanced.len() >= BALANCED_CURSORS_MAX && !self.balanced.contains_key(topic) {
+            self.balanced.clear();
+        }
+        let cursor = self.balanced.entry(topic.clone()).or_insert(0);
+        let at = *cursor;
+        *cursor = cursor.wrapping_add(1);
+        at
+    }
+}
+
+/// Creates the root user if no user has its name: the node calls this at
+/// boot on the metadata primary. Idempotent: a user of that name already
+/// there (found, or refused as existing by a concurrent create) is fine.
+/// Transient errors (no metadata primary yet) are returned for the caller
+/// to retry.
+pub async fn ensure_root_user(
+    handles: &ShardHandles,
+    username: &str,
+    password: &str,
+) -> BackendResult<()> {
+    let name = username.to_owned();
+    let exists = handles
+        .meta_query(move |s| s.users().values().any(|u| u.username == name))
+        .await
+        .map_err(meta_failed)?;
+    if exists {
+        return Ok(());
+    }
+    let password_hash = metadata::hash_password(password, &fresh_salt()?, HashParams::default())
+        .map_err(|e| BackendError::LocalFault(format!("hashing the root password: {e}")))?;
+    let op = MetadataOp::CreateUser {
+        username: username.to_owned(),
+        password_hash,
+        created_at_us: now_us(),
+    };
+    match handles.meta_submit(op, metadata::ROOT_USER.0).await {
+        Ok(_) | Err(MetaError::Refused(Refusal::UserAlreadyExists(_))) => Ok(()),
+        Err(e) => Err(meta_failed(e)),
+    }
+}
+
+impl Backend for NodeBackend {
+    async fn login(&mut self, username: &Name, password: &str) -> BackendResult<LoginGrant> {
+        let name = username.as_str().to_owned();
+        // The hash is fetched and verified here, not in a query: Argon2
+        // would otherwise stall shard 0 (and the metadata plane) per login.
+        let user = self
+            .handles
+            .meta_query(move |s| {
+                s.users()
+                    .values()
+                    .find(|u| u.username == name)
+                    .map(|u| (u.id, u.password_hash.clone()))
+            })
+            .await
+            .map_err(meta_failed)?;
+        let user = match user {
+            Some((id, hash)) if metadata::verify_password(&hash, password) => id,
+            // Unknown user and wrong password answer alike.
+            _ => return Err(BackendError::InvalidCredentials),
+        };
+        let session = NonZeroU64::new(self.sessions.fetch_add(1, Ordering::Relaxed))
+            .ok_or_else(|| BackendError::LocalFault("login session numbers exhausted".into()))?;
+        Ok(LoginGrant {
+            user: UserId(user.0),
+            session,
+        })
+    }
+
+    async fn logout(&mut self, caller: Caller) -> BackendResult<()> {
+        let session = self.session_of(caller);
+        self.submit(caller, MetadataOp::EndSession { session })
+            .await
+            .map(drop)
+    }
+
+    async fn get_stream(
+        &mut self,
+        _caller: Caller,
+        stream: &Identifier,
+    ) -> BackendResult<Option<StreamDetails>> {
+        let id = meta_id(stream);
+        let scope = id.clone();
+        let groups = self.query(move |s| Ok(groups_of_stream(s, &scope))).await?;
+        let stats = self.stats_of(groups).await;
+        let details = self
+            .query(move |s| Ok(s.get_stream(&id, &stats_source(&stats))))
+            .await?;
+        details.map(|d| stream_details(&d)).transpose()
+    }
+
+    async fn get_streams(&mut self, _caller: Caller) -> BackendResult<StreamList> {
+        let groups = self
+            .query(|s| Ok(s.partition_groups().iter().map(|g| g.group).collect()))
+            .await?;
+        let stats = self.stats_of(groups).await;
+        let streams = self
+            .query(move |s| Ok(s.list_streams(&stats_source(&stats))))
+            .await?;
+        Ok(StreamList(
+            streams
+                .iter()
+                .map(stream_info)
+                .collect::<BackendResult<_>>()?,
+        ))
+    }
+
+    async fn create_stream(
+        &mut self,
+        caller: Caller,
+        request: &CreateStream,
+    ) -> BackendResult<StreamDetails> {
+        let op = MetadataOp::CreateStream {
+            name: request.name.as_str().to_owned(),
+            created_at_us: now_us(),
+        };
+        let Outcome::StreamCreated(id) = self.submit(caller, op).await? else {
+            return Err(unexpected("create_stream"));
+        };
+        let stream = metadata::Identifier::Numeric(id.0);
+        // A new stream holds nothing: no stats to ask for.
+        let details = self
+            .query(move |s| Ok(s.get_stream(&stream, &zero_stats)))
+            .await?;
+        let details =
+            details.ok_or_else(|| BackendError::StreamNotFound(Identifier::Numeric(id.0)))?;
+        stream_details(&details)
+    }
+
+    async fn delete_stream(&mut self, caller: Caller, stream: &Identifier) -> BackendResult<()> {
+        let op = MetadataOp::DeleteStream {
+            stream: meta_id(stream),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn get_topic(
+        &mut self,
+        _caller: Caller,
+        topic: &TopicRef,
+    ) -> BackendResult<Option<TopicDetails>> {
+        let (stream, topic) = (meta_id(&topic.stream), meta_id(&topic.topic));
+        let scope = (stream.clone(), topic.clone());
+        let groups = self
+            .query(move |s| Ok(groups_of_topic(s, &scope.0, &scope.1)))
+            .await?;
+        let stats = self.stats_of(groups).await;
+        let details = self
+            .query(move |s| Ok(s.get_topic(&stream, &topic, &stats_source(&stats))))
+            .await?;
+        details.map(|d| topic_details(&d)).transpose()
+    }
+
+    async fn get_topics(
+        &mut self,
+        _caller: Caller,
+        stream: &Identifier,
+    ) -> BackendResult<TopicList> {
+        let id = meta_id(stream);
+        let scope = id.clone();
+        let groups = self.query(move |s| Ok(groups_of_stream(s, &scope))).await?;
+        let stats = self.stats_of(groups).await;
+        let topics = self
+            .query(move |s| s.list_topics(&id, &stats_source(&stats)).map_err(refused))
+            .await?;
+        Ok(TopicList(
+            topics
+                .iter()
+                .map(topic_info)
+                .collect::<BackendResult<_>>()?,
+        ))
+    }
+
+    async fn create_topic(
+        &mut self,
+        caller: Caller,
+        request: &CreateTopic,
+    ) -> BackendResult<TopicDetails> {
+        let op = MetadataOp::CreateTopic {
+            stream: meta_id(&request.stream),
+            name: request.name.as_str().to_owned(),
+            partitions_count: request.partitions_count,
+            config: topic_config(&request.options)?,
+            created_at_us: now_us(),
+        };
+        let Outcome::TopicCreated(s, t) = self.submit(caller, op).await? else {
+            return Err(unexpected("create_topic"));
+        };
+        let (stream, topic) = (
+            metadata::Identifier::Numeric(s.0),
+            metadata::Identifier::Numeric(t.0),
+        );
+        let details = self
+            .query(move |state| Ok(state.get_topic(&stream, &topic, &zero_stats)))
+            .await?;
+        let details =
+            details.ok_or_else(|| BackendError::TopicNotFound(Identifier::Numeric(t.0)))?;
+        topic_details(&details)
+    }
+
+    async fn delete_topic(&mut self, caller: Caller, topic: &TopicRef) -> BackendResult<()> {
+        let op = MetadataOp::DeleteTopic {
+            stream: meta_id(&topic.stream),
+            topic: meta_id(&topic.topic),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn send_messages(
+        &mut self,
+        _caller: Caller,
+        request: &SendMessages,
+    ) -> BackendResult<SendConfirmation> {
+        let choice = match &request.partitioning {
+            Partitioning::PartitionId(p) => PartitionChoice::Id(*p),
+            Partitioning::Balanced => {
+                PartitionChoice::Nth(u64::from(self.next_balanced(&request.topic)))
+            }
+            Partitioning::MessagesKey(key) => PartitionChoice::Nth(xxhash_rust::xxh3::xxh3_64(key)),
+        };
+        let (stream, topic) = (
+            meta_id(&request.topic.stream),
+            meta_id(&request.topic.topic),
+        );
+        let route = self
+            .query(move |s| route_send(s, &stream, &topic, choice))
+            .await?;
+        let batch = request.batch.to_vec();
+        match self.call(&route, Call::Produce { batch }).await? {
+            Answer::Committed { .. } => {}
+            _ => return Err(unexpected("produce")),
+        }
+        // The shard's answer names the op, not the batch's base offset: it
+        // is derived from the head right after the commit, exact unless
+        // another produce to the partition committed in between.
+        let head = self.partition_stats(&route).await;
+        let base = head
+            .current_offset
+            .saturating_add(1)
+            .saturating_sub(u64::from(request.messages_count));
+        Ok(SendConfirmation {
+            stream_id: route.stream,
+            topic_id: route.topic,
+            partition_id: route.partition,
+            base_offset: Offset(base),
+        })
+    }
+
+    async fn poll_messages(
+        &mut self,
+        caller: Caller,
+        request: &PollMessages,
+    ) -> BackendResult<PolledMessages> {
+        if request.count == 0 {
+            return Err(BackendError::InvalidMessagesCount(0));
+        }
+        let key = OffsetKey::new(&request.consumer, &request.topic, request.partition);
+        let session = self.session_of(caller);
+        let target = self
+            .query(move |s| offset_target(s, &key, session, Ownership::Required))
+            .await?;
+        let poll = partitions::PollRequest {
+            consumer: target.consumer,
+            strategy: poll_strategy(request.strategy),
+            count: request.count,
+            auto_commit: request.auto_commit,
+        };
+        let polled = match self.call(&target.route, Call::Poll(poll)).await? {
+            Answer::Polled(p) => p,
+            _ => return Err(unexpected("poll")),
+        };
+        let head = self.partition_stats(&target.route).await;
+        polled_messages(target.route.partition, &head, &polled)
+    }
+
+    async fn get_consumer_offset(
+        &mut self,
+        caller: Caller,
+        key: &ConsumerOffsetKey,
+    ) -> BackendResult<Option<ConsumerOffsetInfo>> {
+        let key = OffsetKey::new(&key.consumer, &key.topic, key.partition);
+        let session = self.session_of(caller);
+        let target = self
+            .query(move |s| offset_target(s, &key, session, Ownership::NotChecked))
+            .await?;
+        let (kind, id) = target.consumer;
+        let stored = match self
+            .call(&target.route, Call::GetOffset { kind, id })
+            .await?
+        {
+            Answer::Offset(o) => o,
+            _ => return Err(unexpected("get_offset")),
+        };
+        let Some(stored) = stored else {
+            return Ok(None);
+        };
+        let head = self.partition_stats(&target.route).await;
+        Ok(Some(ConsumerOffsetInfo {
+            partition_id: target.route.partition,
+            current_offset: Offset(head.current_offset),
+            stored_offset: stored,
+        }))
+    }
+
+    async fn store_consumer_offset(
+        &mut self,
+        caller: Caller,
+        request: &StoreConsumerOffset,
+    ) -> BackendResult<()> {
+        let k = &request.key;
+        let key = OffsetKey::new(&k.consumer, &k.topic, k.partition);
+        let session = self.session_of(caller);
+        let target = self
+            .query(move |s| offset_target(s, &key, session, Ownership::NotChecked))
+            .await?;
+        let (kind, id) = target.consumer;
+        let call = Call::StoreOffset {
+            kind,
+            id,
+            offset: request.offset,
+        };
+        committed(self.call(&target.route, call).await?, "store_offset")
+    }
+
+    async fn delete_consumer_offset(
+        &mut self,
+        caller: Caller,
+        request: &DeleteConsumerOffset,
+    ) -> BackendResult<()> {
+        let k = &request.key;
+        let key = OffsetKey::new(&k.consumer, &k.topic, k.partition);
+        let session = self.session_of(caller);
+        let target = self
+            .query(move |s| offset_target(s, &key, session, Ownership::NotChecked))
+            .await?;
+        let (kind, id) = target.consumer;
+        let call = Call::DeleteOffset { kind, id };
+        committed(self.call(&target.route, call).await?, "delete_offset")
+    }
+
+    async fn get_consumer_group(
+        &mut self,
+        _caller: Caller,
+        group: &GroupRef,
+    ) -> BackendResult<Option<ConsumerGroupDetails>> {
+        let (s, t, g) = group_ids(group);
+        let details = self
+            .query(move |state| Ok(state.get_consumer_group(&s, &t, &g)))
+            .await?;
+        details.map(|d| group_details(&d)).transpose()
+    }
+
+    async fn get_consumer_groups(
+        &mut self,
+        _caller: Caller,
+        topic: &TopicRef,
+    ) -> BackendResult<ConsumerGroupList> {
+        let (s, t) = (meta_id(&topic.stream), meta_id(&topic.topic));
+        let groups = self
+            .query(move |state| state.list_consumer_groups(&s, &t).map_err(refused))
+            .await?;
+        Ok(ConsumerGroupList(
+            groups
+                .iter()
+                .map(|g| group_details(g).map(|d| d.group))
+                .collect::<BackendResult<_>>()?,
+        ))
+    }
+
+    async fn create_consumer_group(
+        &mut self,
+        caller: Caller,
+        request: &CreateConsumerGroup,
+    ) -> BackendResult<ConsumerGroupDetails> {
+        let op = MetadataOp::CreateConsumerGroup {
+            stream: meta_id(&request.topic.stream),
+            topic: meta_id(&request.topic.topic),
+            name: request.name.as_str().to_owned(),
+        };
+        let Outcome::ConsumerGroupCreated(s, t, g) = self.submit(caller, op).await? else {
+            return Err(unexpected("create_consumer_group"));
+        };
+        let ids = (
+            metadata::Identifier::Numeric(s.0),
+            metadata::Identifier::Numeric(t.0),
+            metadata::Identifier::Numeric(g.0),
+        );
+        let details = self
+            .query(move |state| Ok(state.get_consumer_group(&ids.0, &ids.1, &ids.2)))
+            .await?;
+        let details =
+            details.ok_or_else(|| BackendError::ConsumerGroupNotFound(Identifier::Numeric(g.0)))?;
+        group_details(&details)
+    }
+
+    async fn delete_consumer_group(
+        &mut self,
+        caller: Caller,
+        group: &GroupRef,
+    ) -> BackendResult<()> {
+        let (stream, topic, group) = group_ids(group);
+        let op = MetadataOp::DeleteConsumerGroup {
+            stream,
+            topic,
+            group,
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn join_consumer_group(
+        &mut self,
+        caller: Caller,
+        group: &GroupRef,
+    ) -> BackendResult<JoinedGroup> {
+        let joined = self.resolve_group(group).await?;
+        let (stream, topic, group) = numeric_group(joined);
+        let session = self.session_of(caller);
+        let op = MetadataOp::JoinConsumerGroup {
+            stream,
+            topic,
+            group,
+            session,
+        };
+        self.submit(caller, op).await?;
+        Ok(joined)
+    }
+
+    async fn leave_consumer_group(
+        &mut self,
+        caller: Caller,
+        group: &GroupRef,
+    ) -> BackendResult<JoinedGroup> {
+        let joined = self.resolve_group(group).await?;
+        let (stream, topic, group) = numeric_group(joined);
+        let session = self.session_of(caller);
+        let op = MetadataOp::LeaveConsumerGroup {
+            stream,
+            topic,
+            group,
+            session,
+        };
+        self.submit(caller, op).await?;
+        Ok(joined)
+    }
+
+    async fn sync_consumer_group(
+        &mut self,
+        caller: Caller,
+        group: &GroupRef,
+    ) -> BackendResult<Option<GroupAssignment>> {
+        let (s, t, g) = group_ids(group);
+        let session = self.session_of(caller);
+        let assignment = self
+            .query(move |state| {
+                state.consumer_group_id(&s, &t, &g).map_err(refused)?;
+                Ok(state.member_assignment(&s, &t, &g, session))
+            })
+            .await?;
+        Ok(assignment.map(|a| GroupAssignment {
+            generation: a.generation,
+            partitions: a.partitions,
+        }))
+    }
+}
+
+impl NodeBackend {
+    /// The numeric ids of a group (joined and left by id, so a concurrent
+    /// rename cannot make the op name another group).
+    async fn resolve_group(&self, group: &GroupRef) -> BackendResult<JoinedGroup> {
+        let (s, t, g) = group_ids(group);
+        self.query(move |state| {
+            let (stream, topic) = state.resolve_topic(&s, &t).map_err(refused)?;
+            let group = state.consumer_group_id(&s, &t, &g).map_err(refused)?;
+            Ok(JoinedGroup {
+                stream,
+                topic,
+                group: ConsumerGroupId(group.0),
+            })
+        })
+        .await
+    }
+}
+
+// ---------------------------------------------------------------------
+// Routing: which partition group a request goes to (run inside queries).
+// ---------------------------------------------------------------------
+
+/// How a send picks its partition.
+#[derive(Debug, Clone, Copy)]
+enum PartitionChoice {
+    /// This partition id.
+    Id(PartitionId),
+    /// The n-th partition modulo the count (balanced cursor, key hash).
+    Nth(u64),
+}
+
+fn route_send(
+    state: &MetadataState,
+    stream: &metadata::Identifier,
+    topic: &metadata::Identifier,
+    choice: PartitionChoice,
+) -> BackendResult<PartitionRoute> {
+    let partition = match choice {
+        PartitionChoice::Id(p) => p,
+        PartitionChoice::Nth(n) => {
+            let (s, t) = state.resolve_topic(stream, topic).map_err(refused)?;
+            let ids: Vec<PartitionId> = state
+                .streams()
+                .get(&s)
+                .and_then(|st| st.topics.get(&t))
+                .map(|tp| tp.partitions.keys().copied().collect())
+                .unwrap_or_default();
+            let count = u64::try_from(ids.len()).unwrap_or(u64::MAX);
+            if count == 0 {
+                return Err(BackendError::NoPartitions);
+            }
+            let at = usize::try_from(n % count).unwrap_or(0);
+            *ids.get(at).ok_or(BackendError::NoPartitions)?
+        }
+    };
+    state
+        .route_partition(stream, topic, partition)
+        .map_err(refused)
+}
+
+/// Whether a consumer-group request must come from a member owning the
+/// partition (polls) or not (offset reads and writes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ownership {
+    Required,
+    NotChecked,
+}
+
+/// Whose offsets, where: the request's part the routing needs, owned so
+/// it can travel into a query.
+#[derive(Debug, Clone)]
+struct OffsetKey {
+    kind: ConsumerKind,
+    consumer: metadata::Identifier,
+    stream: metadata::Identifier,
+    topic: metadata::Identifier,
+    partition: Option<PartitionId>,
+}
+
+impl OffsetKey {
+    fn new(consumer: &Consumer, topic: &TopicRef, partition: Option<PartitionId>) -> Self {
+        Self {
+            kind: consumer.kind,
+            consumer: meta_id(&consumer.id),
+            stream: meta_id(&topic.stream),
+            topic: meta_id(&topic.topic),
+            partition,
+        }
+    }
+}
+
+/// A routed offset or poll request: the partition and the consumer key the
+/// partition keeps offsets under.
+#[derive(Debug, Clone, Copy)]
+struct OffsetTarget {
+    route: PartitionRoute,
+    consumer: (ConsumerKind, u32),
+}
+
+fn offset_target(
+    state: &MetadataState,
+    key: &OffsetKey,
+    session: SessionId,
+    ownership: Ownership,
+) -> BackendResult<OffsetTarget> {
+    let (partition, id) = match key.kind {
+        ConsumerKind::Consumer => (
+            key.partition.unwrap_or(PartitionId(0)),
+            consumer_number(&key.consumer),
+        ),
+        ConsumerKind::ConsumerGroup => {
+            let group = state
+                .consumer_group_id(&key.stream, &key.topic, &key.consumer)
+                .map_err(refused)?;
+            let partition = match key.partition {
+                Some(p) => p,
+                // No partition named: the member's first one.
+                None => state
+                    .member_assignment(&key.stream, &key.topic, &key.consumer, session)
+                    .and_then(|a| a.partitions.first().copied())
+                    .ok_or(BackendError::NotGroupMember)?,
+            };
+            if ownership == Ownership::Required {
+                state
+                    .check_group_poll(&key.stream, &key.topic, &key.consumer, session, partition)
+                    .map_err(refused)?;
+            }
+            (partition, group.0)
+        }
+    };
+    let route = state
+        .route_partition(&key.stream, &key.topic, partition)
+        .map_err(refused)?;
+    Ok(OffsetTarget {
+        route,
+        consumer: (key.kind, id),
+    })
+}
+
+/// A stand-alone consumer's number: its numeric id, or a hash of its name
+/// (a named and a numeric consumer may collide; Iggy hashes names too).
+fn consumer_number(id: &metadata::Identifier) -> u32 {
+    match id {
+        metadata::Identifier::Numeric(n) => *n,
+        // The low 32 bits of the hash: truncation is the point.
+        metadata::Identifier::Name(name) => xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32,
+    }
+}
+
+fn groups_of_stream(state: &MetadataState, stream: &metadata::Identifier) -> Vec<GroupId> {
+    let Ok(s) = state.resolve_stream(stream) else {
+        return Vec::new();
+    };
+    state
+        .partition_groups()
+        .iter()
+        .filter(|g| g.stream == s)
+        .map(|g| g.group)
+        .collect()
+}
+
+fn groups_of_topic(
+    state: &MetadataState,
+    stream: &metadata::Identifier,
+    topic: &metadata::Identifier,
+) -> Vec<GroupId> {
+    let Ok((s, t)) = state.resolve_topic(stream, topic) else {
+        return Vec::new();
+    };
+    state
+        .partition_groups()
+        .iter()
+        .filter(|g| g.stream == s && g.topic == t)
+        .map(|g| g.group)
+        .collect()
+}
+
+// ---------------------------------------------------------------------
+// Conversions between the protocol's records and the planes' types.
+// ---------------------------------------------------------------------
+
+fn meta_id(id: &Identifier) -> metadata::Identifier {
+    match id {
+        Identifier::Numeric(n) => metadata::Identifier::Numeric(*n),
+        Identifier::Name(name) => metadata::Identifier::Name(name.as_str().to_owned()),
+    }
+}
+
+fn group_ids(
+    group: &GroupRef,
+) -> (
+    metadata::Identifier,
+    metadata::Identifier,
+    metadata::Identifier,
+) {
+    (
+        meta_id(&group.topic.stream),
+        meta_id(&group.topic.topic),
+        meta_id(&group.group),
+    )
+}
+
+fn numeric_group(
+    g: JoinedGroup,
+) -> (
+    metadata::Identifier,
+    metadata::Identifier,
+    metadata::Identifier,
+) {
+    (
+        metadata::Identifier::Numeric(g.stream.0),
+        metadata::Identifier::Numeric(g.topic.0),
+        metadata::Identifier::Numeric(g.group.0),
+    )
+}
+
+fn stats_record(s: &partitions::PartitionStats) -> PartitionStats {
+    PartitionStats {
+        size_bytes: s.size_bytes,
+        messages_count: s.messages_count,
+        segments_count: u32::try_from(s.segments_count).unwrap_or(u32::MAX),
+        current_offset: s.current_offset.unwrap_or(0),
+    }
+}
+
+fn stats_source(
+    stats: &BTreeMap<GroupId, PartitionStats>,
+) -> impl Fn(GroupId) -> PartitionStats + '_ {
+    move |g| stats.get(&g).copied().unwrap_or_default()
+}
+
+fn zero_stats(_: GroupId) -> PartitionStats {
+    PartitionStats::default()
+}
+
+/// A stored name as a protocol name. The metadata plane enforces the same
+/// 1..=255-byte rule, so a failure is a corrupt state, not the client's.
+fn name_of(name: &str) -> BackendResult<Name> {
+    Name::new(name).ok_or_else(|| BackendError::LocalFault(format!("stored name {name:?}")))
+}
+
+fn stream_info(s: &metadata::StreamInfo) -> BackendResult<StreamInfo> {
+    Ok(StreamInfo {
+        id: s.id,
+        created_at_micros: s.created_at_us,
+        topics_count: s.topics_count,
+        size_bytes: s.size_bytes,
+        messages_count: s.messages_count,
+        name: name_of(&s.name)?,
+    })
+}
+
+fn stream_details(d: &metadata::StreamDetails) -> BackendResult<StreamDetails> {
+    Ok(StreamDetails {
+        stream: stream_info(&d.stream)?,
+        topics: d
+            .topics
+            .iter()
+            .map(topic_info)
+            .collect::<BackendResult<_>>()?,
+    })
+}
+
+fn topic_info(t: &metadata::TopicInfo) -> BackendResult<TopicInfo> {
+    Ok(TopicInfo {
+        id: t.id,
+        created_at_micros: t.created_at_us,
+        partitions_count: t.partitions_count,
+        message_expiry_micros: t.config.message_expiry.to_wire(),
+        compression: match t.config.compression {
+            metadata::CompressionAlgorithm::None => Compression::None,
+            metadata::CompressionAlgorithm::Gzip => Compression::Gzip,
+        },
+        max_topic_size_bytes: t.config.max_topic_size.to_wire(),
+        size_bytes: t.size_bytes,
+        messages_count: t.messages_count,
+        name: name_of(&t.name)?,
+    })
+}
+
+fn topic_details(d: &metadata::TopicDetails) -> BackendResult<TopicDetails> {
+    Ok(TopicDetails {
+        topic: topic_info(&d.topic)?,
+        partitions: d
+            .partitions
+            .iter()
+            .map(|p| PartitionInfo {
+                id: p.id,
+                created_at_micros: p.created_at_us,
+                segments_count: p.stats.segments_count,
+                current_offset: Offset(p.stats.current_offset),
+                size_bytes: p.stats.size_bytes,
+                messages_count: p.stats.messages_count,
+            })
+            .collect(),
+    })
+}
+
+fn group_details(g: &metadata::ConsumerGroupDetails) -> BackendResult<ConsumerGroupDetails> {
+    Ok(ConsumerGroupDetails {
+        group: ConsumerGroupInfo {
+            id: ConsumerGroupId(g.id.0),
+            partitions_count: g.partitions_count,
+            members_count: u32::try_from(g.members.len()).unwrap_or(u32::MAX),
+            name: name_of(&g.name)?,
+        },
+        members: g
+            .members
+            .iter()
+            .map(|m| ConsumerGroupMember {
+                id: MemberId(m.id.0),
+                partitions: m.partitions.clone(),
+            })
+            .collect(),
+    })
+}
+
+fn poll_strategy(s: PollingStrategy) -> partitions::PollingStrategy {
+    use partitions::PollingStrategy as P;
+    match s {
+        PollingStrategy::Offset(o) => P::Offset(o.0),
+        PollingStrategy::Timestamp(t) => P::Timestamp(t),
+        PollingStrategy::First => P::First,
+        PollingStrategy::Last => P::Last,
+        PollingStrategy::Next => P::Next,
+    }
+}
+
+/// The poll reply: the partition's whole batches cut down to the range it
+/// returned (the first may start before it, the last end after it).
+fn polled_messages(
+    partition: PartitionId,
+    head: &PartitionStats,
+    polled: &partitions::Polled,
+) -> BackendResult<PolledMessages> {
+    let current = Offset(head.current_offset.max(polled.last_offset));
+    if polled.is_empty() {
+        return Ok(PolledMessages::empty(partition, current));
+    }
+    let mut left = u32::try_from(polled.count).unwrap_or(u32::MAX);
+    let mut next = polled.first_offset;
+    let mut out: Vec<Bytes> = Vec::new();
+    for batch in &polled.batches {
+        if left == 0 {
+            break;
+        }
+        let cut = select_messages(batch, Offset(next), left).map_err(stored_batch)?;
+        if let Some(cut) = cut {
+            let h = storage::BatchHeader::decode(&cut, u64::MAX).map_err(stored_batch)?;
+            left = left.saturating_sub(h.message_count);
+            next = h.next_offset();
+            out.push(cut);
+        }
+    }
+    PolledMessages::new(partition, current, out).map_err(stored_batch)
+}
+
+/// A topic's settings from CREATE_TOPIC's options. Keys replog does not
+/// use (consumer-offset durability, flush thresholds…) are accepted and
+/// ignored, as the SDK sends some on every create; a known key whose
+/// value does not parse is refused whole.
+fn topic_config(options: &Options) -> BackendResult<TopicConfig> {
+    let mut config = TopicConfig::default();
+    for e in &options.entries {
+        let bad = || BackendError::InvalidOption(format!("{} has an unusable value", e.key));
+        match e.key.as_str() {
+            "compression_algorithm" => {
+                config.compression = match option_text(e).as_deref() {
+                    Some("none") => metadata::CompressionAlgorithm::None,
+                    Some("gzip") => metadata::CompressionAlgorithm::Gzip,
+                    _ => return Err(bad()),
+                }
+            }
+            "durability" => {
+                config.durability = match option_text(e).as_deref() {
+                    Some("replicated") => metadata::Durability::Replicated,
+                    Some("persisted") => metadata::Durability::Persisted,
+                    _ => return Err(bad()),
+                }
+            }
+            "message_expiry" => {
+                config.message_expiry =
+                    metadata::MessageExpiry::from_wire(option_u64(e).ok_or_else(bad)?);
+            }
+            "max_topic_size" => {
+                config.max_topic_size =
+                    metadata::MaxTopicSize::from_wire(option_u64(e).ok_or_else(bad)?);
+            }
+            "segment_size" => match option_u64(e).ok_or_else(bad)? {
+                0 => {}
+                bytes => config.segment_size_bytes = bytes,
+            },
+            _ => {}
+        }
+    }
+    Ok(config)
+}
+
+/// Option value kinds (the user-header kinds).
+const KIND_STRING: u8 = 2;
+const KIND_UINT8: u8 = 9;
+const KIND_UINT64: u8 = 12;
+
+fn option_text(e: &crate::protocol::OptionEntry) -> Option<String> {
+    (e.value_kind == KIND_STRING)
+        .then(|| std::str::from_utf8(&e.value).ok())
+        .flatten()
+        .map(|s| s.trim().to_ascii_lowercase())
+}
+
+/// An unsigned option: a little-endian u8..u64 of its width, or decimal
+/// digits in a string.
+fn option_u64(e: &crate::protocol::OptionEntry) -> Option<u64> {
+    if (KIND_UINT8..=KIND_UINT64).contains(&e.value_kind) {
+        let width = 1usize << (e.value_kind - KIND_UINT8);
+        if e.value.len() != width {
+            return None;
+        }
+        let mut le = [0u8; 8];
+        le.get_mut(..width)?.copy_from_slice(&e.value);
+        return Some(u64::from_le_bytes(le));
+    }
+    option_text(e)?.parse().ok()
+}
+
+fn committed(answer: Answer, what: &'static str) -> BackendResult<()> {
+    match answer {
+        Answer::Committed { .. } => Ok(()),
+        _ => Err(unexpected(what)),
+    }
+}
+
+/// Microseconds since the Unix epoch (0 if the clock is before it).
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// A fresh 16-byte salt from the OS.
+fn fresh_salt() -> BackendResult<[u8; 16]> {
+    use std::io::Read;
+    let mut salt = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut salt))
+        .map_err(|e| BackendError::LocalFault(format!("reading a salt from /dev/urandom: {e}")))?;
+    Ok(salt)
+}
+
+// ---------------------------------------------------------------------
+// The one mapping of the planes' errors to the client's.
+// ---------------------------------------------------------------------
+
+/// A name carried by a refusal, as an identifier. Refused names came
+/// from a protocol [`Name`], so the fallback (which only changes the code
+/// from the name variant to the id variant) is never taken.
+fn named(name: &str) -> Identifier {
+    Name::new(name).map_or(Identifier::Numeric(u32::MAX), Identifier::Name)
+}
+
+fn existing(name: &str, make: fn(Name) -> BackendError) -> BackendError {
+    match Name::new(name) {
+        Some(n) => make(n),
+        None => BackendError::LocalFault(format!("refused name {name:?}")),
+    }
+}
+
+/// A committed refusal of the metadata state machine.
+fn refused(r: Refusal) -> BackendError {
+    use BackendError as B;
+    match r {
+        Refusal::InvalidCredentials => B::InvalidCredentials,
+        Refusal::StreamIdNotFound(s) => B::StreamNotFound(Identifier::Numeric(s.0)),
+        Refusal::StreamNameNotFound(n) => B::StreamNotFound(named(&n)),
+        Refusal::StreamNameAlreadyExists(n) => existing(&n, B::StreamNameAlreadyExists),
+        Refusal::TopicIdNotFound { topic, .. } => B::TopicNotFound(Identifier::Numeric(topic.0)),
+        Refusal::TopicNameNotFound { topic, .. } => B::TopicNotFound(named(&topic)),
+        Refusal::TopicNameAlreadyExists { topic, .. } => {
+            existing(&topic, B::TopicNameAlreadyExists)
+        }
+        Refusal::InvalidPartitionsCount { count, .. } => B::InvalidPartitionsCount(count),
+        Refusal::PartitionNotFound { partition, .. } => B::PartitionNotFound(partition),
+        Refusal::ConsumerGroupIdNotFound { group, .. } => {
+            B::ConsumerGroupNotFound(Identifier::Numeric(group.0))
+        }
+        Refusal::ConsumerGroupNameNotFound { group, .. } => B::ConsumerGroupNotFound(named(&group)),
+        Refusal::ConsumerGroupNameAlreadyExists { group, .. } => {
+            existing(&group, B::ConsumerGroupNameAlreadyExists)
+        }
+        Refusal::ConsumerGroupMemberNotFound { .. } => B::NotGroupMember,
+        Refusal::ConsumerGroupPartitionNotOwned { partition, .. } => {
+            B::PartitionNotOwned(partition)
+        }
+        // The codec already enforces 1..=255-byte names; a topic setting
+        // out of range is the client's option value.
+        r @ (Refusal::InvalidName { .. } | Refusal::InvalidTopicConfig) => {
+            B::InvalidOption(r.to_string())
+        }
+        // Ceilings and id spaces (Iggy answers its generic error, 1), and
+        // user management, which no client command reaches yet.
+        r @ (Refusal::IdsExhausted { .. }
+        | Refusal::LimitReached { .. }
+        | Refusal::UserAlreadyExists(_)
+        | Refusal::UserNotFound(_)
+        | Refusal::CannotDeleteRootUser
+        | Refusal::InvalidPasswordHash) => B::LocalFault(r.to_string()),
+    }
+}
+
+/// A metadata op or query that was not carried out.
+fn meta_failed(e: MetaError) -> BackendError {
+    match e {
+        MetaError::Refused(r) => refused(r),
+        // No primary here or a view change: Iggy's 58, which the SDK
+        // retries (possibly elsewhere).
+        MetaError::NotPrimary { .. } | MetaError::Unavailable { .. } => BackendError::NoPrimary,
+        // May or may not commit: 57, retried on this connection.
+        MetaError::Indeterminate { .. } => BackendError::NotCommitted,
+        MetaError::Local { reason } => BackendError::LocalFault(reason),
+        MetaError::NotHosted => {
+            BackendError::LocalFault("shard 0 does not host the metadata group".into())
+        }
+    }
+}
+
+/// A partition call that was not carried out.
+fn call_failed(e: CallError) -> BackendError {
+    match e {
+        CallError::NotPrimary { .. } | CallError::Unavailable { .. } | CallError::Overloaded => {
+            BackendError::NoPrimary
+        }
+        // The committed metadata names the group (the call was routed by
+        // it), so this replica has not created it yet (the create effect
+        // is on its way to the owning shard) or is behind: retry, as for
+        // a missing primary. A group truly gone fails the next routing
+        // with its not-found code.
+        CallError::UnknownGroup { .. } => BackendError::NoPrimary,
+        CallError::Indeterminate { .. } => BackendError::NotCommitted,
+        // The status table has no closer client-fault code for a request
+        // the partition refuses (an offset past the end); the sentence
+        // names the cause.
+        CallError::Rejected { reason } => BackendError::InvalidOption(reason),
+        CallError::Fenced { reason } | CallError::Local { reason } => {
+            BackendError::LocalFault(reason)
+        }
+    }
+}
+
+/// A batch the partition returned that does not decode: this replica's
+/// fault (its storage or journal), never the client's.
+fn stored_batch(e: storage::BatchError) -> BackendError {
+    BackendError::LocalFault(format!("a stored batch does not decode: {e}"))
+}
+
+/// An answer of the wrong kind for its call: a shard bug, answered rather
+/// than trusted.
+fn unexpected(what: &'static str) -> BackendError {
+    BackendError::LocalFault(format!("unexpected answer to {what}"))
+}
