@@ -254,8 +254,7 @@ impl Backend for NodeBackend {
         let details = self
             .query(move |s| Ok(s.get_stream(&stream, &zero_stats)))
             .await?;
-        let details =
-            details.ok_or_else(|| BackendError::StreamNotFound(Identifier::Numeric(id.0)))?;
+        let details = details.ok_or(BackendError::StreamNotFound(Identifier::Numeric(id.0)))?;
         stream_details(&details)
     }
 
@@ -325,8 +324,7 @@ impl Backend for NodeBackend {
         let details = self
             .query(move |state| Ok(state.get_topic(&stream, &topic, &zero_stats)))
             .await?;
-        let details =
-            details.ok_or_else(|| BackendError::TopicNotFound(Identifier::Numeric(t.0)))?;
+        let details = details.ok_or(BackendError::TopicNotFound(Identifier::Numeric(t.0)))?;
         topic_details(&details)
     }
 
@@ -520,8 +518,9 @@ impl Backend for NodeBackend {
         let details = self
             .query(move |state| Ok(state.get_consumer_group(&ids.0, &ids.1, &ids.2)))
             .await?;
-        let details =
-            details.ok_or_else(|| BackendError::ConsumerGroupNotFound(Identifier::Numeric(g.0)))?;
+        let details = details.ok_or(BackendError::ConsumerGroupNotFound(Identifier::Numeric(
+            g.0,
+        )))?;
         group_details(&details)
     }
 
