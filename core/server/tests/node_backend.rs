@@ -713,6 +713,42 @@ fn given_two_members_when_polling_through_a_group_should_split_partitions_and_ga
     assert_eq!(sync(&mut node, &mut b, "g"), None);
     assert_eq!(sync(&mut node, &mut a, "g"), Some(vec![0, 1, 2]));
     assert_eq!(b.call(&mut node, 605, &leave), Err(5006));
+
+    // A member whose connection goes away leaves through EndSession: B
+    // rejoins, takes partitions, then disconnects.
+    let (stream_id, topic_id, group_id) = group_request("g");
+    let join = JoinConsumerGroupRequest {
+        stream_id,
+        topic_id,
+        group_id,
+    }
+    .to_bytes();
+    b.call(&mut node, 604, &join).expect("rejoined");
+    assert_eq!(
+        sync(&mut node, &mut b, "g").map(|p| p.is_empty()),
+        Some(false)
+    );
+    node.run(b.session.disconnect(&mut b.backend));
+    assert_eq!(sync(&mut node, &mut a, "g"), Some(vec![0, 1, 2]));
+
+    // GET_CONSUMER_GROUPS lists it; DELETE removes it.
+    let list = GetConsumerGroupsRequest {
+        stream_id: wstr("s"),
+        topic_id: wstr("t"),
+    }
+    .to_bytes();
+    let groups = a.call(&mut node, 601, &list).unwrap();
+    assert_eq!(u32_at(&groups, 8), 1, "one member");
+    let (stream_id, topic_id, group_id) = group_request("g");
+    let delete = DeleteConsumerGroupRequest {
+        stream_id,
+        topic_id,
+        group_id,
+    }
+    .to_bytes();
+    a.call(&mut node, 603, &delete).expect("deleted");
+    assert_eq!(a.call(&mut node, 601, &list), Ok(Vec::new()));
+    assert_eq!(a.call(&mut node, 603, &delete), Err(5003));
 }
 
 #[test]

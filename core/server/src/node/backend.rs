@@ -1153,3 +1153,117 @@ fn stored_batch(e: storage::BatchError) -> BackendError {
 fn unexpected(what: &'static str) -> BackendError {
     BackendError::LocalFault(format!("unexpected answer to {what}"))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::protocol::OptionEntry;
+
+    fn entry(key: &str, value_kind: u8, value: &[u8]) -> OptionEntry {
+        OptionEntry {
+            key: key.to_owned(),
+            value_kind,
+            value: value.to_vec(),
+        }
+    }
+
+    #[test]
+    fn given_known_and_unknown_options_when_read_should_set_the_known_and_ignore_the_rest() {
+        let options = Options {
+            entries: vec![
+                entry("compression_algorithm", KIND_STRING, b"gzip"),
+                entry("durability", KIND_STRING, b"persisted"),
+                entry("message_expiry", KIND_UINT64, &5_000u64.to_le_bytes()),
+                entry("max_topic_size", KIND_STRING, b"4096"),
+                entry("segment_size", KIND_UINT64, &0u64.to_le_bytes()),
+                entry("consumer_offset_durability", KIND_STRING, b"replicated"),
+            ],
+        };
+        let c = topic_config(&options).unwrap();
+        assert_eq!(c.compression, metadata::CompressionAlgorithm::Gzip);
+        assert_eq!(c.durability, metadata::Durability::Persisted);
+        assert_eq!(
+            c.message_expiry,
+            metadata::MessageExpiry::After { micros: 5_000 }
+        );
+        assert_eq!(
+            c.max_topic_size,
+            metadata::MaxTopicSize::Bytes { bytes: 4096 }
+        );
+        assert_eq!(
+            c.segment_size_bytes,
+            TopicConfig::default().segment_size_bytes
+        );
+    }
+
+    #[test]
+    fn given_an_unusable_known_option_when_read_should_refuse_the_create() {
+        for bad in [
+            entry("durability", KIND_STRING, b"quorum"),
+            entry("compression_algorithm", KIND_UINT8, &[1]),
+            entry("message_expiry", KIND_STRING, b"7 days"),
+            entry("max_topic_size", KIND_UINT64, &[1, 2, 3]),
+        ] {
+            let options = Options {
+                entries: vec![bad.clone()],
+            };
+            assert!(
+                matches!(topic_config(&options), Err(BackendError::InvalidOption(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn given_the_planes_errors_when_mapped_should_keep_their_class_and_code() {
+        use crate::session::ErrorClass;
+        use crate::status::ErrorCode;
+        let code = |e: &BackendError| ErrorCode::from(e).code();
+        assert_eq!(
+            code(&refused(Refusal::StreamNameNotFound("s".into()))),
+            1010
+        );
+        assert_eq!(
+            code(&refused(Refusal::StreamIdNotFound(common::StreamId(3)))),
+            1009
+        );
+        assert_eq!(
+            code(&refused(Refusal::ConsumerGroupNameAlreadyExists {
+                group: "g".into(),
+                topic: common::TopicId(0),
+            })),
+            5004
+        );
+        for transient in [
+            CallError::Overloaded,
+            CallError::Unavailable { reason: "x" },
+            CallError::UnknownGroup { group: GroupId(9) },
+        ] {
+            let e = call_failed(transient);
+            assert_eq!(e.class(), ErrorClass::Transient);
+            assert_eq!(code(&e), 58);
+        }
+        assert_eq!(
+            call_failed(CallError::Indeterminate { reason: "x" }).class(),
+            ErrorClass::Transient
+        );
+        assert_eq!(
+            call_failed(CallError::Local {
+                reason: "disk".into()
+            })
+            .class(),
+            ErrorClass::Local
+        );
+        assert_eq!(
+            code(&meta_failed(MetaError::Unavailable { reason: "x" })),
+            58
+        );
+        assert_eq!(
+            code(&meta_failed(MetaError::Refused(
+                Refusal::InvalidCredentials
+            ))),
+            42
+        );
+    }
+}
