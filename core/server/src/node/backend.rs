@@ -36,8 +36,9 @@ use crate::protocol::records::{
 };
 use crate::protocol::{
     Consumer, ConsumerOffsetKey, CreateConsumerGroup, CreateStream, CreateTopic,
-    DeleteConsumerOffset, GroupRef, Identifier, Name, Options, Partitioning, PollMessages,
-    PollingStrategy, SendMessages, StoreConsumerOffset, TopicRef,
+    DeleteConsumerOffset, FlushUnsavedBuffer, GroupRef, Identifier, Name, Options, Partitioning,
+    PartitionsChange, PollMessages, PollingStrategy, SendMessages, StoreConsumerOffset, TopicRef,
+    UpdateStream, UpdateTopic,
 };
 use crate::session::{Backend, BackendError, BackendResult, Caller, LoginGrant};
 
@@ -334,6 +335,92 @@ impl Backend for NodeBackend {
             topic: meta_id(&topic.topic),
         };
         self.submit(caller, op).await.map(drop)
+    }
+
+    async fn update_stream(&mut self, caller: Caller, request: &UpdateStream) -> BackendResult<()> {
+        let op = MetadataOp::UpdateStream {
+            stream: meta_id(&request.stream),
+            name: request.name.as_str().to_owned(),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn purge_stream(&mut self, caller: Caller, stream: &Identifier) -> BackendResult<()> {
+        let op = MetadataOp::PurgeStream {
+            stream: meta_id(stream),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn update_topic(&mut self, caller: Caller, request: &UpdateTopic) -> BackendResult<()> {
+        // UPDATE_TOPIC carries the whole settings (what it omits is the
+        // default), as CREATE_TOPIC does.
+        let op = MetadataOp::UpdateTopic {
+            stream: meta_id(&request.topic.stream),
+            topic: meta_id(&request.topic.topic),
+            name: request.name.as_str().to_owned(),
+            config: topic_config(&request.options)?,
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn purge_topic(&mut self, caller: Caller, topic: &TopicRef) -> BackendResult<()> {
+        let op = MetadataOp::PurgeTopic {
+            stream: meta_id(&topic.stream),
+            topic: meta_id(&topic.topic),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn create_partitions(
+        &mut self,
+        caller: Caller,
+        request: &PartitionsChange,
+    ) -> BackendResult<()> {
+        let op = MetadataOp::CreatePartitions {
+            stream: meta_id(&request.topic.stream),
+            topic: meta_id(&request.topic.topic),
+            count: request.count,
+            created_at_us: now_us(),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn delete_partitions(
+        &mut self,
+        caller: Caller,
+        request: &PartitionsChange,
+    ) -> BackendResult<()> {
+        let op = MetadataOp::DeletePartitions {
+            stream: meta_id(&request.topic.stream),
+            topic: meta_id(&request.topic.topic),
+            count: request.count,
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn flush_unsaved_buffer(
+        &mut self,
+        _caller: Caller,
+        request: &FlushUnsavedBuffer,
+    ) -> BackendResult<()> {
+        let (stream, topic) = (
+            meta_id(&request.topic.stream),
+            meta_id(&request.topic.topic),
+        );
+        let partition = request.partition;
+        let route = self
+            .query(move |s| {
+                s.route_partition(&stream, &topic, partition)
+                    .map_err(refused)
+            })
+            .await?;
+        // The partition flushes its committed prefix to the active
+        // segment; whether that is fsynced is the topic's durability.
+        match self.call(&route, Call::Flush).await? {
+            Answer::Done => Ok(()),
+            _ => Err(unexpected("flush")),
+        }
     }
 
     async fn send_messages(
