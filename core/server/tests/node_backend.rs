@@ -713,6 +713,42 @@ fn given_two_members_when_polling_through_a_group_should_split_partitions_and_ga
     assert_eq!(sync(&mut node, &mut b, "g"), None);
     assert_eq!(sync(&mut node, &mut a, "g"), Some(vec![0, 1, 2]));
     assert_eq!(b.call(&mut node, 605, &leave), Err(5006));
+
+    // A member whose connection goes away leaves through EndSession: B
+    // rejoins, takes partitions, then disconnects.
+    let (stream_id, topic_id, group_id) = group_request("g");
+    let join = JoinConsumerGroupRequest {
+        stream_id,
+        topic_id,
+        group_id,
+    }
+    .to_bytes();
+    b.call(&mut node, 604, &join).expect("rejoined");
+    assert_eq!(
+        sync(&mut node, &mut b, "g").map(|p| p.is_empty()),
+        Some(false)
+    );
+    node.run(b.session.disconnect(&mut b.backend));
+    assert_eq!(sync(&mut node, &mut a, "g"), Some(vec![0, 1, 2]));
+
+    // GET_CONSUMER_GROUPS lists it; DELETE removes it.
+    let list = GetConsumerGroupsRequest {
+        stream_id: wstr("s"),
+        topic_id: wstr("t"),
+    }
+    .to_bytes();
+    let groups = a.call(&mut node, 601, &list).unwrap();
+    assert_eq!(u32_at(&groups, 8), 1, "one member");
+    let (stream_id, topic_id, group_id) = group_request("g");
+    let delete = DeleteConsumerGroupRequest {
+        stream_id,
+        topic_id,
+        group_id,
+    }
+    .to_bytes();
+    a.call(&mut node, 603, &delete).expect("deleted");
+    assert_eq!(a.call(&mut node, 601, &list), Ok(Vec::new()));
+    assert_eq!(a.call(&mut node, 603, &delete), Err(5003));
 }
 
 #[test]
@@ -774,4 +810,116 @@ fn given_a_wrong_password_or_missing_objects_when_asked_should_answer_their_code
     }
     .to_bytes();
     assert_eq!(c.call(&mut node, 200, &get), Ok(Vec::new()));
+}
+
+#[test]
+fn given_a_topic_when_partitions_change_purged_flushed_and_renamed_should_report_it() {
+    let (mut node, mut c) = setup();
+    send(
+        &mut node,
+        &mut c,
+        WirePartitioning::PartitionId(0),
+        &["a", "b"],
+    )
+    .unwrap();
+    let flush = iggy_binary_protocol::requests::messages::FlushUnsavedBufferRequest {
+        stream_id: wstr("s"),
+        topic_id: wstr("t"),
+        partition_id: 0,
+        fsync: true,
+    }
+    .to_bytes();
+    c.call(&mut node, 102, &flush).expect("flushed");
+    let flushed = poll(
+        &mut node,
+        &mut c,
+        consumer("r"),
+        0,
+        WirePollingStrategy::first(),
+        10,
+        false,
+    )
+    .unwrap();
+    assert_eq!(
+        flushed.messages.len(),
+        2,
+        "a flushed partition still serves"
+    );
+
+    let topic_partitions = |node: &mut Node, c: &mut Client| {
+        let get = GetTopicRequest {
+            stream_id: wstr("s"),
+            topic_id: wstr("t"),
+        }
+        .to_bytes();
+        u32_at(&c.call(node, 300, &get).unwrap(), 12)
+    };
+    use iggy_binary_protocol::requests::partitions::{
+        CreatePartitionsRequest, DeletePartitionsRequest,
+    };
+    let add = CreatePartitionsRequest {
+        stream_id: wstr("s"),
+        topic_id: wstr("t"),
+        partitions_count: 2,
+    }
+    .to_bytes();
+    c.call(&mut node, 402, &add).expect("added");
+    assert_eq!(topic_partitions(&mut node, &mut c), 5);
+    // The new partitions serve at once (their groups were created by the
+    // committed op's effects).
+    assert_eq!(
+        send(&mut node, &mut c, WirePartitioning::PartitionId(4), &["n"]),
+        Ok((4, 0))
+    );
+    let remove = DeletePartitionsRequest {
+        stream_id: wstr("s"),
+        topic_id: wstr("t"),
+        partitions_count: 1,
+    }
+    .to_bytes();
+    c.call(&mut node, 403, &remove).expect("removed");
+    assert_eq!(topic_partitions(&mut node, &mut c), 4);
+    assert_eq!(
+        send(&mut node, &mut c, WirePartitioning::PartitionId(4), &["x"]),
+        Err(3007)
+    );
+
+    // Purge: the partition's messages are gone once the purge commits.
+    let purge = PurgeTopicRequest {
+        stream_id: wstr("s"),
+        topic_id: wstr("t"),
+    }
+    .to_bytes();
+    c.call(&mut node, 305, &purge).expect("purged");
+    node.idle(50);
+    let after = poll(
+        &mut node,
+        &mut c,
+        consumer("r"),
+        0,
+        WirePollingStrategy::first(),
+        10,
+        false,
+    )
+    .unwrap();
+    assert!(after.messages.is_empty(), "{:?}", after.messages);
+
+    // Rename the stream: the old name is gone, the new one answers.
+    let rename = UpdateStreamRequest {
+        stream_id: wstr("s"),
+        name: WireName::new("s2").unwrap(),
+        options: WireOptions::empty(),
+    }
+    .to_bytes();
+    c.call(&mut node, 204, &rename).expect("renamed");
+    let old = GetStreamRequest {
+        stream_id: wstr("s"),
+    }
+    .to_bytes();
+    assert_eq!(c.call(&mut node, 200, &old), Ok(Vec::new()));
+    let new = GetStreamRequest {
+        stream_id: wstr("s2"),
+    }
+    .to_bytes();
+    assert!(!c.call(&mut node, 200, &new).unwrap().is_empty());
 }

@@ -36,8 +36,9 @@ use crate::protocol::records::{
 };
 use crate::protocol::{
     Consumer, ConsumerOffsetKey, CreateConsumerGroup, CreateStream, CreateTopic,
-    DeleteConsumerOffset, GroupRef, Identifier, Name, Options, Partitioning, PollMessages,
-    PollingStrategy, SendMessages, StoreConsumerOffset, TopicRef,
+    DeleteConsumerOffset, FlushUnsavedBuffer, GroupRef, Identifier, Name, Options, Partitioning,
+    PartitionsChange, PollMessages, PollingStrategy, SendMessages, StoreConsumerOffset, TopicRef,
+    UpdateStream, UpdateTopic,
 };
 use crate::session::{Backend, BackendError, BackendResult, Caller, LoginGrant};
 
@@ -254,8 +255,7 @@ impl Backend for NodeBackend {
         let details = self
             .query(move |s| Ok(s.get_stream(&stream, &zero_stats)))
             .await?;
-        let details =
-            details.ok_or_else(|| BackendError::StreamNotFound(Identifier::Numeric(id.0)))?;
+        let details = details.ok_or(BackendError::StreamNotFound(Identifier::Numeric(id.0)))?;
         stream_details(&details)
     }
 
@@ -325,8 +325,7 @@ impl Backend for NodeBackend {
         let details = self
             .query(move |state| Ok(state.get_topic(&stream, &topic, &zero_stats)))
             .await?;
-        let details =
-            details.ok_or_else(|| BackendError::TopicNotFound(Identifier::Numeric(t.0)))?;
+        let details = details.ok_or(BackendError::TopicNotFound(Identifier::Numeric(t.0)))?;
         topic_details(&details)
     }
 
@@ -336,6 +335,92 @@ impl Backend for NodeBackend {
             topic: meta_id(&topic.topic),
         };
         self.submit(caller, op).await.map(drop)
+    }
+
+    async fn update_stream(&mut self, caller: Caller, request: &UpdateStream) -> BackendResult<()> {
+        let op = MetadataOp::UpdateStream {
+            stream: meta_id(&request.stream),
+            name: request.name.as_str().to_owned(),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn purge_stream(&mut self, caller: Caller, stream: &Identifier) -> BackendResult<()> {
+        let op = MetadataOp::PurgeStream {
+            stream: meta_id(stream),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn update_topic(&mut self, caller: Caller, request: &UpdateTopic) -> BackendResult<()> {
+        // UPDATE_TOPIC carries the whole settings (what it omits is the
+        // default), as CREATE_TOPIC does.
+        let op = MetadataOp::UpdateTopic {
+            stream: meta_id(&request.topic.stream),
+            topic: meta_id(&request.topic.topic),
+            name: request.name.as_str().to_owned(),
+            config: topic_config(&request.options)?,
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn purge_topic(&mut self, caller: Caller, topic: &TopicRef) -> BackendResult<()> {
+        let op = MetadataOp::PurgeTopic {
+            stream: meta_id(&topic.stream),
+            topic: meta_id(&topic.topic),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn create_partitions(
+        &mut self,
+        caller: Caller,
+        request: &PartitionsChange,
+    ) -> BackendResult<()> {
+        let op = MetadataOp::CreatePartitions {
+            stream: meta_id(&request.topic.stream),
+            topic: meta_id(&request.topic.topic),
+            count: request.count,
+            created_at_us: now_us(),
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn delete_partitions(
+        &mut self,
+        caller: Caller,
+        request: &PartitionsChange,
+    ) -> BackendResult<()> {
+        let op = MetadataOp::DeletePartitions {
+            stream: meta_id(&request.topic.stream),
+            topic: meta_id(&request.topic.topic),
+            count: request.count,
+        };
+        self.submit(caller, op).await.map(drop)
+    }
+
+    async fn flush_unsaved_buffer(
+        &mut self,
+        _caller: Caller,
+        request: &FlushUnsavedBuffer,
+    ) -> BackendResult<()> {
+        let (stream, topic) = (
+            meta_id(&request.topic.stream),
+            meta_id(&request.topic.topic),
+        );
+        let partition = request.partition;
+        let route = self
+            .query(move |s| {
+                s.route_partition(&stream, &topic, partition)
+                    .map_err(refused)
+            })
+            .await?;
+        // The partition flushes its committed prefix to the active
+        // segment; whether that is fsynced is the topic's durability.
+        match self.call(&route, Call::Flush).await? {
+            Answer::Done => Ok(()),
+            _ => Err(unexpected("flush")),
+        }
     }
 
     async fn send_messages(
@@ -520,8 +605,9 @@ impl Backend for NodeBackend {
         let details = self
             .query(move |state| Ok(state.get_consumer_group(&ids.0, &ids.1, &ids.2)))
             .await?;
-        let details =
-            details.ok_or_else(|| BackendError::ConsumerGroupNotFound(Identifier::Numeric(g.0)))?;
+        let details = details.ok_or(BackendError::ConsumerGroupNotFound(Identifier::Numeric(
+            g.0,
+        )))?;
         group_details(&details)
     }
 
@@ -1153,4 +1239,118 @@ fn stored_batch(e: storage::BatchError) -> BackendError {
 /// than trusted.
 fn unexpected(what: &'static str) -> BackendError {
     BackendError::LocalFault(format!("unexpected answer to {what}"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::protocol::OptionEntry;
+
+    fn entry(key: &str, value_kind: u8, value: &[u8]) -> OptionEntry {
+        OptionEntry {
+            key: key.to_owned(),
+            value_kind,
+            value: value.to_vec(),
+        }
+    }
+
+    #[test]
+    fn given_known_and_unknown_options_when_read_should_set_the_known_and_ignore_the_rest() {
+        let options = Options {
+            entries: vec![
+                entry("compression_algorithm", KIND_STRING, b"gzip"),
+                entry("durability", KIND_STRING, b"persisted"),
+                entry("message_expiry", KIND_UINT64, &5_000u64.to_le_bytes()),
+                entry("max_topic_size", KIND_STRING, b"4096"),
+                entry("segment_size", KIND_UINT64, &0u64.to_le_bytes()),
+                entry("consumer_offset_durability", KIND_STRING, b"replicated"),
+            ],
+        };
+        let c = topic_config(&options).unwrap();
+        assert_eq!(c.compression, metadata::CompressionAlgorithm::Gzip);
+        assert_eq!(c.durability, metadata::Durability::Persisted);
+        assert_eq!(
+            c.message_expiry,
+            metadata::MessageExpiry::After { micros: 5_000 }
+        );
+        assert_eq!(
+            c.max_topic_size,
+            metadata::MaxTopicSize::Bytes { bytes: 4096 }
+        );
+        assert_eq!(
+            c.segment_size_bytes,
+            TopicConfig::default().segment_size_bytes
+        );
+    }
+
+    #[test]
+    fn given_an_unusable_known_option_when_read_should_refuse_the_create() {
+        for bad in [
+            entry("durability", KIND_STRING, b"quorum"),
+            entry("compression_algorithm", KIND_UINT8, &[1]),
+            entry("message_expiry", KIND_STRING, b"7 days"),
+            entry("max_topic_size", KIND_UINT64, &[1, 2, 3]),
+        ] {
+            let options = Options {
+                entries: vec![bad.clone()],
+            };
+            assert!(
+                matches!(topic_config(&options), Err(BackendError::InvalidOption(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn given_the_planes_errors_when_mapped_should_keep_their_class_and_code() {
+        use crate::session::ErrorClass;
+        use crate::status::ErrorCode;
+        let code = |e: &BackendError| ErrorCode::from(e).code();
+        assert_eq!(
+            code(&refused(Refusal::StreamNameNotFound("s".into()))),
+            1010
+        );
+        assert_eq!(
+            code(&refused(Refusal::StreamIdNotFound(common::StreamId(3)))),
+            1009
+        );
+        assert_eq!(
+            code(&refused(Refusal::ConsumerGroupNameAlreadyExists {
+                group: "g".into(),
+                topic: common::TopicId(0),
+            })),
+            5004
+        );
+        for transient in [
+            CallError::Overloaded,
+            CallError::Unavailable { reason: "x" },
+            CallError::UnknownGroup { group: GroupId(9) },
+        ] {
+            let e = call_failed(transient);
+            assert_eq!(e.class(), ErrorClass::Transient);
+            assert_eq!(code(&e), 58);
+        }
+        assert_eq!(
+            call_failed(CallError::Indeterminate { reason: "x" }).class(),
+            ErrorClass::Transient
+        );
+        assert_eq!(
+            call_failed(CallError::Local {
+                reason: "disk".into()
+            })
+            .class(),
+            ErrorClass::Local
+        );
+        assert_eq!(
+            code(&meta_failed(MetaError::Unavailable { reason: "x" })),
+            58
+        );
+        assert_eq!(
+            code(&meta_failed(MetaError::Refused(
+                Refusal::InvalidCredentials
+            ))),
+            42
+        );
+    }
 }
