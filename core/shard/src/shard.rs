@@ -1277,6 +1277,10 @@ pub fn spec_of(
 ) -> GroupSpec {
     let mut spec = GroupSpec::new(group, partition_id);
     spec.incarnation = incarnation;
+    // Every committed batch is written to its segment before its reply
+    // goes out (SPEC §6.1: a killed process never loses an acknowledged
+    // write); whether it is also synced is the durability mode's call.
+    spec.messages_required_to_save = 1;
     if config.segment_size_bytes > 0 {
         spec.segment_size_bytes = config.segment_size_bytes;
     }

@@ -1,12 +1,25 @@
-//! The `replog` binary. For now it does one real thing: `replog config`
-//! prints the effective configuration (defaults, `--config FILE`,
-//! `REPLOG_ROOT_PASSWORD`, flags). Serving arrives when the listener is
-//! wired to the shard; until then `replog` without a subcommand says so
-//! and exits with an error instead of pretending to serve.
+//! The `replog` binary.
+//!
+//! - `replog` runs one replica: the shards on their threads, the client
+//!   listener (Iggy 0.11.0 TCP, 127.0.0.1:8090 by default), the root user
+//!   (`iggy`/`iggy` unless configured) created on a new cluster, until
+//!   SIGINT or SIGTERM, then a clean stop (every shard flushes).
+//! - `replog config` prints the effective configuration (defaults,
+//!   `--config FILE`, `REPLOG_ROOT_PASSWORD`, flags).
+//!
+//! A roster of more than one replica is refused for now: the replica bus
+//! that carries frames between replicas is not built yet.
+
+use std::process::ExitCode;
+use std::rc::Rc;
+use std::time::Duration;
 
 use clap::Parser;
+use common::ReplicaId;
 use server::config::{Cli, Command, Config};
-use std::process::ExitCode;
+use server::node::backend::{NodeBackend, ensure_root_user};
+use server::node::{ClientStarter, Node, NodeConfig, listener};
+use server::session::ErrorClass;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -23,12 +36,109 @@ fn main() -> ExitCode {
             print!("{}", config.to_toml_redacted());
             ExitCode::SUCCESS
         }
-        None => {
-            eprintln!(
-                "replog: serving is not wired yet (the client listener waits for the shard); \
-                 `replog config` prints the effective configuration"
-            );
-            ExitCode::from(2)
+        None => serve(config),
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Logs go to stderr; stdout carries only the serving line.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn serve(config: Config) -> ExitCode {
+    init_logging();
+    let roster = config.roster();
+    if roster.len() > 1 {
+        eprintln!(
+            "replog: a roster of {} replicas needs the replica bus, which this build does not have yet; run a single replica",
+            roster.len()
+        );
+        return ExitCode::from(2);
+    }
+    let node_config = NodeConfig {
+        cluster: u128::from(config.cluster_id),
+        replica: ReplicaId(config.replica_id),
+        replica_count: 1,
+        shard_count: config.shards.max(1),
+        data_dir: config.data_dir.clone(),
+        tick: Duration::from_millis(config.tick_ms.max(1)),
+        client_addr: config.client.listen,
+        client_frame_size_max_bytes: config.client.frame_size_max_bytes,
+    };
+    let username = config.root.username.clone();
+    let password = config.root.password.clone();
+    let tag = boot_tag(config.replica_id);
+    let starter: ClientStarter = Box::new(move |ctx| {
+        let handles = ctx.handles.clone();
+        compio::runtime::spawn(async move {
+            create_root_user(&handles, &username, &password).await;
+        })
+        .detach();
+        let handles = ctx.handles.clone();
+        let make = Rc::new(move || NodeBackend::new(handles.clone(), tag));
+        compio::runtime::spawn(listener::serve(ctx.listener, ctx.session, make)).detach();
+    });
+    let node = match Node::start(node_config, Some(starter)) {
+        Ok(node) => node,
+        Err(reason) => {
+            eprintln!("replog: {reason}");
+            return ExitCode::from(1);
+        }
+    };
+    println!(
+        "replog: replica {} serving Iggy clients on {} (data in {})",
+        config.replica_id,
+        node.client_addr(),
+        config.data_dir.display()
+    );
+    wait_for_stop_signal();
+    tracing::info!("stopping: finishing in-flight inputs and flushing");
+    node.stop();
+    ExitCode::SUCCESS
+}
+
+/// Retries the root user's creation while group 0 elects its first
+/// primary (a few ticks), for at most a minute.
+async fn create_root_user(handles: &server::node::handle::ShardHandles, user: &str, pw: &str) {
+    for _ in 0..1200 {
+        match ensure_root_user(handles, user, pw).await {
+            Ok(()) => return,
+            Err(e) if e.class() == ErrorClass::Transient => {
+                compio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not create the root user");
+                return;
+            }
         }
     }
+    tracing::error!("the metadata group elected no primary within a minute; no root user");
+}
+
+/// Unique per replica and boot (consumer-group sessions are keyed by it).
+fn boot_tag(replica: u8) -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (u32::from(replica) << 24) | (nanos & 0x00FF_FFFF) | 1
+}
+
+fn wait_for_stop_signal() {
+    let runtime = match compio::runtime::RuntimeBuilder::new().build() {
+        Ok(rt) => rt,
+        Err(error) => {
+            tracing::error!(%error, "no runtime to wait for signals; stopping now");
+            return;
+        }
+    };
+    runtime.block_on(async {
+        let interrupt = std::pin::pin!(compio::signal::ctrl_c());
+        let terminate = std::pin::pin!(compio::signal::unix::signal(15));
+        let _ = futures::future::select(interrupt, terminate).await;
+    });
 }
