@@ -13,7 +13,11 @@ use crate::protocol::Name;
 use crate::protocol::records::{ClusterMetadata, ClusterNode, MemberId, NodeRole, NodeStatus};
 use crate::session::memory::MemoryBackend;
 use crate::session::{Output, Session, SessionConfig};
+
+#[path = "../tests/support/sdk_flows.rs"]
+mod sdk_flows;
 use iggy::prelude::*;
+use sdk_flows::{bounded, runtime};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::str::FromStr;
@@ -129,21 +133,6 @@ fn write_all(stream: &mut TcpStream, mut bytes: &[u8]) {
             Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
             Err(_) => return,
         }
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(60), f).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what} did not finish within 60 s"),
     }
 }
 
@@ -327,198 +316,27 @@ fn given_a_wrong_password_when_logging_in_should_get_invalid_credentials() {
 #[test]
 fn given_a_producer_and_a_consumer_group_when_run_should_deliver_every_message_once() {
     let server = start_server();
-    runtime().block_on(bounded("producer and consumer group", async {
-        let url = format!("iggy://iggy:iggy@{}", server.addr);
-        let client = IggyClient::from_connection_string(&url).unwrap();
-        client.connect().await.unwrap();
-        let producer = client
-            .producer("high", "level")
-            .unwrap()
-            .direct(
-                DirectConfig::builder()
-                    .batch_length(1)
-                    .linger_time(IggyDuration::from(Duration::from_millis(1)))
-                    .build(),
-            )
-            .partitioning(Partitioning::balanced())
-            .create_topic_if_not_exists(3, IggyExpiry::ServerDefault, MaxTopicSize::ServerDefault)
-            .build();
-        producer.init().await.unwrap();
-        for i in 0..30 {
-            producer
-                .send(vec![IggyMessage::from_str(&format!("m{i}")).unwrap()])
-                .await
-                .unwrap();
-        }
-
-        let consumer_client = IggyClient::from_connection_string(&url).unwrap();
-        consumer_client.connect().await.unwrap();
-        let mut consumer = consumer_client
-            .consumer_group("readers", "high", "level")
-            .unwrap()
-            .auto_join_consumer_group()
-            .create_consumer_group_if_not_exists()
-            .polling_strategy(PollingStrategy::next())
-            .poll_interval(IggyDuration::from(Duration::from_millis(5)))
-            .batch_length(10)
-            .build();
-        consumer.init().await.unwrap();
-        let mut seen = std::collections::BTreeSet::new();
-        use futures::StreamExt;
-        while seen.len() < 30 {
-            let m = consumer.next().await.unwrap().unwrap();
-            let text = String::from_utf8(m.message.payload.to_vec()).unwrap();
-            assert!(seen.insert(text), "a message arrived twice");
-        }
-        consumer.shutdown().await.unwrap();
-    }));
-}
-
-async fn consume_exactly(consumer: &mut IggyConsumer, n: usize) -> Vec<(u32, u64, String)> {
-    use futures::StreamExt;
-    let mut got = Vec::new();
-    while got.len() < n {
-        let m = consumer.next().await.unwrap().unwrap();
-        let text = String::from_utf8(m.message.payload.to_vec()).unwrap();
-        got.push((m.partition_id, m.message.header.offset, text));
-    }
-    got
+    runtime().block_on(bounded(
+        "producer and consumer group",
+        sdk_flows::producer_into_consumer_group(server.addr),
+    ));
 }
 
 #[test]
 fn given_key_partitioning_and_a_group_of_three_when_run_should_deliver_each_message_once_in_order()
 {
     let server = start_server();
-    runtime().block_on(bounded("group of three", async {
-        let url = format!("iggy://iggy:iggy@{}", server.addr);
-        let client = IggyClient::from_connection_string(&url).unwrap();
-        client.connect().await.unwrap();
-        let producer = client
-            .producer("keyed", "events")
-            .unwrap()
-            .direct(DirectConfig::builder().batch_length(1).build())
-            .partitioning(Partitioning::messages_key_str("k").unwrap())
-            .create_topic_if_not_exists(3, IggyExpiry::ServerDefault, MaxTopicSize::ServerDefault)
-            .build();
-        producer.init().await.unwrap();
-        // The SDK hashes the key itself and sends partition ids: one key,
-        // one partition, so these 12 must read back in order.
-        for i in 0..12 {
-            producer
-                .send(vec![IggyMessage::from_str(&format!("k{i:02}")).unwrap()])
-                .await
-                .unwrap();
-        }
-        // Nine more spread round robin by the balanced partitioner.
-        let balanced = client
-            .producer("keyed", "events")
-            .unwrap()
-            .direct(DirectConfig::builder().batch_length(1).build())
-            .partitioning(Partitioning::balanced())
-            .build();
-        balanced.init().await.unwrap();
-        for i in 0..9 {
-            balanced
-                .send(vec![IggyMessage::from_str(&format!("b{i:02}")).unwrap()])
-                .await
-                .unwrap();
-        }
-
-        let mut clients = Vec::new();
-        let mut consumers = Vec::new();
-        for _ in 0..3 {
-            let c = IggyClient::from_connection_string(&url).unwrap();
-            c.connect().await.unwrap();
-            let mut consumer = c
-                .consumer_group("trio", "keyed", "events")
-                .unwrap()
-                .auto_join_consumer_group()
-                .create_consumer_group_if_not_exists()
-                .polling_strategy(PollingStrategy::next())
-                .poll_interval(IggyDuration::from(Duration::from_millis(5)))
-                .batch_length(4)
-                .build();
-            consumer.init().await.unwrap();
-            clients.push(c);
-            consumers.push(consumer);
-        }
-        // Each member owns one of the three partitions; together they see
-        // all 21 messages exactly once, in offset order per partition.
-        let topic = client
-            .get_topic(
-                &Identifier::named("keyed").unwrap(),
-                &Identifier::named("events").unwrap(),
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        let per_partition: Vec<u64> = topic.partitions.iter().map(|p| p.messages_count).collect();
-        let mut all = Vec::new();
-        for (consumer, &count) in consumers.iter_mut().zip(per_partition.iter()) {
-            // Member i was assigned partition i (round robin by join order).
-            let got = consume_exactly(consumer, count as usize).await;
-            assert!(
-                got.iter().all(|(p, _, _)| *p == got[0].0),
-                "one partition per member"
-            );
-            let offsets: Vec<u64> = got.iter().map(|(_, o, _)| *o).collect();
-            assert_eq!(offsets, (0..count).collect::<Vec<_>>(), "in order, from 0");
-            all.extend(got.into_iter().map(|(_, _, t)| t));
-        }
-        all.sort();
-        let mut want: Vec<String> = (0..12).map(|i| format!("k{i:02}")).collect();
-        want.extend((0..9).map(|i| format!("b{i:02}")));
-        want.sort();
-        assert_eq!(all, want);
-        for mut consumer in consumers {
-            consumer.shutdown().await.unwrap();
-        }
-    }));
+    runtime().block_on(bounded(
+        "group of three",
+        sdk_flows::key_partitioning_into_group_of_three(server.addr),
+    ));
 }
 
 #[test]
 fn given_a_standalone_consumer_when_it_auto_commits_should_resume_after_its_offset() {
     let server = start_server();
-    runtime().block_on(bounded("stand-alone consumer", async {
-        let url = format!("iggy://iggy:iggy@{}", server.addr);
-        let client = IggyClient::from_connection_string(&url).unwrap();
-        client.connect().await.unwrap();
-        let producer = client
-            .producer("solo", "events")
-            .unwrap()
-            .direct(DirectConfig::builder().build())
-            .partitioning(Partitioning::partition_id(0))
-            .create_topic_if_not_exists(1, IggyExpiry::ServerDefault, MaxTopicSize::ServerDefault)
-            .build();
-        producer.init().await.unwrap();
-        let batch: Vec<IggyMessage> = (0..10)
-            .map(|i| IggyMessage::from_str(&format!("s{i}")).unwrap())
-            .collect();
-        producer.send(batch).await.unwrap();
-
-        let mut consumer = client
-            .consumer("reader-1", "solo", "events", 0)
-            .unwrap()
-            .polling_strategy(PollingStrategy::next())
-            .auto_commit(AutoCommit::When(AutoCommitWhen::PollingMessages))
-            .poll_interval(IggyDuration::from(Duration::from_millis(5)))
-            .batch_length(4)
-            .build();
-        consumer.init().await.unwrap();
-        let got = consume_exactly(&mut consumer, 6).await;
-        let offsets: Vec<u64> = got.iter().map(|(_, o, _)| *o).collect();
-        assert_eq!(offsets, vec![0, 1, 2, 3, 4, 5]);
-        // The server-side cursor moved with the polls.
-        let stored = client
-            .get_consumer_offset(
-                &Consumer::new(Identifier::named("reader-1").unwrap()),
-                &Identifier::named("solo").unwrap(),
-                &Identifier::named("events").unwrap(),
-                Some(0),
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(stored.stored_offset >= 3, "{stored:?}");
-    }));
+    runtime().block_on(bounded(
+        "stand-alone consumer",
+        sdk_flows::standalone_consumer_resumes_after_auto_commit(server.addr),
+    ));
 }

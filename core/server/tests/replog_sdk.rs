@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use iggy::prelude::*;
 
+mod support;
+use support::sdk_flows::{self, bounded, runtime};
+
 struct Replog {
     child: Child,
     addr: SocketAddr,
@@ -80,21 +83,6 @@ impl Drop for Replog {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(90), f).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what} did not finish within 90 s"),
     }
 }
 
@@ -261,55 +249,40 @@ fn given_replog_when_the_sdk_runs_the_low_level_flow_should_get_back_what_it_sen
     server.stop();
 }
 
-#[test]
-fn given_replog_when_a_producer_feeds_a_consumer_group_should_deliver_every_message_once() {
+/// Runs one shared SDK flow against a fresh `replog` process.
+fn against_replog(
+    what: &str,
+    flow: fn(SocketAddr) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let server = Replog::start(dir.path());
-    runtime().block_on(bounded("producer and consumer group", async {
-        // Wait for the root user before the high-level clients log in.
-        drop(logged_in(server.addr).await);
-        let url = format!("iggy://iggy:iggy@{}", server.addr);
-        let client = IggyClient::from_connection_string(&url).unwrap();
-        client.connect().await.unwrap();
-        let producer = client
-            .producer("high", "level")
-            .unwrap()
-            .direct(
-                DirectConfig::builder()
-                    .batch_length(1)
-                    .linger_time(IggyDuration::from(Duration::from_millis(1)))
-                    .build(),
-            )
-            .partitioning(Partitioning::balanced())
-            .create_topic_if_not_exists(3, IggyExpiry::ServerDefault, MaxTopicSize::ServerDefault)
-            .build();
-        producer.init().await.unwrap();
-        for i in 0..30 {
-            producer
-                .send(vec![IggyMessage::from_str(&format!("m{i}")).unwrap()])
-                .await
-                .unwrap();
-        }
-        let consumer_client = IggyClient::from_connection_string(&url).unwrap();
-        consumer_client.connect().await.unwrap();
-        let mut consumer = consumer_client
-            .consumer_group("readers", "high", "level")
-            .unwrap()
-            .auto_join_consumer_group()
-            .create_consumer_group_if_not_exists()
-            .polling_strategy(PollingStrategy::next())
-            .poll_interval(IggyDuration::from(Duration::from_millis(5)))
-            .batch_length(10)
-            .build();
-        consumer.init().await.unwrap();
-        let mut seen = std::collections::BTreeSet::new();
-        use futures::StreamExt;
-        while seen.len() < 30 {
-            let m = consumer.next().await.unwrap().unwrap();
-            let text = String::from_utf8(m.message.payload.to_vec()).unwrap();
-            assert!(seen.insert(text), "a message arrived twice");
-        }
-        consumer.shutdown().await.unwrap();
+    let addr = server.addr;
+    runtime().block_on(bounded(what, async move {
+        // The high-level clients log in once; wait for the root user.
+        drop(logged_in(addr).await);
+        flow(addr).await;
     }));
     server.stop();
+}
+
+#[test]
+fn given_replog_when_a_producer_feeds_a_consumer_group_should_deliver_every_message_once() {
+    against_replog("producer and consumer group", |a| {
+        Box::pin(sdk_flows::producer_into_consumer_group(a))
+    });
+}
+
+#[test]
+fn given_replog_when_keyed_and_balanced_producers_feed_a_group_of_three_should_deliver_in_order_once()
+ {
+    against_replog("group of three", |a| {
+        Box::pin(sdk_flows::key_partitioning_into_group_of_three(a))
+    });
+}
+
+#[test]
+fn given_replog_when_a_standalone_consumer_auto_commits_should_resume_after_its_offset() {
+    against_replog("stand-alone consumer", |a| {
+        Box::pin(sdk_flows::standalone_consumer_resumes_after_auto_commit(a))
+    });
 }
