@@ -75,6 +75,37 @@ impl NodeBackend {
         }
     }
 
+    /// Joins (`join`) or leaves the group for the caller's connection: the
+    /// group is resolved to numeric ids first, so a concurrent rename
+    /// cannot retarget the op.
+    async fn membership(
+        &mut self,
+        caller: Caller,
+        group: &GroupRef,
+        join: bool,
+    ) -> BackendResult<JoinedGroup> {
+        let joined = self.resolve_group(group).await?;
+        let (stream, topic, group) = numeric_group(joined);
+        let session = self.session_of(caller);
+        let op = if join {
+            MetadataOp::JoinConsumerGroup {
+                stream,
+                topic,
+                group,
+                session,
+            }
+        } else {
+            MetadataOp::LeaveConsumerGroup {
+                stream,
+                topic,
+                group,
+                session,
+            }
+        };
+        self.submit(caller, op).await?;
+        Ok(joined)
+    }
+
     /// The metadata plane's session of a connection (group membership).
     fn session_of(&self, caller: Caller) -> SessionId {
         SessionId((u64::from(self.node_tag) << 32) | u64::from(caller.member.0))
@@ -630,17 +661,7 @@ impl Backend for NodeBackend {
         caller: Caller,
         group: &GroupRef,
     ) -> BackendResult<JoinedGroup> {
-        let joined = self.resolve_group(group).await?;
-        let (stream, topic, group) = numeric_group(joined);
-        let session = self.session_of(caller);
-        let op = MetadataOp::JoinConsumerGroup {
-            stream,
-            topic,
-            group,
-            session,
-        };
-        self.submit(caller, op).await?;
-        Ok(joined)
+        self.membership(caller, group, true).await
     }
 
     async fn leave_consumer_group(
@@ -648,17 +669,7 @@ impl Backend for NodeBackend {
         caller: Caller,
         group: &GroupRef,
     ) -> BackendResult<JoinedGroup> {
-        let joined = self.resolve_group(group).await?;
-        let (stream, topic, group) = numeric_group(joined);
-        let session = self.session_of(caller);
-        let op = MetadataOp::LeaveConsumerGroup {
-            stream,
-            topic,
-            group,
-            session,
-        };
-        self.submit(caller, op).await?;
-        Ok(joined)
+        self.membership(caller, group, false).await
     }
 
     async fn sync_consumer_group(
