@@ -337,6 +337,9 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Stop when stdin closes (how `replog dev` stops its replicas).
+    #[arg(long, hide = true)]
+    pub exit_with_stdin: bool,
 }
 
 /// `replog` subcommands.
@@ -344,6 +347,51 @@ pub struct Cli {
 pub enum Command {
     /// Print the effective configuration (TOML, password redacted).
     Config,
+    /// Run a local cluster on loopback, one child process per replica,
+    /// data under `<data_dir>/dev/r<N>`; Ctrl-C stops them all.
+    Dev(DevArgs),
+}
+
+/// `replog dev` options.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct DevArgs {
+    /// Replicas to run (1, 3 or 5).
+    #[arg(long, default_value_t = 3)]
+    pub replicas: u8,
+    /// Replica N's client listener is on `base_port + 2N`, its replica
+    /// listener on `base_port + 2N + 1`.
+    #[arg(long, default_value_t = 8090)]
+    pub base_port: u16,
+}
+
+impl DevArgs {
+    /// The roster of the dev cluster.
+    ///
+    /// # Errors
+    /// A replica count other than 1, 3 or 5, or ports past 65535.
+    pub fn roster(&self) -> Result<Vec<RosterEntry>, ConfigError> {
+        if ![1, 3, 5].contains(&self.replicas) {
+            return Err(invalid(
+                "--replicas",
+                format!("{}; 1, 3 or 5 allowed", self.replicas),
+            ));
+        }
+        (0..self.replicas)
+            .map(|id| {
+                let port = |k: u16| {
+                    self.base_port
+                        .checked_add(2 * u16::from(id) + k)
+                        .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+                        .ok_or_else(|| invalid("--base-port", "the ports run past 65535"))
+                };
+                Ok(RosterEntry {
+                    id,
+                    client_address: port(0)?,
+                    replica_address: port(1)?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The flags that override the file, field by field.

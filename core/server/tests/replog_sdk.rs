@@ -5,107 +5,14 @@
 //! stopped when its handle drops.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use iggy::prelude::*;
 
 mod support;
-use support::sdk_flows::{self, bounded, runtime};
-
-struct Replog {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Replog {
-    fn start(data_dir: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_replog"))
-            .args(["--data-dir"])
-            .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0", "--shards", "2"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let line = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .expect("replog printed its address within 30 s");
-            if line.contains("serving") {
-                break line;
-            }
-        };
-        let addr = line
-            .split_whitespace()
-            .find_map(|w| w.parse::<SocketAddr>().ok())
-            .unwrap_or_else(|| panic!("no address in {line:?}"));
-        Self { child, addr }
-    }
-
-    /// SIGTERM, then wait (at most 20 s) for a clean exit.
-    fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "replog exited with {status}");
-                return;
-            }
-            assert!(Instant::now() < deadline, "replog did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Replog {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn logged_in(addr: SocketAddr) -> IggyClient {
-    let client = IggyClient::builder()
-        .with_tcp()
-        .with_server_address(addr.to_string())
-        .build()
-        .unwrap();
-    client.connect().await.unwrap();
-    // The root user is created as group 0 elects its first primary.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match client.login_user("iggy", "iggy").await {
-            Ok(_) => return client,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("login: {e:?}"),
-        }
-    }
-}
+use support::process::Replog;
+use support::sdk_flows::{self, bounded, logged_in, runtime};
 
 async fn poll_texts(client: &IggyClient, partition: u32, count: u32) -> Vec<(u64, String)> {
     let stream = Identifier::named("orders").unwrap();

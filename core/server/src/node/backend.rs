@@ -19,13 +19,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use common::{ConsumerKind, GroupId, Offset, PartitionId};
+use common::{ConsumerKind, GroupId, METADATA_GROUP, Offset, PartitionId};
 use metadata::{
     HashParams, MetadataOp, MetadataState, Outcome, PartitionRoute, PartitionStats, Refusal,
     SessionId, TopicConfig,
 };
 use shard::{Answer, Call, CallError, MetaError};
 
+use super::forward::codec::{Reply, Request};
+use super::forward::{ForwardError, Forwarder};
 use super::handle::ShardHandles;
 use crate::protocol::poll::select_messages;
 use crate::protocol::records::{
@@ -41,6 +43,7 @@ use crate::protocol::{
     UpdateStream, UpdateTopic,
 };
 use crate::session::{Backend, BackendError, BackendResult, Caller, LoginGrant};
+use std::rc::Rc;
 
 /// Round-robin cursors kept before the map is reset (a client naming many
 /// topics cannot grow it without bound).
@@ -57,7 +60,12 @@ pub struct NodeBackend {
     node_tag: u32,
     sessions: Arc<AtomicU64>,
     balanced: HashMap<TopicRef, u32>,
+    forwarder: Option<Rc<Forwarder>>,
 }
+
+/// How long a replica that forwarded a metadata op waits to have applied
+/// what the primary had, before it answers anyway.
+const READ_YOUR_WRITES_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl NodeBackend {
     /// A backend over `handles`. `node_tag` must differ between replicas
@@ -72,7 +80,16 @@ impl NodeBackend {
             node_tag,
             sessions: Arc::new(AtomicU64::new(1)),
             balanced: HashMap::new(),
+            forwarder: None,
         }
+    }
+
+    /// Forwards calls whose group's primary is another replica through
+    /// `forwarder` (a cluster of more than one replica).
+    #[must_use]
+    pub fn with_forwarder(mut self, forwarder: Option<Rc<Forwarder>>) -> Self {
+        self.forwarder = forwarder;
+        self
     }
 
     /// Joins (`join`) or leaves the group for the caller's connection: the
@@ -120,27 +137,110 @@ impl NodeBackend {
         self.handles.meta_query(query).await.map_err(meta_failed)?
     }
 
-    /// Replicates an op and waits for its outcome.
+    /// Replicates an op and waits for its outcome: here when this replica
+    /// is group 0's primary, else at the primary over the forward lane
+    /// (and then until this replica has applied as much, so the client's
+    /// next read here sees its write).
     async fn submit(&self, caller: Caller, op: MetadataOp) -> BackendResult<Outcome> {
-        self.handles
-            .meta_submit(op, caller.user.0)
-            .await
-            .map_err(meta_failed)
+        let user = caller.user.0;
+        let Some(forwarder) = &self.forwarder else {
+            return self
+                .handles
+                .meta_submit(op, user)
+                .await
+                .map_err(meta_failed);
+        };
+        let primary = match forwarder.hint(METADATA_GROUP) {
+            Some(primary) => primary,
+            None => match self.handles.meta_submit(op.clone(), user).await {
+                Err(MetaError::NotPrimary { primary, .. }) if primary != forwarder.me() => {
+                    forwarder.set_hint(METADATA_GROUP, Some(primary));
+                    primary
+                }
+                other => return other.map_err(meta_failed),
+            },
+        };
+        let request = Request::Meta { user, op };
+        match forwarder.request(primary, &request).await {
+            Ok(Reply::Meta { result, applied }) => {
+                if result == Err(BackendError::NoPrimary) {
+                    forwarder.set_hint(METADATA_GROUP, None);
+                }
+                self.await_applied(applied).await;
+                result
+            }
+            Ok(Reply::Partition(_)) => Err(unexpected("a metadata op")),
+            Err(e) => {
+                forwarder.set_hint(METADATA_GROUP, None);
+                Err(forward_failed(&e))
+            }
+        }
+    }
+
+    /// Waits (bounded) until group 0 here has applied `op`.
+    async fn await_applied(&self, op: u64) {
+        let deadline = std::time::Instant::now() + READ_YOUR_WRITES_WAIT;
+        while std::time::Instant::now() < deadline {
+            match self.handles.meta_query(|s| s.applied().0).await {
+                Ok(applied) if applied >= op => return,
+                Ok(_) => compio::time::sleep(std::time::Duration::from_millis(2)).await,
+                Err(_) => return,
+            }
+        }
+        tracing::debug!(op, "answered before applying the primary's metadata");
     }
 
     /// Runs a partition call on its group's primary.
     async fn call(&self, route: &PartitionRoute, call: Call) -> BackendResult<Answer> {
-        self.handles
-            .call(route.group, call)
+        self.call_group(route.group, call).await
+    }
+
+    /// Runs a call on `group`'s primary: here, or forwarded to the
+    /// replica this one last learnt is primary (the call is kept for the
+    /// forward only in a cluster, and only until a primary is known).
+    async fn call_group(&self, group: GroupId, call: Call) -> BackendResult<Answer> {
+        let Some(forwarder) = &self.forwarder else {
+            return self.handles.call(group, call).await.map_err(call_failed);
+        };
+        let primary = match forwarder.hint(group) {
+            Some(primary) => primary,
+            None => match self.handles.call(group, call.clone()).await {
+                Err(CallError::NotPrimary { primary, .. }) if primary != forwarder.me() => {
+                    forwarder.set_hint(group, Some(primary));
+                    primary
+                }
+                other => return other.map_err(call_failed),
+            },
+        };
+        let replicated = call.is_replicated();
+        match forwarder
+            .request(primary, &Request::Partition { group, call })
             .await
-            .map_err(call_failed)
+        {
+            Ok(Reply::Partition(result)) => {
+                if matches!(result, Err(BackendError::NoPrimary)) {
+                    forwarder.set_hint(group, None);
+                }
+                result
+            }
+            Ok(Reply::Meta { .. }) => Err(unexpected("a partition call")),
+            Err(e) => {
+                forwarder.set_hint(group, None);
+                match e {
+                    ForwardError::Lost | ForwardError::Timeout if replicated => {
+                        Err(BackendError::NotCommitted)
+                    }
+                    other => Err(forward_failed(&other)),
+                }
+            }
+        }
     }
 
     /// The numbers of each group, asked of every group at once; a group
     /// that answers an error counts as zeros (a read of sizes must not
     /// fail because one partition is between primaries).
     async fn stats_of(&self, groups: Vec<GroupId>) -> BTreeMap<GroupId, PartitionStats> {
-        let calls = groups.iter().map(|g| self.handles.call(*g, Call::Stats));
+        let calls = groups.iter().map(|g| self.call_group(*g, Call::Stats));
         let answers = futures::future::join_all(calls).await;
         groups
             .into_iter()
@@ -1202,7 +1302,7 @@ fn refused(r: Refusal) -> BackendError {
 }
 
 /// A metadata op or query that was not carried out.
-fn meta_failed(e: MetaError) -> BackendError {
+pub(crate) fn meta_failed(e: MetaError) -> BackendError {
     match e {
         MetaError::Refused(r) => refused(r),
         // No primary here or a view change: Iggy's 58, which the SDK
@@ -1217,8 +1317,20 @@ fn meta_failed(e: MetaError) -> BackendError {
     }
 }
 
+/// A forwarded request without an answer: nothing was sent, or the
+/// outcome is unknown. Both are worth a retry (58); a replicated call
+/// whose outcome is unknown is mapped by the caller (57).
+fn forward_failed(e: &ForwardError) -> BackendError {
+    match e {
+        ForwardError::NotConnected | ForwardError::Lost | ForwardError::Timeout => {
+            BackendError::NoPrimary
+        }
+        ForwardError::Codec(c) => BackendError::LocalFault(format!("forwarding: {c}")),
+    }
+}
+
 /// A partition call that was not carried out.
-fn call_failed(e: CallError) -> BackendError {
+pub(crate) fn call_failed(e: CallError) -> BackendError {
     match e {
         CallError::NotPrimary { .. } | CallError::Unavailable { .. } | CallError::Overloaded => {
             BackendError::NoPrimary

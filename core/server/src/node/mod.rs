@@ -10,7 +10,9 @@
 //! partition groups with the committed metadata and serve clients.
 
 pub mod backend;
+pub mod bus;
 pub mod env;
+pub mod forward;
 pub mod handle;
 pub mod identity;
 pub mod listener;
@@ -23,7 +25,9 @@ use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use bus::{Acceptor, BusConfig, Greeted, Routes};
 use common::ReplicaId;
+use forward::Forwarder;
 use futures::channel::{mpsc, oneshot};
 use shard::{Input, Shard, ShardConfig, ShardIndex, shard_dir};
 
@@ -53,6 +57,17 @@ pub struct NodeConfig {
     pub client_addr: SocketAddr,
     /// Ceiling on a client request frame.
     pub client_frame_size_max_bytes: u32,
+    /// The replica bus, for a cluster of more than one replica.
+    pub bus: Option<BusSetup>,
+}
+
+/// Where a replica's bus listens and where every replica's bus is.
+#[derive(Debug, Clone)]
+pub struct BusSetup {
+    /// This replica's replica-bus listener (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Every replica's replica-bus address, this one included.
+    pub roster: Vec<(ReplicaId, SocketAddr)>,
 }
 
 /// A running replica.
@@ -62,6 +77,7 @@ pub struct Node {
     stops: Vec<oneshot::Sender<()>>,
     threads: Vec<JoinHandle<()>>,
     client_addr: SocketAddr,
+    acceptor: Option<Acceptor>,
 }
 
 impl Node {
@@ -80,6 +96,24 @@ impl Node {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..config.shard_count)
             .map(|_| shard::inbox(INBOX_CAPACITY))
             .unzip();
+        let bus = match &config.bus {
+            Some(setup) if setup.roster.len() > 1 => Some(open_bus(&config, setup)?),
+            _ => None,
+        };
+        let (routes, mut lane_receivers, mut forward_rx) = match &bus {
+            Some(_) => {
+                let (shards, receivers): (Vec<_>, Vec<_>) = (0..config.shard_count)
+                    .map(|_| mpsc::unbounded::<Greeted>())
+                    .unzip();
+                let (forward, forward_rx) = mpsc::unbounded();
+                (
+                    Some(Routes { shards, forward }),
+                    receivers.into_iter().map(Some).collect(),
+                    Some(forward_rx),
+                )
+            }
+            None => (None, Vec::new(), None),
+        };
         let handles = ShardHandles::new(senders.clone());
         let (ready_tx, ready_rx) = std_mpsc::channel::<Result<u16, String>>();
         let mut stops = Vec::new();
@@ -90,6 +124,16 @@ impl Node {
             let index = index as u16;
             let (stop_tx, stop_rx) = oneshot::channel();
             stops.push(stop_tx);
+            let lanes = bus.as_ref().and_then(|(bus_config, _)| {
+                lane_receivers
+                    .get_mut(usize::from(index))
+                    .and_then(Option::take)
+                    .map(|accepted| ShardLanes {
+                        config: Arc::clone(bus_config),
+                        accepted,
+                        forward: if index == 0 { forward_rx.take() } else { None },
+                    })
+            });
             let boot = ShardBoot {
                 config: shard_config(&config, ShardIndex(index)),
                 siblings: senders.clone(),
@@ -106,6 +150,8 @@ impl Node {
                 } else {
                     None
                 },
+                lanes,
+                handles: handles.clone(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("shard-{index}"))
@@ -121,11 +167,19 @@ impl Node {
                 Err(_) => return Err("a shard thread ended during boot".into()),
             }
         }
+        let acceptor = match (bus, routes) {
+            (Some((bus_config, listener)), Some(routes)) => {
+                Some(Acceptor::start(listener, bus_config, routes)?)
+            }
+            _ => None,
+        };
         tracing::info!(
             replica = config.replica.0,
             cluster = format!("{:#x}", config.cluster),
             shards = config.shard_count,
+            replicas = config.replica_count,
             %client_addr,
+            replica_addr = %acceptor.as_ref().map_or_else(|| "none".to_owned(), |a| a.addr().to_string()),
             data_dir = %config.data_dir.display(),
             "replica serving"
         );
@@ -134,7 +188,13 @@ impl Node {
             stops,
             threads,
             client_addr,
+            acceptor,
         })
+    }
+
+    /// The address other replicas dial, in a cluster.
+    pub fn replica_addr(&self) -> Option<SocketAddr> {
+        self.acceptor.as_ref().map(Acceptor::addr)
     }
 
     /// The address clients connect to.
@@ -150,6 +210,9 @@ impl Node {
     /// Stops every shard (each finishes its input at hand, flushes its
     /// groups and exits) and waits for the threads.
     pub fn stop(self) {
+        if let Some(acceptor) = self.acceptor {
+            acceptor.stop();
+        }
         for stop in self.stops {
             let _ = stop.send(());
         }
@@ -159,6 +222,42 @@ impl Node {
             }
         }
     }
+}
+
+/// Binds the replica listener and describes the bus.
+fn open_bus(
+    config: &NodeConfig,
+    setup: &BusSetup,
+) -> Result<(Arc<BusConfig>, std::net::TcpListener), String> {
+    if setup.roster.len() != usize::from(config.replica_count)
+        || !setup.roster.iter().any(|(id, _)| *id == config.replica)
+    {
+        return Err(format!(
+            "the roster names {} replicas without replica {}, or not {} of them",
+            setup.roster.len(),
+            config.replica.0,
+            config.replica_count
+        ));
+    }
+    let listener = std::net::TcpListener::bind(setup.listen)
+        .map_err(|e| format!("binding the replica listener on {}: {e}", setup.listen))?;
+    let bus = BusConfig {
+        cluster: config.cluster,
+        me: config.replica,
+        roster: setup.roster.clone(),
+        shard_count: config.shard_count,
+        incarnation: incarnation(),
+        frame_size_max: consensus::header::FRAME_SIZE_MAX_DEFAULT,
+    };
+    Ok((Arc::new(bus), listener))
+}
+
+/// This boot's incarnation: the wall clock in nanoseconds, larger on
+/// every later boot of the replica (as long as the clock moves forward).
+fn incarnation() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 fn shard_config(config: &NodeConfig, index: ShardIndex) -> ShardConfig {
@@ -215,6 +314,8 @@ pub struct ClientContext {
     pub handles: ShardHandles,
     /// What every session shares.
     pub session: Arc<SessionConfig>,
+    /// Forwards calls to other replicas' primaries (a cluster only).
+    pub forwarder: Option<Rc<Forwarder>>,
 }
 
 /// Starts the client side (the listener and its backend) on shard 0's
@@ -235,6 +336,16 @@ struct ShardBoot {
     stop: oneshot::Receiver<()>,
     ready: std_mpsc::Sender<Result<u16, String>>,
     clients: Option<ClientSide>,
+    lanes: Option<ShardLanes>,
+    handles: ShardHandles,
+}
+
+/// A shard's part of the replica bus.
+struct ShardLanes {
+    config: Arc<BusConfig>,
+    accepted: mpsc::UnboundedReceiver<Greeted>,
+    /// Shard 0 also serves the forward lanes.
+    forward: Option<mpsc::UnboundedReceiver<Greeted>>,
 }
 
 fn run_shard(boot: ShardBoot) {
@@ -261,10 +372,24 @@ fn run_shard(boot: ShardBoot) {
                 return;
             }
         };
+        let own_inbox = boot.siblings.get(usize::from(index)).cloned();
         shard.set_siblings(boot.siblings);
+        let mut forwarder = None;
+        if let (Some(lanes), Some(own_inbox)) = (boot.lanes, own_inbox) {
+            let ShardLanes {
+                config,
+                accepted,
+                forward,
+            } = lanes;
+            bus::start_shard_lanes(shard.env(), own_inbox, index, Arc::clone(&config), accepted);
+            if let Some(forward) = forward {
+                forward::serve(boot.handles.clone(), forward);
+                forwarder = Some(Forwarder::start(&config));
+            }
+        }
         let _ = boot.ready.send(Ok(index));
         if let Some(clients) = boot.clients {
-            start_clients(clients);
+            start_clients(clients, forwarder);
             shard.reconcile_partitions().await;
         }
         let shard = shard::pump::run(shard, boot.inbox, boot.stop).await;
@@ -277,7 +402,7 @@ fn run_shard(boot: ShardBoot) {
 }
 
 /// On shard 0's runtime: hands the listener to the client starter.
-fn start_clients(clients: ClientSide) {
+fn start_clients(clients: ClientSide, forwarder: Option<Rc<Forwarder>>) {
     let ClientSide {
         listener,
         handles,
@@ -292,6 +417,7 @@ fn start_clients(clients: ClientSide) {
             listener,
             handles,
             session,
+            forwarder,
         }),
         Err(error) => tracing::error!(%error, "the client listener could not join the runtime"),
     }

@@ -1,2 +1,3 @@
 //! Shared test support.
+pub mod process;
 pub mod sdk_flows;

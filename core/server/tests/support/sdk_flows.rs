@@ -27,6 +27,29 @@ pub async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> 
     }
 }
 
+/// A client logged in as the root user, retried (at most 30 s) while the
+/// root user is being created as group 0 elects its first primary.
+pub async fn logged_in(addr: SocketAddr) -> IggyClient {
+    let client = IggyClient::builder()
+        .with_tcp()
+        .with_server_address(addr.to_string())
+        .build()
+        .unwrap();
+    client.connect().await.unwrap();
+    // The root user is created as group 0 elects its first primary.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.login_user("iggy", "iggy").await {
+            Ok(_) => return client,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("login: {e:?}"),
+        }
+    }
+}
+
 pub async fn consume_exactly(consumer: &mut IggyConsumer, n: usize) -> Vec<(u32, u64, String)> {
     use futures::StreamExt;
     let mut got = Vec::new();

@@ -7,8 +7,12 @@
 //! - `replog config` prints the effective configuration (defaults,
 //!   `--config FILE`, `REPLOG_ROOT_PASSWORD`, flags).
 //!
-//! A roster of more than one replica is refused for now: the replica bus
-//! that carries frames between replicas is not built yet.
+//! - `replog --config FILE` with a roster runs one replica of a cluster;
+//!   the replica bus connects it to the others.
+//! - `replog dev --replicas 3` runs a local cluster of three replicas on
+//!   loopback as child processes (see [`dev`]).
+
+mod dev;
 
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -18,7 +22,7 @@ use clap::Parser;
 use common::ReplicaId;
 use server::config::{Cli, Command, Config};
 use server::node::backend::{NodeBackend, ensure_root_user};
-use server::node::{ClientStarter, Node, NodeConfig, listener};
+use server::node::{BusSetup, ClientStarter, Node, NodeConfig, listener};
 use server::session::ErrorClass;
 
 fn main() -> ExitCode {
@@ -36,7 +40,8 @@ fn main() -> ExitCode {
             print!("{}", config.to_toml_redacted());
             ExitCode::SUCCESS
         }
-        None => serve(config),
+        Some(Command::Dev(dev)) => dev::run(&config, &dev),
+        None => serve(config, cli.exit_with_stdin),
     }
 }
 
@@ -50,25 +55,27 @@ fn init_logging() {
         .try_init();
 }
 
-fn serve(config: Config) -> ExitCode {
+fn serve(config: Config, exit_with_stdin: bool) -> ExitCode {
     init_logging();
     let roster = config.roster();
-    if roster.len() > 1 {
-        eprintln!(
-            "replog: a roster of {} replicas needs the replica bus, which this build does not have yet; run a single replica",
-            roster.len()
-        );
-        return ExitCode::from(2);
-    }
+    let replica_count = u8::try_from(roster.len()).unwrap_or(u8::MAX);
+    let bus = (roster.len() > 1).then(|| BusSetup {
+        listen: config.replica.listen,
+        roster: roster
+            .iter()
+            .map(|r| (ReplicaId(r.id), r.replica_address))
+            .collect(),
+    });
     let node_config = NodeConfig {
         cluster: u128::from(config.cluster_id),
         replica: ReplicaId(config.replica_id),
-        replica_count: 1,
+        replica_count,
         shard_count: config.shards.max(1),
         data_dir: config.data_dir.clone(),
         tick: Duration::from_millis(config.tick_ms.max(1)),
         client_addr: config.client.listen,
         client_frame_size_max_bytes: config.client.frame_size_max_bytes,
+        bus,
     };
     let username = config.root.username.clone();
     let password = config.root.password.clone();
@@ -80,7 +87,10 @@ fn serve(config: Config) -> ExitCode {
         })
         .detach();
         let handles = ctx.handles.clone();
-        let make = Rc::new(move || NodeBackend::new(handles.clone(), tag));
+        let forwarder = ctx.forwarder.clone();
+        let make = Rc::new(move || {
+            NodeBackend::new(handles.clone(), tag).with_forwarder(forwarder.clone())
+        });
         compio::runtime::spawn(listener::serve(ctx.listener, ctx.session, make)).detach();
     });
     let node = match Node::start(node_config, Some(starter)) {
@@ -90,13 +100,21 @@ fn serve(config: Config) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    println!(
-        "replog: replica {} serving Iggy clients on {} (data in {})",
-        config.replica_id,
-        node.client_addr(),
-        config.data_dir.display()
-    );
-    wait_for_stop_signal();
+    match node.replica_addr() {
+        Some(replica_addr) => println!(
+            "replog: replica {} serving Iggy clients on {} (replicas on {replica_addr}; data in {})",
+            config.replica_id,
+            node.client_addr(),
+            config.data_dir.display()
+        ),
+        None => println!(
+            "replog: replica {} serving Iggy clients on {} (data in {})",
+            config.replica_id,
+            node.client_addr(),
+            config.data_dir.display()
+        ),
+    }
+    wait_for_stop_signal(exit_with_stdin);
     tracing::info!("stopping: finishing in-flight inputs and flushing");
     node.stop();
     ExitCode::SUCCESS
@@ -128,7 +146,21 @@ fn boot_tag(replica: u8) -> u32 {
     (u32::from(replica) << 24) | (nanos & 0x00FF_FFFF) | 1
 }
 
-fn wait_for_stop_signal() {
+/// Waits for SIGINT or SIGTERM, or, with `exit_with_stdin`, for stdin
+/// to close (a `replog dev` parent holds its children's stdin: when it
+/// exits, however it exits, they stop).
+fn wait_for_stop_signal(exit_with_stdin: bool) {
+    let (closed_tx, closed_rx) = futures::channel::oneshot::channel::<()>();
+    if exit_with_stdin {
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin();
+            while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
+            let _ = closed_tx.send(());
+        });
+    } else {
+        std::mem::forget(closed_tx);
+    }
     let runtime = match compio::runtime::RuntimeBuilder::new().build() {
         Ok(rt) => rt,
         Err(error) => {
@@ -139,6 +171,7 @@ fn wait_for_stop_signal() {
     runtime.block_on(async {
         let interrupt = std::pin::pin!(compio::signal::ctrl_c());
         let terminate = std::pin::pin!(compio::signal::unix::signal(15));
-        let _ = futures::future::select(interrupt, terminate).await;
+        let signal = futures::future::select(interrupt, terminate);
+        let _ = futures::future::select(signal, closed_rx).await;
     });
 }

@@ -1,0 +1,152 @@
+//! `replog dev --replicas N`: a local cluster on loopback for trying
+//! things out. Each replica is a child process running this binary with
+//! a generated configuration (`<data_dir>/dev/r<N>.toml`, data in
+//! `<data_dir>/dev/r<N>`). The parent prints every replica's addresses,
+//! prefixes each child's output with its replica, and on Ctrl-C or
+//! SIGTERM closes the children's stdin, which stops them cleanly (so
+//! they stop too if the parent dies).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use server::config::{Config, DevArgs, ROOT_PASSWORD_ENV};
+
+/// How long a child may take to stop after its stdin closed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
+    let roster = match args.roster() {
+        Ok(roster) => roster,
+        Err(e) => {
+            eprintln!("replog dev: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("replog dev: cannot find this binary to start the replicas: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let dev_dir = base.data_dir.join("dev");
+    let mut children: Vec<(u8, Child)> = Vec::new();
+    for entry in &roster {
+        let mut config = base.clone();
+        config.data_dir = dev_dir.join(format!("r{}", entry.id));
+        config.replica_id = entry.id;
+        config.client.listen = entry.client_address;
+        config.replica.listen = entry.replica_address;
+        config.replicas = roster.clone();
+        let file = dev_dir.join(format!("r{}.toml", entry.id));
+        if let Err(e) = write_config(&config, &file) {
+            eprintln!("replog dev: writing {}: {e}", file.display());
+            stop_all(children);
+            return ExitCode::from(1);
+        }
+        // The password travels in the environment, not in the file.
+        let spawned = Command::new(&exe)
+            .arg("--config")
+            .arg(&file)
+            .arg("--exit-with-stdin")
+            .env(ROOT_PASSWORD_ENV, &base.root.password)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match spawned {
+            Ok(mut child) => {
+                prefix_output(entry.id, &mut child);
+                children.push((entry.id, child));
+            }
+            Err(e) => {
+                eprintln!("replog dev: starting replica {}: {e}", entry.id);
+                stop_all(children);
+                return ExitCode::from(1);
+            }
+        }
+        println!(
+            "replog dev: replica {} clients {} replicas {} data {}",
+            entry.id,
+            entry.client_address,
+            entry.replica_address,
+            config.data_dir.display()
+        );
+    }
+    println!(
+        "replog dev: {} replicas running; connect with iggy://{}:<password>@{}; Ctrl-C stops them",
+        roster.len(),
+        base.root.username,
+        roster[0].client_address
+    );
+    super::wait_for_stop_signal(false);
+    println!("replog dev: stopping");
+    if stop_all(children) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn write_config(config: &Config, file: &Path) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(file, config.to_toml_redacted())
+}
+
+/// Copies a child's stdout and stderr to ours, each line prefixed.
+fn prefix_output(id: u8, child: &mut Child) {
+    if let Some(out) = child.stdout.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                println!("[r{id}] {line}");
+            }
+        });
+    }
+    if let Some(err) = child.stderr.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[r{id}] {line}");
+            }
+        });
+    }
+}
+
+/// Closes every child's stdin and waits for it; kills what does not stop
+/// in time. True when every child exited cleanly.
+fn stop_all(children: Vec<(u8, Child)>) -> bool {
+    let mut clean = true;
+    let mut waiting = Vec::new();
+    for (id, mut child) in children {
+        drop(child.stdin.take());
+        waiting.push((id, child));
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    for (id, mut child) in waiting {
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    if !status.success() {
+                        eprintln!("replog dev: replica {id} exited with {status}");
+                        clean = false;
+                    }
+                    break;
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => {
+                    eprintln!("replog dev: replica {id} did not stop in time; killing it");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    clean = false;
+                    break;
+                }
+            }
+        }
+    }
+    clean
+}

@@ -1,0 +1,430 @@
+//! The replica bus handshake: the dialer's [`Hello`] and the accepter's
+//! [`Verdict`], fixed-size, little-endian, each ending in an xxh3-64 of
+//! the bytes before it.
+//!
+//! ```text
+//! Hello (64 bytes)                     Verdict (24 bytes)
+//!   0  magic "RPLB"                      0  magic "RPLV"
+//!   4  version u16 (1)                   4  version u16 (1)
+//!   6  lane u8 (0 shard, 1 forward)      6  code u8 (0 accepted, else a refusal)
+//!   7  from u8                           7  reserved u8 (0)
+//!   8  to u8                             8  accepter's incarnation u64
+//!   9  reserved u8 (0)                  16  xxh3-64 of bytes 0..16
+//!  10  shard index u16
+//!  12  shard count u16
+//!  14  reserved u16 (0)
+//!  16  cluster u128
+//!  32  incarnation u64
+//!  40  reserved [u8; 16] (0)
+//!  56  xxh3-64 of bytes 0..56
+//! ```
+//!
+//! The accepter checks a hello in a fixed order and names the first
+//! failure ([`Refusal`]); the dialer logs the verdict's reason. Decoders
+//! fail closed: a wrong magic, version, checksum, reserved byte or lane
+//! is an error, never a guess.
+
+use std::fmt;
+
+use common::ReplicaId;
+use consensus::le_cursor::LeCursor;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Bytes of an encoded [`Hello`].
+pub const HELLO_SIZE: usize = 64;
+/// Bytes of an encoded [`Verdict`].
+pub const VERDICT_SIZE: usize = 24;
+
+const HELLO_MAGIC: [u8; 4] = *b"RPLB";
+const VERDICT_MAGIC: [u8; 4] = *b"RPLV";
+const VERSION: u16 = 1;
+
+/// What a connection carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lane {
+    /// The consensus frames of one shard index (both ends' shard of that
+    /// index own the connection).
+    Shard(u16),
+    /// Client requests forwarded to a primary, and their answers.
+    Forward,
+}
+
+/// The dialer's greeting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// The cluster the dialer belongs to.
+    pub cluster: u128,
+    /// The dialer.
+    pub from: ReplicaId,
+    /// The replica it means to reach.
+    pub to: ReplicaId,
+    /// What the connection carries.
+    pub lane: Lane,
+    /// The dialer's shards per replica.
+    pub shard_count: u16,
+    /// The dialer's boot: a later boot has a larger number.
+    pub incarnation: u64,
+}
+
+/// Why an accepter refused a hello (or why a hello did not decode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The bytes are not a hello of this version.
+    Malformed,
+    /// The dialer belongs to another cluster.
+    WrongCluster,
+    /// The hello names another replica as its target.
+    NotAddressedToMe,
+    /// The dialer is not in this replica's roster (or is this replica).
+    UnknownReplica,
+    /// The dialer runs another number of shards per replica.
+    ShardCountMismatch,
+    /// The shard lane names a shard this replica does not have.
+    ShardOutOfRange,
+    /// For shard lanes the lower id dials; this dialer has the higher.
+    WrongDialer,
+    /// A connection from a later boot of the dialer is already accepted.
+    StaleIncarnation,
+}
+
+impl Refusal {
+    fn code(self) -> u8 {
+        match self {
+            Self::Malformed => 1,
+            Self::WrongCluster => 2,
+            Self::NotAddressedToMe => 3,
+            Self::UnknownReplica => 4,
+            Self::ShardCountMismatch => 5,
+            Self::ShardOutOfRange => 6,
+            Self::WrongDialer => 7,
+            Self::StaleIncarnation => 8,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => Self::Malformed,
+            2 => Self::WrongCluster,
+            3 => Self::NotAddressedToMe,
+            4 => Self::UnknownReplica,
+            5 => Self::ShardCountMismatch,
+            6 => Self::ShardOutOfRange,
+            7 => Self::WrongDialer,
+            8 => Self::StaleIncarnation,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Malformed => "the hello is malformed",
+            Self::WrongCluster => "the dialer belongs to another cluster",
+            Self::NotAddressedToMe => "the hello is addressed to another replica",
+            Self::UnknownReplica => "the dialer is not in the roster",
+            Self::ShardCountMismatch => "the replicas run different shard counts",
+            Self::ShardOutOfRange => "the shard lane is past the shard count",
+            Self::WrongDialer => "the higher replica id dialed a shard lane",
+            Self::StaleIncarnation => "a later boot of the dialer is already connected",
+        })
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// The accepter's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The connection is open; the accepter's incarnation.
+    Accepted {
+        /// The accepter's boot.
+        incarnation: u64,
+    },
+    /// Refused; the accepter closes the connection.
+    Refused(Refusal),
+}
+
+/// What the accepter knows to check a hello against.
+#[derive(Debug, Clone, Copy)]
+pub struct Local<'a> {
+    /// This cluster.
+    pub cluster: u128,
+    /// This replica.
+    pub me: ReplicaId,
+    /// Every replica id of the roster.
+    pub roster: &'a [ReplicaId],
+    /// Shards per replica here.
+    pub shard_count: u16,
+}
+
+impl Hello {
+    /// The hello's bytes.
+    pub fn encode(&self) -> [u8; HELLO_SIZE] {
+        let mut out = [0u8; HELLO_SIZE];
+        out[0..4].copy_from_slice(&HELLO_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        let (lane, shard) = match self.lane {
+            Lane::Shard(index) => (0u8, index),
+            Lane::Forward => (1u8, 0),
+        };
+        out[6] = lane;
+        out[7] = self.from.0;
+        out[8] = self.to.0;
+        out[10..12].copy_from_slice(&shard.to_le_bytes());
+        out[12..14].copy_from_slice(&self.shard_count.to_le_bytes());
+        out[16..32].copy_from_slice(&self.cluster.to_le_bytes());
+        out[32..40].copy_from_slice(&self.incarnation.to_le_bytes());
+        let sum = xxh3_64(&out[..56]);
+        out[56..64].copy_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Decodes a hello.
+    ///
+    /// # Errors
+    /// [`Refusal::Malformed`] for anything but the exact layout above.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Refusal> {
+        let malformed = |_| Refusal::Malformed;
+        if bytes.len() != HELLO_SIZE {
+            return Err(Refusal::Malformed);
+        }
+        let sum = u64::from_le_bytes(bytes[56..64].try_into().map_err(|_| Refusal::Malformed)?);
+        if sum != xxh3_64(&bytes[..56]) {
+            return Err(Refusal::Malformed);
+        }
+        let mut c = LeCursor::new(bytes);
+        if c.take(4).map_err(malformed)? != HELLO_MAGIC || c.u16().map_err(malformed)? != VERSION {
+            return Err(Refusal::Malformed);
+        }
+        let lane = c.u8().map_err(malformed)?;
+        let from = ReplicaId(c.u8().map_err(malformed)?);
+        let to = ReplicaId(c.u8().map_err(malformed)?);
+        let reserved_a = c.u8().map_err(malformed)?;
+        let shard = c.u16().map_err(malformed)?;
+        let shard_count = c.u16().map_err(malformed)?;
+        let reserved_b = c.u16().map_err(malformed)?;
+        let cluster = c.u128().map_err(malformed)?;
+        let incarnation = c.u64().map_err(malformed)?;
+        let reserved_c = c.take(16).map_err(malformed)?;
+        if reserved_a != 0 || reserved_b != 0 || reserved_c.iter().any(|&b| b != 0) {
+            return Err(Refusal::Malformed);
+        }
+        let lane = match (lane, shard) {
+            (0, index) => Lane::Shard(index),
+            (1, 0) => Lane::Forward,
+            _ => return Err(Refusal::Malformed),
+        };
+        Ok(Self {
+            cluster,
+            from,
+            to,
+            lane,
+            shard_count,
+            incarnation,
+        })
+    }
+
+    /// Checks the hello against this replica, in a fixed order, naming
+    /// the first failure. Incarnations are checked by the caller, which
+    /// holds the connections.
+    pub fn check(&self, local: &Local<'_>) -> Result<(), Refusal> {
+        if self.cluster != local.cluster {
+            return Err(Refusal::WrongCluster);
+        }
+        if self.to != local.me {
+            return Err(Refusal::NotAddressedToMe);
+        }
+        if self.from == local.me || !local.roster.contains(&self.from) {
+            return Err(Refusal::UnknownReplica);
+        }
+        if self.shard_count != local.shard_count {
+            return Err(Refusal::ShardCountMismatch);
+        }
+        if let Lane::Shard(index) = self.lane {
+            if index >= local.shard_count {
+                return Err(Refusal::ShardOutOfRange);
+            }
+            if self.from.0 > local.me.0 {
+                return Err(Refusal::WrongDialer);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Verdict {
+    /// The verdict's bytes.
+    pub fn encode(&self) -> [u8; VERDICT_SIZE] {
+        let mut out = [0u8; VERDICT_SIZE];
+        out[0..4].copy_from_slice(&VERDICT_MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        match self {
+            Self::Accepted { incarnation } => {
+                out[8..16].copy_from_slice(&incarnation.to_le_bytes());
+            }
+            Self::Refused(refusal) => out[6] = refusal.code(),
+        }
+        let sum = xxh3_64(&out[..16]);
+        out[16..24].copy_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Decodes a verdict.
+    ///
+    /// # Errors
+    /// `Err(())` for anything but the exact layout above.
+    #[allow(clippy::result_unit_err)]
+    pub fn decode(bytes: &[u8]) -> Result<Self, ()> {
+        if bytes.len() != VERDICT_SIZE
+            || bytes[0..4] != VERDICT_MAGIC
+            || bytes[4..6] != VERSION.to_le_bytes()
+            || bytes[7] != 0
+        {
+            return Err(());
+        }
+        let sum = u64::from_le_bytes(bytes[16..24].try_into().map_err(drop)?);
+        if sum != xxh3_64(&bytes[..16]) {
+            return Err(());
+        }
+        let incarnation = u64::from_le_bytes(bytes[8..16].try_into().map_err(drop)?);
+        match bytes[6] {
+            0 => Ok(Self::Accepted { incarnation }),
+            code if incarnation == 0 => Refusal::from_code(code).map(Self::Refused).ok_or(()),
+            _ => Err(()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn hello() -> Hello {
+        Hello {
+            cluster: 0xABCD_0123,
+            from: ReplicaId(0),
+            to: ReplicaId(2),
+            lane: Lane::Shard(1),
+            shard_count: 2,
+            incarnation: 77,
+        }
+    }
+
+    fn local(me: u8) -> Local<'static> {
+        const ROSTER: [ReplicaId; 3] = [ReplicaId(0), ReplicaId(1), ReplicaId(2)];
+        Local {
+            cluster: 0xABCD_0123,
+            me: ReplicaId(me),
+            roster: &ROSTER,
+            shard_count: 2,
+        }
+    }
+
+    #[test]
+    fn given_hellos_and_verdicts_when_encoded_should_decode_to_themselves() {
+        for lane in [Lane::Shard(0), Lane::Shard(65_535), Lane::Forward] {
+            let h = Hello { lane, ..hello() };
+            assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        }
+        let mut verdicts = vec![Verdict::Accepted { incarnation: 9 }];
+        verdicts.extend((1..=8).filter_map(Refusal::from_code).map(Verdict::Refused));
+        assert_eq!(verdicts.len(), 9);
+        for v in verdicts {
+            assert_eq!(Verdict::decode(&v.encode()), Ok(v));
+        }
+    }
+
+    #[test]
+    fn given_a_hello_with_any_byte_changed_when_decoded_should_be_malformed() {
+        let bytes = hello().encode();
+        for at in 0..HELLO_SIZE {
+            let mut bad = bytes;
+            bad[at] ^= 0x40;
+            assert_eq!(Hello::decode(&bad), Err(Refusal::Malformed), "byte {at}");
+        }
+        assert_eq!(Hello::decode(&bytes[..63]), Err(Refusal::Malformed));
+        let v = Verdict::Refused(Refusal::WrongCluster).encode();
+        for at in 0..VERDICT_SIZE {
+            let mut bad = v;
+            bad[at] ^= 0x01;
+            assert_eq!(Verdict::decode(&bad), Err(()), "byte {at}");
+        }
+    }
+
+    #[test]
+    fn given_each_mismatch_when_checked_should_name_it_in_order() {
+        let ok = hello();
+        assert_eq!(ok.check(&local(2)), Ok(()));
+        let cases = [
+            (
+                Hello {
+                    cluster: 1,
+                    to: ReplicaId(1),
+                    ..ok
+                },
+                Refusal::WrongCluster,
+            ),
+            (
+                Hello {
+                    to: ReplicaId(1),
+                    ..ok
+                },
+                Refusal::NotAddressedToMe,
+            ),
+            (
+                Hello {
+                    from: ReplicaId(7),
+                    ..ok
+                },
+                Refusal::UnknownReplica,
+            ),
+            (
+                Hello {
+                    from: ReplicaId(2),
+                    ..ok
+                },
+                Refusal::UnknownReplica,
+            ),
+            (
+                Hello {
+                    shard_count: 3,
+                    ..ok
+                },
+                Refusal::ShardCountMismatch,
+            ),
+            (
+                Hello {
+                    lane: Lane::Shard(2),
+                    ..ok
+                },
+                Refusal::ShardOutOfRange,
+            ),
+        ];
+        for (h, refusal) in cases {
+            assert_eq!(h.check(&local(2)), Err(refusal), "{h:?}");
+        }
+        // The higher id may not dial a shard lane, but may forward.
+        let up = Hello {
+            from: ReplicaId(2),
+            to: ReplicaId(0),
+            ..ok
+        };
+        assert_eq!(up.check(&local(0)), Err(Refusal::WrongDialer));
+        let forward = Hello {
+            lane: Lane::Forward,
+            ..up
+        };
+        assert_eq!(forward.check(&local(0)), Ok(()));
+    }
+
+    proptest! {
+        #[test]
+        fn given_random_bytes_when_decoded_should_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let _ = Hello::decode(&bytes);
+            let _ = Verdict::decode(&bytes);
+        }
+    }
+}

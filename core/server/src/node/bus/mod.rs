@@ -1,0 +1,736 @@
+//! The replica bus: TCP connections between the replicas of a cluster.
+//!
+//! - **Shard lanes.** For every shard index, one connection per replica
+//!   pair, owned on both ends by that index's shard thread, so a frame
+//!   never crosses cores on receipt. The lower replica id dials. Frames
+//!   are the consensus frames themselves (256-byte header whose `size`
+//!   field gives the length); a reader checks the size against the
+//!   ceiling before it allocates, and the shard checks everything else
+//!   ([`shard::Shard::on_frame`]).
+//! - **The forward lane.** One connection from each replica to each other
+//!   replica it forwards client requests to ([`crate::node::forward`]).
+//!
+//! Every connection opens with a [`hello::Hello`] answered by a
+//! [`hello::Verdict`]; the accepter refuses with a typed reason the dialer
+//! logs. A later incarnation (boot) of a dialer replaces its older
+//! connection at once, and an older one is refused. Dialers reconnect
+//! with jittered exponential backoff, capped. Every connection has
+//! TCP_NODELAY, one reader task (a socket read is never cancelled
+//! mid-frame: readers sit in no select) and one writer task draining the
+//! bounded per-peer queue of [`super::env::CompioEnv`] (a full queue drops
+//! the frame and counts it; VSR retransmits).
+//!
+//! The accepting side is one OS thread with a blocking listener; it hands
+//! each accepted, greeted connection to the shard thread that owns it
+//! over a channel. Dials run their connect and handshake on a blocking
+//! helper thread, so a slow peer never stalls a shard.
+
+pub mod hello;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::ReplicaId;
+use compio::buf::BufResult;
+use compio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use consensus::header::HEADER_SIZE;
+use consensus::vsr::timeout::Prng;
+use futures::channel::{mpsc, oneshot};
+use futures::{SinkExt, StreamExt};
+use shard::{Inbox, Input};
+
+use super::env::{CompioEnv, PEER_QUEUE_FRAMES};
+use hello::{HELLO_SIZE, Hello, Lane, Local, Refusal, VERDICT_SIZE, Verdict};
+
+/// How long a dial may take to connect, and a handshake to complete.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The first reconnect delay.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// The longest reconnect delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// The most bytes a writer coalesces into one write.
+const WRITE_COALESCE_BYTES: usize = 1 << 20;
+
+/// What the bus of one replica knows.
+#[derive(Debug, Clone)]
+pub struct BusConfig {
+    /// The cluster id.
+    pub cluster: u128,
+    /// This replica.
+    pub me: ReplicaId,
+    /// Every replica of the roster with its replica-bus address (this
+    /// one included).
+    pub roster: Vec<(ReplicaId, SocketAddr)>,
+    /// Shards per replica.
+    pub shard_count: u16,
+    /// This boot (larger on every boot of this replica).
+    pub incarnation: u64,
+    /// Ceiling on a consensus frame, header included.
+    pub frame_size_max: u32,
+}
+
+impl BusConfig {
+    /// The other replicas.
+    pub fn peers(&self) -> impl Iterator<Item = (ReplicaId, SocketAddr)> + '_ {
+        self.roster.iter().copied().filter(|(id, _)| *id != self.me)
+    }
+
+    fn ids(&self) -> Vec<ReplicaId> {
+        self.roster.iter().map(|(id, _)| *id).collect()
+    }
+
+    /// The hello this replica sends `to` for `lane`.
+    pub fn hello_for(&self, to: ReplicaId, lane: Lane) -> Hello {
+        Hello {
+            cluster: self.cluster,
+            from: self.me,
+            to,
+            lane,
+            shard_count: self.shard_count,
+            incarnation: self.incarnation,
+        }
+    }
+}
+
+/// A connection that passed its handshake, on its way to its owner.
+#[derive(Debug)]
+pub struct Greeted {
+    /// The dialer's hello.
+    pub hello: Hello,
+    /// The socket (blocking mode; the owner converts it).
+    pub stream: TcpStream,
+}
+
+/// Where the accepter sends each lane's connections.
+#[derive(Debug, Clone)]
+pub struct Routes {
+    /// Per shard index.
+    pub shards: Vec<mpsc::UnboundedSender<Greeted>>,
+    /// The forward lane (served on shard 0's thread).
+    pub forward: mpsc::UnboundedSender<Greeted>,
+}
+
+/// The accepting side: one thread, stopped by [`Acceptor::stop`].
+#[derive(Debug)]
+pub struct Acceptor {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    addr: SocketAddr,
+}
+
+impl Acceptor {
+    /// Starts accepting on `listener`.
+    ///
+    /// # Errors
+    /// A sentence if the listener cannot be polled or the thread not
+    /// started.
+    pub fn start(
+        listener: TcpListener,
+        config: Arc<BusConfig>,
+        routes: Routes,
+    ) -> Result<Self, String> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("reading the replica listener's address: {e}"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("polling the replica listener on {addr}: {e}"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("replica-bus-accept".into())
+            .spawn(move || accept_loop(&listener, &config, &routes, &stopping))
+            .map_err(|e| format!("starting the replica-bus accept thread: {e}"))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+            addr,
+        })
+    }
+
+    /// The address peers dial.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and waits for the thread.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The highest incarnation accepted per dialer and lane.
+type Incarnations = Arc<Mutex<HashMap<(ReplicaId, Lane), u64>>>;
+
+fn accept_loop(
+    listener: &TcpListener,
+    config: &Arc<BusConfig>,
+    routes: &Routes,
+    stop: &AtomicBool,
+) {
+    let seen: Incarnations = Arc::default();
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let config = Arc::clone(config);
+                let routes = routes.clone();
+                let seen = Arc::clone(&seen);
+                // A handshake may take up to its timeout; it runs beside
+                // the accept loop so one slow dialer delays no other.
+                let spawned = std::thread::Builder::new()
+                    .name("replica-bus-hello".into())
+                    .spawn(move || greet(stream, peer, &config, &routes, &seen));
+                if let Err(error) = spawned {
+                    tracing::warn!(%peer, %error, "no thread for a replica handshake");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "replica-bus accept failed");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Reads and checks a hello, answers it, and routes the connection.
+fn greet(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    config: &BusConfig,
+    routes: &Routes,
+    seen: &Incarnations,
+) {
+    let prepared = stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)));
+    if let Err(error) = prepared {
+        tracing::debug!(%peer, %error, "replica connection unusable");
+        return;
+    }
+    let mut bytes = [0u8; HELLO_SIZE];
+    if let Err(error) = stream.read_exact(&mut bytes) {
+        tracing::debug!(%peer, %error, "replica connection closed before its hello");
+        return;
+    }
+    let ids = config.ids();
+    let local = Local {
+        cluster: config.cluster,
+        me: config.me,
+        roster: &ids,
+        shard_count: config.shard_count,
+    };
+    let checked = Hello::decode(&bytes).and_then(|hello| {
+        hello.check(&local)?;
+        admit(seen, &hello)?;
+        Ok(hello)
+    });
+    let verdict = match checked {
+        Ok(_) => Verdict::Accepted {
+            incarnation: config.incarnation,
+        },
+        Err(refusal) => Verdict::Refused(refusal),
+    };
+    if let Err(error) = stream.write_all(&verdict.encode()) {
+        tracing::debug!(%peer, %error, "replica handshake answer not written");
+        return;
+    }
+    let hello = match checked {
+        Ok(hello) => hello,
+        Err(refusal) => {
+            tracing::warn!(%peer, %refusal, "refused a replica connection");
+            return;
+        }
+    };
+    let ready = stream
+        .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(None))
+        .and_then(|()| stream.set_nodelay(true));
+    if let Err(error) = ready {
+        tracing::debug!(%peer, %error, "replica connection unusable after its handshake");
+        return;
+    }
+    let route = match hello.lane {
+        Lane::Shard(index) => routes.shards.get(usize::from(index)),
+        Lane::Forward => Some(&routes.forward),
+    };
+    if let Some(route) = route
+        && route.unbounded_send(Greeted { hello, stream }).is_err()
+    {
+        tracing::debug!(%peer, "the lane's owner stopped; connection dropped");
+    }
+}
+
+/// Admits a hello unless a later boot of its dialer holds the lane.
+fn admit(seen: &Incarnations, hello: &Hello) -> Result<(), Refusal> {
+    let mut seen = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let highest = seen.entry((hello.from, hello.lane)).or_insert(0);
+    if hello.incarnation < *highest {
+        return Err(Refusal::StaleIncarnation);
+    }
+    *highest = hello.incarnation;
+    Ok(())
+}
+
+/// Why a dial did not give a connection.
+#[derive(Debug)]
+pub enum DialError {
+    /// Connecting or the handshake's I/O failed.
+    Io(std::io::Error),
+    /// The peer refused the hello.
+    Refused(Refusal),
+    /// The peer's answer was not a verdict.
+    BadVerdict,
+}
+
+impl std::fmt::Display for DialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "{e}"),
+            Self::Refused(r) => write!(f, "refused: {r}"),
+            Self::BadVerdict => f.write_str("the answer to the hello is not a verdict"),
+        }
+    }
+}
+
+/// Connects to `addr` and greets it, on the calling (blocking) thread.
+///
+/// # Errors
+/// [`DialError`] naming what failed.
+pub fn dial_blocking(addr: SocketAddr, hello: Hello) -> Result<(TcpStream, u64), DialError> {
+    let mut stream = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT).map_err(DialError::Io)?;
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .and_then(|()| stream.set_nodelay(true))
+        .map_err(DialError::Io)?;
+    stream.write_all(&hello.encode()).map_err(DialError::Io)?;
+    let mut bytes = [0u8; VERDICT_SIZE];
+    stream.read_exact(&mut bytes).map_err(DialError::Io)?;
+    match Verdict::decode(&bytes).map_err(|()| DialError::BadVerdict)? {
+        Verdict::Accepted { incarnation } => {
+            stream
+                .set_read_timeout(None)
+                .and_then(|()| stream.set_write_timeout(None))
+                .map_err(DialError::Io)?;
+            Ok((stream, incarnation))
+        }
+        Verdict::Refused(refusal) => Err(DialError::Refused(refusal)),
+    }
+}
+
+/// [`dial_blocking`] on a helper thread, awaited.
+pub async fn dial(addr: SocketAddr, hello: Hello) -> Result<TcpStream, DialError> {
+    match compio::runtime::spawn_blocking(move || dial_blocking(addr, hello)).await {
+        Ok(Ok((stream, _))) => Ok(stream),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(DialError::Io(std::io::Error::other(
+            "the dial thread panicked",
+        ))),
+    }
+}
+
+/// Jittered exponential backoff, capped, reset after a connection that
+/// lived.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+    prng: Prng,
+}
+
+impl Backoff {
+    /// A backoff whose jitter is drawn from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            next: BACKOFF_MIN,
+            prng: Prng::new(seed),
+        }
+    }
+
+    /// The next delay: the current step with ±50% jitter; the step
+    /// doubles up to [`BACKOFF_MAX`].
+    pub fn next_delay(&mut self) -> Duration {
+        let step = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        let half = u64::try_from(step.as_micros() / 2).unwrap_or(u64::MAX);
+        let jitter = self.prng.below_inclusive(half.saturating_mul(2));
+        Duration::from_micros(half.saturating_add(jitter))
+    }
+
+    /// Starts again from [`BACKOFF_MIN`].
+    pub fn reset(&mut self) {
+        self.next = BACKOFF_MIN;
+    }
+}
+
+/// A duplicate of a socket kept to shut it down: a shutdown wakes the
+/// reader (end of stream) and fails the writer, whoever holds them.
+fn closer_of(stream: &TcpStream) -> Option<TcpStream> {
+    stream.try_clone().ok()
+}
+
+struct Link {
+    id: u64,
+    closer: Option<TcpStream>,
+}
+
+/// One shard's lanes to its peers, on its own thread.
+struct Links {
+    env: Rc<CompioEnv>,
+    inbox: Inbox,
+    frame_size_max: u32,
+    shard: u16,
+    by_peer: RefCell<BTreeMap<u8, Link>>,
+    next_id: std::cell::Cell<u64>,
+}
+
+impl Links {
+    /// Makes `stream` the lane to `peer`, replacing (and closing) the one
+    /// before; returns a signal fired when this connection ends.
+    fn install(self: &Rc<Self>, peer: ReplicaId, stream: TcpStream) -> oneshot::Receiver<()> {
+        let (ended_tx, ended) = oneshot::channel();
+        let closer = closer_of(&stream);
+        let stream = match compio::net::TcpStream::from_std(stream) {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(peer = peer.0, shard = self.shard, %error, "a replica connection could not join the runtime");
+                return ended;
+            }
+        };
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let old = self
+            .by_peer
+            .borrow_mut()
+            .insert(peer.0, Link { id, closer });
+        if let Some(Link {
+            closer: Some(old), ..
+        }) = old
+        {
+            let _ = old.shutdown(Shutdown::Both);
+        }
+        let (queue, frames) = mpsc::channel(PEER_QUEUE_FRAMES);
+        self.env.set_peer(peer, Some(queue));
+        tracing::info!(peer = peer.0, shard = self.shard, "replica lane up");
+        compio::runtime::spawn(write_loop(stream.clone(), frames)).detach();
+        let links = Rc::clone(self);
+        compio::runtime::spawn(async move {
+            let end = read_loop(stream, links.inbox.clone(), peer, links.frame_size_max).await;
+            links.ended(peer, id, &end);
+            let _ = ended_tx.send(());
+        })
+        .detach();
+        ended
+    }
+
+    /// A connection's reader ended: if it is still the peer's lane, the
+    /// lane is down (sends drop until a new one is installed).
+    fn ended(&self, peer: ReplicaId, id: u64, end: &ReadEnd) {
+        let mut by_peer = self.by_peer.borrow_mut();
+        let current = by_peer.get(&peer.0).is_some_and(|l| l.id == id);
+        if current {
+            if let Some(Link {
+                closer: Some(closer),
+                ..
+            }) = by_peer.remove(&peer.0)
+            {
+                let _ = closer.shutdown(Shutdown::Both);
+            }
+            self.env.set_peer(peer, None);
+            tracing::info!(peer = peer.0, shard = self.shard, reason = %end, "replica lane down");
+        }
+    }
+}
+
+/// Why a lane's reader stopped.
+#[derive(Debug)]
+pub enum ReadEnd {
+    /// The socket failed or closed.
+    Io(std::io::Error),
+    /// A frame's size is below the header or above the ceiling: the
+    /// stream can no longer be trusted to be aligned on frames.
+    BadSize {
+        /// The size field.
+        size: u32,
+    },
+    /// The shard stopped.
+    ShardStopped,
+}
+
+impl std::fmt::Display for ReadEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "{e}"),
+            Self::BadSize { size } => write!(f, "a frame of {size} bytes is outside the bounds"),
+            Self::ShardStopped => f.write_str("the shard stopped"),
+        }
+    }
+}
+
+/// Reads whole consensus frames into the shard's inbox until the
+/// connection ends.
+async fn read_loop(
+    mut stream: compio::net::TcpStream,
+    mut inbox: Inbox,
+    from: ReplicaId,
+    size_max: u32,
+) -> ReadEnd {
+    loop {
+        let BufResult(read, header) = stream.read_exact(Vec::with_capacity(HEADER_SIZE)).await;
+        if let Err(e) = read {
+            return ReadEnd::Io(e);
+        }
+        let size = consensus::header::peek_size(&header).unwrap_or(0);
+        if (size as usize) < HEADER_SIZE || size > size_max {
+            return ReadEnd::BadSize { size };
+        }
+        let body_len = size as usize - HEADER_SIZE;
+        let mut frame = header;
+        if body_len > 0 {
+            let BufResult(read, body) = stream.read_exact(Vec::with_capacity(body_len)).await;
+            if let Err(e) = read {
+                return ReadEnd::Io(e);
+            }
+            frame.extend_from_slice(&body);
+        }
+        let input = Input::Frame {
+            from,
+            bytes: Bytes::from(frame),
+        };
+        if inbox.send(input).await.is_err() {
+            return ReadEnd::ShardStopped;
+        }
+    }
+}
+
+/// Writes the peer's queued frames, coalescing what is queued, until the
+/// queue is replaced or a write fails.
+async fn write_loop(mut stream: compio::net::TcpStream, mut frames: mpsc::Receiver<Bytes>) {
+    while let Some(first) = frames.next().await {
+        let mut buf = Vec::with_capacity(first.len());
+        buf.extend_from_slice(&first);
+        while buf.len() < WRITE_COALESCE_BYTES {
+            match frames.try_recv() {
+                Ok(frame) => buf.extend_from_slice(&frame),
+                Err(_) => break,
+            }
+        }
+        let BufResult(written, _) = stream.write_all(buf).await;
+        if written.is_err() {
+            break;
+        }
+    }
+    let _ = stream.shutdown().await;
+}
+
+/// Runs one shard's lanes on its thread: installs the connections the
+/// accepter routes here, and keeps a dialer per peer with a higher id.
+/// Returns at once; the tasks live on the shard's runtime.
+pub fn start_shard_lanes(
+    env: Rc<CompioEnv>,
+    inbox: Inbox,
+    shard: u16,
+    config: Arc<BusConfig>,
+    mut accepted: mpsc::UnboundedReceiver<Greeted>,
+) {
+    let links = Rc::new(Links {
+        env,
+        inbox,
+        frame_size_max: config.frame_size_max,
+        shard,
+        by_peer: RefCell::new(BTreeMap::new()),
+        next_id: std::cell::Cell::new(1),
+    });
+    let accepting = Rc::clone(&links);
+    compio::runtime::spawn(async move {
+        while let Some(Greeted { hello, stream }) = accepted.next().await {
+            drop(accepting.install(hello.from, stream));
+        }
+    })
+    .detach();
+    for (peer, addr) in config.peers() {
+        if peer.0 <= config.me.0 {
+            continue;
+        }
+        let links = Rc::clone(&links);
+        let hello = config.hello_for(peer, Lane::Shard(shard));
+        let seed = config.incarnation ^ (u64::from(peer.0) << 48) ^ u64::from(shard);
+        compio::runtime::spawn(async move {
+            let mut backoff = Backoff::new(seed);
+            let mut failures: u64 = 0;
+            loop {
+                match dial(addr, hello).await {
+                    Ok(stream) => {
+                        failures = 0;
+                        backoff.reset();
+                        let _ = links.install(peer, stream).await;
+                    }
+                    Err(error) => {
+                        failures += 1;
+                        // The first failure and then one in fifty: a peer
+                        // that is down must not flood the log.
+                        if failures == 1 || failures.is_multiple_of(50) {
+                            tracing::info!(peer = peer.0, shard, %addr, %error, failures, "dialing a replica failed; retrying");
+                        }
+                    }
+                }
+                compio::time::sleep(backoff.next_delay()).await;
+            }
+        })
+        .detach();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_failures_when_backing_off_should_grow_to_the_cap_with_jitter() {
+        let mut b = Backoff::new(7);
+        let mut last_step = Duration::ZERO;
+        for i in 0..20 {
+            let d = b.next_delay();
+            let step = (BACKOFF_MIN * 2u32.pow(i.min(10))).min(BACKOFF_MAX);
+            assert!(
+                d >= step / 2 && d <= step + step / 2,
+                "{i}: {d:?} for step {step:?}"
+            );
+            last_step = step;
+        }
+        assert_eq!(last_step, BACKOFF_MAX);
+        b.reset();
+        assert!(b.next_delay() <= BACKOFF_MIN + BACKOFF_MIN / 2);
+    }
+
+    #[test]
+    fn given_a_later_boot_when_admitted_should_refuse_the_earlier() {
+        let seen: Incarnations = Arc::default();
+        let hello = |incarnation| Hello {
+            cluster: 1,
+            from: ReplicaId(0),
+            to: ReplicaId(1),
+            lane: Lane::Shard(0),
+            shard_count: 1,
+            incarnation,
+        };
+        assert_eq!(admit(&seen, &hello(5)), Ok(()));
+        assert_eq!(admit(&seen, &hello(5)), Ok(()), "a reconnect of one boot");
+        assert_eq!(admit(&seen, &hello(9)), Ok(()));
+        assert_eq!(admit(&seen, &hello(5)), Err(Refusal::StaleIncarnation));
+        let other_lane = Hello {
+            lane: Lane::Forward,
+            ..hello(1)
+        };
+        assert_eq!(admit(&seen, &other_lane), Ok(()));
+    }
+
+    fn config(me: u8, addrs: &[SocketAddr], shard_count: u16) -> BusConfig {
+        BusConfig {
+            cluster: 42,
+            me: ReplicaId(me),
+            roster: addrs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (ReplicaId(i as u8), *a))
+                .collect(),
+            shard_count,
+            incarnation: 1000 + u64::from(me),
+            frame_size_max: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn given_a_real_listener_when_dialed_should_route_good_hellos_and_refuse_bad_ones() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let roster = [SocketAddr::from(([127, 0, 0, 1], 1)), addr];
+        let accepter = Arc::new(config(1, &roster, 2));
+        let (shard0, mut shard0_rx) = mpsc::unbounded();
+        let (shard1, _shard1_rx) = mpsc::unbounded();
+        let (forward, mut forward_rx) = mpsc::unbounded();
+        let acceptor = Acceptor::start(
+            listener,
+            accepter,
+            Routes {
+                shards: vec![shard0, shard1],
+                forward,
+            },
+        )
+        .unwrap();
+        let dialer = config(0, &roster, 2);
+        let good = dialer.hello_for(ReplicaId(1), Lane::Shard(0));
+        let (_stream, incarnation) = dial_blocking(addr, good).unwrap();
+        assert_eq!(incarnation, 1001);
+        let greeted = futures::executor::block_on(shard0_rx.next()).unwrap();
+        assert_eq!(greeted.hello, good);
+        let fwd = dialer.hello_for(ReplicaId(1), Lane::Forward);
+        dial_blocking(addr, fwd).unwrap();
+        assert_eq!(
+            futures::executor::block_on(forward_rx.next())
+                .unwrap()
+                .hello,
+            fwd
+        );
+        let refusals = [
+            (Hello { cluster: 9, ..good }, Refusal::WrongCluster),
+            (
+                Hello {
+                    shard_count: 4,
+                    ..good
+                },
+                Refusal::ShardCountMismatch,
+            ),
+            (
+                Hello {
+                    from: ReplicaId(5),
+                    ..good
+                },
+                Refusal::UnknownReplica,
+            ),
+            (
+                Hello {
+                    incarnation: 1,
+                    ..good
+                },
+                Refusal::StaleIncarnation,
+            ),
+        ];
+        for (hello, refusal) in refusals {
+            match dial_blocking(addr, hello) {
+                Err(DialError::Refused(r)) => assert_eq!(r, refusal),
+                other => panic!("{hello:?}: {other:?}"),
+            }
+        }
+        // Garbage instead of a hello: refused as malformed, and the
+        // accepter goes on serving.
+        let mut raw = TcpStream::connect(addr).unwrap();
+        raw.write_all(&[0xEE; HELLO_SIZE]).unwrap();
+        let mut answer = [0u8; VERDICT_SIZE];
+        raw.read_exact(&mut answer).unwrap();
+        assert_eq!(
+            Verdict::decode(&answer),
+            Ok(Verdict::Refused(Refusal::Malformed))
+        );
+        let again = dialer.hello_for(ReplicaId(1), Lane::Shard(1));
+        dial_blocking(addr, again).unwrap();
+        acceptor.stop();
+    }
+}

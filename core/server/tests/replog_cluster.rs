@@ -1,0 +1,446 @@
+//! The official `iggy` 0.11.0 SDK against a three-replica `replog`
+//! cluster on loopback, each replica its own process with a roster file,
+//! ports chosen free at run time, every wait bounded.
+//!
+//! - The low-level flow with the client connected to each replica in
+//!   turn (a backup forwards to the primary over the replica bus).
+//! - The high-level producer and consumer flows, each through another
+//!   replica.
+//! - `kill -9` of a backup and then of the primary in the middle of a
+//!   produce loop: every acknowledged message is read back, in order;
+//!   the restarted replicas catch up and their segment files end
+//!   byte-identical to their peers'.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use iggy::prelude::*;
+use server::config::{Config, RosterEntry};
+
+mod support;
+use support::process::Replog;
+use support::sdk_flows::{self, bounded, logged_in, runtime};
+
+/// Ports that were free a moment ago (bound, read, released).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    files: Vec<PathBuf>,
+    data: Vec<PathBuf>,
+    nodes: Vec<Option<Replog>>,
+    clients: Vec<SocketAddr>,
+}
+
+impl Cluster {
+    /// Three replicas of two shards each, started and serving.
+    fn start(tune: impl Fn(&mut Config)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ports = free_ports(6);
+        let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        let roster: Vec<RosterEntry> = (0..3u8)
+            .map(|id| RosterEntry {
+                id,
+                client_address: at(ports[usize::from(id) * 2]),
+                replica_address: at(ports[usize::from(id) * 2 + 1]),
+            })
+            .collect();
+        let mut files = Vec::new();
+        let mut data = Vec::new();
+        for entry in &roster {
+            let mut config = Config {
+                data_dir: dir.path().join(format!("r{}", entry.id)),
+                cluster_id: 7,
+                replica_id: entry.id,
+                shards: 2,
+                ..Config::default()
+            };
+            config.client.listen = entry.client_address;
+            config.replica.listen = entry.replica_address;
+            config.replicas = roster.clone();
+            tune(&mut config);
+            let file = dir.path().join(format!("r{}.toml", entry.id));
+            std::fs::write(&file, config.to_toml_redacted()).unwrap();
+            files.push(file);
+            data.push(config.data_dir.clone());
+        }
+        let mut cluster = Self {
+            _dir: dir,
+            files,
+            data,
+            nodes: vec![None, None, None],
+            clients: roster.iter().map(|r| r.client_address).collect(),
+        };
+        for i in 0..3 {
+            cluster.start_replica(i);
+        }
+        cluster
+    }
+
+    fn start_replica(&mut self, i: usize) {
+        let args: Vec<OsString> = vec!["--config".into(), self.files[i].clone().into()];
+        let node = Replog::start_with(&args);
+        assert_eq!(node.addr, self.clients[i]);
+        self.nodes[i] = Some(node);
+    }
+
+    fn kill9(&mut self, i: usize) {
+        self.nodes[i].take().unwrap().kill9();
+    }
+
+    fn stop(mut self) {
+        for node in self.nodes.iter_mut().filter_map(Option::take) {
+            node.stop();
+        }
+    }
+
+    /// Every segment `.log` file of every partition group of replica `i`,
+    /// by path relative to its data directory.
+    fn segments(&self, i: usize) -> BTreeMap<PathBuf, Vec<u8>> {
+        let mut out = BTreeMap::new();
+        collect_logs(&self.data[i], &self.data[i], &mut out);
+        out
+    }
+}
+
+fn collect_logs(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.map_while(Result::ok) {
+        let path = entry.path();
+        if path.is_dir() {
+            collect_logs(root, &path, out);
+        } else if path.extension().is_some_and(|e| e == "log")
+            && path
+                .components()
+                .any(|c| c.as_os_str().to_string_lossy().starts_with("g-"))
+        {
+            let bytes = std::fs::read(&path).unwrap();
+            out.insert(path.strip_prefix(root).unwrap().to_path_buf(), bytes);
+        }
+    }
+}
+
+fn id(name: &str) -> Identifier {
+    Identifier::named(name).unwrap()
+}
+
+/// Evaluates the call until it does not fail transiently (no primary yet,
+/// a view change, an op not yet known committed), for at most 30 s.
+macro_rules! retried {
+    ($what:expr, $call:expr) => {{
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match $call.await {
+                Ok(v) => break v,
+                Err(e) if transient(&e) && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{}: {e:?} (code {})", $what, e.as_code()),
+            }
+        }
+    }};
+}
+
+/// Codes the cluster answers while it is between primaries, and the
+/// SDK's own connection-level failures while a replica restarts.
+fn transient(e: &IggyError) -> bool {
+    matches!(e.as_code(), 57 | 58)
+        || matches!(
+            e,
+            IggyError::Disconnected
+                | IggyError::NotConnected
+                | IggyError::CannotEstablishConnection
+        )
+}
+
+async fn poll_all(
+    client: &IggyClient,
+    stream: &str,
+    topic: &str,
+    partition: u32,
+) -> Vec<(u64, String)> {
+    let consumer = Consumer::new(Identifier::numeric(1).unwrap());
+    let mut out = Vec::new();
+    loop {
+        let from = out.len() as u64;
+        let polled = retried!(
+            "poll",
+            client.poll_messages(
+                &id(stream),
+                &id(topic),
+                Some(partition),
+                &consumer,
+                &PollingStrategy::offset(from),
+                1000,
+                false,
+            )
+        );
+        if polled.messages.is_empty() {
+            return out;
+        }
+        out.extend(polled.messages.iter().map(|m| {
+            (
+                m.header.offset,
+                String::from_utf8(m.payload.to_vec()).unwrap(),
+            )
+        }));
+    }
+}
+
+#[test]
+fn given_a_cluster_of_three_when_the_sdk_runs_the_low_level_flow_on_each_replica_should_get_back_what_it_sent()
+ {
+    let cluster = Cluster::start(|_| {});
+    let rt = runtime();
+    for (i, addr) in cluster.clients.clone().into_iter().enumerate() {
+        rt.block_on(bounded("low-level flow on a replica", async move {
+            let client = logged_in(addr).await;
+            client.ping().await.unwrap();
+            let nodes = client.get_cluster_metadata().await.unwrap().nodes;
+            assert_eq!(nodes.len(), 1, "the connected replica is the one leader");
+            assert_eq!(nodes[0].endpoints.tcp, addr.port(), "{nodes:?}");
+            let stream = format!("orders-{i}");
+            retried!("create stream", client.create_stream(&stream));
+            let err = client.create_stream(&stream).await.unwrap_err();
+            assert_eq!(err.as_code(), 1012, "{err:?}");
+            let options = TopicCreateOptions {
+                partitions_count: Some(3),
+                ..TopicCreateOptions::default()
+            };
+            let topic = retried!(
+                "create topic",
+                client.create_topic(&id(&stream), "eu", &options)
+            );
+            assert_eq!(topic.partitions_count, 3);
+            let texts: Vec<String> = (0..10).map(|n| format!("r{i}-m{n}")).collect();
+            let mut messages: Vec<IggyMessage> = texts
+                .iter()
+                .map(|t| IggyMessage::from_str(t).unwrap())
+                .collect();
+            retried!(
+                "send",
+                client.send_messages(
+                    &id(&stream),
+                    &id("eu"),
+                    &Partitioning::partition_id(1),
+                    &mut messages,
+                )
+            );
+            let got = poll_all(&client, &stream, "eu", 1).await;
+            let expected: Vec<(u64, String)> = texts
+                .iter()
+                .enumerate()
+                .map(|(n, t)| (n as u64, t.clone()))
+                .collect();
+            assert_eq!(got, expected, "through replica {i}");
+            let consumer = Consumer::new(Identifier::numeric(7).unwrap());
+            retried!(
+                "store offset",
+                client.store_consumer_offset(&consumer, &id(&stream), &id("eu"), Some(1), 4)
+            );
+            let offset = retried!(
+                "get offset",
+                client.get_consumer_offset(&consumer, &id(&stream), &id("eu"), Some(1))
+            )
+            .unwrap();
+            assert_eq!(offset.stored_offset, 4);
+            let next = retried!(
+                "poll next",
+                client.poll_messages(
+                    &id(&stream),
+                    &id("eu"),
+                    Some(1),
+                    &consumer,
+                    &PollingStrategy::next(),
+                    3,
+                    true,
+                )
+            );
+            let offsets: Vec<u64> = next.messages.iter().map(|m| m.header.offset).collect();
+            assert_eq!(offsets, vec![5, 6, 7], "through replica {i}");
+            let err = client
+                .send_messages(
+                    &id(&stream),
+                    &id("eu"),
+                    &Partitioning::partition_id(9),
+                    &mut [IggyMessage::from_str("x").unwrap()],
+                )
+                .await
+                .unwrap_err();
+            assert_eq!(err.as_code(), 3007, "{err:?}");
+        }));
+    }
+    cluster.stop();
+}
+
+#[test]
+fn given_a_cluster_of_three_when_producers_and_consumers_use_each_replica_should_deliver_every_message_once()
+ {
+    let cluster = Cluster::start(|_| {});
+    let rt = runtime();
+    let [a, b, c] = [cluster.clients[0], cluster.clients[1], cluster.clients[2]];
+    rt.block_on(bounded("high-level flows across replicas", async move {
+        drop(logged_in(a).await);
+        sdk_flows::producer_into_consumer_group(b).await;
+        sdk_flows::key_partitioning_into_group_of_three(c).await;
+        sdk_flows::standalone_consumer_resumes_after_auto_commit(a).await;
+    }));
+    cluster.stop();
+}
+
+/// Sends `texts` one message at a time to partition 0, retrying transient
+/// failures; returns the texts acknowledged, in order, and every text
+/// attempted.
+async fn produce(client: &IggyClient, texts: &[String]) -> (Vec<String>, Vec<String>) {
+    let mut acked = Vec::new();
+    let mut attempted = Vec::new();
+    for text in texts {
+        attempted.push(text.clone());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut batch = [IggyMessage::from_str(text).unwrap()];
+            match client
+                .send_messages(
+                    &id("load"),
+                    &id("t"),
+                    &Partitioning::partition_id(0),
+                    &mut batch,
+                )
+                .await
+            {
+                Ok(_) => {
+                    acked.push(text.clone());
+                    break;
+                }
+                Err(e) if transient(&e) && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("send {text}: {e:?} (code {})", e.as_code()),
+            }
+        }
+    }
+    (acked, attempted)
+}
+
+/// Every acknowledged text is read back, first occurrences in the order
+/// acknowledged; nothing read was never sent; offsets are dense.
+fn check_read_back(read: &[(u64, String)], acked: &[String], attempted: &[String]) {
+    for (n, (offset, _)) in read.iter().enumerate() {
+        assert_eq!(*offset, n as u64, "offsets are dense");
+    }
+    let attempted: std::collections::BTreeSet<&String> = attempted.iter().collect();
+    for (_, text) in read {
+        assert!(attempted.contains(text), "{text} was read but never sent");
+    }
+    let mut first_seen = BTreeMap::new();
+    for (offset, text) in read {
+        first_seen.entry(text.clone()).or_insert(*offset);
+    }
+    let mut last = None;
+    for text in acked {
+        let at = first_seen
+            .get(text)
+            .unwrap_or_else(|| panic!("acknowledged {text} is missing"));
+        assert!(last < Some(*at), "{text} is out of order");
+        last = Some(*at);
+    }
+}
+
+/// Waits (at most 60 s) until every replica holds the same segment files
+/// with some data in them.
+fn await_identical_segments(cluster: &Cluster) -> BTreeMap<PathBuf, Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let all: Vec<_> = (0..3).map(|i| cluster.segments(i)).collect();
+        let equal = all[0] == all[1] && all[1] == all[2];
+        let bytes: usize = all[0].values().map(Vec::len).sum();
+        if equal && bytes > 0 {
+            return all[0].clone();
+        }
+        if Instant::now() > deadline {
+            let sizes: Vec<Vec<(String, usize)>> = all
+                .iter()
+                .map(|m| {
+                    m.iter()
+                        .map(|(p, b)| (p.display().to_string(), b.len()))
+                        .collect()
+                })
+                .collect();
+            panic!("segments differ after 60 s: {sizes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn given_a_produce_loop_when_a_backup_and_then_the_primary_are_killed_should_lose_nothing_acknowledged()
+ {
+    let mut cluster = Cluster::start(|_| {});
+    let rt = runtime();
+    let via = cluster.clients[1];
+    let texts = |from: usize, to: usize| -> Vec<String> {
+        (from..to).map(|n| format!("load-{n:05}")).collect()
+    };
+    let client = rt.block_on(bounded("set up", async move {
+        let client = logged_in(via).await;
+        retried!("create stream", client.create_stream("load"));
+        let options = TopicCreateOptions {
+            partitions_count: Some(1),
+            ..TopicCreateOptions::default()
+        };
+        retried!(
+            "create topic",
+            client.create_topic(&id("load"), "t", &options)
+        );
+        client
+    }));
+    let mut acked = Vec::new();
+    let mut attempted = Vec::new();
+    let mut run = |cluster_step: &mut dyn FnMut(), range: Vec<String>| {
+        let (half_a, half_b) = range.split_at(range.len() / 2);
+        let (a, t) = rt.block_on(bounded("produce", produce(&client, half_a)));
+        acked.extend(a);
+        attempted.extend(t);
+        cluster_step();
+        let (a, t) = rt.block_on(bounded("produce", produce(&client, half_b)));
+        acked.extend(a);
+        attempted.extend(t);
+    };
+    // Replica 2 is a backup of view 0: kill it mid-loop, then restart it.
+    run(&mut || cluster.kill9(2), texts(0, 200));
+    cluster.start_replica(2);
+    run(&mut || {}, texts(200, 300));
+    // Replica 0 is the primary of view 0: kill it mid-loop; the client,
+    // connected to replica 1, goes on once a new primary is elected.
+    run(&mut || cluster.kill9(0), texts(300, 500));
+    cluster.start_replica(0);
+    run(&mut || {}, texts(500, 600));
+    let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
+    check_read_back(&read, &acked, &attempted);
+    assert_eq!(acked.len(), 600);
+    let segments = await_identical_segments(&cluster);
+    let bytes: usize = segments.values().map(Vec::len).sum();
+    println!(
+        "{} acknowledged, {} read, {} segment files of {bytes} bytes identical on every replica",
+        acked.len(),
+        read.len(),
+        segments.len()
+    );
+    drop(client);
+    cluster.stop();
+}

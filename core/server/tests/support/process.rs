@@ -1,0 +1,93 @@
+//! A `replog` process started by a test: it prints its serving line, the
+//! handle reads the client address from it, and the process is killed
+//! when the handle drops (so a failing test leaves nothing running).
+#![allow(clippy::unwrap_used, dead_code)]
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A running replica.
+pub struct Replog {
+    child: Child,
+    /// Where its clients connect.
+    pub addr: SocketAddr,
+}
+
+impl Replog {
+    /// A single replica on a free port, two shards, data in `data_dir`.
+    pub fn start(data_dir: &Path) -> Self {
+        let mut args: Vec<OsString> = vec!["--data-dir".into(), data_dir.into()];
+        args.extend(["--listen", "127.0.0.1:0", "--shards", "2"].map(OsString::from));
+        Self::start_with(&args)
+    }
+
+    /// `replog ARGS`, waiting (at most 30 s) for its serving line.
+    pub fn start_with(args: &[OsString]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_replog"))
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("REPLOG_TEST_LOG").unwrap_or("warn".into()),
+            )
+            .env("REPLOG_ROOT_PASSWORD", "iggy")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let line = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .expect("replog printed its address within 30 s");
+            if line.contains("serving") {
+                break line;
+            }
+        };
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.parse::<SocketAddr>().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        Self { child, addr }
+    }
+
+    /// SIGTERM, then wait (at most 20 s) for a clean exit.
+    pub fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "replog exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "replog did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: no flush, no goodbye.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replog {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
