@@ -7,7 +7,7 @@
 //! - The high-level producer and consumer flows, each through another
 //!   replica.
 //! - `kill -9` of a backup and then of the primary in the middle of a
-//!   produce loop: every acknowledged message is read back, in order;
+//!   produce loop through a third replica: every acknowledged message is read back, in order;
 //!   the restarted replicas catch up and their segment files end
 //!   byte-identical to their peers'.
 #![allow(clippy::unwrap_used)]
@@ -26,15 +26,32 @@ mod support;
 use support::process::Replog;
 use support::sdk_flows::{self, bounded, logged_in, runtime};
 
-/// Ports that were free a moment ago (bound, read, released).
+/// Ports that were free a moment ago, drawn below the kernel's ephemeral
+/// range: a replica restarted on its port must not find it taken by some
+/// outgoing connection's source port.
 fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
+    use std::hash::{BuildHasher, Hasher};
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    let mut ports = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..10_000 {
+        if ports.len() == n {
+            break;
+        }
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_usize(ports.len());
+        let port = low + u16::try_from(h.finish() % u64::from(high - low)).unwrap();
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            ports.push(port);
+            held.push(l);
+        }
+    }
+    assert_eq!(ports.len(), n, "no {n} free ports below {high}");
+    ports
 }
 
 struct Cluster {
@@ -43,11 +60,18 @@ struct Cluster {
     data: Vec<PathBuf>,
     nodes: Vec<Option<Replog>>,
     clients: Vec<SocketAddr>,
+    filter: Option<String>,
 }
 
 impl Cluster {
     /// Three replicas of two shards each, started and serving.
     fn start(tune: impl Fn(&mut Config)) -> Self {
+        Self::start_logging(tune, None)
+    }
+
+    /// As [`Cluster::start`], each replica logging with `filter` (kept,
+    /// for [`Replog::logged`]).
+    fn start_logging(tune: impl Fn(&mut Config), filter: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ports = free_ports(6);
         let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
@@ -83,6 +107,7 @@ impl Cluster {
             data,
             nodes: vec![None, None, None],
             clients: roster.iter().map(|r| r.client_address).collect(),
+            filter: filter.map(str::to_owned),
         };
         for i in 0..3 {
             cluster.start_replica(i);
@@ -92,7 +117,13 @@ impl Cluster {
 
     fn start_replica(&mut self, i: usize) {
         let args: Vec<OsString> = vec!["--config".into(), self.files[i].clone().into()];
-        let node = Replog::start_with(&args);
+        let node = match &self.filter {
+            Some(filter) => Replog::start_logging(
+                &args,
+                &std::env::var("REPLOG_TEST_LOG").unwrap_or_else(|_| filter.clone()),
+            ),
+            None => Replog::start_with(&args),
+        };
         assert_eq!(node.addr, self.clients[i]);
         self.nodes[i] = Some(node);
     }
@@ -168,6 +199,7 @@ fn transient(e: &IggyError) -> bool {
         )
 }
 
+/// Every message the partition holds, from its first, in order.
 async fn poll_all(
     client: &IggyClient,
     stream: &str,
@@ -175,9 +207,12 @@ async fn poll_all(
     partition: u32,
 ) -> Vec<(u64, String)> {
     let consumer = Consumer::new(Identifier::numeric(1).unwrap());
-    let mut out = Vec::new();
+    let mut out: Vec<(u64, String)> = Vec::new();
     loop {
-        let from = out.len() as u64;
+        let strategy = match out.last() {
+            Some((offset, _)) => PollingStrategy::offset(offset + 1),
+            None => PollingStrategy::first(),
+        };
         let polled = retried!(
             "poll",
             client.poll_messages(
@@ -185,7 +220,7 @@ async fn poll_all(
                 &id(topic),
                 Some(partition),
                 &consumer,
-                &PollingStrategy::offset(from),
+                &strategy,
                 1000,
                 false,
             )
@@ -304,11 +339,12 @@ fn given_a_cluster_of_three_when_producers_and_consumers_use_each_replica_should
 }
 
 /// Sends `texts` one message at a time to partition 0, retrying transient
-/// failures; returns the texts acknowledged, in order, and every text
-/// attempted.
-async fn produce(client: &IggyClient, texts: &[String]) -> (Vec<String>, Vec<String>) {
+/// failures; returns the texts acknowledged, in order, every text
+/// attempted, and how many sends failed transiently.
+async fn produce(client: &IggyClient, texts: &[String]) -> (Vec<(String, u64)>, Vec<String>, u64) {
     let mut acked = Vec::new();
     let mut attempted = Vec::new();
+    let mut transients = 0;
     for text in texts {
         attempted.push(text.clone());
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -323,23 +359,29 @@ async fn produce(client: &IggyClient, texts: &[String]) -> (Vec<String>, Vec<Str
                 )
                 .await
             {
-                Ok(_) => {
-                    acked.push(text.clone());
+                Ok(response) => {
+                    let confirmation = response
+                        .confirmations
+                        .first()
+                        .unwrap_or_else(|| panic!("{text}: no confirmation"));
+                    acked.push((text.clone(), confirmation.base_offset));
                     break;
                 }
                 Err(e) if transient(&e) && Instant::now() < deadline => {
+                    transients += 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => panic!("send {text}: {e:?} (code {})", e.as_code()),
             }
         }
     }
-    (acked, attempted)
+    (acked, attempted, transients)
 }
 
-/// Every acknowledged text is read back, first occurrences in the order
-/// acknowledged; nothing read was never sent; offsets are dense.
-fn check_read_back(read: &[(u64, String)], acked: &[String], attempted: &[String]) {
+/// Every acknowledged text is read back at the offset its confirmation
+/// named, in the order acknowledged; nothing read was never sent;
+/// offsets are dense.
+fn check_read_back(read: &[(u64, String)], acked: &[(String, u64)], attempted: &[String]) {
     for (n, (offset, _)) in read.iter().enumerate() {
         assert_eq!(*offset, n as u64, "offsets are dense");
     }
@@ -347,17 +389,47 @@ fn check_read_back(read: &[(u64, String)], acked: &[String], attempted: &[String
     for (_, text) in read {
         assert!(attempted.contains(text), "{text} was read but never sent");
     }
-    let mut first_seen = BTreeMap::new();
-    for (offset, text) in read {
-        first_seen.entry(text.clone()).or_insert(*offset);
-    }
     let mut last = None;
-    for text in acked {
-        let at = first_seen
-            .get(text)
-            .unwrap_or_else(|| panic!("acknowledged {text} is missing"));
-        assert!(last < Some(*at), "{text} is out of order");
-        last = Some(*at);
+    for (text, offset) in acked {
+        let held = read.get(usize::try_from(*offset).unwrap()).map(|(_, t)| t);
+        assert_eq!(
+            held,
+            Some(text),
+            "offset {offset} holds what its confirmation named"
+        );
+        assert!(last < Some(*offset), "{text} is out of order");
+        last = Some(*offset);
+    }
+}
+
+/// What retention left is the tail of what was acknowledged: offsets
+/// dense from the first held, nothing read that was never sent, and every
+/// acknowledged message from the first one held to the last, in order.
+fn check_tail(read: &[(u64, String)], acked: &[(String, u64)], attempted: &[String]) {
+    let first = read
+        .first()
+        .map(|(o, _)| *o)
+        .expect("the active segment is never expired");
+    for (n, (offset, _)) in read.iter().enumerate() {
+        assert_eq!(*offset, first + n as u64, "offsets are dense");
+    }
+    let attempted: std::collections::BTreeSet<&String> = attempted.iter().collect();
+    for (_, text) in read {
+        assert!(attempted.contains(text), "{text} was read but never sent");
+    }
+    let last = read.last().map(|(o, _)| *o).unwrap_or(first);
+    let tail: Vec<&(String, u64)> = acked.iter().filter(|(_, o)| *o >= first).collect();
+    assert!(
+        !tail.is_empty(),
+        "the newest acknowledged messages are held"
+    );
+    for (text, offset) in tail {
+        assert!(*offset <= last, "{text} at {offset} is past the end {last}");
+        let held = &read[usize::try_from(offset - first).unwrap()].1;
+        assert_eq!(
+            held, text,
+            "offset {offset} holds what its confirmation named"
+        );
     }
 }
 
@@ -390,9 +462,13 @@ fn await_identical_segments(cluster: &Cluster) -> BTreeMap<PathBuf, Vec<u8>> {
 #[test]
 fn given_a_produce_loop_when_a_backup_and_then_the_primary_are_killed_should_lose_nothing_acknowledged()
  {
-    let mut cluster = Cluster::start(|_| {});
+    let mut cluster = Cluster::start_logging(|_| {}, Some("warn,shard::shard=info"));
     let rt = runtime();
-    let via = cluster.clients[1];
+    // The topic's one partition is group 1, the first the metadata
+    // creates; in view 0 the primary of group g is replica g mod 3, so
+    // replica 1 is its primary and 0 and 2 are backups. The client talks
+    // to replica 0, which forwards every send.
+    let via = cluster.clients[0];
     let texts = |from: usize, to: usize| -> Vec<String> {
         (from..to).map(|n| format!("load-{n:05}")).collect()
     };
@@ -411,25 +487,39 @@ fn given_a_produce_loop_when_a_backup_and_then_the_primary_are_killed_should_los
     }));
     let mut acked = Vec::new();
     let mut attempted = Vec::new();
-    let mut run = |cluster_step: &mut dyn FnMut(), range: Vec<String>| {
+    let mut run = |cluster_step: &mut dyn FnMut(), range: Vec<String>| -> u64 {
         let (half_a, half_b) = range.split_at(range.len() / 2);
-        let (a, t) = rt.block_on(bounded("produce", produce(&client, half_a)));
+        let (a, t, before) = rt.block_on(bounded("produce", produce(&client, half_a)));
         acked.extend(a);
         attempted.extend(t);
         cluster_step();
-        let (a, t) = rt.block_on(bounded("produce", produce(&client, half_b)));
+        let (a, t, after) = rt.block_on(bounded("produce", produce(&client, half_b)));
         acked.extend(a);
         attempted.extend(t);
+        before + after
     };
-    // Replica 2 is a backup of view 0: kill it mid-loop, then restart it.
-    run(&mut || cluster.kill9(2), texts(0, 200));
+    // Kill the backup replica 2 mid-loop (it is also group 0's primary),
+    // then restart it.
+    let backup_kill = run(&mut || cluster.kill9(2), texts(0, 200));
     cluster.start_replica(2);
     run(&mut || {}, texts(200, 300));
-    // Replica 0 is the primary of view 0: kill it mid-loop; the client,
-    // connected to replica 1, goes on once a new primary is elected.
-    run(&mut || cluster.kill9(0), texts(300, 500));
-    cluster.start_replica(0);
+    // A restarted replica counts as faulty until it has caught up (its
+    // prepare journal is in memory, so it may not vote before it learns
+    // the view's log from the primary): wait for that before the next
+    // failure, or the cluster would be asked to survive two at once.
+    await_identical_segments(&cluster);
+    // Kill the primary, replica 1, mid-loop: the client, connected to
+    // replica 0, goes on once a new primary is elected.
+    let primary_kill = run(&mut || cluster.kill9(1), texts(300, 500));
+    let moved = cluster.nodes[0]
+        .as_ref()
+        .is_some_and(|n| n.logged("group view changed group=1 "));
+    assert!(moved, "group 1 changed view when its primary died");
+    cluster.start_replica(1);
     run(&mut || {}, texts(500, 600));
+    println!(
+        "failures the SDK did not retry away: {backup_kill} with a backup down, {primary_kill} across the primary's death"
+    );
     let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
     check_read_back(&read, &acked, &attempted);
     assert_eq!(acked.len(), 600);
@@ -437,6 +527,89 @@ fn given_a_produce_loop_when_a_backup_and_then_the_primary_are_killed_should_los
     let bytes: usize = segments.values().map(Vec::len).sum();
     println!(
         "{} acknowledged, {} read, {} segment files of {bytes} bytes identical on every replica",
+        acked.len(),
+        read.len(),
+        segments.len()
+    );
+    drop(client);
+    cluster.stop();
+}
+
+/// The base offsets of replica `i`'s segment files.
+fn base_offsets(segments: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<u64> {
+    segments
+        .keys()
+        .filter_map(|p| p.file_stem()?.to_str()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn given_a_backup_stopped_past_retention_when_restarted_should_catch_up_by_state_transfer_over_tcp()
+{
+    let mut cluster = Cluster::start_logging(
+        |c| {
+            c.storage.segment_size_bytes = 4096;
+            c.storage.fsync = false;
+        },
+        Some("warn,partitions::state_transfer=info"),
+    );
+    let rt = runtime();
+    let via = cluster.clients[0];
+    let texts = |from: usize, to: usize| -> Vec<String> {
+        (from..to).map(|n| format!("xfer-{n:05}")).collect()
+    };
+    let client = rt.block_on(bounded("set up", async move {
+        let client = logged_in(via).await;
+        retried!("create stream", client.create_stream("load"));
+        let options = TopicCreateOptions {
+            partitions_count: Some(1),
+            message_expiry: Some(IggyExpiry::ExpireDuration(IggyDuration::from(
+                Duration::from_secs(2),
+            ))),
+            ..TopicCreateOptions::default()
+        };
+        retried!(
+            "create topic",
+            client.create_topic(&id("load"), "t", &options)
+        );
+        client
+    }));
+    let mut acked = Vec::new();
+    let mut attempted = Vec::new();
+    let mut produce_range = |range: Vec<String>| {
+        let (a, t, _) = rt.block_on(bounded("produce", produce(&client, &range)));
+        acked.extend(a);
+        attempted.extend(t);
+    };
+    produce_range(texts(0, 100));
+    cluster.kill9(2);
+    // More ops than the primary keeps for repair (1,024 prepares), then
+    // long enough for retention (2 s expiry, a pass a second) to remove
+    // the sealed segments the stopped backup would need.
+    produce_range(texts(100, 1300));
+    std::thread::sleep(Duration::from_secs(4));
+    produce_range(texts(1300, 1320));
+    let live = cluster.segments(0);
+    let first = base_offsets(&live).first().copied().unwrap_or(0);
+    assert!(
+        first > 100,
+        "retention removed the old segments (first base {first})"
+    );
+    cluster.start_replica(2);
+    // Producers keep writing while the backup catches up.
+    produce_range(texts(1320, 1500));
+    let segments = await_identical_segments(&cluster);
+    let installed = cluster.nodes[2]
+        .as_ref()
+        .is_some_and(|n| n.logged("partition state installed"));
+    assert!(
+        installed,
+        "the restarted backup caught up by state transfer"
+    );
+    let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
+    check_tail(&read, &acked, &attempted);
+    println!(
+        "{} acknowledged; {} still held after retention; {} segment files identical on every replica",
         acked.len(),
         read.len(),
         segments.len()

@@ -193,3 +193,89 @@ fn given_replog_when_a_standalone_consumer_auto_commits_should_resume_after_its_
         Box::pin(sdk_flows::standalone_consumer_resumes_after_auto_commit(a))
     });
 }
+
+/// Reads from a raw connection until the server closes it (or 10 s pass);
+/// returns what it sent before closing.
+fn read_until_closed(stream: &mut std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("the server neither answered nor closed: {e}"),
+        }
+    }
+}
+
+#[test]
+fn given_hostile_bytes_and_bad_requests_when_sent_should_refuse_them_and_keep_serving_others() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Replog::start(dir.path());
+    let addr = server.addr;
+    let rt = runtime();
+    let good = rt.block_on(bounded("log in", logged_in(addr)));
+    // Garbage where a header should be: the stream cannot be aligned on
+    // frames again, so the server closes it.
+    let mut garbage = std::net::TcpStream::connect(addr).unwrap();
+    let noise: Vec<u8> = (0..512u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    garbage.write_all(&noise).unwrap();
+    read_until_closed(&mut garbage);
+    // A header declaring a size past the ceiling: closed before anything
+    // of the body is buffered.
+    let mut huge = std::net::TcpStream::connect(addr).unwrap();
+    let mut header = [0u8; 256];
+    header[48..52].copy_from_slice(&u32::MAX.to_le_bytes());
+    huge.write_all(&header).unwrap();
+    read_until_closed(&mut huge);
+    // A frame cut mid-way, then the client leaves.
+    let mut cut = std::net::TcpStream::connect(addr).unwrap();
+    let mut partial = [0u8; 300];
+    partial[48..52].copy_from_slice(&1000u32.to_le_bytes());
+    cut.write_all(&partial).unwrap();
+    cut.shutdown(std::net::Shutdown::Write).unwrap();
+    read_until_closed(&mut cut);
+    rt.block_on(bounded("bad requests", async {
+        // Commands before login: Unauthenticated (40).
+        let anonymous = IggyClient::builder()
+            .with_tcp()
+            .with_server_address(addr.to_string())
+            .build()
+            .unwrap();
+        anonymous.connect().await.unwrap();
+        anonymous.ping().await.unwrap();
+        let err = anonymous.get_streams().await.unwrap_err();
+        assert_eq!(err.as_code(), 40, "{err:?}");
+        // A wrong password is refused, and the connection can still log
+        // in properly afterwards.
+        assert!(anonymous.login_user("iggy", "wrong").await.is_err());
+        anonymous.login_user("iggy", "iggy").await.unwrap();
+        // Ids that name nothing: the not-found codes the SDK expects.
+        let missing = Identifier::numeric(4242).unwrap();
+        assert!(anonymous.get_stream(&missing).await.unwrap().is_none());
+        let err = anonymous
+            .create_topic(&missing, "t", &TopicCreateOptions::default())
+            .await
+            .unwrap_err();
+        assert_eq!(err.as_code(), 1009, "{err:?}");
+        // The first connection was never disturbed.
+        good.ping().await.unwrap();
+        good.create_stream("still-serving").await.unwrap();
+        assert!(
+            good.get_stream(&Identifier::named("still-serving").unwrap())
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }));
+    drop(good);
+    server.stop();
+}

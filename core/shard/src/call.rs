@@ -97,6 +97,10 @@ pub enum Answer {
     Committed {
         /// The op it committed as.
         op: Op,
+        /// For a produce, the first offset of the batch as the primary
+        /// stamped it (`None` for other ops, or when the prepare was no
+        /// longer held to read it from).
+        base_offset: Option<Offset>,
     },
     /// Messages read.
     Polled(Polled),

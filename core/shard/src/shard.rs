@@ -338,6 +338,35 @@ struct Group<E: Env> {
     /// Replicated calls sent, by request number.
     in_flight: BTreeMap<u64, InFlight>,
     fenced_reported: bool,
+    /// The view and whether this replica was its primary, as last logged.
+    seen_view: (u32, bool),
+}
+
+impl<E: Env> Group<E> {
+    /// Logs a change of the group's view, or of whether this replica is
+    /// its primary: what an operator watches after a replica fails.
+    fn note_view(&mut self, id: GroupId) {
+        let replica = self.partition.replica();
+        let now = (replica.view(), replica.is_primary());
+        if now == self.seen_view {
+            return;
+        }
+        let primary = replica.primary_index(now.0);
+        if now.0 != self.seen_view.0 {
+            tracing::info!(group = id.0, view = now.0, primary, "group view changed");
+        } else {
+            // The view's start (this replica finishing it as primary):
+            // every group of a new cluster does this once.
+            tracing::debug!(
+                group = id.0,
+                view = now.0,
+                primary,
+                primary_here = now.1,
+                "group view started"
+            );
+        }
+        self.seen_view = now;
+    }
 }
 
 /// A build clock over the environment's monotonic time.
@@ -619,6 +648,7 @@ impl<E: Env> Shard<E> {
         let mut driver_config = TransferDriverConfig::new(self.config.cluster, group.0);
         driver_config.frame_size_max = self.config.frame_size_max;
         let driver = TransferDriver::new(fs, &dir, driver_config, vsr.seed ^ 0x5EED);
+        let seen_view = (partition.replica().view(), partition.replica().is_primary());
         self.groups.insert(
             group,
             Group {
@@ -630,6 +660,7 @@ impl<E: Env> Shard<E> {
                 queued: VecDeque::new(),
                 in_flight: BTreeMap::new(),
                 fenced_reported: false,
+                seen_view,
             },
         );
         Ok(())
@@ -696,13 +727,17 @@ impl<E: Env> Shard<E> {
             return Ok(());
         }
         self.check_owner(frame.group)?;
+        let frame_group = frame.group;
         let Some(g) = self.groups.get_mut(&GroupId(frame.group)) else {
             return Err(FrameRefusal::UnknownGroup { group: frame.group });
         };
-        g.partition
+        let result = g
+            .partition
             .on_frame(frame)
             .await
-            .map_err(|e| FrameRefusal::Partition(e.to_string()))
+            .map_err(|e| FrameRefusal::Partition(e.to_string()));
+        g.note_view(GroupId(frame_group));
+        result
     }
 
     fn check_owner(&self, group: u64) -> Result<(), FrameRefusal> {
@@ -742,6 +777,7 @@ impl<E: Env> Shard<E> {
             {
                 tracing::warn!(group = id.0, %error, "tick failed");
             }
+            g.note_view(*id);
             // An idle driver's tick would do nothing: skipping it is what
             // keeps thousands of quiet groups cheap.
             if !g.driver.is_idle(&g.partition) {
@@ -1046,7 +1082,10 @@ impl<E: Env> Shard<E> {
             };
             self.stats.calls += 1;
             let answer = match reply.status {
-                ReplyStatus::Ok => Ok(Answer::Committed { op: Op(reply.op) }),
+                ReplyStatus::Ok => Ok(Answer::Committed {
+                    op: Op(reply.op),
+                    base_offset: appended_base(&g.partition, reply.op),
+                }),
                 ReplyStatus::AlreadyApplied => Err(CallError::Indeterminate {
                     reason: "already applied; its reply is no longer cached",
                 }),
@@ -1309,6 +1348,22 @@ fn primary_check<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
         });
     }
     Ok(())
+}
+
+/// The base offset the primary stamped on the batch op `op` appended, read
+/// from the prepare the journal still holds right after its commit.
+fn appended_base<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
+    partition: &Partition<B, S, F>,
+    op: u64,
+) -> Option<Offset> {
+    let prepare = partition.replica().journal_entry(op)?;
+    if prepare.header.operation != consensus::vsr::OPERATION_APPEND {
+        return None;
+    }
+    let view =
+        storage::BatchView::decode_exact(&prepare.body, storage::Integrity::LayoutOnly, u64::MAX)
+            .ok()?;
+    Some(Offset(view.header().base_offset))
 }
 
 fn partition_error(error: PartitionError) -> CallError {

@@ -61,6 +61,7 @@ pub struct NodeBackend {
     sessions: Arc<AtomicU64>,
     balanced: HashMap<TopicRef, u32>,
     forwarder: Option<Rc<Forwarder>>,
+    topic_defaults: TopicConfig,
 }
 
 /// How long a replica that forwarded a metadata op waits to have applied
@@ -81,7 +82,16 @@ impl NodeBackend {
             sessions: Arc::new(AtomicU64::new(1)),
             balanced: HashMap::new(),
             forwarder: None,
+            topic_defaults: TopicConfig::default(),
         }
+    }
+
+    /// The settings a new topic gets where its create request names none
+    /// (the replica's `storage` configuration).
+    #[must_use]
+    pub fn with_topic_defaults(mut self, defaults: TopicConfig) -> Self {
+        self.topic_defaults = defaults;
+        self
     }
 
     /// Forwards calls whose group's primary is another replica through
@@ -443,7 +453,7 @@ impl Backend for NodeBackend {
             stream: meta_id(&request.stream),
             name: request.name.as_str().to_owned(),
             partitions_count: request.partitions_count,
-            config: topic_config(&request.options)?,
+            config: topic_config(&request.options, &self.topic_defaults)?,
             created_at_us: now_us(),
         };
         let Outcome::TopicCreated(s, t) = self.submit(caller, op).await? else {
@@ -490,7 +500,7 @@ impl Backend for NodeBackend {
             stream: meta_id(&request.topic.stream),
             topic: meta_id(&request.topic.topic),
             name: request.name.as_str().to_owned(),
-            config: topic_config(&request.options)?,
+            config: topic_config(&request.options, &self.topic_defaults)?,
         };
         self.submit(caller, op).await.map(drop)
     }
@@ -574,18 +584,23 @@ impl Backend for NodeBackend {
             .query(move |s| route_send(s, &stream, &topic, choice))
             .await?;
         let batch = request.batch.to_vec();
-        match self.call(&route, Call::Produce { batch }).await? {
-            Answer::Committed { .. } => {}
+        let stamped = match self.call(&route, Call::Produce { batch }).await? {
+            Answer::Committed { base_offset, .. } => base_offset,
             _ => return Err(unexpected("produce")),
-        }
-        // The shard's answer names the op, not the batch's base offset: it
-        // is derived from the head right after the commit, exact unless
-        // another produce to the partition committed in between.
-        let head = self.partition_stats(&route).await;
-        let base = head
-            .current_offset
-            .saturating_add(1)
-            .saturating_sub(u64::from(request.messages_count));
+        };
+        let base = match stamped {
+            Some(base) => base.0,
+            None => {
+                // The prepare was gone before the answer was made (it is
+                // read from the journal right after the commit, so only
+                // a transfer in between does this): derive it from the
+                // head, exact unless another produce committed since.
+                let head = self.partition_stats(&route).await;
+                head.current_offset
+                    .saturating_add(1)
+                    .saturating_sub(u64::from(request.messages_count))
+            }
+        };
         Ok(SendConfirmation {
             stream_id: route.stream,
             topic_id: route.topic,
@@ -1153,8 +1168,8 @@ fn polled_messages(
 /// use (consumer-offset durability, flush thresholds…) are accepted and
 /// ignored, as the SDK sends some on every create; a known key whose
 /// value does not parse is refused whole.
-fn topic_config(options: &Options) -> BackendResult<TopicConfig> {
-    let mut config = TopicConfig::default();
+fn topic_config(options: &Options, defaults: &TopicConfig) -> BackendResult<TopicConfig> {
+    let mut config = *defaults;
     for e in &options.entries {
         let bad = || BackendError::InvalidOption(format!("{} has an unusable value", e.key));
         match e.key.as_str() {
@@ -1390,7 +1405,7 @@ mod tests {
                 entry("consumer_offset_durability", KIND_STRING, b"replicated"),
             ],
         };
-        let c = topic_config(&options).unwrap();
+        let c = topic_config(&options, &TopicConfig::default()).unwrap();
         assert_eq!(c.compression, metadata::CompressionAlgorithm::Gzip);
         assert_eq!(c.durability, metadata::Durability::Persisted);
         assert_eq!(
@@ -1419,7 +1434,10 @@ mod tests {
                 entries: vec![bad.clone()],
             };
             assert!(
-                matches!(topic_config(&options), Err(BackendError::InvalidOption(_))),
+                matches!(
+                    topic_config(&options, &TopicConfig::default()),
+                    Err(BackendError::InvalidOption(_))
+                ),
                 "{bad:?}"
             );
         }

@@ -88,8 +88,7 @@ impl Node {
     /// boot).
     pub fn start(config: NodeConfig, clients: Option<ClientStarter>) -> Result<Self, String> {
         identity::check_or_record(&config.data_dir, &identity::of(&config))?;
-        let listener = std::net::TcpListener::bind(config.client_addr)
-            .map_err(|e| format!("binding the client listener on {}: {e}", config.client_addr))?;
+        let listener = bind_retrying(config.client_addr, "client")?;
         let client_addr = listener
             .local_addr()
             .map_err(|e| format!("reading the listener's address: {e}"))?;
@@ -224,6 +223,34 @@ impl Node {
     }
 }
 
+/// How long a listener's address may stay in use before start-up fails.
+const BIND_RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// Binds a listener, retrying while its address is in use: after a
+/// `kill -9`, the kernel releases the dead process's sockets only once
+/// its io_uring instance is torn down, which it does asynchronously, so a
+/// prompt restart can find its own port still taken for a moment.
+fn bind_retrying(addr: SocketAddr, what: &str) -> Result<std::net::TcpListener, String> {
+    let deadline = std::time::Instant::now() + BIND_RETRY_FOR;
+    let mut logged = false;
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => return Ok(listener),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                if !logged {
+                    tracing::warn!(%addr, listener = what, "address in use; retrying for up to 10 s");
+                    logged = true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(format!("binding the {what} listener on {addr}: {e}")),
+        }
+    }
+}
+
 /// Binds the replica listener and describes the bus.
 fn open_bus(
     config: &NodeConfig,
@@ -239,8 +266,7 @@ fn open_bus(
             config.replica_count
         ));
     }
-    let listener = std::net::TcpListener::bind(setup.listen)
-        .map_err(|e| format!("binding the replica listener on {}: {e}", setup.listen))?;
+    let listener = bind_retrying(setup.listen, "replica")?;
     let bus = BusConfig {
         cluster: config.cluster,
         me: config.replica,

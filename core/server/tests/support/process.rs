@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 /// A running replica.
@@ -16,6 +16,7 @@ pub struct Replog {
     child: Child,
     /// Where its clients connect.
     pub addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Replog {
@@ -28,17 +29,31 @@ impl Replog {
 
     /// `replog ARGS`, waiting (at most 30 s) for its serving line.
     pub fn start_with(args: &[OsString]) -> Self {
+        let filter = std::env::var("REPLOG_TEST_LOG").unwrap_or("warn".into());
+        Self::start_logging(args, &filter)
+    }
+
+    /// As [`Replog::start_with`], with the log filter `filter`; the log
+    /// lines are kept ([`Replog::logged`]) and echoed to the test's
+    /// stderr.
+    pub fn start_logging(args: &[OsString], filter: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_replog"))
             .args(args)
-            .env(
-                "RUST_LOG",
-                std::env::var("REPLOG_TEST_LOG").unwrap_or("warn".into()),
-            )
+            .env("RUST_LOG", filter)
             .env("REPLOG_ROOT_PASSWORD", "iggy")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                kept.lock().unwrap().push(line);
+            }
+        });
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -60,7 +75,12 @@ impl Replog {
             .split_whitespace()
             .find_map(|w| w.parse::<SocketAddr>().ok())
             .unwrap_or_else(|| panic!("no address in {line:?}"));
-        Self { child, addr }
+        Self { child, addr, log }
+    }
+
+    /// Whether a log line so far contains `needle`.
+    pub fn logged(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
     /// SIGTERM, then wait (at most 20 s) for a clean exit.

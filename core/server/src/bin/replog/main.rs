@@ -51,6 +51,7 @@ fn init_logging() {
     // Logs go to stderr; stdout carries only the serving line.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -77,6 +78,15 @@ fn serve(config: Config, exit_with_stdin: bool) -> ExitCode {
         client_frame_size_max_bytes: config.client.frame_size_max_bytes,
         bus,
     };
+    let topic_defaults = metadata::TopicConfig {
+        segment_size_bytes: config.storage.segment_size_bytes,
+        durability: if config.storage.fsync {
+            metadata::Durability::Persisted
+        } else {
+            metadata::Durability::Replicated
+        },
+        ..metadata::TopicConfig::default()
+    };
     let username = config.root.username.clone();
     let password = config.root.password.clone();
     let tag = boot_tag(config.replica_id);
@@ -89,7 +99,9 @@ fn serve(config: Config, exit_with_stdin: bool) -> ExitCode {
         let handles = ctx.handles.clone();
         let forwarder = ctx.forwarder.clone();
         let make = Rc::new(move || {
-            NodeBackend::new(handles.clone(), tag).with_forwarder(forwarder.clone())
+            NodeBackend::new(handles.clone(), tag)
+                .with_forwarder(forwarder.clone())
+                .with_topic_defaults(topic_defaults)
         });
         compio::runtime::spawn(listener::serve(ctx.listener, ctx.session, make)).detach();
     });

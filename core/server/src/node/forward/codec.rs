@@ -451,9 +451,16 @@ fn get_call(i: &mut In<'_>) -> Result<Call, CodecError> {
 
 fn put_answer(o: &mut Out, answer: &Answer) {
     match answer {
-        Answer::Committed { op } => {
+        Answer::Committed { op, base_offset } => {
             o.u8(1);
             o.u64(op.0);
+            match base_offset {
+                Some(v) => {
+                    o.u8(1);
+                    o.u64(v.0);
+                }
+                None => o.u8(0),
+            }
         }
         Answer::Polled(p) => {
             o.u8(2);
@@ -501,7 +508,10 @@ fn get_option_u64(i: &mut In<'_>, field: &'static str) -> Result<Option<u64>, Co
 
 fn get_answer(i: &mut In<'_>) -> Result<Answer, CodecError> {
     Ok(match i.u8()? {
-        1 => Answer::Committed { op: Op(i.u64()?) },
+        1 => Answer::Committed {
+            op: Op(i.u64()?),
+            base_offset: get_option_u64(i, "base offset")?.map(Offset),
+        },
         2 => {
             let first_offset = i.u64()?;
             let last_offset = i.u64()?;
@@ -787,7 +797,14 @@ mod tests {
             B::LocalFault("disk".into()),
         ];
         let answers = vec![
-            Answer::Committed { op: Op(8) },
+            Answer::Committed {
+                op: Op(8),
+                base_offset: None,
+            },
+            Answer::Committed {
+                op: Op(9),
+                base_offset: Some(Offset(77)),
+            },
             Answer::Polled(Polled {
                 batches: vec![Bytes::from_static(b"abc"), Bytes::new()],
                 first_offset: 1,
