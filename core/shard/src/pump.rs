@@ -60,6 +60,14 @@ pub enum Input {
         /// Every live group of the replica.
         live: Vec<GroupSpec>,
     },
+    /// The metadata plane committed a purge generation for a group: its
+    /// state-transfer install refuses offers behind it.
+    PurgeCommitted {
+        /// The group.
+        group: GroupId,
+        /// The committed generation.
+        generation: u64,
+    },
 }
 
 /// The sending half of a shard's inbox.
@@ -87,6 +95,9 @@ impl<E: Env> Shard<E> {
             }
             Input::Meta(call) => self.on_meta(call).await,
             Input::Reconcile { live } => self.reconcile(&live).await,
+            Input::PurgeCommitted { group, generation } => {
+                self.learn_purge_generation(group, generation);
+            }
         }
     }
 }

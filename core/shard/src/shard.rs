@@ -1202,6 +1202,10 @@ impl<E: Env> Shard<E> {
                 );
             }
             PartitionEffect::PurgePartition { group, generation } => {
+                // Every replica's copy of the group learns the committed
+                // generation (its transfer install refuses older offers).
+                self.route(group, Input::PurgeCommitted { group, generation })
+                    .await;
                 // Every replica sees the effect; the partition's primary
                 // proposes the purge, the others' calls answer NotPrimary.
                 let (reply, _) = futures::channel::oneshot::channel();
@@ -1231,6 +1235,9 @@ impl<E: Env> Shard<E> {
                     Err(error) => tracing::error!(group = group.0, %error, "delete failed"),
                 },
                 Input::Call(envelope) => Box::pin(self.on_call(envelope)).await,
+                Input::PurgeCommitted { group, generation } => {
+                    self.learn_purge_generation(group, generation);
+                }
                 other => tracing::error!(?other, "not routable"),
             }
             return;
@@ -1261,6 +1268,13 @@ impl<E: Env> Shard<E> {
             .iter()
             .map(|i| spec_of(i.group, i.partition.0, i.incarnation, &i.config))
             .collect();
+        let purges: Vec<(GroupId, u64)> = host
+            .state()
+            .partition_groups()
+            .iter()
+            .filter(|i| i.purge_generation > 0)
+            .map(|i| (i.group, i.purge_generation))
+            .collect();
         let count = self.config.shard_count;
         for index in 0..count {
             if ShardIndex(index) == self.config.shard {
@@ -1269,6 +1283,17 @@ impl<E: Env> Shard<E> {
                 use futures::SinkExt;
                 let _ = inbox.send(Input::Reconcile { live: live.clone() }).await;
             }
+        }
+        for (group, generation) in purges {
+            self.route(group, Input::PurgeCommitted { group, generation })
+                .await;
+        }
+    }
+
+    /// Hands a committed purge generation to the group's transfer driver.
+    pub fn learn_purge_generation(&mut self, group: GroupId, generation: u64) {
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.driver.learn_committed_purge_generation(generation);
         }
     }
 

@@ -175,3 +175,82 @@ fn given_replica_down_while_topic_created_when_restarted_should_reconcile_its_gr
     assert_eq!(expected_groups(&c, 0), expected);
     assert_eq!(partition_groups(&c, 0), expected);
 }
+
+/// The purge generation each replica's transfer driver of `group` knows.
+fn known_purge_generation(c: &Cluster, r: u8, group: GroupId) -> Option<u64> {
+    c.nodes[usize::from(r)]
+        .iter()
+        .flatten()
+        .find_map(|n| n.driver(group))
+        .and_then(|d| d.committed_purge_generation())
+}
+
+#[test]
+fn given_a_committed_purge_when_applied_and_after_a_restart_should_reach_every_transfer_driver() {
+    let mut c = Cluster::new(3, 2, 23, NetworkFaults::default());
+    c.run(100);
+    submit(
+        &mut c,
+        MetadataOp::CreateStream {
+            name: "p".into(),
+            created_at_us: 1,
+        },
+    )
+    .unwrap();
+    submit(
+        &mut c,
+        MetadataOp::CreateTopic {
+            stream: Identifier::Name("p".into()),
+            name: "t".into(),
+            partitions_count: 3,
+            config: TopicConfig::default(),
+            created_at_us: 2,
+        },
+    )
+    .unwrap();
+    c.run(50);
+    let groups = expected_groups(&c, 0);
+    assert_eq!(groups.len(), 3);
+    for g in &groups {
+        for r in 0..3 {
+            assert_eq!(known_purge_generation(&c, r, *g), None, "before any purge");
+        }
+    }
+    submit(
+        &mut c,
+        MetadataOp::PurgeTopic {
+            stream: Identifier::Name("p".into()),
+            topic: Identifier::Name("t".into()),
+        },
+    )
+    .unwrap();
+    c.run(50);
+    let committed: Vec<(GroupId, u64)> = c.nodes[0][0]
+        .as_ref()
+        .unwrap()
+        .metadata()
+        .unwrap()
+        .state()
+        .partition_groups()
+        .iter()
+        .map(|i| (i.group, i.purge_generation))
+        .collect();
+    for (g, generation) in &committed {
+        assert!(*generation > 0);
+        for r in 0..3 {
+            assert_eq!(
+                known_purge_generation(&c, r, *g),
+                Some(*generation),
+                "replica {r} group {}",
+                g.0
+            );
+        }
+    }
+    // A restart learns it again from the committed metadata.
+    c.crash(2, CrashMode::DropAll);
+    c.restart_reconciled(2);
+    c.run(100);
+    for (g, generation) in &committed {
+        assert_eq!(known_purge_generation(&c, 2, *g), Some(*generation));
+    }
+}

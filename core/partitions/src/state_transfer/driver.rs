@@ -384,6 +384,20 @@ impl<F: Fs> TransferDriver<F> {
         matches!(frame.get(60), Some(22..=25))
     }
 
+    /// The purge generation the metadata plane committed for this
+    /// partition, as this driver knows it.
+    pub fn committed_purge_generation(&self) -> Option<u64> {
+        self.config.committed_purge_generation
+    }
+
+    /// Learns a purge generation the metadata plane committed; the
+    /// install refuses offers behind the highest one learnt. A lower one
+    /// (an effect replayed after a later one) changes nothing.
+    pub fn learn_committed_purge_generation(&mut self, generation: u64) {
+        let known = self.config.committed_purge_generation.unwrap_or(0);
+        self.config.committed_purge_generation = Some(known.max(generation));
+    }
+
     /// Whether a tick would do nothing: no session on either side, no
     /// re-arm counting down, no offer build to continue, no slot held, and
     /// the partition needs no transfer. A shard skips an idle driver's
