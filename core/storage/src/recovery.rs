@@ -19,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::batch::{BATCH_HEADER_SIZE, BatchHeader, BatchView, Integrity};
 use crate::error::RecoveryError;
@@ -94,6 +94,11 @@ struct Plan {
     stop: WalkStop,
     index: Vec<IndexEntry>,
     index_ok: bool,
+    /// The stored index is a strict prefix of the rebuilt one: entries
+    /// for batches appended after the last sync, which an unclean stop
+    /// loses by design (the index is written only after its log bytes are
+    /// durable). Anything else wrong with it is damage.
+    index_behind: bool,
 }
 
 /// Recovers the partition directory `dir`. A missing directory is an empty
@@ -202,7 +207,11 @@ pub async fn recover_partition<F: Fs>(
             file.sync_data()
                 .await
                 .map_err(|e| RecoveryError::io("sync", &plan.index_path, e))?;
-            warn!(path = %plan.index_path.display(), entries = plan.index.len(), "rebuilt segment index");
+            if plan.index_behind {
+                info!(path = %plan.index_path.display(), entries = plan.index.len(), "extended a segment index an unclean stop left behind");
+            } else {
+                warn!(path = %plan.index_path.display(), entries = plan.index.len(), "rebuilt segment index");
+            }
             report.rebuilt_indexes.push(plan.index_path.clone());
             // The index may have been created: its name must be durable.
             dir_changed = true;
@@ -429,6 +438,10 @@ async fn plan_segment<F: Fs>(
 
     let index_ok =
         has_index && stored_len == (index.len() * INDEX_ENTRY_SIZE) as u64 && stored == index;
+    let index_behind = !index_ok
+        && stored_len == (stored.len() * INDEX_ENTRY_SIZE) as u64
+        && stored.len() < index.len()
+        && index.starts_with(&stored);
     Ok(Plan {
         log_path,
         index_path,
@@ -437,5 +450,6 @@ async fn plan_segment<F: Fs>(
         stop,
         index,
         index_ok,
+        index_behind,
     })
 }
