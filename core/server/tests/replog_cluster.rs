@@ -617,3 +617,106 @@ fn given_a_backup_stopped_past_retention_when_restarted_should_catch_up_by_state
     drop(client);
     cluster.stop();
 }
+
+/// A base port with the next `n` ports free, below the ephemeral range.
+fn free_port_run(n: u16) -> u16 {
+    for _ in 0..1000 {
+        let base = free_ports(1)[0];
+        if base.checked_add(n).is_none_or(|end| end >= 32_768) {
+            continue;
+        }
+        let all_free = (base..base + n)
+            .map(|p| std::net::TcpListener::bind(("127.0.0.1", p)))
+            .collect::<Result<Vec<_>, _>>()
+            .is_ok();
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no run of {n} free ports");
+}
+
+/// Kills the `replog dev` process if the test ends early; its replicas
+/// stop when it is gone (their stdin closes).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn given_replog_dev_when_started_should_serve_the_sdk_on_every_replica_and_stop_them_all() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_port_run(6);
+    let dev = std::process::Command::new(env!("CARGO_BIN_EXE_replog"))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--shards", "2", "dev", "--replicas", "3", "--base-port"])
+        .arg(base.to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut dev = KillOnDrop(dev);
+    let stdout = dev.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut serving = std::collections::BTreeSet::new();
+    while serving.len() < 3 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .expect("every replica serves within 30 s");
+        if let Some(rest) = line.strip_prefix("[r")
+            && line.contains("serving Iggy clients")
+        {
+            serving.insert(rest.chars().next().unwrap());
+        }
+    }
+    let clients: Vec<SocketAddr> = (0..3)
+        .map(|i| SocketAddr::from(([127, 0, 0, 1], base + 2 * i)))
+        .collect();
+    runtime().block_on(bounded("dev cluster", async {
+        for (i, addr) in clients.iter().enumerate() {
+            let client = logged_in(*addr).await;
+            let stream = format!("dev-{i}");
+            retried!("create stream", client.create_stream(&stream));
+            let streams = retried!("get streams", client.get_streams());
+            assert!(
+                streams.iter().any(|s| s.name == stream),
+                "through replica {i}"
+            );
+        }
+    }));
+    let pid = dev.0.id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let status = loop {
+        if let Some(status) = dev.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "replog dev did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "replog dev exited with {status}");
+    // Every replica is gone: its client port can be bound again.
+    for addr in &clients {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpListener::bind(addr).is_err() {
+            assert!(Instant::now() < deadline, "{addr} is still taken");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
