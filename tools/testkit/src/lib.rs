@@ -276,7 +276,83 @@ impl Drop for Replog {
     }
 }
 
+/// What a bounded command printed, and how it ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// The exit status.
+    pub status: std::process::ExitStatus,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+}
+
+/// Runs `command` with `stdin` fed to it, killing it after `limit`; an
+/// error says which limit was hit or what could not be done.
+pub fn run_bounded(
+    mut command: Command,
+    stdin: &[u8],
+    limit: Duration,
+) -> Result<Finished, String> {
+    use std::io::{Read, Write};
+    let shown = format!("{command:?}");
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not start {shown}: {e}"))?;
+    if let Some(mut pipe) = child.stdin.take() {
+        let input = stdin.to_vec();
+        // Written from a thread: a child that does not read its stdin
+        // must not block this one.
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&input);
+        });
+    }
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{shown} did not finish within {limit:?}"));
+            }
+            Err(e) => return Err(format!("waiting for {shown}: {e}")),
+        }
+    };
+    Ok(Finished {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
