@@ -205,6 +205,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use clap::CommandFactory;

@@ -126,6 +126,7 @@ impl Percentiles {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -244,6 +244,7 @@ impl Plan {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use clap::Parser;
