@@ -117,18 +117,24 @@ pub async fn connect(plan: &Plan) -> Result<IggyClient, BenchError> {
         .with_no_delay()
         .with_reconnection_max_retries(Some(2))
         .build()
-        .map_err(|source| BenchError::Connect { addr, source })?;
+        .map_err(|source| BenchError::Connect {
+            addr,
+            source: Box::new(source),
+        })?;
     client
         .connect()
         .await
-        .map_err(|source| BenchError::Connect { addr, source })?;
+        .map_err(|source| BenchError::Connect {
+            addr,
+            source: Box::new(source),
+        })?;
     client
         .login_user(&plan.username, &plan.password)
         .await
         .map_err(|source| BenchError::Login {
             addr,
             username: plan.username.clone(),
-            source,
+            source: Box::new(source),
         })?;
     Ok(client)
 }
@@ -136,7 +142,7 @@ pub async fn connect(plan: &Plan) -> Result<IggyClient, BenchError> {
 fn ident(name: &str) -> Result<Identifier, BenchError> {
     Identifier::named(name).map_err(|source| BenchError::Setup {
         what: format!("the name {name:?} is not a valid identifier"),
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -154,7 +160,7 @@ pub fn batch(plan: &Plan) -> Result<Vec<IggyMessage>, BenchError> {
                 .build()
                 .map_err(|source| BenchError::Setup {
                     what: format!("a {}-byte message cannot be built", plan.message_size),
-                    source,
+                    source: Box::new(source),
                 })
         })
         .collect()
@@ -190,7 +196,7 @@ pub async fn send_batch(
         .map_err(|source| BenchError::Send {
             addr: plan.addr,
             target: target.to_string(),
-            source,
+            source: Box::new(source),
         })?;
     Ok(())
 }
@@ -259,7 +265,7 @@ pub async fn pinned_consumer(
         Consumer::new(
             Identifier::numeric(index + 1).map_err(|source| BenchError::Setup {
                 what: format!("consumer id {}", index + 1),
-                source,
+                source: Box::new(source),
             })?,
         );
     let stream = ident(&target.stream)?;
@@ -282,7 +288,7 @@ pub async fn pinned_consumer(
                 .map_err(|source| BenchError::Poll {
                     addr: plan.addr,
                     target: target.to_string(),
-                    source,
+                    source: Box::new(source),
                 })
         }
     };
@@ -360,7 +366,7 @@ pub async fn group_consumer(
         .await
         .map_err(|source| BenchError::Setup {
             what: format!("consumer {index} could not join group {GROUP} of {target}"),
-            source,
+            source: Box::new(source),
         })?;
     let consumer = Consumer::group(group);
     let poll = |strategy: PollingStrategy, commit: bool| {
@@ -381,7 +387,7 @@ pub async fn group_consumer(
                 .map_err(|source| BenchError::Poll {
                     addr: plan.addr,
                     target: format!("group {GROUP} of {target}"),
-                    source,
+                    source: Box::new(source),
                 })
         }
     };
@@ -470,7 +476,7 @@ pub async fn end_to_end_consumer(
         Consumer::new(
             Identifier::numeric(index + 1).map_err(|source| BenchError::Setup {
                 what: format!("consumer id {}", index + 1),
-                source,
+                source: Box::new(source),
             })?,
         );
     let stream = ident(&target.stream)?;
@@ -500,7 +506,7 @@ pub async fn end_to_end_consumer(
             .map_err(|source| BenchError::Poll {
                 addr: plan.addr,
                 target: target.to_string(),
-                source,
+                source: Box::new(source),
             })?;
         let arrived = wall_micros();
         if polled.messages.is_empty() {
@@ -521,7 +527,7 @@ pub async fn end_to_end_consumer(
                 continue;
             }
             payload_bytes += m.payload.len() as u64;
-            if (o - skip) % per_batch == 0 {
+            if (o - skip).is_multiple_of(per_batch) {
                 let micros = arrived.saturating_sub(m.header.origin_timestamp);
                 histogram.record(Duration::from_micros(micros));
                 shared.batches_done.fetch_add(1, Ordering::Relaxed);

@@ -16,7 +16,7 @@ pub enum BenchError {
         /// The server.
         addr: SocketAddr,
         /// The SDK's error.
-        source: IggyError,
+        source: Box<IggyError>,
     },
     /// The server refused the login.
     Login {
@@ -25,14 +25,14 @@ pub enum BenchError {
         /// Who.
         username: String,
         /// The SDK's error.
-        source: IggyError,
+        source: Box<IggyError>,
     },
     /// Creating or deleting streams, topics or groups failed.
     Setup {
         /// What was being done.
         what: String,
         /// The SDK's error.
-        source: IggyError,
+        source: Box<IggyError>,
     },
     /// A send failed.
     Send {
@@ -41,7 +41,7 @@ pub enum BenchError {
         /// Where to.
         target: String,
         /// The SDK's error.
-        source: IggyError,
+        source: Box<IggyError>,
     },
     /// A poll failed.
     Poll {
@@ -50,7 +50,7 @@ pub enum BenchError {
         /// Where from.
         target: String,
         /// The SDK's error.
-        source: IggyError,
+        source: Box<IggyError>,
     },
     /// A consumer saw nothing new for too long.
     Stalled {

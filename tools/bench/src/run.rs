@@ -34,7 +34,7 @@ pub async fn run(plan: Plan) -> Result<Report, BenchError> {
 fn named(name: &str) -> Result<Identifier, BenchError> {
     Identifier::named(name).map_err(|source| BenchError::Setup {
         what: format!("the name {name:?} is not a valid identifier"),
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -49,7 +49,7 @@ async fn delete_stream_if_present(
         .await
         .map_err(|source| BenchError::Setup {
             what: format!("looking up stream {name} on {}", plan.addr),
-            source,
+            source: Box::new(source),
         })?;
     if found.is_some() {
         admin
@@ -57,7 +57,7 @@ async fn delete_stream_if_present(
             .await
             .map_err(|source| BenchError::Setup {
                 what: format!("deleting stream {name} on {}", plan.addr),
-                source,
+                source: Box::new(source),
             })?;
     }
     Ok(())
@@ -79,7 +79,7 @@ async fn prepare_topics(admin: &IggyClient, plan: &Plan) -> Result<(), BenchErro
             .await
             .map_err(|source| BenchError::Setup {
                 what: format!("creating stream {name} on {}", plan.addr),
-                source,
+                source: Box::new(source),
             })?;
         let options = TopicCreateOptions {
             partitions_count: Some(plan.partitions),
@@ -94,7 +94,7 @@ async fn prepare_topics(admin: &IggyClient, plan: &Plan) -> Result<(), BenchErro
                     "creating topic {TOPIC} with {} partitions in stream {name} on {}",
                     plan.partitions, plan.addr
                 ),
-                source,
+                source: Box::new(source),
             })?;
         if plan.kind == Kind::BalancedConsumerGroup {
             admin
@@ -105,7 +105,7 @@ async fn prepare_topics(admin: &IggyClient, plan: &Plan) -> Result<(), BenchErro
                         "creating consumer group {GROUP} on stream {name} topic {TOPIC} on {}",
                         plan.addr
                     ),
-                    source,
+                    source: Box::new(source),
                 })?;
         }
     }
