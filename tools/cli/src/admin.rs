@@ -20,7 +20,7 @@ pub async fn stream(
                 .create_stream(name)
                 .await
                 .map_err(|e| failed(addr, &format!("creating stream {name:?}"), &e))?;
-            println!("created stream {} (id {})", s.name, s.id);
+            emitln!("created stream {} (id {})", s.name, s.id);
         }
         StreamCommand::List => {
             let streams = client
@@ -37,7 +37,7 @@ pub async fn stream(
                     s.size.as_bytes_u64().to_string(),
                 ]));
             }
-            print!("{}", table(&rows));
+            emit!("{}", table(&rows));
         }
         StreamCommand::Delete { stream } => {
             let id = identifier("stream", stream)?;
@@ -45,7 +45,7 @@ pub async fn stream(
                 .delete_stream(&id)
                 .await
                 .map_err(|e| failed(addr, &format!("deleting stream {stream:?}"), &e))?;
-            println!("deleted stream {stream}");
+            emitln!("deleted stream {stream}");
         }
     }
     Ok(())
@@ -83,9 +83,11 @@ pub async fn topic(
                         &e,
                     )
                 })?;
-            println!(
+            emitln!(
                 "created topic {} (id {}) in stream {stream} with {} partitions",
-                t.name, t.id, t.partitions_count
+                t.name,
+                t.id,
+                t.partitions_count
             );
         }
         TopicCommand::List { stream } => {
@@ -107,7 +109,7 @@ pub async fn topic(
                     t.size.as_bytes_u64().to_string(),
                 ]));
             }
-            print!("{}", table(&rows));
+            emit!("{}", table(&rows));
         }
         TopicCommand::Delete { stream, topic } => {
             let stream_id = identifier("stream", stream)?;
@@ -122,7 +124,7 @@ pub async fn topic(
                         &e,
                     )
                 })?;
-            println!("deleted topic {topic} of stream {stream}");
+            emitln!("deleted topic {topic} of stream {stream}");
         }
     }
     Ok(())
@@ -176,9 +178,11 @@ pub async fn offset(
                     )
                 })?;
             match info {
-                Some(info) => println!(
+                Some(info) => emitln!(
                     "stored offset {} (partition {}, current offset {})",
-                    info.stored_offset, info.partition_id, info.current_offset
+                    info.stored_offset,
+                    info.partition_id,
+                    info.current_offset
                 ),
                 None => {
                     return Err(CliError(format!(
@@ -205,7 +209,7 @@ pub async fn offset(
                         &e,
                     )
                 })?;
-            println!("stored offset {offset} for {}", describe(target));
+            emitln!("stored offset {offset} for {}", describe(target));
         }
     }
     Ok(())
@@ -219,10 +223,11 @@ pub async fn status(client: &IggyClient, addr: SocketAddr) -> Result<(), CliErro
         .get_cluster_metadata()
         .await
         .map_err(|e| failed(addr, "reading the cluster metadata", &e))?;
-    println!(
-        "cluster {} at {addr}: {} nodes",
+    let n = cluster.nodes.len();
+    emitln!(
+        "cluster {} at {addr}: {n} {}",
         cluster.name,
-        cluster.nodes.len()
+        if n == 1 { "node" } else { "nodes" }
     );
     let mut rows = vec![row(["node", "address", "tcp", "role", "status"])];
     for n in &cluster.nodes {
@@ -234,15 +239,15 @@ pub async fn status(client: &IggyClient, addr: SocketAddr) -> Result<(), CliErro
             n.status.to_string(),
         ]));
     }
-    print!("{}", table(&rows));
+    emit!("{}", table(&rows));
 
     let streams = client
         .get_streams()
         .await
         .map_err(|e| failed(addr, "listing the streams", &e))?;
-    println!();
+    emitln!();
     if streams.is_empty() {
-        println!("no streams");
+        emitln!("no streams");
         return Ok(());
     }
     let mut rows = vec![row([
@@ -326,10 +331,10 @@ pub async fn status(client: &IggyClient, addr: SocketAddr) -> Result<(), CliErro
             }
         }
     }
-    print!("{}", table(&rows));
+    emit!("{}", table(&rows));
     if groups.len() > 1 {
-        println!();
-        print!("{}", table(&groups));
+        emitln!();
+        emit!("{}", table(&groups));
     }
     Ok(())
 }

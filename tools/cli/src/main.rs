@@ -8,6 +8,25 @@
 //! sentence on stderr naming the server and the stream, topic or partition
 //! concerned, and the exit code is 1.
 
+/// `print!` that ends the command quietly when stdout is a closed pipe
+/// (`replog-cli status | head`) and fails with a sentence otherwise; for
+/// functions returning `Result<_, CliError>`.
+macro_rules! emit {
+    ($($arg:tt)*) => {
+        $crate::write_stdout(&format!($($arg)*))?
+    };
+}
+
+/// `println!` in the manner of [`emit!`].
+macro_rules! emitln {
+    () => {
+        $crate::write_stdout("\n")?
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(&(format!($($arg)*) + "\n"))?
+    };
+}
+
 mod admin;
 mod messages;
 
@@ -223,6 +242,18 @@ pub fn failed(addr: SocketAddr, what: &str, error: &IggyError) -> CliError {
         "{what} on {addr} failed: {error} (code {})",
         error.as_code()
     ))
+}
+
+/// Writes `text` to stdout. A closed pipe ends the process with success:
+/// the reader has what it wanted.
+pub fn write_stdout(text: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => Err(CliError(format!("writing to stdout: {e}"))),
+    }
 }
 
 /// A stream or topic argument: a number is an id, anything else a name.

@@ -221,7 +221,7 @@ fn given_replog_when_the_cli_round_trips_streams_messages_and_offsets_should_rea
 
     // Status: the node, every partition with its message count, the group.
     let status = ok(addr, &["status"], "");
-    assert!(status.contains("1 nodes"), "{status}");
+    assert!(status.contains(": 1 node\n"), "{status}");
     let port = addr.port().to_string();
     assert!(
         status
