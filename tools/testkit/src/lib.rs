@@ -11,11 +11,18 @@
 //!
 //! 1. `REPLOG_BIN`, when set, names the binary to run (nothing is built).
 //! 2. Otherwise the test executable sits in `target/<profile>/deps/`; the
-//!    binary belongs in `target/<profile>/replog`. [`replog_binary`] runs
-//!    `cargo build -p server --bin replog` for that profile and target
-//!    directory first (a no-op when it is up to date), so a test never runs
-//!    a stale server. Cargo releases its build lock before it runs test
-//!    executables, so the nested build does not wait on the outer one.
+//!    binary belongs in `target/<profile>/replog`. If that binary is newer
+//!    than every file of the server's sources (`core/`, the workspace
+//!    `Cargo.toml` and `Cargo.lock`), it is used as it is: that is the case
+//!    under `cargo test --workspace`, which builds it for the server's own
+//!    tests before any test runs.
+//! 3. Otherwise [`replog_binary`] runs `cargo build -p server --bin replog`
+//!    for that profile and target directory, so a test never runs a server
+//!    older than its sources. (Always building would not be free: a
+//!    `cargo build -p server` resolves other features than a workspace-wide
+//!    `cargo test`, so it would compile much of the server's graph a second
+//!    time.) Cargo releases its build lock before it runs test executables,
+//!    so the nested build does not wait on the outer one.
 //!
 //! A cross-compiled layout (`target/<triple>/<profile>/`) is not guessed:
 //! set `REPLOG_BIN` there.
@@ -102,8 +109,13 @@ fn locate_or_build() -> Result<PathBuf, ReplogError> {
     })?;
     let layout = TargetLayout::of_test_executable(&exe)
         .ok_or_else(|| ReplogError::UnknownLayout { exe: exe.clone() })?;
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let binary = layout.profile_dir.join("replog");
+    if is_newer_than_sources(&binary, &workspace) {
+        return Ok(binary);
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let workspace_manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let workspace_manifest = workspace.join("Cargo.toml");
     let mut command = Command::new(&cargo);
     command
         .arg("build")
@@ -143,7 +155,38 @@ fn locate_or_build() -> Result<PathBuf, ReplogError> {
             ),
         });
     }
-    Ok(layout.profile_dir.join("replog"))
+    Ok(binary)
+}
+
+/// Whether `binary` exists and was modified after every file the server is
+/// built from: everything under `core/`, the workspace `Cargo.toml` and
+/// `Cargo.lock`. Any doubt (a missing file, an unreadable time) says no.
+fn is_newer_than_sources(binary: &Path, workspace: &Path) -> bool {
+    let Ok(built) = std::fs::metadata(binary).and_then(|m| m.modified()) else {
+        return false;
+    };
+    let roots = [
+        workspace.join("core"),
+        workspace.join("Cargo.toml"),
+        workspace.join("Cargo.lock"),
+    ];
+    roots
+        .iter()
+        .all(|root| newest_mtime(root).is_some_and(|newest| newest <= built))
+}
+
+/// The newest modification time of `path` and, for a directory, of
+/// everything below it; `None` if any of it cannot be read.
+fn newest_mtime(path: &Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(path).ok()?;
+    let mut newest = meta.modified().ok()?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).ok()? {
+            let t = newest_mtime(&entry.ok()?.path())?;
+            newest = newest.max(t);
+        }
+    }
+    Some(newest)
 }
 
 /// Where a test executable sits: `<target_dir>/<profile dir>/deps/<exe>`.
@@ -376,6 +419,50 @@ mod tests {
             TargetLayout::of_test_executable(Path::new("/w/target/release/deps/cli-0123abcd"))
                 .map(|l| l.profile);
         assert_eq!(layout.as_deref(), Some("release"));
+    }
+
+    fn touch(path: &Path, at: std::time::SystemTime) {
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(at)
+            .unwrap();
+    }
+
+    #[test]
+    fn given_a_binary_older_than_a_source_when_checked_should_rebuild() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = dir.path();
+        std::fs::create_dir_all(w.join("core/server/src")).unwrap();
+        for f in [
+            "Cargo.toml",
+            "Cargo.lock",
+            "core/server/src/lib.rs",
+            "replog",
+        ] {
+            std::fs::write(w.join(f), "x").unwrap();
+        }
+        let t0 = std::time::SystemTime::now() - Duration::from_secs(100);
+        for f in ["Cargo.toml", "Cargo.lock", "core/server/src/lib.rs"] {
+            touch(&w.join(f), t0);
+        }
+        for d in ["core/server/src", "core/server", "core"] {
+            std::fs::File::open(w.join(d))
+                .unwrap()
+                .set_modified(t0)
+                .unwrap();
+        }
+        touch(&w.join("replog"), t0 + Duration::from_secs(10));
+        assert!(is_newer_than_sources(&w.join("replog"), w));
+        // A source edited after the build: stale.
+        touch(
+            &w.join("core/server/src/lib.rs"),
+            t0 + Duration::from_secs(20),
+        );
+        assert!(!is_newer_than_sources(&w.join("replog"), w));
+        // No binary at all: build.
+        assert!(!is_newer_than_sources(&w.join("missing"), w));
     }
 
     #[test]
