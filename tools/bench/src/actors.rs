@@ -139,7 +139,8 @@ pub async fn connect(plan: &Plan) -> Result<IggyClient, BenchError> {
     Ok(client)
 }
 
-fn ident(name: &str) -> Result<Identifier, BenchError> {
+/// A stream, topic or group name as an SDK identifier.
+pub fn ident(name: &str) -> Result<Identifier, BenchError> {
     Identifier::named(name).map_err(|source| BenchError::Setup {
         what: format!("the name {name:?} is not a valid identifier"),
         source: Box::new(source),

@@ -168,12 +168,23 @@ pub struct BalancedConsumers {
 
 /// A topic's durability (`replicated`: committed by a quorum; `persisted`:
 /// also synced to stable storage before the reply).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DurabilityArg {
     /// Quorum commit.
     Replicated,
     /// Quorum commit with each commit synced before the reply.
     Persisted,
+}
+
+impl DurabilityArg {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Replicated => "replicated",
+            Self::Persisted => "persisted",
+        }
+    }
 }
 
 /// `1s`, `500ms`, `2m`, `1.5s`, `250us`, or `0`.

@@ -91,7 +91,7 @@ pub struct Plan {
     #[serde(serialize_with = "seconds")]
     pub warmup: Duration,
     /// `replicated` or `persisted`.
-    pub durability: &'static str,
+    pub durability: DurabilityArg,
     /// The server.
     pub addr: SocketAddr,
     /// Login.
@@ -192,10 +192,7 @@ impl Plan {
             batches_per_actor,
             rate_bytes_per_second: cli.rate.map(|r| r.bytes_per_second),
             warmup: cli.warmup_time,
-            durability: match cli.durability {
-                DurabilityArg::Replicated => "replicated",
-                DurabilityArg::Persisted => "persisted",
-            },
+            durability: cli.durability,
             addr: cli.addr,
             username: cli.username.clone(),
             password: cli.password.clone(),

@@ -176,7 +176,7 @@ impl Report {
             p.actors,
             p.streams,
             p.partitions,
-            p.durability,
+            p.durability.name(),
             p.message_size,
             p.messages_per_batch,
             p.batches_per_actor,

@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::task::JoinSet;
 
 use crate::actors::{self, ActorOutcome, Shared, Target};
+use crate::args::DurabilityArg;
 use crate::error::BenchError;
 use crate::plan::{GROUP, Kind, Plan, TOPIC};
 use crate::report::Report;
@@ -31,19 +32,12 @@ pub async fn run(plan: Plan) -> Result<Report, BenchError> {
     Ok(Report::new(plan, &outcomes))
 }
 
-fn named(name: &str) -> Result<Identifier, BenchError> {
-    Identifier::named(name).map_err(|source| BenchError::Setup {
-        what: format!("the name {name:?} is not a valid identifier"),
-        source: Box::new(source),
-    })
-}
-
 async fn delete_stream_if_present(
     admin: &IggyClient,
     plan: &Plan,
     name: &str,
 ) -> Result<(), BenchError> {
-    let id = named(name)?;
+    let id = actors::ident(name)?;
     let found = admin
         .get_stream(&id)
         .await
@@ -66,10 +60,9 @@ async fn delete_stream_if_present(
 /// Every run starts from empty topics: the bench's streams of an earlier
 /// run are deleted and created again.
 async fn prepare_topics(admin: &IggyClient, plan: &Plan) -> Result<(), BenchError> {
-    let durability = if plan.durability == "persisted" {
-        Durability::Persisted
-    } else {
-        Durability::Replicated
+    let durability = match plan.durability {
+        DurabilityArg::Replicated => Durability::Replicated,
+        DurabilityArg::Persisted => Durability::Persisted,
     };
     for s in 0..plan.streams {
         let name = Plan::stream_name(s);
@@ -87,7 +80,7 @@ async fn prepare_topics(admin: &IggyClient, plan: &Plan) -> Result<(), BenchErro
             ..TopicCreateOptions::default()
         };
         admin
-            .create_topic(&named(&name)?, TOPIC, &options)
+            .create_topic(&actors::ident(&name)?, TOPIC, &options)
             .await
             .map_err(|source| BenchError::Setup {
                 what: format!(
@@ -98,7 +91,7 @@ async fn prepare_topics(admin: &IggyClient, plan: &Plan) -> Result<(), BenchErro
             })?;
         if plan.kind == Kind::BalancedConsumerGroup {
             admin
-                .create_consumer_group(&named(&name)?, &named(TOPIC)?, GROUP)
+                .create_consumer_group(&actors::ident(&name)?, &actors::ident(TOPIC)?, GROUP)
                 .await
                 .map_err(|source| BenchError::Setup {
                     what: format!(
