@@ -228,3 +228,82 @@ impl Report {
         out
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::actors::Target;
+    use crate::args::Cli;
+
+    fn outcome(
+        index: u32,
+        role: Role,
+        latencies_ms: &[u64],
+        start: Instant,
+        secs: u64,
+    ) -> ActorOutcome {
+        let mut histogram = LatencyHistogram::new();
+        for &ms in latencies_ms {
+            histogram.record(Duration::from_millis(ms));
+        }
+        ActorOutcome {
+            index,
+            role,
+            target: Target {
+                stream: "s".into(),
+                partition: Some(0),
+            },
+            messages: 1_000,
+            payload_bytes: 1_000_000,
+            histogram,
+            started: start,
+            finished: start + Duration::from_secs(secs),
+        }
+    }
+
+    #[test]
+    fn given_end_to_end_outcomes_when_reported_should_merge_the_consumers_and_count_both_sides() {
+        let cli = Cli::try_parse_from([
+            "replog-bench",
+            "-m",
+            "1000",
+            "-p",
+            "10",
+            "-b",
+            "100",
+            "e2e",
+            "--producers",
+            "2",
+        ])
+        .unwrap();
+        let plan = Plan::from_cli(&cli).unwrap();
+        let t0 = Instant::now();
+        // The producers' send latencies must not enter the end-to-end
+        // distribution; the two consumers' samples all must.
+        let outcomes = [
+            outcome(0, Role::Producer, &[1000, 1000], t0, 2),
+            outcome(0, Role::Consumer, &[1, 2, 3], t0, 2),
+            outcome(1, Role::Producer, &[1000], t0, 4),
+            outcome(1, Role::Consumer, &[4, 100], t0 + Duration::from_secs(1), 3),
+        ];
+        let r = Report::new(plan, &outcomes);
+        let l = r.latency.as_ref().unwrap();
+        assert_eq!(l.samples, 5);
+        assert!((l.max_ms - 100.0).abs() < 0.1, "{l:?}");
+        assert_eq!(r.totals.messages, 2_000);
+        assert_eq!(r.totals.messages_sent, 2_000);
+        assert_eq!(r.totals.messages_expected, 2_000);
+        // First start to last finish: t0 .. t0 + 4 s.
+        assert!((r.totals.elapsed_seconds - 4.0).abs() < 1e-9);
+        assert!((r.totals.megabytes_per_second - 0.5).abs() < 1e-9);
+        assert!((r.totals.messages_per_second - 500.0).abs() < 1e-9);
+        assert_eq!(r.actors.len(), 4);
+        assert!(r.render().contains("5 samples merged over every actor"));
+    }
+}

@@ -127,10 +127,7 @@ async fn fill(plan: &Plan) -> Result<(), BenchError> {
         Kind::BalancedConsumerGroup => {
             for s in 0..plan.streams {
                 let batches = per_actor * u64::from(plan.actors_on_stream(s));
-                let parts = u64::from(plan.partitions);
-                for p in 0..plan.partitions {
-                    // Batch b of the stream goes to partition b mod partitions.
-                    let share = batches / parts + u64::from(u64::from(p) < batches % parts);
+                for (p, share) in (0..).zip(partition_shares(batches, plan.partitions)) {
                     jobs.push((
                         Target {
                             stream: Plan::stream_name(s),
@@ -159,6 +156,16 @@ async fn fill(plan: &Plan) -> Result<(), BenchError> {
         joined.map_err(|e| BenchError::Actor(e.to_string()))??;
     }
     Ok(())
+}
+
+/// How many of a stream's `batches` each of its `partitions` gets: batch b
+/// goes to partition b mod partitions, so the shares differ by at most one
+/// and add up to `batches`.
+fn partition_shares(batches: u64, partitions: u32) -> Vec<u64> {
+    let parts = u64::from(partitions.max(1));
+    (0..parts)
+        .map(|p| batches / parts + u64::from(p < batches % parts))
+        .collect()
 }
 
 /// Spawns the actors, shows progress on a terminal, collects the outcomes.
@@ -282,4 +289,23 @@ fn progress_bar(
         }
     });
     Some((bar, ticker))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_batches_not_divisible_by_partitions_when_shared_should_add_up_and_differ_by_one_at_most()
+     {
+        assert_eq!(partition_shares(10, 4), vec![3, 3, 2, 2]);
+        assert_eq!(partition_shares(2, 4), vec![1, 1, 0, 0]);
+        for (batches, partitions) in [(0, 1), (7, 3), (1000, 7), (5, 5)] {
+            let shares = partition_shares(batches, partitions);
+            assert_eq!(shares.iter().sum::<u64>(), batches);
+            let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{shares:?}");
+        }
+    }
 }
