@@ -114,8 +114,12 @@ enum Cursor {
     Offset { partition: u32, next: u64 },
     /// One partition, after the consumer's stored offset, committing.
     Stored { partition: u32 },
-    /// Wherever the group assigns this member, committing.
-    Group,
+    /// Wherever the group assigns this member, committing. The SDK polls
+    /// the member's partitions in turn, one per poll, so one empty poll
+    /// says nothing about the others: the read is at its end only after
+    /// `partitions` empty polls in a row (every assigned partition polled
+    /// at least once, as a member holds at most all of them).
+    Group { partitions: u32 },
 }
 
 /// `consume`.
@@ -130,8 +134,15 @@ pub async fn consume(
     let (consumer, mut cursor) = match &args.group {
         Some(group) => {
             let group_id = identifier("consumer group", group)?;
+            let what = format!("reading {where_from}");
+            let partitions = client
+                .get_topic(&stream, &topic)
+                .await
+                .map_err(|e| failed(addr, &what, &e))?
+                .ok_or_else(|| CliError(format!("{where_from} does not exist on {addr}")))?
+                .partitions_count;
             join_group(client, addr, &stream, &topic, &group_id, group, &where_from).await?;
-            (Consumer::group(group_id), Cursor::Group)
+            (Consumer::group(group_id), Cursor::Group { partitions })
         }
         None => {
             let consumer = Consumer::new(identifier("consumer", &args.consumer)?);
@@ -148,7 +159,7 @@ pub async fn consume(
         }
     };
     let mut out = std::io::stdout().lock();
-    let mut printed = 0u64;
+    let (mut printed, mut empty_in_a_row) = (0u64, 0u64);
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     let outcome = loop {
@@ -163,7 +174,7 @@ pub async fn consume(
                 (Some(*partition), PollingStrategy::offset(*next), false)
             }
             Cursor::Stored { partition } => (Some(*partition), PollingStrategy::next(), true),
-            Cursor::Group => (None, PollingStrategy::next(), true),
+            Cursor::Group { .. } => (None, PollingStrategy::next(), true),
         };
         let polled = tokio::select! {
             polled = client.poll_messages(&stream, &topic, partition, &consumer, &strategy, want, commit) => polled,
@@ -183,7 +194,12 @@ pub async fn consume(
             }
         };
         if polled.messages.is_empty() {
-            if !args.follow {
+            empty_in_a_row += 1;
+            let drained = match &cursor {
+                Cursor::Group { partitions } => empty_in_a_row >= u64::from(*partitions).max(1),
+                _ => true,
+            };
+            if drained && !args.follow {
                 break Ok(());
             }
             tokio::select! {
@@ -191,6 +207,7 @@ pub async fn consume(
                 _ = &mut interrupted => break Ok(()),
             }
         }
+        empty_in_a_row = 0;
         for m in &polled.messages {
             if args.count.is_some_and(|c| printed >= c) {
                 break;
@@ -221,7 +238,7 @@ pub async fn consume(
             return Err(CliError(format!("writing to stdout: {e}")));
         }
     };
-    if let Cursor::Group = cursor
+    if let Cursor::Group { .. } = cursor
         && let Some(group) = &args.group
     {
         let group_id = identifier("consumer group", group)?;

@@ -218,6 +218,34 @@ fn given_replog_when_the_cli_round_trips_streams_messages_and_offsets_should_rea
         ok(addr, &["consume", "orders", "eu", "--group", "g1"], ""),
         ""
     );
+    // A group whose first partition is empty still reads the others (the
+    // SDK polls one assigned partition per poll, in turn).
+    ok(
+        addr,
+        &["topic", "create", "orders", "sparse", "--partitions", "3"],
+        "",
+    );
+    ok(
+        addr,
+        &["produce", "orders", "sparse", "--partition", "2"],
+        "x\ny\n",
+    );
+    assert_eq!(
+        ok(
+            addr,
+            &[
+                "consume",
+                "orders",
+                "sparse",
+                "--group",
+                "g2",
+                "--show-offsets"
+            ],
+            ""
+        ),
+        "2 0\tx\n2 1\ty\n"
+    );
+    ok(addr, &["topic", "delete", "orders", "sparse"], "");
 
     // Status: the node, every partition with its message count, the group.
     let status = ok(addr, &["status"], "");
