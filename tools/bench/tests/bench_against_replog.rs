@@ -1,0 +1,239 @@
+//! `replog-bench` against a real `replog` process on a free loopback port
+//! with a temporary data directory: small workloads of every mode, each
+//! bounded in time, whose JSON reports must add up — every message the
+//! plan calls for counted once, one latency sample per batch, percentiles
+//! in order, throughput equal to bytes over time — and whose messages the
+//! server must actually hold.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use iggy::prelude::*;
+use serde_json::Value;
+use testkit::{Replog, run_bounded};
+
+fn bench(server: &Replog, dir: &Path, name: &str, args: &[&str]) -> Value {
+    let json = dir.join(format!("{name}.json"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_replog-bench"));
+    command
+        .arg("--addr")
+        .arg(server.addr.to_string())
+        .arg("--json")
+        .arg(&json)
+        .args(args);
+    let done = run_bounded(command, b"", Duration::from_secs(120)).unwrap();
+    assert!(
+        done.status.success(),
+        "{name}: {}\nstdout:\n{}\nstderr:\n{}",
+        done.status,
+        done.stdout,
+        done.stderr
+    );
+    // Not a terminal: the report alone, no progress bar.
+    assert!(done.stdout.starts_with("replog-bench "), "{}", done.stdout);
+    assert!(done.stdout.contains("p99.99"), "{}", done.stdout);
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+fn f(v: &Value, path: &[&str]) -> f64 {
+    let mut at = v;
+    for p in path {
+        at = &at[*p];
+    }
+    at.as_f64()
+        .unwrap_or_else(|| panic!("{path:?} is not a number in {v}"))
+}
+
+fn u(v: &Value, path: &[&str]) -> u64 {
+    f(v, path) as u64
+}
+
+/// The checks every report must pass.
+fn assert_consistent(name: &str, report: &Value, message_size: u64) {
+    let expected = u(report, &["totals", "messages_expected"]);
+    let messages = u(report, &["totals", "messages"]);
+    assert_eq!(messages, expected, "{name}: messages counted");
+    let bytes = u(report, &["totals", "payload_bytes"]);
+    assert_eq!(bytes, messages * message_size, "{name}: payload bytes");
+    let secs = f(report, &["totals", "elapsed_seconds"]);
+    assert!(secs > 0.0, "{name}: elapsed");
+    let mbps = f(report, &["totals", "megabytes_per_second"]);
+    assert!(
+        (mbps - bytes as f64 / secs / 1e6).abs() <= 1e-6 * mbps.max(1.0),
+        "{name}: MB/s {mbps} vs {bytes} B in {secs} s"
+    );
+    let mps = f(report, &["totals", "messages_per_second"]);
+    assert!(
+        (mps - messages as f64 / secs).abs() <= 1e-6 * mps.max(1.0),
+        "{name}: msg/s"
+    );
+    let latency = &report["latency"];
+    let order = [
+        "min_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "p9999_ms", "max_ms",
+    ];
+    let values: Vec<f64> = order.iter().map(|k| f(latency, &[k])).collect();
+    assert!(values[0] > 0.0, "{name}: min latency {values:?}");
+    assert!(
+        values.windows(2).all(|w| w[0] <= w[1]),
+        "{name}: percentiles out of order: {values:?}"
+    );
+    // The merged histogram holds every actor's samples, no more, no less.
+    let per_actor: u64 = report["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["latency"].is_object())
+        .filter(|a| {
+            let role = a["role"].as_str().unwrap();
+            let producers = ["pinned-producer", "balanced-producer"]
+                .contains(&report["plan"]["kind"].as_str().unwrap());
+            (role == "producer") == producers
+        })
+        .map(|a| u(a, &["latency", "samples"]))
+        .sum();
+    assert_eq!(
+        u(latency, &["samples"]),
+        per_actor,
+        "{name}: merged samples"
+    );
+}
+
+async fn logged_in(addr: std::net::SocketAddr) -> IggyClient {
+    let client = IggyClient::builder()
+        .with_tcp()
+        .with_server_address(addr.to_string())
+        .build()
+        .unwrap();
+    client.connect().await.unwrap();
+    // The root user is created as group 0 elects its first primary.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.login_user("iggy", "iggy").await {
+            Ok(_) => return client,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("login: {e:?}"),
+        }
+    }
+}
+
+/// Messages the server holds in the bench's stream `s` (1-based name).
+async fn messages_in(client: &IggyClient, stream: u32) -> u64 {
+    let topic = client
+        .get_topic(
+            &Identifier::named(&format!("replog-bench-{stream}")).unwrap(),
+            &Identifier::named("bench").unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    topic.partitions.iter().map(|p| p.messages_count).sum()
+}
+
+#[test]
+fn given_replog_when_every_mode_runs_a_small_workload_should_report_consistent_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Replog::start(&dir.path().join("data")).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(40), logged_in(server.addr))
+            .await
+            .expect("logged in within 40 s")
+    });
+    let shape = ["-m", "200", "-p", "20", "-b", "30"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        shape.iter().copied().chain(extra.iter().copied()).collect()
+    };
+
+    // Two pinned producers: 2 × 30 batches × 20 messages, on the server too.
+    let r = bench(
+        &server,
+        dir.path(),
+        "pp",
+        &with(&["pinned-producer", "--producers", "2"]),
+    );
+    assert_consistent("pinned-producer", &r, 200);
+    assert_eq!(u(&r, &["latency", "samples"]), 60);
+    let held = rt.block_on(async { messages_in(&client, 1).await + messages_in(&client, 2).await });
+    assert_eq!(held, 1_200, "the server holds what the producers counted");
+
+    // Balanced producers over 3 partitions of one stream.
+    let r = bench(
+        &server,
+        dir.path(),
+        "bp",
+        &with(&["balanced-producer", "--producers", "2", "--partitions", "3"]),
+    );
+    assert_consistent("balanced-producer", &r, 200);
+    assert_eq!(rt.block_on(messages_in(&client, 1)), 1_200);
+
+    // Pinned consumers read exactly what the fill wrote; warm-up re-reads
+    // the start and is not counted.
+    let r = bench(
+        &server,
+        dir.path(),
+        "pc",
+        &with(&["-w", "200ms", "pinned-consumer", "--consumers", "2"]),
+    );
+    assert_consistent("pinned-consumer", &r, 200);
+
+    // Three members of one group over two partitions: every message once.
+    let r = bench(
+        &server,
+        dir.path(),
+        "bcg",
+        &with(&[
+            "balanced-consumer-group",
+            "--consumers",
+            "3",
+            "--partitions",
+            "2",
+        ]),
+    );
+    assert_consistent("balanced-consumer-group", &r, 200);
+
+    // End to end, open loop at 2 MB/s with a warm-up: one latency sample
+    // per measured batch, and it takes at least the schedule's length
+    // (2 actors × 30 batches × 4 KB at 2 MB/s ≈ 0.12 s).
+    let r = bench(
+        &server,
+        dir.path(),
+        "e2e",
+        &with(&[
+            "--rate",
+            "2MB",
+            "-w",
+            "100ms",
+            "end-to-end",
+            "--producers",
+            "2",
+        ]),
+    );
+    assert_consistent("end-to-end", &r, 200);
+    assert_eq!(u(&r, &["latency", "samples"]), 60);
+    assert_eq!(u(&r, &["totals", "messages_sent"]), 1_200);
+    assert!(f(&r, &["totals", "elapsed_seconds"]) >= 0.11, "{r}");
+    // The warm-up's messages are on the server but not in the report.
+    assert!(rt.block_on(messages_in(&client, 1)) > 600);
+
+    // A mode that cannot run says why and fails.
+    let mut transfer = Command::new(env!("CARGO_BIN_EXE_replog-bench"));
+    transfer.args(["--addr", &server.addr.to_string(), "transfer"]);
+    let done = run_bounded(transfer, b"", Duration::from_secs(30)).unwrap();
+    assert!(!done.status.success());
+    assert!(
+        done.stderr.contains("three-replica cluster"),
+        "{}",
+        done.stderr
+    );
+
+    drop(client);
+    server.stop().unwrap();
+}
