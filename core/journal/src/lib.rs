@@ -12,10 +12,12 @@
 //! All file I/O goes through `storage::fs::Fs`, so every durable step can
 //! be crashed and faulted in tests.
 
+pub mod clean_stop;
 pub mod prepare_journal;
 pub mod superblock;
 pub mod wal;
 
+pub use clean_stop::{CLEAN_STOP_FILE, CleanStop, record_clean_stop, take_clean_stop};
 pub use prepare_journal::{
     EntryStats, JournalEntry, JournalError, JournalInfo, JournalLimits, PrepareJournal,
 };

@@ -287,18 +287,37 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             if applied != Op(0) && identity == 0 {
                 return Err(GroupError::AppliedIdentityUnknown { applied });
             }
-            Replica::restart(
-                config,
-                VsrDurable {
-                    view: sb.view,
-                    log_view: sb.log_view,
-                    commit: sb.commit_max.max(applied.0),
-                },
-                AppliedState {
-                    commit_min: applied.0,
-                    checksum: identity,
-                },
-            )
+            let durable_state = VsrDurable {
+                view: sb.view,
+                log_view: sb.log_view,
+                commit: sb.commit_max.max(applied.0),
+            };
+            let applied_state = AppliedState {
+                commit_min: applied.0,
+                checksum: identity,
+            };
+            // A clean stop with nothing acknowledged past the applied op
+            // resumes as a full member (journal::clean_stop); anything
+            // else restarts under the rule.
+            let clean = journal::take_clean_stop(store.fs(), store.dir())
+                .await
+                .is_some_and(|stop| {
+                    stop.view == sb.view
+                        && stop.log_view == sb.log_view
+                        && stop.op == applied.0
+                        && stop.checksum == identity
+                        && sb.commit_max <= applied.0
+                });
+            if clean {
+                tracing::info!(
+                    view = sb.view,
+                    op = applied.0,
+                    "metadata group resuming after a clean stop"
+                );
+                Replica::resume(config, durable_state, applied_state)
+            } else {
+                Replica::restart(config, durable_state, applied_state)
+            }
         };
         Ok(Self {
             replica,
@@ -326,6 +345,49 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// The durable store.
     pub const fn store(&self) -> &MetadataStore<F> {
         &self.store
+    }
+
+    /// Called last when the replica stops cleanly: records that group 0
+    /// here is `Normal` in a view whose log it installed with nothing
+    /// acknowledged past its applied op, so the next boot resumes it as a
+    /// full member (`journal::clean_stop`). Returns whether it recorded.
+    ///
+    /// # Errors
+    /// The record's write failed (nothing usable is left behind).
+    pub async fn record_clean_stop(&mut self) -> Result<bool, GroupError> {
+        let r = &self.replica;
+        let sb = *self.durable.state();
+        let applied = self.store.applied().0;
+        let clean = r.replica_count() > 1
+            && !self.fenced
+            && !self.persist_failed
+            && self.transfer_needed.is_none()
+            && r.status() == consensus::vsr::Status::Normal
+            && r.log_view() == r.view()
+            && r.op() == r.commit_min()
+            && r.commit_min() == applied
+            && sb.view == r.view()
+            && sb.log_view == r.log_view()
+            && sb.commit_max <= applied;
+        if !clean {
+            return Ok(false);
+        }
+        let stop = journal::CleanStop {
+            view: sb.view,
+            log_view: sb.log_view,
+            op: applied,
+            checksum: self.store.state().applied_identity(),
+        };
+        journal::record_clean_stop(self.store.fs(), self.store.dir(), &stop)
+            .await
+            .map_err(|source| {
+                GroupError::Store(crate::store::StoreError::Io {
+                    step: "write the clean-stop record",
+                    path: self.store.dir().join(journal::CLEAN_STOP_FILE),
+                    source,
+                })
+            })?;
+        Ok(true)
     }
 
     /// The store, for snapshots between inputs.

@@ -356,6 +356,16 @@ impl<F: Fs> MetadataStore<F> {
         Ok(held)
     }
 
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The filesystem it lives on.
+    pub const fn fs(&self) -> &F {
+        &self.fs
+    }
+
     /// The applied state.
     pub const fn state(&self) -> &MetadataState {
         &self.state

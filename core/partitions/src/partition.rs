@@ -755,20 +755,34 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 // Resume after the recorded applied point; the core stays
                 // quorum-invisible until repair brought it to the head
                 // (docs/consensus.md §4), or asks for a state transfer when
-                // the peers no longer retain the ops it lacks.
+                // the peers no longer retain the ops it lacks — unless the
+                // last boot stopped cleanly with nothing acknowledged past
+                // this point (journal::clean_stop), when it resumes as a
+                // full member of its view.
                 journaled_point = AppliedPoint {
                     op: sb.checkpoint_op,
                     checksum: sb.checkpoint_checksum,
                     next_offset: sb.offset_frontier,
                 };
-                Replica::restart(
-                    config.vsr,
-                    vsr_durable,
-                    AppliedState {
-                        commit_min: sb.checkpoint_op,
-                        checksum: sb.checkpoint_checksum,
-                    },
-                )
+                let applied = AppliedState {
+                    commit_min: sb.checkpoint_op,
+                    checksum: sb.checkpoint_checksum,
+                };
+                let clean = journal::take_clean_stop(&fs, dir)
+                    .await
+                    .is_some_and(|stop| {
+                        stop.view == sb.view
+                            && stop.log_view == sb.log_view
+                            && stop.op == sb.checkpoint_op
+                            && stop.checksum == sb.checkpoint_checksum
+                            && sb.commit_max <= stop.op
+                    });
+                if clean {
+                    tracing::info!(dir = %dir.display(), view = sb.view, op = sb.checkpoint_op, "resuming after a clean stop");
+                    Replica::resume(config.vsr, vsr_durable, applied)
+                } else {
+                    Replica::restart(config.vsr, vsr_durable, applied)
+                }
             }
         };
         let applied_next_offset = journaled_point.next_offset;
@@ -947,6 +961,54 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The live stored offset of `(kind, id)`.
     pub fn stored_offset(&self, kind: ConsumerKind, id: u32) -> Option<u64> {
         self.offsets.get(kind, id)
+    }
+
+    /// Called last when the replica stops cleanly (after the final flush,
+    /// with nothing sent after it): when this replica of a group of
+    /// several is `Normal` in a view whose log it installed and has
+    /// acknowledged nothing past its durable applied point, records that,
+    /// so the next boot resumes it as a full member of the view instead of
+    /// a quorum-invisible one (`journal::clean_stop`). Returns whether it
+    /// recorded; when it does not, the next boot restarts under the rule
+    /// of docs/consensus.md §4.
+    ///
+    /// # Errors
+    /// The record's write failed (nothing usable is left behind).
+    pub async fn record_clean_stop(&mut self) -> Result<bool, PartitionError> {
+        let r = &self.replica;
+        let sb = *self.durable.state();
+        let clean = self.config.vsr.replica_count > 1
+            && self.fenced.is_none()
+            && self.missing_history().is_none()
+            && self.state_transfer_needed().is_none()
+            && r.status() == consensus::vsr::Status::Normal
+            && r.log_view() == r.view()
+            && r.op() == r.commit_min()
+            && sb.view == r.view()
+            && sb.log_view == r.log_view()
+            && sb.checkpoint_op == r.commit_min()
+            && sb.checkpoint_checksum == r.commit_min_checksum()
+            && sb.commit_max <= r.commit_min()
+            && self.journal.info().messages_count == 0;
+        if !clean {
+            return Ok(false);
+        }
+        let stop = journal::CleanStop {
+            view: sb.view,
+            log_view: sb.log_view,
+            op: sb.checkpoint_op,
+            checksum: sb.checkpoint_checksum,
+        };
+        journal::record_clean_stop(&self.fs, &self.dir, &stop)
+            .await
+            .map_err(|source| {
+                PartitionError::Storage(StorageError::Io {
+                    op: "write",
+                    path: self.dir.join(journal::CLEAN_STOP_FILE),
+                    source,
+                })
+            })?;
+        Ok(true)
     }
 
     /// Why the partition is fenced, if it is.

@@ -720,3 +720,41 @@ fn given_replog_dev_when_started_should_serve_the_sdk_on_every_replica_and_stop_
         }
     }
 }
+
+#[test]
+fn given_a_cluster_stopped_whole_when_restarted_should_serve_everything_again() {
+    let mut cluster = Cluster::start(|_| {});
+    let rt = runtime();
+    let via = cluster.clients[2];
+    let texts: Vec<String> = (0..50).map(|n| format!("whole-{n:03}")).collect();
+    let (acked, attempted) = rt.block_on(bounded("before", async {
+        let client = logged_in(via).await;
+        retried!("create stream", client.create_stream("load"));
+        let options = TopicCreateOptions {
+            partitions_count: Some(1),
+            ..TopicCreateOptions::default()
+        };
+        retried!(
+            "create topic",
+            client.create_topic(&id("load"), "t", &options)
+        );
+        let (acked, attempted, _) = produce(&client, &texts).await;
+        (acked, attempted)
+    }));
+    for i in 0..3 {
+        cluster.nodes[i].take().unwrap().stop();
+    }
+    for i in 0..3 {
+        cluster.start_replica(i);
+    }
+    rt.block_on(bounded("after a whole-cluster restart", async {
+        let client = logged_in(via).await;
+        let more: Vec<String> = (50..60).map(|n| format!("whole-{n:03}")).collect();
+        let (acked_more, attempted_more, _) = produce(&client, &more).await;
+        let read = poll_all(&client, "load", "t", 0).await;
+        let all_acked: Vec<(String, u64)> = acked.iter().cloned().chain(acked_more).collect();
+        let all_attempted: Vec<String> = attempted.iter().cloned().chain(attempted_more).collect();
+        check_read_back(&read, &all_acked, &all_attempted);
+    }));
+    cluster.stop();
+}

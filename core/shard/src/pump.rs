@@ -103,7 +103,8 @@ impl<E: Env> Shard<E> {
 }
 
 /// Runs the pump until `stop` fires (or every inbox sender is gone), then
-/// flushes every group's committed messages and returns the shard.
+/// flushes every group's committed messages, records which groups stopped
+/// cleanly, and returns the shard.
 pub async fn run<E: Env>(
     mut shard: Shard<E>,
     mut inbox: mpsc::Receiver<Input>,
@@ -131,5 +132,14 @@ pub async fn run<E: Env>(
         }
     }
     shard.flush_all().await;
+    let (clean, not) = shard.record_clean_stops().await;
+    if clean + not > 0 {
+        tracing::info!(
+            shard = shard.config().shard.0,
+            clean,
+            restart_under_the_rule = not,
+            "groups recorded for a clean restart"
+        );
+    }
     shard
 }

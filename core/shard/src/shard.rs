@@ -531,6 +531,38 @@ impl<E: Env> Shard<E> {
         }
     }
 
+    /// The last step of a clean stop, after [`Shard::flush_all`] and with
+    /// no input served after it: every group (group 0 included) that has
+    /// acknowledged nothing past its durable state records so, and comes
+    /// back from the next boot as a full member of its view rather than a
+    /// quorum-invisible one (`journal::clean_stop`). Returns how many
+    /// groups recorded and how many could not (they restart under the
+    /// rule of docs/consensus.md §4, as after a crash).
+    pub async fn record_clean_stops(&mut self) -> (usize, usize) {
+        let (mut clean, mut not) = (0, 0);
+        if let Some(host) = self.metadata.as_mut() {
+            match host.group.record_clean_stop().await {
+                Ok(true) => clean += 1,
+                Ok(false) => not += 1,
+                Err(error) => {
+                    not += 1;
+                    tracing::warn!(%error, "metadata clean-stop record failed");
+                }
+            }
+        }
+        for (id, g) in &mut self.groups {
+            match g.partition.record_clean_stop().await {
+                Ok(true) => clean += 1,
+                Ok(false) => not += 1,
+                Err(error) => {
+                    not += 1;
+                    tracing::warn!(group = id.0, %error, "clean-stop record failed");
+                }
+            }
+        }
+        (clean, not)
+    }
+
     /// The counters.
     pub fn stats(&self) -> ShardStats {
         let mut stats = self.stats.clone();

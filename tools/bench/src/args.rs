@@ -106,7 +106,7 @@ pub enum Mode {
     #[command(visible_alias = "e2e")]
     EndToEnd(Producers),
     /// Fill a partition on a three-replica cluster, wipe a replica, time its
-    /// catch-up (needs a three-replica cluster: not available yet).
+    /// catch-up (not implemented yet).
     Transfer,
 }
 

@@ -142,7 +142,7 @@ impl Plan {
                 c.partitions,
             ),
             Mode::Transfer => {
-                return Err("the transfer mode needs a three-replica cluster (fill a partition, wipe a replica, time its catch-up), and replog does not run one yet: the replica bus is not built; run another mode".into());
+                return Err("the transfer mode (fill a partition on a three-replica cluster, wipe a replica, time its catch-up) is not implemented in replog-bench yet; run another mode".into());
             }
         };
         if actors == 0 || streams == 0 || partitions == 0 {

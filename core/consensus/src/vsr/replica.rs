@@ -490,11 +490,35 @@ impl Replica {
         r
     }
 
+    /// A replica that stopped cleanly: `Normal` in its durable view, whose
+    /// log it had installed, with nothing acknowledged past its applied
+    /// state (its log head was its applied op when it stopped). It has
+    /// forgotten nothing, so unlike [`Replica::restart`] it votes and
+    /// acknowledges at once, like a replica that was only cut off. The
+    /// caller vouches for the clean stop (a record written after the last
+    /// send of the previous boot and removed durably before this one's
+    /// first); with `durable.log_view != durable.view` this is
+    /// [`Replica::restart`].
+    pub fn resume(config: Config, durable: DurableState, applied: AppliedState) -> Self {
+        if durable.log_view != durable.view || applied.commit_min < durable.commit {
+            return Self::restart(config, durable, applied);
+        }
+        let mut r = Self::blank(config, durable, applied);
+        r.log_view = r.view;
+        r.enter_normal_timers();
+        r
+    }
+
     // ----- accessors -------------------------------------------------------
 
     /// This replica's index.
     pub fn replica(&self) -> u8 {
         self.config.replica
+    }
+
+    /// Replicas in the group.
+    pub fn replica_count(&self) -> u8 {
+        self.config.replica_count
     }
 
     /// The group.

@@ -1,0 +1,192 @@
+//! The clean-stop record: what lets a replica of a group of several come
+//! back after a clean stop as a full member instead of a quorum-invisible
+//! one.
+//!
+//! A replica's prepare journal lives in memory, so after a restart it
+//! cannot know what it acknowledged, and the restart rule
+//! (docs/consensus.md §4) keeps it out of every quorum until the current
+//! primary has told it the view's head. When every replica restarts at
+//! once nobody can answer, and the group would stay unavailable for ever.
+//!
+//! A replica that stops cleanly can know better. If, when it stops, its
+//! log head is its applied op (every prepare it ever acknowledged is
+//! applied and durable in its files) and it is `Normal` in a view whose
+//! log it installed, it has forgotten nothing: it is the same as a replica
+//! that was cut off from the network. It writes this record last, after
+//! every flush, and nothing is sent after it. The next boot takes the
+//! record (reads it and removes it durably before the group sends
+//! anything) and, if it matches the superblock, resumes as a member of
+//! that view. A crash after that boot finds no record and restarts under
+//! the rule again.
+//!
+//! ```text
+//! 0   magic "RCS1"
+//! 4   view u32
+//! 8   log_view u32
+//! 12  op u64        the applied op (= the log head at the stop)
+//! 20  checksum u128 the applied op's identity
+//! 36  xxh3-64 of bytes 0..36
+//! ```
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use consensus::le_cursor::{LeCursor, push_trailer, split_verified_trailer};
+use storage::fs::{Fs, FsFile, OpenOptions, replace_file_durably};
+
+/// The record's file name in a group's directory.
+pub const CLEAN_STOP_FILE: &str = "clean-stop";
+/// Suffix of the sibling a write goes through (swept as staging).
+const SIBLING_SUFFIX: &str = ".staging";
+const MAGIC: [u8; 4] = *b"RCS1";
+const SIZE: usize = 44;
+
+/// What a cleanly stopped replica of a group knew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanStop {
+    /// Its view.
+    pub view: u32,
+    /// The latest view whose log it installed (equal to `view`).
+    pub log_view: u32,
+    /// Its applied op, which was also its log head.
+    pub op: u64,
+    /// The identity of that op.
+    pub checksum: u128,
+}
+
+impl CleanStop {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(SIZE);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&self.view.to_le_bytes());
+        out.extend_from_slice(&self.log_view.to_le_bytes());
+        out.extend_from_slice(&self.op.to_le_bytes());
+        out.extend_from_slice(&self.checksum.to_le_bytes());
+        push_trailer(&mut out);
+        out
+    }
+
+    /// Decodes a record; `None` for anything but the exact layout.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != SIZE {
+            return None;
+        }
+        let body = split_verified_trailer(bytes).ok()?;
+        let mut c = LeCursor::new(body);
+        if c.take(4).ok()? != MAGIC {
+            return None;
+        }
+        Some(Self {
+            view: c.u32().ok()?,
+            log_view: c.u32().ok()?,
+            op: c.u64().ok()?,
+            checksum: c.u128().ok()?,
+        })
+    }
+}
+
+fn path_in(dir: &Path) -> PathBuf {
+    dir.join(CLEAN_STOP_FILE)
+}
+
+/// Writes the record durably into `dir` (sibling, sync, rename, directory
+/// sync).
+///
+/// # Errors
+/// The filesystem's error; a failed write leaves no usable record.
+pub async fn record_clean_stop<F: Fs>(fs: &F, dir: &Path, stop: &CleanStop) -> io::Result<()> {
+    replace_file_durably(fs, &path_in(dir), stop.encode(), SIBLING_SUFFIX).await
+}
+
+/// Takes the record from `dir`: reads it, then removes it and syncs the
+/// directory, and only then returns it. `None` when there is none, when
+/// it does not decode (it is removed all the same), or when it could not
+/// be removed durably (a record that might survive this boot must not be
+/// trusted by it: a crash later in this boot would find it again).
+pub async fn take_clean_stop<F: Fs>(fs: &F, dir: &Path) -> Option<CleanStop> {
+    let path = path_in(dir);
+    if !fs.exists(&path).await.unwrap_or(false) {
+        return None;
+    }
+    let read = async {
+        let file = fs.open(&path, OpenOptions::read_only()).await?;
+        file.read_to_end_bounded(SIZE as u64 + 1).await
+    };
+    let decoded = match read.await {
+        Ok(bytes) => CleanStop::decode(&bytes),
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "clean-stop record unreadable");
+            None
+        }
+    };
+    if decoded.is_none() {
+        tracing::warn!(path = %path.display(), "clean-stop record does not decode; restarting as a replica that may have forgotten");
+    }
+    let removed = async {
+        fs.remove_file(&path).await?;
+        fs.sync_dir(dir).await
+    };
+    if let Err(error) = removed.await {
+        tracing::warn!(path = %path.display(), %error, "clean-stop record not removed; not trusting it");
+        return None;
+    }
+    decoded
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use storage::fs::SimFs;
+
+    fn stop() -> CleanStop {
+        CleanStop {
+            view: 3,
+            log_view: 3,
+            op: 77,
+            checksum: 0xABCD_EF01_2345_6789_0000_1111_2222_3333,
+        }
+    }
+
+    #[test]
+    fn given_a_record_when_encoded_should_decode_and_refuse_any_change() {
+        let bytes = stop().encode();
+        assert_eq!(bytes.len(), SIZE);
+        assert_eq!(CleanStop::decode(&bytes), Some(stop()));
+        for at in 0..SIZE {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0x04;
+            assert_eq!(CleanStop::decode(&bad), None, "byte {at}");
+        }
+        assert_eq!(CleanStop::decode(&bytes[..SIZE - 1]), None);
+    }
+
+    #[test]
+    fn given_a_recorded_stop_when_taken_should_return_it_once_and_leave_nothing() {
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let fs = SimFs::new(1);
+            let dir = Path::new("/g");
+            fs.create_dir_all(dir).await.unwrap();
+            fs.sync_dir(Path::new("/")).await.unwrap();
+            assert_eq!(take_clean_stop(&fs, dir).await, None);
+            record_clean_stop(&fs, dir, &stop()).await.unwrap();
+            // Durable: it survives a power cut.
+            fs.crash_with(storage::fs::CrashMode::DropAll);
+            assert_eq!(take_clean_stop(&fs, dir).await, Some(stop()));
+            assert_eq!(take_clean_stop(&fs, dir).await, None, "taken once");
+            // Its removal is durable too.
+            fs.crash_with(storage::fs::CrashMode::DropAll);
+            assert_eq!(take_clean_stop(&fs, dir).await, None);
+            // Garbage is removed and not trusted.
+            let file = fs
+                .open(&dir.join(CLEAN_STOP_FILE), OpenOptions::create_read_write())
+                .await
+                .unwrap();
+            let storage::fs::BufResult(res, _) = file.write_all_at(vec![7u8; SIZE], 0).await;
+            res.unwrap();
+            assert_eq!(take_clean_stop(&fs, dir).await, None);
+            assert!(!fs.exists(&dir.join(CLEAN_STOP_FILE)).await.unwrap());
+        });
+    }
+}
