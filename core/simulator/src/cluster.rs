@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{ConsumerKind, GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, METADATA_GROUP, ReplicaId};
 use consensus::vsr::TimeoutConfig;
 use futures::channel::{mpsc, oneshot};
 use metadata::{MetadataOp, Outcome};
@@ -247,6 +247,14 @@ impl Cluster {
             .and_then(|shards| shards.get(usize::from(s)))
     }
 
+    /// The VSR replica of `group` (group 0 included) on replica `r`.
+    pub(crate) fn replica_of(&self, r: u8, group: GroupId) -> Option<&consensus::vsr::Replica> {
+        if group == METADATA_GROUP {
+            return self.shard_at(r, 0)?.metadata().map(shard::MetadataHost::replica);
+        }
+        self.shard(r, group)?.partition(group).map(partitions::Partition::replica)
+    }
+
     /// Shard `s` of replica `r`, if the replica is up.
     pub(crate) fn shard_at(&self, r: u8, s: u16) -> Option<&Shard<TestEnv>> {
         self.nodes[usize::from(r)]
@@ -323,23 +331,24 @@ impl Cluster {
     }
 
     /// Sends a client call to replica `r`'s owning shard; `None` when the
-    /// replica is down (the caller sees no answer).
+    /// replica is down (the connection is refused: nothing was sent).
     pub(crate) fn call(
         &mut self,
         r: u8,
         group: GroupId,
         call: Call,
-    ) -> Result<oneshot::Receiver<Result<Answer, CallError>>, ClusterError> {
-        let (reply, rx) = oneshot::channel();
+    ) -> Result<Option<oneshot::Receiver<Result<Answer, CallError>>>, ClusterError> {
         let s = shard_of(group, self.shard_count).0;
-        if let Some(shard) = self.shard_mut(r, s) {
-            run_now(
-                "a client call",
-                shard.on_call(Envelope { group, call, reply }),
-            )?;
-        }
+        let Some(shard) = self.shard_mut(r, s) else {
+            return Ok(None);
+        };
+        let (reply, rx) = oneshot::channel();
+        run_now(
+            "a client call",
+            shard.on_call(Envelope { group, call, reply }),
+        )?;
         self.drain_inboxes()?;
-        Ok(rx)
+        Ok(Some(rx))
     }
 
     /// Submits a metadata op to replica `r`'s shard 0.
@@ -347,18 +356,19 @@ impl Cluster {
         &mut self,
         r: u8,
         op: MetadataOp,
-    ) -> Result<oneshot::Receiver<Result<Outcome, MetaError>>, ClusterError> {
+    ) -> Result<Option<oneshot::Receiver<Result<Outcome, MetaError>>>, ClusterError> {
+        let Some(shard) = self.shard_mut(r, 0) else {
+            return Ok(None);
+        };
         let (reply, rx) = oneshot::channel();
-        if let Some(shard) = self.shard_mut(r, 0) {
-            let input = Input::Meta(MetaCall::Submit {
-                op,
-                user_id: 0,
-                reply,
-            });
-            run_now("a metadata op", shard.on_input(input))?;
-        }
+        let input = Input::Meta(MetaCall::Submit {
+            op,
+            user_id: 0,
+            reply,
+        });
+        run_now("a metadata op", shard.on_input(input))?;
         self.drain_inboxes()?;
-        Ok(rx)
+        Ok(Some(rx))
     }
 
     /// The partition groups replica `r`'s applied metadata names.

@@ -11,8 +11,8 @@
 //! Network faults (loss, duplication, delay, partitions) lose no durable
 //! state and are not counted.
 
-use common::{GroupId, ReplicaId};
-use consensus::vsr::Prng;
+use common::{GroupId, METADATA_GROUP, ReplicaId};
+use consensus::vsr::{Prng, Status};
 use partitions::NetworkFaults;
 use storage::fs::{CrashMode, EIO, FaultKind};
 
@@ -42,8 +42,7 @@ enum Health {
     DiskFaulted {
         restart_tick: u64,
     },
-    /// Back up, catching up to `targets` (group, commit) — `None` is
-    /// group 0, measured by its applied metadata.
+    /// Back up, catching up to `targets` (group, commit).
     Recovering {
         targets: Vec<(GroupId, u64)>,
     },
@@ -364,11 +363,13 @@ impl FaultPlan {
             let Health::Recovering { targets } = &self.health[usize::from(r)] else {
                 continue;
             };
+            // Caught up: every group (group 0 included) was told the
+            // current view (a restarted replica is quorum-invisible until
+            // then) and applied what the others had committed.
             let caught_up = targets.iter().all(|(group, commit)| {
                 cluster
-                    .shard(r, *group)
-                    .and_then(|s| s.partition(*group))
-                    .is_some_and(|p| p.replica().commit_min() >= *commit)
+                    .replica_of(r, *group)
+                    .is_some_and(|v| v.status() == Status::Normal && v.commit_min() >= *commit)
             });
             if caught_up {
                 self.health[usize::from(r)] = Health::Up;
@@ -412,10 +413,11 @@ fn catch_up_targets(cluster: &Cluster, r: u8) -> Vec<(GroupId, u64)> {
             let Some(shard) = cluster.shard_at(other, s) else {
                 continue;
             };
-            for group in shard.groups() {
-                if let Some(p) = shard.partition(group) {
+            let groups = shard.groups().chain(shard.metadata().map(|_| METADATA_GROUP));
+            for group in groups.collect::<Vec<_>>() {
+                if let Some(v) = cluster.replica_of(other, group) {
                     let e = targets.entry(group).or_default();
-                    *e = (*e).max(p.replica().commit_max());
+                    *e = (*e).max(v.commit_max());
                 }
             }
         }

@@ -58,6 +58,13 @@ impl FaultProfile {
         }
     }
 
+    /// Whether the profile injects crashes, disk faults, partitions or
+    /// degraded links (every profile but `none` and `reorder`).
+    pub fn injects_replica_or_link_faults(self) -> bool {
+        let r = self.rates();
+        r.link_degrade_per_mille + r.partition_per_mille + r.crash_per_mille + r.disk_per_mille > 0
+    }
+
     /// The chances this profile runs with.
     pub(crate) fn rates(self) -> FaultRates {
         let quiet = FaultRates::default();

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use common::{ConsumerKind, GroupId};
-use consensus::vsr::Prng;
+use common::{ConsumerKind, GroupId, METADATA_GROUP};
+use consensus::vsr::{Prng, Status};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::cluster::{Cluster, ClusterError, TICK};
@@ -420,6 +420,23 @@ impl Run {
                 )));
             }
         }
+        let mut meta = None;
+        for r in 0..c.replica_count {
+            let v = c
+                .replica_of(r, METADATA_GROUP)
+                .ok_or_else(|| not(format!("replica {r} hosts no group 0")))?;
+            let here = (v.status(), v.commit_min(), v.commit_max());
+            if here.0 != Status::Normal || here.1 != here.2 || meta.is_some_and(|m| m != here) {
+                return Err(not(format!(
+                    "group 0 on replica {r}: {:?} view {} applied {} of {} (another replica: {meta:?})",
+                    here.0,
+                    v.view(),
+                    here.1,
+                    here.2
+                )));
+            }
+            meta = Some(here);
+        }
         for &group in &reference {
             let mut state = None;
             for r in 0..c.replica_count {
@@ -436,7 +453,7 @@ impl Run {
                 let v = p.replica();
                 if v.commit_min() != v.commit_max() || p.state_transfer_needed().is_some() {
                     return Err(not(format!(
-                        "group {} on replica {r}: applied {} of {} committed{}",
+                        "group {} on replica {r}: applied {} of {} committed{}; {}",
                         group.0,
                         v.commit_min(),
                         v.commit_max(),
@@ -444,7 +461,8 @@ impl Run {
                             ", transfer needed"
                         } else {
                             ""
-                        }
+                        },
+                        self.describe_group(group)
                     )));
                 }
                 let here = (v.commit_min(), p.offset_frontier());
@@ -452,8 +470,9 @@ impl Run {
                     None => state = Some(here),
                     Some(s) if s != here => {
                         return Err(not(format!(
-                            "group {}: replica {r} at (commit, frontier) {here:?}, another at {s:?}",
-                            group.0
+                            "group {}: replica {r} at (commit, frontier) {here:?}, another at {s:?}; {}",
+                            group.0,
+                            self.describe_group(group)
                         )));
                     }
                     Some(_) => {}
@@ -461,6 +480,30 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// Each replica's view of `group`, for a failure report.
+    fn describe_group(&self, group: GroupId) -> String {
+        (0..self.cluster.replica_count)
+            .map(|r| {
+                match self.cluster.shard(r, group).and_then(|s| s.partition(group)) {
+                    Some(p) => {
+                        let v = p.replica();
+                        format!(
+                            "replica {r}: view {} status {:?} op {} commit {}/{} frontier {}",
+                            v.view(),
+                            v.status(),
+                            v.op(),
+                            v.commit_min(),
+                            v.commit_max(),
+                            p.offset_frontier()
+                        )
+                    }
+                    None => format!("replica {r}: absent"),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// The oracle over every converged log, and byte equality of every
@@ -493,7 +536,8 @@ impl Run {
                     }
                     Some(_) => {}
                 }
-                let files = self.cluster.segment_files(r, group);
+                let files = committed_files(self.cluster.segment_files(r, group))
+                    .map_err(|e| diverge(format!("group {} on replica {r}: {e}", group.0)))?;
                 match &files_reference {
                     None => files_reference = Some(files),
                     Some(f) if *f != files => {
@@ -560,6 +604,36 @@ impl Run {
             }
         }
         (h.digest(), messages)
+    }
+}
+
+/// The segment files that hold committed bytes. A replica may have opened
+/// the next (empty) active segment at the frontier while another opens it
+/// with the next append — a state-transfer install plants it at once, a
+/// running partition rotates lazily — so an empty trailing pair holds
+/// nothing to compare; an empty file anywhere else is a hole.
+fn committed_files(
+    mut files: Vec<(String, Vec<u8>)>,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let last_stem = files
+        .iter()
+        .filter_map(|(n, _)| n.strip_suffix(".log"))
+        .max()
+        .map(str::to_owned);
+    let mut bad = None;
+    files.retain(|(name, bytes)| {
+        if !bytes.is_empty() {
+            return true;
+        }
+        let stem = name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s);
+        if last_stem.as_deref() != Some(stem) {
+            bad = Some(name.clone());
+        }
+        false
+    });
+    match bad {
+        Some(name) => Err(format!("{name} is empty and not the last segment")),
+        None => Ok(files),
     }
 }
 

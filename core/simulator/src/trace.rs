@@ -135,6 +135,11 @@ impl Trace {
 
     /// Folds `event` into the hash and keeps it among the recent ones.
     pub(crate) fn record(&mut self, event: Event) {
+        match &event {
+            Event::Fault { tick, what } => tracing::info!(tick, what = what.as_str(), "fault"),
+            Event::Call { .. } | Event::Answer { .. } => tracing::debug!(%event, "client"),
+            Event::Deliver { .. } => tracing::trace!(%event, "frame"),
+        }
         event.encode(&mut self.scratch);
         self.hasher
             .update(&(self.scratch.len() as u32).to_le_bytes());

@@ -260,38 +260,63 @@ impl Workload {
             self.stats.retries += 1;
         }
         let waiting = match &request {
-            Request::Meta(op) => Waiting::Meta(cluster.meta(target, op.clone())?),
-            Request::Produce { group, batch, .. } => Waiting::Call(cluster.call(
-                target,
-                *group,
-                Call::Produce {
-                    batch: batch.clone(),
-                },
-            )?),
-            Request::Poll { group, request } => {
-                Waiting::Call(cluster.call(target, *group, Call::Poll(*request))?)
-            }
+            Request::Meta(op) => cluster.meta(target, op.clone())?.map(Waiting::Meta),
+            Request::Produce { group, batch, .. } => cluster
+                .call(
+                    target,
+                    *group,
+                    Call::Produce {
+                        batch: batch.clone(),
+                    },
+                )?
+                .map(Waiting::Call),
+            Request::Poll { group, request } => cluster
+                .call(target, *group, Call::Poll(*request))?
+                .map(Waiting::Call),
             Request::Store {
                 group,
                 consumer,
                 offset,
-            } => Waiting::Call(cluster.call(
-                target,
-                *group,
-                Call::StoreOffset {
-                    kind: ConsumerKind::Consumer,
-                    id: *consumer,
-                    offset: Offset(*offset),
-                },
-            )?),
-            Request::Get { group, consumer } => Waiting::Call(cluster.call(
-                target,
-                *group,
-                Call::GetOffset {
-                    kind: ConsumerKind::Consumer,
-                    id: *consumer,
-                },
-            )?),
+            } => cluster
+                .call(
+                    target,
+                    *group,
+                    Call::StoreOffset {
+                        kind: ConsumerKind::Consumer,
+                        id: *consumer,
+                        offset: Offset(*offset),
+                    },
+                )?
+                .map(Waiting::Call),
+            Request::Get { group, consumer } => cluster
+                .call(
+                    target,
+                    *group,
+                    Call::GetOffset {
+                        kind: ConsumerKind::Consumer,
+                        id: *consumer,
+                    },
+                )?
+                .map(Waiting::Call),
+        };
+        let Some(waiting) = waiting else {
+            // The replica is down: the connection was refused and nothing
+            // was sent. Try another replica a little later.
+            trace.record(Event::Answer {
+                tick,
+                client: self.clients[i].id,
+                what: format!("{}: connection refused", request.describe()),
+            });
+            let wait = 5 + self.prng.below_inclusive(20);
+            let target = self.random_replica();
+            let c = &mut self.clients[i];
+            c.target = target;
+            c.wake_tick = tick + wait;
+            c.state = ClientState::Retry {
+                request,
+                attempts: attempts + 1,
+            };
+            return Ok(());
         };
         self.clients[i].state = ClientState::Waiting {
             flight: InFlight {

@@ -1,0 +1,137 @@
+//! The simulator end to end: determinism, a sweep of seeds over every
+//! fault profile and cluster shape, and the seeds that once failed.
+#![allow(clippy::unwrap_used)]
+
+use simulator::{FaultProfile, Options, OptionsError, SimError, Summary, run};
+
+fn options(seed: u64, profile: FaultProfile, replicas: u8, shards: u16, ticks: u64) -> Options {
+    let mut o = Options::new(seed);
+    o.profile = profile;
+    o.replicas = replicas;
+    o.shards = shards;
+    o.ticks = ticks;
+    o
+}
+
+fn clean(o: &Options) -> Summary {
+    match run(o) {
+        Ok(summary) => summary,
+        Err(SimError::Failed(failure)) => panic!("\n{failure}"),
+        Err(e) => panic!("seed {}: {e}", o.seed),
+    }
+}
+
+#[test]
+fn given_same_seed_when_run_twice_should_give_the_same_schedule_and_bytes() {
+    for (seed, profile, replicas) in [
+        (7, FaultProfile::Mixed, 3),
+        (8, FaultProfile::Crash, 5),
+        (9, FaultProfile::Network, 1),
+    ] {
+        let o = options(seed, profile, replicas, 2, 800);
+        let (a, b) = (clean(&o), clean(&o));
+        assert_eq!(a, b, "seed {seed} {profile}");
+        assert!(a.produces_acknowledged > 0, "seed {seed}: nothing acknowledged");
+        let other = clean(&options(seed + 1000, profile, replicas, 2, 800));
+        assert_ne!(a.schedule_hash, other.schedule_hash, "seed {seed}");
+    }
+}
+
+#[test]
+fn given_unsupported_cluster_shape_when_run_should_refuse_it_typed() {
+    let mut o = Options::new(1);
+    o.replicas = 2;
+    assert!(matches!(run(&o), Err(SimError::Options(OptionsError::Replicas(2)))));
+    o.replicas = 3;
+    o.shards = 0;
+    assert!(matches!(run(&o), Err(SimError::Options(OptionsError::Shards(0)))));
+}
+
+/// The sweep CI runs: 30 seeds per profile (210 in all), cluster shapes
+/// rotating through 3 replicas × 2 shards, 5 × 1, 1 × 3 and 3 × 3, each a
+/// short run so the whole sweep stays within CI's budget. Each profile is
+/// its own test so the harness runs them in parallel.
+fn sweep(profile: FaultProfile) {
+    const SEEDS: u64 = 30;
+    const BASE: u64 = 1_000_000;
+    let shapes: [(u8, u16); 4] = [(3, 2), (5, 1), (1, 3), (3, 3)];
+    let mut acknowledged = 0;
+    let mut faults_seen = 0;
+    for i in 0..SEEDS {
+        let (replicas, shards) = shapes[(i % 4) as usize];
+        let o = options(BASE + i, profile, replicas, shards, 500);
+        let s = clean(&o);
+        acknowledged += s.produces_acknowledged;
+        let f = s.faults;
+        faults_seen += f.crashes + f.disk_faults + f.partitions + f.degraded_links;
+    }
+    assert!(acknowledged > SEEDS * 20, "{profile}: only {acknowledged} produces acknowledged");
+    if profile.injects_replica_or_link_faults() {
+        assert!(faults_seen > 0, "{profile}: no fault was injected");
+    }
+}
+
+#[test]
+fn sweep_none() {
+    sweep(FaultProfile::None);
+}
+
+#[test]
+fn sweep_network() {
+    sweep(FaultProfile::Network);
+}
+
+#[test]
+fn sweep_reorder() {
+    sweep(FaultProfile::Reorder);
+}
+
+#[test]
+fn sweep_partition() {
+    sweep(FaultProfile::Partition);
+}
+
+#[test]
+fn sweep_crash() {
+    sweep(FaultProfile::Crash);
+}
+
+#[test]
+fn sweep_disk() {
+    sweep(FaultProfile::Disk);
+}
+
+#[test]
+fn sweep_mixed() {
+    sweep(FaultProfile::Mixed);
+}
+
+// Seeds that failed once, each with what it found.
+
+/// Mixed seed 18 (3 × 2, 2,000 ticks): the fault plan counted a restarted
+/// replica as healthy once its commits caught up, while its groups were
+/// still `Recovering` (quorum-invisible); a second crash then left one
+/// voter for a group, which VSR rightly cannot elect with. Fixed in the
+/// plan: a replica is healthy again only when every group, group 0
+/// included, is `Normal` and caught up.
+#[test]
+fn regression_mixed_18_second_crash_while_first_replica_recovering() {
+    clean(&options(18, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Mixed seed 13: the same accounting fault, seen as group 0 never
+/// converging (one replica's metadata stuck at half the topics).
+#[test]
+fn regression_mixed_13_metadata_stuck_after_second_crash() {
+    clean(&options(13, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Mixed seed 35: a replica that installed a state transfer had already
+/// planted the empty active segment at the frontier, the others open it
+/// with their next append; the file comparison now ignores an empty
+/// trailing segment (and still refuses an empty one anywhere else).
+#[test]
+fn regression_mixed_35_empty_active_segment_after_install() {
+    let s = clean(&options(35, FaultProfile::Mixed, 3, 2, 2_000));
+    assert!(s.transfers > 0, "the seed exercises a transfer install");
+}
