@@ -250,9 +250,14 @@ impl Cluster {
     /// The VSR replica of `group` (group 0 included) on replica `r`.
     pub(crate) fn replica_of(&self, r: u8, group: GroupId) -> Option<&consensus::vsr::Replica> {
         if group == METADATA_GROUP {
-            return self.shard_at(r, 0)?.metadata().map(shard::MetadataHost::replica);
+            return self
+                .shard_at(r, 0)?
+                .metadata()
+                .map(shard::MetadataHost::replica);
         }
-        self.shard(r, group)?.partition(group).map(partitions::Partition::replica)
+        self.shard(r, group)?
+            .partition(group)
+            .map(partitions::Partition::replica)
     }
 
     /// Shard `s` of replica `r`, if the replica is up.

@@ -413,7 +413,9 @@ fn catch_up_targets(cluster: &Cluster, r: u8) -> Vec<(GroupId, u64)> {
             let Some(shard) = cluster.shard_at(other, s) else {
                 continue;
             };
-            let groups = shard.groups().chain(shard.metadata().map(|_| METADATA_GROUP));
+            let groups = shard
+                .groups()
+                .chain(shard.metadata().map(|_| METADATA_GROUP));
             for group in groups.collect::<Vec<_>>() {
                 if let Some(v) = cluster.replica_of(other, group) {
                     let e = targets.entry(group).or_default();

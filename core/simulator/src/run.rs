@@ -486,7 +486,11 @@ impl Run {
     fn describe_group(&self, group: GroupId) -> String {
         (0..self.cluster.replica_count)
             .map(|r| {
-                match self.cluster.shard(r, group).and_then(|s| s.partition(group)) {
+                match self
+                    .cluster
+                    .shard(r, group)
+                    .and_then(|s| s.partition(group))
+                {
                     Some(p) => {
                         let v = p.replica();
                         format!(
@@ -612,9 +616,7 @@ impl Run {
 /// with the next append — a state-transfer install plants it at once, a
 /// running partition rotates lazily — so an empty trailing pair holds
 /// nothing to compare; an empty file anywhere else is a hole.
-fn committed_files(
-    mut files: Vec<(String, Vec<u8>)>,
-) -> Result<Vec<(String, Vec<u8>)>, String> {
+fn committed_files(mut files: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec<u8>)>, String> {
     let last_stem = files
         .iter()
         .filter_map(|(n, _)| n.strip_suffix(".log"))

@@ -31,7 +31,10 @@ fn given_same_seed_when_run_twice_should_give_the_same_schedule_and_bytes() {
         let o = options(seed, profile, replicas, 2, 800);
         let (a, b) = (clean(&o), clean(&o));
         assert_eq!(a, b, "seed {seed} {profile}");
-        assert!(a.produces_acknowledged > 0, "seed {seed}: nothing acknowledged");
+        assert!(
+            a.produces_acknowledged > 0,
+            "seed {seed}: nothing acknowledged"
+        );
         let other = clean(&options(seed + 1000, profile, replicas, 2, 800));
         assert_ne!(a.schedule_hash, other.schedule_hash, "seed {seed}");
     }
@@ -41,10 +44,16 @@ fn given_same_seed_when_run_twice_should_give_the_same_schedule_and_bytes() {
 fn given_unsupported_cluster_shape_when_run_should_refuse_it_typed() {
     let mut o = Options::new(1);
     o.replicas = 2;
-    assert!(matches!(run(&o), Err(SimError::Options(OptionsError::Replicas(2)))));
+    assert!(matches!(
+        run(&o),
+        Err(SimError::Options(OptionsError::Replicas(2)))
+    ));
     o.replicas = 3;
     o.shards = 0;
-    assert!(matches!(run(&o), Err(SimError::Options(OptionsError::Shards(0)))));
+    assert!(matches!(
+        run(&o),
+        Err(SimError::Options(OptionsError::Shards(0)))
+    ));
 }
 
 /// The sweep CI runs: 30 seeds per profile (210 in all), cluster shapes
@@ -65,7 +74,10 @@ fn sweep(profile: FaultProfile) {
         let f = s.faults;
         faults_seen += f.crashes + f.disk_faults + f.partitions + f.degraded_links;
     }
-    assert!(acknowledged > SEEDS * 20, "{profile}: only {acknowledged} produces acknowledged");
+    assert!(
+        acknowledged > SEEDS * 20,
+        "{profile}: only {acknowledged} produces acknowledged"
+    );
     if profile.injects_replica_or_link_faults() {
         assert!(faults_seen > 0, "{profile}: no fault was injected");
     }
@@ -134,4 +146,14 @@ fn regression_mixed_13_metadata_stuck_after_second_crash() {
 fn regression_mixed_35_empty_active_segment_after_install() {
     let s = clean(&options(35, FaultProfile::Mixed, 3, 2, 2_000));
     assert!(s.transfers > 0, "the seed exercises a transfer install");
+}
+
+/// Partition seed 1000005 (5 × 1, 500 ticks): the next view's primary
+/// answered a consumer-offset read with the state before a store the old
+/// primary had committed and acknowledged (its DVC quorum had not heard of
+/// the commit). Fixed in consensus: a new primary is not caught up until
+/// it has committed its starting log again.
+#[test]
+fn regression_partition_1000005_read_after_view_change_went_back_in_time() {
+    clean(&options(1_000_005, FaultProfile::Partition, 5, 1, 500));
 }
