@@ -46,6 +46,8 @@ pub enum Property {
     NotConverged,
     /// Converged replicas hold different messages or segment bytes.
     ReplicasDiverge,
+    /// Code under test panicked (an assertion on its own invariants).
+    Panicked,
 }
 
 impl Property {
@@ -64,6 +66,7 @@ impl Property {
             Self::Regressed => "regressed",
             Self::NotConverged => "not-converged",
             Self::ReplicasDiverge => "replicas-diverge",
+            Self::Panicked => "panicked",
         }
     }
 }

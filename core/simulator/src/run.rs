@@ -260,21 +260,40 @@ impl From<ClusterError> for SimError {
 #[derive(Default)]
 struct Monitor {
     seen: BTreeMap<(u8, GroupId), (u32, u64, u64)>,
+    /// Each (replica, group)'s last (view, status), to trace changes.
+    roles: BTreeMap<(u8, GroupId), (u32, Status)>,
 }
 
 impl Monitor {
-    fn check(&mut self, cluster: &Cluster) -> Result<(), Violation> {
+    fn check(&mut self, cluster: &Cluster, trace: &mut Trace) -> Result<(), Violation> {
+        let tick = cluster.tick();
         for r in 0..cluster.replica_count {
             let boot = cluster.boot_count(r);
             for s in 0..cluster.shard_count {
                 let Some(shard) = cluster.shard_at(r, s) else {
                     continue;
                 };
-                for group in shard.groups() {
-                    let Some(p) = shard.partition(group) else {
+                let meta = (s == 0).then_some(METADATA_GROUP);
+                for group in meta.into_iter().chain(shard.groups()) {
+                    let Some(v) = cluster.replica_of(r, group) else {
                         continue;
                     };
-                    let now = (p.replica().view(), p.replica().commit_min(), boot);
+                    let role = (v.view(), v.status());
+                    if self.roles.insert((r, group), role) != Some(role) {
+                        trace.record(Event::State {
+                            tick,
+                            what: format!(
+                                "replica {r} group {}: view {} {:?} op {} commit {}/{}",
+                                group.0,
+                                role.0,
+                                role.1,
+                                v.op(),
+                                v.commit_min(),
+                                v.commit_max()
+                            ),
+                        });
+                    }
+                    let now = (v.view(), v.commit_min(), boot);
                     if let Some(&(view, commit, b)) = self.seen.get(&(r, group))
                         && b == boot
                         && (now.0 < view || now.1 < commit)
@@ -356,7 +375,7 @@ impl Run {
             &mut self.trace,
             issue_new,
         )?;
-        self.monitor.check(&self.cluster)?;
+        self.monitor.check(&self.cluster, &mut self.trace)?;
         self.cluster.clock.advance(TICK);
         self.ticks_run += 1;
         Ok(())
@@ -662,7 +681,20 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         ticks_run: 0,
     };
     tracing::info!(seed, profile = %options.profile, replicas = options.replicas, shards = options.shards, ticks = options.ticks, "simulation starts");
-    match run.phases() {
+    // A panic in shard, partition or consensus code (an assertion on its
+    // own invariants) is a finding like any other: report it with the
+    // seed and the trace instead of losing them. The run is abandoned, so
+    // whatever the panic left half-done is never touched again.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.phases()))
+        .unwrap_or_else(|payload| {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            Err(Stop::Violation(Violation::new(Property::Panicked, message)))
+        });
+    match outcome {
         Ok(()) => {}
         Err(Stop::Cluster(e)) => return Err(SimError::Cluster(e)),
         Err(Stop::Violation(violation)) => {

@@ -38,6 +38,8 @@ pub(crate) enum Event {
     Answer { tick: u64, client: u8, what: String },
     /// A fault was injected or healed.
     Fault { tick: u64, what: String },
+    /// A replica's group changed view or status.
+    State { tick: u64, what: String },
 }
 
 impl Event {
@@ -83,6 +85,11 @@ impl Event {
                 out.extend_from_slice(&tick.to_le_bytes());
                 out.extend_from_slice(what.as_bytes());
             }
+            Self::State { tick, what } => {
+                out.push(5);
+                out.extend_from_slice(&tick.to_le_bytes());
+                out.extend_from_slice(what.as_bytes());
+            }
         }
     }
 }
@@ -109,6 +116,7 @@ impl fmt::Display for Event {
             } => write!(f, "t{tick} client {client} -> replica {replica}: {what}"),
             Self::Answer { tick, client, what } => write!(f, "t{tick} client {client} <- {what}"),
             Self::Fault { tick, what } => write!(f, "t{tick} fault: {what}"),
+            Self::State { tick, what } => write!(f, "t{tick} state: {what}"),
         }
     }
 }
@@ -137,6 +145,7 @@ impl Trace {
     pub(crate) fn record(&mut self, event: Event) {
         match &event {
             Event::Fault { tick, what } => tracing::info!(tick, what = what.as_str(), "fault"),
+            Event::State { tick, what } => tracing::debug!(tick, what = what.as_str(), "state"),
             Event::Call { .. } | Event::Answer { .. } => tracing::debug!(%event, "client"),
             Event::Deliver { .. } => tracing::trace!(%event, "frame"),
         }

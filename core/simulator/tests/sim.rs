@@ -157,3 +157,13 @@ fn regression_mixed_35_empty_active_segment_after_install() {
 fn regression_partition_1000005_read_after_view_change_went_back_in_time() {
     clean(&options(1_000_005, FaultProfile::Partition, 5, 1, 500));
 }
+
+/// Mixed seed 359: group 0's primary prepared an op in view 0, lost power
+/// before anything committed, and reopened as a brand-new group (its
+/// superblock said view 0, nothing applied); leading view 0 again from an
+/// empty log it forked op 1, and a backup's commit walk panicked. Fixed in
+/// metadata: only a group that never wrote a superblock record is new.
+#[test]
+fn regression_mixed_359_restarted_primary_forked_group_0() {
+    clean(&options(359, FaultProfile::Mixed, 3, 2, 2_000));
+}
