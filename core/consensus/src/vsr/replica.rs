@@ -967,11 +967,45 @@ impl Replica {
                 });
                 self.forward_down_chain(view, prepare);
             }
-            Inserted::Duplicate | Inserted::Rejected => {}
+            Inserted::Duplicate | Inserted::Rejected => {
+                if op <= self.commit_min {
+                    self.ack_applied(op, prepare.header.checksum);
+                }
+            }
         }
         self.advance_commit_max(commit);
         self.after_journal_change();
         Ok(())
+    }
+
+    /// A backup acknowledges a prepare it already applied. A new primary
+    /// whose view-change quorum had not heard of a commit proposes those
+    /// ops again; a backup that applied them would otherwise never ack
+    /// them (it acks only above its commit point), and with the third
+    /// replica transferring — which a not-yet-caught-up primary cannot
+    /// serve — the group never commits again (replog-sim seed 284, mixed).
+    /// Only an op whose identity this replica knows to be `checksum` is
+    /// acknowledged.
+    fn ack_applied(&mut self, op: u64, checksum: u128) {
+        if self.status != Status::Normal || self.recovering.is_some() || self.transferring {
+            return;
+        }
+        let known = if op == self.commit_min {
+            self.commit_min_checksum
+        } else {
+            self.journal.header(op).map_or(0, |h| h.checksum)
+        };
+        if known == 0 || known != checksum {
+            return;
+        }
+        let primary = self.primary_index(self.view);
+        self.send(
+            primary,
+            Message::PrepareOk {
+                op,
+                prepare_checksum: checksum,
+            },
+        );
     }
 
     /// The next replica in the ring.
