@@ -363,14 +363,19 @@ impl FaultPlan {
             let Health::Recovering { targets } = &self.health[usize::from(r)] else {
                 continue;
             };
-            // Caught up: every group (group 0 included) was told the
-            // current view (a restarted replica is quorum-invisible until
-            // then) and applied what the others had committed.
+            // Caught up: every group it hosts (group 0 included) was told
+            // the current view and reached the head its primary reported
+            // (a restarted replica is quorum-invisible until then), and
+            // applied what the others had committed when it came back.
+            let visible =
+                |v: &consensus::vsr::Replica| v.status() == Status::Normal && v.is_quorum_visible();
             let caught_up = targets.iter().all(|(group, commit)| {
                 cluster
                     .replica_of(r, *group)
-                    .is_some_and(|v| v.status() == Status::Normal && v.commit_min() >= *commit)
-            });
+                    .is_some_and(|v| visible(v) && v.commit_min() >= *commit)
+            }) && hosted_groups(cluster, r)
+                .iter()
+                .all(|g| cluster.replica_of(r, *g).is_some_and(visible));
             if caught_up {
                 self.health[usize::from(r)] = Health::Up;
             }
@@ -402,6 +407,20 @@ impl FaultPlan {
         });
         Ok(())
     }
+}
+
+/// Every group replica `r` hosts now, group 0 first.
+fn hosted_groups(cluster: &Cluster, r: u8) -> Vec<GroupId> {
+    let mut out = Vec::new();
+    for s in 0..cluster.shard_count {
+        if let Some(shard) = cluster.shard_at(r, s) {
+            if shard.metadata().is_some() {
+                out.push(METADATA_GROUP);
+            }
+            out.extend(shard.groups());
+        }
+    }
+    out
 }
 
 /// What replica `r` must reach before it counts as healthy again: per
