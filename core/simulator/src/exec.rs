@@ -44,6 +44,7 @@ pub(crate) fn run_now<F: Future>(what: &'static str, future: F) -> Result<F::Out
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

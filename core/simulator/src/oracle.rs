@@ -441,6 +441,7 @@ pub(crate) enum StoreOutcome {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

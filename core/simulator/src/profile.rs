@@ -166,6 +166,7 @@ pub(crate) struct FaultRates {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -735,3 +735,41 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
     tracing::info!(seed, events = run.trace.events(), "simulation clean");
     Ok(summary)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, len: usize) -> (String, Vec<u8>) {
+        (name.to_owned(), vec![7; len])
+    }
+
+    #[test]
+    fn given_empty_trailing_segment_when_compared_should_leave_it_out() {
+        let files = vec![
+            file("00000000000000000000.index", 24),
+            file("00000000000000000000.log", 100),
+            file("00000000000000000009.index", 0),
+            file("00000000000000000009.log", 0),
+        ];
+        let kept = committed_files(files).unwrap();
+        assert_eq!(kept.len(), 2);
+        assert!(
+            kept.iter()
+                .all(|(n, _)| n.starts_with("00000000000000000000"))
+        );
+    }
+
+    #[test]
+    fn given_empty_segment_before_the_last_when_compared_should_refuse() {
+        let files = vec![
+            file("00000000000000000000.index", 0),
+            file("00000000000000000000.log", 0),
+            file("00000000000000000009.index", 24),
+            file("00000000000000000009.log", 100),
+        ];
+        let err = committed_files(files).unwrap_err();
+        assert!(err.contains("00000000000000000000"), "{err}");
+    }
+}

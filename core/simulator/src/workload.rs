@@ -411,7 +411,7 @@ impl Workload {
         let n = self.stats.topics;
         let config = TopicConfig {
             segment_size_bytes: SEGMENT_SIZE_BYTES,
-            durability: if n % 2 == 0 {
+            durability: if n.is_multiple_of(2) {
                 Durability::Replicated
             } else {
                 Durability::Persisted

