@@ -358,9 +358,14 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         self.replica.hold_state_transfer();
     }
 
-    /// A state transfer the core asked for, if any.
-    pub const fn state_transfer_needed(&self) -> Option<TransferNeeded> {
+    /// A state transfer the core asked for and still needs, if any. The
+    /// core gives a `FloorRefused` conclusion up after a while and retries
+    /// repair; once that brought it past the floor the need is gone, and a
+    /// stale one would keep the primary refusing every op as "transfer in
+    /// progress" for good (replog-sim seed 3000036, mixed).
+    pub fn state_transfer_needed(&self) -> Option<TransferNeeded> {
         self.transfer_needed
+            .filter(|t| self.replica.is_transferring() || self.replica.commit_min() < t.floor)
     }
 
     /// Serves the applied state as a state-transfer offer.
