@@ -57,8 +57,8 @@ fn given_unsupported_cluster_shape_when_run_should_refuse_it_typed() {
 }
 
 /// The sweep CI runs: 30 seeds per profile (210 in all), cluster shapes
-/// rotating through 3 replicas × 2 shards, 5 × 1, 1 × 3 and 3 × 3, each a
-/// short run so the whole sweep stays within CI's budget. Each profile is
+/// rotating through 3 replicas × 2 shards, 5 × 1, 1 × 3 and 3 × 3, each
+/// 1,200 ticks, so the whole sweep stays within CI's budget. Each profile is
 /// its own test so the harness runs them in parallel.
 fn sweep(profile: FaultProfile) {
     const SEEDS: u64 = 30;
@@ -68,7 +68,7 @@ fn sweep(profile: FaultProfile) {
     let mut faults_seen = 0;
     for i in 0..SEEDS {
         let (replicas, shards) = shapes[(i % 4) as usize];
-        let o = options(BASE + i, profile, replicas, shards, 500);
+        let o = options(BASE + i, profile, replicas, shards, 1_200);
         let s = clean(&o);
         acknowledged += s.produces_acknowledged;
         let f = s.faults;
