@@ -437,6 +437,14 @@ impl Cluster {
         }
     }
 
+    /// The directory of `group` on every replica's disk.
+    pub(crate) fn group_dir(&self, group: GroupId) -> PathBuf {
+        shard::catalog::group_dir(
+            &shard_dir(&data_dir(), shard_of(group, self.shard_count)),
+            group,
+        )
+    }
+
     /// The segment files (`.log` and `.index`) of `group` on replica `r`,
     /// by name, with their bytes.
     pub(crate) fn segment_files(&self, r: u8, group: GroupId) -> Vec<(String, Vec<u8>)> {

@@ -28,6 +28,7 @@ pub(crate) struct FaultStats {
     pub disk_faults: u64,
     pub partitions: u64,
     pub degraded_links: u64,
+    pub rotted_bits: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -42,6 +43,9 @@ enum Health {
     DiskFaulted {
         restart_tick: u64,
     },
+    /// A sealed segment on its disk holds a flipped bit (latent: it stays
+    /// faulty for the rest of the run).
+    Rotten,
     /// Back up, catching up to `targets` (group, commit).
     Recovering {
         targets: Vec<(GroupId, u64)>,
@@ -146,6 +150,9 @@ impl FaultPlan {
         if self.roll(self.rates.disk_per_mille) {
             self.disk_fault(cluster, trace, tick);
         }
+        if self.roll(self.rates.rot_per_mille) {
+            self.rot(cluster, trace, tick);
+        }
         Ok(())
     }
 
@@ -212,6 +219,55 @@ impl FaultPlan {
             tick,
             what: format!(
                 "replica {r}: {kind:?} call {nth} from now fails with EIO; restart in {restart_in} ticks"
+            ),
+        });
+    }
+
+    /// Flips one bit in the middle of a sealed segment (not the active,
+    /// last one) of a random partition on a replica within the budget.
+    fn rot(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
+        if self.replica_count == 1 {
+            // f = 0: a single replica has no peer to repair from.
+            return;
+        }
+        let Some(r) = self.victim(cluster) else {
+            return;
+        };
+        let mut sealed = Vec::new();
+        for s in 0..cluster.shard_count {
+            let Some(shard) = cluster.shard_at(r, s) else {
+                continue;
+            };
+            for group in shard.groups() {
+                let logs: Vec<(String, usize)> = cluster
+                    .segment_files(r, group)
+                    .into_iter()
+                    .filter(|(n, b)| n.ends_with(".log") && !b.is_empty())
+                    .map(|(n, b)| (n, b.len()))
+                    .collect();
+                // Every segment but the last is sealed.
+                for (name, len) in logs.iter().take(logs.len().saturating_sub(1)) {
+                    sealed.push((group, name.clone(), *len));
+                }
+            }
+        }
+        if sealed.is_empty() {
+            return;
+        }
+        let (group, name, len) = sealed[self.pick(sealed.len() as u64) as usize].clone();
+        let pos = self.pick(len as u64);
+        let mask = 1u8 << self.pick(8);
+        let path = cluster.group_dir(group).join(&name);
+        if cluster.fs(r).rot_byte(&path, pos, mask).is_err() {
+            return;
+        }
+        self.stats.rotted_bits += 1;
+        self.health[usize::from(r)] = Health::Rotten;
+        trace.record(Event::Fault {
+            tick,
+            what: format!(
+                "replica {r}: bit {mask:#04x} of byte {pos} of group {} {name} flipped",
+                group.0
             ),
         });
     }
@@ -325,7 +381,7 @@ impl FaultPlan {
             let due = match self.health[usize::from(r)] {
                 Health::Crashed { restart_tick } => (restart_tick <= tick).then_some(false),
                 Health::DiskFaulted { restart_tick } => (restart_tick <= tick).then_some(true),
-                Health::Up | Health::Recovering { .. } => None,
+                Health::Up | Health::Recovering { .. } | Health::Rotten => None,
             };
             if let Some(disk) = due {
                 self.restart(r, disk, cluster, trace, tick)?;
@@ -398,7 +454,7 @@ impl FaultPlan {
             match self.health[usize::from(r)] {
                 Health::Crashed { .. } => self.restart(r, false, cluster, trace, tick)?,
                 Health::DiskFaulted { .. } => self.restart(r, true, cluster, trace, tick)?,
-                Health::Up | Health::Recovering { .. } => {}
+                Health::Up | Health::Recovering { .. } | Health::Rotten => {}
             }
         }
         trace.record(Event::Fault {

@@ -144,6 +144,8 @@ pub struct FaultCounts {
     pub partitions: u64,
     /// Links given a harsh fault mix for a while.
     pub degraded_links: u64,
+    /// Bits flipped in sealed segments.
+    pub rotted_bits: u64,
 }
 
 impl From<FaultStats> for FaultCounts {
@@ -154,6 +156,7 @@ impl From<FaultStats> for FaultCounts {
             disk_faults: s.disk_faults,
             partitions: s.partitions,
             degraded_links: s.degraded_links,
+            rotted_bits: s.rotted_bits,
         }
     }
 }
@@ -163,7 +166,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -181,6 +184,7 @@ impl fmt::Display for Summary {
             self.faults.disk_faults,
             self.faults.partitions,
             self.faults.degraded_links,
+            self.faults.rotted_bits,
             self.transfers,
             self.frames.0,
             self.frames.1,
