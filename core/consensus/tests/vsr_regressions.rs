@@ -95,3 +95,54 @@ fn seed_10087433_primary_that_cannot_learn_its_applied_identity_steps_down() {
     let report = run_config(SimConfig::for_seed(10_087_433)).unwrap();
     assert!(report.view_max > 2, "{report:?}");
 }
+
+/// Found by the cluster simulator (replog-sim seed 1000005, partition
+/// profile, five replicas): a new primary whose DVC quorum had not heard
+/// of the last commit started its view with `commit_max` one below an op
+/// the old primary had committed and acknowledged, called itself caught
+/// up, and served a read of the state before that op. A caught-up primary
+/// must have applied every op any replica ever knew committed (they are
+/// all in the log it started its view with).
+#[test]
+fn caught_up_primary_has_applied_everything_ever_committed() {
+    let mut exercised = 0;
+    for seed in 0..60 {
+        let config = SimConfig::for_seed(seed);
+        let n = config.replica_count;
+        let mut s = consensus::vsr::harness::Simulation::new(config);
+        let mut committed_max = 0;
+        let mut stale = None;
+        let done = s
+            .run_until(3_000, |s| {
+                for r in 0..n {
+                    if let Some(v) = s.replica(r) {
+                        committed_max = committed_max.max(v.commit_max());
+                    }
+                }
+                // A primary cut off in an older view may still believe it
+                // leads; only the newest view's primary speaks for the group.
+                let view_max = (0..n).filter_map(|r| s.replica(r)).map(|v| v.view()).max();
+                for r in 0..n {
+                    if let Some(v) = s.replica(r)
+                        && v.is_caught_up_primary()
+                        && Some(v.view()) == view_max
+                    {
+                        if v.view() > 0 {
+                            exercised += 1;
+                        }
+                        if v.commit_min() < committed_max {
+                            stale = Some((r, v.view(), v.commit_min(), committed_max));
+                            return true;
+                        }
+                    }
+                }
+                false
+            })
+            .unwrap();
+        assert!(
+            !done,
+            "seed {seed}: (replica, view, applied, committed) {stale:?}: a caught-up primary behind a committed op"
+        );
+    }
+    assert!(exercised > 0, "no seed reached a view change");
+}

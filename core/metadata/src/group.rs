@@ -274,12 +274,26 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             replica_count: config.replica_count,
             ..VsrState::default()
         };
+        // New only if no superblock record was ever written: the first
+        // open writes one (durably) before the replica can act, so a
+        // record of view 0 with nothing committed means a replica that
+        // may have prepared or acknowledged ops in view 0 and lost them
+        // with its memory-only journal. Restarting it as new would let it
+        // lead view 0 again from an empty log and reuse op numbers its
+        // peers hold (and may have committed) with other contents
+        // (replog-sim seed 359, mixed profile).
+        let mut superblock = superblock;
+        let never_written = superblock
+            .read_latest()
+            .await
+            .map_err(GroupError::Superblock)?
+            .is_none();
         let durable = DurableState::open(superblock, initial)
             .await
             .map_err(GroupError::Superblock)?;
         let sb = *durable.state();
         let applied = store.applied();
-        let fresh = applied == Op(0) && sb.view == 0 && sb.log_view == 0 && sb.commit_max == 0;
+        let fresh = never_written && applied == Op(0);
         let replica = if fresh {
             Replica::new(config)
         } else {
@@ -406,9 +420,14 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         self.replica.hold_state_transfer();
     }
 
-    /// A state transfer the core asked for, if any.
-    pub const fn state_transfer_needed(&self) -> Option<TransferNeeded> {
+    /// A state transfer the core asked for and still needs, if any. The
+    /// core gives a `FloorRefused` conclusion up after a while and retries
+    /// repair; once that brought it past the floor the need is gone, and a
+    /// stale one would keep the primary refusing every op as "transfer in
+    /// progress" for good (replog-sim seed 3000036, mixed).
+    pub fn state_transfer_needed(&self) -> Option<TransferNeeded> {
         self.transfer_needed
+            .filter(|t| self.replica.is_transferring() || self.replica.commit_min() < t.floor)
     }
 
     /// Serves the applied state as a state-transfer offer.

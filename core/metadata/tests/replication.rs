@@ -944,3 +944,31 @@ fn given_the_primary_cannot_make_an_op_durable_when_it_commits_should_not_answer
     assert_eq!(c.effects[0], c.effects[1]);
     assert_eq!(c.effects[1], c.effects[2]);
 }
+
+/// Found by the cluster simulator (replog-sim seed 359, mixed profile):
+/// the primary prepared an op in view 0, lost power before anything was
+/// committed, and came back with a superblock of view 0 and nothing
+/// applied — which `open` took for a brand-new group. Restarted as new it
+/// led view 0 again from an empty log and prepared other contents under
+/// the op number its backups held (a fork; a backup's commit walk caught
+/// it). A group whose superblock record exists restarts, quorum-invisible.
+#[test]
+fn given_group_that_booted_once_when_reopened_with_nothing_committed_should_restart_not_start_new()
+{
+    let net = Net::default();
+    let fs = SimFs::new(359);
+    let first = Cluster::open_replica_retaining(&fs, 0, &net, 1024);
+    assert_eq!(first.replica().status(), Status::Normal, "a new group");
+    // It may act in view 0 from here on (prepare, acknowledge); then the
+    // power goes, keeping only what was synced.
+    drop(first);
+    fs.crash_with(CrashMode::DropAll);
+    let again = Cluster::open_replica_retaining(&fs, 0, &net, 1024);
+    assert_eq!(
+        again.replica().status(),
+        Status::Recovering,
+        "reopened as a new group at view {} op {}",
+        again.replica().view(),
+        again.replica().op()
+    );
+}

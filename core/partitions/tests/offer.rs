@@ -790,6 +790,7 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
     use partitions::state_transfer::{ServeGateFacts, check_serve_gate};
     let open = ServeGateFacts {
         caught_up_primary: true,
+        backup_serving_its_primary: false,
         dir_present: true,
         repairing: false,
         commit_max: 3,
@@ -830,6 +831,25 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
             ..open
         }),
         U::NothingCommitted
+    ));
+    // A caught-up backup serves its view's primary (nobody else can), and
+    // the other checks still apply to it.
+    assert!(
+        check_serve_gate(ServeGateFacts {
+            caught_up_primary: false,
+            backup_serving_its_primary: true,
+            ..open
+        })
+        .is_ok()
+    );
+    assert!(matches!(
+        refuse(ServeGateFacts {
+            caught_up_primary: false,
+            backup_serving_its_primary: true,
+            repairing: true,
+            ..open
+        }),
+        U::RepairInProgress
     ));
     // An installed frontier makes an empty commit history legitimate.
     assert!(

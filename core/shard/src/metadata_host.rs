@@ -203,6 +203,11 @@ impl<E: Env> MetadataHost<E> {
         self.group.state()
     }
 
+    /// Group 0's VSR replica, for inspection (the simulator's checks).
+    pub fn replica(&self) -> &consensus::vsr::Replica {
+        self.group.replica()
+    }
+
     /// Queues an op; it is submitted once the shard's session is open.
     pub(crate) fn enqueue(&mut self, op: MetadataOp, user_id: u32, reply: MetaReplyTx) {
         if let Err(e) = self.primary_check() {

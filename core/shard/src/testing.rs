@@ -6,7 +6,9 @@
 //! [`TestNet::deliver`], so a seed replays a run exactly. The network's
 //! fault model is the partition harness's (seeded drop, duplication and
 //! delay, isolation of one replica), keyed by shard index, so a frame sent
-//! by shard `s` of one replica reaches shard `s` of another.
+//! by shard `s` of one replica reaches shard `s` of another. The simulator
+//! adds per-link faults and one-way cuts on top (splits, asymmetric
+//! partitions), set and healed by the driver.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -100,8 +102,21 @@ struct NetState {
     sequence: u64,
     in_flight: BTreeMap<(u64, u64), Packet>,
     isolated: BTreeSet<u8>,
+    /// Directed links `(from, to)` that carry nothing.
+    cut: BTreeSet<(u8, u8)>,
+    /// Per-link fault mixes that replace `faults` on that link.
+    link_faults: BTreeMap<(u8, u8), NetworkFaults>,
     sent: u64,
     dropped: u64,
+    duplicated: u64,
+}
+
+impl NetState {
+    fn blocked(&self, from: ReplicaId, to: ReplicaId) -> bool {
+        self.isolated.contains(&from.0)
+            || self.isolated.contains(&to.0)
+            || self.cut.contains(&(from.0, to.0))
+    }
 }
 
 /// A seeded network between the shards of a cluster.
@@ -121,8 +136,11 @@ impl TestNet {
                 sequence: 0,
                 in_flight: BTreeMap::new(),
                 isolated: BTreeSet::new(),
+                cut: BTreeSet::new(),
+                link_faults: BTreeMap::new(),
                 sent: 0,
                 dropped: 0,
+                duplicated: 0,
             })),
         }
     }
@@ -142,6 +160,42 @@ impl TestNet {
         }
     }
 
+    /// Cuts the directed link `from → to` (frames on it are dropped, the
+    /// other direction is untouched) or restores it.
+    pub fn set_link_cut(&self, from: ReplicaId, to: ReplicaId, cut: bool) {
+        let mut s = self.state.borrow_mut();
+        if cut {
+            s.cut.insert((from.0, to.0));
+        } else {
+            s.cut.remove(&(from.0, to.0));
+        }
+    }
+
+    /// Gives the directed link `from → to` its own fault mix, or (with
+    /// `None`) returns it to the network-wide one.
+    pub fn set_link_faults(&self, from: ReplicaId, to: ReplicaId, faults: Option<NetworkFaults>) {
+        let mut s = self.state.borrow_mut();
+        match faults {
+            Some(faults) => s.link_faults.insert((from.0, to.0), faults),
+            None => s.link_faults.remove(&(from.0, to.0)),
+        };
+    }
+
+    /// Removes every isolation, cut and per-link fault mix, and sets the
+    /// network-wide mix to `faults`. Frames already in flight stay.
+    pub fn heal(&self, faults: NetworkFaults) {
+        let mut s = self.state.borrow_mut();
+        s.isolated.clear();
+        s.cut.clear();
+        s.link_faults.clear();
+        s.faults = faults;
+    }
+
+    /// Frames queued and not yet delivered.
+    pub fn in_flight(&self) -> usize {
+        self.state.borrow().in_flight.len()
+    }
+
     /// Advances the network by one tick and returns the frames due, in a
     /// deterministic order.
     pub fn deliver(&self) -> Vec<Packet> {
@@ -149,11 +203,19 @@ impl TestNet {
         s.now_tick += 1;
         let now = s.now_tick;
         let due: Vec<(u64, u64)> = s.in_flight.range(..(now + 1, 0)).map(|(k, _)| *k).collect();
-        let isolated = s.isolated.clone();
-        due.into_iter()
-            .filter_map(|k| s.in_flight.remove(&k))
-            .filter(|p| !isolated.contains(&p.to.0) && !isolated.contains(&p.from.0))
-            .collect()
+        let mut out = Vec::with_capacity(due.len());
+        for key in due {
+            let Some(p) = s.in_flight.remove(&key) else {
+                continue;
+            };
+            // A cut made while the frame was on the wire loses it too.
+            if s.blocked(p.from, p.to) {
+                s.dropped += 1;
+            } else {
+                out.push(p);
+            }
+        }
+        out
     }
 
     /// Frames sent and dropped so far.
@@ -162,19 +224,29 @@ impl TestNet {
         (s.sent, s.dropped)
     }
 
+    /// Frames the network delivered twice so far.
+    pub fn duplicated(&self) -> u64 {
+        self.state.borrow().duplicated
+    }
+
     fn send(&self, packet: Packet) -> Sent {
         let mut s = self.state.borrow_mut();
         s.sent += 1;
-        if s.isolated.contains(&packet.from.0) || s.isolated.contains(&packet.to.0) {
+        if s.blocked(packet.from, packet.to) {
             s.dropped += 1;
             return Sent::Dropped;
         }
-        let faults = s.faults;
+        let faults = s
+            .link_faults
+            .get(&(packet.from.0, packet.to.0))
+            .copied()
+            .unwrap_or(s.faults);
         if s.prng.chance(faults.drop_per_mille, 1000) {
             s.dropped += 1;
             return Sent::Queued;
         }
         let copies = if s.prng.chance(faults.duplicate_per_mille, 1000) {
+            s.duplicated += 1;
             2
         } else {
             1

@@ -373,6 +373,11 @@ pub struct Replica {
     /// The highest op this replica sent a PrepareOk for (since boot: the
     /// journal is memory-only, so nothing from before a restart is held).
     pub(super) acknowledged_max: u64,
+    /// The head of the log this replica started its current view with as
+    /// primary: ops up to it may have been committed (and acknowledged to
+    /// clients) by an earlier primary, so nothing is served as the current
+    /// state until they are committed again here.
+    pub(super) view_start_op: u64,
     pub(super) journal: Journal,
     pub(super) pipeline: Pipeline,
     pub(super) client_table: ClientTable,
@@ -426,6 +431,7 @@ impl Replica {
             commit_min: applied.commit_min,
             commit_min_checksum: applied.checksum,
             acknowledged_max: 0,
+            view_start_op: 0,
             commit_max: durable.commit.max(applied.commit_min),
             journal: Journal::new(applied.commit_min.saturating_add(1)),
             pipeline: Pipeline::new(),
@@ -576,9 +582,13 @@ impl Replica {
     }
 
     /// A primary that may admit requests and serve state transfer: normal,
-    /// not transferring, and everything known committed is applied.
+    /// not transferring, everything known committed is applied, and the log
+    /// it started its view with is committed again.
     pub fn is_caught_up_primary(&self) -> bool {
-        self.is_primary() && !self.transferring && self.commit_min == self.commit_max
+        self.is_primary()
+            && !self.transferring
+            && self.commit_min == self.commit_max
+            && self.commit_min >= self.view_start_op
     }
 
     /// Whether this replica may vote and acknowledge (false while a
@@ -981,11 +991,45 @@ impl Replica {
                 });
                 self.forward_down_chain(view, prepare);
             }
-            Inserted::Duplicate | Inserted::Rejected => {}
+            Inserted::Duplicate | Inserted::Rejected => {
+                if op <= self.commit_min {
+                    self.ack_applied(op, prepare.header.checksum);
+                }
+            }
         }
         self.advance_commit_max(commit);
         self.after_journal_change();
         Ok(())
+    }
+
+    /// A backup acknowledges a prepare it already applied. A new primary
+    /// whose view-change quorum had not heard of a commit proposes those
+    /// ops again; a backup that applied them would otherwise never ack
+    /// them (it acks only above its commit point), and with the third
+    /// replica transferring — which a not-yet-caught-up primary cannot
+    /// serve — the group never commits again (replog-sim seed 284, mixed).
+    /// Only an op whose identity this replica knows to be `checksum` is
+    /// acknowledged.
+    fn ack_applied(&mut self, op: u64, checksum: u128) {
+        if self.status != Status::Normal || self.recovering.is_some() || self.transferring {
+            return;
+        }
+        let known = if op == self.commit_min {
+            self.commit_min_checksum
+        } else {
+            self.journal.header(op).map_or(0, |h| h.checksum)
+        };
+        if known == 0 || known != checksum {
+            return;
+        }
+        let primary = self.primary_index(self.view);
+        self.send(
+            primary,
+            Message::PrepareOk {
+                op,
+                prepare_checksum: checksum,
+            },
+        );
     }
 
     /// The next replica in the ring.

@@ -331,6 +331,12 @@ impl Replica {
 
     fn start_view(&mut self, op_head: u64) {
         self.status = Status::Normal;
+        // A new primary's commit point can trail ops an earlier primary
+        // committed and acknowledged (the DVC quorum may not have heard of
+        // the commit): until it commits its whole starting log again, its
+        // applied state is not the group's, and reads of it would go back
+        // in time (simulator seed 1000005, partition profile).
+        self.view_start_op = op_head;
         self.log_view = self.view;
         self.persist();
         self.pipeline.clear();

@@ -354,6 +354,9 @@ pub struct OfferBuilder {
     budget: BuildBudget,
     memos: BTreeMap<SegmentIdentity, SegmentChecksumMemo>,
     cached: Option<Rc<PartitionOffer>>,
+    /// The replica the offer being built is for, when known (the gate
+    /// lets a caught-up backup serve its view's primary).
+    requester: Option<u8>,
 }
 
 impl OfferBuilder {
@@ -363,7 +366,14 @@ impl OfferBuilder {
             budget,
             memos: BTreeMap::new(),
             cached: None,
+            requester: None,
         }
+    }
+
+    /// Names the replica the next builds are for (`None`: unknown, so only
+    /// the caught-up primary may serve).
+    pub fn set_requester(&mut self, requester: Option<u8>) {
+        self.requester = requester;
     }
 
     /// The per-round budget.
@@ -587,6 +597,11 @@ fn hash_failure(segment: &PlannedSegment, source: io::Error) -> PartitionTransfe
 pub struct ServeGateFacts {
     /// `Replica::is_caught_up_primary`.
     pub caught_up_primary: bool,
+    /// The requester is this replica's view's primary, and this replica
+    /// is a normal, quorum-visible backup with everything it knows
+    /// committed applied. A primary missing ops no peer retains can only
+    /// be served by a backup: nobody else is its view's primary.
+    pub backup_serving_its_primary: bool,
     /// The partition directory exists.
     pub dir_present: bool,
     /// A repair session is open, or the partition waits for a transfer of
@@ -603,7 +618,7 @@ pub struct ServeGateFacts {
 /// # Errors
 /// The first refusal that applies.
 pub fn check_serve_gate(facts: ServeGateFacts) -> Result<(), PartitionTransferUnavailable> {
-    if !facts.caught_up_primary {
+    if !facts.caught_up_primary && !facts.backup_serving_its_primary {
         return Err(PartitionTransferUnavailable::NotCaughtUpPrimary);
     }
     if !facts.dir_present {
@@ -675,7 +690,16 @@ pub fn snapshot_offset_tables(
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The gate's inputs, as this partition sees them now.
-    async fn serve_gate_facts(&self) -> ServeGateFacts {
+    async fn serve_gate_facts(&self, requester: Option<u8>) -> ServeGateFacts {
+        let r = &self.replica;
+        let backup_serving_its_primary = requester.is_some_and(|requester| {
+            requester != r.replica()
+                && r.primary_index(r.view()) == requester
+                && r.status() == consensus::vsr::Status::Normal
+                && r.is_quorum_visible()
+                && !r.is_transferring()
+                && r.commit_min() == r.commit_max()
+        });
         let dir_present = match self.fs.exists(&self.dir).await {
             Ok(present) => present,
             Err(error) => {
@@ -685,6 +709,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         };
         ServeGateFacts {
             caught_up_primary: self.replica.is_caught_up_primary(),
+            backup_serving_its_primary,
             dir_present,
             // The accessor, not the field: the field keeps the last request
             // after the core abandoned it.
@@ -766,7 +791,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         &mut self,
         builder: &OfferBuilder,
     ) -> Result<Planned, PartitionTransferUnavailable> {
-        check_serve_gate(self.serve_gate_facts().await)?;
+        check_serve_gate(self.serve_gate_facts(builder.requester).await)?;
         // Every committed batch into the segments first, so that the
         // segments and the offsets table describe the same op.
         self.flush_committed_messages()

@@ -947,11 +947,13 @@ impl<F: Fs> TransferReceiver<F> {
                 );
             }
             // Not charged; ask the primary if it is another replica (the
-            // refusal usually means the peer is not it), else the same peer.
+            // refusal usually means the peer is not it). The primary itself
+            // can only be served by a backup: go round them, so one that
+            // cannot serve (it lags too) is not asked forever.
             let next = if local.primary != local.replica {
                 local.primary
             } else {
-                peer
+                rotate_peer(local, peer)
             };
             PendingRearm {
                 peer: next,

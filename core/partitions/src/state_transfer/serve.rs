@@ -393,6 +393,7 @@ impl OfferServer {
             session.idle_ticks = 0;
             return Ok(Rc::clone(&session.offer));
         }
+        self.builder.set_requester(Some(requester));
         let offer = partition
             .build_state_transfer_offer(&mut self.builder, clock)
             .await?;

@@ -1,0 +1,473 @@
+//! The simulated cluster: R replicas, each S real shards over `TestEnv`
+//! with one `SimFs` disk, on one virtual clock and one `TestNet`.
+//!
+//! The driver owns every shard by value. A crashed replica's shards are
+//! dropped (their in-flight calls' reply handles with them, so callers see
+//! the call cancelled) and its disk crashes; a restart boots fresh shards
+//! from that disk, wires their sibling inboxes and reconciles the
+//! partition groups with the committed metadata, as the server does.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{ConsumerKind, GroupId, METADATA_GROUP, ReplicaId};
+use consensus::vsr::TimeoutConfig;
+use futures::channel::{mpsc, oneshot};
+use metadata::{MetadataOp, Outcome};
+use partitions::{NetworkFaults, PollRequest, PollingStrategy};
+use shard::testing::{TestClock, TestEnv, TestNet};
+use shard::{
+    Answer, Call, CallError, Envelope, Input, MetaCall, MetaError, Shard, ShardConfig, ShardIndex,
+    shard_dir, shard_of,
+};
+use storage::fs::{CrashMode, FileKind, Fs, SimFs};
+
+use crate::exec::{Stalled, run_now};
+use crate::trace::Trace;
+
+/// The tick period every shard runs with.
+pub(crate) const TICK: Duration = Duration::from_millis(10);
+/// The cluster id every frame carries.
+pub(crate) const CLUSTER: u128 = 0x5151_0001;
+/// Capacity of each shard's inbox from its siblings.
+const INBOX_CAPACITY: usize = 4096;
+/// Rounds of sibling-inbox draining per step (an effect can cause more).
+const DRAIN_ROUNDS_MAX: usize = 16;
+
+/// Why the cluster could not do what the driver asked.
+#[derive(Debug)]
+pub enum ClusterError {
+    /// A shard did not open from its disk.
+    Boot {
+        /// The replica.
+        replica: u8,
+        /// The shard index.
+        shard: u16,
+        /// The shard's error.
+        source: std::io::Error,
+    },
+    /// A shard's future did not complete.
+    Stalled(Stalled),
+}
+
+impl std::fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Boot {
+                replica,
+                shard,
+                source,
+            } => write!(f, "replica {replica} shard {shard} did not open: {source}"),
+            Self::Stalled(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {}
+
+impl From<Stalled> for ClusterError {
+    fn from(s: Stalled) -> Self {
+        Self::Stalled(s)
+    }
+}
+
+/// One replica: its disk and, while it is up, its shards.
+struct Node {
+    fs: SimFs,
+    /// Boots so far (a new boot resets the per-boot checks).
+    boots: u64,
+    shards: Option<Vec<Shard<TestEnv>>>,
+    inboxes: Vec<mpsc::Receiver<Input>>,
+}
+
+/// A replica's message log, for the convergence checks.
+pub(crate) type Messages = Vec<(u64, Vec<u8>)>;
+
+/// The whole cluster.
+pub(crate) struct Cluster {
+    pub(crate) replica_count: u8,
+    pub(crate) shard_count: u16,
+    pub(crate) clock: Rc<TestClock>,
+    pub(crate) net: TestNet,
+    nodes: Vec<Node>,
+    seed: u64,
+    boots: u64,
+    /// Transfers installed by shards that have since crashed.
+    installs_retired: u64,
+}
+
+/// The replicas' data directory on their disks.
+fn data_dir() -> PathBuf {
+    PathBuf::from("/data")
+}
+
+impl Cluster {
+    /// Boots a fresh cluster.
+    pub(crate) fn new(
+        seed: u64,
+        replica_count: u8,
+        shard_count: u16,
+        faults: NetworkFaults,
+    ) -> Result<Self, ClusterError> {
+        let mut nodes = Vec::new();
+        for r in 0..replica_count {
+            let fs = SimFs::new(seed ^ (u64::from(r) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let make = async {
+                fs.create_dir_all(&data_dir()).await?;
+                fs.sync_dir(Path::new("/")).await
+            };
+            run_now("creating the data directory", make)?.map_err(|source| ClusterError::Boot {
+                replica: r,
+                shard: 0,
+                source,
+            })?;
+            nodes.push(Node {
+                fs,
+                boots: 0,
+                shards: None,
+                inboxes: Vec::new(),
+            });
+        }
+        let mut cluster = Self {
+            replica_count,
+            shard_count,
+            clock: TestClock::new(),
+            net: TestNet::new(seed ^ 0x0E7_0E7, faults),
+            nodes,
+            seed,
+            boots: 0,
+            installs_retired: 0,
+        };
+        for r in 0..replica_count {
+            cluster.boot(r)?;
+        }
+        Ok(cluster)
+    }
+
+    /// The tick number of the clock.
+    pub(crate) fn tick(&self) -> u64 {
+        u64::try_from(self.clock.now().as_millis() / TICK.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn config(&self, r: u8, s: u16) -> ShardConfig {
+        let mut config = ShardConfig::new(
+            CLUSTER,
+            ReplicaId(r),
+            self.replica_count,
+            ShardIndex(s),
+            self.shard_count,
+            shard_dir(&data_dir(), ShardIndex(s)),
+        );
+        config.timeouts = TimeoutConfig::scaled_down(5);
+        config.retention_ops = 64;
+        // Unique per boot: the shard's VSR client id derives from it, and a
+        // restarted shard must not reuse its last boot's request numbers.
+        config.seed = self
+            .seed
+            .wrapping_mul(0x2545_F491_4F6C_DD1D)
+            .wrapping_add(self.boots * 1_000 + u64::from(r) * 37 + u64::from(s));
+        config.tick = TICK;
+        config
+    }
+
+    /// Boots every shard of replica `r` from its disk and reconciles its
+    /// partition groups with its committed metadata.
+    pub(crate) fn boot(&mut self, r: u8) -> Result<(), ClusterError> {
+        self.boots += 1;
+        let mut shards = Vec::new();
+        for s in 0..self.shard_count {
+            let env = TestEnv::new(
+                ReplicaId(r),
+                ShardIndex(s),
+                Rc::clone(&self.clock),
+                self.net.clone(),
+                self.nodes[usize::from(r)].fs.clone(),
+            );
+            let shard = run_now("opening a shard", Shard::open(self.config(r, s), env))?.map_err(
+                |source| ClusterError::Boot {
+                    replica: r,
+                    shard: s,
+                    source,
+                },
+            )?;
+            shards.push(shard);
+        }
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..self.shard_count)
+            .map(|_| shard::inbox(INBOX_CAPACITY))
+            .unzip();
+        for shard in &mut shards {
+            shard.set_siblings(senders.clone());
+        }
+        let node = &mut self.nodes[usize::from(r)];
+        node.inboxes = receivers;
+        node.boots += 1;
+        if let Some(first) = shards.first_mut() {
+            run_now("reconciling partition groups", first.reconcile_partitions())?;
+        }
+        node.shards = Some(shards);
+        self.drain_inboxes()?;
+        Ok(())
+    }
+
+    /// Crashes replica `r`: its shards stop, its disk keeps what `mode`
+    /// says, and armed disk faults are cleared (the next boot's disk works).
+    pub(crate) fn crash(&mut self, r: u8, mode: CrashMode) {
+        let node = &mut self.nodes[usize::from(r)];
+        if let Some(shards) = node.shards.take() {
+            self.installs_retired += shards.iter().map(|s| s.stats().installs).sum::<u64>();
+        }
+        node.inboxes.clear();
+        node.fs.clear_faults();
+        node.fs.crash_with(mode);
+    }
+
+    /// How many times replica `r` booted.
+    pub(crate) fn boot_count(&self, r: u8) -> u64 {
+        self.nodes[usize::from(r)].boots
+    }
+
+    /// Whether replica `r` is up.
+    pub(crate) fn is_up(&self, r: u8) -> bool {
+        self.nodes[usize::from(r)].shards.is_some()
+    }
+
+    /// Replica `r`'s disk.
+    pub(crate) fn fs(&self, r: u8) -> &SimFs {
+        &self.nodes[usize::from(r)].fs
+    }
+
+    /// The shard of replica `r` that owns `group`, if the replica is up.
+    pub(crate) fn shard(&self, r: u8, group: GroupId) -> Option<&Shard<TestEnv>> {
+        let s = shard_of(group, self.shard_count).0;
+        self.nodes[usize::from(r)]
+            .shards
+            .as_ref()
+            .and_then(|shards| shards.get(usize::from(s)))
+    }
+
+    /// The VSR replica of `group` (group 0 included) on replica `r`.
+    pub(crate) fn replica_of(&self, r: u8, group: GroupId) -> Option<&consensus::vsr::Replica> {
+        if group == METADATA_GROUP {
+            return self
+                .shard_at(r, 0)?
+                .metadata()
+                .map(shard::MetadataHost::replica);
+        }
+        self.shard(r, group)?
+            .partition(group)
+            .map(partitions::Partition::replica)
+    }
+
+    /// Shard `s` of replica `r`, if the replica is up.
+    pub(crate) fn shard_at(&self, r: u8, s: u16) -> Option<&Shard<TestEnv>> {
+        self.nodes[usize::from(r)]
+            .shards
+            .as_ref()
+            .and_then(|shards| shards.get(usize::from(s)))
+    }
+
+    fn shard_mut(&mut self, r: u8, s: u16) -> Option<&mut Shard<TestEnv>> {
+        self.nodes[usize::from(r)]
+            .shards
+            .as_mut()
+            .and_then(|shards| shards.get_mut(usize::from(s)))
+    }
+
+    /// Transfers installed over the run, crashed shards included.
+    pub(crate) fn installs(&self) -> u64 {
+        let live: u64 = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.shards.as_ref())
+            .flatten()
+            .map(|s| s.stats().installs)
+            .sum();
+        live + self.installs_retired
+    }
+
+    /// Delivers the frames due this tick to live shards, recording each.
+    pub(crate) fn deliver(&mut self, trace: &mut Trace) -> Result<(), ClusterError> {
+        let tick = self.tick();
+        for packet in self.net.deliver() {
+            let (from, to, s) = (packet.from, packet.to, packet.shard.0);
+            let Some(shard) = self.shard_mut(to.0, s) else {
+                continue;
+            };
+            trace.deliver(tick, from.0, to.0, s, &packet.bytes);
+            let bytes: Bytes = packet.bytes;
+            // A refusal is counted by the shard and changes nothing.
+            let _ = run_now("a frame", shard.on_frame(from, bytes))?;
+        }
+        self.drain_inboxes()
+    }
+
+    /// Ticks every live shard in `order` (pairs of replica and shard).
+    pub(crate) fn tick_shards(&mut self, order: &[(u8, u16)]) -> Result<(), ClusterError> {
+        for &(r, s) in order {
+            if let Some(shard) = self.shard_mut(r, s) {
+                run_now("a tick", shard.on_tick())?;
+            }
+        }
+        self.drain_inboxes()
+    }
+
+    /// Serves what shards handed their siblings, until nothing is left.
+    pub(crate) fn drain_inboxes(&mut self) -> Result<(), ClusterError> {
+        for _ in 0..DRAIN_ROUNDS_MAX {
+            let mut served = false;
+            for node in &mut self.nodes {
+                let Some(shards) = node.shards.as_mut() else {
+                    continue;
+                };
+                for (shard, inbox) in shards.iter_mut().zip(node.inboxes.iter_mut()) {
+                    while let Ok(input) = inbox.try_recv() {
+                        served = true;
+                        run_now("a sibling input", shard.on_input(input))?;
+                    }
+                }
+            }
+            if !served {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a client call to replica `r`'s owning shard; `None` when the
+    /// replica is down (the connection is refused: nothing was sent).
+    pub(crate) fn call(
+        &mut self,
+        r: u8,
+        group: GroupId,
+        call: Call,
+    ) -> Result<Option<oneshot::Receiver<Result<Answer, CallError>>>, ClusterError> {
+        let s = shard_of(group, self.shard_count).0;
+        let Some(shard) = self.shard_mut(r, s) else {
+            return Ok(None);
+        };
+        let (reply, rx) = oneshot::channel();
+        run_now(
+            "a client call",
+            shard.on_call(Envelope { group, call, reply }),
+        )?;
+        self.drain_inboxes()?;
+        Ok(Some(rx))
+    }
+
+    /// Submits a metadata op to replica `r`'s shard 0.
+    pub(crate) fn meta(
+        &mut self,
+        r: u8,
+        op: MetadataOp,
+    ) -> Result<Option<oneshot::Receiver<Result<Outcome, MetaError>>>, ClusterError> {
+        let Some(shard) = self.shard_mut(r, 0) else {
+            return Ok(None);
+        };
+        let (reply, rx) = oneshot::channel();
+        let input = Input::Meta(MetaCall::Submit {
+            op,
+            user_id: 0,
+            reply,
+        });
+        run_now("a metadata op", shard.on_input(input))?;
+        self.drain_inboxes()?;
+        Ok(Some(rx))
+    }
+
+    /// The partition groups replica `r`'s applied metadata names.
+    pub(crate) fn metadata_groups(&self, r: u8) -> Option<Vec<GroupId>> {
+        let shard0 = self.nodes[usize::from(r)].shards.as_ref()?.first()?;
+        let host = shard0.metadata()?;
+        Some(
+            host.state()
+                .partition_groups()
+                .iter()
+                .map(|i| i.group)
+                .collect(),
+        )
+    }
+
+    /// Flushes every live group's committed messages to its segments.
+    pub(crate) fn flush_all(&mut self) -> Result<(), ClusterError> {
+        for node in &mut self.nodes {
+            for shard in node.shards.iter_mut().flatten() {
+                run_now("a flush", shard.flush_all())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every committed message of `group` on replica `r`, read through the
+    /// partition's poll path: `(offset, payload)` in order. `Err` carries
+    /// the poll error as a sentence.
+    pub(crate) fn read_all(&self, r: u8, group: GroupId) -> Result<Option<Messages>, String> {
+        let Some(shard) = self.shard(r, group) else {
+            return Ok(None);
+        };
+        let Some(partition) = shard.partition(group) else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        let mut next = 0u64;
+        loop {
+            let request = PollRequest {
+                consumer: (ConsumerKind::Consumer, u32::MAX),
+                strategy: PollingStrategy::Offset(next),
+                count: 10_000,
+                auto_commit: false,
+            };
+            let polled = run_now("an inspection poll", partition.poll(&request))
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("poll at {next}: {e}"))?;
+            if polled.is_empty() {
+                return Ok(Some(out));
+            }
+            for m in polled.messages() {
+                out.push((m.offset, m.payload.to_vec()));
+            }
+            let Some(&(last, _)) = out.last() else {
+                return Ok(Some(out));
+            };
+            if last < next {
+                return Err(format!("poll at {next} went backwards to {last}"));
+            }
+            next = last + 1;
+        }
+    }
+
+    /// The directory of `group` on every replica's disk.
+    pub(crate) fn group_dir(&self, group: GroupId) -> PathBuf {
+        shard::catalog::group_dir(
+            &shard_dir(&data_dir(), shard_of(group, self.shard_count)),
+            group,
+        )
+    }
+
+    /// The segment files (`.log` and `.index`) of `group` on replica `r`,
+    /// by name, with their bytes.
+    pub(crate) fn segment_files(&self, r: u8, group: GroupId) -> Vec<(String, Vec<u8>)> {
+        let fs = &self.nodes[usize::from(r)].fs;
+        let dir = shard::catalog::group_dir(
+            &shard_dir(&data_dir(), shard_of(group, self.shard_count)),
+            group,
+        );
+        let Ok(Ok(entries)) = run_now("listing a group directory", fs.read_dir(&dir)) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let Some(name) = entry.name_str() else {
+                continue;
+            };
+            if entry.kind == FileKind::File && (name.ends_with(".log") || name.ends_with(".index"))
+            {
+                let bytes = fs.contents(&dir.join(name)).unwrap_or_default();
+                out.push((name.to_owned(), bytes));
+            }
+        }
+        out.sort();
+        out
+    }
+}

@@ -1,0 +1,503 @@
+//! The fault plan: a seeded stream of fault decisions, drawn once per
+//! tick, kept inside what the configuration tolerates.
+//!
+//! Crashes and disk faults take a replica out of the quorum, and so does
+//! the time a restarted replica spends catching up (in `replicated` mode
+//! it may have forgotten prepares it acknowledged): the plan counts a
+//! replica as faulty from the fault until every group on it has applied
+//! what the others had committed when it came back, and never lets more
+//! than f = (R − 1) / 2 be faulty at once. A single replica (f = 0) is only
+//! ever killed as a process (its page cache survives), never power-cut.
+//! Network faults (loss, duplication, delay, partitions) lose no durable
+//! state and are not counted.
+
+use common::{GroupId, METADATA_GROUP, ReplicaId};
+use consensus::vsr::{Prng, Status};
+use partitions::NetworkFaults;
+use storage::fs::{CrashMode, EIO, FaultKind};
+
+use crate::cluster::{Cluster, ClusterError};
+use crate::profile::{FaultProfile, FaultRates};
+use crate::trace::{Event, Trace};
+
+/// Fault counters, for the summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FaultStats {
+    pub crashes: u64,
+    pub restarts: u64,
+    pub disk_faults: u64,
+    pub partitions: u64,
+    pub degraded_links: u64,
+    pub rotted_bits: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Health {
+    Up,
+    /// Down until `restart_tick`.
+    Crashed {
+        restart_tick: u64,
+    },
+    /// Its disk is armed to fail; the process is restarted at
+    /// `restart_tick` (it died with the fault, or would have).
+    DiskFaulted {
+        restart_tick: u64,
+    },
+    /// A sealed segment on its disk holds a flipped bit (latent: it stays
+    /// faulty for the rest of the run).
+    Rotten,
+    /// Back up, catching up to `targets` (group, commit).
+    Recovering {
+        targets: Vec<(GroupId, u64)>,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Degraded {
+    from: u8,
+    to: u8,
+    until_tick: u64,
+}
+
+/// The plan.
+pub(crate) struct FaultPlan {
+    prng: Prng,
+    rates: FaultRates,
+    health: Vec<Health>,
+    /// The tick the current partition heals at.
+    partition_until: Option<u64>,
+    degraded: Vec<Degraded>,
+    f: usize,
+    replica_count: u8,
+    pub(crate) stats: FaultStats,
+}
+
+impl FaultPlan {
+    pub(crate) fn new(seed: u64, profile: FaultProfile, replica_count: u8) -> Self {
+        Self {
+            prng: Prng::new(seed ^ 0xFA17_0001),
+            rates: profile.rates(),
+            health: vec![Health::Up; usize::from(replica_count)],
+            partition_until: None,
+            degraded: Vec::new(),
+            f: usize::from(replica_count.saturating_sub(1) / 2),
+            replica_count,
+            stats: FaultStats::default(),
+        }
+    }
+
+    /// The network-wide mix the run starts with.
+    pub(crate) fn base_faults(&self) -> NetworkFaults {
+        self.rates.base
+    }
+
+    fn faulty(&self) -> usize {
+        self.health
+            .iter()
+            .filter(|h| !matches!(h, Health::Up))
+            .count()
+    }
+
+    fn roll(&mut self, per_mille: u64) -> bool {
+        per_mille > 0 && self.prng.chance(per_mille, 1000)
+    }
+
+    fn pick(&mut self, n: u64) -> u64 {
+        self.prng.below_inclusive(n.saturating_sub(1))
+    }
+
+    fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.prng.below_inclusive(high - low)
+    }
+
+    /// One tick of the plan: restarts and heals that are due, recoveries
+    /// that finished, and new faults as the rates and budget allow.
+    pub(crate) fn step(
+        &mut self,
+        cluster: &mut Cluster,
+        trace: &mut Trace,
+    ) -> Result<(), ClusterError> {
+        let tick = cluster.tick();
+        self.restarts_due(tick, cluster, trace)?;
+        self.recoveries(cluster);
+        if self.partition_until.is_some_and(|t| t <= tick) {
+            self.heal_partition(cluster, trace, tick);
+        }
+        let due: Vec<Degraded> = self
+            .degraded
+            .iter()
+            .filter(|d| d.until_tick <= tick)
+            .copied()
+            .collect();
+        self.degraded.retain(|d| d.until_tick > tick);
+        for d in due {
+            cluster
+                .net
+                .set_link_faults(ReplicaId(d.from), ReplicaId(d.to), None);
+        }
+        if self.replica_count > 1 && self.roll(self.rates.link_degrade_per_mille) {
+            self.degrade_link(cluster, trace, tick);
+        }
+        if self.replica_count > 1
+            && self.partition_until.is_none()
+            && self.roll(self.rates.partition_per_mille)
+        {
+            self.partition(cluster, trace, tick);
+        }
+        if self.roll(self.rates.crash_per_mille) {
+            self.crash(cluster, trace, tick);
+        }
+        if self.roll(self.rates.disk_per_mille) {
+            self.disk_fault(cluster, trace, tick);
+        }
+        if self.roll(self.rates.rot_per_mille) {
+            self.rot(cluster, trace, tick);
+        }
+        Ok(())
+    }
+
+    /// A replica that may take a fault now, if the budget allows one.
+    fn victim(&mut self, cluster: &Cluster) -> Option<u8> {
+        let budget_left = if self.replica_count == 1 {
+            self.faulty() == 0
+        } else {
+            self.faulty() < self.f
+        };
+        if !budget_left {
+            return None;
+        }
+        let up: Vec<u8> = (0..self.replica_count)
+            .filter(|r| matches!(self.health[usize::from(*r)], Health::Up) && cluster.is_up(*r))
+            .collect();
+        if up.is_empty() {
+            return None;
+        }
+        let i = self.pick(up.len() as u64) as usize;
+        Some(up[i])
+    }
+
+    fn crash(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
+        let Some(r) = self.victim(cluster) else {
+            return;
+        };
+        // A single replica is killed, not power-cut: f = 0 tolerates no
+        // lost disk state (SPEC §6.1).
+        let mode = if self.replica_count == 1 {
+            CrashMode::KeepAll
+        } else {
+            CrashMode::Seeded
+        };
+        let down_ticks = self.between(20, 300);
+        cluster.crash(r, mode);
+        self.stats.crashes += 1;
+        self.health[usize::from(r)] = Health::Crashed {
+            restart_tick: tick + down_ticks,
+        };
+        trace.record(Event::Fault {
+            tick,
+            what: format!("crash replica {r} ({mode:?}) for {down_ticks} ticks"),
+        });
+    }
+
+    fn disk_fault(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
+        let Some(r) = self.victim(cluster) else {
+            return;
+        };
+        let kind = if self.prng.chance(1, 2) {
+            FaultKind::Write
+        } else {
+            FaultKind::Sync
+        };
+        let nth = self.between(1, 40);
+        let restart_in = self.between(50, 300);
+        cluster.fs(r).fail_nth(kind, nth, EIO);
+        self.stats.disk_faults += 1;
+        self.health[usize::from(r)] = Health::DiskFaulted {
+            restart_tick: tick + restart_in,
+        };
+        trace.record(Event::Fault {
+            tick,
+            what: format!(
+                "replica {r}: {kind:?} call {nth} from now fails with EIO; restart in {restart_in} ticks"
+            ),
+        });
+    }
+
+    /// Flips one bit in the middle of a sealed segment (not the active,
+    /// last one) of a random partition on a replica within the budget.
+    fn rot(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
+        if self.replica_count == 1 {
+            // f = 0: a single replica has no peer to repair from.
+            return;
+        }
+        let Some(r) = self.victim(cluster) else {
+            return;
+        };
+        let mut sealed = Vec::new();
+        for s in 0..cluster.shard_count {
+            let Some(shard) = cluster.shard_at(r, s) else {
+                continue;
+            };
+            for group in shard.groups() {
+                let logs: Vec<(String, usize)> = cluster
+                    .segment_files(r, group)
+                    .into_iter()
+                    .filter(|(n, b)| n.ends_with(".log") && !b.is_empty())
+                    .map(|(n, b)| (n, b.len()))
+                    .collect();
+                // Every segment but the last is sealed.
+                for (name, len) in logs.iter().take(logs.len().saturating_sub(1)) {
+                    sealed.push((group, name.clone(), *len));
+                }
+            }
+        }
+        if sealed.is_empty() {
+            return;
+        }
+        let (group, name, len) = sealed[self.pick(sealed.len() as u64) as usize].clone();
+        let pos = self.pick(len as u64);
+        let mask = 1u8 << self.pick(8);
+        let path = cluster.group_dir(group).join(&name);
+        if cluster.fs(r).rot_byte(&path, pos, mask).is_err() {
+            return;
+        }
+        self.stats.rotted_bits += 1;
+        self.health[usize::from(r)] = Health::Rotten;
+        trace.record(Event::Fault {
+            tick,
+            what: format!(
+                "replica {r}: bit {mask:#04x} of byte {pos} of group {} {name} flipped",
+                group.0
+            ),
+        });
+    }
+
+    fn degrade_link(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
+        let n = u64::from(self.replica_count);
+        let from = self.pick(n) as u8;
+        let to = ((u64::from(from) + 1 + self.pick(n - 1)) % n) as u8;
+        let faults = NetworkFaults {
+            drop_per_mille: self.prng.below_inclusive(600),
+            duplicate_per_mille: self.prng.below_inclusive(200),
+            delay_ticks_max: self.prng.below_inclusive(15),
+        };
+        let until_tick = tick + self.between(20, 200);
+        cluster
+            .net
+            .set_link_faults(ReplicaId(from), ReplicaId(to), Some(faults));
+        self.degraded.push(Degraded {
+            from,
+            to,
+            until_tick,
+        });
+        self.stats.degraded_links += 1;
+        trace.record(Event::Fault {
+            tick,
+            what: format!("link {from}->{to} degraded to {faults:?} until t{until_tick}"),
+        });
+    }
+
+    fn partition(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
+        let n = u64::from(self.replica_count);
+        let until = tick + self.between(50, 400);
+        let what = match self.prng.below_inclusive(2) {
+            0 => {
+                let r = self.pick(n) as u8;
+                cluster.net.set_isolated(ReplicaId(r), true);
+                format!("isolate replica {r}")
+            }
+            1 => {
+                // A random minority on one side, the rest on the other.
+                let mut order: Vec<u8> = (0..self.replica_count).collect();
+                for i in (1..order.len()).rev() {
+                    let j = self.prng.below_inclusive(i as u64) as usize;
+                    order.swap(i, j);
+                }
+                let k = 1 + self.pick(n / 2) as usize;
+                let (a, b) = order.split_at(k);
+                for &x in a {
+                    for &y in b {
+                        cluster.net.set_link_cut(ReplicaId(x), ReplicaId(y), true);
+                        cluster.net.set_link_cut(ReplicaId(y), ReplicaId(x), true);
+                    }
+                }
+                format!("split {a:?} | {b:?}")
+            }
+            _ => {
+                // Asymmetric: one replica hears everyone and reaches no
+                // one, or the other way round.
+                let r = self.pick(n) as u8;
+                let outbound = self.prng.chance(1, 2);
+                for other in (0..self.replica_count).filter(|o| *o != r) {
+                    if outbound {
+                        cluster
+                            .net
+                            .set_link_cut(ReplicaId(r), ReplicaId(other), true);
+                    } else {
+                        cluster
+                            .net
+                            .set_link_cut(ReplicaId(other), ReplicaId(r), true);
+                    }
+                }
+                format!(
+                    "replica {r} {}",
+                    if outbound {
+                        "cannot send"
+                    } else {
+                        "cannot hear"
+                    }
+                )
+            }
+        };
+        self.partition_until = Some(until);
+        self.stats.partitions += 1;
+        trace.record(Event::Fault {
+            tick,
+            what: format!("{what} until t{until}"),
+        });
+    }
+
+    fn heal_partition(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
+        self.partition_until = None;
+        for r in 0..self.replica_count {
+            cluster.net.set_isolated(ReplicaId(r), false);
+            for o in 0..self.replica_count {
+                cluster.net.set_link_cut(ReplicaId(r), ReplicaId(o), false);
+            }
+        }
+        trace.record(Event::Fault {
+            tick,
+            what: "partition healed".into(),
+        });
+    }
+
+    fn restarts_due(
+        &mut self,
+        tick: u64,
+        cluster: &mut Cluster,
+        trace: &mut Trace,
+    ) -> Result<(), ClusterError> {
+        for r in 0..self.replica_count {
+            let due = match self.health[usize::from(r)] {
+                Health::Crashed { restart_tick } => (restart_tick <= tick).then_some(false),
+                Health::DiskFaulted { restart_tick } => (restart_tick <= tick).then_some(true),
+                Health::Up | Health::Recovering { .. } | Health::Rotten => None,
+            };
+            if let Some(disk) = due {
+                self.restart(r, disk, cluster, trace, tick)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn restart(
+        &mut self,
+        r: u8,
+        after_disk_fault: bool,
+        cluster: &mut Cluster,
+        trace: &mut Trace,
+        tick: u64,
+    ) -> Result<(), ClusterError> {
+        if after_disk_fault {
+            // The process died with its disk's fault; the page cache
+            // survives a process death.
+            cluster.crash(r, CrashMode::KeepAll);
+        }
+        let targets = catch_up_targets(cluster, r);
+        cluster.boot(r)?;
+        self.stats.restarts += 1;
+        self.health[usize::from(r)] = Health::Recovering { targets };
+        trace.record(Event::Fault {
+            tick,
+            what: format!("restart replica {r}"),
+        });
+        Ok(())
+    }
+
+    fn recoveries(&mut self, cluster: &Cluster) {
+        for r in 0..self.replica_count {
+            let Health::Recovering { targets } = &self.health[usize::from(r)] else {
+                continue;
+            };
+            // Caught up: every group it hosts (group 0 included) was told
+            // the current view and reached the head its primary reported
+            // (a restarted replica is quorum-invisible until then), and
+            // applied what the others had committed when it came back.
+            let visible =
+                |v: &consensus::vsr::Replica| v.status() == Status::Normal && v.is_quorum_visible();
+            let caught_up = targets.iter().all(|(group, commit)| {
+                cluster
+                    .replica_of(r, *group)
+                    .is_some_and(|v| visible(v) && v.commit_min() >= *commit)
+            }) && hosted_groups(cluster, r)
+                .iter()
+                .all(|g| cluster.replica_of(r, *g).is_some_and(visible));
+            if caught_up {
+                self.health[usize::from(r)] = Health::Up;
+            }
+        }
+    }
+
+    /// Ends every fault: the network heals, downed and disk-faulted
+    /// replicas restart, armed disk faults are cleared.
+    pub(crate) fn heal_all(
+        &mut self,
+        cluster: &mut Cluster,
+        trace: &mut Trace,
+    ) -> Result<(), ClusterError> {
+        let tick = cluster.tick();
+        cluster.net.heal(NetworkFaults::default());
+        self.partition_until = None;
+        self.degraded.clear();
+        for r in 0..self.replica_count {
+            cluster.fs(r).clear_faults();
+            match self.health[usize::from(r)] {
+                Health::Crashed { .. } => self.restart(r, false, cluster, trace, tick)?,
+                Health::DiskFaulted { .. } => self.restart(r, true, cluster, trace, tick)?,
+                Health::Up | Health::Recovering { .. } | Health::Rotten => {}
+            }
+        }
+        trace.record(Event::Fault {
+            tick,
+            what: "healed everything".into(),
+        });
+        Ok(())
+    }
+}
+
+/// Every group replica `r` hosts now, group 0 first.
+fn hosted_groups(cluster: &Cluster, r: u8) -> Vec<GroupId> {
+    let mut out = Vec::new();
+    for s in 0..cluster.shard_count {
+        if let Some(shard) = cluster.shard_at(r, s) {
+            if shard.metadata().is_some() {
+                out.push(METADATA_GROUP);
+            }
+            out.extend(shard.groups());
+        }
+    }
+    out
+}
+
+/// What replica `r` must reach before it counts as healthy again: per
+/// group, the highest commit any other live replica knows.
+fn catch_up_targets(cluster: &Cluster, r: u8) -> Vec<(GroupId, u64)> {
+    let mut targets: std::collections::BTreeMap<GroupId, u64> = std::collections::BTreeMap::new();
+    for other in (0..cluster.replica_count).filter(|o| *o != r) {
+        for s in 0..cluster.shard_count {
+            let Some(shard) = cluster.shard_at(other, s) else {
+                continue;
+            };
+            let groups = shard
+                .groups()
+                .chain(shard.metadata().map(|_| METADATA_GROUP));
+            for group in groups.collect::<Vec<_>>() {
+                if let Some(v) = cluster.replica_of(other, group) {
+                    let e = targets.entry(group).or_default();
+                    *e = (*e).max(v.commit_max());
+                }
+            }
+        }
+    }
+    targets.into_iter().collect()
+}

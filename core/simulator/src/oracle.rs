@@ -1,0 +1,560 @@
+//! The oracle: what clients were told, and the safety properties every
+//! observation must agree with.
+//!
+//! Every produced message carries its batch's tag and its index in the
+//! batch in its payload, and every tag is sent once (a retry after an
+//! outcome-unknown answer sends a fresh tag), so a value identifies
+//! itself wherever it is read. The oracle keeps:
+//! - each tag's fate: acknowledged (`Answer::Committed`), unknown (the
+//!   call was cut off, timed out or answered `Indeterminate`), pending, or
+//!   never applied (only refusals that promise nothing changed);
+//! - every `(offset → value)` any replica ever served, per group, and
+//!   every `value → offset`, so two values at one offset (across replicas
+//!   and over time) and one value at two offsets are caught at once;
+//! - per consumer, the stored offsets a read may legitimately return.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use common::GroupId;
+
+/// A safety or liveness property of SPEC §5 and §9.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Property {
+    /// An acknowledged produce is not readable after healing.
+    AcknowledgedLost,
+    /// A value that was never sent (or sent to another group) was read.
+    UnknownValue,
+    /// Two different values were served at one offset.
+    TwoValuesAtOffset,
+    /// One value was served at two offsets.
+    ValueAtTwoOffsets,
+    /// A read skipped an offset or went backwards.
+    OffsetsNotDense,
+    /// Part of a batch was read without the rest of it.
+    BatchTorn,
+    /// A produce whose every answer promised nothing changed was applied.
+    RefusedButApplied,
+    /// A well-formed request was refused as the client's mistake.
+    UnexpectedRefusal,
+    /// A stored consumer offset was read back as a value no store could
+    /// have left.
+    ConsumerOffsetWrong,
+    /// A replica's view or commit went backwards within one boot.
+    Regressed,
+    /// After healing and the quiet period the replicas did not converge.
+    NotConverged,
+    /// Converged replicas hold different messages or segment bytes.
+    ReplicasDiverge,
+    /// Code under test panicked (an assertion on its own invariants).
+    Panicked,
+}
+
+impl Property {
+    /// A short name for the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AcknowledgedLost => "acknowledged-lost",
+            Self::UnknownValue => "unknown-value",
+            Self::TwoValuesAtOffset => "two-values-at-one-offset",
+            Self::ValueAtTwoOffsets => "one-value-at-two-offsets",
+            Self::OffsetsNotDense => "offsets-not-dense",
+            Self::BatchTorn => "batch-torn",
+            Self::RefusedButApplied => "refused-but-applied",
+            Self::UnexpectedRefusal => "unexpected-refusal",
+            Self::ConsumerOffsetWrong => "consumer-offset-wrong",
+            Self::Regressed => "regressed",
+            Self::NotConverged => "not-converged",
+            Self::ReplicasDiverge => "replicas-diverge",
+            Self::Panicked => "panicked",
+        }
+    }
+}
+
+impl fmt::Display for Property {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A property that did not hold, with what showed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The property.
+    pub property: Property,
+    /// What was seen, as a sentence.
+    pub detail: String,
+}
+
+impl Violation {
+    pub(crate) fn new(property: Property, detail: impl Into<String>) -> Self {
+        Self {
+            property,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.property, self.detail)
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// The payload prefix of every simulated message.
+const PAYLOAD_MAGIC: &[u8; 4] = b"SIM1";
+
+/// The payload of message `index` of batch `tag`, padded with `filler`
+/// bytes so batches vary in size.
+pub(crate) fn payload(tag: u64, index: u32, filler: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + filler);
+    out.extend_from_slice(PAYLOAD_MAGIC);
+    out.extend_from_slice(&tag.to_le_bytes());
+    out.extend_from_slice(&index.to_le_bytes());
+    // The filler is derived from the identity, so a flipped byte anywhere
+    // in the payload is a different value.
+    out.extend((0..filler).map(|i| (tag as u8) ^ (index as u8) ^ (i as u8)));
+    out
+}
+
+/// The `(tag, index)` a payload names, if it is one of ours and intact.
+pub(crate) fn identify(payload: &[u8]) -> Option<(u64, u32)> {
+    let (magic, rest) = payload.split_first_chunk::<4>()?;
+    if magic != PAYLOAD_MAGIC {
+        return None;
+    }
+    let (tag, rest) = rest.split_first_chunk::<8>()?;
+    let (index, filler) = rest.split_first_chunk::<4>()?;
+    let (tag, index) = (u64::from_le_bytes(*tag), u32::from_le_bytes(*index));
+    let intact = filler
+        .iter()
+        .enumerate()
+        .all(|(i, b)| *b == (tag as u8) ^ (index as u8) ^ (i as u8));
+    intact.then_some((tag, index))
+}
+
+/// What became of a produced batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Sent; no final answer yet.
+    Pending,
+    /// Acknowledged: it must be readable.
+    Acknowledged,
+    /// Outcome unknown: it may be readable (whole) or not at all.
+    Unknown,
+    /// Every answer promised nothing changed: it must never be readable.
+    NeverApplied,
+}
+
+#[derive(Debug, Clone)]
+struct Sent {
+    group: GroupId,
+    messages: u32,
+    fate: Fate,
+}
+
+/// What reads of one consumer's stored offset may return.
+#[derive(Debug, Clone, Default)]
+struct OffsetExpectation {
+    /// The last acknowledged store (`None`: never stored).
+    acknowledged: Option<u64>,
+    /// Stores whose outcome is unknown since then: each may have landed.
+    unknown_since: BTreeSet<u64>,
+    /// Stores that may still be waiting somewhere (timed out): they may
+    /// land at any time, even after a later acknowledged store.
+    unknown_forever: BTreeSet<u64>,
+}
+
+/// The oracle.
+#[derive(Debug, Default)]
+pub(crate) struct Oracle {
+    sent: BTreeMap<u64, Sent>,
+    at_offset: BTreeMap<GroupId, BTreeMap<u64, (u64, u32)>>,
+    value_at: BTreeMap<(u64, u32), (GroupId, u64)>,
+    offsets: BTreeMap<(GroupId, u32), OffsetExpectation>,
+}
+
+impl Oracle {
+    /// A batch `tag` of `messages` messages was sent to `group`.
+    pub(crate) fn produced(&mut self, tag: u64, group: GroupId, messages: u32) {
+        self.sent.insert(
+            tag,
+            Sent {
+                group,
+                messages,
+                fate: Fate::Pending,
+            },
+        );
+    }
+
+    /// The final word on batch `tag`.
+    pub(crate) fn settle(&mut self, tag: u64, fate: Fate) {
+        if let Some(s) = self.sent.get_mut(&tag) {
+            s.fate = fate;
+        }
+    }
+
+    /// Counts of batches by fate.
+    pub(crate) fn count(&self, fate: Fate) -> u64 {
+        self.sent.values().filter(|s| s.fate == fate).count() as u64
+    }
+
+    /// The highest offset any replica served for `group`.
+    pub(crate) fn highest_offset(&self, group: GroupId) -> Option<u64> {
+        self.at_offset
+            .get(&group)
+            .and_then(|m| m.last_key_value())
+            .map(|(o, _)| *o)
+    }
+
+    /// One message a replica served.
+    fn observe(&mut self, group: GroupId, offset: u64, payload: &[u8]) -> Result<(), Violation> {
+        let Some(id) = identify(payload) else {
+            return Err(Violation::new(
+                Property::UnknownValue,
+                format!(
+                    "group {} offset {offset}: a payload of {} bytes no client sent",
+                    group.0,
+                    payload.len()
+                ),
+            ));
+        };
+        let (tag, index) = id;
+        match self.sent.get(&tag) {
+            Some(s) if s.group == group && index < s.messages => {}
+            Some(s) => {
+                return Err(Violation::new(
+                    Property::UnknownValue,
+                    format!(
+                        "group {} offset {offset}: message {index} of batch {tag}, which was sent to group {} with {} messages",
+                        group.0, s.group.0, s.messages
+                    ),
+                ));
+            }
+            None => {
+                return Err(Violation::new(
+                    Property::UnknownValue,
+                    format!(
+                        "group {} offset {offset}: batch {tag} was never sent",
+                        group.0
+                    ),
+                ));
+            }
+        }
+        let slot = self.at_offset.entry(group).or_default();
+        if let Some(&earlier) = slot.get(&offset)
+            && earlier != id
+        {
+            return Err(Violation::new(
+                Property::TwoValuesAtOffset,
+                format!(
+                    "group {} offset {offset}: served as batch {} message {} before, now as batch {tag} message {index}",
+                    group.0, earlier.0, earlier.1
+                ),
+            ));
+        }
+        slot.insert(offset, id);
+        if let Some(&(g, earlier)) = self.value_at.get(&id)
+            && (g, earlier) != (group, offset)
+        {
+            return Err(Violation::new(
+                Property::ValueAtTwoOffsets,
+                format!(
+                    "batch {tag} message {index} served at offset {earlier} before, now at offset {offset} (group {})",
+                    group.0
+                ),
+            ));
+        }
+        self.value_at.insert(id, (group, offset));
+        Ok(())
+    }
+
+    /// A poll answer: its messages are dense, in order, and agree with
+    /// every earlier observation.
+    pub(crate) fn polled(
+        &mut self,
+        group: GroupId,
+        messages: &[(u64, Vec<u8>)],
+    ) -> Result<(), Violation> {
+        for pair in messages.windows(2) {
+            if pair[1].0 != pair[0].0 + 1 {
+                return Err(Violation::new(
+                    Property::OffsetsNotDense,
+                    format!(
+                        "group {}: a read returned offset {} after {}",
+                        group.0, pair[1].0, pair[0].0
+                    ),
+                ));
+            }
+        }
+        for (offset, payload) in messages {
+            self.observe(group, *offset, payload)?;
+        }
+        Ok(())
+    }
+
+    /// A store of `offset` for `consumer` was sent.
+    pub(crate) fn store_settled(
+        &mut self,
+        group: GroupId,
+        consumer: u32,
+        offset: u64,
+        outcome: StoreOutcome,
+    ) {
+        let e = self.offsets.entry((group, consumer)).or_default();
+        match outcome {
+            StoreOutcome::Acknowledged => {
+                e.acknowledged = Some(offset);
+                e.unknown_since.clear();
+            }
+            StoreOutcome::Unknown => {
+                e.unknown_since.insert(offset);
+            }
+            StoreOutcome::MayLandLater => {
+                e.unknown_forever.insert(offset);
+            }
+            StoreOutcome::NeverApplied => {}
+        }
+    }
+
+    /// A read of `consumer`'s stored offset answered `got`.
+    pub(crate) fn offset_read(
+        &self,
+        group: GroupId,
+        consumer: u32,
+        got: Option<u64>,
+    ) -> Result<(), Violation> {
+        let e = self
+            .offsets
+            .get(&(group, consumer))
+            .cloned()
+            .unwrap_or_default();
+        let allowed = match got {
+            None => e.acknowledged.is_none(),
+            Some(v) => {
+                e.acknowledged == Some(v)
+                    || e.unknown_since.contains(&v)
+                    || e.unknown_forever.contains(&v)
+            }
+        };
+        if allowed {
+            return Ok(());
+        }
+        Err(Violation::new(
+            Property::ConsumerOffsetWrong,
+            format!(
+                "group {} consumer {consumer}: read {got:?}, the last acknowledged store was {:?} (unknown since: {:?}, may land: {:?})",
+                group.0, e.acknowledged, e.unknown_since, e.unknown_forever
+            ),
+        ))
+    }
+
+    /// The whole log of `group` on a converged replica: dense from 0,
+    /// agreeing with every observation, every acknowledged batch present,
+    /// every batch whole or absent, nothing refused present.
+    pub(crate) fn final_log(
+        &mut self,
+        group: GroupId,
+        messages: &[(u64, Vec<u8>)],
+    ) -> Result<(), Violation> {
+        if let Some(&(first, _)) = messages.first()
+            && first != 0
+        {
+            return Err(Violation::new(
+                Property::OffsetsNotDense,
+                format!("group {}: the log starts at offset {first}, not 0", group.0),
+            ));
+        }
+        self.polled(group, messages)?;
+        let mut seen: BTreeMap<u64, Vec<(u32, u64)>> = BTreeMap::new();
+        for (offset, payload) in messages {
+            if let Some((tag, index)) = identify(payload) {
+                seen.entry(tag).or_default().push((index, *offset));
+            }
+        }
+        for (tag, s) in self.sent.iter().filter(|(_, s)| s.group == group) {
+            let parts = seen.get(tag);
+            match (s.fate, parts) {
+                (Fate::Acknowledged, None) => {
+                    return Err(Violation::new(
+                        Property::AcknowledgedLost,
+                        format!(
+                            "group {}: batch {tag} ({} messages) was acknowledged and is not in the log",
+                            group.0, s.messages
+                        ),
+                    ));
+                }
+                (Fate::NeverApplied, Some(_)) => {
+                    return Err(Violation::new(
+                        Property::RefusedButApplied,
+                        format!(
+                            "group {}: batch {tag} was only ever refused with nothing changed, yet it is in the log",
+                            group.0
+                        ),
+                    ));
+                }
+                (_, Some(parts)) => {
+                    let whole = parts.len() == s.messages as usize
+                        && parts.iter().enumerate().all(|(i, (index, offset))| {
+                            *index == i as u32 && *offset == parts[0].1 + i as u64
+                        });
+                    if !whole {
+                        return Err(Violation::new(
+                            Property::BatchTorn,
+                            format!(
+                                "group {}: batch {tag} of {} messages is in the log as {parts:?} (index, offset)",
+                                group.0, s.messages
+                            ),
+                        ));
+                    }
+                }
+                (_, None) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The consumers whose stored offsets the oracle tracks in `group`.
+    pub(crate) fn consumers(&self, group: GroupId) -> Vec<u32> {
+        self.offsets
+            .keys()
+            .filter(|(g, _)| *g == group)
+            .map(|(_, c)| *c)
+            .collect()
+    }
+}
+
+/// How a consumer-offset store ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreOutcome {
+    /// Committed.
+    Acknowledged,
+    /// Cut off or indeterminate: it landed before anything sent later, or
+    /// not at all.
+    Unknown,
+    /// Timed out: it may still be waiting and land at any time.
+    MayLandLater,
+    /// Refused with nothing changed.
+    NeverApplied,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn g(n: u64) -> GroupId {
+        GroupId(n)
+    }
+
+    fn log(tag: u64, messages: u32, base: u64) -> Vec<(u64, Vec<u8>)> {
+        (0..messages)
+            .map(|i| (base + u64::from(i), payload(tag, i, 5)))
+            .collect()
+    }
+
+    #[test]
+    fn given_payload_when_identified_should_round_trip_and_refuse_any_flip() {
+        let p = payload(77, 3, 20);
+        assert_eq!(identify(&p), Some((77, 3)));
+        for at in 0..p.len() {
+            let mut bad = p.clone();
+            bad[at] ^= 0x10;
+            assert_ne!(identify(&bad), Some((77, 3)), "byte {at}");
+        }
+        assert_eq!(identify(b"SIM"), None);
+    }
+
+    #[test]
+    fn given_two_values_at_one_offset_when_observed_should_report_it() {
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2);
+        o.produced(2, g(5), 2);
+        o.polled(g(5), &log(1, 2, 0)).unwrap();
+        let v = o.polled(g(5), &log(2, 2, 0)).unwrap_err();
+        assert_eq!(v.property, Property::TwoValuesAtOffset);
+    }
+
+    #[test]
+    fn given_one_value_at_two_offsets_when_observed_should_report_it() {
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2);
+        o.polled(g(5), &log(1, 2, 0)).unwrap();
+        let v = o.polled(g(5), &log(1, 2, 2)).unwrap_err();
+        assert_eq!(v.property, Property::ValueAtTwoOffsets);
+    }
+
+    #[test]
+    fn given_gap_when_polled_should_report_offsets_not_dense() {
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 3);
+        let mut l = log(1, 3, 0);
+        l.remove(1);
+        assert_eq!(
+            o.polled(g(5), &l).unwrap_err().property,
+            Property::OffsetsNotDense
+        );
+    }
+
+    #[test]
+    fn given_acknowledged_batch_missing_when_final_log_checked_should_report_it_lost() {
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2);
+        o.produced(2, g(5), 2);
+        o.settle(1, Fate::Unknown);
+        o.settle(2, Fate::Acknowledged);
+        // An unknown batch may be absent; the acknowledged one is there.
+        o.final_log(g(5), &log(2, 2, 0)).unwrap();
+        let mut o2 = Oracle::default();
+        o2.produced(1, g(5), 2);
+        o2.settle(1, Fate::Acknowledged);
+        assert_eq!(
+            o2.final_log(g(5), &[]).unwrap_err().property,
+            Property::AcknowledgedLost
+        );
+    }
+
+    #[test]
+    fn given_refused_batch_present_when_final_log_checked_should_report_it() {
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2);
+        o.settle(1, Fate::NeverApplied);
+        assert_eq!(
+            o.final_log(g(5), &log(1, 2, 0)).unwrap_err().property,
+            Property::RefusedButApplied
+        );
+    }
+
+    #[test]
+    fn given_half_a_batch_when_final_log_checked_should_report_it_torn() {
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 3);
+        o.settle(1, Fate::Unknown);
+        let mut l = log(1, 3, 0);
+        l.pop();
+        assert_eq!(
+            o.final_log(g(5), &l).unwrap_err().property,
+            Property::BatchTorn
+        );
+    }
+
+    #[test]
+    fn given_stores_when_read_back_should_allow_only_what_may_have_landed() {
+        let mut o = Oracle::default();
+        o.offset_read(g(1), 9, None).unwrap();
+        o.store_settled(g(1), 9, 4, StoreOutcome::Acknowledged);
+        o.offset_read(g(1), 9, Some(4)).unwrap();
+        assert_eq!(
+            o.offset_read(g(1), 9, None).unwrap_err().property,
+            Property::ConsumerOffsetWrong
+        );
+        o.store_settled(g(1), 9, 7, StoreOutcome::Unknown);
+        o.offset_read(g(1), 9, Some(7)).unwrap();
+        o.store_settled(g(1), 9, 2, StoreOutcome::Acknowledged);
+        assert!(o.offset_read(g(1), 9, Some(7)).is_err());
+        assert!(o.offset_read(g(1), 9, Some(4)).is_err());
+        o.offset_read(g(1), 9, Some(2)).unwrap();
+    }
+}

@@ -1,0 +1,213 @@
+//! Fault profiles: which fault classes a run injects and how often.
+//!
+//! A profile is a name on the command line and a table of per-tick
+//! chances here; the fault plan ([`crate::faults`]) draws from them with
+//! its own seeded stream. docs/simulator.md describes each profile.
+
+use std::fmt;
+use std::str::FromStr;
+
+use partitions::NetworkFaults;
+
+/// The fault classes a run injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultProfile {
+    /// No faults: the baseline every other profile must match.
+    None,
+    /// Frames dropped, duplicated and delayed everywhere, and single links
+    /// degraded (heavy loss, duplication or delay) for a while.
+    Network,
+    /// Long random delays on every link, so frames arrive far out of
+    /// order, with some duplication.
+    Reorder,
+    /// One replica isolated, the cluster split in two, or one direction of
+    /// a link cut (asymmetric), then healed.
+    Partition,
+    /// Replicas crashed and restarted; their disks keep only synced data
+    /// (power loss), at most f replicas down or catching up at once.
+    Crash,
+    /// A minority replica's disk fails a write or sync with EIO; the
+    /// replica is restarted later (its process died with the fault).
+    Disk,
+    /// Every class above at lower rates.
+    Mixed,
+    /// Latent corruption: a bit flipped in a sealed segment of one
+    /// partition on a minority replica (the medium changed under the
+    /// data). Not in `mixed`: see docs/simulator.md, Known failures.
+    Rot,
+}
+
+impl FaultProfile {
+    /// Every profile, in the order CI sweeps them.
+    pub const ALL: [Self; 8] = [
+        Self::None,
+        Self::Network,
+        Self::Reorder,
+        Self::Partition,
+        Self::Crash,
+        Self::Disk,
+        Self::Mixed,
+        Self::Rot,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Network => "network",
+            Self::Reorder => "reorder",
+            Self::Partition => "partition",
+            Self::Crash => "crash",
+            Self::Disk => "disk",
+            Self::Mixed => "mixed",
+            Self::Rot => "rot",
+        }
+    }
+
+    /// Whether the profile injects crashes, disk faults, partitions or
+    /// degraded links (every profile but `none` and `reorder`).
+    pub fn injects_replica_or_link_faults(self) -> bool {
+        let r = self.rates();
+        r.link_degrade_per_mille
+            + r.partition_per_mille
+            + r.crash_per_mille
+            + r.disk_per_mille
+            + r.rot_per_mille
+            > 0
+    }
+
+    /// The chances this profile runs with.
+    pub(crate) fn rates(self) -> FaultRates {
+        let quiet = FaultRates::default();
+        match self {
+            Self::None => quiet,
+            Self::Network => FaultRates {
+                base: NetworkFaults {
+                    drop_per_mille: 50,
+                    duplicate_per_mille: 30,
+                    delay_ticks_max: 4,
+                },
+                link_degrade_per_mille: 20,
+                ..quiet
+            },
+            Self::Reorder => FaultRates {
+                base: NetworkFaults {
+                    drop_per_mille: 0,
+                    duplicate_per_mille: 20,
+                    delay_ticks_max: 25,
+                },
+                ..quiet
+            },
+            Self::Partition => FaultRates {
+                partition_per_mille: 8,
+                ..quiet
+            },
+            Self::Crash => FaultRates {
+                crash_per_mille: 8,
+                ..quiet
+            },
+            Self::Disk => FaultRates {
+                disk_per_mille: 8,
+                ..quiet
+            },
+            Self::Mixed => FaultRates {
+                base: NetworkFaults {
+                    drop_per_mille: 20,
+                    duplicate_per_mille: 10,
+                    delay_ticks_max: 6,
+                },
+                link_degrade_per_mille: 5,
+                partition_per_mille: 3,
+                crash_per_mille: 3,
+                disk_per_mille: 2,
+                ..quiet
+            },
+            Self::Rot => FaultRates {
+                rot_per_mille: 5,
+                ..quiet
+            },
+        }
+    }
+}
+
+impl fmt::Display for FaultProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A profile name that is not one of [`FaultProfile::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownProfile(pub String);
+
+impl fmt::Display for UnknownProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = FaultProfile::ALL.iter().map(|p| p.name()).collect();
+        write!(
+            f,
+            "unknown fault profile {:?} (expected one of {})",
+            self.0,
+            names.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownProfile {}
+
+impl FromStr for FaultProfile {
+    type Err = UnknownProfile;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| UnknownProfile(s.to_owned()))
+    }
+}
+
+/// Per-tick chances (per mille) of each fault class, and the network-wide
+/// fault mix.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FaultRates {
+    /// The mix every link starts with.
+    pub base: NetworkFaults,
+    /// Chance a random link gets a harsh mix for a while.
+    pub link_degrade_per_mille: u64,
+    /// Chance an isolation, split or one-way cut starts (one at a time).
+    pub partition_per_mille: u64,
+    /// Chance a replica crashes (within the fault budget).
+    pub crash_per_mille: u64,
+    /// Chance a replica's disk is armed to fail (within the budget).
+    pub disk_per_mille: u64,
+    /// Chance a bit of a sealed segment on a replica flips (within the
+    /// budget; the replica stays faulty for the rest of the run).
+    pub rot_per_mille: u64,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_every_profile_name_when_parsed_should_round_trip() {
+        for p in FaultProfile::ALL {
+            assert_eq!(p.name().parse::<FaultProfile>(), Ok(p));
+        }
+    }
+
+    #[test]
+    fn given_unknown_name_when_parsed_should_refuse_it_naming_the_choices() {
+        let err = "chaos".parse::<FaultProfile>().unwrap_err();
+        assert_eq!(err, UnknownProfile("chaos".into()));
+        assert!(err.to_string().contains("mixed"), "{err}");
+    }
+
+    #[test]
+    fn given_none_profile_when_rated_should_inject_nothing() {
+        assert_eq!(FaultProfile::None.rates(), FaultRates::default());
+        for p in FaultProfile::ALL.into_iter().skip(1) {
+            assert_ne!(p.rates(), FaultRates::default(), "{p}");
+        }
+    }
+}

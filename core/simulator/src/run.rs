@@ -1,0 +1,779 @@
+//! One simulated run: boot, the fault-and-workload phase, healing, the
+//! quiet period, and the final convergence and oracle checks.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use common::{ConsumerKind, GroupId, METADATA_GROUP};
+use consensus::vsr::{Prng, Status};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::cluster::{Cluster, ClusterError, TICK};
+use crate::faults::{FaultPlan, FaultStats};
+use crate::oracle::{Fate, Oracle, Property, Violation};
+use crate::profile::FaultProfile;
+use crate::trace::{Event, Trace};
+use crate::workload::{StepError, Workload, WorkloadStats};
+
+/// Ticks a run may spend converging after healing before it fails.
+const CONVERGE_TICKS_MAX: u64 = 4_000;
+/// How often convergence is checked while waiting for it.
+const CONVERGE_CHECK_EVERY_TICKS: u64 = 25;
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// The seed every random choice follows.
+    pub seed: u64,
+    /// Ticks of faults and workload before healing.
+    pub ticks: u64,
+    /// Replicas: 1, 3 or 5.
+    pub replicas: u8,
+    /// Shards per replica: 1 to 8.
+    pub shards: u16,
+    /// The fault classes injected.
+    pub profile: FaultProfile,
+    /// Concurrent clients.
+    pub clients: u8,
+    /// Ticks after healing with requests in flight finishing and nothing
+    /// new sent, before convergence is awaited.
+    pub quiet_ticks: u64,
+}
+
+impl Options {
+    /// Defaults around a seed: 2,000 ticks, 3 replicas, 2 shards, mixed
+    /// faults, 3 clients, 200 quiet ticks.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            ticks: 2_000,
+            replicas: 3,
+            shards: 2,
+            profile: FaultProfile::Mixed,
+            clients: 3,
+            quiet_ticks: 200,
+        }
+    }
+
+    /// Checks the options describe a cluster the simulator runs.
+    ///
+    /// # Errors
+    /// [`OptionsError`] naming the field.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        if ![1, 3, 5].contains(&self.replicas) {
+            return Err(OptionsError::Replicas(self.replicas));
+        }
+        if !(1..=8).contains(&self.shards) {
+            return Err(OptionsError::Shards(self.shards));
+        }
+        if !(1..=16).contains(&self.clients) {
+            return Err(OptionsError::Clients(self.clients));
+        }
+        Ok(())
+    }
+}
+
+/// Options the simulator refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OptionsError {
+    /// Not 1, 3 or 5 replicas.
+    Replicas(u8),
+    /// Not 1 to 8 shards.
+    Shards(u16),
+    /// Not 1 to 16 clients.
+    Clients(u8),
+}
+
+impl fmt::Display for OptionsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Replicas(n) => write!(f, "{n} replicas: the simulator runs 1, 3 or 5"),
+            Self::Shards(n) => write!(f, "{n} shards: the simulator runs 1 to 8 per replica"),
+            Self::Clients(n) => write!(f, "{n} clients: the simulator runs 1 to 16"),
+        }
+    }
+}
+
+impl std::error::Error for OptionsError {}
+
+/// What a clean run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The options it ran with.
+    pub options: Options,
+    /// Produces acknowledged (`Answer::Committed`).
+    pub produces_acknowledged: u64,
+    /// Produces whose outcome stayed unknown.
+    pub produces_unknown: u64,
+    /// Consumer-offset stores acknowledged.
+    pub stores_acknowledged: u64,
+    /// Polls answered.
+    pub polls: u64,
+    /// Calls and metadata ops sent (retries included).
+    pub calls: u64,
+    /// Topics created.
+    pub topics: u32,
+    /// Partition groups at the end.
+    pub groups: usize,
+    /// Messages in all groups' logs at the end.
+    pub messages: u64,
+    /// Fault counters.
+    pub faults: FaultCounts,
+    /// State transfers installed.
+    pub transfers: u64,
+    /// Frames sent and dropped by the network.
+    pub frames: (u64, u64),
+    /// Ticks run in all (faults, quiet period and convergence).
+    pub ticks_run: u64,
+    /// xxh3 over every delivered frame, call, answer and fault.
+    pub schedule_hash: u64,
+    /// xxh3 over every replica's segment files at the end.
+    pub state_hash: u64,
+}
+
+/// Fault counters of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Replica crashes.
+    pub crashes: u64,
+    /// Replica restarts.
+    pub restarts: u64,
+    /// Disk faults armed.
+    pub disk_faults: u64,
+    /// Isolations, splits and one-way cuts.
+    pub partitions: u64,
+    /// Links given a harsh fault mix for a while.
+    pub degraded_links: u64,
+    /// Bits flipped in sealed segments.
+    pub rotted_bits: u64,
+}
+
+impl From<FaultStats> for FaultCounts {
+    fn from(s: FaultStats) -> Self {
+        Self {
+            crashes: s.crashes,
+            restarts: s.restarts,
+            disk_faults: s.disk_faults,
+            partitions: s.partitions,
+            degraded_links: s.degraded_links,
+            rotted_bits: s.rotted_bits,
+        }
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.options;
+        write!(
+            f,
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
+            o.seed,
+            o.profile,
+            o.replicas,
+            o.shards,
+            self.ticks_run,
+            self.produces_acknowledged + self.stores_acknowledged,
+            self.produces_acknowledged,
+            self.stores_acknowledged,
+            self.produces_unknown,
+            self.polls,
+            self.messages,
+            self.groups,
+            self.faults.crashes,
+            self.faults.restarts,
+            self.faults.disk_faults,
+            self.faults.partitions,
+            self.faults.degraded_links,
+            self.faults.rotted_bits,
+            self.transfers,
+            self.frames.0,
+            self.frames.1,
+            self.schedule_hash,
+            self.state_hash,
+        )
+    }
+}
+
+/// A run that found a violated property.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The options, to replay.
+    pub options: Options,
+    /// The tick it was found at.
+    pub tick: u64,
+    /// What failed.
+    pub violation: Violation,
+    /// The last events before it, oldest first.
+    pub recent: Vec<String>,
+    /// The schedule hash up to the failure.
+    pub schedule_hash: u64,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.options;
+        writeln!(
+            f,
+            "seed={} profile={} replicas={} shards={} FAILED at tick {}: {}",
+            o.seed, o.profile, o.replicas, o.shards, self.tick, self.violation
+        )?;
+        writeln!(
+            f,
+            "replay: replog-sim --seed {} --ticks {} --replicas {} --shards {} --faults {}",
+            o.seed, o.ticks, o.replicas, o.shards, o.profile
+        )?;
+        writeln!(f, "last {} events:", self.recent.len())?;
+        for e in &self.recent {
+            writeln!(f, "  {e}")?;
+        }
+        write!(f, "schedule={:016x}", self.schedule_hash)
+    }
+}
+
+/// Why a run did not end clean.
+#[derive(Debug)]
+pub enum SimError {
+    /// The options are not runnable.
+    Options(OptionsError),
+    /// A property failed.
+    Failed(Box<Failure>),
+    /// The cluster could not be driven (a shard did not boot or stalled).
+    Cluster(ClusterError),
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Options(e) => write!(f, "{e}"),
+            Self::Failed(failure) => write!(f, "{failure}"),
+            Self::Cluster(e) => write!(f, "the cluster could not be driven: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+impl From<ClusterError> for SimError {
+    fn from(e: ClusterError) -> Self {
+        Self::Cluster(e)
+    }
+}
+
+/// Per (replica, group) view and commit seen in the current boot, to
+/// check neither goes backwards.
+#[derive(Default)]
+struct Monitor {
+    seen: BTreeMap<(u8, GroupId), (u32, u64, u64)>,
+    /// Each (replica, group)'s last (view, status), to trace changes.
+    roles: BTreeMap<(u8, GroupId), (u32, Status)>,
+}
+
+impl Monitor {
+    fn check(&mut self, cluster: &Cluster, trace: &mut Trace) -> Result<(), Violation> {
+        let tick = cluster.tick();
+        for r in 0..cluster.replica_count {
+            let boot = cluster.boot_count(r);
+            for s in 0..cluster.shard_count {
+                let Some(shard) = cluster.shard_at(r, s) else {
+                    continue;
+                };
+                let meta = (s == 0).then_some(METADATA_GROUP);
+                for group in meta.into_iter().chain(shard.groups()) {
+                    let Some(v) = cluster.replica_of(r, group) else {
+                        continue;
+                    };
+                    let role = (v.view(), v.status());
+                    if self.roles.insert((r, group), role) != Some(role) {
+                        trace.record(Event::State {
+                            tick,
+                            what: format!(
+                                "replica {r} group {}: view {} {:?} op {} commit {}/{}",
+                                group.0,
+                                role.0,
+                                role.1,
+                                v.op(),
+                                v.commit_min(),
+                                v.commit_max()
+                            ),
+                        });
+                    }
+                    let now = (v.view(), v.commit_min(), boot);
+                    if let Some(&(view, commit, b)) = self.seen.get(&(r, group))
+                        && b == boot
+                        && (now.0 < view || now.1 < commit)
+                    {
+                        return Err(Violation::new(
+                            Property::Regressed,
+                            format!(
+                                "replica {r} group {}: view {view} commit {commit} went to view {} commit {} within one boot",
+                                group.0, now.0, now.1
+                            ),
+                        ));
+                    }
+                    self.seen.insert((r, group), now);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Run {
+    options: Options,
+    cluster: Cluster,
+    trace: Trace,
+    faults: FaultPlan,
+    workload: Workload,
+    oracle: Oracle,
+    monitor: Monitor,
+    order_prng: Prng,
+    ticks_run: u64,
+}
+
+enum Stop {
+    Violation(Violation),
+    Cluster(ClusterError),
+}
+
+impl From<Violation> for Stop {
+    fn from(v: Violation) -> Self {
+        Self::Violation(v)
+    }
+}
+
+impl From<ClusterError> for Stop {
+    fn from(e: ClusterError) -> Self {
+        Self::Cluster(e)
+    }
+}
+
+impl From<StepError> for Stop {
+    fn from(e: StepError) -> Self {
+        match e {
+            StepError::Violation(v) => Self::Violation(v),
+            StepError::Cluster(c) => Self::Cluster(c),
+        }
+    }
+}
+
+impl Run {
+    /// One tick: faults, frames, shard ticks, clients, checks, time.
+    fn step(&mut self, inject: bool, issue_new: bool) -> Result<(), Stop> {
+        if inject {
+            self.faults.step(&mut self.cluster, &mut self.trace)?;
+        }
+        self.cluster.deliver(&mut self.trace)?;
+        // Replicas run concurrently in a real cluster: tick them in a
+        // seeded order so no replica is always first.
+        let mut order: Vec<(u8, u16)> = (0..self.cluster.replica_count)
+            .flat_map(|r| (0..self.cluster.shard_count).map(move |s| (r, s)))
+            .collect();
+        for i in (1..order.len()).rev() {
+            let j = self.order_prng.below_inclusive(i as u64) as usize;
+            order.swap(i, j);
+        }
+        self.cluster.tick_shards(&order)?;
+        self.workload.step(
+            &mut self.cluster,
+            &mut self.oracle,
+            &mut self.trace,
+            issue_new,
+        )?;
+        self.monitor.check(&self.cluster, &mut self.trace)?;
+        self.cluster.clock.advance(TICK);
+        self.ticks_run += 1;
+        Ok(())
+    }
+
+    fn phases(&mut self) -> Result<(), Stop> {
+        for _ in 0..self.options.ticks {
+            self.step(true, true)?;
+        }
+        self.faults.heal_all(&mut self.cluster, &mut self.trace)?;
+        for _ in 0..self.options.quiet_ticks {
+            self.step(false, false)?;
+        }
+        let mut waited = 0;
+        loop {
+            match self.converged() {
+                Ok(()) if self.workload.idle() => break,
+                Ok(()) => {}
+                Err(v) if waited >= CONVERGE_TICKS_MAX => return Err(Stop::Violation(v)),
+                Err(_) => {}
+            }
+            if waited >= CONVERGE_TICKS_MAX {
+                return Err(Stop::Violation(Violation::new(
+                    Property::NotConverged,
+                    "client requests still unanswered after healing",
+                )));
+            }
+            for _ in 0..CONVERGE_CHECK_EVERY_TICKS {
+                self.step(false, false)?;
+            }
+            waited += CONVERGE_CHECK_EVERY_TICKS;
+        }
+        self.final_checks()?;
+        Ok(())
+    }
+
+    /// Every replica is up, names the same groups, and holds each group
+    /// at one commit with nothing pending.
+    fn converged(&self) -> Result<(), Violation> {
+        let c = &self.cluster;
+        let not = |detail: String| Violation::new(Property::NotConverged, detail);
+        let reference = c
+            .metadata_groups(0)
+            .ok_or_else(|| not("replica 0 is down".into()))?;
+        if reference.len() < self.workload.groups().len() {
+            return Err(not(format!(
+                "replica 0 names {} groups, clients created {}",
+                reference.len(),
+                self.workload.groups().len()
+            )));
+        }
+        for r in 0..c.replica_count {
+            let groups = c
+                .metadata_groups(r)
+                .ok_or_else(|| not(format!("replica {r} is down")))?;
+            if groups != reference {
+                return Err(not(format!(
+                    "replica {r}'s metadata names {} groups, replica 0's {}",
+                    groups.len(),
+                    reference.len()
+                )));
+            }
+        }
+        let mut meta = None;
+        for r in 0..c.replica_count {
+            let v = c
+                .replica_of(r, METADATA_GROUP)
+                .ok_or_else(|| not(format!("replica {r} hosts no group 0")))?;
+            let here = (v.status(), v.commit_min(), v.commit_max());
+            if here.0 != Status::Normal || here.1 != here.2 || meta.is_some_and(|m| m != here) {
+                return Err(not(format!(
+                    "group 0 on replica {r}: {:?} view {} applied {} of {} (another replica: {meta:?})",
+                    here.0,
+                    v.view(),
+                    here.1,
+                    here.2
+                )));
+            }
+            meta = Some(here);
+        }
+        for &group in &reference {
+            let mut state = None;
+            for r in 0..c.replica_count {
+                let p = c
+                    .shard(r, group)
+                    .and_then(|s| s.partition(group))
+                    .ok_or_else(|| not(format!("group {} missing on replica {r}", group.0)))?;
+                if let Some(reason) = p.fenced() {
+                    return Err(not(format!(
+                        "group {} fenced on replica {r}: {reason}",
+                        group.0
+                    )));
+                }
+                let v = p.replica();
+                if v.commit_min() != v.commit_max() || p.state_transfer_needed().is_some() {
+                    return Err(not(format!(
+                        "group {} on replica {r}: applied {} of {} committed{}; {}",
+                        group.0,
+                        v.commit_min(),
+                        v.commit_max(),
+                        if p.state_transfer_needed().is_some() {
+                            ", transfer needed"
+                        } else {
+                            ""
+                        },
+                        self.describe_group(group)
+                    )));
+                }
+                let here = (v.commit_min(), p.offset_frontier());
+                match state {
+                    None => state = Some(here),
+                    Some(s) if s != here => {
+                        return Err(not(format!(
+                            "group {}: replica {r} at (commit, frontier) {here:?}, another at {s:?}; {}",
+                            group.0,
+                            self.describe_group(group)
+                        )));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Each replica's view of `group`, for a failure report.
+    fn describe_group(&self, group: GroupId) -> String {
+        (0..self.cluster.replica_count)
+            .map(|r| {
+                match self
+                    .cluster
+                    .shard(r, group)
+                    .and_then(|s| s.partition(group))
+                {
+                    Some(p) => {
+                        let v = p.replica();
+                        format!(
+                            "replica {r}: view {} status {:?} op {} commit {}/{} frontier {}",
+                            v.view(),
+                            v.status(),
+                            v.op(),
+                            v.commit_min(),
+                            v.commit_max(),
+                            p.offset_frontier()
+                        )
+                    }
+                    None => format!("replica {r}: absent"),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The oracle over every converged log, and byte equality of every
+    /// replica's messages, segment files and consumer offsets.
+    fn final_checks(&mut self) -> Result<(), Stop> {
+        self.cluster.flush_all()?;
+        let groups = self.cluster.metadata_groups(0).unwrap_or_default();
+        let diverge = |detail: String| Violation::new(Property::ReplicasDiverge, detail);
+        for &group in &groups {
+            let mut reference: Option<Vec<(u64, Vec<u8>)>> = None;
+            let mut files_reference: Option<Vec<(String, Vec<u8>)>> = None;
+            for r in 0..self.cluster.replica_count {
+                let messages = self
+                    .cluster
+                    .read_all(r, group)
+                    .map_err(|e| {
+                        diverge(format!("group {} on replica {r} unreadable: {e}", group.0))
+                    })?
+                    .unwrap_or_default();
+                self.oracle.final_log(group, &messages)?;
+                match &reference {
+                    None => reference = Some(messages),
+                    Some(m) if *m != messages => {
+                        return Err(Stop::Violation(diverge(format!(
+                            "group {}: replica {r} holds {} messages, replica 0 {}",
+                            group.0,
+                            messages.len(),
+                            m.len()
+                        ))));
+                    }
+                    Some(_) => {}
+                }
+                let files = committed_files(self.cluster.segment_files(r, group))
+                    .map_err(|e| diverge(format!("group {} on replica {r}: {e}", group.0)))?;
+                match &files_reference {
+                    None => files_reference = Some(files),
+                    Some(f) if *f != files => {
+                        let names = |v: &[(String, Vec<u8>)]| {
+                            v.iter()
+                                .map(|(n, b)| format!("{n}:{}", b.len()))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        };
+                        return Err(Stop::Violation(diverge(format!(
+                            "group {}: segment files differ: replica {r} [{}] vs replica 0 [{}]",
+                            group.0,
+                            names(&files),
+                            names(f)
+                        ))));
+                    }
+                    Some(_) => {}
+                }
+            }
+            for consumer in self.oracle.consumers(group) {
+                let mut first: Option<Option<u64>> = None;
+                for r in 0..self.cluster.replica_count {
+                    let got = self
+                        .cluster
+                        .shard(r, group)
+                        .and_then(|s| s.partition(group))
+                        .and_then(|p| p.stored_offset(ConsumerKind::Consumer, consumer));
+                    self.oracle.offset_read(group, consumer, got)?;
+                    match first {
+                        None => first = Some(got),
+                        Some(f) if f != got => {
+                            return Err(Stop::Violation(diverge(format!(
+                                "group {} consumer {consumer}: replica {r} stores {got:?}, replica 0 {f:?}",
+                                group.0
+                            ))));
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn state_hash(&self) -> (u64, u64) {
+        let mut h = Xxh3::new();
+        let mut messages = 0;
+        let groups = self.cluster.metadata_groups(0).unwrap_or_default();
+        for r in 0..self.cluster.replica_count {
+            for &group in &groups {
+                h.update(&group.0.to_le_bytes());
+                for (name, bytes) in self.cluster.segment_files(r, group) {
+                    h.update(name.as_bytes());
+                    h.update(&(bytes.len() as u64).to_le_bytes());
+                    h.update(&bytes);
+                }
+                if r == 0 {
+                    messages += self
+                        .cluster
+                        .shard(0, group)
+                        .and_then(|s| s.partition(group))
+                        .map_or(0, partitions::Partition::offset_frontier);
+                }
+            }
+        }
+        (h.digest(), messages)
+    }
+}
+
+/// The segment files that hold committed bytes. A replica may have opened
+/// the next (empty) active segment at the frontier while another opens it
+/// with the next append — a state-transfer install plants it at once, a
+/// running partition rotates lazily — so an empty trailing pair holds
+/// nothing to compare; an empty file anywhere else is a hole.
+fn committed_files(mut files: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let last_stem = files
+        .iter()
+        .filter_map(|(n, _)| n.strip_suffix(".log"))
+        .max()
+        .map(str::to_owned);
+    let mut bad = None;
+    files.retain(|(name, bytes)| {
+        if !bytes.is_empty() {
+            return true;
+        }
+        let stem = name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s);
+        if last_stem.as_deref() != Some(stem) {
+            bad = Some(name.clone());
+        }
+        false
+    });
+    match bad {
+        Some(name) => Err(format!("{name} is empty and not the last segment")),
+        None => Ok(files),
+    }
+}
+
+/// Runs the simulation `options` describe.
+///
+/// # Errors
+/// [`SimError::Failed`] with the violated property, the seed and the last
+/// events; [`SimError::Options`] or [`SimError::Cluster`] when the run
+/// could not be carried out at all.
+pub fn run(options: &Options) -> Result<Summary, SimError> {
+    options.validate().map_err(SimError::Options)?;
+    let seed = options.seed;
+    let faults = FaultPlan::new(seed, options.profile, options.replicas);
+    let cluster = Cluster::new(seed, options.replicas, options.shards, faults.base_faults())?;
+    let mut run = Run {
+        options: options.clone(),
+        cluster,
+        trace: Trace::new(seed),
+        faults,
+        workload: Workload::new(seed, options.clients, options.replicas),
+        oracle: Oracle::default(),
+        monitor: Monitor::default(),
+        order_prng: Prng::new(seed ^ 0x0DE7_0003),
+        ticks_run: 0,
+    };
+    tracing::info!(seed, profile = %options.profile, replicas = options.replicas, shards = options.shards, ticks = options.ticks, "simulation starts");
+    // A panic in shard, partition or consensus code (an assertion on its
+    // own invariants) is a finding like any other: report it with the
+    // seed and the trace instead of losing them. The run is abandoned, so
+    // whatever the panic left half-done is never touched again.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.phases()))
+        .unwrap_or_else(|payload| {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            Err(Stop::Violation(Violation::new(Property::Panicked, message)))
+        });
+    match outcome {
+        Ok(()) => {}
+        Err(Stop::Cluster(e)) => return Err(SimError::Cluster(e)),
+        Err(Stop::Violation(violation)) => {
+            let tick = run.cluster.tick();
+            run.trace.record(Event::Fault {
+                tick,
+                what: format!("violation: {violation}"),
+            });
+            tracing::error!(seed, %violation, tick, "simulation failed");
+            return Err(SimError::Failed(Box::new(Failure {
+                options: options.clone(),
+                tick,
+                violation,
+                recent: run.trace.recent(),
+                schedule_hash: run.trace.hash(),
+            })));
+        }
+    }
+    let (state_hash, messages) = run.state_hash();
+    let stats: WorkloadStats = run.workload.stats;
+    let summary = Summary {
+        options: options.clone(),
+        produces_acknowledged: run.oracle.count(Fate::Acknowledged),
+        produces_unknown: run.oracle.count(Fate::Unknown),
+        stores_acknowledged: stats.stores_acknowledged,
+        polls: stats.polls,
+        calls: stats.calls,
+        topics: stats.topics,
+        groups: run.cluster.metadata_groups(0).map_or(0, |g| g.len()),
+        messages,
+        faults: run.faults.stats.into(),
+        transfers: run.cluster.installs(),
+        frames: run.cluster.net.counts(),
+        ticks_run: run.ticks_run,
+        schedule_hash: run.trace.hash(),
+        state_hash,
+    };
+    tracing::info!(seed, events = run.trace.events(), "simulation clean");
+    Ok(summary)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, len: usize) -> (String, Vec<u8>) {
+        (name.to_owned(), vec![7; len])
+    }
+
+    #[test]
+    fn given_empty_trailing_segment_when_compared_should_leave_it_out() {
+        let files = vec![
+            file("00000000000000000000.index", 24),
+            file("00000000000000000000.log", 100),
+            file("00000000000000000009.index", 0),
+            file("00000000000000000009.log", 0),
+        ];
+        let kept = committed_files(files).unwrap();
+        assert_eq!(kept.len(), 2);
+        assert!(
+            kept.iter()
+                .all(|(n, _)| n.starts_with("00000000000000000000"))
+        );
+    }
+
+    #[test]
+    fn given_empty_segment_before_the_last_when_compared_should_refuse() {
+        let files = vec![
+            file("00000000000000000000.index", 0),
+            file("00000000000000000000.log", 0),
+            file("00000000000000000009.index", 24),
+            file("00000000000000000009.log", 100),
+        ];
+        let err = committed_files(files).unwrap_err();
+        assert!(err.contains("00000000000000000000"), "{err}");
+    }
+}

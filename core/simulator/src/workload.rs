@@ -1,0 +1,790 @@
+//! The clients: a topic set created through the metadata plane, then
+//! produces, polls, offset stores and reads through the shard's call
+//! path, one request in flight per client.
+//!
+//! A client retries the same request only after an answer that promises
+//! nothing changed (`NotPrimary`, `Unavailable`, `Overloaded`, an unknown
+//! group on a replica that has not created it yet). After anything else —
+//! `Indeterminate`, a local fault, a replica that crashed with the call,
+//! no answer in time — the outcome is unknown: the oracle is told so and
+//! the client moves on with a fresh request, never resending the batch
+//! (which would make a duplicate indistinguishable from a replay bug).
+
+use common::{ConsumerKind, GroupId, Offset};
+use consensus::vsr::Prng;
+use futures::channel::oneshot;
+use metadata::{Durability, Identifier, MetadataOp, Outcome, Refusal, TopicConfig};
+use partitions::{PollRequest, PollingStrategy};
+use shard::{Answer, Call, CallError, MetaError};
+use storage::batch::BatchBuilder;
+
+use crate::cluster::{Cluster, ClusterError};
+use crate::oracle::{Fate, Oracle, Property, StoreOutcome, Violation, payload};
+use crate::trace::{Event, Trace};
+
+/// Ticks a client waits for an answer before giving up on it.
+const ANSWER_TIMEOUT_TICKS: u64 = 400;
+/// Attempts of one request before the client gives it up.
+const ATTEMPTS_MAX: u32 = 60;
+/// The stream every topic lives in.
+const STREAM: &str = "sim";
+/// Segment size of the simulated topics: small, so segments seal often.
+const SEGMENT_SIZE_BYTES: u64 = 4096;
+/// Topics the workload creates at most.
+const TOPICS_MAX: u32 = 4;
+
+/// What a workload step ran into.
+#[derive(Debug)]
+pub(crate) enum StepError {
+    /// A property failed.
+    Violation(Violation),
+    /// The cluster could not serve a call.
+    Cluster(ClusterError),
+}
+
+impl From<Violation> for StepError {
+    fn from(v: Violation) -> Self {
+        Self::Violation(v)
+    }
+}
+
+impl From<ClusterError> for StepError {
+    fn from(e: ClusterError) -> Self {
+        Self::Cluster(e)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Request {
+    Meta(MetadataOp),
+    Produce {
+        group: GroupId,
+        tag: u64,
+        batch: Vec<u8>,
+    },
+    Poll {
+        group: GroupId,
+        request: PollRequest,
+    },
+    Store {
+        group: GroupId,
+        consumer: u32,
+        offset: u64,
+    },
+    Get {
+        group: GroupId,
+        consumer: u32,
+    },
+}
+
+impl Request {
+    fn describe(&self) -> String {
+        match self {
+            Self::Meta(op) => format!("meta {}", meta_name(op)),
+            Self::Produce { group, tag, .. } => format!("produce batch {tag} to {}", group.0),
+            Self::Poll { group, request } => {
+                format!("poll {} {:?} x{}", group.0, request.strategy, request.count)
+            }
+            Self::Store {
+                group,
+                consumer,
+                offset,
+            } => format!("store offset {offset} for {consumer} in {}", group.0),
+            Self::Get { group, consumer } => format!("get offset of {consumer} in {}", group.0),
+        }
+    }
+}
+
+fn meta_name(op: &MetadataOp) -> String {
+    match op {
+        MetadataOp::CreateStream { name, .. } => format!("create-stream {name}"),
+        MetadataOp::CreateTopic { name, .. } => format!("create-topic {name}"),
+        _ => "other".into(),
+    }
+}
+
+enum Waiting {
+    Call(oneshot::Receiver<Result<Answer, CallError>>),
+    Meta(oneshot::Receiver<Result<Outcome, MetaError>>),
+}
+
+struct InFlight {
+    request: Request,
+    waiting: Waiting,
+    sent_tick: u64,
+}
+
+enum ClientState {
+    /// Ready for a new request at `wake_tick`.
+    Idle,
+    /// A request to (re)send at `wake_tick`, `attempts` sent so far.
+    Retry { request: Request, attempts: u32 },
+    /// Waiting for an answer.
+    Waiting { flight: InFlight, attempts: u32 },
+}
+
+struct Client {
+    id: u8,
+    state: ClientState,
+    wake_tick: u64,
+    /// The replica it sends to next.
+    target: u8,
+}
+
+/// Counters of the workload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WorkloadStats {
+    pub calls: u64,
+    pub retries: u64,
+    pub polls: u64,
+    pub stores_acknowledged: u64,
+    pub offset_reads: u64,
+    pub metadata_ops: u64,
+    pub topics: u32,
+}
+
+/// The clients and what they know of the cluster.
+pub(crate) struct Workload {
+    prng: Prng,
+    clients: Vec<Client>,
+    next_tag: u64,
+    groups: Vec<GroupId>,
+    /// The stream exists.
+    stream_created: bool,
+    /// A metadata op is in flight (one at a time).
+    meta_busy: bool,
+    replica_count: u8,
+    pub(crate) stats: WorkloadStats,
+}
+
+fn consumer_of(client: u8) -> u32 {
+    u32::from(client) + 1
+}
+
+impl Workload {
+    pub(crate) fn new(seed: u64, clients: u8, replica_count: u8) -> Self {
+        let mut prng = Prng::new(seed ^ 0xC11E_0007);
+        let clients = (0..clients)
+            .map(|id| Client {
+                id,
+                state: ClientState::Idle,
+                wake_tick: 0,
+                target: u8::try_from(prng.below_inclusive(u64::from(replica_count) - 1))
+                    .unwrap_or(0),
+            })
+            .collect();
+        Self {
+            prng,
+            clients,
+            next_tag: 1,
+            groups: Vec::new(),
+            stream_created: false,
+            meta_busy: false,
+            replica_count,
+            stats: WorkloadStats::default(),
+        }
+    }
+
+    /// The partition groups the workload knows of.
+    pub(crate) fn groups(&self) -> &[GroupId] {
+        &self.groups
+    }
+
+    /// Whether every client is idle (nothing in flight or to retry).
+    pub(crate) fn idle(&self) -> bool {
+        self.clients
+            .iter()
+            .all(|c| matches!(c.state, ClientState::Idle))
+    }
+
+    fn random_replica(&mut self) -> u8 {
+        u8::try_from(self.prng.below_inclusive(u64::from(self.replica_count) - 1)).unwrap_or(0)
+    }
+
+    /// One step of every client: take answers, then send what is due.
+    /// With `issue_new` false only requests already begun are finished.
+    pub(crate) fn step(
+        &mut self,
+        cluster: &mut Cluster,
+        oracle: &mut Oracle,
+        trace: &mut Trace,
+        issue_new: bool,
+    ) -> Result<(), StepError> {
+        let tick = cluster.tick();
+        for i in 0..self.clients.len() {
+            self.take_answer(i, tick, cluster, oracle, trace)?;
+            if self.clients[i].wake_tick > tick {
+                continue;
+            }
+            let state = std::mem::replace(&mut self.clients[i].state, ClientState::Idle);
+            let (request, attempts) = match state {
+                ClientState::Waiting { flight, attempts } => {
+                    self.clients[i].state = ClientState::Waiting { flight, attempts };
+                    continue;
+                }
+                ClientState::Retry { request, attempts } => (request, attempts),
+                ClientState::Idle => {
+                    if !issue_new {
+                        continue;
+                    }
+                    match self.next_request(i, oracle) {
+                        Some(r) => (r, 0),
+                        None => continue,
+                    }
+                }
+            };
+            self.send(i, request, attempts, tick, cluster, trace)?;
+        }
+        Ok(())
+    }
+
+    fn send(
+        &mut self,
+        i: usize,
+        request: Request,
+        attempts: u32,
+        tick: u64,
+        cluster: &mut Cluster,
+        trace: &mut Trace,
+    ) -> Result<(), ClusterError> {
+        let client = &self.clients[i];
+        let target = client.target;
+        trace.record(Event::Call {
+            tick,
+            client: client.id,
+            replica: target,
+            what: request.describe(),
+        });
+        self.stats.calls += 1;
+        if attempts > 0 {
+            self.stats.retries += 1;
+        }
+        let waiting = match &request {
+            Request::Meta(op) => cluster.meta(target, op.clone())?.map(Waiting::Meta),
+            Request::Produce { group, batch, .. } => cluster
+                .call(
+                    target,
+                    *group,
+                    Call::Produce {
+                        batch: batch.clone(),
+                    },
+                )?
+                .map(Waiting::Call),
+            Request::Poll { group, request } => cluster
+                .call(target, *group, Call::Poll(*request))?
+                .map(Waiting::Call),
+            Request::Store {
+                group,
+                consumer,
+                offset,
+            } => cluster
+                .call(
+                    target,
+                    *group,
+                    Call::StoreOffset {
+                        kind: ConsumerKind::Consumer,
+                        id: *consumer,
+                        offset: Offset(*offset),
+                    },
+                )?
+                .map(Waiting::Call),
+            Request::Get { group, consumer } => cluster
+                .call(
+                    target,
+                    *group,
+                    Call::GetOffset {
+                        kind: ConsumerKind::Consumer,
+                        id: *consumer,
+                    },
+                )?
+                .map(Waiting::Call),
+        };
+        let Some(waiting) = waiting else {
+            // The replica is down: the connection was refused and nothing
+            // was sent. Try another replica a little later.
+            trace.record(Event::Answer {
+                tick,
+                client: self.clients[i].id,
+                what: format!("{}: connection refused", request.describe()),
+            });
+            let wait = 5 + self.prng.below_inclusive(20);
+            let target = self.random_replica();
+            let c = &mut self.clients[i];
+            c.target = target;
+            c.wake_tick = tick + wait;
+            c.state = ClientState::Retry {
+                request,
+                attempts: attempts + 1,
+            };
+            return Ok(());
+        };
+        self.clients[i].state = ClientState::Waiting {
+            flight: InFlight {
+                request,
+                waiting,
+                sent_tick: tick,
+            },
+            attempts: attempts + 1,
+        };
+        Ok(())
+    }
+
+    /// Picks the next request of client `i`.
+    fn next_request(&mut self, i: usize, oracle: &mut Oracle) -> Option<Request> {
+        if !self.stream_created {
+            if i != 0 || self.meta_busy {
+                return None;
+            }
+            self.meta_busy = true;
+            return Some(Request::Meta(MetadataOp::CreateStream {
+                name: STREAM.into(),
+                created_at_us: 1,
+            }));
+        }
+        if self.stats.topics == 0 {
+            return self.create_topic_request();
+        }
+        if self.groups.is_empty() {
+            return None;
+        }
+        let roll = self.prng.below_inclusive(99);
+        let group = self.groups[self.prng.below_inclusive(self.groups.len() as u64 - 1) as usize];
+        let consumer = consumer_of(self.clients[i].id);
+        match roll {
+            0..=1 if self.stats.topics < TOPICS_MAX => self.create_topic_request(),
+            0..=54 => {
+                let tag = self.next_tag;
+                self.next_tag += 1;
+                let messages = 1 + self.prng.below_inclusive(4) as u32;
+                let mut builder = BatchBuilder::new(tag);
+                for index in 0..messages {
+                    let filler = self.prng.below_inclusive(300) as usize;
+                    builder.push(
+                        (u128::from(tag) << 32) | u128::from(index),
+                        index,
+                        &payload(tag, index, filler),
+                        b"",
+                    );
+                }
+                oracle.produced(tag, group, messages);
+                Some(Request::Produce {
+                    group,
+                    tag,
+                    batch: builder.build(),
+                })
+            }
+            55..=79 => {
+                let highest = oracle.highest_offset(group).unwrap_or(0);
+                let strategy = match self.prng.below_inclusive(3) {
+                    0 => PollingStrategy::Offset(self.prng.below_inclusive(highest + 1)),
+                    1 => PollingStrategy::First,
+                    2 => PollingStrategy::Last,
+                    _ => PollingStrategy::Next,
+                };
+                Some(Request::Poll {
+                    group,
+                    request: PollRequest {
+                        consumer: (ConsumerKind::Consumer, consumer),
+                        strategy,
+                        count: 1 + self.prng.below_inclusive(40) as u32,
+                        auto_commit: false,
+                    },
+                })
+            }
+            80..=91 => {
+                let highest = oracle.highest_offset(group)?;
+                Some(Request::Store {
+                    group,
+                    consumer,
+                    offset: self.prng.below_inclusive(highest),
+                })
+            }
+            _ => Some(Request::Get { group, consumer }),
+        }
+    }
+
+    fn create_topic_request(&mut self) -> Option<Request> {
+        if self.meta_busy {
+            return None;
+        }
+        self.meta_busy = true;
+        let n = self.stats.topics;
+        let config = TopicConfig {
+            segment_size_bytes: SEGMENT_SIZE_BYTES,
+            durability: if n.is_multiple_of(2) {
+                Durability::Replicated
+            } else {
+                Durability::Persisted
+            },
+            ..TopicConfig::default()
+        };
+        Some(Request::Meta(MetadataOp::CreateTopic {
+            stream: Identifier::Name(STREAM.into()),
+            name: format!("t{n}"),
+            partitions_count: 2,
+            config,
+            created_at_us: 2 + u64::from(n),
+        }))
+    }
+
+    /// Takes client `i`'s answer if one arrived (or gives up on it).
+    fn take_answer(
+        &mut self,
+        i: usize,
+        tick: u64,
+        cluster: &Cluster,
+        oracle: &mut Oracle,
+        trace: &mut Trace,
+    ) -> Result<(), StepError> {
+        let ClientState::Waiting { flight, .. } = &mut self.clients[i].state else {
+            return Ok(());
+        };
+        let timed_out = tick.saturating_sub(flight.sent_tick) > ANSWER_TIMEOUT_TICKS;
+        let answer = match &mut flight.waiting {
+            Waiting::Call(rx) => match rx.try_recv() {
+                Ok(Some(a)) => Got::Call(a),
+                Ok(None) if timed_out => Got::TimedOut,
+                Ok(None) => return Ok(()),
+                Err(oneshot::Canceled) => Got::Cancelled,
+            },
+            Waiting::Meta(rx) => match rx.try_recv() {
+                Ok(Some(a)) => Got::Meta(a),
+                Ok(None) if timed_out => Got::TimedOut,
+                Ok(None) => return Ok(()),
+                Err(oneshot::Canceled) => Got::Cancelled,
+            },
+        };
+        let state = std::mem::replace(&mut self.clients[i].state, ClientState::Idle);
+        let ClientState::Waiting { flight, attempts } = state else {
+            return Ok(());
+        };
+        let client = self.clients[i].id;
+        trace.record(Event::Answer {
+            tick,
+            client,
+            what: format!("{}: {}", flight.request.describe(), answer.describe()),
+        });
+        let next = self.judge(flight.request, attempts, answer, cluster, oracle)?;
+        let wait = 5 + self.prng.below_inclusive(20);
+        let fallback = self.random_replica();
+        let c = &mut self.clients[i];
+        match next {
+            Next::Done => c.wake_tick = tick + 1,
+            Next::Retry {
+                request,
+                attempts,
+                at: Some(primary),
+            } => {
+                c.target = primary;
+                c.wake_tick = tick + 1;
+                c.state = ClientState::Retry { request, attempts };
+            }
+            Next::Retry {
+                request,
+                attempts,
+                at: None,
+            } => {
+                c.target = fallback;
+                c.wake_tick = tick + wait;
+                c.state = ClientState::Retry { request, attempts };
+            }
+        }
+        Ok(())
+    }
+
+    /// What an answer means for the oracle and for the client's next move.
+    fn judge(
+        &mut self,
+        request: Request,
+        attempts: u32,
+        answer: Got,
+        cluster: &Cluster,
+        oracle: &mut Oracle,
+    ) -> Result<Next, Violation> {
+        let retry = |request: Request, at: Option<u8>| Next::Retry {
+            request,
+            attempts,
+            at,
+        };
+        // Requests that ran out of attempts after only "nothing changed"
+        // answers end here.
+        let exhausted = attempts >= ATTEMPTS_MAX;
+        match request {
+            Request::Meta(op) => {
+                let result = match answer {
+                    Got::Meta(r) => r,
+                    Got::Cancelled | Got::TimedOut => {
+                        return Ok(retry(Request::Meta(op), None));
+                    }
+                    Got::Call(_) => unreachable_answer(),
+                };
+                self.stats.metadata_ops += 1;
+                match result {
+                    Ok(_) => {
+                        self.meta_done(&op, cluster);
+                        Ok(Next::Done)
+                    }
+                    // A retry of an op whose first attempt landed.
+                    Err(MetaError::Refused(
+                        Refusal::StreamNameAlreadyExists(_)
+                        | Refusal::TopicNameAlreadyExists { .. },
+                    )) if attempts > 1 => {
+                        self.meta_done(&op, cluster);
+                        Ok(Next::Done)
+                    }
+                    Err(MetaError::Refused(refusal)) => Err(Violation::new(
+                        Property::UnexpectedRefusal,
+                        format!("metadata op {} refused: {refusal}", meta_name(&op)),
+                    )),
+                    Err(MetaError::NotPrimary { primary, .. }) => {
+                        Ok(retry(Request::Meta(op), Some(primary.0)))
+                    }
+                    // Metadata ops are named, so a retry of one that landed
+                    // is refused as existing (handled above): retrying is
+                    // safe after every other answer.
+                    Err(
+                        MetaError::Unavailable { .. }
+                        | MetaError::Indeterminate { .. }
+                        | MetaError::Local { .. }
+                        | MetaError::NotHosted,
+                    ) => Ok(retry(Request::Meta(op), None)),
+                }
+            }
+            Request::Produce { group, tag, batch } => {
+                let result = match answer {
+                    Got::Call(r) => r,
+                    Got::Cancelled | Got::TimedOut => {
+                        oracle.settle(tag, Fate::Unknown);
+                        return Ok(Next::Done);
+                    }
+                    Got::Meta(_) => unreachable_answer(),
+                };
+                match result {
+                    Ok(Answer::Committed { .. }) => {
+                        oracle.settle(tag, Fate::Acknowledged);
+                        Ok(Next::Done)
+                    }
+                    Ok(other) => Err(Violation::new(
+                        Property::UnexpectedRefusal,
+                        format!("produce of batch {tag} answered {other:?}"),
+                    )),
+                    Err(e) if nothing_changed(&e) => {
+                        if exhausted {
+                            oracle.settle(tag, Fate::NeverApplied);
+                            return Ok(Next::Done);
+                        }
+                        let at = match e {
+                            CallError::NotPrimary { primary, .. } => Some(primary.0),
+                            _ => None,
+                        };
+                        Ok(retry(Request::Produce { group, tag, batch }, at))
+                    }
+                    Err(CallError::Rejected { reason }) => Err(Violation::new(
+                        Property::UnexpectedRefusal,
+                        format!(
+                            "produce of batch {tag} to group {} rejected: {reason}",
+                            group.0
+                        ),
+                    )),
+                    Err(_) => {
+                        oracle.settle(tag, Fate::Unknown);
+                        Ok(Next::Done)
+                    }
+                }
+            }
+            Request::Poll { group, request } => {
+                let result = match answer {
+                    Got::Call(r) => r,
+                    Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
+                    Got::Meta(_) => unreachable_answer(),
+                };
+                match result {
+                    Ok(Answer::Polled(polled)) => {
+                        self.stats.polls += 1;
+                        let messages: Vec<(u64, Vec<u8>)> = polled
+                            .messages()
+                            .map(|m| (m.offset, m.payload.to_vec()))
+                            .collect();
+                        if messages.len() as u64 != polled.count {
+                            return Err(Violation::new(
+                                Property::OffsetsNotDense,
+                                format!(
+                                    "group {}: a poll claimed {} messages and held {}",
+                                    group.0,
+                                    polled.count,
+                                    messages.len()
+                                ),
+                            ));
+                        }
+                        oracle.polled(group, &messages)?;
+                        Ok(Next::Done)
+                    }
+                    Ok(other) => Err(Violation::new(
+                        Property::UnexpectedRefusal,
+                        format!("poll answered {other:?}"),
+                    )),
+                    Err(e) if nothing_changed(&e) && !exhausted => {
+                        let at = match e {
+                            CallError::NotPrimary { primary, .. } => Some(primary.0),
+                            _ => None,
+                        };
+                        Ok(retry(Request::Poll { group, request }, at))
+                    }
+                    Err(CallError::Rejected { reason }) => Err(Violation::new(
+                        Property::UnexpectedRefusal,
+                        format!("poll of group {} rejected: {reason}", group.0),
+                    )),
+                    Err(_) => Ok(Next::Done),
+                }
+            }
+            Request::Store {
+                group,
+                consumer,
+                offset,
+            } => {
+                let outcome = match answer {
+                    Got::Call(Ok(Answer::Committed { .. })) => StoreOutcome::Acknowledged,
+                    Got::Call(Ok(other)) => {
+                        return Err(Violation::new(
+                            Property::UnexpectedRefusal,
+                            format!("offset store answered {other:?}"),
+                        ));
+                    }
+                    Got::Call(Err(e)) if nothing_changed(&e) && !exhausted => {
+                        let at = match e {
+                            CallError::NotPrimary { primary, .. } => Some(primary.0),
+                            _ => None,
+                        };
+                        return Ok(retry(
+                            Request::Store {
+                                group,
+                                consumer,
+                                offset,
+                            },
+                            at,
+                        ));
+                    }
+                    Got::Call(Err(e)) if nothing_changed(&e) => StoreOutcome::NeverApplied,
+                    Got::Call(Err(CallError::Rejected { reason })) => {
+                        return Err(Violation::new(
+                            Property::UnexpectedRefusal,
+                            format!(
+                                "store of committed offset {offset} in group {} rejected: {reason}",
+                                group.0
+                            ),
+                        ));
+                    }
+                    Got::Call(Err(_)) | Got::Cancelled => StoreOutcome::Unknown,
+                    Got::TimedOut => StoreOutcome::MayLandLater,
+                    Got::Meta(_) => unreachable_answer(),
+                };
+                if outcome == StoreOutcome::Acknowledged {
+                    self.stats.stores_acknowledged += 1;
+                }
+                oracle.store_settled(group, consumer, offset, outcome);
+                Ok(Next::Done)
+            }
+            Request::Get { group, consumer } => {
+                let result = match answer {
+                    Got::Call(r) => r,
+                    Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
+                    Got::Meta(_) => unreachable_answer(),
+                };
+                match result {
+                    Ok(Answer::Offset(got)) => {
+                        self.stats.offset_reads += 1;
+                        oracle.offset_read(group, consumer, got.map(|o| o.0))?;
+                        Ok(Next::Done)
+                    }
+                    Ok(other) => Err(Violation::new(
+                        Property::UnexpectedRefusal,
+                        format!("offset read answered {other:?}"),
+                    )),
+                    Err(e) if nothing_changed(&e) && !exhausted => {
+                        let at = match e {
+                            CallError::NotPrimary { primary, .. } => Some(primary.0),
+                            _ => None,
+                        };
+                        Ok(retry(Request::Get { group, consumer }, at))
+                    }
+                    Err(_) => Ok(Next::Done),
+                }
+            }
+        }
+    }
+
+    /// A metadata op committed: learn what it created.
+    fn meta_done(&mut self, op: &MetadataOp, cluster: &Cluster) {
+        self.meta_busy = false;
+        match op {
+            MetadataOp::CreateStream { .. } => self.stream_created = true,
+            MetadataOp::CreateTopic { .. } => {
+                self.stats.topics += 1;
+                // The answering primary applied the op: its metadata names
+                // every group so far. Any replica that has applied it does.
+                for r in 0..cluster.replica_count {
+                    if let Some(groups) = cluster.metadata_groups(r)
+                        && groups.len() > self.groups.len()
+                    {
+                        self.groups = groups;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Answers after which the same request may be sent again: the shard
+/// promises nothing changed.
+fn nothing_changed(e: &CallError) -> bool {
+    e.transient() || matches!(e, CallError::UnknownGroup { .. })
+}
+
+fn unreachable_answer() -> ! {
+    // A call's receiver only ever yields call answers and a metadata op's
+    // only metadata answers: `take_answer` builds `Got` from the matching
+    // receiver.
+    unreachable!("answer kind does not match the request kind")
+}
+
+/// What a client got.
+enum Got {
+    Call(Result<Answer, CallError>),
+    Meta(Result<Outcome, MetaError>),
+    /// The reply handle was dropped (the replica crashed with the call).
+    Cancelled,
+    /// No answer in time.
+    TimedOut,
+}
+
+impl Got {
+    fn describe(&self) -> String {
+        match self {
+            Self::Call(Ok(Answer::Committed { op, base_offset })) => match base_offset {
+                Some(base) => format!("committed op {} at offset {}", op.0, base.0),
+                None => format!("committed op {}", op.0),
+            },
+            Self::Call(Ok(Answer::Polled(p))) => {
+                format!("polled {} from {}", p.count, p.first_offset)
+            }
+            Self::Call(Ok(Answer::Offset(o))) => format!("offset {o:?}"),
+            Self::Call(Ok(other)) => format!("{other:?}"),
+            Self::Call(Err(e)) => format!("error: {e}"),
+            Self::Meta(Ok(o)) => format!("{o:?}"),
+            Self::Meta(Err(e)) => format!("error: {e}"),
+            Self::Cancelled => "cancelled (replica went down)".into(),
+            Self::TimedOut => "no answer in time".into(),
+        }
+    }
+}
+
+/// A client's next move after an answer.
+enum Next {
+    Done,
+    Retry {
+        request: Request,
+        attempts: u32,
+        at: Option<u8>,
+    },
+}

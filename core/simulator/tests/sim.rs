@@ -1,0 +1,269 @@
+//! The simulator end to end: determinism, a sweep of seeds over every
+//! fault profile and cluster shape, and the seeds that once failed.
+#![allow(clippy::unwrap_used)]
+
+use simulator::{FaultProfile, Options, OptionsError, SimError, Summary, run};
+
+fn options(seed: u64, profile: FaultProfile, replicas: u8, shards: u16, ticks: u64) -> Options {
+    let mut o = Options::new(seed);
+    o.profile = profile;
+    o.replicas = replicas;
+    o.shards = shards;
+    o.ticks = ticks;
+    o
+}
+
+fn clean(o: &Options) -> Summary {
+    match run(o) {
+        Ok(summary) => summary,
+        Err(SimError::Failed(failure)) => panic!("\n{failure}"),
+        Err(e) => panic!("seed {}: {e}", o.seed),
+    }
+}
+
+#[test]
+fn given_same_seed_when_run_twice_should_give_the_same_schedule_and_bytes() {
+    for (seed, profile, replicas) in [
+        (7, FaultProfile::Mixed, 3),
+        (8, FaultProfile::Crash, 5),
+        (9, FaultProfile::Network, 1),
+    ] {
+        let o = options(seed, profile, replicas, 2, 800);
+        let (a, b) = (clean(&o), clean(&o));
+        assert_eq!(a, b, "seed {seed} {profile}");
+        assert!(
+            a.produces_acknowledged > 0,
+            "seed {seed}: nothing acknowledged"
+        );
+        let other = clean(&options(seed + 1000, profile, replicas, 2, 800));
+        assert_ne!(a.schedule_hash, other.schedule_hash, "seed {seed}");
+    }
+}
+
+#[test]
+fn given_unsupported_cluster_shape_when_run_should_refuse_it_typed() {
+    let mut o = Options::new(1);
+    o.replicas = 2;
+    assert!(matches!(
+        run(&o),
+        Err(SimError::Options(OptionsError::Replicas(2)))
+    ));
+    o.replicas = 3;
+    o.shards = 0;
+    assert!(matches!(
+        run(&o),
+        Err(SimError::Options(OptionsError::Shards(0)))
+    ));
+}
+
+/// The sweep CI runs: 30 seeds per profile (210 in all), cluster shapes
+/// rotating through 3 replicas × 2 shards, 5 × 1, 1 × 3 and 3 × 3, each
+/// 1,200 ticks, so the whole sweep stays within CI's budget. Each profile is
+/// its own test so the harness runs them in parallel.
+fn sweep(profile: FaultProfile) {
+    const SEEDS: u64 = 30;
+    const BASE: u64 = 1_000_000;
+    let shapes: [(u8, u16); 4] = [(3, 2), (5, 1), (1, 3), (3, 3)];
+    let mut acknowledged = 0;
+    let mut faults_seen = 0;
+    for i in 0..SEEDS {
+        let (replicas, shards) = shapes[(i % 4) as usize];
+        let o = options(BASE + i, profile, replicas, shards, 1_200);
+        let s = clean(&o);
+        acknowledged += s.produces_acknowledged;
+        let f = s.faults;
+        faults_seen += f.crashes + f.disk_faults + f.partitions + f.degraded_links;
+    }
+    assert!(
+        acknowledged > SEEDS * 20,
+        "{profile}: only {acknowledged} produces acknowledged"
+    );
+    if profile.injects_replica_or_link_faults() {
+        assert!(faults_seen > 0, "{profile}: no fault was injected");
+    }
+}
+
+#[test]
+fn sweep_none() {
+    sweep(FaultProfile::None);
+}
+
+#[test]
+fn sweep_network() {
+    sweep(FaultProfile::Network);
+}
+
+#[test]
+fn sweep_reorder() {
+    sweep(FaultProfile::Reorder);
+}
+
+#[test]
+fn sweep_partition() {
+    sweep(FaultProfile::Partition);
+}
+
+#[test]
+fn sweep_crash() {
+    sweep(FaultProfile::Crash);
+}
+
+#[test]
+fn sweep_disk() {
+    sweep(FaultProfile::Disk);
+}
+
+#[test]
+fn sweep_mixed() {
+    sweep(FaultProfile::Mixed);
+}
+
+// Seeds that failed once, each with what it found.
+
+/// Mixed seed 18 (3 × 2, 2,000 ticks): the fault plan counted a restarted
+/// replica as healthy once its commits caught up, while its groups were
+/// still `Recovering` (quorum-invisible); a second crash then left one
+/// voter for a group, which VSR rightly cannot elect with. Fixed in the
+/// plan: a replica is healthy again only when every group, group 0
+/// included, is `Normal` and caught up.
+#[test]
+fn regression_mixed_18_second_crash_while_first_replica_recovering() {
+    clean(&options(18, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Mixed seed 13: the same accounting fault, seen as group 0 never
+/// converging (one replica's metadata stuck at half the topics).
+#[test]
+fn regression_mixed_13_metadata_stuck_after_second_crash() {
+    clean(&options(13, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Mixed seed 35: a replica that installed a state transfer had already
+/// planted the empty active segment at the frontier, the others open it
+/// with their next append; the file comparison now ignores an empty
+/// trailing segment (and still refuses an empty one anywhere else; see
+/// the unit tests of `committed_files`). The fixes since changed this
+/// seed's schedule; the install case is covered by the seeds below whose
+/// primaries are served a transfer.
+#[test]
+fn regression_mixed_35_empty_active_segment_after_install() {
+    clean(&options(35, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Partition seed 1000005 (5 × 1, 500 ticks): the next view's primary
+/// answered a consumer-offset read with the state before a store the old
+/// primary had committed and acknowledged (its DVC quorum had not heard of
+/// the commit). Fixed in consensus: a new primary is not caught up until
+/// it has committed its starting log again.
+#[test]
+fn regression_partition_1000005_read_after_view_change_went_back_in_time() {
+    clean(&options(1_000_005, FaultProfile::Partition, 5, 1, 500));
+}
+
+/// Mixed seed 359: group 0's primary prepared an op in view 0, lost power
+/// before anything committed, and reopened as a brand-new group (its
+/// superblock said view 0, nothing applied); leading view 0 again from an
+/// empty log it forked op 1, and a backup's commit walk panicked. Fixed in
+/// metadata: only a group that never wrote a superblock record is new.
+#[test]
+fn regression_mixed_359_restarted_primary_forked_group_0() {
+    clean(&options(359, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Mixed seed 327: the fault plan let a second replica crash while a group
+/// the first had created before its peers was still `Recovering` on it
+/// (the group was not among the catch-up targets, which only name groups
+/// the others held). Fixed in the plan: every group a restarted replica
+/// hosts must be normal and quorum-visible.
+#[test]
+fn regression_mixed_327_group_recovering_on_a_replica_counted_healthy() {
+    clean(&options(327, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Mixed seed 284: the next view's primary had not heard of the last
+/// commit and proposed that op again; the one backup that had applied it
+/// never acknowledged it (backups acked only above their commit point)
+/// and the third replica was transferring, which a primary that is not
+/// caught up cannot serve: the group never committed again. Fixed in
+/// consensus: a backup acknowledges a re-proposed op it applied.
+#[test]
+fn regression_mixed_284_reproposed_applied_op_never_acknowledged() {
+    clean(&options(284, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Mixed seeds 425, 520, 535, 594, 660: a primary missing committed ops
+/// no peer retained armed a state transfer, and every peer refused it
+/// (only a view's caught-up primary served offers, and it was the
+/// primary); it re-asked the same peer forever. Fixed in partitions: a
+/// caught-up backup serves its view's primary, and a primary's transient
+/// refusals go round the backups.
+#[test]
+fn regression_mixed_425_520_535_594_660_primary_needing_transfer_is_served_by_a_backup() {
+    for seed in [425, 520, 535, 594, 660] {
+        let s = clean(&options(seed, FaultProfile::Mixed, 3, 2, 2_000));
+        assert!(
+            s.transfers > 0,
+            "seed {seed}: the primary's transfer installed"
+        );
+    }
+}
+
+/// Mixed seed 950: both backups of group 0 restarted (one at a time,
+/// within the budget) and with them the bodies of ops 6–7 went (journals
+/// are memory-only); the primary of the next view still lacked them,
+/// concluded `FloorRefused`, and needs a metadata state transfer — which
+/// the shard does not pull or serve over the bus yet
+/// (`FrameRefusal::MetadataTransfer`). Fails until that is built.
+#[test]
+#[ignore = "metadata state transfer over the replica bus is not built yet"]
+fn regression_mixed_950_group_0_primary_needs_a_snapshot_transfer() {
+    clean(&options(950, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// Mixed seed 5000130 (5 × 2): the same gap on a backup of group 0 (its
+/// ops 5–7 no longer retained by any peer): it waits for a metadata
+/// snapshot nobody serves and never learns the topics.
+#[test]
+#[ignore = "metadata state transfer over the replica bus is not built yet"]
+fn regression_mixed_5000130_group_0_backup_needs_a_snapshot_transfer() {
+    clean(&options(5_000_130, FaultProfile::Mixed, 5, 2, 2_000));
+}
+
+/// Mixed seed 3000036 (default options): group 0's replica concluded
+/// `FloorRefused`, the core later gave that up and repaired the ops after
+/// all, but the metadata group kept reporting the old transfer need, so
+/// its primary refused every metadata op as "transfer in progress" for
+/// good. Fixed in metadata: a need the replica has moved past is gone.
+#[test]
+fn regression_mixed_3000036_stale_metadata_transfer_need_blocked_group_0() {
+    clean(&options(3_000_000 + 36, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
+/// The `rot` profile flips a bit in a sealed segment on a minority
+/// replica. Today the damage is found on read and never served (polls
+/// fail closed, no value read is unknown or contradicts another), but the
+/// partition does not repair itself from a peer yet (SPEC §6.1), so the
+/// run ends with that replica's log unreadable. When self-repair lands,
+/// these seeds must run clean and this test becomes a `clean` sweep.
+#[test]
+fn rot_profile_damage_is_never_served_and_not_yet_repaired() {
+    for seed in 1..=10 {
+        let o = options(seed, FaultProfile::Rot, 3, 2, 1_200);
+        match run(&o) {
+            Err(SimError::Failed(f)) => {
+                assert_eq!(
+                    f.violation.property,
+                    simulator::Property::ReplicasDiverge,
+                    "seed {seed}: damage surfaced as something other than an unreadable log:\n{f}"
+                );
+                assert!(
+                    f.violation.detail.contains("corrupt")
+                        || f.violation.detail.contains("checksum"),
+                    "seed {seed}: {f}"
+                );
+            }
+            Ok(s) => assert_eq!(s.faults.rotted_bits, 0, "seed {seed}: rot repaired?"),
+            Err(e) => panic!("seed {seed}: {e}"),
+        }
+    }
+}
