@@ -160,7 +160,12 @@ fn collect_logs(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
                 .components()
                 .any(|c| c.as_os_str().to_string_lossy().starts_with("g-"))
         {
-            let bytes = std::fs::read(&path).unwrap();
+            // Retention may remove a segment between the listing and the
+            // read: a file gone is simply not there (the callers compare
+            // until the replicas agree).
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
             out.insert(path.strip_prefix(root).unwrap().to_path_buf(), bytes);
         }
     }
