@@ -114,7 +114,10 @@ fn locate_or_build() -> Result<PathBuf, ReplogError> {
     if is_newer_than_sources(&binary, &workspace) {
         return Ok(binary);
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // The cargo that built this crate (the pinned toolchain): a bare
+    // `cargo` from PATH may resolve to another toolchain and rebuild the
+    // whole target directory with it.
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
     let workspace_manifest = workspace.join("Cargo.toml");
     let mut command = Command::new(&cargo);
     command
@@ -158,21 +161,36 @@ fn locate_or_build() -> Result<PathBuf, ReplogError> {
     Ok(binary)
 }
 
-/// Whether `binary` exists and was modified after every file the server is
-/// built from: everything under `core/`, the workspace `Cargo.toml` and
-/// `Cargo.lock`. Any doubt (a missing file, an unreadable time) says no.
+/// The crates the `replog` binary is built from.
+const BINARY_CRATES: [&str; 8] = [
+    "common",
+    "consensus",
+    "journal",
+    "metadata",
+    "partitions",
+    "server",
+    "shard",
+    "storage",
+];
+
+/// Whether `binary` exists and was modified after every file it is built
+/// from: the `src/` trees and manifests of [`BINARY_CRATES`]. Only what
+/// cargo would relink the binary for counts: a changed test file, another
+/// crate or a lock entry of the tools leaves the binary as it is, and
+/// counting them would send a test into a `cargo build` that waits on the
+/// lock its own `cargo test` holds. Any doubt (a missing file, an
+/// unreadable time) says no.
 fn is_newer_than_sources(binary: &Path, workspace: &Path) -> bool {
     let Ok(built) = std::fs::metadata(binary).and_then(|m| m.modified()) else {
         return false;
     };
-    let roots = [
-        workspace.join("core"),
-        workspace.join("Cargo.toml"),
-        workspace.join("Cargo.lock"),
-    ];
-    roots
+    BINARY_CRATES
         .iter()
-        .all(|root| newest_mtime(root).is_some_and(|newest| newest <= built))
+        .flat_map(|c| {
+            let dir = workspace.join("core").join(c);
+            [dir.join("src"), dir.join("Cargo.toml")]
+        })
+        .all(|root| newest_mtime(&root).is_some_and(|newest| newest <= built))
 }
 
 /// The newest modification time of `path` and, for a directory, of
@@ -434,30 +452,36 @@ mod tests {
     fn given_a_binary_older_than_a_source_when_checked_should_rebuild() {
         let dir = tempfile::tempdir().unwrap();
         let w = dir.path();
-        std::fs::create_dir_all(w.join("core/server/src")).unwrap();
-        for f in [
-            "Cargo.toml",
-            "Cargo.lock",
-            "core/server/src/lib.rs",
-            "replog",
-        ] {
-            std::fs::write(w.join(f), "x").unwrap();
-        }
         let t0 = std::time::SystemTime::now() - Duration::from_secs(100);
-        for f in ["Cargo.toml", "Cargo.lock", "core/server/src/lib.rs"] {
-            touch(&w.join(f), t0);
-        }
-        for d in ["core/server/src", "core/server", "core"] {
-            std::fs::File::open(w.join(d))
+        for c in BINARY_CRATES {
+            let crate_dir = w.join("core").join(c);
+            std::fs::create_dir_all(crate_dir.join("src")).unwrap();
+            std::fs::create_dir_all(crate_dir.join("tests")).unwrap();
+            for f in ["src/lib.rs", "Cargo.toml", "tests/t.rs"] {
+                std::fs::write(crate_dir.join(f), "x").unwrap();
+                touch(&crate_dir.join(f), t0);
+            }
+            std::fs::File::open(crate_dir.join("src"))
                 .unwrap()
                 .set_modified(t0)
                 .unwrap();
         }
+        std::fs::write(w.join("replog"), "x").unwrap();
         touch(&w.join("replog"), t0 + Duration::from_secs(10));
         assert!(is_newer_than_sources(&w.join("replog"), w));
-        // A source edited after the build: stale.
+        // A test file, the lock or another crate edited after the build:
+        // cargo does not relink the binary for them, so neither does this.
         touch(
-            &w.join("core/server/src/lib.rs"),
+            &w.join("core/server/tests/t.rs"),
+            t0 + Duration::from_secs(20),
+        );
+        std::fs::write(w.join("Cargo.lock"), "x").unwrap();
+        std::fs::create_dir_all(w.join("core/simulator/src")).unwrap();
+        std::fs::write(w.join("core/simulator/src/lib.rs"), "x").unwrap();
+        assert!(is_newer_than_sources(&w.join("replog"), w));
+        // A source of the binary edited after the build: stale.
+        touch(
+            &w.join("core/metadata/src/lib.rs"),
             t0 + Duration::from_secs(20),
         );
         assert!(!is_newer_than_sources(&w.join("replog"), w));
