@@ -8,9 +8,22 @@
 //!
 //! When: after each drive step once `messages_required_to_save` messages or
 //! `size_required_to_save_bytes` bytes wait; with `enforce_fsync` after every
-//! step that applied a batch, synced, before the replies go out; and on
-//! demand ([`Partition::flush_committed_messages`], e.g. at shutdown, so a
-//! graceful restart does not boot with consumer offsets past the data).
+//! step that applied a batch, synced, before the replies go out; without it,
+//! written but not synced, after every step whose replies are about to go
+//! out while batches wait; and on demand
+//! ([`Partition::flush_committed_messages`], e.g. at shutdown, so a graceful
+//! restart does not boot with consumer offsets past the data).
+//!
+//! **A reply never leaves before its batch is in the file.** Whatever the
+//! thresholds, a step that holds replies writes the waiting batches to the
+//! active segment first (one write per step, coalescing every batch of the
+//! step). The page cache outlives the process, so a killed replica — the
+//! single replica included — boots with every batch it acknowledged; only
+//! a power loss or a kernel crash can take unsynced bytes, and only without
+//! `enforce_fsync`. A backup answers no client and keeps the thresholds:
+//! its acknowledged prepares are covered by the quorum, not by its file.
+//! The thresholds still decide how often a replica that only applies
+//! writes, and the applied-point rules below decide when it syncs.
 //!
 //! **The applied point.** A flush writes the whole journal, so afterwards
 //! every op up to the last journaled one (`journaled_point`: its op, its
@@ -86,6 +99,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         } else if lagging
             || info.messages_count >= self.config.messages_required_to_save
             || info.size_bytes >= self.config.size_required_to_save_bytes
+            || (info.messages_count > 0 && !self.pending_replies.is_empty())
         {
             self.flush(false, false).await?;
         }

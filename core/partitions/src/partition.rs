@@ -730,8 +730,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             };
             if config.vsr.replica_count == 1 {
                 // Nobody to disagree with: resume at the durable commit
-                // bound; ops after the last flush are gone with the
-                // memory-only journal (acknowledged only without
+                // bound and at the end of the recovered log. Every batch
+                // a reply acknowledged was written before the reply (see
+                // flush.rs), so a killed process loses none; a power loss
+                // can take what was not synced (only without
                 // enforce_fsync).
                 // Op numbers continue past both the commit bound and the
                 // recorded applied point (either may be the larger).

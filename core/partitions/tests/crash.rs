@@ -440,3 +440,38 @@ fn given_crash_at_every_step_of_an_fsync_produce_when_acknowledged_should_surviv
     );
     assert!(steps >= 2, "only {steps} steps");
 }
+
+/// Without `enforce_fsync` and with thresholds that never flush, a killed
+/// process (the page cache survives: `CrashMode::KeepAll`) still boots with
+/// every acknowledged batch at the offset it was given, and the next
+/// produce continues after them: the reply waited for the write.
+#[test]
+fn given_killed_process_without_fsync_when_rebooted_should_keep_every_acknowledged_batch() {
+    let mut lazy = cfg();
+    lazy.enforce_fsync = false;
+    lazy.log.segment_size_bytes = 1 << 20;
+    lazy.messages_required_to_save = u64::MAX;
+    lazy.size_required_to_save_bytes = u64::MAX;
+    let fs = fresh_fs(0xD1E);
+    let mut node = boot_with(&fs, lazy);
+    let acknowledged = 12u64;
+    for tag in 0..acknowledged {
+        node.produce(tag, 4);
+    }
+    drop(node);
+    fs.crash_with(CrashMode::KeepAll);
+
+    let mut rebooted = boot_with(&fs, lazy);
+    let polled = rebooted.poll(PollingStrategy::Offset(0), 1_000);
+    let got = common::contents(&polled);
+    let want: Vec<(u64, Vec<u8>)> = (0..acknowledged)
+        .flat_map(|tag| (0..4u32).map(move |i| (tag * 4 + u64::from(i), payload(tag, i))))
+        .collect();
+    assert_eq!(got, want, "acknowledged batches lost or moved by the kill");
+    rebooted.produce(99, 2);
+    let next = rebooted.poll(PollingStrategy::Offset(acknowledged * 4), 10);
+    assert_eq!(
+        common::contents(&next),
+        vec![(48, payload(99, 0)), (49, payload(99, 1))]
+    );
+}

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod common;
+mod harness;
 
 use std::cell::Cell;
 use std::path::Path;
@@ -150,16 +151,44 @@ fn given_multi_segment_partition_when_offer_built_should_describe_disk_bytes_and
     assert!(!wire.dedup.is_empty(), "client 1's watermark travels");
 }
 
+/// A primary writes every batch before its reply, so committed batches
+/// wait unwritten only on a backup (below its flush thresholds) — and on
+/// the primary such a backup becomes when the old one fails, before its
+/// first reply. Its offer must cover them.
 #[test]
-fn given_unflushed_commits_when_offer_built_should_flush_them_into_the_segments() {
-    let (_fs, mut node) = populated(2, 3);
-    node.request(ClientOp::Append(big_batch(99, 4, 100)));
-    assert!(node.partition.unflushed_messages() > 0);
-    let offer = build(&mut node, &mut unlimited()).unwrap();
-    assert_eq!(node.partition.unflushed_messages(), 0);
+fn given_unflushed_commits_on_a_new_primary_when_offer_built_should_flush_them_into_the_segments() {
+    let mut c = harness::Cluster::new(2, 512);
+    let old = c.primary();
+    // The primary of the next view.
+    let backup = (old + 1) % 3;
+    c.replicas[usize::from(backup)]
+        .as_mut()
+        .unwrap()
+        .set_flush_thresholds(u64::MAX, u64::MAX);
+    c.produce(6);
+    c.converge();
+    c.crash(old);
+    for _ in 0..20_000 {
+        let r = c.replica(backup).replica();
+        if r.view() > 0
+            && r.primary_index(r.view()) == backup
+            && r.status() == consensus::vsr::Status::Normal
+        {
+            break;
+        }
+        c.step();
+    }
+    c.converge();
+    assert_eq!(c.primary(), backup);
+    let node = c.replicas[usize::from(backup)].as_mut().unwrap();
+    assert!(node.unflushed_messages() > 0);
+    let offer =
+        block_on(node.build_state_transfer_offer(&mut unlimited(), &ByteClock::new(1))).unwrap();
+    assert_eq!(node.unflushed_messages(), 0);
     let offered_end: u64 = offer.segments().iter().map(|s| s.entry.len).sum();
-    let log_bytes: u64 = node.partition.log().segments().map(|s| s.size_bytes).sum();
+    let log_bytes: u64 = node.log().segments().map(|s| s.size_bytes).sum();
     assert_eq!(offered_end, log_bytes);
+    assert_eq!(node.log().next_offset(), node.offset_frontier());
 }
 
 #[test]

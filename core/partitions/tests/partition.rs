@@ -68,26 +68,26 @@ fn given_produced_batches_when_polled_by_every_strategy_should_return_committed_
 }
 
 #[test]
-fn given_threshold_when_reached_should_flush_and_serve_both_tiers() {
+fn given_reply_when_sent_should_have_written_its_batch_but_not_synced_it() {
     let fs = fresh_fs(2);
     let mut cfg = config();
     cfg.messages_required_to_save = 25;
     let mut node = open(&fs, MemSuperblock::new(), cfg);
+    // Below the threshold, yet each reply waited for its batch's write.
     node.produce(0, 10);
-    node.produce(1, 10);
-    assert_eq!(node.partition.unflushed_messages(), 20);
-    assert_eq!(node.partition.log().next_offset(), 0);
-    node.produce(2, 10);
     assert_eq!(node.partition.unflushed_messages(), 0);
-    assert_eq!(node.partition.log().next_offset(), 30);
+    assert_eq!(node.partition.log().next_offset(), 10);
+    node.produce(1, 10);
+    node.produce(2, 10);
     node.produce(3, 10);
-    assert_eq!(node.partition.unflushed_messages(), 10);
-    // A poll spanning the segment and the journal has no gap.
+    assert_eq!(node.partition.log().next_offset(), 40);
+    // Written, not synced: the durable frontier has not moved.
+    assert_eq!(node.partition.durable_offset_frontier(), 0);
     let p = node.poll(PollingStrategy::Offset(25), 15);
     assert_eq!(offsets(&p), (25..40).collect::<Vec<_>>());
-    // On demand.
+    // On demand: nothing left to write, the sync records the frontier.
     let out = block_on(node.partition.flush_committed_messages()).unwrap();
-    assert_eq!((out.batches, out.messages, out.synced), (1, 10, true));
+    assert_eq!((out.batches, out.messages, out.synced), (0, 0, true));
     assert_eq!(node.partition.unflushed_messages(), 0);
     assert_eq!(node.partition.durable_offset_frontier(), 40);
     assert_eq!(
@@ -317,8 +317,9 @@ fn given_offset_ahead_of_flushed_data_when_rebooted_should_clamp_it() {
     node.store(CONSUMER, 4, 17);
     let store = node.partition.superblock().clone();
     drop(node);
-    // A process crash keeps the page cache but loses the unflushed journal.
-    fs.crash_with(storage::fs::CrashMode::KeepAll);
+    // A power loss keeps what was synced: the stored offset (synced when
+    // applied), not the second batch (written before its reply, unsynced).
+    fs.crash_with(storage::fs::CrashMode::DropAll);
     let node = open(&fs, store, config());
     assert_eq!(node.partition.offset_frontier(), 10);
     assert_eq!(node.partition.stored_offset(CONSUMER, 4), Some(9));
