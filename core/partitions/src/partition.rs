@@ -122,6 +122,13 @@ pub struct PartitionConfig {
     pub journal: JournalLimits,
     /// The group's VSR configuration (replica index, count, group id…).
     pub vsr: VsrConfig,
+    /// A directory with no superblock yet belongs to a replica that may
+    /// have acknowledged ops of this group in an earlier life (its disk
+    /// was replaced): it starts under the restart rule from nothing —
+    /// quorum-invisible until it caught up with a primary of its peers
+    /// (docs/consensus.md §4) — instead of as a new member. Ignored for a
+    /// single replica, which has nobody to catch up from.
+    pub rejoin: bool,
 }
 
 impl PartitionConfig {
@@ -147,6 +154,7 @@ impl PartitionConfig {
                 ..JournalLimits::default()
             },
             vsr,
+            rejoin: false,
         }
     }
 }
@@ -720,7 +728,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             checksum: 0,
             next_offset: next,
         };
-        let replica = if fresh {
+        let rejoining = fresh && config.rejoin && config.vsr.replica_count > 1;
+        if rejoining {
+            tracing::warn!(dir = %dir.display(), group = config.vsr.group, "partition rejoining with an empty directory: out of every quorum until caught up");
+        }
+        let replica = if fresh && !rejoining {
             Replica::new(config.vsr)
         } else {
             let vsr_durable = VsrDurable {

@@ -480,6 +480,48 @@ impl Cluster {
         }
     }
 
+    /// Replica `r`'s disk is replaced: the process and every byte it held
+    /// are gone, and it starts again on an empty disk, as a rejoining
+    /// replica (`rejoin`, the documented procedure) or as a new one.
+    pub fn replace_disk(&mut self, r: u8, rejoin: bool) {
+        self.crash(r);
+        self.fss[usize::from(r)] = fresh_fs(0xD15C ^ u64::from(r) ^ self.now);
+        let mut config = shaped_config(r, self.n, self.retention_ops, &self.shape);
+        config.rejoin = rejoin;
+        let fs = &self.fss[usize::from(r)];
+        let p = block_on(Partition::open(
+            config,
+            fs.clone(),
+            &pdir(),
+            self.net.endpoint(r),
+            FileSuperblock::new(fs.clone(), &pdir()),
+        ))
+        .unwrap();
+        self.replicas[usize::from(r)] = Some(p);
+    }
+
+    /// The ids of the messages replica `r` holds below its frontier.
+    pub fn stored_ids(&self, r: u8) -> BTreeSet<u128> {
+        let replica = self.replica(r);
+        let mut ids = BTreeSet::new();
+        let mut at = 0;
+        while at < replica.offset_frontier() {
+            let p = block_on(replica.poll(&PollRequest {
+                consumer: (ConsumerKind::Consumer, 1),
+                strategy: PollingStrategy::Offset(at),
+                count: 500,
+                auto_commit: false,
+            }))
+            .unwrap();
+            if p.is_empty() {
+                break;
+            }
+            ids.extend(p.messages().map(|m| m.id));
+            at = p.last_offset + 1;
+        }
+        ids
+    }
+
     /// Steps until every live replica applied what any committed.
     pub fn converge(&mut self) {
         while self.in_flight.is_some() {
