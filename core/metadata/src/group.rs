@@ -268,6 +268,22 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         superblock: S,
         bus: B,
     ) -> Result<Self, GroupError> {
+        Self::open_rejoining(config, cluster, store, superblock, bus, false).await
+    }
+
+    /// As [`Self::open`]; with `rejoin`, an empty store and superblock
+    /// belong to a replica whose disk was replaced (it may have
+    /// acknowledged ops in an earlier life), so it starts under the restart
+    /// rule from nothing — quorum-invisible until caught up — instead of
+    /// as a new group. Ignored for a single replica.
+    pub async fn open_rejoining(
+        config: VsrConfig,
+        cluster: u128,
+        store: MetadataStore<F>,
+        superblock: S,
+        bus: B,
+        rejoin: bool,
+    ) -> Result<Self, GroupError> {
         let initial = VsrState {
             cluster,
             replica_id: config.replica,
@@ -293,7 +309,14 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             .map_err(GroupError::Superblock)?;
         let sb = *durable.state();
         let applied = store.applied();
-        let fresh = never_written && applied == Op(0);
+        let rejoining = rejoin && config.replica_count > 1 && never_written && applied == Op(0);
+        if rejoining {
+            tracing::warn!(
+                replica = config.replica,
+                "metadata group rejoining with an empty directory: out of every quorum until caught up"
+            );
+        }
+        let fresh = never_written && applied == Op(0) && !rejoining;
         let replica = if fresh {
             Replica::new(config)
         } else {

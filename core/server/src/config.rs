@@ -340,6 +340,12 @@ pub struct Cli {
     /// Stop when stdin closes (how `replog dev` stops its replicas).
     #[arg(long, hide = true)]
     pub exit_with_stdin: bool,
+    /// This replica's disk was replaced: start its empty data directory as
+    /// a rejoining member, out of every quorum until each of its groups
+    /// caught up from its peers. Needed on the first start after the
+    /// replacement only (docs/operations.md, "Replacing a lost disk").
+    #[arg(long)]
+    pub rejoin: bool,
 }
 
 /// `replog` subcommands.

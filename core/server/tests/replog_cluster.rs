@@ -116,7 +116,13 @@ impl Cluster {
     }
 
     fn start_replica(&mut self, i: usize) {
-        let args: Vec<OsString> = vec!["--config".into(), self.files[i].clone().into()];
+        self.start_replica_with(i, &[]);
+    }
+
+    /// Starts replica `i` with `extra` flags after `--config FILE`.
+    fn start_replica_with(&mut self, i: usize, extra: &[&str]) {
+        let mut args: Vec<OsString> = vec!["--config".into(), self.files[i].clone().into()];
+        args.extend(extra.iter().map(OsString::from));
         let node = match &self.filter {
             Some(filter) => Replog::start_logging(
                 &args,
@@ -535,6 +541,79 @@ fn given_a_produce_loop_when_a_backup_and_then_the_primary_are_killed_should_los
         acked.len(),
         read.len(),
         segments.len()
+    );
+    drop(client);
+    cluster.stop();
+}
+
+/// A replica's disk is lost mid produce loop (killed, its whole data
+/// directory deleted) and it is started again by the documented procedure
+/// (`replog --config FILE --rejoin`): group 0 and the partition start out
+/// of every quorum, catch up from their peers, and the replica then says
+/// so; it ends byte-identical, and a kill -9 of another replica afterwards
+/// loses nothing acknowledged.
+#[test]
+fn given_a_replica_whose_disk_was_lost_when_restarted_with_rejoin_should_catch_up_before_it_counts_and_lose_nothing()
+ {
+    let mut cluster = Cluster::start_logging(|_| {}, Some("warn,shard::shard=info"));
+    let rt = runtime();
+    let via = cluster.clients[0];
+    let texts = |from: usize, to: usize| -> Vec<String> {
+        (from..to).map(|n| format!("disk-{n:05}")).collect()
+    };
+    let client = rt.block_on(bounded("set up", async move {
+        let client = logged_in(via).await;
+        retried!("create stream", client.create_stream("load"));
+        let options = TopicCreateOptions {
+            partitions_count: Some(1),
+            ..TopicCreateOptions::default()
+        };
+        retried!(
+            "create topic",
+            client.create_topic(&id("load"), "t", &options)
+        );
+        client
+    }));
+    let mut acked = Vec::new();
+    let mut attempted = Vec::new();
+    let mut produce_range = |range: Vec<String>| {
+        let (a, t, _) = rt.block_on(bounded("produce", produce(&client, &range)));
+        acked.extend(a);
+        attempted.extend(t);
+    };
+    produce_range(texts(0, 150));
+    // Replica 2's disk dies: the process and every byte it held.
+    cluster.kill9(2);
+    std::fs::remove_dir_all(&cluster.data[2]).unwrap();
+    produce_range(texts(150, 300));
+    cluster.start_replica_with(2, &["--rejoin"]);
+    produce_range(texts(300, 400));
+    let segments = await_identical_segments(&cluster);
+    let node = cluster.nodes[2].as_ref().unwrap();
+    for line in [
+        "rejoining after a disk replacement",
+        "metadata group rejoining with an empty directory",
+        "partition rejoining with an empty directory",
+        "rejoin: group 0 caught up",
+    ] {
+        assert!(node.logged(line), "replica 2 did not log {line:?}");
+    }
+    // The rejoined replica is a full member now: another replica's death
+    // is the one failure the cluster must survive.
+    cluster.kill9(1);
+    produce_range(texts(400, 500));
+    cluster.start_replica(1);
+    produce_range(texts(500, 600));
+    let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
+    check_read_back(&read, &acked, &attempted);
+    assert_eq!(acked.len(), 600);
+    let after = await_identical_segments(&cluster);
+    println!(
+        "{} acknowledged, {} read; {} segment files identical after the rejoin, {} after the second kill",
+        acked.len(),
+        read.len(),
+        segments.len(),
+        after.len()
     );
     drop(client);
     cluster.stop();

@@ -55,6 +55,10 @@ pub struct GroupSpec {
     pub enforce_fsync: bool,
     /// Messages older than this are removed by retention (µs; 0 = never).
     pub message_expiry_us: u64,
+    /// Created on a replica rejoining after its disk was replaced, by an
+    /// op it may have acknowledged in its earlier life: the group starts
+    /// under the restart rule from nothing (`PartitionConfig::rejoin`).
+    pub rejoin: bool,
 }
 
 impl GroupSpec {
@@ -68,6 +72,7 @@ impl GroupSpec {
             messages_required_to_save: partitions::partition::MESSAGES_REQUIRED_TO_SAVE_DEFAULT,
             enforce_fsync: false,
             message_expiry_us: 0,
+            rejoin: false,
         }
     }
 
@@ -80,7 +85,7 @@ impl GroupSpec {
         out.extend_from_slice(&self.incarnation.to_le_bytes());
         out.extend_from_slice(&self.segment_size_bytes.to_le_bytes());
         out.extend_from_slice(&self.messages_required_to_save.to_le_bytes());
-        out.push(u8::from(self.enforce_fsync));
+        out.push(u8::from(self.enforce_fsync) | (u8::from(self.rejoin) << 1));
         out.extend_from_slice(&self.message_expiry_us.to_le_bytes());
         let sum = xxh3_64(&out);
         out.extend_from_slice(&sum.to_le_bytes());
@@ -103,11 +108,13 @@ impl GroupSpec {
         if body[..4] != SPEC_MAGIC {
             return Err(SpecError::Magic);
         }
-        let enforce_fsync = match body[40] {
-            0 => false,
-            1 => true,
-            other => return Err(SpecError::Flag { value: other }),
-        };
+        // Bit 0 enforce_fsync, bit 1 rejoin; any other bit is refused.
+        let flags = body[40];
+        if flags & !0b11 != 0 {
+            return Err(SpecError::Flag { value: flags });
+        }
+        let enforce_fsync = flags & 1 != 0;
+        let rejoin = flags & 0b10 != 0;
         let spec = Self {
             group: GroupId(u64_at(body, 4)),
             partition_id: u32::from_le_bytes([body[12], body[13], body[14], body[15]]),
@@ -116,6 +123,7 @@ impl GroupSpec {
             messages_required_to_save: u64_at(body, 32),
             enforce_fsync,
             message_expiry_us: u64_at(body, 41),
+            rejoin,
         };
         if spec.segment_size_bytes == 0 {
             return Err(SpecError::ZeroSegmentSize);
@@ -337,12 +345,33 @@ mod tests {
             messages_required_to_save: 7,
             enforce_fsync: true,
             message_expiry_us: 99,
+            rejoin: false,
         }
     }
 
     #[test]
     fn given_spec_when_encoded_should_round_trip() {
         assert_eq!(GroupSpec::decode(&spec().encode()), Ok(spec()));
+        for (enforce_fsync, rejoin) in [(false, false), (false, true), (true, true)] {
+            let s = GroupSpec {
+                enforce_fsync,
+                rejoin,
+                ..spec()
+            };
+            assert_eq!(GroupSpec::decode(&s.encode()), Ok(s));
+        }
+    }
+
+    #[test]
+    fn given_unknown_flag_bit_when_decoded_should_refuse() {
+        let mut bytes = spec().encode();
+        bytes[40] |= 0b100;
+        let sum = xxh3_64(&bytes[..SPEC_LEN]);
+        bytes[SPEC_LEN..].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(
+            GroupSpec::decode(&bytes),
+            Err(SpecError::Flag { value: 0b101 })
+        );
     }
 
     #[test]

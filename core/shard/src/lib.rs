@@ -23,6 +23,7 @@ mod env;
 mod metadata_host;
 mod placement;
 pub mod pump;
+pub mod rejoin;
 mod shard;
 pub mod testing;
 

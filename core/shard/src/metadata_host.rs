@@ -165,6 +165,7 @@ impl<E: Env> MetadataHost<E> {
         dir: &std::path::Path,
         vsr: consensus::vsr::Config,
         cluster: u128,
+        rejoin: bool,
     ) -> Result<Self, String> {
         let fs = env.fs().clone();
         let (store, report) = MetadataStore::open(
@@ -185,7 +186,7 @@ impl<E: Env> MetadataHost<E> {
             replies: Rc::clone(&replies),
         };
         let superblock = FileSuperblock::new(fs, dir);
-        let group = MetadataGroup::open(vsr, cluster, store, superblock, bus)
+        let group = MetadataGroup::open_rejoining(vsr, cluster, store, superblock, bus, rejoin)
             .await
             .map_err(|e| format!("metadata group in {}: {e}", dir.display()))?;
         Ok(Self {

@@ -50,6 +50,7 @@ use crate::env::{Env, Sent};
 use crate::metadata_host::{MetaCall, MetaError, MetadataHost};
 use crate::placement::{ShardIndex, shard_of};
 use crate::pump::{Inbox, Input};
+use crate::rejoin::{self, Rejoin};
 
 /// Default tick period.
 pub const TICK_DEFAULT: Duration = Duration::from_millis(10);
@@ -89,6 +90,11 @@ pub struct ShardConfig {
     pub tick: Duration,
     /// Whether this shard hosts the metadata group (shard 0 does).
     pub host_metadata: bool,
+    /// This boot starts an empty data directory as a replica whose disk
+    /// was replaced: shard 0 records the rejoin marker ([`crate::rejoin`])
+    /// before it opens group 0. Later boots find the marker; this flag
+    /// only matters on the first.
+    pub rejoin: bool,
 }
 
 impl ShardConfig {
@@ -114,6 +120,7 @@ impl ShardConfig {
             seed: 0,
             tick: TICK_DEFAULT,
             host_metadata: shard == ShardIndex(0),
+            rejoin: false,
         }
     }
 }
@@ -391,6 +398,10 @@ pub struct Shard<E: Env> {
     in_flight_groups: BTreeSet<GroupId>,
     /// Group 0, on the shard that hosts it.
     metadata: Option<MetadataHost<E>>,
+    /// The rejoin marker, on the shard that hosts group 0, while this
+    /// replica rejoins after a disk replacement (or has rejoined: it then
+    /// names the last op whose groups it may have seen before).
+    rejoin: Option<Rejoin>,
     /// Every shard's inbox of this replica, by index (set by the node once
     /// all shards exist): where effects for other shards' groups go.
     siblings: Vec<Inbox>,
@@ -435,6 +446,7 @@ impl<E: Env> Shard<E> {
             client,
             in_flight_groups: BTreeSet::new(),
             metadata: None,
+            rejoin: None,
             siblings: Vec::new(),
             tick: 0,
             stats: ShardStats::default(),
@@ -450,8 +462,24 @@ impl<E: Env> Shard<E> {
             );
             vsr.timeouts = shard.config.timeouts;
             vsr.seed = shard.config.seed ^ 0x0E7A;
+            if shard.config.rejoin && rejoin::read(&fs, &shard.config.dir).await?.is_none() {
+                // Before group 0 exists on disk: a crash after this finds
+                // the marker, a crash before it finds an empty directory.
+                rejoin::write(&fs, &shard.config.dir, &Rejoin { through_op: None }).await?;
+                tracing::warn!(dir = %shard.config.dir.display(), "rejoining after a disk replacement: every group stays out of every quorum until it caught up");
+            }
+            shard.rejoin = rejoin::read(&fs, &shard.config.dir).await?;
             let dir = shard.config.dir.join(METADATA_DIR);
-            match MetadataHost::open(Rc::clone(&shard.env), &dir, vsr, shard.config.cluster).await {
+            let rejoining = shard.rejoin.is_some();
+            match MetadataHost::open(
+                Rc::clone(&shard.env),
+                &dir,
+                vsr,
+                shard.config.cluster,
+                rejoining,
+            )
+            .await
+            {
                 Ok(host) => shard.metadata = Some(host),
                 Err(reason) => {
                     return Err(std::io::Error::other(reason));
@@ -461,7 +489,7 @@ impl<E: Env> Shard<E> {
         for name in listing
             .foreign
             .iter()
-            .filter(|n| n.as_str() != METADATA_DIR)
+            .filter(|n| n.as_str() != METADATA_DIR && !n.starts_with(rejoin::REJOIN_FILE))
         {
             tracing::warn!(dir = %shard.config.dir.display(), name, "unknown entry in shard directory left alone");
         }
@@ -663,6 +691,7 @@ impl<E: Env> Shard<E> {
         config.log.segment_size_bytes = spec.segment_size_bytes;
         config.messages_required_to_save = spec.messages_required_to_save;
         config.enforce_fsync = spec.enforce_fsync;
+        config.rejoin = spec.rejoin;
         let bus = ShardBus {
             env: Rc::clone(&self.env),
             cluster: self.config.cluster,
@@ -1195,6 +1224,10 @@ impl<E: Env> Shard<E> {
             };
             host.pump(client, tick).await;
             let opened = host.settle(client);
+            self.note_rejoined().await;
+            let Some(host) = self.metadata.as_mut() else {
+                return;
+            };
             let effects = host.group.take_effects();
             for committed in effects {
                 self.carry_out_effect(committed.effect).await;
@@ -1202,6 +1235,31 @@ impl<E: Env> Shard<E> {
             if !opened {
                 break;
             }
+        }
+    }
+
+    /// While rejoining: once group 0 counts again, records its head as
+    /// the last op whose groups the earlier life may have seen.
+    async fn note_rejoined(&mut self) {
+        let (Some(Rejoin { through_op: None }), Some(host)) = (self.rejoin, self.metadata.as_ref())
+        else {
+            return;
+        };
+        if !host.replica().is_quorum_visible() {
+            return;
+        }
+        let marker = Rejoin {
+            through_op: Some(host.replica().op()),
+        };
+        let fs = self.env.fs().clone();
+        match rejoin::write(&fs, &self.config.dir, &marker).await {
+            Ok(()) => {
+                tracing::info!(through_op = ?marker.through_op, "rejoin: group 0 caught up; groups of later ops start as new members");
+                self.rejoin = Some(marker);
+            }
+            // Still unknown: every group created meanwhile rejoins, which
+            // is safe; the write is tried again after the next input.
+            Err(error) => tracing::warn!(%error, "rejoin marker not updated"),
         }
     }
 
@@ -1215,7 +1273,8 @@ impl<E: Env> Shard<E> {
                 config,
                 ..
             } => {
-                let spec = spec_of(group, partition.0, incarnation, &config);
+                let mut spec = spec_of(group, partition.0, incarnation, &config);
+                spec.rejoin = self.rejoin.is_some_and(|r| r.covers(incarnation));
                 let (done, _) = futures::channel::oneshot::channel();
                 self.route(group, Input::CreateGroup { spec, done }).await;
             }

@@ -84,6 +84,20 @@ impl Identity {
 /// # Errors
 /// A sentence for the operator naming the directory and the mismatch.
 pub fn check_or_record(data_dir: &Path, wanted: &Identity) -> Result<(), String> {
+    if check(data_dir, wanted)? {
+        Ok(())
+    } else {
+        record(data_dir, wanted)
+    }
+}
+
+/// Checks the recorded identity against `wanted`: `Ok(true)` when it
+/// matches, `Ok(false)` when none is recorded (a data directory this
+/// replica never started in).
+///
+/// # Errors
+/// A sentence naming the mismatch or the unreadable file.
+pub fn check(data_dir: &Path, wanted: &Identity) -> Result<bool, String> {
     let path = data_dir.join(FILE);
     match fs::read(&path) {
         Ok(bytes) => {
@@ -113,14 +127,18 @@ pub fn check_or_record(data_dir: &Path, wanted: &Identity) -> Result<(), String>
                     wanted.shard_count
                 ));
             }
-            Ok(())
+            Ok(true)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => record(data_dir, wanted),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
 }
 
-fn record(data_dir: &Path, wanted: &Identity) -> Result<(), String> {
+/// Records `wanted` durably (sibling, sync, rename, directory sync).
+///
+/// # Errors
+/// A sentence naming the step that failed.
+pub fn record(data_dir: &Path, wanted: &Identity) -> Result<(), String> {
     let io = |step: &str, e: std::io::Error| format!("{}: {step}: {e}", data_dir.display());
     fs::create_dir_all(data_dir).map_err(|e| io("creating the data directory", e))?;
     let path = data_dir.join(FILE);

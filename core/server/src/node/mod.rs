@@ -59,6 +59,11 @@ pub struct NodeConfig {
     pub client_frame_size_max_bytes: u32,
     /// The replica bus, for a cluster of more than one replica.
     pub bus: Option<BusSetup>,
+    /// An empty data directory belongs to a replica whose disk was
+    /// replaced (`replog --rejoin`): its groups stay out of every quorum
+    /// until they caught up (shard::rejoin). Ignored once the directory
+    /// holds this replica's identity, and for a single replica.
+    pub rejoin: bool,
 }
 
 /// Where a replica's bus listens and where every replica's bus is.
@@ -87,7 +92,15 @@ impl Node {
     /// A sentence naming the step that failed (identity, bind, a shard's
     /// boot).
     pub fn start(config: NodeConfig, clients: Option<ClientStarter>) -> Result<Self, String> {
-        identity::check_or_record(&config.data_dir, &identity::of(&config))?;
+        let identity = identity::of(&config);
+        let recorded = identity::check(&config.data_dir, &identity)?;
+        let multi = config.bus.as_ref().is_some_and(|b| b.roster.len() > 1);
+        let rejoin = config.rejoin && !recorded && multi;
+        if config.rejoin && !rejoin {
+            tracing::warn!(data_dir = %config.data_dir.display(), "--rejoin ignored: {}", if recorded { "the data directory already holds this replica's state" } else { "a single replica has no peers to catch up from" });
+        } else if !recorded && multi {
+            tracing::warn!(data_dir = %config.data_dir.display(), "empty data directory: starting as a new member of the cluster; if this replica's disk was replaced, stop it now and start it with --rejoin (docs/operations.md)");
+        }
         let listener = bind_retrying(config.client_addr, "client")?;
         let client_addr = listener
             .local_addr()
@@ -134,7 +147,7 @@ impl Node {
                     })
             });
             let boot = ShardBoot {
-                config: shard_config(&config, ShardIndex(index)),
+                config: shard_config(&config, ShardIndex(index), rejoin),
                 siblings: senders.clone(),
                 inbox,
                 stop: stop_rx,
@@ -165,6 +178,12 @@ impl Node {
                 Ok(Err(reason)) => return Err(reason),
                 Err(_) => return Err("a shard thread ended during boot".into()),
             }
+        }
+        // After the shards booted: a rejoining shard 0 has recorded its
+        // marker by now, so a crash before this line finds either an empty
+        // directory (and starts again as the operator says) or the marker.
+        if !recorded {
+            identity::record(&config.data_dir, &identity)?;
         }
         let acceptor = match (bus, routes) {
             (Some((bus_config, listener)), Some(routes)) => {
@@ -286,7 +305,7 @@ fn incarnation() -> u64 {
         .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn shard_config(config: &NodeConfig, index: ShardIndex) -> ShardConfig {
+fn shard_config(config: &NodeConfig, index: ShardIndex, rejoin: bool) -> ShardConfig {
     let mut c = ShardConfig::new(
         config.cluster,
         config.replica,
@@ -296,6 +315,7 @@ fn shard_config(config: &NodeConfig, index: ShardIndex) -> ShardConfig {
         shard_dir(&config.data_dir, index),
     );
     c.tick = config.tick;
+    c.rejoin = rejoin;
     // Per boot: a restarted shard's VSR client id must differ from the
     // last boot's (request numbers start again at 1).
     c.seed = boot_seed() ^ u64::from(index.0);

@@ -32,6 +32,10 @@ pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
         }
     };
     let dev_dir = base.data_dir.join("dev");
+    // A replica whose directory is gone while another's holds a cluster
+    // rejoins (its disk was "replaced"); all empty is a new cluster.
+    let started = |id: u8| dev_dir.join(format!("r{id}")).join("replica.id").exists();
+    let cluster_exists = roster.iter().any(|r| started(r.id));
     let mut children: Vec<(u8, Child)> = Vec::new();
     for entry in &roster {
         let mut config = base.clone();
@@ -46,11 +50,19 @@ pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
             stop_all(children);
             return ExitCode::from(1);
         }
+        let rejoin = cluster_exists && !started(entry.id) && roster.len() > 1;
+        if rejoin {
+            println!(
+                "replog dev: replica {} has no data but the cluster does: it rejoins",
+                entry.id
+            );
+        }
         // The password travels in the environment, not in the file.
         let spawned = Command::new(&exe)
             .arg("--config")
             .arg(&file)
             .arg("--exit-with-stdin")
+            .args(rejoin.then_some("--rejoin"))
             .env(ROOT_PASSWORD_ENV, &base.root.password)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Command::Dev(dev)) => dev::run(&config, &dev),
-        None => serve(config, cli.exit_with_stdin),
+        None => serve(config, cli.exit_with_stdin, cli.rejoin),
     }
 }
 
@@ -56,7 +56,7 @@ fn init_logging() {
         .try_init();
 }
 
-fn serve(config: Config, exit_with_stdin: bool) -> ExitCode {
+fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
     init_logging();
     let roster = config.roster();
     let replica_count = u8::try_from(roster.len()).unwrap_or(u8::MAX);
@@ -77,6 +77,7 @@ fn serve(config: Config, exit_with_stdin: bool) -> ExitCode {
         client_addr: config.client.listen,
         client_frame_size_max_bytes: config.client.frame_size_max_bytes,
         bus,
+        rejoin,
     };
     let topic_defaults = metadata::TopicConfig {
         segment_size_bytes: config.storage.segment_size_bytes,
