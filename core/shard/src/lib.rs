@@ -40,6 +40,6 @@ pub use metadata_transfer::{
 pub use placement::{ShardIndex, shard_of};
 pub use pump::{Inbox, Input, inbox};
 pub use shard::{
-    FrameRefusal, GroupError, Shard, ShardBus, ShardConfig, ShardPartition, ShardStats,
-    TICK_DEFAULT, shard_dir,
+    FrameRefusal, GroupError, METADATA_DIR, Shard, ShardBus, ShardConfig, ShardPartition,
+    ShardStats, TICK_DEFAULT, shard_dir,
 };

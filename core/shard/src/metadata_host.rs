@@ -210,6 +210,12 @@ impl<E: Env> MetadataHost<E> {
         self.group.state()
     }
 
+    /// Whether a store failure fenced group 0 here (it takes nothing until
+    /// the replica restarts).
+    pub fn is_fenced(&self) -> bool {
+        self.group.is_fenced()
+    }
+
     /// Group 0's state-transfer driver, for inspection.
     pub fn transfer(&self) -> &MetadataTransfer {
         &self.transfer

@@ -401,6 +401,8 @@ pub struct MetadataTransfer {
     armed_floor: Option<u64>,
     /// One offer per requester (a new nonce replaces the old one).
     serving: BTreeMap<u8, Served>,
+    /// Why the last attempt failed (operators, tests).
+    last_failure: Option<MetadataReceiveError>,
     stats: MetadataTransferStats,
 }
 
@@ -425,6 +427,7 @@ impl MetadataTransfer {
             backoff: TransferBackoff::default(),
             armed_floor: None,
             serving: BTreeMap::new(),
+            last_failure: None,
             stats: MetadataTransferStats::default(),
         }
     }
@@ -437,6 +440,11 @@ impl MetadataTransfer {
     /// The backoff (charged failures since the last install).
     pub fn backoff(&self) -> TransferBackoff {
         self.backoff
+    }
+
+    /// Why the last attempt failed, if one did since this replica booted.
+    pub fn last_failure(&self) -> Option<&MetadataReceiveError> {
+        self.last_failure.as_ref()
     }
 
     /// Whether a pull session is live.
@@ -749,6 +757,7 @@ impl MetadataTransfer {
             peer: next,
             after_ticks,
         };
+        self.last_failure = Some(error);
     }
 
     fn serve_offer(
