@@ -73,9 +73,10 @@ use storage::fs::Fs;
 /// (streams, topics per stream, users…) keep a real one far below; a
 /// descriptor past it is refused before a byte is pulled.
 pub const METADATA_SNAPSHOT_LEN_MAX: u64 = 256 << 20;
-/// Ceiling on a transferred client table: the table's hard slot ceiling
-/// (65,536) times an entry with a full reply ring is about 90 MiB.
-pub const CLIENT_TABLE_LEN_MAX: u64 = 128 << 20;
+/// Ceiling on a transferred client table: the largest `RMC1` encoding
+/// (docs/formats.md §13.5: magic and count, 52 bytes per entry for at most
+/// [`metadata::CLIENT_TABLE_ENTRIES_MAX`] entries, the trailer), 3.4 MB.
+pub const CLIENT_TABLE_LEN_MAX: u64 = 4 + 4 + metadata::CLIENT_TABLE_ENTRIES_MAX as u64 * 52 + 8;
 /// A progress line is logged each time this many more bytes landed.
 pub const PROGRESS_EVERY_BYTES: u64 = 8 << 20;
 
