@@ -425,52 +425,53 @@ fn given_hostile_group_0_transfer_frames_when_received_should_refuse_typed_and_c
     // Random bytes routed to group 0's driver: refused by the codec (or as
     // a stray frame), never a panic, nothing changed.
     let peer = (victim + 1) % 3;
-    let cell = RefCell::new(&mut c);
-    let mut runner = TestRunner::new(ProptestConfig::with_cases(256));
-    runner
-        .run(
-            &(
-                prop::collection::vec(any::<u8>(), 0..700),
-                22u8..=25,
-                any::<bool>(),
-            ),
-            |(mut bytes, command, reseal_it)| {
-                let mut c = cell.borrow_mut();
-                if bytes.len() > 160 {
-                    bytes[60] = command;
-                    let at = if command == 22 { 144 } else { 152 };
-                    bytes[at..at + 8].copy_from_slice(&METADATA_GROUP.0.to_le_bytes());
-                }
-                // Half the cases sealed properly, so the driver's own
-                // checks (cluster, sender, session) see them.
-                let bytes = match decode_frame(&bytes, u32::MAX) {
-                    Ok(f) if reseal_it => {
-                        let mut h = f.header;
-                        h.cluster = CLUSTER;
-                        h.replica = peer;
-                        encode_frame(&h, f.body)
+    {
+        let cell = RefCell::new(&mut c);
+        let mut runner = TestRunner::new(ProptestConfig::with_cases(256));
+        runner
+            .run(
+                &(
+                    prop::collection::vec(any::<u8>(), 0..700),
+                    22u8..=25,
+                    any::<bool>(),
+                ),
+                |(mut bytes, command, reseal_it)| {
+                    let mut c = cell.borrow_mut();
+                    if bytes.len() > 160 {
+                        bytes[60] = command;
+                        let at = if command == 22 { 144 } else { 152 };
+                        bytes[at..at + 8].copy_from_slice(&METADATA_GROUP.0.to_le_bytes());
                     }
-                    _ => bytes,
-                };
-                let node = c.nodes[usize::from(victim)][0].as_mut().unwrap();
-                let result = block_on(node.on_frame(ReplicaId(peer), bytes.into()));
-                if let Err(refusal) = &result {
-                    prop_assert!(
-                        matches!(
-                            refusal,
-                            FrameRefusal::Transfer(_)
-                                | FrameRefusal::Wire(_)
-                                | FrameRefusal::UnknownGroup { .. }
-                        ),
-                        "{refusal:?}"
-                    );
-                }
-                prop_assert_eq!(snapshot_bytes(&c, victim), before.clone());
-                Ok(())
-            },
-        )
-        .unwrap();
-    drop(cell);
+                    // Half the cases sealed properly, so the driver's own
+                    // checks (cluster, sender, session) see them.
+                    let bytes = match decode_frame(&bytes, u32::MAX) {
+                        Ok(f) if reseal_it => {
+                            let mut h = f.header;
+                            h.cluster = CLUSTER;
+                            h.replica = peer;
+                            encode_frame(&h, f.body)
+                        }
+                        _ => bytes,
+                    };
+                    let node = c.nodes[usize::from(victim)][0].as_mut().unwrap();
+                    let result = block_on(node.on_frame(ReplicaId(peer), bytes.into()));
+                    if let Err(refusal) = &result {
+                        prop_assert!(
+                            matches!(
+                                refusal,
+                                FrameRefusal::Transfer(_)
+                                    | FrameRefusal::Wire(_)
+                                    | FrameRefusal::UnknownGroup { .. }
+                            ),
+                            "{refusal:?}"
+                        );
+                    }
+                    prop_assert_eq!(snapshot_bytes(&c, victim), before.clone());
+                    Ok(())
+                },
+            )
+            .unwrap();
+    }
     let refused = meta(&c, victim).transfer().stats().frames_refused;
     assert!(refused > 0);
 
