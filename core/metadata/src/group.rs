@@ -38,8 +38,8 @@
 //! [`MetadataGroup::state_transfer_needed`]); the shard pulls a caught-up
 //! primary's [`MetadataGroup::transfer_offer`] over the chunk protocol and
 //! installs it with [`MetadataGroup::install_transfer`] (snapshot and client
-//! table, so dedup survives the transfer). Not here yet: the chunk session
-//! itself over the bus, which the shard runs.
+//! table, so dedup survives the transfer). The chunk session over the bus
+//! is the shard's (`shard::metadata_transfer`).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -172,7 +172,8 @@ pub struct MetadataOffer {
 /// Why an offer could not be served or installed. Nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TransferError {
-    /// Only a caught-up primary serves (a backup may be behind).
+    /// Only a caught-up primary serves, or a caught-up backup its view's
+    /// primary (another backup may be behind).
     NotCaughtUpPrimary,
     /// Nothing is committed yet (a view-0 phantom could wipe a peer).
     NothingCommitted,
@@ -453,9 +454,32 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             .filter(|t| self.replica.is_transferring() || self.replica.commit_min() < t.floor)
     }
 
-    /// Serves the applied state as a state-transfer offer.
+    /// Serves the applied state as a state-transfer offer (only a caught-up
+    /// primary; [`Self::transfer_offer_to`] when the requester is known).
     pub fn transfer_offer(&self) -> Result<MetadataOffer, TransferError> {
-        if !self.replica.is_caught_up_primary() {
+        self.offer_gated(self.replica.is_caught_up_primary())
+    }
+
+    /// Serves the applied state as a state-transfer offer to `requester`:
+    /// a caught-up primary serves anyone; a backup serves its view's
+    /// primary when it is `Normal`, quorum-visible, not transferring itself
+    /// and has applied everything it knows committed. A primary missing
+    /// ops no peer retains can only be served by a backup: nobody else is
+    /// its view's primary (the partition plane's rule, ST-S1; replog-sim
+    /// mixed seed 950 on group 0).
+    pub fn transfer_offer_to(&self, requester: u8) -> Result<MetadataOffer, TransferError> {
+        let r = &self.replica;
+        let backup_serving_its_primary = requester != r.replica()
+            && r.primary_index(r.view()) == requester
+            && r.status() == consensus::vsr::Status::Normal
+            && r.is_quorum_visible()
+            && !r.is_transferring()
+            && r.commit_min() == r.commit_max();
+        self.offer_gated(r.is_caught_up_primary() || backup_serving_its_primary)
+    }
+
+    fn offer_gated(&self, may_serve: bool) -> Result<MetadataOffer, TransferError> {
+        if !may_serve || self.fenced || self.state_transfer_needed().is_some() {
             return Err(TransferError::NotCaughtUpPrimary);
         }
         let applied = self.store.applied();

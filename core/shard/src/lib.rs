@@ -13,6 +13,8 @@
 //! - [`shard_of`] places a group on a shard, the same on every replica.
 //! - [`catalog`] is the on-disk list of groups and its crash-safe create
 //!   and delete.
+//! - [`metadata_transfer`] pulls and serves group 0's snapshot over the
+//!   chunk protocol when a replica fell behind every peer's retention.
 //!
 //! docs/architecture.md describes the layers and the path of a frame and
 //! a client request through them.
@@ -21,6 +23,7 @@ mod call;
 pub mod catalog;
 mod env;
 mod metadata_host;
+pub mod metadata_transfer;
 mod placement;
 pub mod pump;
 pub mod rejoin;
@@ -31,9 +34,13 @@ pub use call::{Answer, Call, CallError, Envelope, ReplyTx};
 pub use catalog::GroupSpec;
 pub use env::{Env, LocalFuture, Sent};
 pub use metadata_host::{MetaCall, MetaError, MetaQuery, MetaReplyTx, MetadataHost};
+pub use metadata_transfer::{
+    MetadataDescriptorRefusal, MetadataReceiveError, MetadataTransfer, MetadataTransferConfig,
+    MetadataTransferStats,
+};
 pub use placement::{ShardIndex, shard_of};
 pub use pump::{Inbox, Input, inbox};
 pub use shard::{
-    FrameRefusal, GroupError, Shard, ShardBus, ShardConfig, ShardPartition, ShardStats,
-    TICK_DEFAULT, shard_dir,
+    FrameRefusal, GroupError, METADATA_DIR, Shard, ShardBus, ShardConfig, ShardPartition,
+    ShardStats, TICK_DEFAULT, shard_dir,
 };

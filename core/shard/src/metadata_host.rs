@@ -24,6 +24,7 @@ use metadata::{
 };
 
 use crate::env::{Env, Sent};
+use crate::metadata_transfer::{MetadataTransfer, MetadataTransferConfig};
 
 /// What a metadata call answers.
 pub type MetaReplyTx = oneshot::Sender<Result<Outcome, MetaError>>;
@@ -145,6 +146,8 @@ enum Session {
 /// Group 0 and the shard's client session with it.
 pub struct MetadataHost<E: Env> {
     pub(crate) group: HostedGroup<E>,
+    /// Group 0's state transfer over the bus (both sides).
+    pub(crate) transfer: MetadataTransfer,
     replies: Rc<RefCell<Vec<MetadataReply>>>,
     session: Session,
     next_request: u64,
@@ -156,7 +159,10 @@ const QUEUED_MAX: usize = 1024;
 const REGISTER_RETRY_TICKS: u64 = 100;
 
 impl<E: Env> MetadataHost<E> {
-    /// Opens group 0 in `dir` (its store and superblock).
+    /// Opens group 0 in `dir` (its store and superblock), with its
+    /// state-transfer driver configured by `transfer` (nonces seeded from
+    /// the group's seed). With `rejoin`, an empty directory is a replaced
+    /// disk's ([`MetadataGroup::open_rejoining`]).
     ///
     /// # Errors
     /// A sentence naming the failing part.
@@ -164,9 +170,10 @@ impl<E: Env> MetadataHost<E> {
         env: Rc<E>,
         dir: &std::path::Path,
         vsr: consensus::vsr::Config,
-        cluster: u128,
+        transfer: MetadataTransferConfig,
         rejoin: bool,
     ) -> Result<Self, String> {
+        let cluster = transfer.cluster;
         let fs = env.fs().clone();
         let (store, report) = MetadataStore::open(
             &fs,
@@ -191,6 +198,7 @@ impl<E: Env> MetadataHost<E> {
             .map_err(|e| format!("metadata group in {}: {e}", dir.display()))?;
         Ok(Self {
             group,
+            transfer: MetadataTransfer::new(transfer, vsr.seed ^ 0x5EED),
             replies,
             session: Session::Closed,
             next_request: 1,
@@ -202,6 +210,17 @@ impl<E: Env> MetadataHost<E> {
     /// The applied state.
     pub fn state(&self) -> &MetadataState {
         self.group.state()
+    }
+
+    /// Whether a store failure fenced group 0 here (it takes nothing until
+    /// the replica restarts).
+    pub fn is_fenced(&self) -> bool {
+        self.group.is_fenced()
+    }
+
+    /// Group 0's state-transfer driver, for inspection.
+    pub fn transfer(&self) -> &MetadataTransfer {
+        &self.transfer
     }
 
     /// Group 0's VSR replica, for inspection (the simulator's checks).

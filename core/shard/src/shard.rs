@@ -36,7 +36,8 @@ use consensus::vsr::{
 };
 use journal::FileSuperblock;
 use partitions::state_transfer::{
-    BuildClock, DriverOutput, TransferDriver, TransferDriverConfig, TransferEvent, TransferSlots,
+    BuildClock, DriverOutput, Outgoing, TransferDriver, TransferDriverConfig, TransferEvent,
+    TransferSlots,
 };
 use partitions::{
     ClientOp, ClientRequest, MessageBus, Partition, PartitionConfig, PartitionError,
@@ -48,6 +49,7 @@ use crate::call::{Answer, Call, CallError, Envelope, ReplyTx};
 use crate::catalog::{self, GroupSpec};
 use crate::env::{Env, Sent};
 use crate::metadata_host::{MetaCall, MetaError, MetadataHost};
+use crate::metadata_transfer::MetadataTransferConfig;
 use crate::placement::{ShardIndex, shard_of};
 use crate::pump::{Inbox, Input};
 use crate::rejoin::{self, Rejoin};
@@ -82,8 +84,12 @@ pub struct ShardConfig {
     pub frame_size_max: u32,
     /// The groups' VSR timeouts, in ticks.
     pub timeouts: TimeoutConfig,
-    /// Applied prepares a group keeps in memory for its peers' repair.
+    /// Applied prepares a partition group keeps in memory for its peers'
+    /// repair.
     pub retention_ops: u64,
+    /// The same for group 0 (kept apart so that tests can push group 0
+    /// past its peers' retention without changing the partitions').
+    pub metadata_retention_ops: u64,
     /// Seeds the groups' PRNGs and the shard's client id (per boot).
     pub seed: u64,
     /// The tick period.
@@ -117,6 +123,7 @@ impl ShardConfig {
             frame_size_max: consensus::header::FRAME_SIZE_MAX_DEFAULT,
             timeouts: TimeoutConfig::default(),
             retention_ops: VsrConfig::new(0, 1, 0).retention_ops,
+            metadata_retention_ops: VsrConfig::new(0, 1, 0).retention_ops,
             seed: 0,
             tick: TICK_DEFAULT,
             host_metadata: shard == ShardIndex(0),
@@ -146,9 +153,6 @@ pub enum FrameRefusal {
     Transfer(String),
     /// The partition refused it (a prepare that does not fit its log…).
     Partition(String),
-    /// A state-transfer frame for group 0: the shard does not pull or
-    /// serve metadata snapshots over the bus yet.
-    MetadataTransfer,
     /// A frame from a replica id outside the cluster.
     UnknownPeer {
         /// The peer.
@@ -170,7 +174,6 @@ impl FrameRefusal {
             Self::Transfer(_) => "transfer",
             Self::Partition(_) => "partition",
             Self::UnknownPeer { .. } => "unknown_peer",
-            Self::MetadataTransfer => "metadata_transfer",
         }
     }
 }
@@ -186,9 +189,6 @@ impl std::fmt::Display for FrameRefusal {
             Self::Transfer(e) => write!(f, "state-transfer frame refused: {e}"),
             Self::Partition(e) => write!(f, "partition refused the frame: {e}"),
             Self::UnknownPeer { peer } => write!(f, "replica {peer} is not in the cluster"),
-            Self::MetadataTransfer => {
-                write!(f, "metadata state transfer over the bus is not served yet")
-            }
         }
     }
 }
@@ -461,6 +461,7 @@ impl<E: Env> Shard<E> {
                 METADATA_GROUP.0,
             );
             vsr.timeouts = shard.config.timeouts;
+            vsr.retention_ops = shard.config.metadata_retention_ops;
             vsr.seed = shard.config.seed ^ 0x0E7A;
             if shard.config.rejoin && rejoin::read(&fs, &shard.config.dir).await?.is_none() {
                 // Before group 0 exists on disk: a crash after this finds
@@ -471,15 +472,9 @@ impl<E: Env> Shard<E> {
             shard.rejoin = rejoin::read(&fs, &shard.config.dir).await?;
             let dir = shard.config.dir.join(METADATA_DIR);
             let rejoining = shard.rejoin.is_some();
-            match MetadataHost::open(
-                Rc::clone(&shard.env),
-                &dir,
-                vsr,
-                shard.config.cluster,
-                rejoining,
-            )
-            .await
-            {
+            let mut transfer = MetadataTransferConfig::new(shard.config.cluster);
+            transfer.frame_size_max = shard.config.frame_size_max;
+            match MetadataHost::open(Rc::clone(&shard.env), &dir, vsr, transfer, rejoining).await {
                 Ok(host) => shard.metadata = Some(host),
                 Err(reason) => {
                     return Err(std::io::Error::other(reason));
@@ -755,7 +750,19 @@ impl<E: Env> Shard<E> {
         if TransferDriver::<E::Fs>::is_transfer_frame(&bytes) {
             let group = wire::peek_group(&bytes).unwrap_or(u64::MAX);
             if group == METADATA_GROUP.0 {
-                return Err(FrameRefusal::MetadataTransfer);
+                let Some(host) = self.metadata.as_mut() else {
+                    return Err(FrameRefusal::UnknownGroup { group });
+                };
+                let out = host
+                    .transfer
+                    .on_frame(&mut host.group, from.0, bytes)
+                    .await
+                    .map_err(|e| FrameRefusal::Transfer(e.to_string()))?;
+                self.send_frames(out);
+                // An install queues the effects that bring the partition
+                // plane from the old state to the new.
+                self.after_metadata_input().await;
+                return Ok(());
             }
             self.check_owner(group)?;
             let Some(g) = self.groups.get_mut(&GroupId(group)) else {
@@ -824,6 +831,8 @@ impl<E: Env> Shard<E> {
             if let Err(error) = host.group.on_tick().await {
                 tracing::warn!(%error, "metadata tick failed");
             }
+            let out = host.transfer.on_tick(&mut host.group);
+            self.send_frames(out);
             self.after_metadata_input().await;
         }
         // One pass over the groups with only disjoint borrows of the shard;
@@ -873,9 +882,9 @@ impl<E: Env> Shard<E> {
         self.settle().await;
     }
 
-    /// Sends a driver's frames and reports its events.
-    fn carry_out(&mut self, group: GroupId, out: DriverOutput) {
-        for outgoing in out.send {
+    /// Hands a driver's frames to the environment, counted.
+    fn send_frames(&self, frames: Vec<Outgoing>) {
+        for outgoing in frames {
             let sent = self
                 .env
                 .send_to_peer(ReplicaId(outgoing.to), outgoing.frame);
@@ -885,6 +894,11 @@ impl<E: Env> Shard<E> {
                 counts.1 += 1;
             }
         }
+    }
+
+    /// Sends a driver's frames and reports its events.
+    fn carry_out(&mut self, group: GroupId, out: DriverOutput) {
+        self.send_frames(out.send);
         for event in out.events {
             match event {
                 TransferEvent::Installed(outcome) => {

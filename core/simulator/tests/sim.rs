@@ -211,20 +211,20 @@ fn regression_mixed_425_520_535_594_660_primary_needing_transfer_is_served_by_a_
 /// Mixed seed 950: both backups of group 0 restarted (one at a time,
 /// within the budget) and with them the bodies of ops 6–7 went (journals
 /// are memory-only); the primary of the next view still lacked them,
-/// concluded `FloorRefused`, and needs a metadata state transfer — which
-/// the shard does not pull or serve over the bus yet
-/// (`FrameRefusal::MetadataTransfer`). Fails until that is built.
+/// concluded `FloorRefused`, and needed a metadata state transfer, which
+/// the shard refused over the bus (`FrameRefusal::MetadataTransfer`).
+/// Fixed in shard: `metadata_transfer` pulls group 0's snapshot, here
+/// from a caught-up backup serving its primary.
 #[test]
-#[ignore = "metadata state transfer over the replica bus is not built yet"]
 fn regression_mixed_950_group_0_primary_needs_a_snapshot_transfer() {
     clean(&options(950, FaultProfile::Mixed, 3, 2, 2_000));
 }
 
 /// Mixed seed 5000130 (5 × 2): the same gap on a backup of group 0 (its
-/// ops 5–7 no longer retained by any peer): it waits for a metadata
-/// snapshot nobody serves and never learns the topics.
+/// ops 5–7 no longer retained by any peer): it waited for a metadata
+/// snapshot nobody served and never learnt the topics. Fixed with seed
+/// 950: the backup pulls the primary's snapshot.
 #[test]
-#[ignore = "metadata state transfer over the replica bus is not built yet"]
 fn regression_mixed_5000130_group_0_backup_needs_a_snapshot_transfer() {
     clean(&options(5_000_130, FaultProfile::Mixed, 5, 2, 2_000));
 }

@@ -137,6 +137,96 @@ impl TransferSlots {
     }
 }
 
+/// What an inbound state-transfer frame must match beyond its codec: the
+/// plane-agnostic half of the checks, shared by the partition driver and
+/// the metadata group's (shard crate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferFrameExpect {
+    /// The cluster id every frame carries.
+    pub cluster: u128,
+    /// The group the receiving driver serves.
+    pub group: u64,
+    /// Ceiling on the frame's size, header included.
+    pub frame_size_max: u32,
+    /// This replica's index.
+    pub local: u8,
+    /// Replicas in the group.
+    pub replica_count: u8,
+}
+
+/// A state-transfer frame that passed [`check_transfer_frame`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckedTransferFrame {
+    /// One of the four state-transfer commands.
+    pub command: CommandHeader,
+    /// The sender's view.
+    pub view: u32,
+}
+
+/// Decodes `frame` from peer `from` with the header codec (seal, body
+/// checksum, command rules) and checks what the codec cannot know: the
+/// cluster, that the header's sender is the connection's peer and in the
+/// group, the command, and the group. Pure: a refusal changes nothing.
+///
+/// # Errors
+/// The first check that fails, as a [`TransferFrameError`].
+pub fn check_transfer_frame(
+    frame: &[u8],
+    expect: &TransferFrameExpect,
+    from: u8,
+) -> Result<CheckedTransferFrame, TransferFrameError> {
+    let decoded = decode_frame(frame, expect.frame_size_max)?;
+    let h = decoded.header;
+    if h.cluster != expect.cluster {
+        return Err(TransferFrameError::WrongCluster { cluster: h.cluster });
+    }
+    if h.replica != from || from == expect.local || from >= expect.replica_count {
+        return Err(TransferFrameError::Sender {
+            claimed: h.replica,
+            peer: from,
+        });
+    }
+    let group = match h.command {
+        CommandHeader::RequestStateTransfer(c) => c.group,
+        CommandHeader::StateTransferTarget(c) => c.group,
+        CommandHeader::RequestStateChunk(c) => c.group,
+        CommandHeader::StateChunk(c) => c.group,
+        other => {
+            return Err(TransferFrameError::NotTransferCommand {
+                command: other.command() as u8,
+            });
+        }
+    };
+    if group != expect.group {
+        return Err(TransferFrameError::WrongGroup { group });
+    }
+    Ok(CheckedTransferFrame {
+        command: h.command,
+        view: h.view,
+    })
+}
+
+/// Encodes a state-transfer frame from replica `replica` in `view` (sealed,
+/// body checksummed by the header codec).
+pub fn encode_transfer_frame(
+    cluster: u128,
+    view: u32,
+    replica: u8,
+    command: CommandHeader,
+    body: &[u8],
+) -> Bytes {
+    let header = FrameHeader {
+        checksum: 0,
+        checksum_body: 0,
+        cluster,
+        size: 0,
+        view,
+        replica,
+        command,
+    };
+    Bytes::from(encode_frame(&header, body))
+}
+
 /// Configuration of a [`TransferDriver`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransferDriverConfig {
@@ -590,34 +680,18 @@ impl<F: Fs> TransferDriver<F> {
         from: u8,
         frame: &[u8],
     ) -> Result<(CommandHeader, u32), TransferFrameError> {
-        let decoded = decode_frame(frame, self.config.frame_size_max)?;
-        let h = decoded.header;
-        if h.cluster != self.config.cluster {
-            return Err(TransferFrameError::WrongCluster { cluster: h.cluster });
-        }
-        let local = partition.replica().replica();
-        let count = partition.config().vsr.replica_count;
-        if h.replica != from || from == local || from >= count {
-            return Err(TransferFrameError::Sender {
-                claimed: h.replica,
-                peer: from,
-            });
-        }
-        let group = match h.command {
-            CommandHeader::RequestStateTransfer(c) => c.group,
-            CommandHeader::StateTransferTarget(c) => c.group,
-            CommandHeader::RequestStateChunk(c) => c.group,
-            CommandHeader::StateChunk(c) => c.group,
-            other => {
-                return Err(TransferFrameError::NotTransferCommand {
-                    command: other.command() as u8,
-                });
-            }
-        };
-        if group != self.config.group {
-            return Err(TransferFrameError::WrongGroup { group });
-        }
-        Ok((h.command, h.view))
+        let checked = check_transfer_frame(
+            frame,
+            &TransferFrameExpect {
+                cluster: self.config.cluster,
+                group: self.config.group,
+                frame_size_max: self.config.frame_size_max,
+                local: partition.replica().replica(),
+                replica_count: partition.config().vsr.replica_count,
+            },
+            from,
+        )?;
+        Ok((checked.command, checked.view))
     }
 
     /// Answers a descriptor request: the offer, or a refusal.
@@ -894,19 +968,16 @@ impl<F: Fs> TransferDriver<F> {
         out: &mut DriverOutput,
     ) {
         let replica = partition.replica();
-        let header = FrameHeader {
-            checksum: 0,
-            checksum_body: 0,
-            cluster: self.config.cluster,
-            size: 0,
-            view: replica.view(),
-            replica: replica.replica(),
-            command,
-        };
         self.stats.frames_out += 1;
         out.send.push(Outgoing {
             to,
-            frame: Bytes::from(encode_frame(&header, body)),
+            frame: encode_transfer_frame(
+                self.config.cluster,
+                replica.view(),
+                replica.replica(),
+                command,
+                body,
+            ),
         });
     }
 

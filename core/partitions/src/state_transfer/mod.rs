@@ -36,9 +36,11 @@ pub mod walk;
 pub mod wire;
 
 pub use driver::{
-    DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DRIVER_LOAD_BLOCKS_PER_CALL, DriverOutput, DriverStats,
-    Outgoing, RECEIVING_TRANSFERS_MAX_DEFAULT, SERVING_TRANSFERS_MAX_DEFAULT, TransferDriver,
-    TransferDriverConfig, TransferEvent, TransferFrameError, TransferSlots,
+    CheckedTransferFrame, DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DRIVER_LOAD_BLOCKS_PER_CALL,
+    DriverOutput, DriverStats, Outgoing, RECEIVING_TRANSFERS_MAX_DEFAULT,
+    SERVING_TRANSFERS_MAX_DEFAULT, TransferDriver, TransferDriverConfig, TransferEvent,
+    TransferFrameError, TransferFrameExpect, TransferSlots, check_transfer_frame,
+    encode_transfer_frame,
 };
 pub use errors::{
     PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,

@@ -46,6 +46,8 @@ pub struct Cluster {
     pub nodes: Vec<Vec<Option<Shard<TestEnv>>>>,
     pub boots: u64,
     pub retention_ops: u64,
+    /// Group 0's retention (the VSR default unless a test lowers it).
+    pub metadata_retention_ops: u64,
     pub segment_size: u64,
     /// `[replica][shard]`: each shard's inbox, fed by its siblings.
     pub inboxes: Vec<Vec<futures::channel::mpsc::Receiver<shard::Input>>>,
@@ -62,6 +64,18 @@ pub struct Pending {
 
 impl Cluster {
     pub fn new(replicas: u8, shards: u16, seed: u64, faults: NetworkFaults) -> Self {
+        Self::with_metadata_retention(replicas, shards, seed, faults, 1024)
+    }
+
+    /// A cluster whose group 0 keeps only `metadata_retention_ops` applied
+    /// ops for its peers' repair.
+    pub fn with_metadata_retention(
+        replicas: u8,
+        shards: u16,
+        seed: u64,
+        faults: NetworkFaults,
+        metadata_retention_ops: u64,
+    ) -> Self {
         let mut c = Self {
             replicas,
             shards,
@@ -73,6 +87,7 @@ impl Cluster {
             nodes: Vec::new(),
             boots: 0,
             retention_ops: 64,
+            metadata_retention_ops,
             segment_size: 16 * 1024,
             inboxes: Vec::new(),
         };
@@ -96,6 +111,7 @@ impl Cluster {
         );
         config.timeouts = TimeoutConfig::scaled_down(5);
         config.retention_ops = self.retention_ops;
+        config.metadata_retention_ops = self.metadata_retention_ops;
         config.seed = 1000 + self.boots * 31 + u64::from(r) * 7 + u64::from(s);
         config.tick = TICK;
         config
