@@ -24,6 +24,7 @@ mod metadata_host;
 mod placement;
 pub mod pump;
 mod shard;
+pub mod snapshot;
 pub mod testing;
 
 pub use call::{Answer, Call, CallError, Envelope, ReplyTx};
@@ -32,6 +33,7 @@ pub use env::{Env, LocalFuture, Sent};
 pub use metadata_host::{MetaCall, MetaError, MetaQuery, MetaReplyTx, MetadataHost};
 pub use placement::{ShardIndex, shard_of};
 pub use pump::{Inbox, Input, inbox};
+pub use snapshot::{ShardSnapshot, SnapshotDetail, SnapshotReply};
 pub use shard::{
     FrameRefusal, GroupError, Shard, ShardBus, ShardConfig, ShardPartition, ShardStats,
     TICK_DEFAULT, shard_dir,
