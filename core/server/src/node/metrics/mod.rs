@@ -220,17 +220,22 @@ impl Metrics {
             "Client connections accepted",
             connections_total.clone(),
         );
+        // One statement each: a family's read guard lives to the end of
+        // its statement, and a second get_or_create in the same one would
+        // wait for the write lock behind it for ever.
+        let produce = requests
+            .get_or_create(&CommandLabel {
+                command: "send_messages",
+            })
+            .clone();
+        let poll = requests
+            .get_or_create(&CommandLabel {
+                command: "poll_messages",
+            })
+            .clone();
         let client = ClientMetrics {
-            produce: requests
-                .get_or_create(&CommandLabel {
-                    command: "send_messages",
-                })
-                .clone(),
-            poll: requests
-                .get_or_create(&CommandLabel {
-                    command: "poll_messages",
-                })
-                .clone(),
+            produce,
+            poll,
             connections,
             connections_total,
         };
@@ -308,5 +313,37 @@ impl Metrics {
             tracing::error!(%error, "metrics exposition failed");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_new_metrics_when_encoded_should_list_every_instrument_once() {
+        let metrics = Metrics::new();
+        metrics.client().observe(
+            crate::protocol::CommandCode::SendMessages,
+            Duration::from_millis(3),
+        );
+        let _open = metrics.client().connected();
+        metrics.fsync_histogram(1).observe(0.001);
+        metrics.bus().lane_up(2, "shard", false);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &metrics.registry)
+            .expect("encodes into a string");
+        for line in [
+            "replog_client_request_duration_seconds_count{command=\"send_messages\"} 1",
+            "replog_client_request_duration_seconds_count{command=\"poll_messages\"} 0",
+            "replog_client_connections_open 1",
+            "replog_client_connections_accepted_total 1",
+            "replog_fsync_duration_seconds_count{shard=\"1\"} 1",
+            "replog_bus_lanes_up{peer=\"2\",lane=\"shard\"} 1",
+            "replog_bus_lane_connects_total{peer=\"2\",lane=\"shard\"} 1",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
+        }
+        assert!(out.ends_with("# EOF\n"));
     }
 }
