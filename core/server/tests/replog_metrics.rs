@@ -46,7 +46,11 @@ impl Exposition {
         let mut helped = BTreeSet::new();
         let mut samples = BTreeMap::new();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.last(), Some(&"# EOF"), "the exposition ends with # EOF");
+        assert_eq!(
+            lines.last(),
+            Some(&"# EOF"),
+            "the exposition ends with # EOF"
+        );
         assert!(text.ends_with("# EOF\n"));
         for line in &lines[..lines.len() - 1] {
             if let Some(rest) = line.strip_prefix("# HELP ") {
@@ -76,13 +80,13 @@ impl Exposition {
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
                 "name {name:?}"
             );
-            if let Some(labels) = series.strip_prefix(name) {
-                if !labels.is_empty() {
-                    assert!(
-                        labels.starts_with('{') && labels.ends_with('}'),
-                        "labels of {line:?}"
-                    );
-                }
+            if let Some(labels) = series.strip_prefix(name)
+                && !labels.is_empty()
+            {
+                assert!(
+                    labels.starts_with('{') && labels.ends_with('}'),
+                    "labels of {line:?}"
+                );
             }
             let family = declared
                 .iter()
@@ -125,6 +129,10 @@ impl Exposition {
 fn scrape(addr: SocketAddr) -> Exposition {
     let (status, body) = http_get(addr, "/metrics");
     assert_eq!(status, 200, "{body}");
+    // For a look at the text: REPLOG_METRICS_DUMP=FILE keeps the last one.
+    if let Ok(path) = std::env::var("REPLOG_METRICS_DUMP") {
+        std::fs::write(path, &body).unwrap();
+    }
     Exposition::parse(&body)
 }
 
@@ -136,7 +144,12 @@ async fn send(client: &IggyClient, texts: &[&str]) {
         .map(|t| IggyMessage::from_str(t).unwrap())
         .collect();
     client
-        .send_messages(&stream, &topic, &Partitioning::partition_id(1), &mut messages)
+        .send_messages(
+            &stream,
+            &topic,
+            &Partitioning::partition_id(1),
+            &mut messages,
+        )
         .await
         .unwrap();
 }
@@ -155,13 +168,22 @@ fn given_a_replica_with_metrics_when_the_sdk_produces_should_expose_parsable_ser
         "127.0.0.1:0".into(),
     ];
     let server = Replog::start_with(&args);
-    let metrics = server.metrics_addr().expect("a metrics line before serving");
+    let metrics = server
+        .metrics_addr()
+        .expect("a metrics line before serving");
     assert!(metrics.ip().is_loopback());
 
     let before = scrape(metrics);
-    assert_eq!(before.sum("replog_shard_up", &[]), 2.0, "both shards answer");
     assert_eq!(
-        before.sum("replog_client_request_duration_seconds_count", &[r#"command="send_messages""#]),
+        before.sum("replog_shard_up", &[]),
+        2.0,
+        "both shards answer"
+    );
+    assert_eq!(
+        before.sum(
+            "replog_client_request_duration_seconds_count",
+            &[r#"command="send_messages""#]
+        ),
         0.0
     );
     assert!(before.has("replog_group_view"), "group 0's position");
@@ -207,38 +229,64 @@ fn given_a_replica_with_metrics_when_the_sdk_produces_should_expose_parsable_ser
         assert!(
             Instant::now() < deadline,
             "partition messages never reached 8: {:?}",
-            after.samples.iter().filter(|(k, _)| k.starts_with("replog_partition")).collect::<Vec<_>>()
+            after
+                .samples
+                .iter()
+                .filter(|(k, _)| k.starts_with("replog_partition"))
+                .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(50));
     };
     // One stream, one topic: partition 1 got every message.
     let partition_one = [r#"partition="1""#];
     assert_eq!(after.sum("replog_partition_messages", &partition_one), 8.0);
-    assert_eq!(after.sum("replog_partition_next_offset", &partition_one), 8.0);
+    assert_eq!(
+        after.sum("replog_partition_next_offset", &partition_one),
+        8.0
+    );
     assert!(after.sum("replog_partition_size_bytes", &partition_one) > 0.0);
-    assert_eq!(after.sum("replog_shard_messages", &[]), 8.0, "the shards' sums agree");
+    assert_eq!(
+        after.sum("replog_shard_messages", &[]),
+        8.0,
+        "the shards' sums agree"
+    );
     assert_eq!(after.sum("replog_shard_partition_groups", &[]), 2.0);
     assert_eq!(
-        after.sum("replog_client_request_duration_seconds_count", &[r#"command="send_messages""#]),
+        after.sum(
+            "replog_client_request_duration_seconds_count",
+            &[r#"command="send_messages""#]
+        ),
         2.0,
         "each send timed once"
     );
     assert_eq!(
-        after.sum("replog_client_request_duration_seconds_bucket", &[r#"command="send_messages""#, r#"le="+Inf""#]),
+        after.sum(
+            "replog_client_request_duration_seconds_bucket",
+            &[r#"command="send_messages""#, r#"le="+Inf""#]
+        ),
         2.0
     );
     assert!(
-        after.sum("replog_client_request_duration_seconds_sum", &[r#"command="send_messages""#]) > 0.0
+        after.sum(
+            "replog_client_request_duration_seconds_sum",
+            &[r#"command="send_messages""#]
+        ) > 0.0
     );
     assert_eq!(
-        after.sum("replog_client_request_duration_seconds_count", &[r#"command="poll_messages""#]),
+        after.sum(
+            "replog_client_request_duration_seconds_count",
+            &[r#"command="poll_messages""#]
+        ),
         1.0
     );
     assert!(
         after.sum("replog_fsync_duration_seconds_count", &[]) > 0.0,
         "persisted topics sync"
     );
-    assert_eq!(after.sum("replog_client_connections_accepted_total", &[]), 1.0);
+    assert_eq!(
+        after.sum("replog_client_connections_accepted_total", &[]),
+        1.0
+    );
     // Every partition group is primary here (one replica) and caught up.
     let groups = after.sum("replog_group_primary", &[]);
     assert_eq!(groups, 3.0, "group 0 and two partitions");

@@ -33,8 +33,8 @@ pub use env::{Env, LocalFuture, Sent};
 pub use metadata_host::{MetaCall, MetaError, MetaQuery, MetaReplyTx, MetadataHost};
 pub use placement::{ShardIndex, shard_of};
 pub use pump::{Inbox, Input, inbox};
-pub use snapshot::{ShardSnapshot, SnapshotDetail, SnapshotReply};
 pub use shard::{
     FrameRefusal, GroupError, Shard, ShardBus, ShardConfig, ShardPartition, ShardStats,
     TICK_DEFAULT, shard_dir,
 };
+pub use snapshot::{ShardSnapshot, SnapshotDetail, SnapshotReply};

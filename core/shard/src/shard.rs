@@ -1456,7 +1456,10 @@ fn transfer_progress<F: Fs>(driver: &TransferDriver<F>) -> Option<TransferProgre
     let session = driver.receiver().session()?;
     let (received_bytes, expected_bytes) = session.accepted().map_or((0, 0), |accepted| {
         accepted.artifacts.iter().fold((0u64, 0u64), |(r, e), a| {
-            (r.saturating_add(a.received_len()), e.saturating_add(a.declared_len()))
+            (
+                r.saturating_add(a.received_len()),
+                e.saturating_add(a.declared_len()),
+            )
         })
     });
     Some(TransferProgress {

@@ -232,7 +232,11 @@ mod tests {
         assert_eq!(b.cumulative[0], 1, "0.1 s");
         assert_eq!(b.cumulative[2], 1, "1 s");
         assert_eq!(b.cumulative[3], 2, "5 s");
-        assert_eq!(b.cumulative[TRANSFER_BUCKETS - 1], 2, "an hour; 2 h is past it");
+        assert_eq!(
+            b.cumulative[TRANSFER_BUCKETS - 1],
+            2,
+            "an hour; 2 h is past it"
+        );
         assert_eq!(b.sum_us, 50_000 + 2_000_000 + 7_200_000_000);
     }
 }

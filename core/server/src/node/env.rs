@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::ReplicaId;
 use futures::channel::mpsc;
-use shard::{Env, LocalFuture, Sent};
 use prometheus_client::metrics::histogram::Histogram;
+use shard::{Env, LocalFuture, Sent};
 
 use super::fs::MeteredFs;
 

@@ -11,7 +11,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::histogram::Histogram;
-use storage::fs::{BufResult, DirEntry, Fs, FsFile, IoBuf, Metadata, OpenOptions, RealFile, RealFs};
+use storage::fs::{
+    BufResult, DirEntry, Fs, FsFile, IoBuf, Metadata, OpenOptions, RealFile, RealFs,
+};
 
 /// [`RealFs`] with timed syncs.
 #[derive(Debug, Clone)]

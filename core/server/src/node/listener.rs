@@ -50,7 +50,8 @@ pub async fn serve<B, M>(
         next_member = next_member.wrapping_add(1).max(1);
         let session = Session::new(Arc::clone(&config), member, peer.to_string());
         let backend = backend();
-        compio::runtime::spawn(connection(stream, peer, session, backend, metrics.clone())).detach();
+        compio::runtime::spawn(connection(stream, peer, session, backend, metrics.clone()))
+            .detach();
     }
 }
 

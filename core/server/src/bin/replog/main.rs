@@ -113,8 +113,13 @@ fn serve(config: Config, exit_with_stdin: bool) -> ExitCode {
                 .with_forwarder(forwarder.clone())
                 .with_topic_defaults(topic_defaults)
         });
-        compio::runtime::spawn(listener::serve(ctx.listener, ctx.session, make, Some(metrics)))
-            .detach();
+        compio::runtime::spawn(listener::serve(
+            ctx.listener,
+            ctx.session,
+            make,
+            Some(metrics),
+        ))
+        .detach();
     });
     let node = match Node::start(node_config, Some(starter)) {
         Ok(node) => node,
@@ -126,7 +131,10 @@ fn serve(config: Config, exit_with_stdin: bool) -> ExitCode {
     // Before the serving line, which tools and tests wait for: once it is
     // out, every listener is up.
     if let Some(metrics_addr) = node.metrics_addr() {
-        println!("replog: replica {} metrics on http://{metrics_addr}/metrics", config.replica_id);
+        println!(
+            "replog: replica {} metrics on http://{metrics_addr}/metrics",
+            config.replica_id
+        );
     }
     match node.replica_addr() {
         Some(replica_addr) => println!(

@@ -177,10 +177,7 @@ fn head_end(bytes: &[u8], from: usize) -> Option<usize> {
 /// Answers one request head: `GET /metrics` (a query string ignored) with
 /// the rendered exposition, anything else with its error status.
 pub fn respond(head: &[u8], render: &dyn Fn() -> String) -> Response {
-    let line_end = head
-        .iter()
-        .position(|&b| b == b'\n')
-        .unwrap_or(head.len());
+    let line_end = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
     let line = head.get(..line_end).unwrap_or_default();
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let Ok(line) = std::str::from_utf8(line) else {
@@ -227,7 +224,11 @@ impl HttpServer {
     ///
     /// # Errors
     /// A sentence when the listener cannot be polled or the thread started.
-    pub fn start(listener: TcpListener, limits: HttpLimits, render: Render) -> Result<Self, String> {
+    pub fn start(
+        listener: TcpListener,
+        limits: HttpLimits,
+        render: Render,
+    ) -> Result<Self, String> {
         let addr = listener
             .local_addr()
             .map_err(|e| format!("reading the metrics listener's address: {e}"))?;

@@ -192,57 +192,114 @@ impl SnapshotCollector {
         )?;
         type Field = fn(&ShardSnapshot) -> u64;
         let per_shard: [(&str, &str, MetricType, Field); 17] = [
-            ("replog_shard_ticks", "Ticks the shard ran", Counter, |s| s.stats.ticks),
-            ("replog_shard_calls", "Client calls the shard answered", Counter, |s| s.stats.calls),
-            ("replog_shard_frames_in", "Replica frames the shard accepted", Counter, |s| {
-                s.stats.frames_in
+            ("replog_shard_ticks", "Ticks the shard ran", Counter, |s| {
+                s.stats.ticks
             }),
-            ("replog_shard_frames_out", "Replica frames the shard handed to the bus", Counter, |s| {
-                s.stats.frames_out
-            }),
+            (
+                "replog_shard_calls",
+                "Client calls the shard answered",
+                Counter,
+                |s| s.stats.calls,
+            ),
+            (
+                "replog_shard_frames_in",
+                "Replica frames the shard accepted",
+                Counter,
+                |s| s.stats.frames_in,
+            ),
+            (
+                "replog_shard_frames_out",
+                "Replica frames the shard handed to the bus",
+                Counter,
+                |s| s.stats.frames_out,
+            ),
             (
                 "replog_shard_frames_dropped",
                 "Replica frames dropped at send (peer not connected or its queue full)",
                 Counter,
                 |s| s.stats.frames_dropped,
             ),
-            ("replog_shard_partition_groups", "Partition groups on the shard", Gauge, |s| {
-                s.partition_groups
-            }),
-            ("replog_shard_messages", "Messages held by the shard's partitions", Gauge, |s| {
-                s.totals.messages
-            }),
-            ("replog_shard_size_bytes", "Bytes of batches held by the shard's partitions", Gauge, |s| {
-                s.totals.size_bytes
-            }),
-            ("replog_shard_segments", "Segments of the shard's partitions", Gauge, |s| {
-                s.totals.segments
-            }),
-            ("replog_shard_partitions_fenced", "Partitions of the shard that are fenced", Gauge, |s| {
-                s.totals.fenced
-            }),
-            ("replog_transfers_receiving", "Partitions of the shard receiving a state transfer", Gauge, |s| {
-                s.totals.transferring
-            }),
-            ("replog_transfer_received_bytes", "State-transfer chunk bytes received and accepted", Counter, |s| {
-                s.transfer.received_bytes
-            }),
-            ("replog_transfer_chunks_served", "State-transfer chunks served to peers", Counter, |s| {
-                s.transfer.chunks_served
-            }),
-            ("replog_transfer_offers_served", "State-transfer offers served to peers", Counter, |s| {
-                s.transfer.offers_served
-            }),
-            ("replog_transfer_installs", "State transfers installed", Counter, |s| s.stats.installs),
-            ("replog_transfer_install_failures", "State-transfer installs that failed", Counter, |s| {
-                s.transfer.install_failures
-            }),
-            ("replog_shard_fenced_events", "Partitions fenced since boot", Counter, |s| {
-                s.stats.fenced
-            }),
+            (
+                "replog_shard_partition_groups",
+                "Partition groups on the shard",
+                Gauge,
+                |s| s.partition_groups,
+            ),
+            (
+                "replog_shard_messages",
+                "Messages held by the shard's partitions",
+                Gauge,
+                |s| s.totals.messages,
+            ),
+            (
+                "replog_shard_size_bytes",
+                "Bytes of batches held by the shard's partitions",
+                Gauge,
+                |s| s.totals.size_bytes,
+            ),
+            (
+                "replog_shard_segments",
+                "Segments of the shard's partitions",
+                Gauge,
+                |s| s.totals.segments,
+            ),
+            (
+                "replog_shard_partitions_fenced",
+                "Partitions of the shard that are fenced",
+                Gauge,
+                |s| s.totals.fenced,
+            ),
+            (
+                "replog_transfers_receiving",
+                "Partitions of the shard receiving a state transfer",
+                Gauge,
+                |s| s.totals.transferring,
+            ),
+            (
+                "replog_transfer_received_bytes",
+                "State-transfer chunk bytes received and accepted",
+                Counter,
+                |s| s.transfer.received_bytes,
+            ),
+            (
+                "replog_transfer_chunks_served",
+                "State-transfer chunks served to peers",
+                Counter,
+                |s| s.transfer.chunks_served,
+            ),
+            (
+                "replog_transfer_offers_served",
+                "State-transfer offers served to peers",
+                Counter,
+                |s| s.transfer.offers_served,
+            ),
+            (
+                "replog_transfer_installs",
+                "State transfers installed",
+                Counter,
+                |s| s.stats.installs,
+            ),
+            (
+                "replog_transfer_install_failures",
+                "State-transfer installs that failed",
+                Counter,
+                |s| s.transfer.install_failures,
+            ),
+            (
+                "replog_shard_fenced_events",
+                "Partitions fenced since boot",
+                Counter,
+                |s| s.stats.fenced,
+            ),
         ];
         for (name, help, kind, field) in per_shard {
-            family(e, name, help, kind, self.live().map(|s| (shard_label(s), field(s))))?;
+            family(
+                e,
+                name,
+                help,
+                kind,
+                self.live().map(|s| (shard_label(s), field(s))),
+            )?;
         }
         let refused = self.live().flat_map(|s| {
             s.stats.frames_refused.iter().map(move |(reason, n)| {
@@ -278,12 +335,9 @@ impl SnapshotCollector {
             }
             buckets.push((f64::INFINITY, b.count - below));
             let label = shard_label(s);
-            metric.encode_family(&label)?.encode_histogram::<NoLabelSet>(
-                b.sum_us as f64 / 1e6,
-                b.count,
-                &buckets,
-                None,
-            )?;
+            metric
+                .encode_family(&label)?
+                .encode_histogram::<NoLabelSet>(b.sum_us as f64 / 1e6, b.count, &buckets, None)?;
         }
         Ok(())
     }
@@ -293,20 +347,34 @@ impl SnapshotCollector {
         let groups = || self.live().flat_map(|s| s.groups.iter());
         type Field = fn(&shard::snapshot::ConsensusSnapshot) -> u64;
         let per_group: [(&str, &str, Field); 7] = [
-            ("replog_group_view", "The group's view", |c| u64::from(c.view)),
+            ("replog_group_view", "The group's view", |c| {
+                u64::from(c.view)
+            }),
             (
                 "replog_group_status",
                 "The group's status here: 0 normal, 1 view change, 2 recovering",
                 |c| status_code(c.status),
             ),
-            ("replog_group_primary", "1 when this replica is the group's primary", |c| {
-                u64::from(c.primary_here)
-            }),
-            ("replog_group_op", "The highest op in the group's log here", |c| c.op),
-            ("replog_group_commit_min", "The highest op applied here", |c| c.commit_min),
-            ("replog_group_commit_max", "The highest op known committed in the group", |c| {
-                c.commit_max
-            }),
+            (
+                "replog_group_primary",
+                "1 when this replica is the group's primary",
+                |c| u64::from(c.primary_here),
+            ),
+            (
+                "replog_group_op",
+                "The highest op in the group's log here",
+                |c| c.op,
+            ),
+            (
+                "replog_group_commit_min",
+                "The highest op applied here",
+                |c| c.commit_min,
+            ),
+            (
+                "replog_group_commit_max",
+                "The highest op known committed in the group",
+                |c| c.commit_max,
+            ),
             (
                 "replog_group_commit_lag_ops",
                 "Ops known committed but not yet applied here (commit_max - commit_min)",
@@ -335,20 +403,40 @@ impl SnapshotCollector {
         };
         type PField = fn(&shard::snapshot::PartitionSnapshot) -> u64;
         let per_partition: [(&str, &str, PField); 5] = [
-            ("replog_partition_messages", "Messages the partition holds", |p| {
-                p.stats.messages_count
-            }),
-            ("replog_partition_size_bytes", "Bytes of the batches the partition holds", |p| {
-                p.stats.size_bytes
-            }),
-            ("replog_partition_segments", "Segments of the partition", |p| p.stats.segments_count),
-            ("replog_partition_next_offset", "The offset the partition's next message gets", |p| {
-                p.next_offset()
-            }),
-            ("replog_partition_fenced", "1 when the partition is fenced", |p| u64::from(p.fenced)),
+            (
+                "replog_partition_messages",
+                "Messages the partition holds",
+                |p| p.stats.messages_count,
+            ),
+            (
+                "replog_partition_size_bytes",
+                "Bytes of the batches the partition holds",
+                |p| p.stats.size_bytes,
+            ),
+            (
+                "replog_partition_segments",
+                "Segments of the partition",
+                |p| p.stats.segments_count,
+            ),
+            (
+                "replog_partition_next_offset",
+                "The offset the partition's next message gets",
+                |p| p.next_offset(),
+            ),
+            (
+                "replog_partition_fenced",
+                "1 when the partition is fenced",
+                |p| u64::from(p.fenced),
+            ),
         ];
         for (name, help, field) in per_partition {
-            family(e, name, help, Gauge, partitions().map(|(l, p)| (l, field(p))))?;
+            family(
+                e,
+                name,
+                help,
+                Gauge,
+                partitions().map(|(l, p)| (l, field(p))),
+            )?;
         }
         let transfers = || {
             groups().filter_map(|g| {
