@@ -40,6 +40,8 @@ pub struct Config {
     pub root: RootUser,
     /// Partition storage.
     pub storage: StorageConfig,
+    /// The Prometheus metrics endpoint.
+    pub metrics: MetricsConfig,
     /// Every replica of the cluster; empty for a single replica (this one,
     /// at the listeners above).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -92,6 +94,27 @@ pub struct StorageConfig {
     pub fsync: bool,
 }
 
+/// The Prometheus metrics endpoint (off unless `listen` is set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Where `GET /metrics` is served; `None` serves nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Whether per-partition and per-group series are exposed (about a
+    /// dozen series per partition), or only per-shard sums.
+    pub partition_series: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            partition_series: true,
+        }
+    }
+}
+
 /// One replica of the roster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -122,6 +145,7 @@ impl Default for Config {
             replica: ReplicaConfig::default(),
             root: RootUser::default(),
             storage: StorageConfig::default(),
+            metrics: MetricsConfig::default(),
             replicas: Vec::new(),
         }
     }
@@ -263,6 +287,16 @@ impl Config {
         }
         if !(1..=255).contains(&self.root.password.len()) {
             return Err(invalid("root.password", "must be 1..=255 bytes"));
+        }
+        if let Some(metrics) = self.metrics.listen
+            && metrics.port() != 0
+            && (metrics.port() == self.client.listen.port()
+                || (metrics.port() == self.replica.listen.port() && !self.replicas.is_empty()))
+        {
+            return Err(invalid(
+                "metrics.listen",
+                "must not share the client or replica listener's port",
+            ));
         }
         if self.replicas.is_empty() {
             if self.replica_id != 0 {
@@ -436,6 +470,9 @@ pub struct Overrides {
     /// `storage.segment_size_bytes`.
     #[arg(long, global = true)]
     pub segment_size_bytes: Option<u64>,
+    /// `metrics.listen` (serves `GET /metrics` there).
+    #[arg(long, global = true)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Overrides {
@@ -459,6 +496,9 @@ impl Overrides {
             &mut config.storage.segment_size_bytes,
             &self.segment_size_bytes,
         );
+        if self.metrics_listen.is_some() {
+            config.metrics.listen = self.metrics_listen;
+        }
     }
 }
 

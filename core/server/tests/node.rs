@@ -26,6 +26,7 @@ fn config(dir: &std::path::Path) -> NodeConfig {
         client_frame_size_max_bytes: 64 << 20,
         bus: None,
         rejoin: false,
+        metrics: None,
     }
 }
 

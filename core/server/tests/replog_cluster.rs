@@ -842,3 +842,81 @@ fn given_a_cluster_stopped_whole_when_restarted_should_serve_everything_again() 
     }));
     cluster.stop();
 }
+
+/// Scrapes replica `node`'s metrics until `ok` holds, for at most 30 s.
+fn scrape_until(
+    node: &Replog,
+    what: &str,
+    ok: impl Fn(&support::metrics::Exposition) -> bool,
+) -> support::metrics::Exposition {
+    let addr = node.metrics_addr().expect("metrics served");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let scraped = support::metrics::scrape(addr);
+        if ok(&scraped) {
+            return scraped;
+        }
+        assert!(Instant::now() < deadline, "{what} within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn given_a_cluster_with_metrics_when_a_replica_dies_and_returns_should_count_its_lanes_down_and_up_again()
+ {
+    let mut cluster = Cluster::start(|c| c.metrics.listen = Some("127.0.0.1:0".parse().unwrap()));
+    let peer2 = r#"peer="2""#;
+    let shard_lane = r#"lane="shard""#;
+    let metadata = r#"group="9223372036854775808""#;
+    // Two shard lanes (one per shard index) to each peer, and a forward
+    // lane each way dialed from here.
+    let r0 = cluster.nodes[0].as_ref().unwrap();
+    let up = scrape_until(r0, "every lane of replica 0 up", |m| {
+        m.sum("replog_bus_lanes_up", &[shard_lane]) == 4.0
+            && m.sum("replog_bus_lanes_up", &[r#"lane="forward""#]) == 2.0
+    });
+    assert_eq!(up.sum("replog_bus_lane_reconnects_total", &[]), 0.0);
+    // Group 0 has one primary across the cluster, and its heartbeats flow.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let primaries: f64 = cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                let addr = n.as_ref().unwrap().metrics_addr().unwrap();
+                support::metrics::scrape(addr).sum("replog_group_primary", &[metadata])
+            })
+            .sum();
+        if primaries == 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "one metadata primary: {primaries}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r0 = cluster.nodes[0].as_ref().unwrap();
+    scrape_until(r0, "frames from the peers", |m| {
+        m.sum("replog_shard_frames_in_total", &[]) > 0.0
+    });
+
+    cluster.kill9(2);
+    let r0 = cluster.nodes[0].as_ref().unwrap();
+    let down = scrape_until(r0, "replica 2's lanes down", |m| {
+        m.sum("replog_bus_lanes_up", &[peer2, shard_lane]) == 0.0
+    });
+    assert!(down.sum("replog_bus_lane_drops_total", &[peer2, shard_lane]) >= 2.0);
+
+    cluster.start_replica(2);
+    let r0 = cluster.nodes[0].as_ref().unwrap();
+    let back = scrape_until(r0, "replica 2's lanes up again", |m| {
+        m.sum("replog_bus_lanes_up", &[peer2, shard_lane]) == 2.0
+    });
+    assert!(back.sum("replog_bus_lane_reconnects_total", &[peer2, shard_lane]) >= 2.0);
+    assert_eq!(
+        back.sum("replog_bus_lane_reconnects_total", &[r#"peer="1""#]),
+        0.0
+    );
+    cluster.stop();
+}

@@ -28,6 +28,7 @@ mod placement;
 pub mod pump;
 pub mod rejoin;
 mod shard;
+pub mod snapshot;
 pub mod testing;
 
 pub use call::{Answer, Call, CallError, Envelope, ReplyTx};
@@ -44,3 +45,4 @@ pub use shard::{
     FrameRefusal, GroupError, METADATA_DIR, Shard, ShardBus, ShardConfig, ShardPartition,
     ShardStats, TICK_DEFAULT, shard_dir,
 };
+pub use snapshot::{ShardSnapshot, SnapshotDetail, SnapshotReply};

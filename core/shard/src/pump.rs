@@ -24,6 +24,7 @@ use crate::catalog::GroupSpec;
 use crate::env::Env;
 use crate::metadata_host::MetaCall;
 use crate::shard::{GroupError, Shard};
+use crate::snapshot::{SnapshotDetail, SnapshotReply};
 
 /// One input to a shard.
 #[derive(Debug)]
@@ -68,6 +69,13 @@ pub enum Input {
         /// The committed generation.
         generation: u64,
     },
+    /// A snapshot of the shard for an observer (the metrics endpoint).
+    Snapshot {
+        /// With or without the per-group entries.
+        detail: SnapshotDetail,
+        /// Where it goes.
+        reply: SnapshotReply,
+    },
 }
 
 /// The sending half of a shard's inbox.
@@ -98,6 +106,7 @@ impl<E: Env> Shard<E> {
             Input::PurgeCommitted { group, generation } => {
                 self.learn_purge_generation(group, generation);
             }
+            Input::Snapshot { detail, reply } => reply.send(self.snapshot(detail)),
         }
     }
 }

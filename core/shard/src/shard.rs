@@ -53,6 +53,10 @@ use crate::metadata_transfer::MetadataTransferConfig;
 use crate::placement::{ShardIndex, shard_of};
 use crate::pump::{Inbox, Input};
 use crate::rejoin::{self, Rejoin};
+use crate::snapshot::{
+    DurationBuckets, GroupSnapshot, PartitionSnapshot, PartitionTotals, ShardSnapshot,
+    SnapshotDetail, TransferProgress, TransferTotals, consensus_of,
+};
 
 /// Default tick period.
 pub const TICK_DEFAULT: Duration = Duration::from_millis(10);
@@ -266,6 +270,8 @@ pub struct ShardStats {
     pub fenced: u64,
     /// Transfers installed since boot.
     pub installs: u64,
+    /// How long the installed transfers took, armed to installed.
+    pub transfer_durations: DurationBuckets,
 }
 
 /// The partition type a shard hosts.
@@ -347,6 +353,9 @@ struct Group<E: Env> {
     fenced_reported: bool,
     /// The view and whether this replica was its primary, as last logged.
     seen_view: (u32, bool),
+    /// When the running transfer was first armed (the environment's clock),
+    /// for its duration once installed.
+    transfer_armed_at: Option<Duration>,
 }
 
 impl<E: Env> Group<E> {
@@ -407,6 +416,9 @@ pub struct Shard<E: Env> {
     siblings: Vec<Inbox>,
     tick: u64,
     stats: ShardStats,
+    /// The transfer counters of deleted groups (the shard's sums stay
+    /// monotonic).
+    transfer_retired: TransferTotals,
     retention: RetentionPolicy,
 }
 
@@ -450,6 +462,7 @@ impl<E: Env> Shard<E> {
             siblings: Vec::new(),
             tick: 0,
             stats: ShardStats::default(),
+            transfer_retired: TransferTotals::default(),
             retention: RetentionPolicy::default(),
             config,
             env,
@@ -595,6 +608,54 @@ impl<E: Env> Shard<E> {
         stats
     }
 
+    /// The shard's state for an observer (the metrics endpoint): its
+    /// counters, sums over its partitions and, with
+    /// [`SnapshotDetail::Groups`], every group's position. A pure read.
+    pub fn snapshot(&self, detail: SnapshotDetail) -> ShardSnapshot {
+        let mut totals = PartitionTotals::default();
+        let mut transfer = self.transfer_retired;
+        let mut groups = Vec::new();
+        if let Some(host) = self.metadata.as_ref() {
+            groups.push(GroupSnapshot {
+                group: METADATA_GROUP,
+                consensus: consensus_of(host.replica()),
+                partition: None,
+                transfer: None,
+            });
+        }
+        for (id, g) in &self.groups {
+            let stats = g.partition.stats();
+            let fenced = g.partition.fenced().is_some();
+            totals.messages += stats.messages_count;
+            totals.size_bytes += stats.size_bytes;
+            totals.segments += stats.segments_count;
+            totals.fenced += u64::from(fenced);
+            add_transfer_totals(&mut transfer, &g.driver);
+            let progress = transfer_progress(&g.driver);
+            totals.transferring += u64::from(progress.is_some());
+            if detail == SnapshotDetail::Groups {
+                groups.push(GroupSnapshot {
+                    group: *id,
+                    consensus: consensus_of(g.partition.replica()),
+                    partition: Some(PartitionSnapshot {
+                        partition_id: g.spec.partition_id,
+                        stats,
+                        fenced,
+                    }),
+                    transfer: progress,
+                });
+            }
+        }
+        ShardSnapshot {
+            shard: self.config.shard,
+            stats: self.stats(),
+            partition_groups: self.groups.len() as u64,
+            totals,
+            transfer,
+            groups,
+        }
+    }
+
     /// The groups on this shard, ascending.
     pub fn groups(&self) -> impl Iterator<Item = GroupId> + '_ {
         self.groups.keys().copied()
@@ -652,6 +713,7 @@ impl<E: Env> Shard<E> {
             return Err(GroupError::Unknown(group));
         };
         removed.driver.release(&mut self.slots);
+        add_transfer_totals(&mut self.transfer_retired, &removed.driver);
         for (_, reply) in removed.queued.drain(..) {
             let _ = reply.send(Err(CallError::UnknownGroup { group }));
         }
@@ -717,6 +779,7 @@ impl<E: Env> Shard<E> {
                 in_flight: BTreeMap::new(),
                 fenced_reported: false,
                 seen_view,
+                transfer_armed_at: None,
             },
         );
         Ok(())
@@ -899,7 +962,26 @@ impl<E: Env> Shard<E> {
     /// Sends a driver's frames and reports its events.
     fn carry_out(&mut self, group: GroupId, out: DriverOutput) {
         self.send_frames(out.send);
+        let now = self.env.now();
         for event in out.events {
+            let armed_at = self
+                .groups
+                .get_mut(&group)
+                .map(|g| &mut g.transfer_armed_at);
+            match (&event, armed_at) {
+                (TransferEvent::Armed { .. }, Some(at)) => {
+                    at.get_or_insert(now);
+                }
+                (TransferEvent::Installed(_), Some(at)) => {
+                    if let Some(since) = at.take() {
+                        self.stats
+                            .transfer_durations
+                            .observe(now.saturating_sub(since));
+                    }
+                }
+                (TransferEvent::Disarmed | TransferEvent::Fenced { .. }, Some(at)) => *at = None,
+                _ => {}
+            }
             match event {
                 TransferEvent::Installed(outcome) => {
                     self.stats.installs += 1;
@@ -1430,6 +1512,34 @@ impl<E: Env> Shard<E> {
             }
         }
     }
+}
+
+fn add_transfer_totals<F: Fs>(totals: &mut TransferTotals, driver: &TransferDriver<F>) {
+    let stats = driver.stats();
+    totals.received_bytes += driver.receiver().stats().chunk_bytes;
+    totals.chunks_served += stats.chunks_served;
+    totals.offers_served += stats.offers_served;
+    totals.install_failures += stats.install_failures;
+}
+
+/// A receiving session's progress: what its artifacts hold so far against
+/// what the accepted manifest declares.
+fn transfer_progress<F: Fs>(driver: &TransferDriver<F>) -> Option<TransferProgress> {
+    use consensus::ChunkProgress;
+    let session = driver.receiver().session()?;
+    let (received_bytes, expected_bytes) = session.accepted().map_or((0, 0), |accepted| {
+        accepted.artifacts.iter().fold((0u64, 0u64), |(r, e), a| {
+            (
+                r.saturating_add(a.received_len()),
+                e.saturating_add(a.declared_len()),
+            )
+        })
+    });
+    Some(TransferProgress {
+        peer: session.peer,
+        received_bytes,
+        expected_bytes,
+    })
 }
 
 /// The spec of a partition group the metadata plane names.

@@ -199,6 +199,7 @@ fn given_the_docs_when_compared_should_document_every_field() {
         }
     }
     for field in [
+        "`metrics.listen`",
         "`replicas`",
         "`replicas.id`",
         "`replicas.client_address`",
@@ -206,4 +207,22 @@ fn given_the_docs_when_compared_should_document_every_field() {
     ] {
         assert!(docs.contains(field), "docs/configuration.md lacks {field}");
     }
+}
+
+#[test]
+fn given_a_metrics_section_when_resolved_should_serve_only_what_it_names() {
+    let c = Config::effective(&Overrides::default(), 1).unwrap();
+    assert_eq!(c.metrics.listen, None, "off by default");
+    assert!(c.metrics.partition_series);
+    let c = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\npartition_series = false\n").unwrap();
+    assert_eq!(c.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
+    assert!(!c.metrics.partition_series);
+    let printed = c.to_toml_redacted();
+    assert_eq!(parse(&printed).unwrap().metrics, c.metrics, "{printed}");
+    let flagged = cli(&["--metrics-listen", "127.0.0.1:0"]);
+    let c = Config::effective(&flagged.overrides, 1).unwrap();
+    assert_eq!(c.metrics.listen, Some("127.0.0.1:0".parse().unwrap()));
+    let clash = cli(&["--metrics-listen", "127.0.0.1:8090"]);
+    let err = Config::effective(&clash.overrides, 1).unwrap_err();
+    assert!(err.to_string().contains("metrics.listen"), "{err}");
 }

@@ -1,7 +1,8 @@
 //! The compio implementation of the shard's environment seam: the wall
 //! clock measured from the shard's start, compio timers and tasks, the
-//! real filesystem (io_uring), and one bounded send queue per peer replica
-//! that the replica bus's writer task drains.
+//! real filesystem (io_uring) with its syncs timed ([`MeteredFs`]), and
+//! one bounded send queue per peer replica that the replica bus's writer
+//! task drains.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -10,8 +11,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::ReplicaId;
 use futures::channel::mpsc;
+use prometheus_client::metrics::histogram::Histogram;
 use shard::{Env, LocalFuture, Sent};
-use storage::fs::RealFs;
+
+use super::fs::MeteredFs;
 
 /// Frames queued per peer before sends drop (VSR retransmits).
 pub const PEER_QUEUE_FRAMES: usize = 1024;
@@ -20,7 +23,7 @@ pub const PEER_QUEUE_FRAMES: usize = 1024;
 #[derive(Debug)]
 pub struct CompioEnv {
     origin: Instant,
-    fs: RealFs,
+    fs: MeteredFs,
     peers: RefCell<BTreeMap<u8, mpsc::Sender<Bytes>>>,
     dropped: Cell<u64>,
 }
@@ -32,11 +35,17 @@ impl Default for CompioEnv {
 }
 
 impl CompioEnv {
-    /// An environment whose clock starts now, with no peer connected.
+    /// An environment whose clock starts now, with no peer connected
+    /// (its syncs are timed into a histogram nobody reads).
     pub fn new() -> Self {
+        Self::with_fsync(Histogram::new([]))
+    }
+
+    /// As [`CompioEnv::new`], with the shard's fsync histogram.
+    pub fn with_fsync(fsync: Histogram) -> Self {
         Self {
             origin: Instant::now(),
-            fs: RealFs,
+            fs: MeteredFs::new(fsync),
             peers: RefCell::new(BTreeMap::new()),
             dropped: Cell::new(0),
         }
@@ -64,7 +73,7 @@ impl CompioEnv {
 }
 
 impl Env for CompioEnv {
-    type Fs = RealFs;
+    type Fs = MeteredFs;
 
     fn now(&self) -> Duration {
         self.origin.elapsed()
@@ -92,7 +101,7 @@ impl Env for CompioEnv {
         }
     }
 
-    fn fs(&self) -> &RealFs {
+    fn fs(&self) -> &MeteredFs {
         &self.fs
     }
 }

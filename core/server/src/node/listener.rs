@@ -11,18 +11,26 @@
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 
 use compio::buf::BufResult;
 use compio::io::{AsyncReadExt, AsyncWriteExt};
 use compio::net::{TcpListener, TcpStream};
 
+use super::metrics::ClientMetrics;
 use crate::protocol::records::MemberId;
 use crate::session::{Backend, Output, Session, SessionConfig};
 
 /// Accepts connections until the listener fails, spawning a task per
-/// connection; `backend` makes each connection's backend.
-pub async fn serve<B, M>(listener: TcpListener, config: Arc<SessionConfig>, backend: Rc<M>)
-where
+/// connection; `backend` makes each connection's backend. With `metrics`,
+/// connections are counted and each produce and poll timed, from the
+/// moment its whole frame is read to its encoded reply.
+pub async fn serve<B, M>(
+    listener: TcpListener,
+    config: Arc<SessionConfig>,
+    backend: Rc<M>,
+    metrics: Option<ClientMetrics>,
+) where
     B: Backend + 'static,
     M: Fn() -> B + 'static,
 {
@@ -42,7 +50,8 @@ where
         next_member = next_member.wrapping_add(1).max(1);
         let session = Session::new(Arc::clone(&config), member, peer.to_string());
         let backend = backend();
-        compio::runtime::spawn(connection(stream, peer, session, backend)).detach();
+        compio::runtime::spawn(connection(stream, peer, session, backend, metrics.clone()))
+            .detach();
     }
 }
 
@@ -51,7 +60,9 @@ async fn connection<B: Backend>(
     peer: SocketAddr,
     mut session: Session,
     mut backend: B,
+    metrics: Option<ClientMetrics>,
 ) {
+    let _open = metrics.as_ref().map(ClientMetrics::connected);
     tracing::debug!(%peer, "client connected");
     loop {
         let wanted = session.wanted().max(1);
@@ -68,7 +79,11 @@ async fn connection<B: Backend>(
             }
         }
         let mut close = false;
+        let mut started = Instant::now();
         while let Some(output) = session.next_output(&mut backend).await {
+            if let (Some(metrics), Some(command)) = (&metrics, session.take_handled()) {
+                metrics.observe(command, started.elapsed());
+            }
             match output {
                 Output::Reply(bytes) => {
                     let BufResult(written, _) = stream.write_all(bytes).await;
@@ -77,6 +92,7 @@ async fn connection<B: Backend>(
                         close = true;
                         break;
                     }
+                    started = Instant::now();
                 }
                 Output::Close(error) => {
                     tracing::info!(%peer, %error, "closing a client connection out of frame");

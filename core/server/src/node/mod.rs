@@ -7,15 +7,18 @@
 //! data directory's identity, bind the client listener, make every shard's
 //! inbox, start the shard threads (each opens its groups from disk), wait
 //! until every shard reports ready, then let shard 0 reconcile the
-//! partition groups with the committed metadata and serve clients.
+//! partition groups with the committed metadata and serve clients, and
+//! serve the metrics endpoint when one is configured ([`metrics`]).
 
 pub mod backend;
 pub mod bus;
 pub mod env;
 pub mod forward;
+pub mod fs;
 pub mod handle;
 pub mod identity;
 pub mod listener;
+pub mod metrics;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,6 +32,9 @@ use bus::{Acceptor, BusConfig, Greeted, Routes};
 use common::ReplicaId;
 use forward::Forwarder;
 use futures::channel::{mpsc, oneshot};
+use metrics::http::{HttpLimits, HttpServer};
+use metrics::{ClientMetrics, Metrics, MetricsSetup};
+use prometheus_client::metrics::histogram::Histogram;
 use shard::{Input, Shard, ShardConfig, ShardIndex, shard_dir};
 
 use crate::session::SessionConfig;
@@ -64,6 +70,8 @@ pub struct NodeConfig {
     /// until they caught up (shard::rejoin). Ignored once the directory
     /// holds this replica's identity, and for a single replica.
     pub rejoin: bool,
+    /// The metrics endpoint, when one is served.
+    pub metrics: Option<MetricsSetup>,
 }
 
 /// Where a replica's bus listens and where every replica's bus is.
@@ -83,6 +91,8 @@ pub struct Node {
     threads: Vec<JoinHandle<()>>,
     client_addr: SocketAddr,
     acceptor: Option<Acceptor>,
+    metrics: Arc<Metrics>,
+    metrics_server: Option<HttpServer>,
 }
 
 impl Node {
@@ -105,11 +115,18 @@ impl Node {
         let client_addr = listener
             .local_addr()
             .map_err(|e| format!("reading the listener's address: {e}"))?;
+        // Bound before any shard starts, so a taken port fails the start
+        // at once; served once the shards are up.
+        let metrics_listener = match &config.metrics {
+            Some(setup) => Some(bind_retrying(setup.listen, "metrics")?),
+            None => None,
+        };
+        let metrics = Arc::new(Metrics::new());
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..config.shard_count)
             .map(|_| shard::inbox(INBOX_CAPACITY))
             .unzip();
         let bus = match &config.bus {
-            Some(setup) if setup.roster.len() > 1 => Some(open_bus(&config, setup)?),
+            Some(setup) if setup.roster.len() > 1 => Some(open_bus(&config, setup, metrics.bus())?),
             _ => None,
         };
         let (routes, mut lane_receivers, mut forward_rx) = match &bus {
@@ -151,12 +168,14 @@ impl Node {
                 siblings: senders.clone(),
                 inbox,
                 stop: stop_rx,
+                fsync: metrics.fsync_histogram(index),
                 ready: ready_tx.clone(),
                 clients: if index == 0 {
                     clients.take().map(|start| ClientSide {
                         listener: listener.take(),
                         handles: handles.clone(),
                         session: Arc::new(session_config(&config, client_addr)),
+                        metrics: metrics.client().clone(),
                         start,
                     })
                 } else {
@@ -191,6 +210,16 @@ impl Node {
             }
             _ => None,
         };
+        let metrics_server = match (metrics_listener, &config.metrics) {
+            (Some(listener), Some(setup)) => {
+                let handles = handles.clone();
+                let detail = setup.detail;
+                let source = Arc::clone(&metrics);
+                let render = Arc::new(move || source.render(&handles, detail));
+                Some(HttpServer::start(listener, HttpLimits::default(), render)?)
+            }
+            _ => None,
+        };
         tracing::info!(
             replica = config.replica.0,
             cluster = format!("{:#x}", config.cluster),
@@ -198,6 +227,7 @@ impl Node {
             replicas = config.replica_count,
             %client_addr,
             replica_addr = %acceptor.as_ref().map_or_else(|| "none".to_owned(), |a| a.addr().to_string()),
+            metrics_addr = %metrics_server.as_ref().map_or_else(|| "none".to_owned(), |m| m.addr().to_string()),
             data_dir = %config.data_dir.display(),
             "replica serving"
         );
@@ -207,7 +237,19 @@ impl Node {
             threads,
             client_addr,
             acceptor,
+            metrics,
+            metrics_server,
         })
+    }
+
+    /// Where the metrics endpoint listens, when one is served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_server.as_ref().map(HttpServer::addr)
+    }
+
+    /// The replica's metrics (served or not).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The address other replicas dial, in a cluster.
@@ -228,6 +270,9 @@ impl Node {
     /// Stops every shard (each finishes its input at hand, flushes its
     /// groups and exits) and waits for the threads.
     pub fn stop(self) {
+        if let Some(server) = self.metrics_server {
+            server.stop();
+        }
         if let Some(acceptor) = self.acceptor {
             acceptor.stop();
         }
@@ -274,6 +319,7 @@ fn bind_retrying(addr: SocketAddr, what: &str) -> Result<std::net::TcpListener, 
 fn open_bus(
     config: &NodeConfig,
     setup: &BusSetup,
+    metrics: Arc<metrics::BusMetrics>,
 ) -> Result<(Arc<BusConfig>, std::net::TcpListener), String> {
     if setup.roster.len() != usize::from(config.replica_count)
         || !setup.roster.iter().any(|(id, _)| *id == config.replica)
@@ -293,6 +339,7 @@ fn open_bus(
         shard_count: config.shard_count,
         incarnation: incarnation(),
         frame_size_max: consensus::header::FRAME_SIZE_MAX_DEFAULT,
+        metrics,
     };
     Ok((Arc::new(bus), listener))
 }
@@ -362,6 +409,8 @@ pub struct ClientContext {
     pub session: Arc<SessionConfig>,
     /// Forwards calls to other replicas' primaries (a cluster only).
     pub forwarder: Option<Rc<Forwarder>>,
+    /// The client instruments (connections, request latency).
+    pub metrics: ClientMetrics,
 }
 
 /// Starts the client side (the listener and its backend) on shard 0's
@@ -372,6 +421,7 @@ struct ClientSide {
     listener: Option<std::net::TcpListener>,
     handles: ShardHandles,
     session: Arc<SessionConfig>,
+    metrics: ClientMetrics,
     start: ClientStarter,
 }
 
@@ -380,6 +430,7 @@ struct ShardBoot {
     siblings: Vec<shard::Inbox>,
     inbox: mpsc::Receiver<Input>,
     stop: oneshot::Receiver<()>,
+    fsync: Histogram,
     ready: std_mpsc::Sender<Result<u16, String>>,
     clients: Option<ClientSide>,
     lanes: Option<ShardLanes>,
@@ -406,7 +457,7 @@ fn run_shard(boot: ShardBoot) {
         }
     };
     runtime.block_on(async move {
-        let env = Rc::new(CompioEnv::new());
+        let env = Rc::new(CompioEnv::with_fsync(boot.fsync));
         let dir = boot.config.dir.clone();
         let mut shard = match Shard::open(boot.config, env).await {
             Ok(shard) => shard,
@@ -453,6 +504,7 @@ fn start_clients(clients: ClientSide, forwarder: Option<Rc<Forwarder>>) {
         listener,
         handles,
         session,
+        metrics,
         start,
     } = clients;
     let Some(listener) = listener else {
@@ -464,6 +516,7 @@ fn start_clients(clients: ClientSide, forwarder: Option<Rc<Forwarder>>) {
             handles,
             session,
             forwarder,
+            metrics,
         }),
         Err(error) => tracing::error!(%error, "the client listener could not join the runtime"),
     }

@@ -75,6 +75,8 @@ pub struct Session {
     login: Login,
     joined: BTreeSet<JoinedGroup>,
     failed: bool,
+    /// The command of the last request handled, until taken.
+    handled: Option<CommandCode>,
 }
 
 impl Session {
@@ -89,6 +91,7 @@ impl Session {
             login: Login::Anonymous,
             joined: BTreeSet::new(),
             failed: false,
+            handled: None,
         }
     }
 
@@ -128,6 +131,13 @@ impl Session {
         }
     }
 
+    /// The command of the request the last [`Session::next_output`]
+    /// answered, once (for the driver's latency metrics); `None` when it
+    /// named no command this protocol knows.
+    pub fn take_handled(&mut self) -> Option<CommandCode> {
+        self.handled.take()
+    }
+
     /// Call at end of stream: an unfinished frame is reported.
     pub fn end_of_stream(&self) -> Result<(), FrameError> {
         if self.failed {
@@ -149,6 +159,7 @@ impl Session {
             Ok(code) => code,
             Err(e) => return encode_reply(h, Outcome::Denied(ErrorCode::from(&e))),
         };
+        self.handled = Some(code);
         let caller = match self.login {
             Login::LoggedIn(grant) => Some(Caller {
                 user: grant.user,

@@ -1,3 +1,4 @@
 //! Shared test support.
+pub mod metrics;
 pub mod process;
 pub mod sdk_flows;

@@ -16,6 +16,8 @@ pub struct Replog {
     child: Child,
     /// Where its clients connect.
     pub addr: SocketAddr,
+    /// The stdout lines before the serving line (the metrics line).
+    pub banner: Vec<String>,
     log: Arc<Mutex<Vec<String>>>,
 }
 
@@ -62,6 +64,7 @@ impl Replog {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(30);
+        let mut banner = Vec::new();
         let line = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = rx
@@ -70,12 +73,26 @@ impl Replog {
             if line.contains("serving") {
                 break line;
             }
+            banner.push(line);
         };
         let addr = line
             .split_whitespace()
             .find_map(|w| w.parse::<SocketAddr>().ok())
             .unwrap_or_else(|| panic!("no address in {line:?}"));
-        Self { child, addr, log }
+        Self {
+            child,
+            addr,
+            banner,
+            log,
+        }
+    }
+
+    /// Where its metrics endpoint listens, from its `metrics on` line.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.banner.iter().find_map(|line| {
+            let url = line.split("metrics on http://").nth(1)?;
+            url.split('/').next()?.parse().ok()
+        })
     }
 
     /// Whether a log line so far contains `needle`.

@@ -44,6 +44,20 @@ pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
         config.client.listen = entry.client_address;
         config.replica.listen = entry.replica_address;
         config.replicas = roster.clone();
+        // Each replica its own metrics port: the configured one plus its
+        // id (port 0 stays 0, a free port each).
+        config.metrics.listen = match base.metrics.listen {
+            Some(mut addr) if addr.port() != 0 => {
+                let Some(port) = addr.port().checked_add(u16::from(entry.id)) else {
+                    eprintln!("replog dev: the metrics ports run past 65535");
+                    stop_all(children);
+                    return ExitCode::from(2);
+                };
+                addr.set_port(port);
+                Some(addr)
+            }
+            other => other,
+        };
         let file = dev_dir.join(format!("r{}.toml", entry.id));
         if let Err(e) = write_config(&config, &file) {
             eprintln!("replog dev: writing {}: {e}", file.display());
@@ -79,8 +93,12 @@ pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
                 return ExitCode::from(1);
             }
         }
+        let metrics = config
+            .metrics
+            .listen
+            .map_or_else(String::new, |addr| format!(" metrics {addr}"));
         println!(
-            "replog dev: replica {} clients {} replicas {} data {}",
+            "replog dev: replica {} clients {} replicas {}{metrics} data {}",
             entry.id,
             entry.client_address,
             entry.replica_address,

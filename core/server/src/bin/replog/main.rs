@@ -22,6 +22,7 @@ use clap::Parser;
 use common::ReplicaId;
 use server::config::{Cli, Command, Config};
 use server::node::backend::{NodeBackend, ensure_root_user};
+use server::node::metrics::MetricsSetup;
 use server::node::{BusSetup, ClientStarter, Node, NodeConfig, listener};
 use server::session::ErrorClass;
 
@@ -78,6 +79,14 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
         client_frame_size_max_bytes: config.client.frame_size_max_bytes,
         bus,
         rejoin,
+        metrics: config.metrics.listen.map(|listen| MetricsSetup {
+            listen,
+            detail: if config.metrics.partition_series {
+                shard::SnapshotDetail::Groups
+            } else {
+                shard::SnapshotDetail::Totals
+            },
+        }),
     };
     let topic_defaults = metadata::TopicConfig {
         segment_size_bytes: config.storage.segment_size_bytes,
@@ -99,12 +108,19 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
         .detach();
         let handles = ctx.handles.clone();
         let forwarder = ctx.forwarder.clone();
+        let metrics = ctx.metrics.clone();
         let make = Rc::new(move || {
             NodeBackend::new(handles.clone(), tag)
                 .with_forwarder(forwarder.clone())
                 .with_topic_defaults(topic_defaults)
         });
-        compio::runtime::spawn(listener::serve(ctx.listener, ctx.session, make)).detach();
+        compio::runtime::spawn(listener::serve(
+            ctx.listener,
+            ctx.session,
+            make,
+            Some(metrics),
+        ))
+        .detach();
     });
     let node = match Node::start(node_config, Some(starter)) {
         Ok(node) => node,
@@ -113,6 +129,14 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Before the serving line, which tools and tests wait for: once it is
+    // out, every listener is up.
+    if let Some(metrics_addr) = node.metrics_addr() {
+        println!(
+            "replog: replica {} metrics on http://{metrics_addr}/metrics",
+            config.replica_id
+        );
+    }
     match node.replica_addr() {
         Some(replica_addr) => println!(
             "replog: replica {} serving Iggy clients on {} (replicas on {replica_addr}; data in {})",

@@ -88,6 +88,20 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The reason as a metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::WrongCluster => "wrong_cluster",
+            Self::NotAddressedToMe => "not_addressed_to_me",
+            Self::UnknownReplica => "unknown_replica",
+            Self::ShardCountMismatch => "shard_count_mismatch",
+            Self::ShardOutOfRange => "shard_out_of_range",
+            Self::WrongDialer => "wrong_dialer",
+            Self::StaleIncarnation => "stale_incarnation",
+        }
+    }
+
     fn code(self) -> u8 {
         match self {
             Self::Malformed => 1,

@@ -48,6 +48,7 @@ use futures::{SinkExt, StreamExt};
 use shard::{Inbox, Input};
 
 use super::env::{CompioEnv, PEER_QUEUE_FRAMES};
+use super::metrics::{BusMetrics, ReasonLabel};
 use hello::{HELLO_SIZE, Hello, Lane, Local, Refusal, VERDICT_SIZE, Verdict};
 
 /// How long a dial may take to connect, and a handshake to complete.
@@ -75,6 +76,8 @@ pub struct BusConfig {
     pub incarnation: u64,
     /// Ceiling on a consensus frame, header included.
     pub frame_size_max: u32,
+    /// Where lane events are counted.
+    pub metrics: Arc<BusMetrics>,
 }
 
 impl BusConfig {
@@ -252,6 +255,13 @@ fn greet(
     let hello = match checked {
         Ok(hello) => hello,
         Err(refusal) => {
+            config
+                .metrics
+                .refused
+                .get_or_create(&ReasonLabel {
+                    reason: refusal.label(),
+                })
+                .inc();
             tracing::warn!(%peer, %refusal, "refused a replica connection");
             return;
         }
@@ -398,6 +408,9 @@ struct Links {
     shard: u16,
     by_peer: RefCell<BTreeMap<u8, Link>>,
     next_id: std::cell::Cell<u64>,
+    /// Peers whose lane has been up before (a new one is a reconnect).
+    ever_up: RefCell<std::collections::BTreeSet<u8>>,
+    metrics: Arc<BusMetrics>,
 }
 
 impl Links {
@@ -419,12 +432,20 @@ impl Links {
             .by_peer
             .borrow_mut()
             .insert(peer.0, Link { id, closer });
+        let replaced = old.is_some();
         if let Some(Link {
             closer: Some(old), ..
         }) = old
         {
             let _ = old.shutdown(Shutdown::Both);
         }
+        if replaced {
+            // The old connection's reader will find itself replaced and
+            // count nothing; its lane is down here.
+            self.metrics.lane_down(peer.0, LANE_SHARD, "replaced");
+        }
+        let again = !self.ever_up.borrow_mut().insert(peer.0);
+        self.metrics.lane_up(peer.0, LANE_SHARD, again);
         let (queue, frames) = mpsc::channel(PEER_QUEUE_FRAMES);
         self.env.set_peer(peer, Some(queue));
         tracing::info!(peer = peer.0, shard = self.shard, "replica lane up");
@@ -453,6 +474,7 @@ impl Links {
                 let _ = closer.shutdown(Shutdown::Both);
             }
             self.env.set_peer(peer, None);
+            self.metrics.lane_down(peer.0, LANE_SHARD, end.label());
             tracing::info!(peer = peer.0, shard = self.shard, reason = %end, "replica lane down");
         }
     }
@@ -472,6 +494,22 @@ pub enum ReadEnd {
     /// The shard stopped.
     ShardStopped,
 }
+
+impl ReadEnd {
+    /// The reason as a metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Io(_) => "io",
+            Self::BadSize { .. } => "bad_size",
+            Self::ShardStopped => "shard_stopped",
+        }
+    }
+}
+
+/// The metric label of the consensus lanes.
+pub const LANE_SHARD: &str = "shard";
+/// The metric label of the forward lanes.
+pub const LANE_FORWARD: &str = "forward";
 
 impl std::fmt::Display for ReadEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -556,6 +594,8 @@ pub fn start_shard_lanes(
         shard,
         by_peer: RefCell::new(BTreeMap::new()),
         next_id: std::cell::Cell::new(1),
+        ever_up: RefCell::new(std::collections::BTreeSet::new()),
+        metrics: Arc::clone(&config.metrics),
     });
     let accepting = Rc::clone(&links);
     compio::runtime::spawn(async move {
@@ -583,6 +623,7 @@ pub fn start_shard_lanes(
                     }
                     Err(error) => {
                         failures += 1;
+                        links.metrics.dial_failed(peer.0, LANE_SHARD);
                         // The first failure and then one in fifty: a peer
                         // that is down must not flood the log.
                         if failures == 1 || failures.is_multiple_of(50) {
@@ -654,6 +695,7 @@ mod tests {
             shard_count,
             incarnation: 1000 + u64::from(me),
             frame_size_max: 1 << 20,
+            metrics: Arc::default(),
         }
     }
 

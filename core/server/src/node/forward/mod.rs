@@ -29,7 +29,7 @@ use futures::channel::{mpsc, oneshot};
 use futures::{SinkExt, StreamExt};
 
 use super::bus::hello::Lane;
-use super::bus::{Backoff, BusConfig, Greeted, dial};
+use super::bus::{Backoff, BusConfig, Greeted, LANE_FORWARD, dial};
 use super::handle::ShardHandles;
 use codec::{CodecError, Reply, Request};
 
@@ -90,7 +90,9 @@ impl Forwarder {
             lanes.insert(peer.0, Rc::clone(&lane));
             let hello = config.hello_for(peer, Lane::Forward);
             let seed = config.incarnation ^ 0xF0F0 ^ (u64::from(peer.0) << 40);
+            let metrics = Arc::clone(&config.metrics);
             compio::runtime::spawn(async move {
+                let mut ever_up = false;
                 let mut backoff = Backoff::new(seed);
                 let mut failures: u64 = 0;
                 loop {
@@ -99,11 +101,15 @@ impl Forwarder {
                             failures = 0;
                             backoff.reset();
                             tracing::info!(peer = peer.0, "forward lane up");
+                            metrics.lane_up(peer.0, LANE_FORWARD, ever_up);
+                            ever_up = true;
                             run_lane(&lane, stream).await;
+                            metrics.lane_down(peer.0, LANE_FORWARD, "closed");
                             tracing::info!(peer = peer.0, "forward lane down");
                         }
                         Err(error) => {
                             failures += 1;
+                            metrics.dial_failed(peer.0, LANE_FORWARD);
                             if failures == 1 || failures.is_multiple_of(50) {
                                 tracing::info!(peer = peer.0, %addr, %error, failures, "dialing a forward lane failed; retrying");
                             }
