@@ -105,13 +105,15 @@ pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
             config.data_dir.display()
         );
     }
-    println!(
-        "replog dev: {} replicas running; connect with iggy://{}:<password>@{}; Ctrl-C stops them",
-        roster.len(),
-        base.root.username,
-        roster[0].client_address
-    );
-    super::wait_for_stop_signal(false);
+    // Announced once the stop signals are caught (see main.rs).
+    super::wait_for_stop_signal(false, || {
+        println!(
+            "replog dev: {} replicas running; connect with iggy://{}:<password>@{}; Ctrl-C stops them",
+            roster.len(),
+            base.root.username,
+            roster[0].client_address
+        );
+    });
     println!("replog dev: stopping");
     if stop_all(children) {
         ExitCode::SUCCESS

@@ -129,29 +129,33 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Before the serving line, which tools and tests wait for: once it is
-    // out, every listener is up.
-    if let Some(metrics_addr) = node.metrics_addr() {
-        println!(
-            "replog: replica {} metrics on http://{metrics_addr}/metrics",
-            config.replica_id
-        );
-    }
-    match node.replica_addr() {
-        Some(replica_addr) => println!(
-            "replog: replica {} serving Iggy clients on {} (replicas on {replica_addr}; data in {})",
-            config.replica_id,
-            node.client_addr(),
-            config.data_dir.display()
-        ),
-        None => println!(
-            "replog: replica {} serving Iggy clients on {} (data in {})",
-            config.replica_id,
-            node.client_addr(),
-            config.data_dir.display()
-        ),
-    }
-    wait_for_stop_signal(exit_with_stdin);
+    // The serving line, which tools and tests wait for, goes out once
+    // every listener is up and the stop signals are caught: a SIGTERM
+    // right after it must stop the replica cleanly, not kill it.
+    wait_for_stop_signal(exit_with_stdin, || {
+        // Before the serving line, which tools and tests wait for: once it is
+        // out, every listener is up.
+        if let Some(metrics_addr) = node.metrics_addr() {
+            println!(
+                "replog: replica {} metrics on http://{metrics_addr}/metrics",
+                config.replica_id
+            );
+        }
+        match node.replica_addr() {
+            Some(replica_addr) => println!(
+                "replog: replica {} serving Iggy clients on {} (replicas on {replica_addr}; data in {})",
+                config.replica_id,
+                node.client_addr(),
+                config.data_dir.display()
+            ),
+            None => println!(
+                "replog: replica {} serving Iggy clients on {} (data in {})",
+                config.replica_id,
+                node.client_addr(),
+                config.data_dir.display()
+            ),
+        }
+    });
     tracing::info!("stopping: finishing in-flight inputs and flushing");
     node.stop();
     ExitCode::SUCCESS
@@ -186,7 +190,7 @@ fn boot_tag(replica: u8) -> u32 {
 /// Waits for SIGINT or SIGTERM, or, with `exit_with_stdin`, for stdin
 /// to close (a `replog dev` parent holds its children's stdin: when it
 /// exits, however it exits, they stop).
-fn wait_for_stop_signal(exit_with_stdin: bool) {
+fn wait_for_stop_signal(exit_with_stdin: bool, on_ready: impl FnOnce()) {
     let (closed_tx, closed_rx) = futures::channel::oneshot::channel::<()>();
     if exit_with_stdin {
         std::thread::spawn(move || {
@@ -206,8 +210,20 @@ fn wait_for_stop_signal(exit_with_stdin: bool) {
         }
     };
     runtime.block_on(async {
-        let interrupt = std::pin::pin!(compio::signal::ctrl_c());
-        let terminate = std::pin::pin!(compio::signal::unix::signal(15));
+        let mut interrupt = std::pin::pin!(compio::signal::ctrl_c());
+        let mut terminate = std::pin::pin!(compio::signal::unix::signal(15));
+        // One poll of each installs its handler before anyone is told the
+        // replica serves; a signal already caught ends the wait at once.
+        let caught = std::future::poll_fn(|cx| {
+            let i = interrupt.as_mut().poll(cx).is_ready();
+            let t = terminate.as_mut().poll(cx).is_ready();
+            std::task::Poll::Ready(i || t)
+        })
+        .await;
+        on_ready();
+        if caught {
+            return;
+        }
         let signal = futures::future::select(interrupt, terminate);
         let _ = futures::future::select(signal, closed_rx).await;
     });
