@@ -28,6 +28,7 @@
 //! 36  xxh3-64 of bytes 0..36
 //! ```
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -105,24 +106,145 @@ pub async fn record_clean_stop<F: Fs>(fs: &F, dir: &Path, stop: &CleanStop) -> i
 /// be removed durably (a record that might survive this boot must not be
 /// trusted by it: a crash later in this boot would find it again).
 pub async fn take_clean_stop<F: Fs>(fs: &F, dir: &Path) -> Option<CleanStop> {
-    let path = path_in(dir);
+    let bytes = take_file(fs, dir, CLEAN_STOP_FILE, SIZE as u64).await?;
+    let decoded = CleanStop::decode(&bytes);
+    if decoded.is_none() {
+        tracing::warn!(dir = %dir.display(), "clean-stop record does not decode; restarting as a replica that may have forgotten");
+    }
+    decoded
+}
+
+/// The file of a shard's clean-stop records, in the shard's directory:
+/// one file for every partition group of the shard, so a clean stop costs
+/// one durable write and a boot one read and one removal, whatever the
+/// number of groups.
+pub const CLEAN_STOPS_FILE: &str = "clean-stops";
+const SET_MAGIC: [u8; 4] = *b"RCSS";
+const SET_HEADER: usize = 4 + 1 + 4;
+const SET_ENTRY: usize = 8 + 4 + 4 + 8 + 16;
+/// Ceiling on the records one file holds (a shard's groups).
+pub const CLEAN_STOPS_MAX: u32 = 1 << 20;
+
+/// Encodes a shard's records, one per group, in increasing group order.
+///
+/// ```text
+/// 0   magic "RCSS"
+/// 4   version u8 (1)
+/// 5   count u32
+/// 9   count × { group u64, view u32, log_view u32, op u64, checksum u128 }
+/// ..  xxh3-64 of everything before
+/// ```
+pub fn encode_clean_stops(stops: &BTreeMap<u64, CleanStop>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SET_HEADER + stops.len() * SET_ENTRY + 8);
+    out.extend_from_slice(&SET_MAGIC);
+    out.push(1);
+    out.extend_from_slice(&u32::try_from(stops.len()).unwrap_or(u32::MAX).to_le_bytes());
+    for (group, stop) in stops {
+        out.extend_from_slice(&group.to_le_bytes());
+        out.extend_from_slice(&stop.view.to_le_bytes());
+        out.extend_from_slice(&stop.log_view.to_le_bytes());
+        out.extend_from_slice(&stop.op.to_le_bytes());
+        out.extend_from_slice(&stop.checksum.to_le_bytes());
+    }
+    push_trailer(&mut out);
+    out
+}
+
+/// Decodes a shard's records; `None` for anything but the exact layout
+/// (the count is checked against the ceiling and the bytes present before
+/// anything is allocated; groups strictly increasing).
+pub fn decode_clean_stops(bytes: &[u8]) -> Option<BTreeMap<u64, CleanStop>> {
+    let body = split_verified_trailer(bytes).ok()?;
+    let mut c = LeCursor::new(body);
+    if c.take(4).ok()? != SET_MAGIC || c.u8().ok()? != 1 {
+        return None;
+    }
+    let count = c.u32().ok()?;
+    if count > CLEAN_STOPS_MAX || body.len() != SET_HEADER + count as usize * SET_ENTRY {
+        return None;
+    }
+    let mut stops = BTreeMap::new();
+    let mut last = None;
+    for _ in 0..count {
+        let group = c.u64().ok()?;
+        if last.is_some_and(|l| group <= l) {
+            return None;
+        }
+        last = Some(group);
+        let stop = CleanStop {
+            view: c.u32().ok()?,
+            log_view: c.u32().ok()?,
+            op: c.u64().ok()?,
+            checksum: c.u128().ok()?,
+        };
+        stops.insert(group, stop);
+    }
+    Some(stops)
+}
+
+/// Writes a shard's records durably into its directory (sibling, sync,
+/// rename, directory sync); an empty set writes nothing.
+///
+/// # Errors
+/// The filesystem's error; no usable record is left then.
+pub async fn record_clean_stops<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    stops: &BTreeMap<u64, CleanStop>,
+) -> io::Result<()> {
+    if stops.is_empty() {
+        return Ok(());
+    }
+    if stops.len() > CLEAN_STOPS_MAX as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} clean-stop records exceed the ceiling of {CLEAN_STOPS_MAX}",
+                stops.len()
+            ),
+        ));
+    }
+    replace_file_durably(
+        fs,
+        &dir.join(CLEAN_STOPS_FILE),
+        encode_clean_stops(stops),
+        SIBLING_SUFFIX,
+    )
+    .await
+}
+
+/// Takes a shard's records from its directory, as [`take_clean_stop`]
+/// takes one group's: removed durably before they are returned; empty when
+/// there are none, when they do not decode, or when the removal failed.
+pub async fn take_clean_stops<F: Fs>(fs: &F, dir: &Path) -> BTreeMap<u64, CleanStop> {
+    let max = (SET_HEADER + CLEAN_STOPS_MAX as usize * SET_ENTRY + 8) as u64;
+    let Some(bytes) = take_file(fs, dir, CLEAN_STOPS_FILE, max).await else {
+        return BTreeMap::new();
+    };
+    decode_clean_stops(&bytes).unwrap_or_else(|| {
+        tracing::warn!(dir = %dir.display(), "shard clean-stop records do not decode; every group restarts as one that may have forgotten");
+        BTreeMap::new()
+    })
+}
+
+/// Reads `dir/name` (at most `max` bytes), then removes it and syncs the
+/// directory; `None` when it is absent, unreadable, or not removed.
+async fn take_file<F: Fs>(fs: &F, dir: &Path, name: &str, max: u64) -> Option<Vec<u8>> {
+    let path = dir.join(name);
     if !fs.exists(&path).await.unwrap_or(false) {
         return None;
     }
     let read = async {
         let file = fs.open(&path, OpenOptions::read_only()).await?;
-        file.read_to_end_bounded(SIZE as u64 + 1).await
+        file.read_to_end_bounded(max + 1).await
     };
-    let decoded = match read.await {
-        Ok(bytes) => CleanStop::decode(&bytes),
+    let bytes = match read.await {
+        Ok(bytes) => Some(bytes),
         Err(error) => {
             tracing::warn!(path = %path.display(), %error, "clean-stop record unreadable");
             None
         }
     };
-    if decoded.is_none() {
-        tracing::warn!(path = %path.display(), "clean-stop record does not decode; restarting as a replica that may have forgotten");
-    }
     let removed = async {
         fs.remove_file(&path).await?;
         fs.sync_dir(dir).await
@@ -131,7 +253,7 @@ pub async fn take_clean_stop<F: Fs>(fs: &F, dir: &Path) -> Option<CleanStop> {
         tracing::warn!(path = %path.display(), %error, "clean-stop record not removed; not trusting it");
         return None;
     }
-    decoded
+    bytes
 }
 
 #[cfg(test)]
@@ -160,6 +282,77 @@ mod tests {
             assert_eq!(CleanStop::decode(&bad), None, "byte {at}");
         }
         assert_eq!(CleanStop::decode(&bytes[..SIZE - 1]), None);
+    }
+
+    fn set() -> BTreeMap<u64, CleanStop> {
+        (1..=3u64)
+            .map(|g| {
+                let mut s = stop();
+                s.op += g;
+                (g << 8, s)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn given_a_shard_set_when_encoded_should_decode_and_refuse_any_change() {
+        let bytes = encode_clean_stops(&set());
+        assert_eq!(decode_clean_stops(&bytes), Some(set()));
+        for at in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0x10;
+            assert_eq!(decode_clean_stops(&bad), None, "byte {at}");
+        }
+        for len in 0..bytes.len() {
+            assert_eq!(decode_clean_stops(&bytes[..len]), None, "len {len}");
+        }
+        assert_eq!(
+            decode_clean_stops(&encode_clean_stops(&BTreeMap::new())),
+            Some(BTreeMap::new())
+        );
+    }
+
+    #[test]
+    fn given_a_set_with_a_huge_count_or_unordered_groups_when_decoded_should_refuse() {
+        // A count past the ceiling under a valid trailer: refused before
+        // anything is allocated for it.
+        let mut out = SET_MAGIC.to_vec();
+        out.push(1);
+        out.extend_from_slice(&u32::MAX.to_le_bytes());
+        push_trailer(&mut out);
+        assert_eq!(decode_clean_stops(&out), None);
+        // Two entries with the same group.
+        let mut bytes = encode_clean_stops(&set());
+        let second = SET_HEADER + SET_ENTRY;
+        let first_group = bytes[SET_HEADER..SET_HEADER + 8].to_vec();
+        bytes[second..second + 8].copy_from_slice(&first_group);
+        let len = bytes.len() - 8;
+        bytes.truncate(len);
+        push_trailer(&mut bytes);
+        assert_eq!(decode_clean_stops(&bytes), None);
+    }
+
+    #[test]
+    fn given_a_recorded_set_when_taken_should_return_it_once_and_survive_a_power_cut() {
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let fs = SimFs::new(2);
+            let dir = Path::new("/shard-0");
+            fs.create_dir_all(dir).await.unwrap();
+            fs.sync_dir(Path::new("/")).await.unwrap();
+            assert!(take_clean_stops(&fs, dir).await.is_empty());
+            record_clean_stops(&fs, dir, &BTreeMap::new())
+                .await
+                .unwrap();
+            assert!(!fs.exists(&dir.join(CLEAN_STOPS_FILE)).await.unwrap());
+            record_clean_stops(&fs, dir, &set()).await.unwrap();
+            fs.crash_with(storage::fs::CrashMode::DropAll);
+            assert_eq!(take_clean_stops(&fs, dir).await, set());
+            fs.crash_with(storage::fs::CrashMode::DropAll);
+            assert!(
+                take_clean_stops(&fs, dir).await.is_empty(),
+                "taken once, durably"
+            );
+        });
     }
 
     #[test]

@@ -17,7 +17,10 @@ pub mod prepare_journal;
 pub mod superblock;
 pub mod wal;
 
-pub use clean_stop::{CLEAN_STOP_FILE, CleanStop, record_clean_stop, take_clean_stop};
+pub use clean_stop::{
+    CLEAN_STOP_FILE, CLEAN_STOPS_FILE, CleanStop, record_clean_stop, record_clean_stops,
+    take_clean_stop, take_clean_stops,
+};
 pub use prepare_journal::{
     EntryStats, JournalEntry, JournalError, JournalInfo, JournalLimits, PrepareJournal,
 };

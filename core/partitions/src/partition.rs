@@ -583,13 +583,29 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> fmt::Debug for Partition<B, S, F>
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Boots the partition in `dir` (see the module documentation for the
-    /// order and what is refused).
+    /// order and what is refused). A clean-stop record in `dir`
+    /// ([`Self::record_clean_stop`]) is taken.
     pub async fn open(
         config: PartitionConfig,
         fs: F,
         dir: &Path,
         bus: B,
+        store: S,
+    ) -> Result<Self, BootError> {
+        Self::open_after_stop(config, fs, dir, bus, store, None).await
+    }
+
+    /// As [`Self::open`], with the clean-stop record the caller took for
+    /// this group (a shard keeps one file for all its groups:
+    /// `journal::take_clean_stops`). Without one, a record in `dir` is
+    /// taken as by [`Self::open`].
+    pub async fn open_after_stop(
+        config: PartitionConfig,
+        fs: F,
+        dir: &Path,
+        bus: B,
         mut store: S,
+        clean_stop: Option<journal::CleanStop>,
     ) -> Result<Self, BootError> {
         // The directory (and its name in the parent) must be durable
         // before the superblock inside it can be.
@@ -782,15 +798,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     commit_min: sb.checkpoint_op,
                     checksum: sb.checkpoint_checksum,
                 };
-                let clean = journal::take_clean_stop(&fs, dir)
-                    .await
-                    .is_some_and(|stop| {
-                        stop.view == sb.view
-                            && stop.log_view == sb.log_view
-                            && stop.op == sb.checkpoint_op
-                            && stop.checksum == sb.checkpoint_checksum
-                            && sb.commit_max <= stop.op
-                    });
+                // A record in the directory is taken (removed) even when
+                // the caller brought one: left behind, it could match a
+                // later crash's superblock and vouch for acknowledgements
+                // made after this boot. Absent, it costs one lookup.
+                let in_dir = journal::take_clean_stop(&fs, dir).await;
+                let stop = clean_stop.or(in_dir);
+                let clean = stop.is_some_and(|stop| {
+                    stop.view == sb.view
+                        && stop.log_view == sb.log_view
+                        && stop.op == sb.checkpoint_op
+                        && stop.checksum == sb.checkpoint_checksum
+                        && sb.commit_max <= stop.op
+                });
                 if clean {
                     tracing::info!(dir = %dir.display(), view = sb.view, op = sb.checkpoint_op, "resuming after a clean stop");
                     Replica::resume(config.vsr, vsr_durable, applied)
@@ -989,6 +1009,25 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// # Errors
     /// The record's write failed (nothing usable is left behind).
     pub async fn record_clean_stop(&mut self) -> Result<bool, PartitionError> {
+        let Some(stop) = self.clean_stop() else {
+            return Ok(false);
+        };
+        journal::record_clean_stop(&self.fs, &self.dir, &stop)
+            .await
+            .map_err(|source| {
+                PartitionError::Storage(StorageError::Io {
+                    op: "write",
+                    path: self.dir.join(journal::CLEAN_STOP_FILE),
+                    source,
+                })
+            })?;
+        Ok(true)
+    }
+
+    /// The clean-stop record this replica may write now (see
+    /// [`Self::record_clean_stop`]), for a caller that writes the records
+    /// of many groups at once; `None` when it must restart under the rule.
+    pub fn clean_stop(&self) -> Option<journal::CleanStop> {
         let r = &self.replica;
         let sb = *self.durable.state();
         let clean = self.config.vsr.replica_count > 1
@@ -1004,25 +1043,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             && sb.checkpoint_checksum == r.commit_min_checksum()
             && sb.commit_max <= r.commit_min()
             && self.journal.info().messages_count == 0;
-        if !clean {
-            return Ok(false);
-        }
-        let stop = journal::CleanStop {
+        clean.then_some(journal::CleanStop {
             view: sb.view,
             log_view: sb.log_view,
             op: sb.checkpoint_op,
             checksum: sb.checkpoint_checksum,
-        };
-        journal::record_clean_stop(&self.fs, &self.dir, &stop)
-            .await
-            .map_err(|source| {
-                PartitionError::Storage(StorageError::Io {
-                    op: "write",
-                    path: self.dir.join(journal::CLEAN_STOP_FILE),
-                    source,
-                })
-            })?;
-        Ok(true)
+        })
     }
 
     /// Why the partition is fenced, if it is.

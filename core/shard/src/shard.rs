@@ -494,13 +494,16 @@ impl<E: Env> Shard<E> {
                 }
             }
         }
-        for name in listing
-            .foreign
-            .iter()
-            .filter(|n| n.as_str() != METADATA_DIR && !n.starts_with(rejoin::REJOIN_FILE))
-        {
+        for name in listing.foreign.iter().filter(|n| {
+            n.as_str() != METADATA_DIR
+                && !n.starts_with(rejoin::REJOIN_FILE)
+                && !n.starts_with(journal::CLEAN_STOPS_FILE)
+        }) {
             tracing::warn!(dir = %shard.config.dir.display(), name, "unknown entry in shard directory left alone");
         }
+        // Taken (read and removed durably) before any group opens, so no
+        // group sends anything while a record that vouches for it stands.
+        let mut clean_stops = journal::take_clean_stops(&fs, &shard.config.dir).await;
         for group in listing.deleted {
             if let Err(error) = catalog::finish_delete(&fs, &shard.config.dir, group).await {
                 tracing::error!(group = group.0, %error, "could not finish an interrupted delete");
@@ -510,7 +513,8 @@ impl<E: Env> Shard<E> {
             let dir = catalog::group_dir(&shard.config.dir, group);
             match catalog::read_spec(&fs, &dir).await {
                 Ok(Some(spec)) if spec.group == group => {
-                    if let Err(error) = shard.open_group(spec).await {
+                    let stop = clean_stops.remove(&group.0);
+                    if let Err(error) = shard.open_group(spec, stop).await {
                         tracing::error!(group = group.0, %error, "group left closed");
                     }
                 }
@@ -586,14 +590,22 @@ impl<E: Env> Shard<E> {
                 }
             }
         }
-        for (id, g) in &mut self.groups {
-            match g.partition.record_clean_stop().await {
-                Ok(true) => clean += 1,
-                Ok(false) => not += 1,
-                Err(error) => {
-                    not += 1;
-                    tracing::warn!(group = id.0, %error, "clean-stop record failed");
-                }
+        // One file for every partition group of the shard: one durable
+        // write at stop, one read and one removal at boot.
+        let stops: BTreeMap<u64, journal::CleanStop> = self
+            .groups
+            .iter()
+            .filter_map(|(id, g)| Some((id.0, g.partition.clean_stop()?)))
+            .collect();
+        let fs = self.env.fs().clone();
+        match journal::record_clean_stops(&fs, &self.config.dir, &stops).await {
+            Ok(()) => {
+                clean += stops.len();
+                not += self.groups.len() - stops.len();
+            }
+            Err(error) => {
+                not += self.groups.len();
+                tracing::warn!(dir = %self.config.dir.display(), %error, "clean-stop records failed");
             }
         }
         (clean, not)
@@ -699,7 +711,7 @@ impl<E: Env> Shard<E> {
                 step: "create",
                 source,
             })?;
-        self.open_group(spec).await
+        self.open_group(spec, None).await
     }
 
     /// Deletes a group: it stops serving at once, and its directory is
@@ -733,7 +745,11 @@ impl<E: Env> Shard<E> {
             })
     }
 
-    async fn open_group(&mut self, spec: GroupSpec) -> Result<(), GroupError> {
+    async fn open_group(
+        &mut self,
+        spec: GroupSpec,
+        clean_stop: Option<journal::CleanStop>,
+    ) -> Result<(), GroupError> {
         let group = spec.group;
         let dir = catalog::group_dir(&self.config.dir, group);
         let fs = self.env.fs().clone();
@@ -757,12 +773,13 @@ impl<E: Env> Shard<E> {
             sent: Rc::clone(&self.sent),
         };
         let store = FileSuperblock::new(fs.clone(), &dir);
-        let partition = Partition::open(config, fs.clone(), &dir, bus, store)
-            .await
-            .map_err(|e| GroupError::Boot {
-                group,
-                reason: e.to_string(),
-            })?;
+        let partition =
+            Partition::open_after_stop(config, fs.clone(), &dir, bus, store, clean_stop)
+                .await
+                .map_err(|e| GroupError::Boot {
+                    group,
+                    reason: e.to_string(),
+                })?;
         let mut driver_config = TransferDriverConfig::new(self.config.cluster, group.0);
         driver_config.frame_size_max = self.config.frame_size_max;
         let driver = TransferDriver::new(fs, &dir, driver_config, vsr.seed ^ 0x5EED);

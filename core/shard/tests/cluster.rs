@@ -9,7 +9,7 @@ use futures::executor::block_on;
 use harness::{Cluster, batch};
 use partitions::{NetworkFaults, PollRequest, PollingStrategy};
 use shard::{Answer, Call, CallError};
-use storage::fs::CrashMode;
+use storage::fs::{CrashMode, Fs};
 
 const GROUPS: u64 = 64;
 
@@ -172,6 +172,76 @@ fn given_replica_crashed_losing_unsynced_data_when_restarted_should_catch_up_by_
             assert_eq!(installs, 0, "caught up by repair, not by transfer");
         }
     }
+}
+
+/// Every replica stopped cleanly at once (flush, then the shard's one
+/// clean-stop file), rebooted: each shard takes its file (gone afterwards),
+/// every group resumes as a full member, and the cluster serves again by
+/// itself. Without the records nobody could answer the restart rule's
+/// probes and no group would ever take a produce again.
+#[test]
+fn given_every_replica_stopped_cleanly_when_rebooted_should_resume_every_group_from_one_file_per_shard()
+ {
+    let mut c = Cluster::new(3, 2, 17, faults());
+    for n in 0..GROUPS {
+        c.create_everywhere(group(n));
+    }
+    c.run(100);
+    produce_all(&mut c, 0);
+    settle(&mut c);
+    let mut recorded = 0;
+    for r in 0..3usize {
+        for s in 0..2usize {
+            let node = c.nodes[r][s].as_mut().unwrap();
+            block_on(node.flush_all());
+            let (clean, not) = block_on(node.record_clean_stops());
+            assert_eq!(
+                not, 0,
+                "replica {r} shard {s}: an idle group could not record"
+            );
+            recorded += clean;
+        }
+    }
+    // Every partition group, and group 0 on each replica.
+    assert_eq!(recorded, 3 * (GROUPS as usize + 1));
+    for r in 0..3u8 {
+        let fs = c.fss[usize::from(r)].clone();
+        let dir = c.config(r, 0).dir;
+        assert!(block_on(fs.exists(&dir.join(journal::CLEAN_STOPS_FILE))).unwrap());
+        // One file per shard, none per group.
+        let g = (0..GROUPS)
+            .map(group)
+            .find(|g| c.shard_of(*g) == 0)
+            .unwrap();
+        let gdir = shard::catalog::group_dir(&dir, g);
+        assert!(!block_on(fs.exists(&gdir.join(journal::CLEAN_STOP_FILE))).unwrap());
+        c.crash(r, CrashMode::KeepAll);
+    }
+    for r in 0..3u8 {
+        c.restart(r);
+        let fs = c.fss[usize::from(r)].clone();
+        let dir = c.config(r, 0).dir;
+        assert!(
+            !block_on(fs.exists(&dir.join(journal::CLEAN_STOPS_FILE))).unwrap(),
+            "taken at boot"
+        );
+    }
+    for r in 0..3usize {
+        for s in 0..2usize {
+            let node = c.nodes[r][s].as_ref().unwrap();
+            for g in node.groups() {
+                let p = node.partition(g).unwrap();
+                assert!(
+                    p.replica().is_quorum_visible(),
+                    "replica {r} group {} resumed",
+                    g.0
+                );
+            }
+        }
+    }
+    produce_all(&mut c, 1);
+    settle(&mut c);
+    assert_converged(&mut c, 10);
 }
 
 #[test]
