@@ -27,6 +27,7 @@ pub mod partition;
 pub mod poll;
 mod purge;
 pub mod retention;
+pub mod scrub;
 pub mod state_transfer;
 
 pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus, NetworkFaults};

@@ -61,7 +61,7 @@
 //! copy is at or below the applied point is therefore not recognised as a
 //! duplicate there (docs/consensus.md §9).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
@@ -562,6 +562,12 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// until the record is durable (retried every tick) no applied point
     /// is recorded past the install (`flush`).
     pub(crate) missing_history_record_pending: Option<MissingHistory>,
+    /// A read found a committed batch whose bytes fail their checksums (a
+    /// poll sets it; the next tick turns it into a repair, see
+    /// [`Self::repair_damage`]).
+    pub(crate) damage_found: Cell<bool>,
+    /// Where the next scrub step starts (`scrub.rs`).
+    pub(crate) scrub_cursor: crate::scrub::ScrubCursor,
     pub(crate) now_us: u64,
     pub(crate) persist_failed: bool,
     pub(crate) pending_replies: Vec<Reply>,
@@ -850,6 +856,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             missing_history: None,
             missing_history_clear_pending: false,
             missing_history_record_pending: None,
+            damage_found: Cell::new(false),
+            scrub_cursor: crate::scrub::ScrubCursor::default(),
             now_us: 0,
             persist_failed: false,
             pending_replies: Vec::new(),
@@ -906,6 +914,42 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             });
         }
         tracing::warn!(dir = %self.dir.display(), frontier = record.frontier, op = record.commit_op, "history below the frontier is missing: lagging until a state transfer installs");
+    }
+
+    /// Notes a read that found committed bytes failing their checksums
+    /// (bit rot, a torn sector, a foreign write): nothing of it was
+    /// served, and the next tick starts the repair.
+    pub(crate) fn note_damage(&self, error: &StorageError) {
+        if let StorageError::Corrupt {
+            path,
+            position,
+            source,
+        } = error
+            && !self.damage_found.replace(true)
+        {
+            tracing::error!(path = %path.display(), position, %source, group = self.config.vsr.group, "damaged batch in a segment: never served; repairing from a peer");
+        }
+    }
+
+    /// A member of a group whose committed data is damaged treats its
+    /// whole history as missing: it records so durably
+    /// (`state_transfer::missing`), serves no poll below its frontier and
+    /// no offer, stays out of every quorum (so it neither becomes primary
+    /// with the damage nor counts as holding what it lost), and asks for a
+    /// state transfer, whose install replaces its segments with a peer's.
+    /// A single replica has no peer: its polls keep answering the typed
+    /// storage error for the damaged range.
+    async fn repair_damage(&mut self) {
+        self.damage_found.set(false);
+        if self.config.vsr.replica_count == 1 || self.missing_history.is_some() {
+            return;
+        }
+        let record = MissingHistory {
+            commit_op: self.replica.commit_min(),
+            frontier: self.applied_next_offset,
+        };
+        self.mark_history_missing(record);
+        self.retry_missing_history_record(record).await;
     }
 
     /// Whether this replica must stay out of quorums (a group member with
@@ -1141,6 +1185,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         if let Some(record) = self.missing_history_record_pending {
             self.retry_missing_history_record(record).await;
+        }
+        if self.damage_found.get() {
+            self.repair_damage().await;
         }
         self.replica.on_tick();
         self.drive().await?;

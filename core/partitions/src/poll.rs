@@ -191,11 +191,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .saturating_mul(POLL_BYTES_PER_MESSAGE_GUESS)
             .clamp(POLL_READ_BYTES_MIN, POLL_READ_BYTES_MAX);
         while at < flushed_end && at <= last_wanted {
-            let read = self
-                .log
-                .read_by_offset(at, read_bytes)
-                .await
-                .map_err(PollError::Storage)?;
+            let read = self.log.read_by_offset(at, read_bytes).await.map_err(|e| {
+                self.note_damage(&e);
+                PollError::Storage(e)
+            })?;
             if read.is_empty() {
                 break;
             }
@@ -252,7 +251,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .log
             .read_by_timestamp(timestamp, 1)
             .await
-            .map_err(PollError::Storage)?;
+            .map_err(|e| {
+                self.note_damage(&e);
+                PollError::Storage(e)
+            })?;
         if let Some(b) = read.batches().next() {
             return Ok(Some(b.header().base_offset));
         }
