@@ -103,6 +103,9 @@ pub struct Summary {
     pub options: Options,
     /// Produces acknowledged (`Answer::Committed`).
     pub produces_acknowledged: u64,
+    /// Acknowledged produces whose answer named their base offset (each
+    /// checked to be served at exactly those offsets).
+    pub produces_confirmed: u64,
     /// Produces whose outcome stayed unknown.
     pub produces_unknown: u64,
     /// Consumer-offset stores acknowledged.
@@ -166,7 +169,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -174,6 +177,7 @@ impl fmt::Display for Summary {
             self.ticks_run,
             self.produces_acknowledged + self.stores_acknowledged,
             self.produces_acknowledged,
+            self.produces_confirmed,
             self.stores_acknowledged,
             self.produces_unknown,
             self.polls,
@@ -722,6 +726,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
     let summary = Summary {
         options: options.clone(),
         produces_acknowledged: run.oracle.count(Fate::Acknowledged),
+        produces_confirmed: run.oracle.confirmed(),
         produces_unknown: run.oracle.count(Fate::Unknown),
         stores_acknowledged: stats.stores_acknowledged,
         polls: stats.polls,
