@@ -79,6 +79,8 @@ struct Node {
     /// Its disk was replaced since the last boot: the next boot passes
     /// `ShardConfig::rejoin` (only that one; later boots find the marker).
     rejoin_next_boot: bool,
+    /// Not booted since its disk was replaced.
+    fresh_disk: bool,
     /// Times its disk was replaced.
     wipes: u64,
     /// Boots so far (a new boot resets the per-boot checks).
@@ -148,6 +150,7 @@ impl Cluster {
             nodes.push(Node {
                 fs,
                 rejoin_next_boot: false,
+                fresh_disk: false,
                 wipes: 0,
                 boots: 0,
                 shards: None,
@@ -230,6 +233,7 @@ impl Cluster {
         node.inboxes = receivers;
         node.boots += 1;
         node.rejoin_next_boot = false;
+        node.fresh_disk = false;
         if let Some(first) = shards.first_mut() {
             run_now("reconciling partition groups", first.reconcile_partitions())?;
         }
@@ -266,17 +270,15 @@ impl Cluster {
         node.fs = fs;
         node.wipes += 1;
         node.rejoin_next_boot = !as_new;
+        node.fresh_disk = true;
         Ok(())
     }
 
-    /// Whether replica `r`'s next boot passes `ShardConfig::rejoin`.
-    pub(crate) fn rejoins_next_boot(&self, r: u8) -> bool {
-        self.nodes[usize::from(r)].rejoin_next_boot
-    }
-
-    /// Whether replica `r`'s disk was ever replaced.
-    pub(crate) fn was_wiped(&self, r: u8) -> bool {
-        self.nodes[usize::from(r)].wipes > 0
+    /// Whether replica `r`'s disk was replaced and it booted from it
+    /// since (its next boot is a reboot of a replaced disk).
+    pub(crate) fn rebooting_replaced_disk(&self, r: u8) -> bool {
+        let node = &self.nodes[usize::from(r)];
+        node.wipes > 0 && !node.fresh_disk
     }
 
     /// How many times replica `r` booted.

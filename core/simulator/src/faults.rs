@@ -499,7 +499,7 @@ impl FaultPlan {
         }
         let targets = catch_up_targets(cluster, r);
         let rejoining = matches!(self.health[usize::from(r)], Health::Wiped { .. });
-        if cluster.was_wiped(r) && !cluster.rejoins_next_boot(r) {
+        if cluster.rebooting_replaced_disk(r) {
             self.stats.wiped_reboots += 1;
         }
         cluster.boot(r)?;
