@@ -274,6 +274,18 @@ impl Cluster {
         Ok(())
     }
 
+    /// The rejoin marker on replica `r`'s disk, as a phrase for the trace.
+    pub(crate) fn rejoin_marker(&self, r: u8) -> String {
+        let fs = &self.nodes[usize::from(r)].fs;
+        let dir = shard_dir(&data_dir(), ShardIndex(0));
+        match run_now("reading the rejoin marker", shard::rejoin::read(fs, &dir)) {
+            Ok(Ok(Some(marker))) => format!("rejoin marker through op {:?}", marker.through_op),
+            Ok(Ok(None)) => "no rejoin marker".into(),
+            Ok(Err(e)) => format!("rejoin marker unreadable: {e}"),
+            Err(stalled) => format!("rejoin marker read stalled: {stalled}"),
+        }
+    }
+
     /// Whether replica `r`'s disk was replaced and it booted from it
     /// since (its next boot is a reboot of a replaced disk).
     pub(crate) fn rebooting_replaced_disk(&self, r: u8) -> bool {

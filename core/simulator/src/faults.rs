@@ -499,16 +499,15 @@ impl FaultPlan {
         }
         let targets = catch_up_targets(cluster, r);
         let rejoining = matches!(self.health[usize::from(r)], Health::Wiped { .. });
+        let mut what = format!("restart replica {r}");
         if cluster.rebooting_replaced_disk(r) {
             self.stats.wiped_reboots += 1;
+            what = format!("{what} (a replaced disk; {})", cluster.rejoin_marker(r));
         }
         cluster.boot(r)?;
         self.stats.restarts += 1;
         self.health[usize::from(r)] = Health::Recovering { targets, rejoining };
-        trace.record(Event::Fault {
-            tick,
-            what: format!("restart replica {r}"),
-        });
+        trace.record(Event::Fault { tick, what });
         Ok(())
     }
 
