@@ -11,8 +11,10 @@
 #                default length takes about 0.1 s there)
 #
 # Each failing seed's full report (property, replay command, last events)
-# is kept in target/sim-failures/<seed>.txt. Exit status: 0 when every
-# seed ran clean, 1 when any failed.
+# is kept in target/sim-failures/<seed>.txt, each clean seed's summary
+# line in target/sim-failures/last-run-clean.txt; the last line totals
+# the fault and transfer counters of the clean seeds. Exit status: 0 when
+# every seed ran clean, 1 when any failed.
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
@@ -40,14 +42,16 @@ bin="$target_dir/$bin_dir/replog-sim"
 failures="$target_dir/sim-failures"
 mkdir -p "$failures"
 
-export bin failures SIM_ARGS
+clean="$failures/last-run-clean.txt"
+: > "$clean"
+export bin failures clean SIM_ARGS
 start=$(date +%s)
 # shellcheck disable=SC2016
 seq "$base" $((base + count - 1)) | xargs -P "$jobs" -I{} bash -c '
     seed={}
     # shellcheck disable=SC2086
     if out=$("$bin" --seed "$seed" ${SIM_ARGS:-} 2>/dev/null); then
-        :
+        printf "%s\n" "$out" >> "$clean"
     else
         printf "%s\n" "$out" > "$failures/$seed.txt"
         echo "FAIL seed $seed: $(head -n 1 <<<"$out")"
@@ -56,4 +60,20 @@ seq "$base" $((base + count - 1)) | xargs -P "$jobs" -I{} bash -c '
 elapsed=$(( $(date +%s) - start ))
 failed=$(grep -c '^FAIL' "$failures/last-run.txt" || true)
 echo "seeds $base..$((base + count - 1)): $failed failed in ${elapsed}s (${SIM_ARGS:-default options}); reports in $failures"
+# Totals over the clean seeds' summaries (key=value fields).
+awk '{
+    for (i = 1; i <= NF; i++) {
+        split($i, kv, "=")
+        if (kv[1] ~ /^(crashes|restarts|disk_faults|partitions|wipes|rejoin_crashes|wiped_reboots|transfers|metadata_transfers)$/) {
+            sum[kv[1]] += kv[2]
+            if (kv[2] > 0) seeds[kv[1]]++
+        }
+    }
+}
+END {
+    line = "clean seeds " NR ":"
+    n = split("crashes restarts disk_faults partitions wipes rejoin_crashes wiped_reboots transfers metadata_transfers", keys, " ")
+    for (k = 1; k <= n; k++) line = line " " keys[k] "=" sum[keys[k]] + 0 " (in " seeds[keys[k]] + 0 " seeds)"
+    print line
+}' "$clean"
 [[ $failed -eq 0 ]]

@@ -76,6 +76,13 @@ impl From<Stalled> for ClusterError {
 /// One replica: its disk and, while it is up, its shards.
 struct Node {
     fs: SimFs,
+    /// Its disk was replaced since the last boot: the next boot passes
+    /// `ShardConfig::rejoin` (only that one; later boots find the marker).
+    rejoin_next_boot: bool,
+    /// Not booted since its disk was replaced.
+    fresh_disk: bool,
+    /// Times its disk was replaced.
+    wipes: u64,
     /// Boots so far (a new boot resets the per-boot checks).
     boots: u64,
     shards: Option<Vec<Shard<TestEnv>>>,
@@ -96,11 +103,34 @@ pub(crate) struct Cluster {
     boots: u64,
     /// Transfers installed by shards that have since crashed.
     installs_retired: u64,
+    /// Group 0 snapshots installed by shards that have since crashed.
+    metadata_installs_retired: u64,
 }
 
 /// The replicas' data directory on their disks.
 fn data_dir() -> PathBuf {
     PathBuf::from("/data")
+}
+
+fn metadata_installs(shard: &Shard<TestEnv>) -> u64 {
+    shard
+        .metadata()
+        .map_or(0, |m| m.transfer().stats().installs)
+}
+
+/// A new disk for replica `r`, holding only the (empty) data directory.
+fn empty_disk(seed: u64, r: u8) -> Result<SimFs, ClusterError> {
+    let fs = SimFs::new(seed);
+    let make = async {
+        fs.create_dir_all(&data_dir()).await?;
+        fs.sync_dir(Path::new("/")).await
+    };
+    run_now("creating the data directory", make)?.map_err(|source| ClusterError::Boot {
+        replica: r,
+        shard: 0,
+        source,
+    })?;
+    Ok(fs)
 }
 
 impl Cluster {
@@ -113,18 +143,15 @@ impl Cluster {
     ) -> Result<Self, ClusterError> {
         let mut nodes = Vec::new();
         for r in 0..replica_count {
-            let fs = SimFs::new(seed ^ (u64::from(r) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let make = async {
-                fs.create_dir_all(&data_dir()).await?;
-                fs.sync_dir(Path::new("/")).await
-            };
-            run_now("creating the data directory", make)?.map_err(|source| ClusterError::Boot {
-                replica: r,
-                shard: 0,
-                source,
-            })?;
+            let fs = empty_disk(
+                seed ^ (u64::from(r) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                r,
+            )?;
             nodes.push(Node {
                 fs,
+                rejoin_next_boot: false,
+                fresh_disk: false,
+                wipes: 0,
                 boots: 0,
                 shards: None,
                 inboxes: Vec::new(),
@@ -139,6 +166,7 @@ impl Cluster {
             seed,
             boots: 0,
             installs_retired: 0,
+            metadata_installs_retired: 0,
         };
         for r in 0..replica_count {
             cluster.boot(r)?;
@@ -169,6 +197,7 @@ impl Cluster {
             .wrapping_mul(0x2545_F491_4F6C_DD1D)
             .wrapping_add(self.boots * 1_000 + u64::from(r) * 37 + u64::from(s));
         config.tick = TICK;
+        config.rejoin = self.nodes[usize::from(r)].rejoin_next_boot;
         config
     }
 
@@ -203,6 +232,8 @@ impl Cluster {
         let node = &mut self.nodes[usize::from(r)];
         node.inboxes = receivers;
         node.boots += 1;
+        node.rejoin_next_boot = false;
+        node.fresh_disk = false;
         if let Some(first) = shards.first_mut() {
             run_now("reconciling partition groups", first.reconcile_partitions())?;
         }
@@ -217,10 +248,49 @@ impl Cluster {
         let node = &mut self.nodes[usize::from(r)];
         if let Some(shards) = node.shards.take() {
             self.installs_retired += shards.iter().map(|s| s.stats().installs).sum::<u64>();
+            self.metadata_installs_retired += shards.iter().map(metadata_installs).sum::<u64>();
         }
         node.inboxes.clear();
         node.fs.clear_faults();
         node.fs.crash_with(mode);
+    }
+
+    /// Replica `r`'s process dies and its disk is replaced by an empty
+    /// one (a lost disk). Its next boot rejoins (`ShardConfig::rejoin`),
+    /// unless `as_new` — the mutation check: a replaced disk that starts
+    /// as a brand-new member, which may vote away what it acknowledged.
+    pub(crate) fn wipe(&mut self, r: u8, as_new: bool) -> Result<(), ClusterError> {
+        self.crash(r, CrashMode::KeepAll);
+        let node = &self.nodes[usize::from(r)];
+        let seed = self.seed
+            ^ (u64::from(r) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (node.wipes + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        let fs = empty_disk(seed, r)?;
+        let node = &mut self.nodes[usize::from(r)];
+        node.fs = fs;
+        node.wipes += 1;
+        node.rejoin_next_boot = !as_new;
+        node.fresh_disk = true;
+        Ok(())
+    }
+
+    /// The rejoin marker on replica `r`'s disk, as a phrase for the trace.
+    pub(crate) fn rejoin_marker(&self, r: u8) -> String {
+        let fs = &self.nodes[usize::from(r)].fs;
+        let dir = shard_dir(&data_dir(), ShardIndex(0));
+        match run_now("reading the rejoin marker", shard::rejoin::read(fs, &dir)) {
+            Ok(Ok(Some(marker))) => format!("rejoin marker through op {:?}", marker.through_op),
+            Ok(Ok(None)) => "no rejoin marker".into(),
+            Ok(Err(e)) => format!("rejoin marker unreadable: {e}"),
+            Err(stalled) => format!("rejoin marker read stalled: {stalled}"),
+        }
+    }
+
+    /// Whether replica `r`'s disk was replaced and it booted from it
+    /// since (its next boot is a reboot of a replaced disk).
+    pub(crate) fn rebooting_replaced_disk(&self, r: u8) -> bool {
+        let node = &self.nodes[usize::from(r)];
+        node.wipes > 0 && !node.fresh_disk
     }
 
     /// How many times replica `r` booted.
@@ -285,6 +355,19 @@ impl Cluster {
             .map(|s| s.stats().installs)
             .sum();
         live + self.installs_retired
+    }
+
+    /// Group 0 snapshots installed by transfer over the run, crashed
+    /// shards included.
+    pub(crate) fn metadata_installs(&self) -> u64 {
+        let live: u64 = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.shards.as_ref())
+            .flatten()
+            .map(metadata_installs)
+            .sum();
+        live + self.metadata_installs_retired
     }
 
     /// Delivers the frames due this tick to live shards, recording each.

@@ -7,7 +7,10 @@
 //! replica as faulty from the fault until every group on it has applied
 //! what the others had committed when it came back, and never lets more
 //! than f = (R − 1) / 2 be faulty at once. A single replica (f = 0) is only
-//! ever killed as a process (its page cache survives), never power-cut.
+//! ever killed as a process (its page cache survives), never power-cut,
+//! and never loses its disk. A replaced disk (a wipe) counts like a
+//! crash: the replica is faulty from the wipe until every group on it has
+//! rejoined (quorum-visible) and applied what the others had committed.
 //! Network faults (loss, duplication, delay, partitions) lose no durable
 //! state and are not counted.
 
@@ -29,6 +32,12 @@ pub(crate) struct FaultStats {
     pub partitions: u64,
     pub degraded_links: u64,
     pub rotted_bits: u64,
+    pub wipes: u64,
+    /// Crashes of a replica still rejoining after its disk was replaced.
+    pub rejoin_crashes: u64,
+    /// Boots without the rejoin flag of a replica whose disk was replaced
+    /// (they rejoin through the marker, or are ordinary restarts).
+    pub wiped_reboots: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -36,6 +45,13 @@ enum Health {
     Up,
     /// Down until `restart_tick`.
     Crashed {
+        restart_tick: u64,
+    },
+    /// Its process died and its disk was replaced by an empty one (or it
+    /// crashed again while rejoining since); it boots at `restart_tick`,
+    /// with the rejoin flag after the replacement, without it after a
+    /// crash (its marker says it rejoins).
+    Wiped {
         restart_tick: u64,
     },
     /// Its disk is armed to fail; the process is restarted at
@@ -46,9 +62,13 @@ enum Health {
     /// A sealed segment on its disk holds a flipped bit (latent: it stays
     /// faulty for the rest of the run).
     Rotten,
-    /// Back up, catching up to `targets` (group, commit).
+    /// Back up, catching up to `targets` (group, commit). `rejoining`:
+    /// since a disk replacement, so it may crash again before it caught
+    /// up (it is already the faulty one) and must keep rejoining through
+    /// its marker on a boot without the flag.
     Recovering {
         targets: Vec<(GroupId, u64)>,
+        rejoining: bool,
     },
 }
 
@@ -69,11 +89,18 @@ pub(crate) struct FaultPlan {
     degraded: Vec<Degraded>,
     f: usize,
     replica_count: u8,
+    /// The mutation check: a replaced disk boots as a new member.
+    wipe_as_new: bool,
     pub(crate) stats: FaultStats,
 }
 
 impl FaultPlan {
-    pub(crate) fn new(seed: u64, profile: FaultProfile, replica_count: u8) -> Self {
+    pub(crate) fn new(
+        seed: u64,
+        profile: FaultProfile,
+        replica_count: u8,
+        wipe_as_new: bool,
+    ) -> Self {
         Self {
             prng: Prng::new(seed ^ 0xFA17_0001),
             rates: profile.rates(),
@@ -82,6 +109,7 @@ impl FaultPlan {
             degraded: Vec::new(),
             f: usize::from(replica_count.saturating_sub(1) / 2),
             replica_count,
+            wipe_as_new,
             stats: FaultStats::default(),
         }
     }
@@ -153,6 +181,9 @@ impl FaultPlan {
         if self.roll(self.rates.rot_per_mille) {
             self.rot(cluster, trace, tick);
         }
+        if self.replica_count > 1 && self.roll(self.rates.wipe_per_mille) {
+            self.wipe(cluster, trace, tick)?;
+        }
         Ok(())
     }
 
@@ -177,7 +208,23 @@ impl FaultPlan {
     }
 
     fn crash(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
-        let Some(r) = self.victim(cluster) else {
+        // Half the crashes, when a replica is rejoining after a disk
+        // replacement, hit that replica again: it is faulty already, so the
+        // budget is unchanged, and its next boot has no rejoin flag.
+        let rejoining: Vec<u8> = (0..self.replica_count)
+            .filter(|r| {
+                matches!(
+                    self.health[usize::from(*r)],
+                    Health::Recovering {
+                        rejoining: true,
+                        ..
+                    }
+                ) && cluster.is_up(*r)
+            })
+            .collect();
+        let again = (!rejoining.is_empty() && self.prng.chance(1, 2))
+            .then(|| rejoining[self.pick(rejoining.len() as u64) as usize]);
+        let Some(r) = again.or_else(|| self.victim(cluster)) else {
             return;
         };
         // A single replica is killed, not power-cut: f = 0 tolerates no
@@ -190,13 +237,58 @@ impl FaultPlan {
         let down_ticks = self.between(20, 300);
         cluster.crash(r, mode);
         self.stats.crashes += 1;
-        self.health[usize::from(r)] = Health::Crashed {
+        self.health[usize::from(r)] = if again.is_some() {
+            self.stats.rejoin_crashes += 1;
+            Health::Wiped {
+                restart_tick: tick + down_ticks,
+            }
+        } else {
+            Health::Crashed {
+                restart_tick: tick + down_ticks,
+            }
+        };
+        trace.record(Event::Fault {
+            tick,
+            what: format!(
+                "crash replica {r} ({mode:?}) for {down_ticks} ticks{}",
+                if again.is_some() {
+                    ", while it rejoins"
+                } else {
+                    ""
+                }
+            ),
+        });
+    }
+
+    /// Replaces a replica's disk with an empty one (its process dies with
+    /// the old disk); it boots `ShardConfig::rejoin` 20–300 ticks later.
+    fn wipe(
+        &mut self,
+        cluster: &mut Cluster,
+        trace: &mut Trace,
+        tick: u64,
+    ) -> Result<(), ClusterError> {
+        let Some(r) = self.victim(cluster) else {
+            return Ok(());
+        };
+        let down_ticks = self.between(20, 300);
+        cluster.wipe(r, self.wipe_as_new)?;
+        self.stats.wipes += 1;
+        self.health[usize::from(r)] = Health::Wiped {
             restart_tick: tick + down_ticks,
         };
         trace.record(Event::Fault {
             tick,
-            what: format!("crash replica {r} ({mode:?}) for {down_ticks} ticks"),
+            what: format!(
+                "replica {r}: disk replaced by an empty one; boots {} in {down_ticks} ticks",
+                if self.wipe_as_new {
+                    "as a new member (mutation)"
+                } else {
+                    "rejoining"
+                }
+            ),
         });
+        Ok(())
     }
 
     fn disk_fault(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
@@ -379,7 +471,9 @@ impl FaultPlan {
     ) -> Result<(), ClusterError> {
         for r in 0..self.replica_count {
             let due = match self.health[usize::from(r)] {
-                Health::Crashed { restart_tick } => (restart_tick <= tick).then_some(false),
+                Health::Crashed { restart_tick } | Health::Wiped { restart_tick } => {
+                    (restart_tick <= tick).then_some(false)
+                }
                 Health::DiskFaulted { restart_tick } => (restart_tick <= tick).then_some(true),
                 Health::Up | Health::Recovering { .. } | Health::Rotten => None,
             };
@@ -404,19 +498,22 @@ impl FaultPlan {
             cluster.crash(r, CrashMode::KeepAll);
         }
         let targets = catch_up_targets(cluster, r);
+        let rejoining = matches!(self.health[usize::from(r)], Health::Wiped { .. });
+        let mut what = format!("restart replica {r}");
+        if cluster.rebooting_replaced_disk(r) {
+            self.stats.wiped_reboots += 1;
+            what = format!("{what} (a replaced disk; {})", cluster.rejoin_marker(r));
+        }
         cluster.boot(r)?;
         self.stats.restarts += 1;
-        self.health[usize::from(r)] = Health::Recovering { targets };
-        trace.record(Event::Fault {
-            tick,
-            what: format!("restart replica {r}"),
-        });
+        self.health[usize::from(r)] = Health::Recovering { targets, rejoining };
+        trace.record(Event::Fault { tick, what });
         Ok(())
     }
 
     fn recoveries(&mut self, cluster: &Cluster) {
         for r in 0..self.replica_count {
-            let Health::Recovering { targets } = &self.health[usize::from(r)] else {
+            let Health::Recovering { targets, .. } = &self.health[usize::from(r)] else {
                 continue;
             };
             // Caught up: every group it hosts (group 0 included) was told
@@ -452,7 +549,9 @@ impl FaultPlan {
         for r in 0..self.replica_count {
             cluster.fs(r).clear_faults();
             match self.health[usize::from(r)] {
-                Health::Crashed { .. } => self.restart(r, false, cluster, trace, tick)?,
+                Health::Crashed { .. } | Health::Wiped { .. } => {
+                    self.restart(r, false, cluster, trace, tick)?;
+                }
                 Health::DiskFaulted { .. } => self.restart(r, true, cluster, trace, tick)?,
                 Health::Up | Health::Recovering { .. } | Health::Rotten => {}
             }

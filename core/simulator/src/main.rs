@@ -29,12 +29,17 @@ struct Args {
     /// Shards per replica (1 to 8).
     #[arg(long, default_value_t = 2)]
     shards: u16,
-    /// Fault profile: none, network, reorder, partition, crash, disk, mixed.
+    /// Fault profile: none, network, reorder, partition, crash, disk,
+    /// mixed, wipe, rot.
     #[arg(long = "faults", default_value = "mixed")]
     profile: FaultProfile,
     /// Concurrent clients (1 to 16).
     #[arg(long, default_value_t = 3)]
     clients: u8,
+    /// Mutation check (by hand, never in CI): a replica whose disk was
+    /// replaced boots as a new member instead of rejoining.
+    #[arg(long)]
+    mutate_wipe_as_new: bool,
 }
 
 fn main() -> ExitCode {
@@ -52,6 +57,7 @@ fn main() -> ExitCode {
     options.shards = args.shards;
     options.profile = args.profile;
     options.clients = args.clients;
+    options.mutate_wipe_as_new = args.mutate_wipe_as_new;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

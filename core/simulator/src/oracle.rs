@@ -8,6 +8,8 @@
 //! - each tag's fate: acknowledged (`Answer::Committed`), unknown (the
 //!   call was cut off, timed out or answered `Indeterminate`), pending, or
 //!   never applied (only refusals that promise nothing changed);
+//! - the base offset an acknowledgement confirmed: message `i` of that
+//!   batch must be served at exactly base + `i`, before and after;
 //! - every `(offset → value)` any replica ever served, per group, and
 //!   every `value → offset`, so two values at one offset (across replicas
 //!   and over time) and one value at two offsets are caught at once;
@@ -29,6 +31,9 @@ pub enum Property {
     TwoValuesAtOffset,
     /// One value was served at two offsets.
     ValueAtTwoOffsets,
+    /// A message of an acknowledged produce was served at an offset other
+    /// than the one its answer confirmed (base offset + index).
+    NotAtConfirmedOffset,
     /// A read skipped an offset or went backwards.
     OffsetsNotDense,
     /// Part of a batch was read without the rest of it.
@@ -58,6 +63,7 @@ impl Property {
             Self::UnknownValue => "unknown-value",
             Self::TwoValuesAtOffset => "two-values-at-one-offset",
             Self::ValueAtTwoOffsets => "one-value-at-two-offsets",
+            Self::NotAtConfirmedOffset => "not-at-confirmed-offset",
             Self::OffsetsNotDense => "offsets-not-dense",
             Self::BatchTorn => "batch-torn",
             Self::RefusedButApplied => "refused-but-applied",
@@ -153,6 +159,8 @@ struct Sent {
     group: GroupId,
     messages: u32,
     fate: Fate,
+    /// The base offset the acknowledgement named, if it named one.
+    confirmed_base: Option<u64>,
 }
 
 /// What reads of one consumer's stored offset may return.
@@ -185,6 +193,7 @@ impl Oracle {
                 group,
                 messages,
                 fate: Fate::Pending,
+                confirmed_base: None,
             },
         );
     }
@@ -194,6 +203,36 @@ impl Oracle {
         if let Some(s) = self.sent.get_mut(&tag) {
             s.fate = fate;
         }
+    }
+
+    /// Batch `tag` was acknowledged, at `base` when the answer named the
+    /// base offset: every message of it already served must be there.
+    pub(crate) fn acknowledged(&mut self, tag: u64, base: Option<u64>) -> Result<(), Violation> {
+        let Some(s) = self.sent.get_mut(&tag) else {
+            return Ok(());
+        };
+        s.fate = Fate::Acknowledged;
+        s.confirmed_base = base;
+        let (group, messages) = (s.group, s.messages);
+        let Some(base) = base else {
+            return Ok(());
+        };
+        for index in 0..messages {
+            if let Some(&(g, offset)) = self.value_at.get(&(tag, index))
+                && (g, offset) != (group, base + u64::from(index))
+            {
+                return Err(not_at_confirmed(tag, index, base, g, offset));
+            }
+        }
+        Ok(())
+    }
+
+    /// Batches acknowledged with a confirmed base offset.
+    pub(crate) fn confirmed(&self) -> u64 {
+        self.sent
+            .values()
+            .filter(|s| s.confirmed_base.is_some())
+            .count() as u64
     }
 
     /// Counts of batches by fate.
@@ -223,7 +262,13 @@ impl Oracle {
         };
         let (tag, index) = id;
         match self.sent.get(&tag) {
-            Some(s) if s.group == group && index < s.messages => {}
+            Some(s) if s.group == group && index < s.messages => {
+                if let Some(base) = s.confirmed_base
+                    && offset != base + u64::from(index)
+                {
+                    return Err(not_at_confirmed(tag, index, base, group, offset));
+                }
+            }
             Some(s) => {
                 return Err(Violation::new(
                     Property::UnknownValue,
@@ -426,6 +471,16 @@ impl Oracle {
     }
 }
 
+fn not_at_confirmed(tag: u64, index: u32, base: u64, group: GroupId, offset: u64) -> Violation {
+    Violation::new(
+        Property::NotAtConfirmedOffset,
+        format!(
+            "group {}: batch {tag} was acknowledged at base offset {base}, yet its message {index} is served at offset {offset}",
+            group.0
+        ),
+    )
+}
+
 /// How a consumer-offset store ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StoreOutcome {
@@ -484,6 +539,35 @@ mod tests {
         o.polled(g(5), &log(1, 2, 0)).unwrap();
         let v = o.polled(g(5), &log(1, 2, 2)).unwrap_err();
         assert_eq!(v.property, Property::ValueAtTwoOffsets);
+    }
+
+    #[test]
+    fn given_confirmed_base_when_served_elsewhere_should_report_it_either_order() {
+        // Acknowledged first, served at another offset later.
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2);
+        o.produced(2, g(5), 1);
+        o.acknowledged(1, Some(1)).unwrap();
+        o.polled(g(5), &log(2, 1, 0)).unwrap();
+        o.polled(g(5), &log(1, 2, 1)).unwrap();
+        assert_eq!(o.confirmed(), 1);
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2);
+        o.acknowledged(1, Some(3)).unwrap();
+        let v = o.polled(g(5), &log(1, 2, 0)).unwrap_err();
+        assert_eq!(v.property, Property::NotAtConfirmedOffset);
+        // Served first, acknowledged at another base later.
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2);
+        o.polled(g(5), &log(1, 2, 0)).unwrap();
+        let v = o.acknowledged(1, Some(4)).unwrap_err();
+        assert_eq!(v.property, Property::NotAtConfirmedOffset);
+        // No base named: nothing to check beyond the rest.
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2);
+        o.polled(g(5), &log(1, 2, 7)).unwrap();
+        o.acknowledged(1, None).unwrap();
+        assert_eq!(o.confirmed(), 0);
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub enum FaultProfile {
     Disk,
     /// Every class above at lower rates.
     Mixed,
+    /// Replaced disks: a replica's process dies and its disk is swapped
+    /// for an empty one; it boots rejoining (`ShardConfig::rejoin`). With
+    /// crashes, partitions and mild network faults, within the budget.
+    Wipe,
     /// Latent corruption: a bit flipped in a sealed segment of one
     /// partition on a minority replica (the medium changed under the
     /// data). Not in `mixed`: see docs/simulator.md, Known failures.
@@ -39,7 +43,7 @@ pub enum FaultProfile {
 
 impl FaultProfile {
     /// Every profile, in the order CI sweeps them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::None,
         Self::Network,
         Self::Reorder,
@@ -47,6 +51,7 @@ impl FaultProfile {
         Self::Crash,
         Self::Disk,
         Self::Mixed,
+        Self::Wipe,
         Self::Rot,
     ];
 
@@ -60,6 +65,7 @@ impl FaultProfile {
             Self::Crash => "crash",
             Self::Disk => "disk",
             Self::Mixed => "mixed",
+            Self::Wipe => "wipe",
             Self::Rot => "rot",
         }
     }
@@ -73,6 +79,7 @@ impl FaultProfile {
             + r.crash_per_mille
             + r.disk_per_mille
             + r.rot_per_mille
+            + r.wipe_per_mille
             > 0
     }
 
@@ -120,6 +127,17 @@ impl FaultProfile {
                 partition_per_mille: 3,
                 crash_per_mille: 3,
                 disk_per_mille: 2,
+                ..quiet
+            },
+            Self::Wipe => FaultRates {
+                base: NetworkFaults {
+                    drop_per_mille: 10,
+                    duplicate_per_mille: 5,
+                    delay_ticks_max: 4,
+                },
+                partition_per_mille: 3,
+                crash_per_mille: 2,
+                wipe_per_mille: 4,
                 ..quiet
             },
             Self::Rot => FaultRates {
@@ -182,6 +200,9 @@ pub(crate) struct FaultRates {
     /// Chance a bit of a sealed segment on a replica flips (within the
     /// budget; the replica stays faulty for the rest of the run).
     pub rot_per_mille: u64,
+    /// Chance a replica's disk is replaced by an empty one (within the
+    /// budget; never on a single replica).
+    pub wipe_per_mille: u64,
 }
 
 #[cfg(test)]

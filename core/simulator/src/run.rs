@@ -38,6 +38,10 @@ pub struct Options {
     /// Ticks after healing with requests in flight finishing and nothing
     /// new sent, before convergence is awaited.
     pub quiet_ticks: u64,
+    /// Mutation check, never on in CI: a replica whose disk was replaced
+    /// boots as a brand-new member instead of rejoining. Some seeds must
+    /// then lose acknowledged data or fork (docs/simulator.md).
+    pub mutate_wipe_as_new: bool,
 }
 
 impl Options {
@@ -52,6 +56,7 @@ impl Options {
             profile: FaultProfile::Mixed,
             clients: 3,
             quiet_ticks: 200,
+            mutate_wipe_as_new: false,
         }
     }
 
@@ -103,6 +108,9 @@ pub struct Summary {
     pub options: Options,
     /// Produces acknowledged (`Answer::Committed`).
     pub produces_acknowledged: u64,
+    /// Acknowledged produces whose answer named their base offset (each
+    /// checked to be served at exactly those offsets).
+    pub produces_confirmed: u64,
     /// Produces whose outcome stayed unknown.
     pub produces_unknown: u64,
     /// Consumer-offset stores acknowledged.
@@ -121,6 +129,8 @@ pub struct Summary {
     pub faults: FaultCounts,
     /// State transfers installed.
     pub transfers: u64,
+    /// Group 0 snapshots installed by transfer.
+    pub metadata_transfers: u64,
     /// Frames sent and dropped by the network.
     pub frames: (u64, u64),
     /// Ticks run in all (faults, quiet period and convergence).
@@ -146,6 +156,13 @@ pub struct FaultCounts {
     pub degraded_links: u64,
     /// Bits flipped in sealed segments.
     pub rotted_bits: u64,
+    /// Disks replaced by empty ones.
+    pub wipes: u64,
+    /// Crashes of a replica still rejoining after its disk was replaced.
+    pub rejoin_crashes: u64,
+    /// Later boots (without the rejoin flag) of replicas whose disk was
+    /// replaced.
+    pub wiped_reboots: u64,
 }
 
 impl From<FaultStats> for FaultCounts {
@@ -157,6 +174,9 @@ impl From<FaultStats> for FaultCounts {
             partitions: s.partitions,
             degraded_links: s.degraded_links,
             rotted_bits: s.rotted_bits,
+            wipes: s.wipes,
+            rejoin_crashes: s.rejoin_crashes,
+            wiped_reboots: s.wiped_reboots,
         }
     }
 }
@@ -166,7 +186,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} transfers={} metadata_transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -174,6 +194,7 @@ impl fmt::Display for Summary {
             self.ticks_run,
             self.produces_acknowledged + self.stores_acknowledged,
             self.produces_acknowledged,
+            self.produces_confirmed,
             self.stores_acknowledged,
             self.produces_unknown,
             self.polls,
@@ -185,7 +206,11 @@ impl fmt::Display for Summary {
             self.faults.partitions,
             self.faults.degraded_links,
             self.faults.rotted_bits,
+            self.faults.wipes,
+            self.faults.rejoin_crashes,
+            self.faults.wiped_reboots,
             self.transfers,
+            self.metadata_transfers,
             self.frames.0,
             self.frames.1,
             self.schedule_hash,
@@ -219,8 +244,17 @@ impl fmt::Display for Failure {
         )?;
         writeln!(
             f,
-            "replay: replog-sim --seed {} --ticks {} --replicas {} --shards {} --faults {}",
-            o.seed, o.ticks, o.replicas, o.shards, o.profile
+            "replay: replog-sim --seed {} --ticks {} --replicas {} --shards {} --faults {}{}",
+            o.seed,
+            o.ticks,
+            o.replicas,
+            o.shards,
+            o.profile,
+            if o.mutate_wipe_as_new {
+                " --mutate-wipe-as-new"
+            } else {
+                ""
+            }
         )?;
         writeln!(f, "last {} events:", self.recent.len())?;
         for e in &self.recent {
@@ -671,7 +705,12 @@ fn committed_files(mut files: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec
 pub fn run(options: &Options) -> Result<Summary, SimError> {
     options.validate().map_err(SimError::Options)?;
     let seed = options.seed;
-    let faults = FaultPlan::new(seed, options.profile, options.replicas);
+    let faults = FaultPlan::new(
+        seed,
+        options.profile,
+        options.replicas,
+        options.mutate_wipe_as_new,
+    );
     let cluster = Cluster::new(seed, options.replicas, options.shards, faults.base_faults())?;
     let mut run = Run {
         options: options.clone(),
@@ -722,6 +761,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
     let summary = Summary {
         options: options.clone(),
         produces_acknowledged: run.oracle.count(Fate::Acknowledged),
+        produces_confirmed: run.oracle.confirmed(),
         produces_unknown: run.oracle.count(Fate::Unknown),
         stores_acknowledged: stats.stores_acknowledged,
         polls: stats.polls,
@@ -731,6 +771,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         messages,
         faults: run.faults.stats.into(),
         transfers: run.cluster.installs(),
+        metadata_transfers: run.cluster.metadata_installs(),
         frames: run.cluster.net.counts(),
         ticks_run: run.ticks_run,
         schedule_hash: run.trace.hash(),

@@ -560,8 +560,8 @@ impl Workload {
                     Got::Meta(_) => unreachable_answer(),
                 };
                 match result {
-                    Ok(Answer::Committed { .. }) => {
-                        oracle.settle(tag, Fate::Acknowledged);
+                    Ok(Answer::Committed { base_offset, .. }) => {
+                        oracle.acknowledged(tag, base_offset.map(|o| o.0))?;
                         Ok(Next::Done)
                     }
                     Ok(other) => Err(Violation::new(
