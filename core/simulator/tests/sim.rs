@@ -289,32 +289,20 @@ fn regression_mixed_3000036_stale_metadata_transfer_need_blocked_group_0() {
 }
 
 /// The `rot` profile flips a bit in a sealed segment on a minority
-/// replica. Today the damage is found on read and never served (polls
-/// fail closed, no value read is unknown or contradicts another), but the
-/// partition does not repair itself from a peer yet (SPEC §6.1), so the
-/// run ends with that replica's log unreadable. When self-repair lands,
-/// these seeds must run clean and this test becomes a `clean` sweep.
+/// replica. The damage is found on read (a poll, or the shard's scrub of
+/// sealed segments) and never served; the replica then counts its history
+/// as missing, stays out of every quorum, and repairs itself by state
+/// transfer from a peer, so every seed ends converged and byte-identical.
+/// Before self-repair, every one of these seeds ended with that replica's
+/// log unreadable.
 #[test]
-fn rot_profile_damage_is_never_served_and_not_yet_repaired() {
+fn rot_profile_damage_is_repaired_from_a_peer() {
+    let mut rotted = 0;
     for seed in 1..=10 {
-        let o = options(seed, FaultProfile::Rot, 3, 2, 1_200);
-        match run(&o) {
-            Err(SimError::Failed(f)) => {
-                assert_eq!(
-                    f.violation.property,
-                    simulator::Property::ReplicasDiverge,
-                    "seed {seed}: damage surfaced as something other than an unreadable log:\n{f}"
-                );
-                assert!(
-                    f.violation.detail.contains("corrupt")
-                        || f.violation.detail.contains("checksum"),
-                    "seed {seed}: {f}"
-                );
-            }
-            Ok(s) => assert_eq!(s.faults.rotted_bits, 0, "seed {seed}: rot repaired?"),
-            Err(e) => panic!("seed {seed}: {e}"),
-        }
+        let s = clean(&options(seed, FaultProfile::Rot, 3, 2, 1_200));
+        rotted += s.faults.rotted_bits;
     }
+    assert!(rotted > 0, "no seed flipped a bit");
 }
 
 // Seeds that fail today and cannot be fixed in this change: each runs
