@@ -353,6 +353,10 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                     "metadata group resuming after a clean stop"
                 );
                 Replica::resume(config, durable_state, applied_state)
+            } else if rejoin && config.replica_count > 1 && sb.view == 0 && sb.log_view == 0 {
+                // A replaced disk's group 0 that adopted no view yet (this
+                // boot or an earlier one): the peers bound its view.
+                Replica::restart_rejoining(config, durable_state, applied_state)
             } else {
                 Replica::restart(config, durable_state, applied_state)
             }

@@ -820,6 +820,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 if clean {
                     tracing::info!(dir = %dir.display(), view = sb.view, op = sb.checkpoint_op, "resuming after a clean stop");
                     Replica::resume(config.vsr, vsr_durable, applied)
+                } else if config.rejoin && sb.view == 0 && sb.log_view == 0 {
+                    // Created on a replaced disk and no view adopted yet
+                    // (this boot's or an earlier one's): the superblock
+                    // bounds nothing, the peers must.
+                    Replica::restart_rejoining(config.vsr, vsr_durable, applied)
                 } else {
                     Replica::restart(config.vsr, vsr_durable, applied)
                 }

@@ -305,11 +305,11 @@ fn rot_profile_damage_is_repaired_from_a_peer() {
     assert!(rotted > 0, "no seed flipped a bit");
 }
 
-// Seeds that fail today and cannot be fixed in this change: each runs
-// clean once its cause is fixed, then loses its `#[ignore]`.
+// Seeds found failing; an `#[ignore]`d one runs clean once its cause is
+// fixed, then loses the attribute.
 
-/// Wipe seed 8000139 (3 × 2, 2,000 ticks): a core bug in rejoining, not
-/// yet fixed. Replica 1 was cut off while group 1 was created and moved to
+/// Wipe seed 8000139 (3 × 2, 2,000 ticks): a core bug in rejoining, fixed
+/// by the rejoin bound (`Replica::restart_rejoining`). Replica 1 was cut off while group 1 was created and moved to
 /// view 1 (primary replica 2) with ops committed by replicas 0 and 2; then
 /// replica 2's disk was replaced. Replica 1 created group 1 late, as a new
 /// member: `Normal` in view 0, whose primary it is. Replica 2, rejoining
@@ -319,12 +319,12 @@ fn rot_profile_damage_is_repaired_from_a_peer() {
 /// view 1's log and committed op 1 there; when view 2 brought back view
 /// 1's log, replica 1's commit walk panicked ("journal entry does not
 /// chain to the applied prefix"). The restart rule's argument needs a view
-/// at least the one the replica last acknowledged in; a replaced disk must
-/// learn that bound from a quorum (e.g. every normal replica answers the
-/// probe with its view, and the rejoining replica waits for f + 1 answers
-/// and the StartView of the highest view's primary).
+/// at least the one the replica last acknowledged in; a replaced disk now
+/// learns that bound from its peers: Normal backups answer its probe with
+/// their view, and it adopts a StartView only once f + 1 peers were heard
+/// and only of a view at least the (f + 1)-th lowest they reported. With
+/// that gate disabled this seed fails again.
 #[test]
-#[ignore = "core bug: a rejoining replica adopts view 0 from a late-created group's new member (see doc comment)"]
 fn regression_wipe_8000139_rejoining_replica_forks_with_a_late_new_member() {
     clean(&options(8_000_139, FaultProfile::Wipe, 3, 2, 2_000));
 }
@@ -336,7 +336,6 @@ fn regression_wipe_8000139_rejoining_replica_forks_with_a_late_new_member() {
 /// replica 1 adopted view 0 from it: the view-0 quorum {0, 1} holds nothing,
 /// so a store of committed offset 2 is refused as past the commit.
 #[test]
-#[ignore = "core bug: a rejoining replica adopts view 0 from a late-created group's new member (see seed 8000139)"]
 fn regression_wipe_8000883_rejoining_replica_loses_committed_offsets() {
     clean(&options(8_000_883, FaultProfile::Wipe, 3, 2, 2_000));
 }
@@ -349,7 +348,6 @@ fn regression_wipe_8000883_rejoining_replica_loses_committed_offsets() {
 /// quorum that no longer held replica 2's committed ops; replica 2's commit
 /// walk panicked at op 29.
 #[test]
-#[ignore = "core bug: a rejoining replica adopts an old view from a stale primary (see seed 8000139)"]
 fn regression_wipe_8200165_rejoining_replica_forks_with_a_stale_primary() {
     clean(&options(8_200_165, FaultProfile::Wipe, 3, 3, 2_000));
 }
@@ -359,10 +357,12 @@ fn regression_wipe_8200165_rejoining_replica_forks_with_a_stale_primary() {
 /// every view change of group 0 fails because the new primary refuses the
 /// others' DoViewChange ("suffix headers do not hash-chain": their op 6,
 /// prepared by replica 4 as view 1's primary after a reboot of its
-/// replaced disk, does not chain to their op 5). Cause not pinned down
-/// yet; likely the same amnesia as seed 8000139 one step earlier.
+/// replaced disk, does not chain to their op 5): the same amnesia as seed
+/// 8000139 one step earlier. Runs clean with the rejoin bound — and with
+/// the bound's first form (every peer's highest view) it stalled instead:
+/// a peer's view raised by a view change that never formed held the
+/// rejoining replica out for good, hence the (f + 1)-th lowest.
 #[test]
-#[ignore = "not yet diagnosed: group 0's view changes fail forever after two replaced disks (see doc comment)"]
 fn regression_wipe_8100291_group_0_view_changes_never_complete() {
     clean(&options(8_100_291, FaultProfile::Wipe, 5, 1, 2_000));
 }

@@ -287,6 +287,54 @@ pub(super) struct Recovery {
     /// The primary's head when it answered: the replica may vote and ack
     /// only once its journal reaches it.
     pub barrier: Option<u64>,
+    /// For a replica that lost its superblock (its disk was replaced): the
+    /// views its peers' frames carried since boot (see [`RejoinBound`]).
+    pub rejoin: Option<RejoinBound>,
+}
+
+/// Bit 127 of a RequestStartView's incarnation: the prober rejoins after a
+/// lost disk and asks every `Normal` backup to report its view.
+pub const REJOIN_PROBE: u128 = 1 << 127;
+
+/// What a rejoining replica learned of its peers' views (see
+/// [`Replica::restart_rejoining`]): per peer, the highest view its frames
+/// carried since this boot (a replica's view is durable before it sends in
+/// it and never goes down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RejoinBound {
+    views: [Option<u32>; REPLICAS_MAX as usize],
+}
+
+impl Default for RejoinBound {
+    fn default() -> Self {
+        Self {
+            views: [None; REPLICAS_MAX as usize],
+        }
+    }
+}
+
+impl RejoinBound {
+    /// Records a frame from `from` in `view`.
+    pub fn heard(&mut self, from: u8, view: u32) {
+        if let Some(slot) = self.views.get_mut(usize::from(from)) {
+            *slot = Some(slot.map_or(view, |v| v.max(view)));
+        }
+    }
+
+    /// The lowest view this replica may join, once `quorum` peers were
+    /// heard: the `quorum`-th lowest of their views. Every set of `quorum`
+    /// peers holds a member of the quorum that formed the latest view this
+    /// replica may have acknowledged in (so one view at least that one),
+    /// and the lowest such set's highest view is this; a single peer's view
+    /// raised by a view change that never formed does not hold it back.
+    pub fn lowest_view(&self, quorum: usize) -> Option<u32> {
+        let mut views: Vec<u32> = self.views.iter().flatten().copied().collect();
+        if quorum == 0 || views.len() < quorum {
+            return None;
+        }
+        views.sort_unstable();
+        views.get(quorum - 1).copied()
+    }
 }
 
 /// Refuse a frame whose numbers no real log reaches, before acting on any
@@ -476,6 +524,15 @@ impl Replica {
     /// "Restart rule"). A single replica has nobody to forget for, so it
     /// resumes at once.
     pub fn restart(config: Config, durable: DurableState, applied: AppliedState) -> Self {
+        Self::restart_probing(config, durable, applied, false)
+    }
+
+    fn restart_probing(
+        config: Config,
+        durable: DurableState,
+        applied: AppliedState,
+        rejoin: bool,
+    ) -> Self {
         let mut r = Self::blank(config, durable, applied);
         if config.replica_count == 1 {
             r.log_view = r.view;
@@ -485,15 +542,46 @@ impl Replica {
             }
             return r;
         }
-        let incarnation = (u128::from(r.prng.next_u64()) << 64 | u128::from(r.prng.next_u64())) | 1;
+        let drawn = (u128::from(r.prng.next_u64()) << 64 | u128::from(r.prng.next_u64())) | 1;
+        // The top bit tells the peers whether to report their views.
+        let incarnation = if rejoin {
+            drawn | REJOIN_PROBE
+        } else {
+            drawn & !REJOIN_PROBE
+        };
         r.status = Status::Recovering;
         r.recovering = Some(Recovery {
             incarnation,
             barrier: None,
+            rejoin: rejoin.then(RejoinBound::default),
         });
         r.timers.request_start_view.start();
         r.send_request_start_view(None);
         r
+    }
+
+    /// A replica whose disk was replaced: nothing durable, and possibly
+    /// acknowledgements from an earlier life in views it cannot name. It
+    /// restarts as [`Replica::restart`] does from the zero state, and in
+    /// addition learns a lower bound for its view from its peers before it
+    /// adopts any: every frame a peer sends carries the peer's view
+    /// (durable before the send), a `Normal` backup answers its probe with
+    /// a probe of its own (a view report), and it adopts a StartView only
+    /// once `f + 1` peers were heard and only of a view at least the
+    /// highest they reported. Any `f + 1` of the others meet the quorum
+    /// that formed the latest view this replica may have acknowledged in,
+    /// so a primary left behind in an older view cannot take it in
+    /// (docs/consensus.md §4, "Rejoin after a lost disk").
+    /// Its `durable` state names no view it adopted (a caller that knows
+    /// one bounds the view by it and calls [`Replica::restart`]).
+    pub fn restart_rejoining(config: Config, durable: DurableState, applied: AppliedState) -> Self {
+        Self::restart_probing(config, durable, applied, true)
+    }
+
+    /// Whether this replica is still learning its peers' views after a
+    /// disk replacement.
+    pub fn is_rejoining(&self) -> bool {
+        self.recovering.is_some_and(|r| r.rejoin.is_some())
     }
 
     /// A replica that stopped cleanly: `Normal` in its durable view, whose
@@ -726,6 +814,9 @@ impl Replica {
         check_ranges(frame.view, &frame.message)?;
         let from = frame.replica;
         let view = frame.view;
+        if let Some(bound) = self.recovering.as_mut().and_then(|r| r.rejoin.as_mut()) {
+            bound.heard(from, view);
+        }
         match frame.message {
             Message::Prepare(p) => self.on_prepare(from, view, p),
             Message::PrepareOk {
@@ -1365,5 +1456,34 @@ impl Replica {
         u128::from(self.config.replica) << 96
             | u128::from(self.nonce_counter) << 32
             | u128::from(self.prng.next_u64() as u32)
+    }
+}
+
+#[cfg(test)]
+mod rejoin_bound_tests {
+    use super::RejoinBound;
+
+    #[test]
+    fn given_peer_views_when_bounded_should_take_the_quorum_th_lowest_once_enough_were_heard() {
+        let mut b = RejoinBound::default();
+        assert_eq!(b.lowest_view(3), None);
+        b.heard(1, 4);
+        b.heard(2, 4);
+        assert_eq!(b.lowest_view(3), None, "two of five heard");
+        b.heard(3, 5);
+        assert_eq!(b.lowest_view(3), Some(5));
+        // One more peer in view 4: a single raised view no longer holds
+        // the bound up.
+        b.heard(4, 4);
+        assert_eq!(b.lowest_view(3), Some(4));
+        // A peer's view only goes up.
+        b.heard(1, 2);
+        assert_eq!(b.lowest_view(3), Some(4));
+        b.heard(1, 7);
+        b.heard(2, 7);
+        assert_eq!(b.lowest_view(3), Some(7));
+        // Out of range senders are ignored, never a panic.
+        b.heard(200, 9);
+        assert_eq!(b.lowest_view(0), None);
     }
 }

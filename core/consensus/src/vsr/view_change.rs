@@ -18,7 +18,7 @@
 
 use super::merge::{DVC_HEADERS_MAX, MergedLog, merge};
 use super::message::{DoViewChange, Message, PrepareHeader, StartView, SuffixSlot};
-use super::replica::{Effect, FrameError, Replica, Status};
+use super::replica::{Effect, FrameError, REJOIN_PROBE, Replica, Status};
 
 impl Replica {
     /// Remember a view newer than ours seen on traffic we dropped, and
@@ -421,6 +421,15 @@ impl Replica {
             if sv.incarnation != recovery.incarnation || view < self.view {
                 return Ok(());
             }
+            // Without a superblock, only f + 1 peers' views bound ours.
+            if let Some(bound) = recovery.rejoin {
+                // A majority of the group, and never more than the others.
+                let n = usize::from(self.config.replica_count);
+                let quorum = (n / 2 + 1).min(n - 1);
+                if bound.lowest_view(quorum).is_none_or(|lowest| view < lowest) {
+                    return Ok(());
+                }
+            }
         } else if view < self.view || (view == self.view && self.status == Status::Normal) {
             return Ok(());
         }
@@ -448,6 +457,8 @@ impl Replica {
         self.persist();
         if let Some(recovery) = &mut self.recovering {
             recovery.barrier = Some(sv.op);
+            // The view is durable now: the restart rule's bound again.
+            recovery.rejoin = None;
         }
         self.timers.request_start_view.stop();
         self.heartbeat_seen = 0;
@@ -467,6 +478,15 @@ impl Replica {
             let sv = self.start_view_message(incarnation);
             self.send(from, Message::StartView(sv));
             return;
+        }
+        if incarnation & REJOIN_PROBE != 0
+            && self.status == Status::Normal
+            && self.recovering.is_none()
+        {
+            // A replica rejoining after a lost disk: report our view (the
+            // frame carries it) with a probe that asks for no answer
+            // (incarnation 0), so it can bound its view by f + 1 of ours.
+            self.send(from, Message::RequestStartView { incarnation: 0 });
         }
         if from == self.primary_index(self.view)
             && view == self.view
