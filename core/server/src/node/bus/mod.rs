@@ -26,6 +26,7 @@
 //! helper thread, so a slow peer never stalls a shard.
 
 pub mod hello;
+pub mod lane;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -40,7 +41,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::ReplicaId;
 use compio::buf::BufResult;
-use compio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use compio::io::AsyncReadExt;
 use consensus::header::HEADER_SIZE;
 use consensus::vsr::timeout::Prng;
 use futures::channel::{mpsc, oneshot};
@@ -57,8 +58,6 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// The longest reconnect delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// The most bytes a writer coalesces into one write.
-const WRITE_COALESCE_BYTES: usize = 1 << 20;
 
 /// What the bus of one replica knows.
 #[derive(Debug, Clone)]
@@ -449,7 +448,7 @@ impl Links {
         let (queue, frames) = mpsc::channel(PEER_QUEUE_FRAMES);
         self.env.set_peer(peer, Some(queue));
         tracing::info!(peer = peer.0, shard = self.shard, "replica lane up");
-        compio::runtime::spawn(write_loop(stream.clone(), frames)).detach();
+        compio::runtime::spawn(lane::write_coalesced(stream.clone(), frames)).detach();
         let links = Rc::clone(self);
         compio::runtime::spawn(async move {
             let end = read_loop(stream, links.inbox.clone(), peer, links.frame_size_max).await;
@@ -557,26 +556,6 @@ async fn read_loop(
     }
 }
 
-/// Writes the peer's queued frames, coalescing what is queued, until the
-/// queue is replaced or a write fails.
-async fn write_loop(mut stream: compio::net::TcpStream, mut frames: mpsc::Receiver<Bytes>) {
-    while let Some(first) = frames.next().await {
-        let mut buf = Vec::with_capacity(first.len());
-        buf.extend_from_slice(&first);
-        while buf.len() < WRITE_COALESCE_BYTES {
-            match frames.try_recv() {
-                Ok(frame) => buf.extend_from_slice(&frame),
-                Err(_) => break,
-            }
-        }
-        let BufResult(written, _) = stream.write_all(buf).await;
-        if written.is_err() {
-            break;
-        }
-    }
-    let _ = stream.shutdown().await;
-}
-
 /// Runs one shard's lanes on its thread: installs the connections the
 /// accepter routes here, and keeps a dialer per peer with a higher id.
 /// Returns at once; the tasks live on the shard's runtime.
@@ -612,27 +591,10 @@ pub fn start_shard_lanes(
         let hello = config.hello_for(peer, Lane::Shard(shard));
         let seed = config.incarnation ^ (u64::from(peer.0) << 48) ^ u64::from(shard);
         compio::runtime::spawn(async move {
-            let mut backoff = Backoff::new(seed);
-            let mut failures: u64 = 0;
-            loop {
-                match dial(addr, hello).await {
-                    Ok(stream) => {
-                        failures = 0;
-                        backoff.reset();
-                        let _ = links.install(peer, stream).await;
-                    }
-                    Err(error) => {
-                        failures += 1;
-                        links.metrics.dial_failed(peer.0, LANE_SHARD);
-                        // The first failure and then one in fifty: a peer
-                        // that is down must not flood the log.
-                        if failures == 1 || failures.is_multiple_of(50) {
-                            tracing::info!(peer = peer.0, shard, %addr, %error, failures, "dialing a replica failed; retrying");
-                        }
-                    }
-                }
-                compio::time::sleep(backoff.next_delay()).await;
-            }
+            lane::redial(addr, hello, seed, &links.metrics, async |stream| {
+                let _ = links.install(peer, stream).await;
+            })
+            .await;
         })
         .detach();
     }
