@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -58,6 +58,14 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// The longest reconnect delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Inbound handshakes run at once, each on its own thread. A roster's
+/// dialers need a few (one per peer and lane at a reconnect storm); past
+/// the cap a connection is closed unanswered, so connections that never
+/// greet cannot grow threads without bound. The dialer of a closed one
+/// retries with its backoff.
+pub const HANDSHAKES_MAX: usize = 16;
+/// The refusal reason counted for a connection closed at the cap.
+pub const REFUSED_HANDSHAKES_FULL: &str = "handshakes_full";
 
 /// What the bus of one replica knows.
 #[derive(Debug, Clone)]
@@ -182,17 +190,35 @@ fn accept_loop(
     stop: &AtomicBool,
 ) {
     let seen: Incarnations = Arc::default();
+    let in_flight = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, peer)) => {
+                let Some(slot) = HandshakeSlot::take(&in_flight) else {
+                    config
+                        .metrics
+                        .refused
+                        .get_or_create(&ReasonLabel {
+                            reason: REFUSED_HANDSHAKES_FULL,
+                        })
+                        .inc();
+                    tracing::debug!(%peer, limit = HANDSHAKES_MAX, "replica handshakes full; connection closed");
+                    drop(stream);
+                    continue;
+                };
                 let config = Arc::clone(config);
                 let routes = routes.clone();
                 let seen = Arc::clone(&seen);
                 // A handshake may take up to its timeout; it runs beside
-                // the accept loop so one slow dialer delays no other.
+                // the accept loop so one slow dialer delays no other. The
+                // slot is freed when the thread ends, or at once if it
+                // cannot start (the closure is dropped).
                 let spawned = std::thread::Builder::new()
                     .name("replica-bus-hello".into())
-                    .spawn(move || greet(stream, peer, &config, &routes, &seen));
+                    .spawn(move || {
+                        greet(stream, peer, &config, &routes, &seen);
+                        drop(slot);
+                    });
                 if let Err(error) = spawned {
                     tracing::warn!(%peer, %error, "no thread for a replica handshake");
                 }
@@ -205,6 +231,27 @@ fn accept_loop(
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+    }
+}
+
+/// One of the [`HANDSHAKES_MAX`] handshakes in flight, given back on drop.
+struct HandshakeSlot(Arc<AtomicUsize>);
+
+impl HandshakeSlot {
+    /// A slot, unless every one is taken.
+    fn take(in_flight: &Arc<AtomicUsize>) -> Option<Self> {
+        in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < HANDSHAKES_MAX).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(in_flight)))
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -659,6 +706,92 @@ mod tests {
             frame_size_max: 1 << 20,
             metrics: Arc::default(),
         }
+    }
+
+    /// Threads of this process named as the accepter names its handshake
+    /// threads (the kernel keeps 15 bytes of a name).
+    fn handshake_threads() -> usize {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return 0;
+        };
+        tasks
+            .map_while(Result::ok)
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|name| name.trim_end() == "replica-bus-hel")
+            })
+            .count()
+    }
+
+    #[test]
+    fn given_many_idle_connections_when_accepted_should_cap_the_handshake_threads_and_still_admit_a_peer_after()
+     {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let roster = [SocketAddr::from(([127, 0, 0, 1], 1)), addr];
+        let accepter = Arc::new(config(1, &roster, 1));
+        let metrics = Arc::clone(&accepter.metrics);
+        let (shard0, mut shard0_rx) = mpsc::unbounded();
+        let (forward, _forward_rx) = mpsc::unbounded();
+        let acceptor = Acceptor::start(
+            listener,
+            accepter,
+            Routes {
+                shards: vec![shard0],
+                forward,
+            },
+        )
+        .unwrap();
+        // Connections that never greet: each would hold a thread for the
+        // handshake timeout.
+        let idle_count = HANDSHAKES_MAX * 4;
+        let idle: Vec<TcpStream> = (0..idle_count)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let full = || {
+            metrics
+                .refused
+                .get_or_create(&ReasonLabel {
+                    reason: REFUSED_HANDSHAKES_FULL,
+                })
+                .get()
+        };
+        let expected = u64::try_from(idle_count - HANDSHAKES_MAX).unwrap();
+        let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        while full() < expected {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {expected} excess connections closed",
+                full()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Every connection is accepted; only the cap's worth greet. Other
+        // tests of this binary may run a handshake or two meanwhile.
+        let threads = handshake_threads();
+        assert!(
+            threads <= HANDSHAKES_MAX + 4,
+            "{threads} handshake threads for {idle_count} idle connections"
+        );
+        assert_eq!(full(), expected, "no more than the excess refused");
+        // The idle ones leave; a real peer is admitted (it retries while
+        // the threads notice, as its dialer would with its backoff).
+        drop(idle);
+        let hello = config(0, &roster, 1).hello_for(ReplicaId(1), Lane::Shard(0));
+        let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        loop {
+            match dial_blocking(addr, hello) {
+                Ok(_) => break,
+                Err(error) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the peer was not admitted: {error}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let greeted = futures::executor::block_on(shard0_rx.next()).unwrap();
+        assert_eq!(greeted.hello, hello);
+        acceptor.stop();
     }
 
     #[test]
