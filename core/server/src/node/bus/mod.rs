@@ -49,7 +49,7 @@ use futures::{SinkExt, StreamExt};
 use shard::{Inbox, Input};
 
 use super::env::{CompioEnv, PEER_QUEUE_FRAMES};
-use super::metrics::{BusMetrics, ReasonLabel};
+use super::metrics::BusMetrics;
 use hello::{HELLO_SIZE, Hello, Lane, Local, Refusal, VERDICT_SIZE, Verdict};
 
 /// How long a dial may take to connect, and a handshake to complete.
@@ -195,13 +195,7 @@ fn accept_loop(
         match listener.accept() {
             Ok((stream, peer)) => {
                 let Some(slot) = HandshakeSlot::take(&in_flight) else {
-                    config
-                        .metrics
-                        .refused
-                        .get_or_create(&ReasonLabel {
-                            reason: REFUSED_HANDSHAKES_FULL,
-                        })
-                        .inc();
+                    config.metrics.connection_refused(REFUSED_HANDSHAKES_FULL);
                     tracing::debug!(%peer, limit = HANDSHAKES_MAX, "replica handshakes full; connection closed");
                     drop(stream);
                     continue;
@@ -301,13 +295,7 @@ fn greet(
     let hello = match checked {
         Ok(hello) => hello,
         Err(refusal) => {
-            config
-                .metrics
-                .refused
-                .get_or_create(&ReasonLabel {
-                    reason: refusal.label(),
-                })
-                .inc();
+            config.metrics.connection_refused(refusal.label());
             tracing::warn!(%peer, %refusal, "refused a replica connection");
             return;
         }
@@ -651,6 +639,7 @@ pub fn start_shard_lanes(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::node::metrics::ReasonLabel;
 
     #[test]
     fn given_failures_when_backing_off_should_grow_to_the_cap_with_jitter() {
