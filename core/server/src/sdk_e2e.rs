@@ -17,7 +17,7 @@ use crate::session::{Output, Session, SessionConfig};
 #[path = "../tests/support/sdk_flows.rs"]
 mod sdk_flows;
 use iggy::prelude::*;
-use sdk_flows::{bounded, runtime};
+use sdk_flows::{bounded, connected, runtime};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -133,16 +133,6 @@ fn write_all(stream: &mut TcpStream, mut bytes: &[u8]) {
             Err(_) => return,
         }
     }
-}
-
-async fn connected(addr: SocketAddr) -> IggyClient {
-    let client = IggyClient::builder()
-        .with_tcp()
-        .with_server_address(addr.to_string())
-        .build()
-        .unwrap();
-    client.connect().await.unwrap();
-    client
 }
 
 #[test]

@@ -287,12 +287,7 @@ fn given_hostile_bytes_and_bad_requests_when_sent_should_refuse_them_and_keep_se
     read_until_closed(&mut cut);
     rt.block_on(bounded("bad requests", async {
         // Commands before login: Unauthenticated (40).
-        let anonymous = IggyClient::builder()
-            .with_tcp()
-            .with_server_address(addr.to_string())
-            .build()
-            .unwrap();
-        anonymous.connect().await.unwrap();
+        let anonymous = sdk_flows::connected(addr).await;
         anonymous.ping().await.unwrap();
         let err = anonymous.get_streams().await.unwrap_err();
         assert_eq!(err.as_code(), 40, "{err:?}");

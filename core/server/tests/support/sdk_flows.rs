@@ -28,15 +28,21 @@ pub async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> 
     }
 }
 
-/// A client logged in as the root user, retried (at most 30 s) while the
-/// root user is being created as group 0 elects its first primary.
-pub async fn logged_in(addr: SocketAddr) -> IggyClient {
+/// A low-level TCP client connected to `addr`, not logged in.
+pub async fn connected(addr: SocketAddr) -> IggyClient {
     let client = IggyClient::builder()
         .with_tcp()
         .with_server_address(addr.to_string())
         .build()
         .unwrap();
     client.connect().await.unwrap();
+    client
+}
+
+/// A client logged in as the root user, retried (at most 30 s) while the
+/// root user is being created as group 0 elects its first primary.
+pub async fn logged_in(addr: SocketAddr) -> IggyClient {
+    let client = connected(addr).await;
     // The root user is created as group 0 elects its first primary.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
