@@ -14,16 +14,19 @@
 //! [`hello::Verdict`]; the accepter refuses with a typed reason the dialer
 //! logs. A later incarnation (boot) of a dialer replaces its older
 //! connection at once, and an older one is refused. Dialers reconnect
-//! with jittered exponential backoff, capped. Every connection has
-//! TCP_NODELAY, one reader task (a socket read is never cancelled
-//! mid-frame: readers sit in no select) and one writer task draining the
-//! bounded per-peer queue of [`super::env::CompioEnv`] (a full queue drops
-//! the frame and counts it; VSR retransmits).
+//! with jittered exponential backoff, capped ([`lane::redial`], for both
+//! kinds of lane). Every connection has TCP_NODELAY, one reader task (a
+//! socket read is never cancelled mid-frame: readers sit in no select)
+//! and one writer task ([`lane::write_coalesced`]) draining the bounded
+//! per-peer queue of [`super::env::CompioEnv`] (a full queue drops the
+//! frame and counts it; VSR retransmits).
 //!
 //! The accepting side is one OS thread with a blocking listener; it hands
 //! each accepted, greeted connection to the shard thread that owns it
-//! over a channel. Dials run their connect and handshake on a blocking
-//! helper thread, so a slow peer never stalls a shard.
+//! over a channel. Each handshake runs on a thread of its own, at most
+//! [`HANDSHAKES_MAX`] at once (a connection past them is closed
+//! unanswered and counted). Dials run their connect and handshake on a
+//! blocking helper thread, so a slow peer never stalls a shard.
 
 pub mod hello;
 pub mod lane;
