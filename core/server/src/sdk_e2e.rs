@@ -17,10 +17,9 @@ use crate::session::{Output, Session, SessionConfig};
 #[path = "../tests/support/sdk_flows.rs"]
 mod sdk_flows;
 use iggy::prelude::*;
-use sdk_flows::{bounded, runtime};
+use sdk_flows::{bounded, connected, runtime};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -136,16 +135,6 @@ fn write_all(stream: &mut TcpStream, mut bytes: &[u8]) {
     }
 }
 
-async fn connected(addr: SocketAddr) -> IggyClient {
-    let client = IggyClient::builder()
-        .with_tcp()
-        .with_server_address(addr.to_string())
-        .build()
-        .unwrap();
-    client.connect().await.unwrap();
-    client
-}
-
 #[test]
 fn given_the_sdk_when_it_runs_the_low_level_flow_should_get_back_what_it_sent() {
     let server = start_server();
@@ -156,131 +145,16 @@ fn given_the_sdk_when_it_runs_the_low_level_flow_should_get_back_what_it_sent() 
         client.login_user("iggy", "iggy").await.unwrap();
         client.ping().await.unwrap();
 
-        let meta = client.get_cluster_metadata().await.unwrap();
-        assert_eq!(meta.nodes.len(), 1);
-
-        let stream_id = Identifier::named("smoke").unwrap();
-        assert!(client.get_stream(&stream_id).await.unwrap().is_none());
-        let stream = client.create_stream("smoke").await.unwrap();
-        assert_eq!(stream.name, "smoke");
-        assert_eq!(stream.id, 0);
-        let topic_id = Identifier::named("events").unwrap();
-        assert!(
-            client
-                .get_topic(&stream_id, &topic_id)
-                .await
-                .unwrap()
-                .is_none()
-        );
-        let options = TopicCreateOptions {
-            partitions_count: Some(2),
-            ..TopicCreateOptions::default()
-        };
-        let topic = client
-            .create_topic(&stream_id, "events", &options)
-            .await
-            .unwrap();
-        assert_eq!(topic.partitions_count, 2);
-        assert_eq!(topic.partitions.len(), 2);
-
-        let mut messages: Vec<IggyMessage> = (0..10)
-            .map(|i| IggyMessage::from_str(&format!("message-{i}")).unwrap())
-            .collect();
-        client
-            .send_messages(
-                &stream_id,
-                &topic_id,
-                &Partitioning::partition_id(1),
-                &mut messages,
-            )
-            .await
-            .unwrap();
-
+        sdk_flows::low_level_flow(&client).await;
+        let stream_id = Identifier::named(sdk_flows::LOW_LEVEL_STREAM).unwrap();
+        let topic_id = Identifier::named(sdk_flows::LOW_LEVEL_TOPIC).unwrap();
+        let stream = client.get_stream(&stream_id).await.unwrap().unwrap();
+        assert_eq!(stream.id, 0, "the first stream");
         let consumer = Consumer::new(Identifier::numeric(7).unwrap());
-        let polled = client
-            .poll_messages(
-                &stream_id,
-                &topic_id,
-                Some(1),
-                &consumer,
-                &PollingStrategy::offset(0),
-                100,
-                false,
-            )
-            .await
-            .unwrap();
-        assert_eq!(polled.partition_id, 1);
-        assert_eq!(polled.messages.len(), 10);
-        for (i, m) in polled.messages.iter().enumerate() {
-            assert_eq!(m.header.offset, i as u64);
-            assert_eq!(m.payload.as_ref(), format!("message-{i}").as_bytes());
-        }
-        // A poll starting mid-batch gets a cut batch with the right offsets.
-        let tail = client
-            .poll_messages(
-                &stream_id,
-                &topic_id,
-                Some(1),
-                &consumer,
-                &PollingStrategy::offset(7),
-                2,
-                false,
-            )
-            .await
-            .unwrap();
-        let offsets: Vec<u64> = tail.messages.iter().map(|m| m.header.offset).collect();
-        assert_eq!(offsets, vec![7, 8]);
-
-        assert!(
-            client
-                .get_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
-                .await
-                .unwrap()
-                .is_none()
-        );
-        client
-            .store_consumer_offset(&consumer, &stream_id, &topic_id, Some(1), 4)
-            .await
-            .unwrap();
-        let offset = client
-            .get_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(offset.stored_offset, 4);
-        assert_eq!(offset.current_offset, 9);
-        let next = client
-            .poll_messages(
-                &stream_id,
-                &topic_id,
-                Some(1),
-                &consumer,
-                &PollingStrategy::next(),
-                3,
-                true,
-            )
-            .await
-            .unwrap();
-        let offsets: Vec<u64> = next.messages.iter().map(|m| m.header.offset).collect();
-        assert_eq!(offsets, vec![5, 6, 7]);
         client
             .delete_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
             .await
             .unwrap();
-
-        // Errors come back as the SDK's own codes.
-        let err = client
-            .send_messages(
-                &stream_id,
-                &topic_id,
-                &Partitioning::partition_id(9),
-                &mut [IggyMessage::from_str("x").unwrap()],
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(err.as_code(), 3007, "{err:?}");
-        let err = client.create_stream("smoke").await.unwrap_err();
-        assert_eq!(err.as_code(), 1012, "{err:?}");
 
         let streams = client.get_streams().await.unwrap();
         assert_eq!(streams.len(), 1);

@@ -349,44 +349,79 @@ fn given_a_cluster_of_three_when_producers_and_consumers_use_each_replica_should
     cluster.stop();
 }
 
-/// Sends `texts` one message at a time to partition 0, retrying transient
-/// failures; returns the texts acknowledged, in order, every text
-/// attempted, and how many sends failed transiently.
-async fn produce(client: &IggyClient, texts: &[String]) -> (Vec<(String, u64)>, Vec<String>, u64) {
-    let mut acked = Vec::new();
-    let mut attempted = Vec::new();
-    let mut transients = 0;
-    for text in texts {
-        attempted.push(text.clone());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let mut batch = [IggyMessage::from_str(text).unwrap()];
-            match client
-                .send_messages(
-                    &id("load"),
-                    &id("t"),
-                    &Partitioning::partition_id(0),
-                    &mut batch,
-                )
-                .await
-            {
-                Ok(response) => {
-                    let confirmation = response
-                        .confirmations
-                        .first()
-                        .unwrap_or_else(|| panic!("{text}: no confirmation"));
-                    acked.push((text.clone(), confirmation.base_offset));
-                    break;
+/// Logs in at `addr` and creates stream "load" with the one-partition
+/// topic "t" (`options` but for the partition count), retrying transient
+/// failures; returns the client.
+async fn load_topic(addr: SocketAddr, options: TopicCreateOptions) -> IggyClient {
+    let client = logged_in(addr).await;
+    retried!("create stream", client.create_stream("load"));
+    let options = TopicCreateOptions {
+        partitions_count: Some(1),
+        ..options
+    };
+    retried!(
+        "create topic",
+        client.create_topic(&id("load"), "t", &options)
+    );
+    client
+}
+
+/// What a test's produce loop into "load"/"t" sent so far: the texts
+/// acknowledged with their offsets, in order, and every text attempted.
+#[derive(Debug, Default)]
+struct Produced {
+    acked: Vec<(String, u64)>,
+    attempted: Vec<String>,
+}
+
+impl Produced {
+    /// Sends `texts` one message at a time to partition 0, retrying
+    /// transient failures, and keeps what was acknowledged and attempted;
+    /// returns how many sends failed transiently.
+    async fn send(&mut self, client: &IggyClient, texts: &[String]) -> u64 {
+        let mut transients = 0;
+        for text in texts {
+            self.attempted.push(text.clone());
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let mut batch = [IggyMessage::from_str(text).unwrap()];
+                match client
+                    .send_messages(
+                        &id("load"),
+                        &id("t"),
+                        &Partitioning::partition_id(0),
+                        &mut batch,
+                    )
+                    .await
+                {
+                    Ok(response) => {
+                        let confirmation = response
+                            .confirmations
+                            .first()
+                            .unwrap_or_else(|| panic!("{text}: no confirmation"));
+                        self.acked.push((text.clone(), confirmation.base_offset));
+                        break;
+                    }
+                    Err(e) if transient(&e) && Instant::now() < deadline => {
+                        transients += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => panic!("send {text}: {e:?} (code {})", e.as_code()),
                 }
-                Err(e) if transient(&e) && Instant::now() < deadline => {
-                    transients += 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("send {text}: {e:?} (code {})", e.as_code()),
             }
         }
+        transients
     }
-    (acked, attempted, transients)
+
+    /// [`Produced::send`] on `rt`, bounded in time.
+    fn range(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        client: &IggyClient,
+        texts: &[String],
+    ) -> u64 {
+        rt.block_on(bounded("produce", self.send(client, texts)))
+    }
 }
 
 /// Every acknowledged text is read back at the offset its confirmation
@@ -483,31 +518,16 @@ fn given_a_produce_loop_when_a_backup_and_then_the_primary_are_killed_should_los
     let texts = |from: usize, to: usize| -> Vec<String> {
         (from..to).map(|n| format!("load-{n:05}")).collect()
     };
-    let client = rt.block_on(bounded("set up", async move {
-        let client = logged_in(via).await;
-        retried!("create stream", client.create_stream("load"));
-        let options = TopicCreateOptions {
-            partitions_count: Some(1),
-            ..TopicCreateOptions::default()
-        };
-        retried!(
-            "create topic",
-            client.create_topic(&id("load"), "t", &options)
-        );
-        client
-    }));
-    let mut acked = Vec::new();
-    let mut attempted = Vec::new();
+    let client = rt.block_on(bounded(
+        "set up",
+        load_topic(via, TopicCreateOptions::default()),
+    ));
+    let mut produced = Produced::default();
     let mut run = |cluster_step: &mut dyn FnMut(), range: Vec<String>| -> u64 {
         let (half_a, half_b) = range.split_at(range.len() / 2);
-        let (a, t, before) = rt.block_on(bounded("produce", produce(&client, half_a)));
-        acked.extend(a);
-        attempted.extend(t);
+        let before = produced.range(&rt, &client, half_a);
         cluster_step();
-        let (a, t, after) = rt.block_on(bounded("produce", produce(&client, half_b)));
-        acked.extend(a);
-        attempted.extend(t);
-        before + after
+        before + produced.range(&rt, &client, half_b)
     };
     // Kill the backup replica 2 mid-loop (it is also group 0's primary),
     // then restart it.
@@ -532,13 +552,13 @@ fn given_a_produce_loop_when_a_backup_and_then_the_primary_are_killed_should_los
         "failures the SDK did not retry away: {backup_kill} with a backup down, {primary_kill} across the primary's death"
     );
     let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
-    check_read_back(&read, &acked, &attempted);
-    assert_eq!(acked.len(), 600);
+    check_read_back(&read, &produced.acked, &produced.attempted);
+    assert_eq!(produced.acked.len(), 600);
     let segments = await_identical_segments(&cluster);
     let bytes: usize = segments.values().map(Vec::len).sum();
     println!(
         "{} acknowledged, {} read, {} segment files of {bytes} bytes identical on every replica",
-        acked.len(),
+        produced.acked.len(),
         read.len(),
         segments.len()
     );
@@ -561,25 +581,13 @@ fn given_a_replica_whose_disk_was_lost_when_restarted_with_rejoin_should_catch_u
     let texts = |from: usize, to: usize| -> Vec<String> {
         (from..to).map(|n| format!("disk-{n:05}")).collect()
     };
-    let client = rt.block_on(bounded("set up", async move {
-        let client = logged_in(via).await;
-        retried!("create stream", client.create_stream("load"));
-        let options = TopicCreateOptions {
-            partitions_count: Some(1),
-            ..TopicCreateOptions::default()
-        };
-        retried!(
-            "create topic",
-            client.create_topic(&id("load"), "t", &options)
-        );
-        client
-    }));
-    let mut acked = Vec::new();
-    let mut attempted = Vec::new();
+    let client = rt.block_on(bounded(
+        "set up",
+        load_topic(via, TopicCreateOptions::default()),
+    ));
+    let mut produced = Produced::default();
     let mut produce_range = |range: Vec<String>| {
-        let (a, t, _) = rt.block_on(bounded("produce", produce(&client, &range)));
-        acked.extend(a);
-        attempted.extend(t);
+        produced.range(&rt, &client, &range);
     };
     produce_range(texts(0, 150));
     // Replica 2's disk dies: the process and every byte it held.
@@ -605,12 +613,12 @@ fn given_a_replica_whose_disk_was_lost_when_restarted_with_rejoin_should_catch_u
     cluster.start_replica(1);
     produce_range(texts(500, 600));
     let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
-    check_read_back(&read, &acked, &attempted);
-    assert_eq!(acked.len(), 600);
+    check_read_back(&read, &produced.acked, &produced.attempted);
+    assert_eq!(produced.acked.len(), 600);
     let after = await_identical_segments(&cluster);
     println!(
         "{} acknowledged, {} read; {} segment files identical after the rejoin, {} after the second kill",
-        acked.len(),
+        produced.acked.len(),
         read.len(),
         segments.len(),
         after.len()
@@ -642,28 +650,16 @@ fn given_a_backup_stopped_past_retention_when_restarted_should_catch_up_by_state
     let texts = |from: usize, to: usize| -> Vec<String> {
         (from..to).map(|n| format!("xfer-{n:05}")).collect()
     };
-    let client = rt.block_on(bounded("set up", async move {
-        let client = logged_in(via).await;
-        retried!("create stream", client.create_stream("load"));
-        let options = TopicCreateOptions {
-            partitions_count: Some(1),
-            message_expiry: Some(IggyExpiry::ExpireDuration(IggyDuration::from(
-                Duration::from_secs(2),
-            ))),
-            ..TopicCreateOptions::default()
-        };
-        retried!(
-            "create topic",
-            client.create_topic(&id("load"), "t", &options)
-        );
-        client
-    }));
-    let mut acked = Vec::new();
-    let mut attempted = Vec::new();
+    let expiring = TopicCreateOptions {
+        message_expiry: Some(IggyExpiry::ExpireDuration(IggyDuration::from(
+            Duration::from_secs(2),
+        ))),
+        ..TopicCreateOptions::default()
+    };
+    let client = rt.block_on(bounded("set up", load_topic(via, expiring)));
+    let mut produced = Produced::default();
     let mut produce_range = |range: Vec<String>| {
-        let (a, t, _) = rt.block_on(bounded("produce", produce(&client, &range)));
-        acked.extend(a);
-        attempted.extend(t);
+        produced.range(&rt, &client, &range);
     };
     produce_range(texts(0, 100));
     cluster.kill9(2);
@@ -691,10 +687,10 @@ fn given_a_backup_stopped_past_retention_when_restarted_should_catch_up_by_state
         "the restarted backup caught up by state transfer"
     );
     let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
-    check_tail(&read, &acked, &attempted);
+    check_tail(&read, &produced.acked, &produced.attempted);
     println!(
         "{} acknowledged; {} still held after retention; {} segment files identical on every replica",
-        acked.len(),
+        produced.acked.len(),
         read.len(),
         segments.len()
     );
@@ -811,19 +807,10 @@ fn given_a_cluster_stopped_whole_when_restarted_should_serve_everything_again() 
     let rt = runtime();
     let via = cluster.clients[2];
     let texts: Vec<String> = (0..50).map(|n| format!("whole-{n:03}")).collect();
-    let (acked, attempted) = rt.block_on(bounded("before", async {
-        let client = logged_in(via).await;
-        retried!("create stream", client.create_stream("load"));
-        let options = TopicCreateOptions {
-            partitions_count: Some(1),
-            ..TopicCreateOptions::default()
-        };
-        retried!(
-            "create topic",
-            client.create_topic(&id("load"), "t", &options)
-        );
-        let (acked, attempted, _) = produce(&client, &texts).await;
-        (acked, attempted)
+    let mut produced = Produced::default();
+    rt.block_on(bounded("before", async {
+        let client = load_topic(via, TopicCreateOptions::default()).await;
+        produced.send(&client, &texts).await;
     }));
     for i in 0..3 {
         cluster.nodes[i].take().unwrap().stop();
@@ -834,11 +821,9 @@ fn given_a_cluster_stopped_whole_when_restarted_should_serve_everything_again() 
     rt.block_on(bounded("after a whole-cluster restart", async {
         let client = logged_in(via).await;
         let more: Vec<String> = (50..60).map(|n| format!("whole-{n:03}")).collect();
-        let (acked_more, attempted_more, _) = produce(&client, &more).await;
+        produced.send(&client, &more).await;
         let read = poll_all(&client, "load", "t", 0).await;
-        let all_acked: Vec<(String, u64)> = acked.iter().cloned().chain(acked_more).collect();
-        let all_attempted: Vec<String> = attempted.iter().cloned().chain(attempted_more).collect();
-        check_read_back(&read, &all_acked, &all_attempted);
+        check_read_back(&read, &produced.acked, &produced.attempted);
     }));
     cluster.stop();
 }

@@ -10,7 +10,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use iggy::prelude::*;
@@ -18,24 +17,10 @@ use iggy::prelude::*;
 mod support;
 use support::metrics::{http_get, scrape};
 use support::process::Replog;
-use support::sdk_flows::{bounded, logged_in, runtime};
+use support::sdk_flows::{self, bounded, logged_in, runtime};
 
 async fn send(client: &IggyClient, texts: &[&str]) {
-    let stream = Identifier::named("metered").unwrap();
-    let topic = Identifier::named("t").unwrap();
-    let mut messages: Vec<IggyMessage> = texts
-        .iter()
-        .map(|t| IggyMessage::from_str(t).unwrap())
-        .collect();
-    client
-        .send_messages(
-            &stream,
-            &topic,
-            &Partitioning::partition_id(1),
-            &mut messages,
-        )
-        .await
-        .unwrap();
+    sdk_flows::send_texts(client, "metered", "t", 1, texts).await;
 }
 
 #[test]

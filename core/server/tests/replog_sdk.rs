@@ -14,50 +14,29 @@ mod support;
 use support::process::Replog;
 use support::sdk_flows::{self, bounded, logged_in, runtime};
 
+/// Up to `count` messages of `partition` of the low-level flow's topic.
 async fn poll_texts(client: &IggyClient, partition: u32, count: u32) -> Vec<(u64, String)> {
-    let stream = Identifier::named("orders").unwrap();
-    let topic = Identifier::named("eu").unwrap();
-    let consumer = Consumer::new(Identifier::numeric(1).unwrap());
-    let polled = client
-        .poll_messages(
-            &stream,
-            &topic,
-            Some(partition),
-            &consumer,
-            &PollingStrategy::offset(0),
-            count,
-            false,
-        )
-        .await
-        .unwrap();
-    polled
-        .messages
-        .iter()
-        .map(|m| {
-            (
-                m.header.offset,
-                String::from_utf8(m.payload.to_vec()).unwrap(),
-            )
-        })
-        .collect()
+    sdk_flows::poll_texts(
+        client,
+        sdk_flows::LOW_LEVEL_STREAM,
+        sdk_flows::LOW_LEVEL_TOPIC,
+        partition,
+        0,
+        count,
+    )
+    .await
 }
 
+/// Sends `texts` to `partition` of the low-level flow's topic.
 async fn send(client: &IggyClient, partition: u32, texts: &[String]) {
-    let stream = Identifier::named("orders").unwrap();
-    let topic = Identifier::named("eu").unwrap();
-    let mut messages: Vec<IggyMessage> = texts
-        .iter()
-        .map(|t| IggyMessage::from_str(t).unwrap())
-        .collect();
-    client
-        .send_messages(
-            &stream,
-            &topic,
-            &Partitioning::partition_id(partition),
-            &mut messages,
-        )
-        .await
-        .unwrap();
+    sdk_flows::send_texts(
+        client,
+        sdk_flows::LOW_LEVEL_STREAM,
+        sdk_flows::LOW_LEVEL_TOPIC,
+        partition,
+        texts,
+    )
+    .await;
 }
 
 #[test]
@@ -66,71 +45,10 @@ fn given_replog_when_the_sdk_runs_the_low_level_flow_should_get_back_what_it_sen
     let dir = tempfile::tempdir().unwrap();
     let server = Replog::start(dir.path());
     let rt = runtime();
-    let texts: Vec<String> = (0..10).map(|i| format!("message-{i}")).collect();
     rt.block_on(bounded("low-level flow", async {
         let client = logged_in(server.addr).await;
         client.ping().await.unwrap();
-        assert_eq!(client.get_cluster_metadata().await.unwrap().nodes.len(), 1);
-        let stream_id = Identifier::named("orders").unwrap();
-        assert!(client.get_stream(&stream_id).await.unwrap().is_none());
-        client.create_stream("orders").await.unwrap();
-        let err = client.create_stream("orders").await.unwrap_err();
-        assert_eq!(err.as_code(), 1012, "{err:?}");
-        let options = TopicCreateOptions {
-            partitions_count: Some(3),
-            ..TopicCreateOptions::default()
-        };
-        let topic = client
-            .create_topic(&stream_id, "eu", &options)
-            .await
-            .unwrap();
-        assert_eq!(topic.partitions_count, 3);
-        send(&client, 1, &texts).await;
-        let got = poll_texts(&client, 1, 100).await;
-        let expected: Vec<(u64, String)> = texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (i as u64, t.clone()))
-            .collect();
-        assert_eq!(got, expected);
-        // Offsets: store, read back, poll next with auto-commit.
-        let topic_id = Identifier::named("eu").unwrap();
-        let consumer = Consumer::new(Identifier::numeric(7).unwrap());
-        client
-            .store_consumer_offset(&consumer, &stream_id, &topic_id, Some(1), 4)
-            .await
-            .unwrap();
-        let offset = client
-            .get_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(offset.stored_offset, 4);
-        let next = client
-            .poll_messages(
-                &stream_id,
-                &topic_id,
-                Some(1),
-                &consumer,
-                &PollingStrategy::next(),
-                3,
-                true,
-            )
-            .await
-            .unwrap();
-        let offsets: Vec<u64> = next.messages.iter().map(|m| m.header.offset).collect();
-        assert_eq!(offsets, vec![5, 6, 7]);
-        // A send to a missing partition answers the SDK's own code.
-        let err = client
-            .send_messages(
-                &stream_id,
-                &topic_id,
-                &Partitioning::partition_id(9),
-                &mut [IggyMessage::from_str("x").unwrap()],
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(err.as_code(), 3007, "{err:?}");
+        sdk_flows::low_level_flow(&client).await;
     }));
     server.stop();
 
@@ -369,12 +287,7 @@ fn given_hostile_bytes_and_bad_requests_when_sent_should_refuse_them_and_keep_se
     read_until_closed(&mut cut);
     rt.block_on(bounded("bad requests", async {
         // Commands before login: Unauthenticated (40).
-        let anonymous = IggyClient::builder()
-            .with_tcp()
-            .with_server_address(addr.to_string())
-            .build()
-            .unwrap();
-        anonymous.connect().await.unwrap();
+        let anonymous = sdk_flows::connected(addr).await;
         anonymous.ping().await.unwrap();
         let err = anonymous.get_streams().await.unwrap_err();
         assert_eq!(err.as_code(), 40, "{err:?}");

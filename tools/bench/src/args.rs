@@ -5,11 +5,11 @@
 //! and per mode `--producers`, `--consumers`, `--streams/-s`,
 //! `--partitions/-a`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use testkit::connection::Connection;
 
 use crate::schedule::ByteRate;
 
@@ -69,17 +69,9 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub cleanup: bool,
 
-    /// The server's Iggy TCP address.
-    #[arg(long, default_value = "127.0.0.1:8090", global = true)]
-    pub addr: SocketAddr,
-
-    /// User to log in as.
-    #[arg(long, default_value = "iggy", global = true)]
-    pub username: String,
-
-    /// Password of that user.
-    #[arg(long, default_value = "iggy", global = true)]
-    pub password: String,
+    /// `--addr`, `--username`, `--password`.
+    #[command(flatten)]
+    pub connection: Connection,
 }
 
 /// The benchmark modes.

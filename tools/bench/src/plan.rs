@@ -193,9 +193,9 @@ impl Plan {
             rate_bytes_per_second: cli.rate.map(|r| r.bytes_per_second),
             warmup: cli.warmup_time,
             durability: cli.durability,
-            addr: cli.addr,
-            username: cli.username.clone(),
-            password: cli.password.clone(),
+            addr: cli.connection.addr,
+            username: cli.connection.username.clone(),
+            password: cli.connection.password.clone(),
             cleanup: cli.cleanup,
         })
     }

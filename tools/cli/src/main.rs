@@ -36,21 +36,16 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use iggy::prelude::*;
+use testkit::connection::Connection;
 
 /// replog-cli: streams, topics, produce, consume, consumer offsets and
 /// status of an Apache Iggy 0.11.0 server.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
 pub struct Cli {
-    /// The server's Iggy TCP address.
-    #[arg(long, default_value = "127.0.0.1:8090", global = true)]
-    pub addr: SocketAddr,
-    /// User to log in as.
-    #[arg(long, default_value = "iggy", global = true)]
-    pub username: String,
-    /// Password of that user.
-    #[arg(long, default_value = "iggy", global = true)]
-    pub password: String,
+    /// `--addr`, `--username`, `--password`.
+    #[command(flatten)]
+    pub connection: Connection,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -267,7 +262,12 @@ pub fn identifier(kind: &str, text: &str) -> Result<Identifier, CliError> {
 
 /// A logged-in client.
 pub async fn connect(cli: &Cli) -> Result<IggyClient, CliError> {
-    let addr = cli.addr;
+    let Connection {
+        addr,
+        username,
+        password,
+    } = &cli.connection;
+    let addr = *addr;
     let client = IggyClient::builder()
         .with_tcp()
         .with_server_address(addr.to_string())
@@ -281,9 +281,9 @@ pub async fn connect(cli: &Cli) -> Result<IggyClient, CliError> {
         ))
     })?;
     client
-        .login_user(&cli.username, &cli.password)
+        .login_user(username, password)
         .await
-        .map_err(|e| failed(addr, &format!("logging in as {:?}", cli.username), &e))?;
+        .map_err(|e| failed(addr, &format!("logging in as {username:?}"), &e))?;
     Ok(client)
 }
 
@@ -311,7 +311,7 @@ fn main() -> ExitCode {
 
 async fn dispatch(cli: &Cli) -> Result<(), CliError> {
     let client = connect(cli).await?;
-    let addr = cli.addr;
+    let addr = cli.connection.addr;
     match &cli.command {
         Command::Stream(c) => admin::stream(&client, addr, c).await,
         Command::Topic(c) => admin::topic(&client, addr, c).await,

@@ -27,6 +27,16 @@
 //! A cross-compiled layout (`target/<triple>/<profile>/`) is not guessed:
 //! set `REPLOG_BIN` there.
 
+//!
+//! # The tools' connection flags
+//!
+//! With the feature `flags`, [`connection::Connection`] is the one
+//! definition of `--addr`, `--username` and `--password` that both tools'
+//! binaries flatten into their command lines.
+
+#[cfg(feature = "flags")]
+pub mod connection;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,8 @@
 //! SDK flows shared by the tests that run them against the in-memory
 //! test backend (`src/sdk_e2e.rs`) and against real `replog` processes
-//! (`tests/replog_sdk.rs`): the official `iggy` 0.11.0 high-level clients,
-//! each flow bounded in time by its caller.
+//! (`tests/replog_sdk.rs`, `tests/replog_cluster.rs`): the low-level smoke
+//! flow and the official `iggy` 0.11.0 high-level clients, each flow
+//! bounded in time by its caller.
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::net::SocketAddr;
@@ -27,15 +28,21 @@ pub async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> 
     }
 }
 
-/// A client logged in as the root user, retried (at most 30 s) while the
-/// root user is being created as group 0 elects its first primary.
-pub async fn logged_in(addr: SocketAddr) -> IggyClient {
+/// A low-level TCP client connected to `addr`, not logged in.
+pub async fn connected(addr: SocketAddr) -> IggyClient {
     let client = IggyClient::builder()
         .with_tcp()
         .with_server_address(addr.to_string())
         .build()
         .unwrap();
     client.connect().await.unwrap();
+    client
+}
+
+/// A client logged in as the root user, retried (at most 30 s) while the
+/// root user is being created as group 0 elects its first primary.
+pub async fn logged_in(addr: SocketAddr) -> IggyClient {
+    let client = connected(addr).await;
     // The root user is created as group 0 elects its first primary.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -48,6 +55,170 @@ pub async fn logged_in(addr: SocketAddr) -> IggyClient {
             Err(e) => panic!("login: {e:?}"),
         }
     }
+}
+
+/// Sends `texts` as one batch to `partition` of `stream`/`topic`.
+pub async fn send_texts(
+    client: &IggyClient,
+    stream: &str,
+    topic: &str,
+    partition: u32,
+    texts: &[impl AsRef<str>],
+) {
+    let mut messages: Vec<IggyMessage> = texts
+        .iter()
+        .map(|t| IggyMessage::from_str(t.as_ref()).unwrap())
+        .collect();
+    client
+        .send_messages(
+            &Identifier::named(stream).unwrap(),
+            &Identifier::named(topic).unwrap(),
+            &Partitioning::partition_id(partition),
+            &mut messages,
+        )
+        .await
+        .unwrap();
+}
+
+/// Up to `count` messages of `partition` of `stream`/`topic` from
+/// `offset`, as consumer 7 without committing: (offset, text) pairs.
+pub async fn poll_texts(
+    client: &IggyClient,
+    stream: &str,
+    topic: &str,
+    partition: u32,
+    offset: u64,
+    count: u32,
+) -> Vec<(u64, String)> {
+    let polled = client
+        .poll_messages(
+            &Identifier::named(stream).unwrap(),
+            &Identifier::named(topic).unwrap(),
+            Some(partition),
+            &Consumer::new(Identifier::numeric(7).unwrap()),
+            &PollingStrategy::offset(offset),
+            count,
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(polled.partition_id, partition);
+    polled
+        .messages
+        .iter()
+        .map(|m| {
+            (
+                m.header.offset,
+                String::from_utf8(m.payload.to_vec()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The stream and topic [`low_level_flow`] creates.
+pub const LOW_LEVEL_STREAM: &str = "orders";
+/// See [`LOW_LEVEL_STREAM`].
+pub const LOW_LEVEL_TOPIC: &str = "eu";
+
+/// The texts [`low_level_flow`] sends to partition 1, at offsets 0 to 9.
+pub fn low_level_texts() -> Vec<String> {
+    (0..10).map(|i| format!("message-{i}")).collect()
+}
+
+/// The low-level smoke flow (client_protocol.md §12.2) on a logged-in
+/// client of a server with no streams: creates stream "orders" with the
+/// three-partition topic "eu", sends [`low_level_texts`] to partition 1,
+/// reads them back, stores, reads and auto-commits consumer 7's offset,
+/// and gets the SDK's own codes for a duplicate stream and a missing
+/// partition. What it wrote stays.
+pub async fn low_level_flow(client: &IggyClient) {
+    assert_eq!(client.get_cluster_metadata().await.unwrap().nodes.len(), 1);
+    let stream_id = Identifier::named(LOW_LEVEL_STREAM).unwrap();
+    let topic_id = Identifier::named(LOW_LEVEL_TOPIC).unwrap();
+    assert!(client.get_stream(&stream_id).await.unwrap().is_none());
+    let stream = client.create_stream(LOW_LEVEL_STREAM).await.unwrap();
+    assert_eq!(stream.name, LOW_LEVEL_STREAM);
+    let err = client.create_stream(LOW_LEVEL_STREAM).await.unwrap_err();
+    assert_eq!(err.as_code(), 1012, "{err:?}");
+    assert!(
+        client
+            .get_topic(&stream_id, &topic_id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let options = TopicCreateOptions {
+        partitions_count: Some(3),
+        ..TopicCreateOptions::default()
+    };
+    let topic = client
+        .create_topic(&stream_id, LOW_LEVEL_TOPIC, &options)
+        .await
+        .unwrap();
+    assert_eq!(topic.partitions_count, 3);
+    assert_eq!(topic.partitions.len(), 3);
+
+    let texts = low_level_texts();
+    send_texts(client, LOW_LEVEL_STREAM, LOW_LEVEL_TOPIC, 1, &texts).await;
+    let got = poll_texts(client, LOW_LEVEL_STREAM, LOW_LEVEL_TOPIC, 1, 0, 100).await;
+    let expected: Vec<(u64, String)> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (i as u64, t.clone()))
+        .collect();
+    assert_eq!(got, expected);
+    // A poll starting mid-batch gets a cut batch with the right offsets.
+    let tail = poll_texts(client, LOW_LEVEL_STREAM, LOW_LEVEL_TOPIC, 1, 7, 2).await;
+    let offsets: Vec<u64> = tail.iter().map(|(offset, _)| *offset).collect();
+    assert_eq!(offsets, vec![7, 8]);
+
+    let consumer = Consumer::new(Identifier::numeric(7).unwrap());
+    // Offsets: none before a store, then store, read back, poll next with
+    // auto-commit.
+    assert!(
+        client
+            .get_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    client
+        .store_consumer_offset(&consumer, &stream_id, &topic_id, Some(1), 4)
+        .await
+        .unwrap();
+    let offset = client
+        .get_consumer_offset(&consumer, &stream_id, &topic_id, Some(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(offset.stored_offset, 4);
+    assert_eq!(offset.current_offset, 9);
+    let next = client
+        .poll_messages(
+            &stream_id,
+            &topic_id,
+            Some(1),
+            &consumer,
+            &PollingStrategy::next(),
+            3,
+            true,
+        )
+        .await
+        .unwrap();
+    let offsets: Vec<u64> = next.messages.iter().map(|m| m.header.offset).collect();
+    assert_eq!(offsets, vec![5, 6, 7]);
+
+    // A send to a missing partition answers the SDK's own code.
+    let err = client
+        .send_messages(
+            &stream_id,
+            &topic_id,
+            &Partitioning::partition_id(9),
+            &mut [IggyMessage::from_str("x").unwrap()],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.as_code(), 3007, "{err:?}");
 }
 
 pub async fn consume_exactly(consumer: &mut IggyConsumer, n: usize) -> Vec<(u32, u64, String)> {

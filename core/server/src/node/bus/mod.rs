@@ -14,25 +14,29 @@
 //! [`hello::Verdict`]; the accepter refuses with a typed reason the dialer
 //! logs. A later incarnation (boot) of a dialer replaces its older
 //! connection at once, and an older one is refused. Dialers reconnect
-//! with jittered exponential backoff, capped. Every connection has
-//! TCP_NODELAY, one reader task (a socket read is never cancelled
-//! mid-frame: readers sit in no select) and one writer task draining the
-//! bounded per-peer queue of [`super::env::CompioEnv`] (a full queue drops
-//! the frame and counts it; VSR retransmits).
+//! with jittered exponential backoff, capped ([`lane::redial`], for both
+//! kinds of lane). Every connection has TCP_NODELAY, one reader task (a
+//! socket read is never cancelled mid-frame: readers sit in no select)
+//! and one writer task ([`lane::write_coalesced`]) draining the bounded
+//! per-peer queue of [`super::env::CompioEnv`] (a full queue drops the
+//! frame and counts it; VSR retransmits).
 //!
 //! The accepting side is one OS thread with a blocking listener; it hands
 //! each accepted, greeted connection to the shard thread that owns it
-//! over a channel. Dials run their connect and handshake on a blocking
-//! helper thread, so a slow peer never stalls a shard.
+//! over a channel. Each handshake runs on a thread of its own, at most
+//! [`HANDSHAKES_MAX`] at once (a connection past them is closed
+//! unanswered and counted). Dials run their connect and handshake on a
+//! blocking helper thread, so a slow peer never stalls a shard.
 
 pub mod hello;
+pub mod lane;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -40,7 +44,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::ReplicaId;
 use compio::buf::BufResult;
-use compio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use compio::io::AsyncReadExt;
 use consensus::header::HEADER_SIZE;
 use consensus::vsr::timeout::Prng;
 use futures::channel::{mpsc, oneshot};
@@ -48,7 +52,7 @@ use futures::{SinkExt, StreamExt};
 use shard::{Inbox, Input};
 
 use super::env::{CompioEnv, PEER_QUEUE_FRAMES};
-use super::metrics::{BusMetrics, ReasonLabel};
+use super::metrics::BusMetrics;
 use hello::{HELLO_SIZE, Hello, Lane, Local, Refusal, VERDICT_SIZE, Verdict};
 
 /// How long a dial may take to connect, and a handshake to complete.
@@ -57,8 +61,14 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// The longest reconnect delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// The most bytes a writer coalesces into one write.
-const WRITE_COALESCE_BYTES: usize = 1 << 20;
+/// Inbound handshakes run at once, each on its own thread. A roster's
+/// dialers need a few (one per peer and lane at a reconnect storm); past
+/// the cap a connection is closed unanswered, so connections that never
+/// greet cannot grow threads without bound. The dialer of a closed one
+/// retries with its backoff.
+pub const HANDSHAKES_MAX: usize = 16;
+/// The refusal reason counted for a connection closed at the cap.
+pub const REFUSED_HANDSHAKES_FULL: &str = "handshakes_full";
 
 /// What the bus of one replica knows.
 #[derive(Debug, Clone)]
@@ -183,17 +193,29 @@ fn accept_loop(
     stop: &AtomicBool,
 ) {
     let seen: Incarnations = Arc::default();
+    let in_flight = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, peer)) => {
+                let Some(slot) = HandshakeSlot::take(&in_flight) else {
+                    config.metrics.connection_refused(REFUSED_HANDSHAKES_FULL);
+                    tracing::debug!(%peer, limit = HANDSHAKES_MAX, "replica handshakes full; connection closed");
+                    drop(stream);
+                    continue;
+                };
                 let config = Arc::clone(config);
                 let routes = routes.clone();
                 let seen = Arc::clone(&seen);
                 // A handshake may take up to its timeout; it runs beside
-                // the accept loop so one slow dialer delays no other.
+                // the accept loop so one slow dialer delays no other. The
+                // slot is freed when the thread ends, or at once if it
+                // cannot start (the closure is dropped).
                 let spawned = std::thread::Builder::new()
                     .name("replica-bus-hello".into())
-                    .spawn(move || greet(stream, peer, &config, &routes, &seen));
+                    .spawn(move || {
+                        greet(stream, peer, &config, &routes, &seen);
+                        drop(slot);
+                    });
                 if let Err(error) = spawned {
                     tracing::warn!(%peer, %error, "no thread for a replica handshake");
                 }
@@ -206,6 +228,27 @@ fn accept_loop(
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+    }
+}
+
+/// One of the [`HANDSHAKES_MAX`] handshakes in flight, given back on drop.
+struct HandshakeSlot(Arc<AtomicUsize>);
+
+impl HandshakeSlot {
+    /// A slot, unless every one is taken.
+    fn take(in_flight: &Arc<AtomicUsize>) -> Option<Self> {
+        in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < HANDSHAKES_MAX).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(in_flight)))
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -255,13 +298,7 @@ fn greet(
     let hello = match checked {
         Ok(hello) => hello,
         Err(refusal) => {
-            config
-                .metrics
-                .refused
-                .get_or_create(&ReasonLabel {
-                    reason: refusal.label(),
-                })
-                .inc();
+            config.metrics.connection_refused(refusal.label());
             tracing::warn!(%peer, %refusal, "refused a replica connection");
             return;
         }
@@ -449,7 +486,7 @@ impl Links {
         let (queue, frames) = mpsc::channel(PEER_QUEUE_FRAMES);
         self.env.set_peer(peer, Some(queue));
         tracing::info!(peer = peer.0, shard = self.shard, "replica lane up");
-        compio::runtime::spawn(write_loop(stream.clone(), frames)).detach();
+        compio::runtime::spawn(lane::write_coalesced(stream.clone(), frames)).detach();
         let links = Rc::clone(self);
         compio::runtime::spawn(async move {
             let end = read_loop(stream, links.inbox.clone(), peer, links.frame_size_max).await;
@@ -557,26 +594,6 @@ async fn read_loop(
     }
 }
 
-/// Writes the peer's queued frames, coalescing what is queued, until the
-/// queue is replaced or a write fails.
-async fn write_loop(mut stream: compio::net::TcpStream, mut frames: mpsc::Receiver<Bytes>) {
-    while let Some(first) = frames.next().await {
-        let mut buf = Vec::with_capacity(first.len());
-        buf.extend_from_slice(&first);
-        while buf.len() < WRITE_COALESCE_BYTES {
-            match frames.try_recv() {
-                Ok(frame) => buf.extend_from_slice(&frame),
-                Err(_) => break,
-            }
-        }
-        let BufResult(written, _) = stream.write_all(buf).await;
-        if written.is_err() {
-            break;
-        }
-    }
-    let _ = stream.shutdown().await;
-}
-
 /// Runs one shard's lanes on its thread: installs the connections the
 /// accepter routes here, and keeps a dialer per peer with a higher id.
 /// Returns at once; the tasks live on the shard's runtime.
@@ -612,27 +629,10 @@ pub fn start_shard_lanes(
         let hello = config.hello_for(peer, Lane::Shard(shard));
         let seed = config.incarnation ^ (u64::from(peer.0) << 48) ^ u64::from(shard);
         compio::runtime::spawn(async move {
-            let mut backoff = Backoff::new(seed);
-            let mut failures: u64 = 0;
-            loop {
-                match dial(addr, hello).await {
-                    Ok(stream) => {
-                        failures = 0;
-                        backoff.reset();
-                        let _ = links.install(peer, stream).await;
-                    }
-                    Err(error) => {
-                        failures += 1;
-                        links.metrics.dial_failed(peer.0, LANE_SHARD);
-                        // The first failure and then one in fifty: a peer
-                        // that is down must not flood the log.
-                        if failures == 1 || failures.is_multiple_of(50) {
-                            tracing::info!(peer = peer.0, shard, %addr, %error, failures, "dialing a replica failed; retrying");
-                        }
-                    }
-                }
-                compio::time::sleep(backoff.next_delay()).await;
-            }
+            lane::redial(addr, hello, seed, &links.metrics, async |stream| {
+                let _ = links.install(peer, stream).await;
+            })
+            .await;
         })
         .detach();
     }
@@ -642,6 +642,7 @@ pub fn start_shard_lanes(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::node::metrics::ReasonLabel;
 
     #[test]
     fn given_failures_when_backing_off_should_grow_to_the_cap_with_jitter() {
@@ -697,6 +698,92 @@ mod tests {
             frame_size_max: 1 << 20,
             metrics: Arc::default(),
         }
+    }
+
+    /// Threads of this process named as the accepter names its handshake
+    /// threads (the kernel keeps 15 bytes of a name).
+    fn handshake_threads() -> usize {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return 0;
+        };
+        tasks
+            .map_while(Result::ok)
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|name| name.trim_end() == "replica-bus-hel")
+            })
+            .count()
+    }
+
+    #[test]
+    fn given_many_idle_connections_when_accepted_should_cap_the_handshake_threads_and_still_admit_a_peer_after()
+     {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let roster = [SocketAddr::from(([127, 0, 0, 1], 1)), addr];
+        let accepter = Arc::new(config(1, &roster, 1));
+        let metrics = Arc::clone(&accepter.metrics);
+        let (shard0, mut shard0_rx) = mpsc::unbounded();
+        let (forward, _forward_rx) = mpsc::unbounded();
+        let acceptor = Acceptor::start(
+            listener,
+            accepter,
+            Routes {
+                shards: vec![shard0],
+                forward,
+            },
+        )
+        .unwrap();
+        // Connections that never greet: each would hold a thread for the
+        // handshake timeout.
+        let idle_count = HANDSHAKES_MAX * 4;
+        let idle: Vec<TcpStream> = (0..idle_count)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let full = || {
+            metrics
+                .refused
+                .get_or_create(&ReasonLabel {
+                    reason: REFUSED_HANDSHAKES_FULL,
+                })
+                .get()
+        };
+        let expected = u64::try_from(idle_count - HANDSHAKES_MAX).unwrap();
+        let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        while full() < expected {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {expected} excess connections closed",
+                full()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Every connection is accepted; only the cap's worth greet. Other
+        // tests of this binary may run a handshake or two meanwhile.
+        let threads = handshake_threads();
+        assert!(
+            threads <= HANDSHAKES_MAX + 4,
+            "{threads} handshake threads for {idle_count} idle connections"
+        );
+        assert_eq!(full(), expected, "no more than the excess refused");
+        // The idle ones leave; a real peer is admitted (it retries while
+        // the threads notice, as its dialer would with its backoff).
+        drop(idle);
+        let hello = config(0, &roster, 1).hello_for(ReplicaId(1), Lane::Shard(0));
+        let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        loop {
+            match dial_blocking(addr, hello) {
+                Ok(_) => break,
+                Err(error) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the peer was not admitted: {error}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let greeted = futures::executor::block_on(shard0_rx.next()).unwrap();
+        assert_eq!(greeted.hello, hello);
+        acceptor.stop();
     }
 
     #[test]

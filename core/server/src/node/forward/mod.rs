@@ -24,12 +24,13 @@ use std::time::Duration;
 
 use common::{GroupId, ReplicaId};
 use compio::buf::BufResult;
-use compio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use compio::io::AsyncReadExt;
 use futures::channel::{mpsc, oneshot};
 use futures::{SinkExt, StreamExt};
 
 use super::bus::hello::Lane;
-use super::bus::{Backoff, BusConfig, Greeted, LANE_FORWARD, dial};
+use super::bus::lane::{redial, write_coalesced};
+use super::bus::{BusConfig, Greeted, LANE_FORWARD};
 use super::handle::ShardHandles;
 use codec::{CodecError, Reply, Request};
 
@@ -93,30 +94,15 @@ impl Forwarder {
             let metrics = Arc::clone(&config.metrics);
             compio::runtime::spawn(async move {
                 let mut ever_up = false;
-                let mut backoff = Backoff::new(seed);
-                let mut failures: u64 = 0;
-                loop {
-                    match dial(addr, hello).await {
-                        Ok(stream) => {
-                            failures = 0;
-                            backoff.reset();
-                            tracing::info!(peer = peer.0, "forward lane up");
-                            metrics.lane_up(peer.0, LANE_FORWARD, ever_up);
-                            ever_up = true;
-                            run_lane(&lane, stream).await;
-                            metrics.lane_down(peer.0, LANE_FORWARD, "closed");
-                            tracing::info!(peer = peer.0, "forward lane down");
-                        }
-                        Err(error) => {
-                            failures += 1;
-                            metrics.dial_failed(peer.0, LANE_FORWARD);
-                            if failures == 1 || failures.is_multiple_of(50) {
-                                tracing::info!(peer = peer.0, %addr, %error, failures, "dialing a forward lane failed; retrying");
-                            }
-                        }
-                    }
-                    compio::time::sleep(backoff.next_delay()).await;
-                }
+                redial(addr, hello, seed, &metrics, async |stream| {
+                    tracing::info!(peer = peer.0, "forward lane up");
+                    metrics.lane_up(peer.0, LANE_FORWARD, ever_up);
+                    ever_up = true;
+                    run_lane(&lane, stream).await;
+                    metrics.lane_down(peer.0, LANE_FORWARD, "closed");
+                    tracing::info!(peer = peer.0, "forward lane down");
+                })
+                .await;
             })
             .detach();
         }
@@ -192,7 +178,7 @@ async fn run_lane(lane: &Rc<LaneState>, stream: std::net::TcpStream) {
     };
     let (queue, frames) = mpsc::channel(LANE_QUEUE_FRAMES);
     *lane.queue.borrow_mut() = Some(queue);
-    compio::runtime::spawn(write_frames(stream.clone(), frames)).detach();
+    compio::runtime::spawn(write_coalesced(stream.clone(), frames)).detach();
     let mut reader = stream;
     loop {
         let body = match read_frame(&mut reader).await {
@@ -260,17 +246,6 @@ async fn read_frame(stream: &mut compio::net::TcpStream) -> Result<Vec<u8>, Fram
     Ok(body.to_vec())
 }
 
-/// Writes queued frames until the queue closes or a write fails.
-async fn write_frames(mut stream: compio::net::TcpStream, mut frames: mpsc::Receiver<Vec<u8>>) {
-    while let Some(frame) = frames.next().await {
-        let BufResult(written, _) = stream.write_all(frame).await;
-        if written.is_err() {
-            break;
-        }
-    }
-    let _ = stream.shutdown().await;
-}
-
 /// The serving side: runs forwarded requests from the accepted lanes on
 /// this replica's shards. Call on shard 0's runtime.
 pub fn serve(handles: ShardHandles, mut accepted: mpsc::UnboundedReceiver<Greeted>) {
@@ -293,7 +268,7 @@ async fn serve_lane(handles: ShardHandles, greeted: Greeted) {
         }
     };
     let (answers, frames) = mpsc::channel(LANE_QUEUE_FRAMES);
-    compio::runtime::spawn(write_frames(stream.clone(), frames)).detach();
+    compio::runtime::spawn(write_coalesced(stream.clone(), frames)).detach();
     tracing::debug!(peer = peer.0, "serving a forward lane");
     loop {
         let body = match read_frame(&mut stream).await {

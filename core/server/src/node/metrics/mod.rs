@@ -174,6 +174,11 @@ impl BusMetrics {
             .inc();
     }
 
+    /// An inbound connection was refused for `reason`.
+    pub fn connection_refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
     /// A dial to `peer` failed.
     pub fn dial_failed(&self, peer: u8, lane: &'static str) {
         self.dial_failures
