@@ -604,7 +604,10 @@ fn given_a_replica_whose_disk_was_lost_when_restarted_with_rejoin_should_catch_u
         "partition rejoining with an empty directory",
         "rejoin: group 0 caught up",
     ] {
-        assert!(node.logged(line), "replica 2 did not log {line:?}");
+        assert!(
+            node.logged_within(line, Duration::from_secs(10)),
+            "replica 2 did not log {line:?}"
+        );
     }
     // The rejoined replica is a full member now: another replica's death
     // is the one failure the cluster must survive.
@@ -681,7 +684,7 @@ fn given_a_backup_stopped_past_retention_when_restarted_should_catch_up_by_state
     let segments = await_identical_segments(&cluster);
     let installed = cluster.nodes[2]
         .as_ref()
-        .is_some_and(|n| n.logged("partition state installed"));
+        .is_some_and(|n| n.logged_within("partition state installed", Duration::from_secs(10)));
     assert!(
         installed,
         "the restarted backup caught up by state transfer"

@@ -100,6 +100,22 @@ impl Replog {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// Whether a log line containing `needle` arrives within `timeout`
+    /// (the line may trail what the test observed on disk: the process
+    /// writes it after the step, and a thread relays stderr).
+    pub fn logged_within(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.logged(needle) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM, then wait (at most 20 s) for a clean exit.
     pub fn stop(mut self) {
         let pid = self.child.id().to_string();
