@@ -257,3 +257,101 @@ fn given_committed_request_when_retried_should_answer_from_table_not_execute() {
     s.run_for(200).unwrap();
     assert_eq!(s.committed().len(), 2, "the retry was not ordered again");
 }
+
+/// A whole-group restart: every replica crashes at once, with different
+/// applied states (a lagging backup, a primary that applied more). Under
+/// the restart rule alone nobody answers a probe and the group waits for
+/// ever; the census lets the replica with the longest applied state start
+/// a view from it, and every acknowledged request survives (in the
+/// harness a replica's applied state is durable as it applies, and the
+/// primary replies only after applying).
+#[test]
+fn given_every_replica_restarted_at_once_when_all_report_should_serve_again_without_losing_acknowledged()
+ {
+    for n in [3u8, 5] {
+        let mut config = quiet(21 + u64::from(n), n);
+        config.requests_per_client = 40;
+        let mut s = sim(config);
+        // The last backup sees nothing for a while: it lags behind.
+        s.partition(1 << (n - 1));
+        assert!(
+            s.run_until(10_000, |s| s.acknowledged().len() >= 10)
+                .unwrap(),
+            "n={n}: no progress before the crash"
+        );
+        let acked = s.acknowledged().len();
+        let applied: Vec<u64> = (0..n).map(|r| s.replica(r).unwrap().commit_min()).collect();
+        assert!(
+            applied.iter().min() < applied.iter().max(),
+            "n={n}: the applied states should differ: {applied:?}"
+        );
+        for r in 0..n {
+            s.crash(r);
+        }
+        s.heal_partition();
+        for r in 0..n {
+            s.restart(r).unwrap();
+        }
+        let serving = s
+            .run_until(20_000, |s| {
+                (0..n).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
+            })
+            .unwrap();
+        assert!(serving, "n={n}: the group did not come back by itself");
+        let starters: Vec<u8> = (0..n)
+            .filter(|r| s.replica(*r).unwrap().census_views_started() > 0)
+            .collect();
+        assert_eq!(starters.len(), 1, "n={n}: one census view, by one replica");
+        let best = applied.iter().copied().max().unwrap();
+        assert_eq!(
+            applied[usize::from(starters[0])],
+            best,
+            "n={n}: the view starts from the longest applied state"
+        );
+        converge(&mut s);
+        assert!(s.acknowledged().len() >= acked);
+        assert_eq!(s.acknowledged().len(), 2 * 40, "n={n}");
+    }
+}
+
+/// "Last replica standing": with one replica of three down for good, the
+/// two that restarted must wait (the missing one may hold a longer applied
+/// state, and a view without it could reuse its op numbers); when it
+/// returns the census completes.
+#[test]
+fn given_whole_group_restart_with_one_replica_missing_when_waiting_should_not_start_a_view() {
+    let mut config = quiet(31, 3);
+    config.requests_per_client = 40;
+    config.down_ticks_max = 0;
+    let mut s = sim(config);
+    assert!(
+        s.run_until(10_000, |s| s.acknowledged().len() >= 10)
+            .unwrap()
+    );
+    for r in 0..3 {
+        s.crash(r);
+    }
+    s.restart(0).unwrap();
+    s.restart(1).unwrap();
+    for _ in 0..20_000 {
+        s.step().unwrap();
+        for r in 0..2 {
+            let x = s.replica(r).unwrap();
+            assert_eq!(
+                x.status(),
+                Status::Recovering,
+                "replica {r} left recovery with a replica missing"
+            );
+            assert_eq!(x.census_views_started(), 0);
+        }
+    }
+    s.restart(2).unwrap();
+    let serving = s
+        .run_until(20_000, |s| {
+            (0..3).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
+        })
+        .unwrap();
+    assert!(serving, "the census did not complete once all were back");
+    converge(&mut s);
+    assert_eq!(s.acknowledged().len(), 2 * 40);
+}

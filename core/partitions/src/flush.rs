@@ -50,8 +50,13 @@
 //! ops past the recorded one (that alone makes a flush due, and the flush
 //! then syncs). The last rule bounds how far back a restarted replica must
 //! repair, so that its peers, which retain `retention_ops` applied
-//! prepares, can still serve it. Not on every `enforce_fsync` flush: that
-//! would add a superblock write (two syncs) per produce.
+//! prepares, can still serve it. And with `enforce_fsync` in a
+//! multi-replica group, at every step whose replies are about to go out
+//! (one superblock write per step, shared by every reply of the step):
+//! a persisted reply promises the op survives a restart of the whole
+//! group, and a restarted replica keeps nothing past its recorded point
+//! (boot cuts later batches; the census of a whole-group restart starts
+//! from the longest recorded point, docs/consensus.md §4).
 
 use journal::SuperblockStore;
 use storage::fs::Fs;
@@ -91,10 +96,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     pub(crate) async fn flush_if_due(&mut self) -> Result<(), PartitionError> {
         let info = *self.journal.info();
         let lagging = self.applied_point_lags();
-        if info.messages_count == 0 && !lagging {
+        let persisted_reply = self.config.enforce_fsync
+            && self.config.vsr.replica_count > 1
+            && !self.pending_replies.is_empty();
+        if info.messages_count == 0 && !lagging && !persisted_reply {
             return Ok(());
         }
-        if self.config.enforce_fsync && info.messages_count > 0 {
+        if persisted_reply {
+            // What the replies acknowledge must be in the recorded applied
+            // point, not only synced: after a whole-group restart the
+            // census starts from the longest recorded point, and batches
+            // past it are cut (see the module documentation).
+            self.flush(true, true).await?;
+        } else if self.config.enforce_fsync && info.messages_count > 0 {
             self.flush(true, false).await?;
         } else if lagging
             || info.messages_count >= self.config.messages_required_to_save

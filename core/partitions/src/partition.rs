@@ -199,6 +199,15 @@ pub enum BootError {
         /// The offset after the last recovered batch.
         log_next_offset: u64,
     },
+    /// Cutting the batches past the recorded applied point failed.
+    TruncateToAppliedPoint {
+        /// The partition directory.
+        dir: PathBuf,
+        /// The applied point's offset frontier.
+        frontier: u64,
+        /// The underlying error.
+        source: StorageError,
+    },
     /// The superblock names an op (its commit bound or applied point) past
     /// any op a real log reaches ([`consensus::vsr::OP_MAX`]): the core
     /// would compute the op after it.
@@ -223,6 +232,15 @@ impl fmt::Display for BootError {
             Self::OffsetsUnreadable { dir, source } => write!(
                 f,
                 "consumer offsets in {} could not be loaded: {source}",
+                dir.display()
+            ),
+            Self::TruncateToAppliedPoint {
+                dir,
+                frontier,
+                source,
+            } => write!(
+                f,
+                "could not cut {} at offset {frontier}, the recorded applied point: {source}",
                 dir.display()
             ),
             Self::FrontierAheadOfLog {
@@ -253,6 +271,7 @@ impl std::error::Error for BootError {
             Self::Recovery(e) => Some(e),
             Self::PurgeGenerationUnreadable { source, .. }
             | Self::OffsetsUnreadable { source, .. } => Some(source),
+            Self::TruncateToAppliedPoint { source, .. } => Some(source),
             Self::FrontierAheadOfLog { .. }
             | Self::RestartNeedsStateTransfer { .. }
             | Self::SuperblockOpOutOfRange { .. } => None,
@@ -720,19 +739,47 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 source,
             })
         })?;
-        let (log, report) = SegmentedLog::open(fs.clone(), dir, config.log, sb.offset_frontier)
+        let (mut log, report) = SegmentedLog::open(fs.clone(), dir, config.log, sb.offset_frontier)
             .await
             .map_err(BootError::Recovery)?;
         for cut in &report.truncated {
             tracing::warn!(path = %cut.path.display(), from = cut.from_bytes, to = cut.to_bytes, "recovery cut a torn segment tail");
         }
-        let next = log.next_offset();
-        if sb.offset_frontier > next {
+        if sb.offset_frontier > log.next_offset() {
             return Err(BootError::FrontierAheadOfLog {
                 frontier: sb.offset_frontier,
-                log_next_offset: next,
+                log_next_offset: log.next_offset(),
             });
         }
+        // A replica of a group keeps nothing past its recorded applied
+        // point: batches a flush synced before the process died short of
+        // the superblock record are committed, but only the group knows
+        // which ops they belong to. After an ordinary restart repair
+        // writes the same batches again; after a whole-group restart the
+        // census may give those op numbers (and offsets) to new batches,
+        // and the old bytes would then disagree with the group
+        // (docs/consensus.md §4). Cut, synced, before anything is sent.
+        if !fresh
+            && config.vsr.replica_count > 1
+            && log
+                .segments()
+                .next()
+                .is_some_and(|first| first.start_offset <= sb.offset_frontier)
+        {
+            let end = log.next_offset();
+            if log
+                .truncate_to_offset(sb.offset_frontier)
+                .await
+                .map_err(|source| BootError::TruncateToAppliedPoint {
+                    dir: dir.to_path_buf(),
+                    frontier: sb.offset_frontier,
+                    source,
+                })?
+            {
+                tracing::info!(dir = %dir.display(), group = config.vsr.group, from = sb.offset_frontier, to = end, "dropped batches past the recorded applied point; the group repairs them");
+            }
+        }
+        let next = log.next_offset();
         let mut offsets = ConsumerOffsets::new(dir);
         offsets
             .load(&fs, next.checked_sub(1))

@@ -551,6 +551,45 @@ impl<F: Fs> SegmentedLog<F> {
         Ok(Some(victim.meta))
     }
 
+    /// Cuts the log so that its next offset is `offset`, which must be a
+    /// batch boundary within it (see [`Self::truncate`]). Returns whether
+    /// anything was cut: nothing is when `offset` is at or past the end.
+    pub async fn truncate_to_offset(&mut self, offset: u64) -> Result<bool, StorageError> {
+        if offset >= self.next_offset() {
+            return Ok(false);
+        }
+        let Some(seg) = self
+            .segments
+            .iter()
+            .rev()
+            .find(|s| s.meta.start_offset <= offset)
+        else {
+            return Err(StorageError::NotABatchBoundary {
+                path: self.dir.clone(),
+                position: offset,
+            });
+        };
+        let segment_start = seg.meta.start_offset;
+        let position = if offset == segment_start {
+            0
+        } else {
+            let read = self.read_by_offset(offset, 1).await?;
+            let starts_there = read
+                .batches()
+                .next()
+                .is_some_and(|b| b.header().base_offset == offset);
+            if !starts_there || read.segment_start != segment_start {
+                return Err(StorageError::NotABatchBoundary {
+                    path: self.dir.join(log_file_name(segment_start)),
+                    position: offset,
+                });
+            }
+            read.position
+        };
+        self.truncate(segment_start, position).await?;
+        Ok(true)
+    }
+
     /// Truncates the log at byte `position` of the segment starting at
     /// `segment_start`: later segments are deleted (newest first), that
     /// segment is cut at `position` (which must be a batch boundary) and

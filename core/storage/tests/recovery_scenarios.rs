@@ -629,3 +629,39 @@ fn given_cut_exactly_at_an_indexed_batch_when_truncated_should_succeed() {
         assert_eq!(read_all(&log).await, batches[..kept].to_vec());
     });
 }
+
+#[test]
+fn given_an_offset_when_truncated_to_it_should_cut_at_that_batch_or_refuse_a_non_boundary() {
+    block_on(async {
+        let (fs, mut log) = fresh(21).await;
+        let batches = fill(&mut log, 20).await;
+        let end = log.next_offset();
+        // At or past the end: nothing to cut.
+        assert!(!log.truncate_to_offset(end).await.unwrap());
+        assert!(!log.truncate_to_offset(end + 9).await.unwrap());
+        // Inside a batch (3 messages each): refused, nothing changed.
+        assert!(matches!(
+            log.truncate_to_offset(31).await,
+            Err(StorageError::NotABatchBoundary { .. })
+        ));
+        assert_eq!(log.next_offset(), end);
+        // A boundary in the middle of a sealed segment: later segments go.
+        let second = *log.segments().nth(1).unwrap();
+        let cut = second.start_offset + 3;
+        assert!(log.truncate_to_offset(cut).await.unwrap());
+        assert_eq!(log.next_offset(), cut);
+        assert_eq!(log.segments().count(), 2);
+        let kept = (cut / 3) as usize;
+        assert_eq!(read_all(&log).await, batches[..kept].to_vec());
+        // Exactly a segment's start: that segment is left empty and active.
+        assert!(log.truncate_to_offset(second.start_offset).await.unwrap());
+        assert_eq!(log.next_offset(), second.start_offset);
+        drop(log);
+        // Every cut was synced.
+        fs.crash_with(CrashMode::DropAll);
+        let (log, _) = reopen(&fs).await.unwrap();
+        assert_eq!(log.next_offset(), second.start_offset);
+        let kept = (second.start_offset / 3) as usize;
+        assert_eq!(read_all(&log).await, batches[..kept].to_vec());
+    });
+}

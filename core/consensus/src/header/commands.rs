@@ -343,6 +343,15 @@ pub struct RequestStartViewHeader {
     pub group: u64,
     /// The prober's per-boot nonce.
     pub incarnation: u128,
+    /// Whether the probe carries a census report (the three fields below;
+    /// all zero otherwise).
+    pub census: bool,
+    /// The prober's durable applied op.
+    pub census_op: u64,
+    /// That op's identity.
+    pub census_checksum: u128,
+    /// The prober's durable log view.
+    pub census_log_view: u32,
 }
 
 /// A request for prepares `from_op..=to_op`. Header-only.
@@ -601,10 +610,22 @@ impl CommandHeader {
                 Self::StartView(h)
             }
             Command::RequestStartView => {
-                zero(b, 136..240)?;
+                zero(b, 165..240)?;
+                let census = match b[164] {
+                    0 => {
+                        zero(b, 136..164)?;
+                        false
+                    }
+                    1 => true,
+                    _ => return Err(invalid(command, "census flag is neither 0 nor 1")),
+                };
                 Self::RequestStartView(RequestStartViewHeader {
                     group: u64_at(b, 128),
                     incarnation: u128_at(b, 240),
+                    census,
+                    census_op: u64_at(b, 136),
+                    census_checksum: u128_at(b, 144),
+                    census_log_view: u32_at(b, 160),
                 })
             }
             Command::RequestPrepares => {
@@ -741,6 +762,12 @@ impl CommandHeader {
             }
             Self::RequestStartView(h) => {
                 put(b, 128, &h.group.to_le_bytes());
+                if h.census {
+                    put(b, 136, &h.census_op.to_le_bytes());
+                    put(b, 144, &h.census_checksum.to_le_bytes());
+                    put(b, 160, &h.census_log_view.to_le_bytes());
+                    put(b, 164, &[1]);
+                }
                 put(b, 240, &h.incarnation.to_le_bytes());
             }
             Self::RequestPrepares(h) => {

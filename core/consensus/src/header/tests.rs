@@ -158,6 +158,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 CommandHeader::RequestStartView(RequestStartViewHeader {
                     group: 42,
                     incarnation: 5,
+                    ..Default::default()
                 }),
             ),
             vec![],
@@ -280,6 +281,20 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 }),
             ),
             vec![0x5A; 1000],
+        ),
+        (
+            frame(
+                4,
+                CommandHeader::RequestStartView(RequestStartViewHeader {
+                    group: 42,
+                    incarnation: 7,
+                    census: true,
+                    census_op: 90,
+                    census_checksum: 0xC0FFEE,
+                    census_log_view: 3,
+                }),
+            ),
+            vec![],
         ),
     ]
 }
@@ -547,7 +562,8 @@ fn given_nonzero_reserved_byte_when_decoded_should_name_its_offset() {
                 CommandHeader::StartViewChange(_) => (136..256).collect(),
                 CommandHeader::DoViewChange(_) => (156..224).collect(),
                 CommandHeader::StartView(_) => (152..240).collect(),
-                CommandHeader::RequestStartView(_) => (136..240).collect(),
+                CommandHeader::RequestStartView(h) if h.census => (165..240).collect(),
+                CommandHeader::RequestStartView(_) => (136..164).chain(165..240).collect(),
                 CommandHeader::RequestPrepares(_) | CommandHeader::RequestHeaders(_) => {
                     (168..256).collect()
                 }
@@ -573,6 +589,30 @@ fn given_nonzero_reserved_byte_when_decoded_should_name_its_offset() {
                 header.command.command()
             );
         }
+    }
+}
+
+#[test]
+fn given_census_flag_other_than_0_or_1_when_decoded_should_reject() {
+    for flag in [2u8, 0x80, 0xFF] {
+        let header = frame(
+            4,
+            CommandHeader::RequestStartView(RequestStartViewHeader {
+                group: 42,
+                incarnation: 7,
+                census: true,
+                census_op: 90,
+                census_checksum: 1,
+                census_log_view: 3,
+            }),
+        );
+        let mut b = encode_frame(&header, &[]);
+        b[164] = flag;
+        reseal(&mut b);
+        assert!(
+            matches!(decode_frame(&b, MAX), Err(HeaderError::Invalid { .. })),
+            "flag {flag}"
+        );
     }
 }
 

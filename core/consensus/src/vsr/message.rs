@@ -143,6 +143,18 @@ pub struct StartView {
     pub incarnation: u128,
 }
 
+/// A restarted replica's report in its probes while it waits for a view:
+/// what it holds durably (see the census in docs/consensus.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    /// Its durable log view (at most the frame's view).
+    pub log_view: u32,
+    /// Its durable applied op.
+    pub op: u64,
+    /// That op's identity (0 for op 0).
+    pub checksum: u128,
+}
+
 /// The command-specific part of a replica-to-replica frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -177,6 +189,9 @@ pub enum Message {
     RequestStartView {
         /// The prober's per-boot nonce, echoed by the answer.
         incarnation: u128,
+        /// While the prober has adopted no view since its restart: its
+        /// durable applied state, for a whole-group restart (`census.rs`).
+        census: Option<Census>,
     },
     /// Ask for the prepares `from_op..=to_op` (at most 128 are served).
     RequestPrepares {

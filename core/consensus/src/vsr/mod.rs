@@ -11,6 +11,7 @@
 //! - [`message`]: the typed VSR messages.
 //! - [`replica`]: state, inputs and outputs, normal operation.
 //! - `view_change`: StartViewChange / DoViewChange / StartView, probes.
+//! - `census`: the whole-group restart (every replica restarted at once).
 //! - [`merge`]: the DoViewChange merge rule and quorums.
 //! - `repair`: journal repair, the repair floor and state-transfer hooks.
 //! - [`journal`]: the in-memory, hash-chain-verified log.
@@ -23,6 +24,7 @@
 //! The design, with the arguments for its safety rules, is in
 //! `docs/consensus.md`.
 
+mod census;
 pub mod harness;
 pub mod journal;
 pub mod merge;
@@ -36,8 +38,8 @@ pub mod wire;
 
 pub use merge::{DVC_HEADERS_MAX, MergeStall, MergedLog, Quorums};
 pub use message::{
-    DoViewChange, Frame, Message, OPERATION_APPEND, OPERATION_REGISTER, Prepare, PrepareHeader,
-    Reply, ReplyStatus, Request, StartView, SuffixSlot, body_checksum,
+    Census, DoViewChange, Frame, Message, OPERATION_APPEND, OPERATION_REGISTER, Prepare,
+    PrepareHeader, Reply, ReplyStatus, Request, StartView, SuffixSlot, body_checksum,
 };
 pub use pipeline::PIPELINE_PREPARE_QUEUE_MAX;
 pub use repair::{REPAIR_CHUNK_MAX, UNKNOWN_CHECKSUM};

@@ -451,6 +451,8 @@ pub struct Replica {
     pub(super) repaired_total: u64,
     pub(super) nonce_counter: u64,
     pub(super) transferring: bool,
+    pub(super) census: super::census::CensusBook,
+    pub(super) census_views_started: u64,
     held: Vec<(u8, Frame)>,
     actions: Vec<Action>,
 }
@@ -504,6 +506,8 @@ impl Replica {
             repaired_total: 0,
             nonce_counter: 0,
             transferring: false,
+            census: super::census::CensusBook::default(),
+            census_views_started: 0,
             held: Vec::new(),
             actions: Vec::new(),
             config,
@@ -550,6 +554,11 @@ impl Replica {
             drawn & !REJOIN_PROBE
         };
         r.status = Status::Recovering;
+        // The durable commit bound may name ops of a history a whole-group
+        // restart then replaced (census.rs); the primary's answer says
+        // what is committed.
+        r.commit_max = r.commit_min;
+        r.census = super::census::CensusBook::new(config.replica_count);
         r.recovering = Some(Recovery {
             incarnation,
             barrier: None,
@@ -576,6 +585,12 @@ impl Replica {
     /// one bounds the view by it and calls [`Replica::restart`]).
     pub fn restart_rejoining(config: Config, durable: DurableState, applied: AppliedState) -> Self {
         Self::restart_probing(config, durable, applied, true)
+    }
+
+    /// How many times this replica started a view by census after every
+    /// replica of its group restarted (docs/consensus.md §4).
+    pub fn census_views_started(&self) -> u64 {
+        self.census_views_started
     }
 
     /// Whether this replica is still learning its peers' views after a
@@ -840,7 +855,13 @@ impl Replica {
             }
             Message::DoViewChange(dvc) => self.on_do_view_change(from, view, dvc),
             Message::StartView(sv) => self.on_start_view(from, view, sv),
-            Message::RequestStartView { incarnation } => {
+            Message::RequestStartView {
+                incarnation,
+                census,
+            } => {
+                if let Some(report) = census {
+                    self.on_census_report(from, view, incarnation, report);
+                }
                 self.on_request_start_view(from, view, incarnation);
                 Ok(())
             }
@@ -903,6 +924,9 @@ impl Replica {
         }
         if transfer {
             self.on_state_transfer_timeout();
+        }
+        if self.status == Status::Recovering {
+            self.maybe_start_census_view();
         }
     }
 

@@ -36,14 +36,26 @@ impl Replica {
 
     /// Probe the primary of `target` (or everyone).
     pub(super) fn send_request_start_view(&mut self, target: Option<u32>) {
-        let incarnation = self.recovering.map_or(0, |r| r.incarnation);
-        let message = Message::RequestStartView { incarnation };
+        let message = self.request_start_view_message();
         match target {
             Some(view) => {
                 let primary = self.primary_index(view);
                 self.send(primary, message);
             }
             None => self.broadcast(message),
+        }
+    }
+
+    /// Probe one replica (a census answer).
+    pub(super) fn send_request_start_view_to(&mut self, to: u8) {
+        let message = self.request_start_view_message();
+        self.send(to, message);
+    }
+
+    fn request_start_view_message(&self) -> Message {
+        Message::RequestStartView {
+            incarnation: self.recovering.map_or(0, |r| r.incarnation),
+            census: self.census_report(),
         }
     }
 
@@ -486,7 +498,13 @@ impl Replica {
             // A replica rejoining after a lost disk: report our view (the
             // frame carries it) with a probe that asks for no answer
             // (incarnation 0), so it can bound its view by f + 1 of ours.
-            self.send(from, Message::RequestStartView { incarnation: 0 });
+            self.send(
+                from,
+                Message::RequestStartView {
+                    incarnation: 0,
+                    census: None,
+                },
+            );
         }
         if from == self.primary_index(self.view)
             && view == self.view
@@ -549,6 +567,7 @@ impl Replica {
                 >= barrier
         {
             self.recovering = None;
+            self.census = super::census::CensusBook::default();
             self.send_prepare_ok();
         }
     }

@@ -24,7 +24,8 @@
 use bytes::Bytes;
 
 use super::message::{
-    DoViewChange, Frame, Message, Prepare, PrepareHeader, StartView, SuffixSlot, body_checksum,
+    Census, DoViewChange, Frame, Message, Prepare, PrepareHeader, StartView, SuffixSlot,
+    body_checksum,
 };
 use crate::header::{
     self, Command, CommandHeader, CommitHeader, DoViewChangeHeader, FrameHeader, HEADER_SIZE,
@@ -223,6 +224,11 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
             r.group,
             Message::RequestStartView {
                 incarnation: r.incarnation,
+                census: r.census.then_some(Census {
+                    log_view: r.census_log_view,
+                    op: r.census_op,
+                    checksum: r.census_checksum,
+                }),
             },
         ),
         CommandHeader::RequestPrepares(r) => (
@@ -350,10 +356,17 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
                 s.suffix.iter().copied().map(SuffixSlot::Header),
             ),
         ),
-        Message::RequestStartView { incarnation } => (
+        Message::RequestStartView {
+            incarnation,
+            census,
+        } => (
             CommandHeader::RequestStartView(RequestStartViewHeader {
                 group,
                 incarnation: *incarnation,
+                census: census.is_some(),
+                census_op: census.map_or(0, |c| c.op),
+                census_checksum: census.map_or(0, |c| c.checksum),
+                census_log_view: census.map_or(0, |c| c.log_view),
             }),
             Vec::new(),
         ),

@@ -54,6 +54,8 @@ pub struct Shape {
     /// Payload bytes per message; 0 for a short text payload.
     pub payload_len: usize,
     pub faults: NetworkFaults,
+    /// The `persisted` durability mode (`enforce_fsync`).
+    pub enforce_fsync: bool,
 }
 
 impl Default for Shape {
@@ -67,6 +69,7 @@ impl Default for Shape {
             messages_per_batch: MESSAGES_PER_BATCH,
             payload_len: 0,
             faults: NetworkFaults::default(),
+            enforce_fsync: false,
         }
     }
 }
@@ -84,6 +87,7 @@ pub fn shaped_config(replica: u8, count: u8, retention_ops: u64, shape: &Shape) 
     c.partition_id = 2;
     c.log.segment_size_bytes = shape.segment_size;
     c.messages_required_to_save = shape.messages_required_to_save;
+    c.enforce_fsync = shape.enforce_fsync;
     c
 }
 

@@ -84,7 +84,18 @@ fn frames() -> Vec<Frame> {
             suffix: vec![p6.header, p5.header],
             incarnation: 0xFEED,
         }),
-        Message::RequestStartView { incarnation: 12 },
+        Message::RequestStartView {
+            incarnation: 12,
+            census: None,
+        },
+        Message::RequestStartView {
+            incarnation: 13,
+            census: Some(Census {
+                log_view: 2,
+                op: 40,
+                checksum: 0xABC,
+            }),
+        },
         Message::RequestPrepares {
             nonce: 7,
             from_op: 2,

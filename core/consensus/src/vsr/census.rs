@@ -1,0 +1,224 @@
+//! Whole-group restart: the census, as methods of [`Replica`].
+//!
+//! The restart rule (docs/consensus.md §4) keeps a restarted replica out of
+//! every quorum until a `Normal` primary tells it the head. When every
+//! replica of a group restarted at once (a power loss, a kill -9 of the
+//! whole cluster) there is no such primary, and the rule alone waits for
+//! ever. The census ends that wait without giving up the rule's promise.
+//!
+//! A replica still waiting for its first answer (`Recovering`, no barrier)
+//! puts a *report* in every probe: its durable applied point (op and
+//! identity) and log view; the frame carries its durable view. A waiting
+//! replica that hears a report answers with its own (at most once per probe
+//! interval per peer), so reports travel both ways.
+//!
+//! Once a waiting replica holds a report from **every** other replica of
+//! the group, each heard within the freshness window, nobody in the group
+//! remembers anything past its durable applied state: a replica that does
+//! (a `Normal` one, or one that adopted a view since boot) sends no report.
+//! Applied ops are committed, and committed history is one chain, so the
+//! applied states are prefixes of one another and the longest one, `D`,
+//! holds everything any replica still holds. The replica with that longest
+//! state (the lowest index among equals) — and only it — starts a new view:
+//! the lowest view above every reported view whose primary it is, with its
+//! applied state as the whole log (head `D`, commit `D`). It answers every
+//! report's incarnation with a StartView, so each peer adopts it under the
+//! ordinary rule (barrier `D`) and catches up by repair or state transfer.
+//!
+//! What is lost: ops committed above `D` — durable on no replica. Every
+//! replica computes the same candidate from the same reports (a waiting
+//! replica's report does not change within a boot: it applies nothing
+//! before it adopts a view), so two census views cannot start from
+//! different states. Nothing waits on a replica that cannot report (down
+//! for good): the census needs all `N`, because a missing replica may hold
+//! a longer applied state, and starting without it could reuse op numbers
+//! it applied (a fork). See docs/consensus.md §4, "Whole-group restart".
+
+use super::message::{Census, Message};
+use super::replica::{Replica, Status};
+
+/// What one peer reported, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Heard {
+    /// The peer's per-boot probe nonce (a StartView answer echoes it).
+    incarnation: u128,
+    /// The peer's durable view (the frame's view).
+    view: u32,
+    /// Its durable applied state.
+    report: Census,
+    /// This replica's tick when the report arrived.
+    at_tick: u64,
+}
+
+/// The reports a waiting replica holds, one slot per replica index.
+#[derive(Debug, Clone, Default)]
+pub(super) struct CensusBook {
+    heard: Vec<Option<Heard>>,
+    /// Per peer, this replica's tick when it last answered a report.
+    answered_at: Vec<Option<u64>>,
+}
+
+impl CensusBook {
+    pub fn new(replica_count: u8) -> Self {
+        Self {
+            heard: vec![None; usize::from(replica_count)],
+            answered_at: vec![None; usize::from(replica_count)],
+        }
+    }
+}
+
+impl Replica {
+    /// Probes carry a report while the census may still be needed: this
+    /// replica restarted and adopted no view yet.
+    pub(super) fn census_report(&self) -> Option<Census> {
+        let waiting = self.status == Status::Recovering
+            && self.recovering.is_some_and(|r| r.barrier.is_none());
+        waiting.then_some(Census {
+            log_view: self.log_view,
+            op: self.commit_min,
+            checksum: self.commit_min_checksum,
+        })
+    }
+
+    /// How long a report counts: longer than the longest probe interval
+    /// (backoff caps at 16 times the base, plus as much jitter).
+    fn census_window_ticks(&self) -> u64 {
+        self.config
+            .timeouts
+            .request_start_view_message_ticks
+            .max(1)
+            .saturating_mul(34)
+    }
+
+    /// A peer's probe carried a report.
+    pub(super) fn on_census_report(
+        &mut self,
+        from: u8,
+        view: u32,
+        incarnation: u128,
+        report: Census,
+    ) {
+        if self.census_report().is_none() || incarnation == 0 || report.log_view > view {
+            return;
+        }
+        let ticks = self.ticks;
+        let Some(slot) = self.census.heard.get_mut(usize::from(from)) else {
+            return;
+        };
+        *slot = Some(Heard {
+            incarnation,
+            view,
+            report,
+            at_tick: ticks,
+        });
+        // Answer with ours, so the prober learns of us without waiting for
+        // our next probe; once per probe interval per peer, so two waiting
+        // replicas do not echo each other for ever.
+        let interval = self.config.timeouts.request_start_view_message_ticks;
+        let due = self
+            .census
+            .answered_at
+            .get(usize::from(from))
+            .copied()
+            .flatten()
+            .is_none_or(|at| ticks.saturating_sub(at) >= interval);
+        if due {
+            if let Some(at) = self.census.answered_at.get_mut(usize::from(from)) {
+                *at = Some(ticks);
+            }
+            self.send_request_start_view_to(from);
+        }
+        self.maybe_start_census_view();
+    }
+
+    /// Starts the census view if every other replica reported recently and
+    /// this one holds the longest applied state.
+    pub(super) fn maybe_start_census_view(&mut self) {
+        let Some(mine) = self.census_report() else {
+            return;
+        };
+        // Give a live primary time to answer the boot probe first.
+        let settle = self
+            .config
+            .timeouts
+            .request_start_view_message_ticks
+            .saturating_mul(2);
+        if self.ticks < settle {
+            return;
+        }
+        let window = self.census_window_ticks();
+        let me = self.config.replica;
+        let mut best = (mine.op, me);
+        let mut highest_view = self.view.max(self.observed_newer_view);
+        let mut answers = Vec::with_capacity(self.census.heard.len());
+        for (index, slot) in self.census.heard.iter().enumerate() {
+            let Ok(index) = u8::try_from(index) else {
+                return;
+            };
+            if index == me {
+                continue;
+            }
+            let Some(heard) = slot.filter(|h| self.ticks.saturating_sub(h.at_tick) <= window)
+            else {
+                return;
+            };
+            highest_view = highest_view.max(heard.view);
+            // Longest applied state first; among equals the lowest index.
+            if (heard.report.op, std::cmp::Reverse(index)) > (best.0, std::cmp::Reverse(best.1)) {
+                best = (heard.report.op, index);
+            }
+            answers.push((index, heard.incarnation));
+        }
+        if best.1 != me {
+            return;
+        }
+        let Some(view) = self.next_view_led_by_me(highest_view) else {
+            return;
+        };
+        self.start_census_view(view);
+        for (to, incarnation) in answers {
+            let sv = self.start_view_message(incarnation);
+            self.send(to, Message::StartView(sv));
+        }
+    }
+
+    /// The lowest view above `above` whose primary is this replica.
+    fn next_view_led_by_me(&self, above: u32) -> Option<u32> {
+        let n = u32::from(self.config.replica_count);
+        (1..=n)
+            .filter_map(|step| above.checked_add(step))
+            .filter(|v| *v <= super::replica::VIEW_MAX)
+            .find(|v| self.primary_index(*v) == self.config.replica)
+    }
+
+    /// Become the primary of `view` with the applied state as the log.
+    fn start_census_view(&mut self, view: u32) {
+        let before = self.op();
+        self.journal
+            .install_log(&[], self.commit_min, self.commit_min);
+        if before > self.commit_min {
+            self.effect(super::replica::Effect::TruncateJournal {
+                from_op: self.commit_min + 1,
+            });
+        }
+        self.census_views_started += 1;
+        self.view = view;
+        self.log_view = view;
+        self.status = Status::Normal;
+        self.recovering = None;
+        self.census = CensusBook::default();
+        self.observed_newer_view = 0;
+        // Committed ops above the applied point were held by nobody; the
+        // new view numbers its ops from here.
+        self.commit_max = self.commit_min;
+        self.view_start_op = self.commit_min;
+        self.pipeline.clear();
+        self.repair = None;
+        self.repair_tried = 0;
+        self.timers.request_start_view.stop();
+        self.persist();
+        self.enter_normal_timers();
+        let sv = self.start_view_message(0);
+        self.broadcast(Message::StartView(sv));
+    }
+}
