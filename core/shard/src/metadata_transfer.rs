@@ -633,17 +633,7 @@ impl MetadataTransfer {
             idle_ticks: 0,
             stalls: 0,
         });
-        let request = RequestStateTransferHeader {
-            nonce,
-            group: METADATA_GROUP.0,
-        };
-        self.push(
-            replica,
-            peer,
-            CommandHeader::RequestStateTransfer(request),
-            &[],
-            out,
-        );
+        self.push_descriptor_request(replica, peer, nonce, out);
     }
 
     /// After idle ticks: the descriptor again, or the window from the
@@ -654,19 +644,7 @@ impl MetadataTransfer {
         };
         let (peer, nonce) = (session.peer, session.nonce);
         match &mut session.stage {
-            Stage::AwaitingDescriptor => {
-                let request = RequestStateTransferHeader {
-                    nonce,
-                    group: METADATA_GROUP.0,
-                };
-                self.push(
-                    replica,
-                    peer,
-                    CommandHeader::RequestStateTransfer(request),
-                    &[],
-                    out,
-                );
-            }
+            Stage::AwaitingDescriptor => self.push_descriptor_request(replica, peer, nonce, out),
             Stage::Fetching(fetch) => {
                 if let Some(cursor) = next_pending_chunk(&fetch.artifacts, 1) {
                     fetch.frontier = (cursor.artifact, cursor.offset);
@@ -1063,6 +1041,28 @@ impl MetadataTransfer {
                 MetadataReceiveError::Install(error.to_string()),
             ),
         }
+    }
+
+    /// Asks `peer` for the descriptor of session `nonce` (on arming, and
+    /// again after idle ticks while none has been accepted).
+    fn push_descriptor_request(
+        &mut self,
+        replica: &Replica,
+        peer: u8,
+        nonce: u128,
+        out: &mut Vec<Outgoing>,
+    ) {
+        let request = RequestStateTransferHeader {
+            nonce,
+            group: METADATA_GROUP.0,
+        };
+        self.push(
+            replica,
+            peer,
+            CommandHeader::RequestStateTransfer(request),
+            &[],
+            out,
+        );
     }
 
     fn push_target(
