@@ -35,7 +35,7 @@
 //! other failure charges the exponential backoff and rotates the peer.
 //!
 //! What is reused rather than repeated: the frame checks and encoding
-//! (`check_transfer_frame`, `encode_transfer_frame`), the chunk cursor
+//! (`check_transfer_frame`, `Outgoing::transfer_frame`), the chunk cursor
 //! (`consensus::chunk`), the manifest codec, the backoff and the peer
 //! rotation. What is not: the partition receiver itself streams segment
 //! artifacts to staging files, walks batches and adopts staged files;
@@ -65,7 +65,7 @@ use partitions::state_transfer::receive::STALL_ATTEMPTS_MAX_DEFAULT;
 use partitions::state_transfer::serve::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
 use partitions::state_transfer::{
     DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, LocalFacts, Outgoing, TransferBackoff, TransferFrameError,
-    TransferFrameExpect, check_transfer_frame, encode_transfer_frame, rotate_peer,
+    TransferFrameExpect, check_transfer_frame, rotate_peer,
 };
 use storage::fs::Fs;
 
@@ -1125,16 +1125,13 @@ impl MetadataTransfer {
         out: &mut Vec<Outgoing>,
     ) {
         self.stats.frames_out += 1;
-        out.push(Outgoing {
+        out.push(Outgoing::transfer_frame(
+            self.config.cluster,
+            replica,
             to,
-            frame: encode_transfer_frame(
-                self.config.cluster,
-                replica.view(),
-                replica.replica(),
-                command,
-                body,
-            ),
-        });
+            command,
+            body,
+        ));
     }
 }
 

@@ -53,7 +53,7 @@ use consensus::header::{
     RequestStateChunkHeader, RequestStateTransferHeader, StateChunkHeader,
     StateTransferTargetHeader, decode_frame, encode_frame,
 };
-use consensus::vsr::UNKNOWN_CHECKSUM;
+use consensus::vsr::{Replica, UNKNOWN_CHECKSUM};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
@@ -225,6 +225,25 @@ pub fn encode_transfer_frame(
         command,
     };
     Bytes::from(encode_frame(&header, body))
+}
+
+impl Outgoing {
+    /// A state-transfer frame for replica `to`, from `from` in its current
+    /// view, encoded by [`encode_transfer_frame`]: the one way both planes'
+    /// drivers address a frame, so the sender and view always come from
+    /// the replica that sends it.
+    pub fn transfer_frame(
+        cluster: u128,
+        from: &Replica,
+        to: u8,
+        command: CommandHeader,
+        body: &[u8],
+    ) -> Self {
+        Self {
+            to,
+            frame: encode_transfer_frame(cluster, from.view(), from.replica(), command, body),
+        }
+    }
 }
 
 /// Configuration of a [`TransferDriver`].
@@ -967,18 +986,14 @@ impl<F: Fs> TransferDriver<F> {
         body: &[u8],
         out: &mut DriverOutput,
     ) {
-        let replica = partition.replica();
         self.stats.frames_out += 1;
-        out.send.push(Outgoing {
+        out.send.push(Outgoing::transfer_frame(
+            self.config.cluster,
+            partition.replica(),
             to,
-            frame: encode_transfer_frame(
-                self.config.cluster,
-                replica.view(),
-                replica.replica(),
-                command,
-                body,
-            ),
-        });
+            command,
+            body,
+        ));
     }
 
     fn take_receive_slot(&mut self, slots: &mut TransferSlots) -> bool {
