@@ -968,6 +968,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         tracing::warn!(dir = %self.dir.display(), frontier = record.frontier, op = record.commit_op, "history below the frontier is missing: lagging until a state transfer installs");
     }
 
+    /// Replaces the segment set (purge, install, converge). The scrub's
+    /// cursor starts over with it: a batch boundary of the old files, read
+    /// in the new ones, would be reported as damage. Every replacement goes
+    /// through here so that no site can forget the reset.
+    pub(crate) fn replace_log(&mut self, log: SegmentedLog<F>) {
+        self.log = log;
+        self.scrub_cursor = crate::scrub::ScrubCursor::default();
+    }
+
     /// Notes a read that found committed bytes failing their checksums
     /// (bit rot, a torn sector, a foreign write): nothing of it was
     /// served, and the next tick starts the repair.

@@ -122,9 +122,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 step: "plant empty segment",
                 source: io::Error::other(e.to_string()),
             })?;
-        self.log = log;
-        // A new segment set: batch boundaries the scrub knew are gone.
-        self.scrub_cursor = crate::scrub::ScrubCursor::default();
+        self.replace_log(log);
         self.journal.clear_all(op + 1);
         self.applied_next_offset = 0;
         self.applied_last_timestamp = 0;

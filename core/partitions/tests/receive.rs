@@ -21,9 +21,10 @@ use futures::executor::block_on;
 use journal::{FileSuperblock, MemSuperblock, SuperblockStore};
 use partitions::state_transfer::{
     BuildBudget, BuildClock, ChunkAnswer, ChunkRequest, ConsumerOffsetsWire, DescriptorRefusal,
-    IgnoreReason, LocalFacts, OfferServer, OfferServerConfig, PendingRearm, ReceiveError,
-    ReceiveStep, ReceivedTransfer, ReceiverConfig, SegmentWalkError, SpillConfig, SpillError,
-    TransferBackoff, TransferReceiver, TransferRequest, rotate_peer, walk_segment_payload,
+    IgnoreReason, LocalFacts, OfferHeaderRefusal, OfferServer, OfferServerConfig, PendingRearm,
+    ReceiveError, ReceiveStep, ReceivedTransfer, ReceiverConfig, SegmentWalkError, SpillConfig,
+    SpillError, TransferBackoff, TransferReceiver, TransferRequest, rotate_peer,
+    walk_segment_payload,
 };
 use partitions::{ClientOp, PartitionConfig, PollingStrategy};
 use storage::BatchBuilder;
@@ -1032,19 +1033,19 @@ fn given_offer_from_a_peer_behind_when_offered_should_refuse_stale() {
                 ..Hooks::default()
             }
         ),
-        DescriptorRefusal::ViewBehind {
+        DescriptorRefusal::Header(OfferHeaderRefusal::ViewBehind {
             offer_view: 2,
             local_view: 3
-        }
+        })
     ));
     let mut ahead = local();
     ahead.commit_max = 1_000;
     assert!(matches!(
         refused_at_accept(60, ahead, &Hooks::default()),
-        DescriptorRefusal::CommitMaxBehind {
+        DescriptorRefusal::Header(OfferHeaderRefusal::CommitMaxBehind {
             local_commit_max: 1_000,
             ..
-        }
+        })
     ));
     assert!(matches!(
         refused_at_accept(
@@ -1055,7 +1056,7 @@ fn given_offer_from_a_peer_behind_when_offered_should_refuse_stale() {
                 ..Hooks::default()
             }
         ),
-        DescriptorRefusal::CommitOpPastCommitMax { .. }
+        DescriptorRefusal::Header(OfferHeaderRefusal::CommitOpPastCommitMax { .. })
     ));
 }
 
@@ -1923,9 +1924,9 @@ fn given_offer_at_u64_max_op_when_accepting_descriptor_should_refuse_out_of_rang
         assert!(
             matches!(
                 step,
-                ReceiveStep::Failed(ReceiveError::Descriptor(
-                    DescriptorRefusal::OpOutOfRange { .. }
-                ))
+                ReceiveStep::Failed(ReceiveError::Descriptor(DescriptorRefusal::Header(
+                    OfferHeaderRefusal::OpOutOfRange { .. }
+                )))
             ),
             "{commit_op}/{commit_max}: {step:?}"
         );

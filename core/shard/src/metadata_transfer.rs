@@ -35,9 +35,10 @@
 //! other failure charges the exponential backoff and rotates the peer.
 //!
 //! What is reused rather than repeated: the frame checks and encoding
-//! (`check_transfer_frame`, `encode_transfer_frame`), the chunk cursor
-//! (`consensus::chunk`), the manifest codec, the backoff and the peer
-//! rotation. What is not: the partition receiver itself streams segment
+//! (`check_transfer_frame`, `Outgoing::transfer_frame`), the descriptor
+//! header's checks against this replica (`check_offer_header`), the chunk
+//! cursor (`consensus::chunk`), the manifest codec, the backoff and the
+//! peer rotation. What is not: the partition receiver itself streams segment
 //! artifacts to staging files, walks batches and adopts staged files;
 //! metadata artifacts are two small in-memory buffers installed in one
 //! step, so making that receiver generic would have cost more than this
@@ -58,14 +59,14 @@ use consensus::header::{
 };
 use consensus::state_manifest::{ManifestError, StateArtifact, artifact_kind, decode_manifest};
 use consensus::verify_state_artifact;
-use consensus::vsr::{OP_MAX, Prng, Replica};
+use consensus::vsr::{Prng, Replica};
 use journal::SuperblockStore;
 use metadata::{MetadataBus, MetadataGroup, TransferError};
 use partitions::state_transfer::receive::STALL_ATTEMPTS_MAX_DEFAULT;
 use partitions::state_transfer::serve::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
 use partitions::state_transfer::{
-    DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, LocalFacts, Outgoing, TransferBackoff, TransferFrameError,
-    TransferFrameExpect, check_transfer_frame, encode_transfer_frame, rotate_peer,
+    DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, LocalFacts, OfferHeaderRefusal, Outgoing, TransferBackoff,
+    TransferFrameError, TransferFrameExpect, check_offer_header, check_transfer_frame, rotate_peer,
 };
 use storage::fs::Fs;
 
@@ -158,32 +159,9 @@ pub enum MetadataDescriptorRefusal {
         /// The ceiling.
         max: u64,
     },
-    /// The offer's `commit_max` is past any op a log reaches.
-    OpOutOfRange {
-        /// The offer's `commit_max`.
-        commit_max: u64,
-    },
-    /// The offer claims an op past its own `commit_max`.
-    CommitOpPastCommitMax {
-        /// The offer's op.
-        commit_op: u64,
-        /// The offer's `commit_max`.
-        commit_max: u64,
-    },
-    /// The peer is in an older view than this replica.
-    ViewBehind {
-        /// The peer's view.
-        offer_view: u32,
-        /// This replica's view.
-        local_view: u32,
-    },
-    /// The peer knows less committed than this replica.
-    CommitMaxBehind {
-        /// The peer's `commit_max`.
-        offer_commit_max: u64,
-        /// This replica's.
-        local_commit_max: u64,
-    },
+    /// The offer's header is out of range or from a peer behind this
+    /// replica (the partition receiver's check, shared).
+    Header(OfferHeaderRefusal),
     /// The offer is not ahead of what this replica applied.
     NotAhead {
         /// The offer's op.
@@ -219,31 +197,7 @@ impl fmt::Display for MetadataDescriptorRefusal {
                 f,
                 "metadata offer artifact {index} declares {len} bytes, past the ceiling of {max}"
             ),
-            Self::OpOutOfRange { commit_max } => write!(
-                f,
-                "metadata offer commit_max {commit_max} is past the largest op {OP_MAX}"
-            ),
-            Self::CommitOpPastCommitMax {
-                commit_op,
-                commit_max,
-            } => write!(
-                f,
-                "metadata offer at op {commit_op} is past its own commit_max {commit_max}"
-            ),
-            Self::ViewBehind {
-                offer_view,
-                local_view,
-            } => write!(
-                f,
-                "metadata offer from view {offer_view} is behind this replica's view {local_view}"
-            ),
-            Self::CommitMaxBehind {
-                offer_commit_max,
-                local_commit_max,
-            } => write!(
-                f,
-                "metadata offer peer's commit_max {offer_commit_max} is behind this replica's {local_commit_max}"
-            ),
+            Self::Header(r) => write!(f, "metadata {r}"),
             Self::NotAhead { commit_op, applied } => write!(
                 f,
                 "metadata offer at op {commit_op} is not ahead of the applied op {applied}"
@@ -633,17 +587,7 @@ impl MetadataTransfer {
             idle_ticks: 0,
             stalls: 0,
         });
-        let request = RequestStateTransferHeader {
-            nonce,
-            group: METADATA_GROUP.0,
-        };
-        self.push(
-            replica,
-            peer,
-            CommandHeader::RequestStateTransfer(request),
-            &[],
-            out,
-        );
+        self.push_descriptor_request(replica, peer, nonce, out);
     }
 
     /// After idle ticks: the descriptor again, or the window from the
@@ -654,19 +598,7 @@ impl MetadataTransfer {
         };
         let (peer, nonce) = (session.peer, session.nonce);
         match &mut session.stage {
-            Stage::AwaitingDescriptor => {
-                let request = RequestStateTransferHeader {
-                    nonce,
-                    group: METADATA_GROUP.0,
-                };
-                self.push(
-                    replica,
-                    peer,
-                    CommandHeader::RequestStateTransfer(request),
-                    &[],
-                    out,
-                );
-            }
+            Stage::AwaitingDescriptor => self.push_descriptor_request(replica, peer, nonce, out),
             Stage::Fetching(fetch) => {
                 if let Some(cursor) = next_pending_chunk(&fetch.artifacts, 1) {
                     fetch.frontier = (cursor.artifact, cursor.offset);
@@ -1065,6 +997,28 @@ impl MetadataTransfer {
         }
     }
 
+    /// Asks `peer` for the descriptor of session `nonce` (on arming, and
+    /// again after idle ticks while none has been accepted).
+    fn push_descriptor_request(
+        &mut self,
+        replica: &Replica,
+        peer: u8,
+        nonce: u128,
+        out: &mut Vec<Outgoing>,
+    ) {
+        let request = RequestStateTransferHeader {
+            nonce,
+            group: METADATA_GROUP.0,
+        };
+        self.push(
+            replica,
+            peer,
+            CommandHeader::RequestStateTransfer(request),
+            &[],
+            out,
+        );
+    }
+
     fn push_target(
         &mut self,
         replica: &Replica,
@@ -1125,16 +1079,13 @@ impl MetadataTransfer {
         out: &mut Vec<Outgoing>,
     ) {
         self.stats.frames_out += 1;
-        out.push(Outgoing {
+        out.push(Outgoing::transfer_frame(
+            self.config.cluster,
+            replica,
             to,
-            frame: encode_transfer_frame(
-                self.config.cluster,
-                replica.view(),
-                replica.replica(),
-                command,
-                body,
-            ),
-        });
+            command,
+            body,
+        ));
     }
 }
 
@@ -1150,29 +1101,7 @@ fn accept_descriptor(
     body: &[u8],
 ) -> Result<Vec<StateArtifact>, MetadataDescriptorRefusal> {
     type R = MetadataDescriptorRefusal;
-    if h.commit_max > OP_MAX {
-        return Err(R::OpOutOfRange {
-            commit_max: h.commit_max,
-        });
-    }
-    if h.commit_op > h.commit_max {
-        return Err(R::CommitOpPastCommitMax {
-            commit_op: h.commit_op,
-            commit_max: h.commit_max,
-        });
-    }
-    if view < replica.view() {
-        return Err(R::ViewBehind {
-            offer_view: view,
-            local_view: replica.view(),
-        });
-    }
-    if h.commit_max < replica.commit_max() {
-        return Err(R::CommitMaxBehind {
-            offer_commit_max: h.commit_max,
-            local_commit_max: replica.commit_max(),
-        });
-    }
+    check_offer_header(view, h, &facts(replica)).map_err(R::Header)?;
     if h.commit_op <= replica.commit_min() {
         return Err(R::NotAhead {
             commit_op: h.commit_op,

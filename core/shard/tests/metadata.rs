@@ -8,44 +8,12 @@ mod harness;
 
 use std::collections::BTreeSet;
 
-use common::{GroupId, ReplicaId};
-use futures::channel::oneshot;
-use futures::executor::block_on;
+use common::GroupId;
 use harness::{Cluster, batch};
 use metadata::{Identifier, MetadataOp, Outcome, TopicConfig};
 use partitions::NetworkFaults;
-use shard::{Answer, Call, Input, MetaCall, MetaError};
+use shard::{Answer, Call, MetaError};
 use storage::fs::CrashMode;
-
-fn submit(c: &mut Cluster, op: MetadataOp) -> Result<Outcome, MetaError> {
-    let mut target = ReplicaId(0);
-    for _ in 0..50 {
-        let (tx, mut rx) = oneshot::channel();
-        let Some(node) = c.nodes[usize::from(target.0)][0].as_mut() else {
-            target = ReplicaId((target.0 + 1) % c.replicas);
-            continue;
-        };
-        block_on(node.on_input(Input::Meta(MetaCall::Submit {
-            op: op.clone(),
-            user_id: 0,
-            reply: tx,
-        })));
-        let mut answer = None;
-        for _ in 0..300 {
-            if let Ok(Some(a)) = rx.try_recv() {
-                answer = Some(a);
-                break;
-            }
-            c.step();
-        }
-        match answer {
-            Some(Err(MetaError::NotPrimary { primary, .. })) => target = primary,
-            Some(Err(MetaError::Unavailable { .. })) | None => c.run(20),
-            Some(other) => return other,
-        }
-    }
-    panic!("metadata op never answered");
-}
 
 fn partition_groups(c: &Cluster, r: u8) -> BTreeSet<GroupId> {
     c.nodes[usize::from(r)]
@@ -72,37 +40,30 @@ fn expected_groups(c: &Cluster, r: u8) -> BTreeSet<GroupId> {
 fn given_topic_created_when_committed_should_create_its_groups_on_every_replica() {
     let mut c = Cluster::new(3, 2, 21, NetworkFaults::default());
     c.run(100);
-    let stream = submit(
-        &mut c,
-        MetadataOp::CreateStream {
+    let stream = c
+        .submit_metadata(MetadataOp::CreateStream {
             name: "orders".into(),
             created_at_us: 1,
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     assert!(matches!(stream, Outcome::StreamCreated(_)));
-    let duplicate = submit(
-        &mut c,
-        MetadataOp::CreateStream {
-            name: "orders".into(),
-            created_at_us: 2,
-        },
-    );
+    let duplicate = c.submit_metadata(MetadataOp::CreateStream {
+        name: "orders".into(),
+        created_at_us: 2,
+    });
     assert!(
         matches!(duplicate, Err(MetaError::Refused(_))),
         "{duplicate:?}"
     );
-    let topic = submit(
-        &mut c,
-        MetadataOp::CreateTopic {
+    let topic = c
+        .submit_metadata(MetadataOp::CreateTopic {
             stream: Identifier::Name("orders".into()),
             name: "eu".into(),
             partitions_count: 6,
             config: TopicConfig::default(),
             created_at_us: 3,
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     assert!(matches!(topic, Outcome::TopicCreated(..)));
     c.run(50);
     let expected = expected_groups(&c, 0);
@@ -126,12 +87,9 @@ fn given_topic_created_when_committed_should_create_its_groups_on_every_replica(
     }
     // Deleting the stream deletes them everywhere, and a restart brings
     // none back.
-    submit(
-        &mut c,
-        MetadataOp::DeleteStream {
-            stream: Identifier::Name("orders".into()),
-        },
-    )
+    c.submit_metadata(MetadataOp::DeleteStream {
+        stream: Identifier::Name("orders".into()),
+    })
     .unwrap();
     c.run(50);
     for r in 0..3 {
@@ -148,24 +106,18 @@ fn given_replica_down_while_topic_created_when_restarted_should_reconcile_its_gr
     let mut c = Cluster::new(3, 2, 22, NetworkFaults::default());
     c.run(100);
     c.crash(0, CrashMode::DropAll);
-    submit(
-        &mut c,
-        MetadataOp::CreateStream {
-            name: "s".into(),
-            created_at_us: 1,
-        },
-    )
+    c.submit_metadata(MetadataOp::CreateStream {
+        name: "s".into(),
+        created_at_us: 1,
+    })
     .unwrap();
-    submit(
-        &mut c,
-        MetadataOp::CreateTopic {
-            stream: Identifier::Name("s".into()),
-            name: "t".into(),
-            partitions_count: 4,
-            config: TopicConfig::default(),
-            created_at_us: 2,
-        },
-    )
+    c.submit_metadata(MetadataOp::CreateTopic {
+        stream: Identifier::Name("s".into()),
+        name: "t".into(),
+        partitions_count: 4,
+        config: TopicConfig::default(),
+        created_at_us: 2,
+    })
     .unwrap();
     c.restart_reconciled(0);
     // Repair brings group 0's ops; their effects create the groups.
@@ -189,24 +141,18 @@ fn known_purge_generation(c: &Cluster, r: u8, group: GroupId) -> Option<u64> {
 fn given_a_committed_purge_when_applied_and_after_a_restart_should_reach_every_transfer_driver() {
     let mut c = Cluster::new(3, 2, 23, NetworkFaults::default());
     c.run(100);
-    submit(
-        &mut c,
-        MetadataOp::CreateStream {
-            name: "p".into(),
-            created_at_us: 1,
-        },
-    )
+    c.submit_metadata(MetadataOp::CreateStream {
+        name: "p".into(),
+        created_at_us: 1,
+    })
     .unwrap();
-    submit(
-        &mut c,
-        MetadataOp::CreateTopic {
-            stream: Identifier::Name("p".into()),
-            name: "t".into(),
-            partitions_count: 3,
-            config: TopicConfig::default(),
-            created_at_us: 2,
-        },
-    )
+    c.submit_metadata(MetadataOp::CreateTopic {
+        stream: Identifier::Name("p".into()),
+        name: "t".into(),
+        partitions_count: 3,
+        config: TopicConfig::default(),
+        created_at_us: 2,
+    })
     .unwrap();
     c.run(50);
     let groups = expected_groups(&c, 0);
@@ -216,13 +162,10 @@ fn given_a_committed_purge_when_applied_and_after_a_restart_should_reach_every_t
             assert_eq!(known_purge_generation(&c, r, *g), None, "before any purge");
         }
     }
-    submit(
-        &mut c,
-        MetadataOp::PurgeTopic {
-            stream: Identifier::Name("p".into()),
-            topic: Identifier::Name("t".into()),
-        },
-    )
+    c.submit_metadata(MetadataOp::PurgeTopic {
+        stream: Identifier::Name("p".into()),
+        topic: Identifier::Name("t".into()),
+    })
     .unwrap();
     c.run(50);
     let committed: Vec<(GroupId, u64)> = c.nodes[0][0]

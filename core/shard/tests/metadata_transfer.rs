@@ -15,19 +15,16 @@ use std::collections::BTreeSet;
 use common::{GroupId, METADATA_GROUP, ReplicaId};
 use consensus::header::{CommandHeader, decode_frame, encode_frame};
 use consensus::state_manifest::{decode_manifest, encode_manifest};
-use futures::channel::oneshot;
 use futures::executor::block_on;
 use harness::{CLUSTER, Cluster, data_dir};
-use metadata::{
-    Identifier, MetadataOp, MetadataStore, Outcome, StoreConfig, TopicConfig, encode_snapshot,
-};
+use metadata::{Identifier, MetadataOp, MetadataStore, StoreConfig, TopicConfig, encode_snapshot};
 use partitions::NetworkFaults;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use shard::testing::{Packet, TestEnv};
 use shard::{
-    FrameRefusal, Input, METADATA_DIR, MetaCall, MetaError, MetadataDescriptorRefusal,
-    MetadataHost, MetadataReceiveError, ShardIndex, shard_dir,
+    FrameRefusal, METADATA_DIR, MetadataDescriptorRefusal, MetadataHost, MetadataReceiveError,
+    ShardIndex, shard_dir,
 };
 use storage::fs::CrashMode;
 
@@ -35,36 +32,6 @@ use storage::fs::CrashMode;
 const RETENTION: u64 = 4;
 /// Ops committed while the victim is down: well past the retention.
 const OPS_WHILE_DOWN: usize = 12;
-
-fn submit(c: &mut Cluster, op: MetadataOp) -> Result<Outcome, MetaError> {
-    let mut target = ReplicaId(0);
-    for _ in 0..50 {
-        let (tx, mut rx) = oneshot::channel();
-        let Some(node) = c.nodes[usize::from(target.0)][0].as_mut() else {
-            target = ReplicaId((target.0 + 1) % c.replicas);
-            continue;
-        };
-        block_on(node.on_input(Input::Meta(MetaCall::Submit {
-            op: op.clone(),
-            user_id: 0,
-            reply: tx,
-        })));
-        let mut answer = None;
-        for _ in 0..300 {
-            if let Ok(Some(a)) = rx.try_recv() {
-                answer = Some(a);
-                break;
-            }
-            c.step();
-        }
-        match answer {
-            Some(Err(MetaError::NotPrimary { primary, .. })) => target = primary,
-            Some(Err(MetaError::Unavailable { .. })) | None => c.run(20),
-            Some(other) => return other,
-        }
-    }
-    panic!("metadata op never answered");
-}
 
 fn meta(c: &Cluster, r: u8) -> &MetadataHost<TestEnv> {
     c.nodes[usize::from(r)][0]
@@ -94,13 +61,10 @@ fn topic(name: &str) -> MetadataOp {
 fn lagging_backup_restarted(seed: u64) -> (Cluster, u8) {
     let mut c = Cluster::with_metadata_retention(3, 1, seed, NetworkFaults::default(), RETENTION);
     c.run(100);
-    submit(
-        &mut c,
-        MetadataOp::CreateStream {
-            name: "s".into(),
-            created_at_us: 1,
-        },
-    )
+    c.submit_metadata(MetadataOp::CreateStream {
+        name: "s".into(),
+        created_at_us: 1,
+    })
     .unwrap();
     let primary = (0..3)
         .find(|r| meta(&c, *r).replica().is_caught_up_primary())
@@ -108,7 +72,7 @@ fn lagging_backup_restarted(seed: u64) -> (Cluster, u8) {
     let victim = (primary + 1) % 3;
     c.crash(victim, CrashMode::DropAll);
     for i in 0..OPS_WHILE_DOWN {
-        submit(&mut c, topic(&format!("t{i}"))).unwrap();
+        c.submit_metadata(topic(&format!("t{i}"))).unwrap();
     }
     c.restart_reconciled(victim);
     (c, victim)
@@ -158,7 +122,7 @@ fn assert_converged(c: &mut Cluster, victim: u8) {
     assert_eq!(held, want);
     assert_eq!(want.len(), OPS_WHILE_DOWN);
     // The tail goes on by ordinary replication: a new op reaches it too.
-    submit(c, topic("after")).unwrap();
+    c.submit_metadata(topic("after")).unwrap();
 }
 
 #[test]

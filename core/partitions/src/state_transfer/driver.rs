@@ -53,7 +53,7 @@ use consensus::header::{
     RequestStateChunkHeader, RequestStateTransferHeader, StateChunkHeader,
     StateTransferTargetHeader, decode_frame, encode_frame,
 };
-use consensus::vsr::UNKNOWN_CHECKSUM;
+use consensus::vsr::{Replica, UNKNOWN_CHECKSUM};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
@@ -206,6 +206,117 @@ pub fn check_transfer_frame(
     })
 }
 
+/// Why an offer's `StateTransferTarget` header was refused against this
+/// replica's own view and `commit_max`, before its manifest is read: the
+/// descriptor checks both planes' receivers share (a partition's and group
+/// 0's), each wrapping this in its own descriptor refusal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OfferHeaderRefusal {
+    /// The offer's `commit_max` (so its op) is past any op a real log
+    /// reaches ([`consensus::vsr::OP_MAX`]): arithmetic on it (the op after
+    /// the install, the journal's floor) would overflow.
+    OpOutOfRange {
+        /// The offer's `commit_max`.
+        commit_max: u64,
+        /// The largest op accepted.
+        max: u64,
+    },
+    /// The offer claims an op past its own `commit_max`.
+    CommitOpPastCommitMax {
+        /// The offer's op.
+        commit_op: u64,
+        /// The offer's `commit_max`.
+        commit_max: u64,
+    },
+    /// The peer is in an older view than this replica.
+    ViewBehind {
+        /// The peer's view.
+        offer_view: u32,
+        /// This replica's view.
+        local_view: u32,
+    },
+    /// The peer knows less committed than this replica.
+    CommitMaxBehind {
+        /// The peer's `commit_max`.
+        offer_commit_max: u64,
+        /// This replica's `commit_max`.
+        local_commit_max: u64,
+    },
+}
+
+impl fmt::Display for OfferHeaderRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OpOutOfRange { commit_max, max } => write!(
+                f,
+                "offer commit_max {commit_max} is past the largest op {max}"
+            ),
+            Self::CommitOpPastCommitMax {
+                commit_op,
+                commit_max,
+            } => write!(
+                f,
+                "offer at op {commit_op} is past its own commit_max {commit_max}"
+            ),
+            Self::ViewBehind {
+                offer_view,
+                local_view,
+            } => write!(
+                f,
+                "offer from view {offer_view} is behind this replica's view {local_view}"
+            ),
+            Self::CommitMaxBehind {
+                offer_commit_max,
+                local_commit_max,
+            } => write!(
+                f,
+                "offer peer's commit_max {offer_commit_max} is behind this replica's {local_commit_max}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OfferHeaderRefusal {}
+
+/// Checks an offer's header, sent in `view`, against this replica
+/// (`local`'s view and `commit_max`): its op in range and not past its own
+/// `commit_max`, and the peer not behind this replica. Pure; the first
+/// check that fails is returned, in the order above.
+///
+/// # Errors
+/// The first check that fails, as an [`OfferHeaderRefusal`].
+pub fn check_offer_header(
+    view: u32,
+    header: &StateTransferTargetHeader,
+    local: &LocalFacts,
+) -> Result<(), OfferHeaderRefusal> {
+    if header.commit_max > consensus::vsr::OP_MAX {
+        return Err(OfferHeaderRefusal::OpOutOfRange {
+            commit_max: header.commit_max,
+            max: consensus::vsr::OP_MAX,
+        });
+    }
+    if header.commit_op > header.commit_max {
+        return Err(OfferHeaderRefusal::CommitOpPastCommitMax {
+            commit_op: header.commit_op,
+            commit_max: header.commit_max,
+        });
+    }
+    if view < local.view {
+        return Err(OfferHeaderRefusal::ViewBehind {
+            offer_view: view,
+            local_view: local.view,
+        });
+    }
+    if header.commit_max < local.commit_max {
+        return Err(OfferHeaderRefusal::CommitMaxBehind {
+            offer_commit_max: header.commit_max,
+            local_commit_max: local.commit_max,
+        });
+    }
+    Ok(())
+}
+
 /// Encodes a state-transfer frame from replica `replica` in `view` (sealed,
 /// body checksummed by the header codec).
 pub fn encode_transfer_frame(
@@ -225,6 +336,25 @@ pub fn encode_transfer_frame(
         command,
     };
     Bytes::from(encode_frame(&header, body))
+}
+
+impl Outgoing {
+    /// A state-transfer frame for replica `to`, from `from` in its current
+    /// view, encoded by [`encode_transfer_frame`]: the one way both planes'
+    /// drivers address a frame, so the sender and view always come from
+    /// the replica that sends it.
+    pub fn transfer_frame(
+        cluster: u128,
+        from: &Replica,
+        to: u8,
+        command: CommandHeader,
+        body: &[u8],
+    ) -> Self {
+        Self {
+            to,
+            frame: encode_transfer_frame(cluster, from.view(), from.replica(), command, body),
+        }
+    }
 }
 
 /// Configuration of a [`TransferDriver`].
@@ -967,18 +1097,14 @@ impl<F: Fs> TransferDriver<F> {
         body: &[u8],
         out: &mut DriverOutput,
     ) {
-        let replica = partition.replica();
         self.stats.frames_out += 1;
-        out.send.push(Outgoing {
+        out.send.push(Outgoing::transfer_frame(
+            self.config.cluster,
+            partition.replica(),
             to,
-            frame: encode_transfer_frame(
-                self.config.cluster,
-                replica.view(),
-                replica.replica(),
-                command,
-                body,
-            ),
-        });
+            command,
+            body,
+        ));
     }
 
     fn take_receive_slot(&mut self, slots: &mut TransferSlots) -> bool {

@@ -807,9 +807,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 ),
             });
         }
-        self.log = log;
-        // A new segment set: batch boundaries the scrub knew are gone.
-        self.scrub_cursor = crate::scrub::ScrubCursor::default();
+        self.replace_log(log);
         self.journal.clear_all(checked.commit_op + 1);
 
         // Offsets: everything not in the plan goes (strays included), then
@@ -1056,9 +1054,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let (log, _) = SegmentedLog::open(fs.clone(), &dir, self.config.log, checked.frontier)
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
-        self.log = log;
-        // A new segment set: batch boundaries the scrub knew are gone.
-        self.scrub_cursor = crate::scrub::ScrubCursor::default();
+        self.replace_log(log);
         self.offsets.clear_all(&fs).await?;
         self.journal.clear_all(checked.commit_op + 1);
         self.messages_count = 0;

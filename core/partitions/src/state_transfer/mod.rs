@@ -37,10 +37,10 @@ pub mod wire;
 
 pub use driver::{
     CheckedTransferFrame, DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DRIVER_LOAD_BLOCKS_PER_CALL,
-    DriverOutput, DriverStats, Outgoing, RECEIVING_TRANSFERS_MAX_DEFAULT,
+    DriverOutput, DriverStats, OfferHeaderRefusal, Outgoing, RECEIVING_TRANSFERS_MAX_DEFAULT,
     SERVING_TRANSFERS_MAX_DEFAULT, TransferDriver, TransferDriverConfig, TransferEvent,
-    TransferFrameError, TransferFrameExpect, TransferSlots, check_transfer_frame,
-    encode_transfer_frame,
+    TransferFrameError, TransferFrameExpect, TransferSlots, check_offer_header,
+    check_transfer_frame, encode_transfer_frame,
 };
 pub use errors::{
     PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,

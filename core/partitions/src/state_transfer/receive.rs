@@ -40,6 +40,7 @@ use consensus::{ArtifactProgress, StateArtifact, append_chunk, artifact_kind, ne
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
+use super::driver::{OfferHeaderRefusal, check_offer_header};
 use super::errors::SpillError;
 use super::serve::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
 use super::spill::{
@@ -387,36 +388,9 @@ pub enum DescriptorRefusal {
         /// Manifest index.
         index: usize,
     },
-    /// The offer's `commit_max` (so its op) is past any op a real log
-    /// reaches ([`consensus::vsr::OP_MAX`]): arithmetic on it (the op after
-    /// the install, the journal's floor) would overflow.
-    OpOutOfRange {
-        /// The offer's `commit_max`.
-        commit_max: u64,
-        /// The largest op accepted.
-        max: u64,
-    },
-    /// The offer claims an op past its own `commit_max`.
-    CommitOpPastCommitMax {
-        /// The offer's op.
-        commit_op: u64,
-        /// The offer's `commit_max`.
-        commit_max: u64,
-    },
-    /// The peer is in an older view than this replica.
-    ViewBehind {
-        /// The peer's view.
-        offer_view: u32,
-        /// This replica's view.
-        local_view: u32,
-    },
-    /// The peer knows less committed than this replica.
-    CommitMaxBehind {
-        /// The peer's `commit_max`.
-        offer_commit_max: u64,
-        /// This replica's `commit_max`.
-        local_commit_max: u64,
-    },
+    /// The offer's header is out of range or from a peer behind this
+    /// replica (the check group 0's receiver shares).
+    Header(OfferHeaderRefusal),
 }
 
 impl fmt::Display for DescriptorRefusal {
@@ -458,31 +432,7 @@ impl fmt::Display for DescriptorRefusal {
                 "offer segment {index} starts at {frontier}, not above the previous one at {previous}"
             ),
             Self::EmptySegment { index } => write!(f, "offer segment {index} is empty"),
-            Self::OpOutOfRange { commit_max, max } => write!(
-                f,
-                "offer commit_max {commit_max} is past the largest op {max}"
-            ),
-            Self::CommitOpPastCommitMax {
-                commit_op,
-                commit_max,
-            } => write!(
-                f,
-                "offer at op {commit_op} is past its own commit_max {commit_max}"
-            ),
-            Self::ViewBehind {
-                offer_view,
-                local_view,
-            } => write!(
-                f,
-                "offer from view {offer_view} is behind this replica's view {local_view}"
-            ),
-            Self::CommitMaxBehind {
-                offer_commit_max,
-                local_commit_max,
-            } => write!(
-                f,
-                "offer peer's commit_max {offer_commit_max} is behind this replica's {local_commit_max}"
-            ),
+            Self::Header(r) => write!(f, "{r}"),
         }
     }
 }
@@ -1692,30 +1642,7 @@ fn accept_descriptor(
     local: &LocalFacts,
     config: &ReceiverConfig,
 ) -> Result<AcceptedDescriptor, DescriptorRefusal> {
-    if header.commit_max > consensus::vsr::OP_MAX {
-        return Err(DescriptorRefusal::OpOutOfRange {
-            commit_max: header.commit_max,
-            max: consensus::vsr::OP_MAX,
-        });
-    }
-    if header.commit_op > header.commit_max {
-        return Err(DescriptorRefusal::CommitOpPastCommitMax {
-            commit_op: header.commit_op,
-            commit_max: header.commit_max,
-        });
-    }
-    if view < local.view {
-        return Err(DescriptorRefusal::ViewBehind {
-            offer_view: view,
-            local_view: local.view,
-        });
-    }
-    if header.commit_max < local.commit_max {
-        return Err(DescriptorRefusal::CommitMaxBehind {
-            offer_commit_max: header.commit_max,
-            local_commit_max: local.commit_max,
-        });
-    }
+    check_offer_header(view, header, local).map_err(DescriptorRefusal::Header)?;
     let manifest = decode_manifest(body).map_err(DescriptorRefusal::Manifest)?;
     let mut total: u64 = 0;
     let mut offsets_count = 0;

@@ -11,11 +11,12 @@ use common::{GroupId, ReplicaId};
 use consensus::vsr::TimeoutConfig;
 use futures::channel::oneshot;
 use futures::executor::block_on;
+use metadata::{MetadataOp, Outcome};
 use partitions::NetworkFaults;
 use shard::testing::{TestClock, TestEnv, TestNet};
 use shard::{
-    Answer, Call, CallError, Envelope, GroupSpec, Shard, ShardConfig, ShardIndex, shard_dir,
-    shard_of,
+    Answer, Call, CallError, Envelope, GroupSpec, Input, MetaCall, MetaError, Shard, ShardConfig,
+    ShardIndex, shard_dir, shard_of,
 };
 use storage::batch::BatchBuilder;
 use storage::fs::{FileKind, Fs, SimFs};
@@ -226,6 +227,44 @@ impl Cluster {
             target,
             sent_tick,
         }
+    }
+
+    /// Submits a metadata op to group 0 and drives the cluster until it is
+    /// answered: starts at replica 0, follows `NotPrimary` to the primary
+    /// it names, skips a replica that is down and, when the answer is
+    /// `Unavailable` or does not come within 300 steps, runs 20 ticks and
+    /// asks again.
+    ///
+    /// # Panics
+    /// When no answer comes in 50 attempts.
+    pub fn submit_metadata(&mut self, op: MetadataOp) -> Result<Outcome, MetaError> {
+        let mut target = ReplicaId(0);
+        for _ in 0..50 {
+            let (tx, mut rx) = oneshot::channel();
+            let Some(node) = self.nodes[usize::from(target.0)][0].as_mut() else {
+                target = ReplicaId((target.0 + 1) % self.replicas);
+                continue;
+            };
+            block_on(node.on_input(Input::Meta(MetaCall::Submit {
+                op: op.clone(),
+                user_id: 0,
+                reply: tx,
+            })));
+            let mut answer = None;
+            for _ in 0..300 {
+                if let Ok(Some(a)) = rx.try_recv() {
+                    answer = Some(a);
+                    break;
+                }
+                self.step();
+            }
+            match answer {
+                Some(Err(MetaError::NotPrimary { primary, .. })) => target = primary,
+                Some(Err(MetaError::Unavailable { .. })) | None => self.run(20),
+                Some(other) => return other,
+            }
+        }
+        panic!("metadata op never answered");
     }
 
     /// The replica that believes it is the group's primary, if any is up.
