@@ -831,6 +831,66 @@ fn given_a_cluster_stopped_whole_when_restarted_should_serve_everything_again() 
     cluster.stop();
 }
 
+/// A whole-cluster crash: every replica is killed with SIGKILL at once
+/// (no clean stop, so every group restarts under the restart rule with
+/// nobody left to answer its probes) and started again. The groups come
+/// back by themselves through the census (docs/consensus.md §4, "Whole-
+/// group restart"); the topic is `persisted` (the SDK asks for it by name:
+/// its default options name `replicated`), so every acknowledged message
+/// is still at its offset.
+#[test]
+fn given_a_cluster_killed_whole_when_restarted_should_serve_again_by_itself_and_lose_nothing_acknowledged()
+ {
+    let mut cluster = Cluster::start_logging(|_| {}, Some("warn,shard::shard=info"));
+    let rt = runtime();
+    let via = cluster.clients[0];
+    let texts = |from: usize, to: usize| -> Vec<String> {
+        (from..to).map(|n| format!("blackout-{n:05}")).collect()
+    };
+    let persisted = TopicCreateOptions {
+        durability: Durability::Persisted,
+        ..TopicCreateOptions::default()
+    };
+    let client = rt.block_on(bounded("set up", load_topic(via, persisted)));
+    let mut produced = Produced::default();
+    produced.range(&rt, &client, &texts(0, 200));
+    drop(client);
+    for i in 0..3 {
+        cluster.kill9(i);
+    }
+    for i in 0..3 {
+        cluster.start_replica(i);
+    }
+    let client = rt.block_on(bounded("log in again", logged_in(via)));
+    produced.range(&rt, &client, &texts(200, 300));
+    let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
+    check_read_back(&read, &produced.acked, &produced.attempted);
+    assert_eq!(produced.acked.len(), 300);
+    // The line can trail the replies by a little; look for 10 s at most.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let census = loop {
+        let found = cluster
+            .nodes
+            .iter()
+            .flatten()
+            .any(|n| n.logged("every replica of the group restarted: started a view"));
+        if found || Instant::now() > deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(census, "a replica started the partition's view by census");
+    let segments = await_identical_segments(&cluster);
+    println!(
+        "{} acknowledged, {} read after a kill -9 of every replica; {} segment files identical",
+        produced.acked.len(),
+        read.len(),
+        segments.len()
+    );
+    drop(client);
+    cluster.stop();
+}
+
 /// Scrapes replica `node`'s metrics until `ok` holds, for at most 30 s.
 fn scrape_until(
     node: &Replog,

@@ -365,6 +365,8 @@ struct Group<E: Env> {
     fenced_reported: bool,
     /// The view and whether this replica was its primary, as last logged.
     seen_view: (u32, bool),
+    /// Census views this replica started, as last logged.
+    seen_census: u64,
     /// When the running transfer was first armed (the environment's clock),
     /// for its duration once installed.
     transfer_armed_at: Option<Duration>,
@@ -380,7 +382,17 @@ impl<E: Env> Group<E> {
             return;
         }
         let primary = replica.primary_index(now.0);
-        if now.0 != self.seen_view.0 {
+        let census = replica.census_views_started();
+        if census > self.seen_census {
+            self.seen_census = census;
+            // docs/consensus.md §4, "Whole-group restart".
+            tracing::info!(
+                group = id.0,
+                view = now.0,
+                op = replica.commit_min(),
+                "every replica of the group restarted: started a view from the longest applied state"
+            );
+        } else if now.0 != self.seen_view.0 {
             tracing::info!(group = id.0, view = now.0, primary, "group view changed");
         } else {
             // The view's start (this replica finishing it as primary):
@@ -811,6 +823,7 @@ impl<E: Env> Shard<E> {
                 in_flight: BTreeMap::new(),
                 fenced_reported: false,
                 seen_view,
+                seen_census: 0,
                 transfer_armed_at: None,
             },
         );
