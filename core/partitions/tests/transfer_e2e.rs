@@ -57,6 +57,7 @@ fn shape(segment_size: u64) -> Shape {
             duplicate_per_mille: 20,
             delay_ticks_max: 3,
         },
+        enforce_fsync: false,
     }
 }
 
