@@ -96,9 +96,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     pub(crate) async fn flush_if_due(&mut self) -> Result<(), PartitionError> {
         let info = *self.journal.info();
         let lagging = self.applied_point_lags();
+        // A persisted primary records what it applied before anyone can
+        // see it: before the step's replies, and before a poll can read
+        // a batch it applied with no reply here (one it re-committed
+        // after a view change).
         let persisted_reply = self.config.enforce_fsync
             && self.config.vsr.replica_count > 1
-            && !self.pending_replies.is_empty();
+            && (!self.pending_replies.is_empty()
+                || (info.messages_count > 0 && self.replica.is_primary()));
         if info.messages_count == 0 && !lagging && !persisted_reply {
             return Ok(());
         }

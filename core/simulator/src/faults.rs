@@ -38,6 +38,8 @@ pub(crate) struct FaultStats {
     /// Boots without the rejoin flag of a replica whose disk was replaced
     /// (they rejoin through the marker, or are ordinary restarts).
     pub wiped_reboots: u64,
+    /// Whole-cluster crashes (every replica at once).
+    pub blackouts: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -184,7 +186,41 @@ impl FaultPlan {
         if self.replica_count > 1 && self.roll(self.rates.wipe_per_mille) {
             self.wipe(cluster, trace, tick)?;
         }
+        if self.replica_count > 1 && self.roll(self.rates.blackout_per_mille) {
+            self.blackout(cluster, trace, tick);
+        }
         Ok(())
+    }
+
+    /// Every replica crashes at once, when all are healthy: a power loss
+    /// of the whole cluster (each disk keeps a seeded part of its unsynced
+    /// writes) or a kill of every process (page caches survive). Each
+    /// boots 20–300 ticks later; nobody is left to answer their probes, so
+    /// the groups come back only through the census.
+    fn blackout(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
+        if self.faulty() > 0 || (0..self.replica_count).any(|r| !cluster.is_up(r)) {
+            return;
+        }
+        let mode = if self.prng.chance(1, 2) {
+            CrashMode::Seeded
+        } else {
+            CrashMode::KeepAll
+        };
+        let mut downs = Vec::new();
+        for r in 0..self.replica_count {
+            let down_ticks = self.between(20, 300);
+            cluster.crash(r, mode);
+            self.stats.crashes += 1;
+            self.health[usize::from(r)] = Health::Crashed {
+                restart_tick: tick + down_ticks,
+            };
+            downs.push(down_ticks);
+        }
+        self.stats.blackouts += 1;
+        trace.record(Event::Fault {
+            tick,
+            what: format!("blackout: every replica crashed ({mode:?}), down for {downs:?} ticks"),
+        });
     }
 
     /// A replica that may take a fault now, if the budget allows one.

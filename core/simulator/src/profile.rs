@@ -39,11 +39,15 @@ pub enum FaultProfile {
     /// partition on a minority replica (the medium changed under the
     /// data). Not in `mixed`: see docs/simulator.md, Known failures.
     Rot,
+    /// Whole-cluster crashes: every replica loses power (or is killed) at
+    /// once and boots again; the groups must come back by themselves (the
+    /// census). Topics are all `persisted`, whose promise covers it.
+    Blackout,
 }
 
 impl FaultProfile {
     /// Every profile, in the order CI sweeps them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::None,
         Self::Network,
         Self::Reorder,
@@ -53,7 +57,14 @@ impl FaultProfile {
         Self::Mixed,
         Self::Wipe,
         Self::Rot,
+        Self::Blackout,
     ];
+
+    /// Whether the workload creates only `persisted` topics: a whole-
+    /// cluster crash may lose acknowledged writes of `replicated` ones.
+    pub fn persisted_only(self) -> bool {
+        self == Self::Blackout
+    }
 
     /// The name on the command line.
     pub fn name(self) -> &'static str {
@@ -67,6 +78,7 @@ impl FaultProfile {
             Self::Mixed => "mixed",
             Self::Wipe => "wipe",
             Self::Rot => "rot",
+            Self::Blackout => "blackout",
         }
     }
 
@@ -80,6 +92,7 @@ impl FaultProfile {
             + r.disk_per_mille
             + r.rot_per_mille
             + r.wipe_per_mille
+            + r.blackout_per_mille
             > 0
     }
 
@@ -144,6 +157,16 @@ impl FaultProfile {
                 rot_per_mille: 5,
                 ..quiet
             },
+            Self::Blackout => FaultRates {
+                base: NetworkFaults {
+                    drop_per_mille: 10,
+                    duplicate_per_mille: 5,
+                    delay_ticks_max: 4,
+                },
+                crash_per_mille: 1,
+                blackout_per_mille: 3,
+                ..quiet
+            },
         }
     }
 }
@@ -203,6 +226,9 @@ pub(crate) struct FaultRates {
     /// Chance a replica's disk is replaced by an empty one (within the
     /// budget; never on a single replica).
     pub wipe_per_mille: u64,
+    /// Chance every replica crashes at once (only when all are healthy;
+    /// never on a single replica, whose crash is `crash_per_mille`'s).
+    pub blackout_per_mille: u64,
 }
 
 #[cfg(test)]

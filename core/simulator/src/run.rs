@@ -163,6 +163,8 @@ pub struct FaultCounts {
     /// Later boots (without the rejoin flag) of replicas whose disk was
     /// replaced.
     pub wiped_reboots: u64,
+    /// Whole-cluster crashes.
+    pub blackouts: u64,
 }
 
 impl From<FaultStats> for FaultCounts {
@@ -177,6 +179,7 @@ impl From<FaultStats> for FaultCounts {
             wipes: s.wipes,
             rejoin_crashes: s.rejoin_crashes,
             wiped_reboots: s.wiped_reboots,
+            blackouts: s.blackouts,
         }
     }
 }
@@ -186,7 +189,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} transfers={} metadata_transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -209,6 +212,7 @@ impl fmt::Display for Summary {
             self.faults.wipes,
             self.faults.rejoin_crashes,
             self.faults.wiped_reboots,
+            self.faults.blackouts,
             self.transfers,
             self.metadata_transfers,
             self.frames.0,
@@ -717,7 +721,12 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         cluster,
         trace: Trace::new(seed),
         faults,
-        workload: Workload::new(seed, options.clients, options.replicas),
+        workload: Workload::new(
+            seed,
+            options.clients,
+            options.replicas,
+            options.profile.persisted_only(),
+        ),
         oracle: Oracle::default(),
         monitor: Monitor::default(),
         order_prng: Prng::new(seed ^ 0x0DE7_0003),

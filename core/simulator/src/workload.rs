@@ -154,6 +154,8 @@ pub(crate) struct Workload {
     /// A metadata op is in flight (one at a time).
     meta_busy: bool,
     replica_count: u8,
+    /// Only `persisted` topics (the blackout profile).
+    persisted_only: bool,
     pub(crate) stats: WorkloadStats,
 }
 
@@ -162,7 +164,7 @@ fn consumer_of(client: u8) -> u32 {
 }
 
 impl Workload {
-    pub(crate) fn new(seed: u64, clients: u8, replica_count: u8) -> Self {
+    pub(crate) fn new(seed: u64, clients: u8, replica_count: u8, persisted_only: bool) -> Self {
         let mut prng = Prng::new(seed ^ 0xC11E_0007);
         let clients = (0..clients)
             .map(|id| Client {
@@ -181,6 +183,7 @@ impl Workload {
             stream_created: false,
             meta_busy: false,
             replica_count,
+            persisted_only,
             stats: WorkloadStats::default(),
         }
     }
@@ -411,7 +414,7 @@ impl Workload {
         let n = self.stats.topics;
         let config = TopicConfig {
             segment_size_bytes: SEGMENT_SIZE_BYTES,
-            durability: if n.is_multiple_of(2) {
+            durability: if n.is_multiple_of(2) && !self.persisted_only {
                 Durability::Replicated
             } else {
                 Durability::Persisted

@@ -141,6 +141,21 @@ fn sweep_wipe() {
     assert!(crashed_rejoining > 0, "no replica crashed while rejoining");
 }
 
+/// Whole-cluster crashes need more than one replica. Most seeds black the
+/// cluster out at least once (every replica down at once), and every group
+/// must come back by itself (the census) with every acknowledged write of
+/// its `persisted` topics.
+#[test]
+fn sweep_blackout() {
+    let runs = sweep_shapes(FaultProfile::Blackout, &[(3, 2), (5, 1), (3, 3)]);
+    let blacked_out = runs.iter().filter(|s| s.faults.blackouts > 0).count();
+    assert!(
+        blacked_out * 2 >= runs.len(),
+        "only {blacked_out} of {} seeds blacked out",
+        runs.len()
+    );
+}
+
 /// The mutation check behind the `wipe` profile, run by hand
 /// (`cargo test -p simulator --test sim -- --ignored mutation`): a
 /// replaced disk that boots as a brand-new member instead of rejoining

@@ -852,10 +852,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             return Err(PartitionTransferUnavailable::SegmentSetChanged);
         }
         // An empty chain at frontier 0 tells a receiver to drop its own; it
-        // is the truth only when a purge says so.
+        // is the truth only when a purge says so, or when this caught-up
+        // server applied ops and none of them appended anything (a group
+        // that only registered sessions or stored offsets: after a whole-
+        // group restart the census primary serves it this way, having no
+        // journal to repair from).
         if plan.segments.is_empty()
             && plan.offsets.next_offset == 0
             && plan.offsets.purge_generation == 0
+            && plan.commit_op == 0
         {
             return Err(PartitionTransferUnavailable::NothingCommitted);
         }
