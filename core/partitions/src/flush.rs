@@ -47,8 +47,10 @@
 //! When the point is recorded: at on-demand flushes; when a segment seals
 //! (the active segment is synced too, one more sync per segment); and, in
 //! a multi-replica group, once the last journaled op is `retention_ops / 4`
-//! ops past the recorded one (that alone makes a flush due, and the flush
-//! then syncs). The last rule bounds how far back a restarted replica must
+//! ops past the recorded one, or past it at all `record_interval_us` after
+//! the last record (either alone makes a flush due, and the flush then
+//! syncs). The time bound is what a whole-group restart of a `replicated`
+//! group can lose. The last rule bounds how far back a restarted replica must
 //! repair, so that its peers, which retain `retention_ops` applied
 //! prepares, can still serve it. And with `enforce_fsync` in a
 //! multi-replica group, at every step whose replies are about to go out
@@ -126,16 +128,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     }
 
     /// Whether, in a multi-replica group, the last journaled op is
-    /// `retention_ops / 4` (at least 1) ops past the recorded applied point.
+    /// `retention_ops / 4` (at least 1) ops past the recorded applied
+    /// point, or past it at all for `record_interval_us` since the last
+    /// record.
     fn applied_point_lags(&self) -> bool {
         let lag_max = (self.config.vsr.retention_ops / 4).max(1);
+        let behind = self
+            .journaled_point
+            .op
+            .saturating_sub(self.durable.state().checkpoint_op);
+        let interval = self.config.record_interval_us;
+        let overdue = interval > 0
+            && behind > 0
+            && self.now_us.saturating_sub(self.recorded_at_us) >= interval;
         self.missing_history_record_pending.is_none()
             && self.config.vsr.replica_count > 1
-            && self
-                .journaled_point
-                .op
-                .saturating_sub(self.durable.state().checkpoint_op)
-                >= lag_max
+            && (behind >= lag_max || overdue)
     }
 
     /// Writes the journal's batches to segments, optionally syncing, and
@@ -200,6 +208,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 .record_applied(point.op, point.checksum, point.next_offset)
                 .await
                 .map_err(PartitionError::Superblock)?;
+            self.recorded_at_us = self.now_us;
         }
         Ok(outcome)
     }

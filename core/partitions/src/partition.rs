@@ -129,7 +129,17 @@ pub struct PartitionConfig {
     /// (docs/consensus.md §4) — instead of as a new member. Ignored for a
     /// single replica, which has nobody to catch up from.
     pub rejoin: bool,
+    /// In a multi-replica group, the longest the recorded applied point
+    /// may trail the applied ops, in driver time (µs; 0 = no time bound):
+    /// what a whole-group restart of a `replicated` group can lose, since
+    /// the census starts from the longest recorded point and a restarted
+    /// replica keeps no batch past its own (docs/consensus.md §4). The
+    /// price is a sync and a superblock write per interval per busy group.
+    pub record_interval_us: u64,
 }
+
+/// Default `record_interval_us`: a tenth of a second.
+pub const RECORD_INTERVAL_US_DEFAULT: u64 = 100_000;
 
 impl PartitionConfig {
     /// Defaults around a VSR configuration. A single replica serves no
@@ -155,6 +165,7 @@ impl PartitionConfig {
             },
             vsr,
             rejoin: false,
+            record_interval_us: RECORD_INTERVAL_US_DEFAULT,
         }
     }
 }
@@ -588,6 +599,8 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// Where the next scrub step starts (`scrub.rs`).
     pub(crate) scrub_cursor: crate::scrub::ScrubCursor,
     pub(crate) now_us: u64,
+    /// Driver time of the last applied-point record (or of the boot).
+    pub(crate) recorded_at_us: u64,
     pub(crate) persist_failed: bool,
     pub(crate) pending_replies: Vec<Reply>,
     pub(crate) auto_commits: RefCell<AutoCommits>,
@@ -911,6 +924,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             damage_found: Cell::new(false),
             scrub_cursor: crate::scrub::ScrubCursor::default(),
             now_us: 0,
+            recorded_at_us: 0,
             persist_failed: false,
             pending_replies: Vec::new(),
             auto_commits: RefCell::new(AutoCommits {
@@ -1085,6 +1099,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     pub fn set_flush_thresholds(&mut self, messages: u64, size_bytes: u64) {
         self.config.messages_required_to_save = messages;
         self.config.size_required_to_save_bytes = size_bytes;
+    }
+
+    /// Changes `record_interval_us` at run time (0: no time bound).
+    pub fn set_record_interval(&mut self, interval_us: u64) {
+        self.config.record_interval_us = interval_us;
     }
 
     /// The segment log.

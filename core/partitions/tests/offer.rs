@@ -165,6 +165,10 @@ fn given_unflushed_commits_on_a_new_primary_when_offer_built_should_flush_them_i
         .as_mut()
         .unwrap()
         .set_flush_thresholds(u64::MAX, u64::MAX);
+    c.replicas[usize::from(backup)]
+        .as_mut()
+        .unwrap()
+        .set_record_interval(0);
     c.produce(6);
     c.converge();
     c.crash(old);

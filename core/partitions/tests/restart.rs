@@ -93,6 +93,10 @@ fn given_power_cut_at_every_step_of_a_backup_flush_when_restarted_should_converg
             .as_mut()
             .unwrap()
             .set_flush_thresholds(u64::MAX, u64::MAX);
+        c.replicas[usize::from(backup)]
+            .as_mut()
+            .unwrap()
+            .set_record_interval(0);
         c.produce(30);
         c.converge();
         let node = c.replicas[usize::from(backup)].as_mut().unwrap();
