@@ -42,7 +42,7 @@ pub use offsets::{ConsumerOffsets, DurableOffset, DurableOffsets};
 pub use ops::{OpDecodeError, PartitionOp};
 pub use partition::{
     BootError, ClientOp, ClientRequest, INTERNAL_CLIENT, Partition, PartitionConfig,
-    PartitionError, PartitionStats, StateTransferNeeded,
+    PartitionError, PartitionStats, RECORD_INTERVAL_US_DEFAULT, StateTransferNeeded,
 };
 pub use poll::{PollError, PollRequest, Polled, PollingStrategy};
 pub use retention::{RetentionOutcome, RetentionPolicy};

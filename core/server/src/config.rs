@@ -92,6 +92,13 @@ pub struct StorageConfig {
     pub segment_size_bytes: u64,
     /// Whether each acknowledged write is fsynced before the reply.
     pub fsync: bool,
+    /// Sealed-segment bytes each shard reads back and verifies per second
+    /// (the background scrub); 0 turns it off.
+    pub scrub_bytes_per_sec: u64,
+    /// The longest a replicated partition group's recorded applied point
+    /// may trail what it applied, in milliseconds: what a crash of every
+    /// replica at once can lose. 0 lifts the time bound.
+    pub record_interval_ms: u64,
 }
 
 /// The Prometheus metrics endpoint (off unless `listen` is set).
@@ -183,6 +190,8 @@ impl Default for StorageConfig {
         Self {
             segment_size_bytes: common::GIB,
             fsync: true,
+            scrub_bytes_per_sec: 64 * 1024 * 100,
+            record_interval_ms: 100,
         }
     }
 }

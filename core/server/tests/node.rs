@@ -27,6 +27,8 @@ fn config(dir: &std::path::Path) -> NodeConfig {
         bus: None,
         rejoin: false,
         metrics: None,
+        scrub_bytes_per_sec: 64 * 1024 * 100,
+        record_interval: Duration::from_millis(100),
     }
 }
 

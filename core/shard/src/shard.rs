@@ -105,6 +105,8 @@ pub struct ShardConfig {
     /// scrubbing off. At the default 64 KiB and 10 ms ticks that is at most
     /// 6.4 MB/s of reads per shard.
     pub scrub_bytes_per_tick: u64,
+    /// Every partition group's `PartitionConfig::record_interval_us`.
+    pub record_interval_us: u64,
     /// This boot starts an empty data directory as a replica whose disk
     /// was replaced: shard 0 records the rejoin marker ([`crate::rejoin`])
     /// before it opens group 0. Later boots find the marker; this flag
@@ -137,6 +139,7 @@ impl ShardConfig {
             tick: TICK_DEFAULT,
             host_metadata: shard == ShardIndex(0),
             scrub_bytes_per_tick: SCRUB_BYTES_PER_TICK_DEFAULT,
+            record_interval_us: partitions::RECORD_INTERVAL_US_DEFAULT,
             rejoin: false,
         }
     }
@@ -792,6 +795,7 @@ impl<E: Env> Shard<E> {
         config.messages_required_to_save = spec.messages_required_to_save;
         config.enforce_fsync = spec.enforce_fsync;
         config.rejoin = spec.rejoin;
+        config.record_interval_us = self.config.record_interval_us;
         let bus = ShardBus {
             env: Rc::clone(&self.env),
             cluster: self.config.cluster,

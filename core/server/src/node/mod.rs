@@ -72,6 +72,10 @@ pub struct NodeConfig {
     pub rejoin: bool,
     /// The metrics endpoint, when one is served.
     pub metrics: Option<MetricsSetup>,
+    /// Sealed-segment bytes each shard scrubs per second (0: off).
+    pub scrub_bytes_per_sec: u64,
+    /// `partitions::PartitionConfig::record_interval_us`, for every group.
+    pub record_interval: Duration,
 }
 
 /// Where a replica's bus listens and where every replica's bus is.
@@ -363,6 +367,11 @@ fn shard_config(config: &NodeConfig, index: ShardIndex, rejoin: bool) -> ShardCo
     );
     c.tick = config.tick;
     c.rejoin = rejoin;
+    let tick_us = u64::try_from(config.tick.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    c.scrub_bytes_per_tick = config.scrub_bytes_per_sec.saturating_mul(tick_us) / 1_000_000;
+    c.record_interval_us = u64::try_from(config.record_interval.as_micros()).unwrap_or(u64::MAX);
     // Per boot: a restarted shard's VSR client id must differ from the
     // last boot's (request numbers start again at 1).
     c.seed = boot_seed() ^ u64::from(index.0);

@@ -79,6 +79,8 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
         client_frame_size_max_bytes: config.client.frame_size_max_bytes,
         bus,
         rejoin,
+        scrub_bytes_per_sec: config.storage.scrub_bytes_per_sec,
+        record_interval: Duration::from_millis(config.storage.record_interval_ms),
         metrics: config.metrics.listen.map(|listen| MetricsSetup {
             listen,
             detail: if config.metrics.partition_series {
