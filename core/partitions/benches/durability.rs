@@ -34,36 +34,45 @@
 //! log, index and superblock) per byte produced. Then the criterion
 //! functions (`durability/replicas={1,3}/{replicated,persisted}`).
 //!
-//! Measured on this shared machine (defaults: 40 ops of 104 KiB; load
-//! 2–3 from a neighbour's build; medians of 7 pairs, in two runs for one
-//! replica and three for three):
-//! - one replica: persisted/replicated throughput **0.080–0.086**;
-//!   replicated 0.10 fsyncs/op and 0.025 superblock writes/op (all of it
-//!   the final flush), persisted 2.10 fsyncs/op (2 per op: the segment and
-//!   its index, `SegmentedLog::sync` syncs both) and the same 0.025
-//!   superblock writes/op (a single replica records no applied point per
-//!   step); 1.0003 bytes written per byte produced in both modes.
-//! - three replicas: **0.044–0.060**; replicated 0.30 fsyncs/op, 0.075
-//!   superblock writes/op (the final flushes), 3.0008 bytes/byte;
-//!   persisted 8.25 fsyncs/op (6.15 log and index: 2 per replica per op,
-//!   2.10 superblock: the primary's record per op, 2 slot syncs each),
-//!   1.05 superblock writes/op, 3.0027 bytes/byte.
-//! - with 10 KiB ops (`DURABILITY_BENCH_MIB=1
-//!   DURABILITY_BENCH_BATCH_MESSAGES=10`, 96 ops): 0.028 and 0.027, the
-//!   same fsyncs per op (2.04 and 8.10).
+//! `DURABILITY_BENCH_REPLICAS` (default `1,3`) picks the group sizes and
+//! their order.
 //!
-//! Napkin: the persisted time minus the replicated one, over the fsyncs it
-//! added, is 2.5–3.4 ms per fsync; a Python loop of 104 KiB appends with
-//! an fdatasync each measured 0.2 ms at one moment and 6.4 ms at another
-//! beside the build, 100-byte overwrites 0.6 ms. So persisted produce's
-//! extra time is fsync latency, as far as these figures tell: per op it adds 2 syncs on one replica, and on
-//! three 4 on the primary's critical path (log, index, two superblock
-//! slots) plus 2 per backup, which this single thread and disk run in
-//! series with the primary's (three machines would take at most part of
-//! the backups' onto the primary's path). Bytes written are the bytes
-//! handed to `write_at`; the device writes at least a 4 KiB page per
-//! synced superblock slot, about 8 KiB per persisted op on the primary
-//! (≈ +8 % of a 104 KiB op), which the 1.0027 does not show.
+//! Measured on this shared machine (defaults: 40 ops of 104 KiB; medians
+//! of 7 pairs; 11 runs over ten minutes). The disk's fsync latency is
+//! bimodal, and the ratio follows it: about 0.1 ms per added fsync while
+//! the neighbour's build is quiet, 2.5–5 ms while it writes (ext4 commits
+//! its journal, and the neighbour's dirty data, on an fdatasync that grew
+//! a file).
+//! - one replica: persisted/replicated throughput **0.43–0.53** quiet,
+//!   **0.05–0.09** contended; replicated 0.10 fsyncs/op and 0.025
+//!   superblock writes/op (all of it the final flush), persisted 2.10
+//!   fsyncs/op (2 per op: the segment and its index, `SegmentedLog::sync`
+//!   syncs both) and the same 0.025 superblock writes/op (a single replica
+//!   records no applied point per step); 1.0003 bytes written per byte
+//!   produced in both modes.
+//! - three replicas: **0.36–0.42** quiet, **0.044–0.060** contended (one
+//!   run caught between the two: 0.16);
+//!   replicated 0.30 fsyncs/op, 0.075 superblock writes/op (the final
+//!   flushes), 3.0008 bytes/byte; persisted 8.25 fsyncs/op (6.15 log and
+//!   index: 2 per replica per op; 2.10 superblock: the primary's record
+//!   per op, 2 slot syncs each), 1.05 superblock writes/op, 3.0027
+//!   bytes/byte.
+//! - with 10 KiB ops (`DURABILITY_BENCH_MIB=1
+//!   DURABILITY_BENCH_BATCH_MESSAGES=10`, 96 ops), contended: 0.028–0.041
+//!   and 0.024–0.027, the same fsyncs per op (2.04 and 8.10).
+//!
+//! Napkin: the persisted time minus the replicated one, over the fsyncs
+//! it added, is the disk's sync latency of the moment (a Python loop of
+//! 104 KiB appends with an fdatasync each: 0.2 ms at one moment, 6.4 ms
+//! at another), so persisted produce's extra time is fsync latency, as far
+//! as these figures tell: per op it adds 2 syncs on one replica, and on
+//! three 4 on the primary (log, index, two superblock slots) plus 2 per
+//! backup, which this single thread and disk run in series with the
+//! primary's (three machines would take at most part of the backups' onto
+//! the primary's path). Bytes written are the bytes handed to `write_at`;
+//! the device writes at least a 4 KiB page per synced superblock slot,
+//! about 8 KiB per persisted op on the primary (≈ +8 % of a 104 KiB op),
+//! which the 1.0027 does not show.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::cell::Cell;
@@ -132,6 +141,15 @@ struct Run {
 
 fn messages_per_batch() -> u32 {
     env_usize("DURABILITY_BENCH_BATCH_MESSAGES", 100) as u32
+}
+
+/// The group sizes to run, in order (`DURABILITY_BENCH_REPLICAS`, e.g.
+/// `3,1`; default `1,3`).
+fn replica_counts() -> Vec<u8> {
+    std::env::var("DURABILITY_BENCH_REPLICAS")
+        .ok()
+        .map(|s| s.split(',').map(|n| n.trim().parse().unwrap()).collect())
+        .unwrap_or_else(|| vec![1, 3])
 }
 
 fn total_bytes() -> usize {
@@ -403,7 +421,7 @@ fn bench_durability(c: &mut Criterion) {
     g.sample_size(10);
     g.warm_up_time(Duration::from_secs(1));
     g.measurement_time(Duration::from_secs(4));
-    for replicas in [1u8, 3] {
+    for replicas in replica_counts() {
         let run = |persisted: bool| {
             let dir = scratch.path().join("g");
             rt.block_on(produce_run(&dir, replicas, persisted, &batches))
