@@ -2,7 +2,8 @@
 //! by `storage`, `journal` and `partitions` goes through [`Fs`] and
 //! [`FsFile`], so the same code runs on the real disk ([`RealFs`], compio on
 //! io_uring) and on the deterministic in-memory model ([`SimFs`]) whose
-//! crashes drop unsynced state.
+//! crashes drop unsynced state. [`CountingFs`] wraps either and counts
+//! syncs and written bytes, for benchmarks that report a path's disk cost.
 //!
 //! Buffers follow compio's ownership model: a buffer is moved into a call and
 //! handed back with the result ([`BufResult`]), never copied by the
@@ -14,6 +15,7 @@
 //! thread-per-core, every future stays on the shard that created it, and the
 //! code is generic over the implementation (never `dyn`).
 
+mod counting;
 mod real;
 mod sim;
 
@@ -23,6 +25,7 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use compio::buf::{BufResult, IntoInner, IoBuf};
+pub use counting::{CountingFile, CountingFs, FsCounts};
 pub use real::{RealFile, RealFs};
 pub use sim::{CrashMode, FaultKind, SimFile, SimFs};
 
