@@ -5,7 +5,8 @@
 //! Durability rules, each against a crash:
 //! - Index entries reach the `.index` file only after the log bytes they
 //!   point at were synced (at [`SegmentedLog::sync`], at rotation, or after
-//!   each append with `fsync`). Unsynced log writes may land out of order
+//!   each append with `fsync`); the index file itself is synced only when
+//!   its segment is sealed. Unsynced log writes may land out of order
 //!   or not at all (writeback reorders pages), so an entry pointing into
 //!   unsynced bytes would let recovery trust a range with a hole in it; an
 //!   entry written after the sync proves every byte before it. Recovery
@@ -335,6 +336,16 @@ impl<F: Fs> SegmentedLog<F> {
             self.poisoned = true;
             return Err(StorageError::io("sync", log_path, e));
         }
+        // The entries may go to the index file now; they need no sync of
+        // their own (one fsync per sync, not two): a crash that loses them
+        // only makes recovery walk further, and rotation syncs the index
+        // of the segment it seals.
+        self.write_index(false).await
+    }
+
+    /// [`Self::sync`], and the index file too (before a seal).
+    async fn sync_with_index(&mut self) -> Result<(), StorageError> {
+        self.sync().await?;
         self.write_index(true).await
     }
 
@@ -364,7 +375,7 @@ impl<F: Fs> SegmentedLog<F> {
             return Ok(());
         }
         // Sync before the successor exists: see the module comment.
-        self.sync().await?;
+        self.sync_with_index().await?;
         let start = self.next_offset();
         let (seg, active) = create_segment(&self.fs, &self.dir, &self.config, start).await?;
         self.segments.push(seg);
