@@ -6,21 +6,10 @@
 #![allow(clippy::unwrap_used)]
 
 use futures::executor::block_on;
-use partitions::state_transfer::{BuildBudget, TransferDriverConfig};
 use partitions::{ClientOp, PollRequest, PollingStrategy};
 
 mod harness;
 use harness::*;
-
-fn driver_config() -> TransferDriverConfig {
-    let mut c = TransferDriverConfig::new(CLUSTER, GROUP);
-    c.receiver.chunk_len_max_bytes = 4096;
-    c.receiver.repair_retry_ticks = 10;
-    c.server.chunk_len_max_bytes = 4096;
-    c.server.repair_retry_ticks = 10;
-    c.server.budget = BuildBudget::bytes(16 << 20);
-    c
-}
 
 /// One scrub step of 4 KiB on every live replica.
 fn scrub_all(c: &mut Cluster) {
@@ -33,7 +22,7 @@ fn scrub_all(c: &mut Cluster) {
 fn given_a_bit_flipped_in_a_backups_sealed_segment_when_scrubbed_should_never_serve_it_and_repair_from_a_peer()
  {
     let mut c = Cluster::new(21, 512);
-    c.enable_transfer_drivers(driver_config());
+    c.enable_transfer_drivers(small_chunk_driver_config());
     c.produce(60);
     c.converge();
     let victim = (c.primary() + 1) % REPLICAS;
@@ -96,7 +85,7 @@ fn given_a_bit_flipped_in_a_backups_sealed_segment_when_scrubbed_should_never_se
 #[test]
 fn given_a_healthy_group_when_scrubbed_across_a_purge_should_report_no_damage() {
     let mut c = Cluster::new(22, 512);
-    c.enable_transfer_drivers(driver_config());
+    c.enable_transfer_drivers(small_chunk_driver_config());
     for round in 0..3 {
         c.produce(30);
         for _ in 0..300 {

@@ -14,46 +14,8 @@
 
 use std::collections::BTreeMap;
 
-use futures::executor::block_on;
-use partitions::state_transfer::{BuildBudget, TransferDriverConfig};
-use partitions::{PollRequest, PollingStrategy};
-
 mod harness;
 use harness::*;
-
-fn driver_config() -> TransferDriverConfig {
-    let mut c = TransferDriverConfig::new(CLUSTER, GROUP);
-    c.receiver.chunk_len_max_bytes = 4096;
-    c.receiver.repair_retry_ticks = 10;
-    c.server.chunk_len_max_bytes = 4096;
-    c.server.repair_retry_ticks = 10;
-    c.server.budget = BuildBudget::bytes(16 << 20);
-    c
-}
-
-/// `(offset, id)` of every message replica `r` holds below `end`.
-fn held_below(c: &Cluster, r: u8, end: u64) -> BTreeMap<u64, u128> {
-    let replica = c.replica(r);
-    let mut held = BTreeMap::new();
-    let mut at = 0;
-    while at < end {
-        let p = block_on(replica.poll(&PollRequest {
-            consumer: (common::ConsumerKind::Consumer, 1),
-            strategy: PollingStrategy::Offset(at),
-            count: 500,
-            auto_commit: false,
-        }))
-        .unwrap();
-        if p.is_empty() {
-            break;
-        }
-        for m in p.messages().filter(|m| m.offset < end) {
-            held.insert(m.offset, m.id);
-        }
-        at = p.last_offset + 1;
-    }
-    held
-}
 
 /// Produces, cuts the power of all three replicas at once, boots them, and
 /// checks the promise of the mode. Returns how many acknowledged messages
@@ -64,7 +26,7 @@ fn whole_group_power_loss(seed: u64, persisted: bool) -> usize {
         ..Shape::default()
     };
     let mut c = Cluster::shaped(REPLICAS, seed, 64, shape);
-    c.enable_transfer_drivers(driver_config());
+    c.enable_transfer_drivers(small_chunk_driver_config());
     c.produce(30 + seed % 13);
     // Mid-run: some ops applied on the primary only, some journaled on
     // the backups only.
@@ -76,7 +38,7 @@ fn whole_group_power_loss(seed: u64, persisted: bool) -> usize {
     let mut durable: BTreeMap<u64, u128> = BTreeMap::new();
     for r in 0..REPLICAS {
         let end = c.replica(r).durable_offset_frontier();
-        durable.extend(held_below(&c, r, end));
+        durable.extend(c.held_below(r, end));
     }
     let acked_before = c.acked.clone();
     for r in 0..REPLICAS {
@@ -111,7 +73,7 @@ fn whole_group_power_loss(seed: u64, persisted: bool) -> usize {
     c.converge();
     let end = c.replica(0).offset_frontier();
     for r in 0..REPLICAS {
-        let held = held_below(&c, r, end);
+        let held = c.held_below(r, end);
         for (offset, id) in &durable {
             assert_eq!(
                 held.get(offset),

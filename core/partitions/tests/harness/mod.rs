@@ -5,7 +5,7 @@
 //! enabled) a state-transfer driver per replica fed by the bus and ticks.
 #![allow(clippy::unwrap_used, dead_code)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -88,6 +88,18 @@ pub fn shaped_config(replica: u8, count: u8, retention_ops: u64, shape: &Shape) 
     c.log.segment_size_bytes = shape.segment_size;
     c.messages_required_to_save = shape.messages_required_to_save;
     c.enforce_fsync = shape.enforce_fsync;
+    c
+}
+
+/// A transfer-driver configuration for small test clusters: 4 KiB chunks,
+/// retries after 10 ticks, a 16 MiB build budget.
+pub fn small_chunk_driver_config() -> TransferDriverConfig {
+    let mut c = TransferDriverConfig::new(CLUSTER, GROUP);
+    c.receiver.chunk_len_max_bytes = 4096;
+    c.receiver.repair_retry_ticks = 10;
+    c.server.chunk_len_max_bytes = 4096;
+    c.server.repair_retry_ticks = 10;
+    c.server.budget = BuildBudget::bytes(16 << 20);
     c
 }
 
@@ -506,10 +518,16 @@ impl Cluster {
 
     /// The ids of the messages replica `r` holds below its frontier.
     pub fn stored_ids(&self, r: u8) -> BTreeSet<u128> {
+        let end = self.replica(r).offset_frontier();
+        self.held_below(r, end).into_values().collect()
+    }
+
+    /// `(offset, id)` of every message replica `r` serves below `end`.
+    pub fn held_below(&self, r: u8, end: u64) -> BTreeMap<u64, u128> {
         let replica = self.replica(r);
-        let mut ids = BTreeSet::new();
+        let mut held = BTreeMap::new();
         let mut at = 0;
-        while at < replica.offset_frontier() {
+        while at < end {
             let p = block_on(replica.poll(&PollRequest {
                 consumer: (ConsumerKind::Consumer, 1),
                 strategy: PollingStrategy::Offset(at),
@@ -520,10 +538,14 @@ impl Cluster {
             if p.is_empty() {
                 break;
             }
-            ids.extend(p.messages().map(|m| m.id));
+            held.extend(
+                p.messages()
+                    .filter(|m| m.offset < end)
+                    .map(|m| (m.offset, m.id)),
+            );
             at = p.last_offset + 1;
         }
-        ids
+        held
     }
 
     /// Steps until every live replica applied what any committed.
