@@ -1,12 +1,14 @@
 //! Vocabulary shared by every replog crate: the identifiers of streams,
 //! topics, partitions and consensus groups, byte-size helpers, and the
 //! operation/offset newtypes that keep VSR op numbers and message offsets
-//! from being confused.
+//! from being confused, and the record of replog's admin status command
+//! ([`admin`]), which the server and `replog-cli` share.
 //!
 //! This crate has no dependencies and does no I/O; it sits at the bottom of
 //! the dependency graph (`common` ← `consensus`, `journal`, `storage` ←
 //! `partitions` ← …).
 
+pub mod admin;
 mod ids;
 mod size;
 

@@ -968,3 +968,115 @@ fn given_a_cluster_with_metrics_when_a_replica_dies_and_returns_should_count_its
     );
     cluster.stop();
 }
+
+/// `REPLOG_STATUS` from every replica (raw, through the SDK), until `ok`
+/// holds for all three answers, for at most 30 s.
+fn statuses_until(
+    rt: &tokio::runtime::Runtime,
+    clients: &[Option<IggyClient>],
+    what: &str,
+    ok: impl Fn(&[common::admin::ReplicaStatus]) -> bool,
+) -> Vec<common::admin::ReplicaStatus> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answers: Vec<common::admin::ReplicaStatus> = clients
+            .iter()
+            .flatten()
+            .map(|c| {
+                let body = rt
+                    .block_on(bounded(
+                        "status",
+                        c.send_binary_request(
+                            common::admin::REPLOG_STATUS_CODE,
+                            bytes::Bytes::new(),
+                        ),
+                    ))
+                    .unwrap();
+                common::admin::ReplicaStatus::decode(&body).unwrap()
+            })
+            .collect();
+        if ok(&answers) {
+            return answers;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} within 30 s: {answers:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn given_a_cluster_when_each_replica_is_asked_for_its_status_should_report_every_group_and_agree() {
+    use common::admin::GroupState;
+    let mut cluster = Cluster::start(|_| {});
+    let rt = runtime();
+    let client = rt.block_on(bounded(
+        "set up",
+        load_topic(cluster.clients[0], TopicCreateOptions::default()),
+    ));
+    let mut produced = Produced::default();
+    let texts: Vec<String> = (0..20).map(|n| format!("status-{n}")).collect();
+    produced.range(&rt, &client, &texts);
+    let clients: Vec<Option<IggyClient>> = cluster
+        .clients
+        .iter()
+        .map(|&a| Some(rt.block_on(bounded("log in", logged_in(a)))))
+        .collect();
+    // Settled: every replica Normal in one view with the partition's 20
+    // messages applied, and one primary per group across the replicas.
+    let settled = |all: &[common::admin::ReplicaStatus]| {
+        all.len() == 3
+            && all.iter().all(|s| {
+                s.groups.len() == 2
+                    && s.groups
+                        .iter()
+                        .all(|g| g.state == GroupState::Normal && g.lag() == 0)
+                    && s.groups[1].partition.is_some_and(|p| p.messages == 20)
+            })
+            && (0..2).all(|i| {
+                all.iter().filter(|s| s.groups[i].primary_here).count() == 1
+                    && all.iter().all(|s| {
+                        s.groups[i].view == all[0].groups[i].view
+                            && s.groups[i].commit_min == all[0].groups[i].commit_min
+                    })
+            })
+    };
+    let all = statuses_until(&rt, &clients, "a settled status", settled);
+    for (i, s) in all.iter().enumerate() {
+        assert_eq!(usize::from(s.replica), i);
+        assert_eq!((s.shards, s.shards_answered), (2, 2));
+        let roster: Vec<(u8, String)> = s
+            .roster
+            .iter()
+            .map(|r| (r.id, r.client_address.clone()))
+            .collect();
+        let expected: Vec<(u8, String)> = (0..3u8)
+            .map(|id| (id, cluster.clients[usize::from(id)].to_string()))
+            .collect();
+        assert_eq!(roster, expected);
+        assert!(s.groups[0].is_metadata());
+        assert!(s.groups[0].partition.is_none());
+        let p = s.groups[1].partition.unwrap();
+        assert_eq!((p.stream, p.topic, p.partition), (0, 0, 0));
+        assert_eq!((p.next_offset, p.fenced), (20, false));
+        assert!(s.groups[1].transfer.is_none());
+    }
+    // A backup of the partition goes away: the others still answer, and
+    // after it returns it reports the same commit again.
+    let backup = (0..3)
+        .find(|&i| !all[i].groups[1].primary_here && !all[i].groups[0].primary_here)
+        .unwrap_or_else(|| (0..3).find(|&i| !all[i].groups[1].primary_here).unwrap());
+    let mut clients = clients;
+    clients[backup] = None;
+    cluster.kill9(backup);
+    let two = statuses_until(&rt, &clients, "two answers", |a| a.len() == 2);
+    assert!(two.iter().all(|s| s.groups.len() == 2));
+    cluster.start_replica(backup);
+    clients[backup] =
+        Some(rt.block_on(bounded("log in again", logged_in(cluster.clients[backup]))));
+    statuses_until(&rt, &clients, "a settled status after the restart", settled);
+    drop(clients);
+    drop(client);
+    cluster.stop();
+}

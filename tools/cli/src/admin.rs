@@ -5,8 +5,11 @@ use std::net::SocketAddr;
 
 use iggy::prelude::*;
 
+use common::admin::{GroupStatus, REPLOG_STATUS_CODE, ReplicaStatus};
+use testkit::connection::Connection;
+
 use crate::{CliError, DurabilityArg, OffsetCommand, OffsetTarget, StreamCommand, TopicCommand};
-use crate::{failed, identifier};
+use crate::{connect_to, failed, identifier};
 
 /// `stream create|list|delete`.
 pub async fn stream(
@@ -218,7 +221,12 @@ pub async fn offset(
 /// `status`: what the Iggy protocol exposes — the cluster's nodes, and for
 /// every stream, topic and partition its messages, bytes, current offset
 /// and segments, with each topic's consumer groups.
-pub async fn status(client: &IggyClient, addr: SocketAddr) -> Result<(), CliError> {
+///
+/// Against replog it then lists, for every replica of the roster and every
+/// consensus group, the view, role, commit, lag, transfer progress and
+/// fencing (replog's `REPLOG_STATUS` admin command, docs/formats.md §17).
+pub async fn status(client: &IggyClient, connection: &Connection) -> Result<(), CliError> {
+    let addr = connection.addr;
     let cluster = client
         .get_cluster_metadata()
         .await
@@ -240,6 +248,7 @@ pub async fn status(client: &IggyClient, addr: SocketAddr) -> Result<(), CliErro
         ]));
     }
     emit!("{}", table(&rows));
+    replica_groups(client, connection).await?;
 
     let streams = client
         .get_streams()
@@ -339,6 +348,205 @@ pub async fn status(client: &IggyClient, addr: SocketAddr) -> Result<(), CliErro
     Ok(())
 }
 
+/// How long `status` waits for one other replica (connect, log in, answer).
+const PEER_STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What one replica answered.
+struct Answer {
+    id: u8,
+    address: String,
+    status: Result<ReplicaStatus, String>,
+}
+
+/// The per-replica and per-group tables: `REPLOG_STATUS` on the connected
+/// replica, then on every other replica of the roster it reports. A server
+/// that does not know the command gets one line saying so.
+async fn replica_groups(client: &IggyClient, connection: &Connection) -> Result<(), CliError> {
+    let addr = connection.addr;
+    let here = match fetch_status(client, addr).await {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            emitln!();
+            emitln!(
+                "no per-group status: {addr} does not know REPLOG_STATUS (not a replog server)"
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let mut answers = Vec::new();
+    for r in &here.roster {
+        if r.id == here.replica {
+            continue;
+        }
+        let status = match r.client_address.parse::<SocketAddr>() {
+            Ok(peer) => {
+                let asked = async {
+                    let c = connect_to(peer, &connection.username, &connection.password).await?;
+                    fetch_status(&c, peer).await
+                };
+                match tokio::time::timeout(PEER_STATUS_TIMEOUT, asked).await {
+                    Ok(Ok(Some(status))) => Ok(status),
+                    Ok(Ok(None)) => Err("does not know REPLOG_STATUS".to_owned()),
+                    Ok(Err(e)) => Err(e.0),
+                    Err(_) => Err(format!(
+                        "no answer within {} s",
+                        PEER_STATUS_TIMEOUT.as_secs()
+                    )),
+                }
+            }
+            Err(_) => Err(format!("its address {:?} does not parse", r.client_address)),
+        };
+        answers.push(Answer {
+            id: r.id,
+            address: r.client_address.clone(),
+            status,
+        });
+    }
+    answers.push(Answer {
+        id: here.replica,
+        address: addr.to_string(),
+        status: Ok(here),
+    });
+    answers.sort_by_key(|a| a.id);
+    emitln!();
+    emit!("{}", render_replicas(&answers));
+    emitln!();
+    emit!("{}", render_groups(&answers));
+    Ok(())
+}
+
+/// `Ok(None)`: the server answered InvalidCommand (it has no such command).
+async fn fetch_status(
+    client: &IggyClient,
+    addr: SocketAddr,
+) -> Result<Option<ReplicaStatus>, CliError> {
+    match client
+        .send_binary_request(REPLOG_STATUS_CODE, bytes::Bytes::new())
+        .await
+    {
+        Ok(body) => ReplicaStatus::decode(&body)
+            .map(Some)
+            .map_err(|e| CliError(format!("the status from {addr} is malformed: {e}"))),
+        Err(IggyError::InvalidCommand) => Ok(None),
+        Err(e) => Err(failed(addr, "asking for the replica status", &e)),
+    }
+}
+
+fn render_replicas(answers: &[Answer]) -> String {
+    let mut rows = vec![row(["replica", "address", "shards", "groups", "answer"])];
+    for a in answers {
+        match &a.status {
+            Ok(s) => {
+                let shards = if s.shards_answered == s.shards {
+                    s.shards.to_string()
+                } else {
+                    format!("{} of {} answered", s.shards_answered, s.shards)
+                };
+                rows.push(row([
+                    a.id.to_string(),
+                    a.address.clone(),
+                    shards,
+                    s.groups.len().to_string(),
+                    "ok".to_owned(),
+                ]));
+            }
+            Err(e) => rows.push(row([
+                a.id.to_string(),
+                a.address.clone(),
+                "-".to_owned(),
+                "-".to_owned(),
+                e.clone(),
+            ])),
+        }
+    }
+    table(&rows)
+}
+
+/// One row per group and replica, by group id then replica id.
+fn render_groups(answers: &[Answer]) -> String {
+    let mut entries: Vec<(u8, &GroupStatus)> = answers
+        .iter()
+        .filter_map(|a| Some((a.id, a.status.as_ref().ok()?)))
+        .flat_map(|(id, s)| s.groups.iter().map(move |g| (id, g)))
+        .collect();
+    entries.sort_by_key(|&(id, g)| (!g.is_metadata(), g.group, id));
+    let mut rows = vec![row([
+        "group",
+        "partition",
+        "replica",
+        "role",
+        "status",
+        "view",
+        "op",
+        "commit",
+        "lag",
+        "messages",
+        "note",
+    ])];
+    for (id, g) in entries {
+        let (partition, messages) = match (g.is_metadata(), g.partition) {
+            (true, _) => ("-".to_owned(), "-".to_owned()),
+            (false, Some(p)) => (
+                format!("{}/{}/{}", p.stream, p.topic, p.partition),
+                p.messages.to_string(),
+            ),
+            (false, None) => ("(unnamed)".to_owned(), "-".to_owned()),
+        };
+        rows.push(row([
+            if g.is_metadata() {
+                // Its id (2^63) says less to an operator than its name.
+                "metadata".to_owned()
+            } else {
+                g.group.to_string()
+            },
+            partition,
+            id.to_string(),
+            if g.primary_here {
+                "primary".to_owned()
+            } else {
+                format!("backup of {}", g.primary)
+            },
+            g.state.word().to_owned(),
+            g.view.to_string(),
+            g.op.to_string(),
+            g.commit_min.to_string(),
+            g.lag().to_string(),
+            messages,
+            note(g),
+        ]));
+    }
+    table(&rows)
+}
+
+/// Fencing and a running transfer, in words.
+fn note(g: &GroupStatus) -> String {
+    let mut parts = Vec::new();
+    if g.partition.is_some_and(|p| p.fenced) {
+        parts.push("fenced".to_owned());
+    }
+    if let Some(t) = g.transfer {
+        parts.push(
+            match t
+                .received_bytes
+                .saturating_mul(100)
+                .checked_div(t.expected_bytes)
+            {
+                None => format!("transfer from replica {}: starting", t.peer),
+                Some(percent) => format!(
+                    "transfer from replica {}: {} of {} bytes ({percent}%)",
+                    t.peer, t.received_bytes, t.expected_bytes
+                ),
+            },
+        );
+    }
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join("; ")
+    }
+}
+
 fn row<const N: usize, S: Into<String>>(cells: [S; N]) -> Vec<String> {
     cells.into_iter().map(Into::into).collect()
 }
@@ -372,6 +580,120 @@ fn table(rows: &[Vec<String>]) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    use common::admin::{GroupState, PartitionStatus, TransferStatus};
+
+    const META: u64 = common::METADATA_GROUP.0;
+
+    fn group(group: u64, primary_here: bool) -> GroupStatus {
+        GroupStatus {
+            group,
+            shard: 0,
+            state: GroupState::Normal,
+            view: 4,
+            primary: 1,
+            primary_here,
+            op: 12,
+            commit_min: 10,
+            commit_max: 12,
+            partition: (!common::GroupId(group).is_metadata()).then_some(PartitionStatus {
+                stream: 0,
+                topic: 1,
+                partition: 2,
+                messages: 30,
+                size_bytes: 4096,
+                next_offset: 30,
+                fenced: false,
+            }),
+            transfer: None,
+        }
+    }
+
+    fn replica(id: u8, groups: Vec<GroupStatus>) -> Answer {
+        Answer {
+            id,
+            address: format!("127.0.0.1:{}", 8090 + u16::from(id) * 2),
+            status: Ok(ReplicaStatus {
+                replica: id,
+                roster: Vec::new(),
+                shards: 2,
+                shards_answered: 2,
+                groups,
+            }),
+        }
+    }
+
+    #[test]
+    fn given_answers_of_three_replicas_when_rendered_should_list_each_group_per_replica() {
+        let mut fenced = group(9, false);
+        fenced.partition.as_mut().unwrap().fenced = true;
+        fenced.state = GroupState::Recovering;
+        fenced.transfer = Some(TransferStatus {
+            peer: 1,
+            received_bytes: 256,
+            expected_bytes: 1024,
+        });
+        let answers = [
+            replica(0, vec![group(META, false), fenced]),
+            replica(1, vec![group(9, true), group(META, true)]),
+            Answer {
+                id: 2,
+                address: "127.0.0.1:8094".into(),
+                status: Err("no answer within 5 s".into()),
+            },
+        ];
+        let replicas = render_replicas(&answers);
+        let lines: Vec<&str> = replicas.lines().collect();
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>()[..5],
+            ["0", "127.0.0.1:8090", "2", "2", "ok"]
+        );
+        assert!(lines[3].ends_with("no answer within 5 s"), "{replicas}");
+
+        let groups = render_groups(&answers);
+        let rows: Vec<&str> = groups.lines().collect();
+        assert_eq!(rows.len(), 5, "{groups}");
+        let cells_of = |r: &str| r.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let cells = |i: usize| cells_of(rows[i]);
+        assert_eq!(
+            cells_of(rows[0]),
+            [
+                "group",
+                "partition",
+                "replica",
+                "role",
+                "status",
+                "view",
+                "op",
+                "commit",
+                "lag",
+                "messages",
+                "note"
+            ]
+        );
+        assert_eq!(cells(1)[..5], ["metadata", "-", "0", "backup", "of"]);
+        assert_eq!(cells(2)[..4], ["metadata", "-", "1", "primary"]);
+        assert_eq!(cells(3)[..3], ["9", "0/1/2", "0"]);
+        assert!(
+            rows[3].contains("recovering")
+                && rows[3].ends_with("fenced; transfer from replica 1: 256 of 1024 bytes (25%)"),
+            "{groups}"
+        );
+        // view, op, commit, lag, messages, note.
+        assert_eq!(cells(4)[4..], ["normal", "4", "12", "10", "2", "30", "-"]);
+    }
+
+    #[test]
+    fn given_a_transfer_before_its_manifest_when_noted_should_say_starting() {
+        let mut g = group(3, false);
+        g.transfer = Some(TransferStatus {
+            peer: 2,
+            received_bytes: 0,
+            expected_bytes: 0,
+        });
+        assert_eq!(note(&g), "transfer from replica 2: starting");
+        assert_eq!(note(&group(3, false)), "-");
+    }
 
     #[test]
     fn given_rows_of_uneven_width_when_tabled_should_align_columns() {

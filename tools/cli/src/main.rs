@@ -260,14 +260,22 @@ pub fn identifier(kind: &str, text: &str) -> Result<Identifier, CliError> {
     })
 }
 
-/// A logged-in client.
+/// A logged-in client of the server `--addr` names.
 pub async fn connect(cli: &Cli) -> Result<IggyClient, CliError> {
     let Connection {
         addr,
         username,
         password,
     } = &cli.connection;
-    let addr = *addr;
+    connect_to(*addr, username, password).await
+}
+
+/// A client of `addr`, logged in as `username`.
+pub async fn connect_to(
+    addr: SocketAddr,
+    username: &str,
+    password: &str,
+) -> Result<IggyClient, CliError> {
     let client = IggyClient::builder()
         .with_tcp()
         .with_server_address(addr.to_string())
@@ -316,7 +324,7 @@ async fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Stream(c) => admin::stream(&client, addr, c).await,
         Command::Topic(c) => admin::topic(&client, addr, c).await,
         Command::Offset(c) => admin::offset(&client, addr, c).await,
-        Command::Status => admin::status(&client, addr).await,
+        Command::Status => admin::status(&client, &cli.connection).await,
         Command::Produce(a) => messages::produce(&client, addr, a).await,
         Command::Consume(a) => messages::consume(&client, addr, a).await,
     }

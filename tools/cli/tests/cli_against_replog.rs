@@ -280,6 +280,33 @@ fn given_replog_when_the_cli_round_trips_streams_messages_and_offsets_should_rea
         "{status}"
     );
     assert!(partition_rows.iter().any(|r| r[2] == "g1"), "{status}");
+    // The per-group table (REPLOG_STATUS): one replica, the metadata group
+    // and every partition group, each primary here and Normal; partition 0
+    // of "eu" holds its 3 messages.
+    assert!(status.contains("\nreplica  address"), "{status}");
+    let group_rows: Vec<Vec<&str>> = status
+        .lines()
+        .skip_while(|l| !l.starts_with("group "))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        group_rows
+            .iter()
+            .any(|r| r[..5] == ["metadata", "-", "0", "primary", "normal"]),
+        "{status}"
+    );
+    assert!(
+        group_rows
+            .iter()
+            .any(|r| r[1].ends_with("/0") && r[3] == "primary" && r[9] == "3" && r[10] == "-"),
+        "{status}"
+    );
+    assert!(
+        group_rows.iter().all(|r| r[4] == "normal" && r[8] == "0"),
+        "{status}"
+    );
 
     // Delete, then the errors name what is missing.
     ok(addr, &["topic", "delete", "orders", "eu"], "");

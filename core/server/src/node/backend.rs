@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+use common::admin::ReplicaStatus;
 use common::{ConsumerKind, GroupId, METADATA_GROUP, Offset, PartitionId};
 use metadata::{
     HashParams, MetadataOp, MetadataState, Outcome, PartitionRoute, PartitionStats, Refusal,
@@ -26,6 +27,7 @@ use metadata::{
 };
 use shard::{Answer, Call, CallError, MetaError};
 
+use super::admin::{self, Identity};
 use super::forward::codec::{Reply, Request};
 use super::forward::{ForwardError, Forwarder};
 use super::handle::ShardHandles;
@@ -62,6 +64,7 @@ pub struct NodeBackend {
     balanced: HashMap<TopicRef, u32>,
     forwarder: Option<Rc<Forwarder>>,
     topic_defaults: TopicConfig,
+    identity: Arc<Identity>,
 }
 
 /// How long a replica that forwarded a metadata op waits to have applied
@@ -83,7 +86,16 @@ impl NodeBackend {
             balanced: HashMap::new(),
             forwarder: None,
             topic_defaults: TopicConfig::default(),
+            identity: Arc::new(Identity::default()),
         }
+    }
+
+    /// This replica's id and the roster's client addresses, reported by
+    /// `REPLOG_STATUS` (replica 0 alone when not set).
+    #[must_use]
+    pub fn with_identity(mut self, identity: Arc<Identity>) -> Self {
+        self.identity = identity;
+        self
     }
 
     /// The settings a new topic gets where its create request names none
@@ -804,6 +816,10 @@ impl Backend for NodeBackend {
             generation: a.generation,
             partitions: a.partitions,
         }))
+    }
+
+    async fn replica_status(&mut self, _caller: Caller) -> BackendResult<ReplicaStatus> {
+        Ok(admin::replica_status(&self.handles, &self.identity).await)
     }
 }
 

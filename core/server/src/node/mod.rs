@@ -10,6 +10,7 @@
 //! partition groups with the committed metadata and serve clients, and
 //! serve the metrics endpoint when one is configured ([`metrics`]).
 
+pub mod admin;
 pub mod backend;
 pub mod bus;
 pub mod env;

@@ -139,6 +139,9 @@ commands! {
     JoinConsumerGroup = 604, "JOIN_CONSUMER_GROUP", op 148, auth, yes;
     LeaveConsumerGroup = 605, "LEAVE_CONSUMER_GROUP", op 149, auth, yes;
     SyncConsumerGroup = 606, "SYNC_CONSUMER_GROUP", op 2, auth, yes;
+    // replog's own admin command (docs/formats.md §17), not Iggy's: the
+    // code must equal `common::admin::REPLOG_STATUS_CODE` (tested).
+    ReplogStatus = 9000, "REPLOG_STATUS", op 2, auth, yes;
 }
 
 impl CommandCode {
@@ -220,6 +223,20 @@ mod tests {
                 &CommandCode::GetClusterMetadata,
                 &CommandCode::LoginRegister
             ]
+        );
+    }
+
+    #[test]
+    fn given_the_admin_status_code_when_compared_should_be_the_shared_one_and_unknown_to_iggy() {
+        assert_eq!(
+            CommandCode::ReplogStatus.code(),
+            common::admin::REPLOG_STATUS_CODE
+        );
+        // The SDK sends a code it does not know as NonReplicated, which is
+        // how `send_raw_with_response` reaches this command.
+        assert_eq!(
+            Operation::from_command_code(common::admin::REPLOG_STATUS_CODE),
+            None
         );
     }
 

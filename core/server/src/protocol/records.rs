@@ -552,6 +552,14 @@ impl Payload for ClusterMetadata {
     }
 }
 
+/// REPLOG_STATUS's answer; its layout lives in `common::admin`, shared
+/// with `replog-cli`.
+impl Payload for common::admin::ReplicaStatus {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&common::admin::ReplicaStatus::encode(self));
+    }
+}
+
 /// A group a connection has joined, by numeric ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct JoinedGroup {

@@ -290,6 +290,8 @@ pub enum ClientCommand {
     GetClusterMetadata,
     /// GET_ME (20).
     GetMe,
+    /// REPLOG_STATUS (9000, replog's admin command; empty body).
+    ReplogStatus,
     /// LOGIN_REGISTER (40, operation Register).
     LoginRegister(LoginRegister),
     /// LOGOUT_USER (39, operation Logout).
@@ -393,6 +395,7 @@ pub fn decode_body(code: CommandCode, body: &Bytes) -> Result<ClientCommand, Pay
         K::Ping => C::Ping,
         K::GetClusterMetadata => C::GetClusterMetadata,
         K::GetMe => C::GetMe,
+        K::ReplogStatus => C::ReplogStatus,
         K::LoginRegister => C::LoginRegister(LoginRegister::decode(r)?),
         K::LogoutUser => C::Logout,
         K::PollMessages => C::PollMessages(PollMessages {

@@ -504,7 +504,19 @@ fn samples() -> Vec<(u32, Vec<u8>, ClientCommand)> {
             .to_vec(),
             C::SyncConsumerGroup(group_ref()),
         ),
+        // replog's admin command has no SDK request type: its body is empty.
+        (
+            common::admin::REPLOG_STATUS_CODE,
+            Vec::new(),
+            C::ReplogStatus,
+        ),
     ]
+}
+
+#[test]
+fn given_a_status_request_with_a_body_when_decoded_should_refuse_it() {
+    let body = bytes::Bytes::from_static(b"x");
+    assert!(decode_body(CommandCode::ReplogStatus, &body).is_err());
 }
 
 #[test]

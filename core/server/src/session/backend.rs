@@ -359,4 +359,11 @@ pub trait Backend {
         caller: Caller,
         group: &GroupRef,
     ) -> impl Future<Output = BackendResult<Option<GroupAssignment>>>;
+
+    /// REPLOG_STATUS (replog's admin command, docs/formats.md §17): this
+    /// replica, its roster and every consensus group it hosts.
+    fn replica_status(
+        &mut self,
+        caller: Caller,
+    ) -> impl Future<Output = BackendResult<common::admin::ReplicaStatus>>;
 }

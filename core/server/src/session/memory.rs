@@ -618,4 +618,19 @@ impl Backend for MemoryBackend {
             }),
         )
     }
+
+    /// The in-memory backend runs no consensus: it reports itself as
+    /// replica 0 alone, with no shards and no groups.
+    async fn replica_status(
+        &mut self,
+        _caller: Caller,
+    ) -> BackendResult<common::admin::ReplicaStatus> {
+        Ok(common::admin::ReplicaStatus {
+            replica: 0,
+            roster: Vec::new(),
+            shards: 0,
+            shards_answered: 0,
+            groups: Vec::new(),
+        })
+    }
 }

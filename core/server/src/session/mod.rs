@@ -288,6 +288,7 @@ impl Session {
                 unit(h, left.map(drop))
             }
             C::SyncConsumerGroup(r) => maybe(h, b.sync_consumer_group(caller, &r).await),
+            C::ReplogStatus => answer(h, b.replica_status(caller).await),
             C::Unimplemented(_) => encode_reply(h, Outcome::Denied(ErrorCode::FeatureUnavailable)),
         }
     }

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use common::ReplicaId;
+use common::admin::RosterAddress;
 use server::config::{Cli, Command, Config};
+use server::node::admin::Identity;
 use server::node::backend::{NodeBackend, ensure_root_user};
 use server::node::metrics::MetricsSetup;
 use server::node::{BusSetup, ClientStarter, Node, NodeConfig, listener};
@@ -102,6 +104,16 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
     let username = config.root.username.clone();
     let password = config.root.password.clone();
     let tag = boot_tag(config.replica_id);
+    let identity = std::sync::Arc::new(Identity {
+        replica: config.replica_id,
+        roster: roster
+            .iter()
+            .map(|r| RosterAddress {
+                id: r.id,
+                client_address: r.client_address.to_string(),
+            })
+            .collect(),
+    });
     let starter: ClientStarter = Box::new(move |ctx| {
         let handles = ctx.handles.clone();
         compio::runtime::spawn(async move {
@@ -113,6 +125,7 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
         let metrics = ctx.metrics.clone();
         let make = Rc::new(move || {
             NodeBackend::new(handles.clone(), tag)
+                .with_identity(identity.clone())
                 .with_forwarder(forwarder.clone())
                 .with_topic_defaults(topic_defaults)
         });
