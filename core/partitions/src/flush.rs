@@ -102,14 +102,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // see it: before the step's replies, and before a poll can read
         // a batch it applied with no reply here (one it re-committed
         // after a view change).
-        let persisted_reply = self.config.enforce_fsync
+        let record_before_exposure = self.config.enforce_fsync
             && self.config.vsr.replica_count > 1
             && (!self.pending_replies.is_empty()
                 || (info.messages_count > 0 && self.replica.is_primary()));
-        if info.messages_count == 0 && !lagging && !persisted_reply {
+        if info.messages_count == 0 && !lagging && !record_before_exposure {
             return Ok(());
         }
-        if persisted_reply {
+        if record_before_exposure {
             // What the replies acknowledge must be in the recorded applied
             // point, not only synced: after a whole-group restart the
             // census starts from the longest recorded point, and batches

@@ -150,7 +150,8 @@ impl Replica {
         let me = self.config.replica;
         let mut best = (mine.op, me);
         let mut highest_view = self.view.max(self.observed_newer_view);
-        let mut answers = Vec::with_capacity(self.census.heard.len());
+        // Decide first; this runs every tick of every recovering group,
+        // and only the candidate needs the list of incarnations to answer.
         for (index, slot) in self.census.heard.iter().enumerate() {
             let Ok(index) = u8::try_from(index) else {
                 return;
@@ -167,7 +168,6 @@ impl Replica {
             if (heard.report.op, std::cmp::Reverse(index)) > (best.0, std::cmp::Reverse(best.1)) {
                 best = (heard.report.op, index);
             }
-            answers.push((index, heard.incarnation));
         }
         if best.1 != me {
             return;
@@ -175,6 +175,17 @@ impl Replica {
         let Some(view) = self.next_view_led_by_me(highest_view) else {
             return;
         };
+        // Every other slot was checked fresh above.
+        let answers: Vec<(u8, u128)> = self
+            .census
+            .heard
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| {
+                Some((u8::try_from(index).ok()?, slot.as_ref()?.incarnation))
+            })
+            .filter(|&(index, _)| index != me)
+            .collect();
         self.start_census_view(view);
         for (to, incarnation) in answers {
             let sv = self.start_view_message(incarnation);
