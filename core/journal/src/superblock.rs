@@ -395,7 +395,6 @@ pub struct FileSuperblock<F: Fs> {
     fs: F,
     dir: PathBuf,
     paths: [PathBuf; 2],
-    files: [Option<F::File>; 2],
     /// Whether both names are known to be durable in the directory.
     names_durable: bool,
     next_sequence: u64,
@@ -431,7 +430,6 @@ impl<F: Fs> FileSuperblock<F> {
             fs,
             dir: dir.to_path_buf(),
             paths: SLOT_NAMES.map(|n| dir.join(n)),
-            files: [None, None],
             names_durable: false,
             next_sequence: 1,
         }
@@ -468,28 +466,19 @@ impl<F: Fs> FileSuperblock<F> {
         )
     }
 
-    async fn slot_file(&mut self, index: usize) -> Result<&F::File, SuperblockError> {
-        if self.files[index].is_none() {
-            let path = &self.paths[index];
-            let file = self
-                .fs
-                .open(path, OpenOptions::create_read_write())
-                .await
-                .map_err(|e| io_error(path, e))?;
-            return Ok(&*self.files[index].insert(file));
-        }
-        self.files[index].as_ref().ok_or_else(|| {
-            io_error(
-                &self.paths[index],
-                io::Error::other("superblock slot handle vanished"),
-            )
-        })
-    }
-
-    async fn write_slot(&mut self, index: usize, record: Vec<u8>) -> Result<(), SuperblockError> {
-        let path = self.paths[index].clone();
+    /// Writes `record` as slot `index`'s whole content and syncs it. The
+    /// file is opened for the write and closed after it: a group writes its
+    /// superblock only at view changes and applied-point records, and two
+    /// descriptors held for each of thousands of idle groups would spend
+    /// half of a process's descriptor budget (docs/architecture.md).
+    async fn write_slot(&self, index: usize, record: Vec<u8>) -> Result<(), SuperblockError> {
+        let path = &self.paths[index];
         let record_len = record.len() as u64;
-        let file = self.slot_file(index).await?;
+        let file = self
+            .fs
+            .open(path, OpenOptions::create_read_write())
+            .await
+            .map_err(|e| io_error(path, e))?;
         let result = async {
             let BufResult(res, _) = file.write_all_at(record, 0).await;
             res?;
@@ -499,12 +488,7 @@ impl<F: Fs> FileSuperblock<F> {
             file.sync_data().await
         }
         .await;
-        if let Err(e) = result {
-            // The handle may be stale (e.g. after a crash); reopen next time.
-            self.files[index] = None;
-            return Err(io_error(&path, e));
-        }
-        Ok(())
+        result.map_err(|e| io_error(path, e))
     }
 }
 

@@ -316,3 +316,55 @@ fn given_hostile_bytes_and_bad_requests_when_sent_should_refuse_them_and_keep_se
     drop(good);
     server.stop();
 }
+
+/// Open descriptors of process `pid` (Linux: its `/proc/<pid>/fd`).
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+#[test]
+fn given_two_hundred_idle_partitions_when_their_descriptors_are_counted_should_hold_two_each() {
+    const PARTITIONS: u32 = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Replog::start(&dir.path().join("data"));
+    let rt = runtime();
+    let client = rt.block_on(bounded("log in", logged_in(server.addr)));
+    rt.block_on(bounded("create the stream", client.create_stream("fds")))
+        .unwrap();
+    let before = descriptors(server.pid());
+    let options = TopicCreateOptions {
+        partitions_count: Some(PARTITIONS),
+        ..TopicCreateOptions::default()
+    };
+    rt.block_on(bounded(
+        "create the topic",
+        client.create_topic(&Identifier::named("fds").unwrap(), "t", &options),
+    ))
+    .unwrap();
+    // The groups open on their shards as the op applies; wait (bounded)
+    // until the count stops growing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut after = descriptors(server.pid());
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let now = descriptors(server.pid());
+        if now == after && now > before || std::time::Instant::now() > deadline {
+            break;
+        }
+        after = now;
+    }
+    let per_group = (after - before) as f64 / f64::from(PARTITIONS);
+    println!(
+        "{PARTITIONS} idle partitions: {before} → {after} descriptors, {per_group:.2} per partition"
+    );
+    // An idle group holds its active segment's log and index; its
+    // superblock is opened only to be written.
+    assert!(
+        after - before <= 2 * PARTITIONS as usize + 8,
+        "{per_group:.2} descriptors per idle partition ({before} → {after})"
+    );
+    drop(client);
+    server.stop();
+}

@@ -18,6 +18,7 @@ pub mod forward;
 pub mod fs;
 pub mod handle;
 pub mod identity;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 

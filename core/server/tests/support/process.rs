@@ -116,6 +116,11 @@ impl Replog {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGTERM, then wait (at most 20 s) for a clean exit.
     pub fn stop(mut self) {
         let pid = self.child.id().to_string();

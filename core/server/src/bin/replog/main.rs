@@ -48,6 +48,41 @@ fn main() -> ExitCode {
     }
 }
 
+/// Descriptors kept for sockets, the metadata plane and the runtime when
+/// the log says how many partition groups the open-file limit leaves room
+/// for.
+const DESCRIPTORS_RESERVED: u64 = 512;
+
+/// Raises the soft open-file limit to the hard one and says so.
+fn report_open_file_limit() {
+    use server::node::limits::{DESCRIPTORS_PER_GROUP, raise_open_file_limit};
+    match raise_open_file_limit() {
+        Ok(limit) => {
+            let room = limit.groups_room(DESCRIPTORS_RESERVED);
+            if limit.before == limit.now {
+                tracing::info!(
+                    limit = ?limit.now,
+                    partitions_room = ?room,
+                    per_partition = DESCRIPTORS_PER_GROUP,
+                    "open-file limit (already at its hard limit)"
+                );
+            } else {
+                tracing::info!(
+                    from = ?limit.before,
+                    to = ?limit.now,
+                    partitions_room = ?room,
+                    per_partition = DESCRIPTORS_PER_GROUP,
+                    "raised the open-file limit to its hard limit"
+                );
+            }
+        }
+        Err(error) => tracing::warn!(
+            %error,
+            "could not raise the open-file limit; each partition holds up to {DESCRIPTORS_PER_GROUP} descriptors"
+        ),
+    }
+}
+
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -61,6 +96,7 @@ fn init_logging() {
 
 fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
     init_logging();
+    report_open_file_limit();
     let roster = config.roster();
     let replica_count = u8::try_from(roster.len()).unwrap_or(u8::MAX);
     let bus = (roster.len() > 1).then(|| BusSetup {
