@@ -463,6 +463,21 @@ fn render_replicas(answers: &[Answer]) -> String {
     table(&rows)
 }
 
+/// The per-group table's header.
+const GROUP_COLUMNS: [&str; 11] = [
+    "group",
+    "partition",
+    "replica",
+    "role",
+    "status",
+    "view",
+    "op",
+    "commit",
+    "lag",
+    "messages",
+    "note",
+];
+
 /// One row per group and replica, by group id then replica id.
 fn render_groups(answers: &[Answer]) -> String {
     let mut entries: Vec<(u8, &GroupStatus)> = answers
@@ -471,19 +486,7 @@ fn render_groups(answers: &[Answer]) -> String {
         .flat_map(|(id, s)| s.groups.iter().map(move |g| (id, g)))
         .collect();
     entries.sort_by_key(|&(id, g)| (!g.is_metadata(), g.group, id));
-    let mut rows = vec![row([
-        "group",
-        "partition",
-        "replica",
-        "role",
-        "status",
-        "view",
-        "op",
-        "commit",
-        "lag",
-        "messages",
-        "note",
-    ])];
+    let mut rows = vec![row(GROUP_COLUMNS)];
     for (id, g) in entries {
         let (partition, messages) = match (g.is_metadata(), g.partition) {
             (true, _) => ("-".to_owned(), "-".to_owned()),
@@ -655,22 +658,7 @@ mod tests {
         assert_eq!(rows.len(), 5, "{groups}");
         let cells_of = |r: &str| r.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
         let cells = |i: usize| cells_of(rows[i]);
-        assert_eq!(
-            cells_of(rows[0]),
-            [
-                "group",
-                "partition",
-                "replica",
-                "role",
-                "status",
-                "view",
-                "op",
-                "commit",
-                "lag",
-                "messages",
-                "note"
-            ]
-        );
+        assert_eq!(cells_of(rows[0]), GROUP_COLUMNS);
         assert_eq!(cells(1)[..5], ["metadata", "-", "0", "backup", "of"]);
         assert_eq!(cells(2)[..4], ["metadata", "-", "1", "primary"]);
         assert_eq!(cells(3)[..3], ["9", "0/1/2", "0"]);
