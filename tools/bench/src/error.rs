@@ -72,6 +72,13 @@ pub enum BenchError {
     },
     /// An actor task panicked or was cancelled.
     Actor(String),
+    /// The baseline receiver could not be set up.
+    Receiver {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }
 
 impl std::fmt::Display for BenchError {
@@ -130,6 +137,7 @@ impl std::fmt::Display for BenchError {
                 )
             }
             Self::Actor(why) => write!(f, "an actor task failed: {why}"),
+            Self::Receiver { what, source } => write!(f, "{what}: {source}"),
         }
     }
 }

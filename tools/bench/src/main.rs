@@ -9,6 +9,7 @@
 
 mod actors;
 mod args;
+mod baseline;
 mod error;
 mod histogram;
 mod plan;

@@ -15,14 +15,17 @@ use serde_json::Value;
 use testkit::{Replog, run_bounded};
 
 fn bench(server: &Replog, dir: &Path, name: &str, args: &[&str]) -> Value {
+    let addr = server.addr.to_string();
+    let mut with_addr = vec!["--addr", addr.as_str()];
+    with_addr.extend_from_slice(args);
+    run_bench(dir, name, &with_addr).1
+}
+
+/// Runs the bench with `args` and `--json`; its stdout and the JSON.
+fn run_bench(dir: &Path, name: &str, args: &[&str]) -> (String, Value) {
     let json = dir.join(format!("{name}.json"));
     let mut command = Command::new(env!("CARGO_BIN_EXE_replog-bench"));
-    command
-        .arg("--addr")
-        .arg(server.addr.to_string())
-        .arg("--json")
-        .arg(&json)
-        .args(args);
+    command.arg("--json").arg(&json).args(args);
     let done = run_bounded(command, b"", Duration::from_secs(120)).unwrap();
     assert!(
         done.status.success(),
@@ -34,7 +37,8 @@ fn bench(server: &Replog, dir: &Path, name: &str, args: &[&str]) -> Value {
     // Not a terminal: the report alone, no progress bar.
     assert!(done.stdout.starts_with("replog-bench "), "{}", done.stdout);
     assert!(done.stdout.contains("p99.99"), "{}", done.stdout);
-    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (done.stdout, report)
 }
 
 fn f(v: &Value, path: &[&str]) -> f64 {
@@ -87,7 +91,7 @@ fn assert_consistent(name: &str, report: &Value, message_size: u64) {
         .filter(|a| a["latency"].is_object())
         .filter(|a| {
             let role = a["role"].as_str().unwrap();
-            let producers = ["pinned-producer", "balanced-producer"]
+            let producers = ["pinned-producer", "balanced-producer", "baseline"]
                 .contains(&report["plan"]["kind"].as_str().unwrap());
             (role == "producer") == producers
         })
@@ -223,17 +227,53 @@ fn given_replog_when_every_mode_runs_a_small_workload_should_report_consistent_n
     // The warm-up's messages are on the server but not in the report.
     assert!(rt.block_on(messages_in(&client, 1)) > 600);
 
-    // A mode that cannot run says why and fails.
-    let mut transfer = Command::new(env!("CARGO_BIN_EXE_replog-bench"));
-    transfer.args(["--addr", &server.addr.to_string(), "transfer"]);
-    let done = run_bounded(transfer, b"", Duration::from_secs(30)).unwrap();
-    assert!(!done.status.success());
-    assert!(
-        done.stderr.contains("three-replica cluster"),
-        "{}",
-        done.stderr
-    );
-
     drop(client);
     server.stop().unwrap();
+}
+
+#[test]
+fn given_the_baseline_receiver_when_pinned_producers_send_to_it_should_report_every_frame_appended()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("receiver");
+    std::fs::create_dir(&files).unwrap();
+    let files_arg = files.to_str().unwrap();
+    // 3 producers × (warm-up + 40 batches) of 25 messages × 300 B.
+    let (stdout, r) = run_bench(
+        dir.path(),
+        "baseline",
+        &[
+            "-m",
+            "300",
+            "-p",
+            "25",
+            "-b",
+            "40",
+            "-w",
+            "100ms",
+            "baseline",
+            "--producers",
+            "3",
+            "--dir",
+            files_arg,
+        ],
+    );
+    assert_consistent("baseline", &r, 300);
+    assert_eq!(r["plan"]["kind"], "baseline");
+    assert_eq!(u(&r, &["latency", "samples"]), 120);
+    assert_eq!(r["actors"].as_array().unwrap().len(), 3);
+    let receiver = &r["receiver"];
+    assert_eq!(u(receiver, &["files"]), 3, "{r}");
+    assert_eq!(u(receiver, &["connections"]), 3, "{r}");
+    // Warm-up frames are appended too; each frame holds at least its
+    // payload (300 B × 25) and a 256-byte header.
+    let frames = u(receiver, &["frames_appended"]);
+    assert!(frames >= 120, "{r}");
+    assert!(
+        u(receiver, &["bytes_appended"]) >= frames * (256 + 25 * 300),
+        "{r}"
+    );
+    assert!(stdout.contains("baseline receiver: "), "{stdout}");
+    // The receiver's own directory is gone; the parent stays.
+    assert_eq!(std::fs::read_dir(&files).unwrap().count(), 0);
 }
