@@ -168,7 +168,7 @@ impl Plan {
                 )
             }
             Mode::Transfer(_) => {
-                return Err("the transfer mode (fill a partition on a three-replica cluster, wipe a replica, time its catch-up) is not implemented in replog-bench yet; run another mode".into());
+                return Err("the transfer mode is planned by TransferPlan, not as a producer or consumer run".into());
             }
         };
         if actors == 0 || streams == 0 || partitions == 0 {
