@@ -474,12 +474,20 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Trans
         &plan.username,
         &plan.password,
     )?;
+    progress(format_args!(
+        "starting {REPLICAS} replicas in {}",
+        dir.display()
+    ));
     for id in 0..REPLICAS {
         tokio::task::block_in_place(|| cluster.start(id, false))?;
     }
     let (stream_id, topic_id) = create_topic(plan, &cluster).await?;
     let (group, primary) = find_group(plan, &mut cluster, stream_id, topic_id).await?;
 
+    progress(format_args!(
+        "filling group {group} with {} batches through its primary, replica {primary}",
+        plan.batches
+    ));
     let fill_started = Instant::now();
     let payload_bytes = fill(plan, cluster.specs[primary].client).await?;
     let fill_seconds = fill_started.elapsed().as_secs_f64();
@@ -488,6 +496,9 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Trans
     let converge_seconds = converge_started.elapsed().as_secs_f64();
 
     let victim = pick_backup(&mut cluster, primary).await?;
+    progress(format_args!(
+        "replicas agree; stopping replica {victim}, deleting its data, restarting it with --rejoin"
+    ));
     tokio::task::block_in_place(|| cluster.stop(victim))?;
     let data_dir = cluster.specs[victim].data_dir.clone();
     std::fs::remove_dir_all(&data_dir).map_err(|source| TransferError::Io {
@@ -503,6 +514,10 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Trans
     let (state, scrape) = caught_up(plan, &mut cluster, victim, &group, &agreed).await?;
     let seconds = restarted.elapsed().as_secs_f64();
 
+    progress(format_args!(
+        "caught up; stopping the cluster, measuring the disk with {} bytes",
+        agreed.size_bytes
+    ));
     tokio::task::block_in_place(|| cluster.stop_all())?;
     let probe_dir = dir.to_path_buf();
     let bytes = agreed.size_bytes;
@@ -550,6 +565,11 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Trans
         },
         disk,
     })
+}
+
+/// A phase starts: one line on stderr (stdout carries the report alone).
+fn progress(what: std::fmt::Arguments<'_>) {
+    eprintln!("replog-bench transfer: {what}");
 }
 
 fn per_second(bytes: u64, seconds: f64) -> f64 {
