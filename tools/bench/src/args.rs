@@ -97,9 +97,58 @@ pub enum Mode {
     /// arrival at the consumer.
     #[command(visible_alias = "e2e")]
     EndToEnd(Producers),
-    /// Fill a partition on a three-replica cluster, wipe a replica, time its
-    /// catch-up (not implemented yet).
-    Transfer,
+    /// The path's physical limit: the same producers as pinned-producer,
+    /// against a minimal receiver inside the bench (127.0.0.1, a free port)
+    /// that appends each request frame's bytes to a file and answers OK,
+    /// parsing nothing. `--addr` is not used; no streams are set up.
+    Baseline(Baseline),
+    /// Fill a partition on a three-replica cluster the bench starts, wipe
+    /// one backup, restart it, and time its catch-up next to the disk's own
+    /// write+read speed of as many bytes in the same directory.
+    Transfer(Transfer),
+}
+
+/// The baseline receiver's producers.
+#[derive(Debug, Clone, Args)]
+pub struct Baseline {
+    /// The producers, as in pinned-producer.
+    #[command(flatten)]
+    pub producers: Producers,
+    /// Where the receiver's files go (a fresh directory below it, deleted
+    /// after the run); the system's temporary directory by default.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// The transfer run.
+#[derive(Debug, Clone, Args)]
+pub struct Transfer {
+    /// How much to fill the partition with: payload bytes (`256MiB`,
+    /// `2GiB`, `100MB`), in whole batches of the global batch shape.
+    #[arg(long, default_value = "256MiB")]
+    pub size: ByteRate,
+    /// The `replog` binary; by default the one beside this executable,
+    /// else `REPLOG_BIN`.
+    #[arg(long)]
+    pub replog: Option<PathBuf>,
+    /// Where the replicas' data, configuration files and logs go (a fresh
+    /// directory below it, deleted after the run unless --keep); the
+    /// system's temporary directory by default.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Keep the run's directory (data, logs) afterwards.
+    #[arg(long)]
+    pub keep: bool,
+    /// Shards per replica.
+    #[arg(long, default_value_t = 1)]
+    pub shards: u32,
+    /// Concurrent producers filling the partition.
+    #[arg(long, default_value_t = 1)]
+    pub producers: u32,
+    /// Give up on any phase (start, fill, convergence, catch-up) that takes
+    /// longer than this.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 /// Pinned producers (and end-to-end producing consumers).

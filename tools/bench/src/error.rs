@@ -72,6 +72,20 @@ pub enum BenchError {
     },
     /// An actor task panicked or was cancelled.
     Actor(String),
+    /// The transfer run failed; its logs are kept in `dir`.
+    Transfer {
+        /// Why.
+        error: crate::transfer::TransferError,
+        /// The run's directory.
+        dir: PathBuf,
+    },
+    /// The baseline receiver could not be set up.
+    Receiver {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }
 
 impl std::fmt::Display for BenchError {
@@ -130,6 +144,12 @@ impl std::fmt::Display for BenchError {
                 )
             }
             Self::Actor(why) => write!(f, "an actor task failed: {why}"),
+            Self::Receiver { what, source } => write!(f, "{what}: {source}"),
+            Self::Transfer { error, dir } => write!(
+                f,
+                "transfer run in {} failed: {error} (the replicas' logs and configuration files are kept there)",
+                dir.display()
+            ),
         }
     }
 }

@@ -9,12 +9,14 @@
 
 mod actors;
 mod args;
+mod baseline;
 mod error;
 mod histogram;
 mod plan;
 mod report;
 mod run;
 mod schedule;
+mod transfer;
 
 use std::process::ExitCode;
 
@@ -34,15 +36,26 @@ fn main() -> ExitCode {
 }
 
 fn bench(cli: &args::Cli) -> Result<(), BenchError> {
-    let plan = plan::Plan::from_cli(cli).map_err(BenchError::Plan)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| BenchError::Actor(format!("could not start the tokio runtime: {e}")))?;
+    if let args::Mode::Transfer(flags) = &cli.mode {
+        let plan = transfer::TransferPlan::from_cli(cli, flags).map_err(BenchError::Plan)?;
+        let report = runtime.block_on(transfer::run(plan))?;
+        print!("{}", report.render());
+        return write_json(cli, &report);
+    }
+    let plan = plan::Plan::from_cli(cli).map_err(BenchError::Plan)?;
     let report = runtime.block_on(run::run(plan))?;
     print!("{}", report.render());
+    write_json(cli, &report)
+}
+
+/// `--json FILE`: the report as JSON as well.
+fn write_json(cli: &args::Cli, report: &impl serde::Serialize) -> Result<(), BenchError> {
     if let Some(path) = &cli.json {
-        let text = serde_json::to_string_pretty(&report)
+        let text = serde_json::to_string_pretty(report)
             .map_err(|e| BenchError::Actor(format!("the report does not serialise: {e}")))?;
         std::fs::write(path, text + "\n").map_err(|source| BenchError::WriteJson {
             path: path.clone(),

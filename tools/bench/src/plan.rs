@@ -15,7 +15,8 @@ pub const TOPIC: &str = "bench";
 /// The consumer group of each stream in `balanced-consumer-group`.
 pub const GROUP: &str = "replog-bench-group";
 
-/// The mode of a run (`transfer` is refused before a plan is made).
+/// The mode of a run (`transfer` has a plan of its own,
+/// [`crate::transfer::TransferPlan`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
@@ -29,6 +30,8 @@ pub enum Kind {
     BalancedConsumerGroup,
     /// Producing consumers: send and receive on one partition each.
     EndToEnd,
+    /// Pinned producers against the in-process baseline receiver.
+    Baseline,
 }
 
 impl Kind {
@@ -40,6 +43,7 @@ impl Kind {
             Self::BalancedProducer => "balanced-producer",
             Self::BalancedConsumerGroup => "balanced-consumer-group",
             Self::EndToEnd => "end-to-end",
+            Self::Baseline => "baseline",
         }
     }
 
@@ -48,13 +52,21 @@ impl Kind {
     pub fn measures_producers(self) -> bool {
         matches!(
             self,
-            Self::PinnedProducer | Self::BalancedProducer | Self::EndToEnd
+            Self::PinnedProducer | Self::BalancedProducer | Self::EndToEnd | Self::Baseline
+        )
+    }
+
+    /// Whether the latency samples are the producers' (else the consumers').
+    pub fn samples_producers(self) -> bool {
+        matches!(
+            self,
+            Self::PinnedProducer | Self::BalancedProducer | Self::Baseline
         )
     }
 
     fn actor_noun(self) -> &'static str {
         match self {
-            Self::PinnedProducer | Self::BalancedProducer => "producers",
+            Self::PinnedProducer | Self::BalancedProducer | Self::Baseline => "producers",
             Self::PinnedConsumer | Self::BalancedConsumerGroup => "consumers",
             Self::EndToEnd => "producing consumers",
         }
@@ -63,7 +75,7 @@ impl Kind {
     fn is_pinned(self) -> bool {
         matches!(
             self,
-            Self::PinnedProducer | Self::PinnedConsumer | Self::EndToEnd
+            Self::PinnedProducer | Self::PinnedConsumer | Self::EndToEnd | Self::Baseline
         )
     }
 }
@@ -103,6 +115,9 @@ pub struct Plan {
     /// Delete the streams afterwards.
     #[serde(skip)]
     pub cleanup: bool,
+    /// Where the baseline receiver's directory goes (`baseline` only).
+    #[serde(skip)]
+    pub baseline_dir: Option<std::path::PathBuf>,
 }
 
 fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -113,6 +128,7 @@ impl Plan {
     /// Checks the command line and makes the plan; the error is a sentence
     /// saying what to change.
     pub fn from_cli(cli: &Cli) -> Result<Self, String> {
+        let mut baseline_dir = None;
         let (kind, actors, streams, partitions) = match &cli.mode {
             Mode::PinnedProducer(p) => (
                 Kind::PinnedProducer,
@@ -141,8 +157,18 @@ impl Plan {
                 c.streams,
                 c.partitions,
             ),
-            Mode::Transfer => {
-                return Err("the transfer mode (fill a partition on a three-replica cluster, wipe a replica, time its catch-up) is not implemented in replog-bench yet; run another mode".into());
+            Mode::Baseline(b) => {
+                baseline_dir.clone_from(&b.dir);
+                let p = &b.producers;
+                (
+                    Kind::Baseline,
+                    p.producers,
+                    p.streams.unwrap_or(p.producers),
+                    p.partitions,
+                )
+            }
+            Mode::Transfer(_) => {
+                return Err("the transfer mode is planned by TransferPlan, not as a producer or consumer run".into());
             }
         };
         if actors == 0 || streams == 0 || partitions == 0 {
@@ -197,6 +223,7 @@ impl Plan {
             username: cli.connection.username.clone(),
             password: cli.connection.password.clone(),
             cleanup: cli.cleanup,
+            baseline_dir,
         })
     }
 
@@ -286,9 +313,21 @@ mod tests {
     }
 
     #[test]
-    fn given_the_transfer_mode_when_planned_should_say_it_needs_a_cluster() {
-        let err = plan(&["transfer"]).unwrap_err();
-        assert!(err.contains("three-replica cluster"), "{err}");
+    fn given_the_baseline_mode_when_planned_should_pin_producers_as_pinned_producer_does() {
+        let b = plan(&["baseline", "--producers", "4", "--dir", "/tmp/x"]).unwrap();
+        let p = plan(&["pp", "--producers", "4"]).unwrap();
+        assert_eq!(b.kind, Kind::Baseline);
+        assert_eq!(
+            b.baseline_dir.as_deref(),
+            Some(std::path::Path::new("/tmp/x"))
+        );
+        assert_eq!(
+            (b.actors, b.streams, b.partitions),
+            (p.actors, p.streams, p.partitions)
+        );
+        let targets = |p: &Plan| (0..4).map(|a| p.pinned_target(a)).collect::<Vec<_>>();
+        assert_eq!(targets(&b), targets(&p));
+        assert!(b.kind.samples_producers() && b.kind.measures_producers());
     }
 
     #[test]

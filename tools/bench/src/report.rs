@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use crate::actors::{ActorOutcome, Role};
+use crate::baseline::ReceiverReport;
 use crate::histogram::{LatencyHistogram, Percentiles};
 use crate::plan::Plan;
 
@@ -21,6 +22,9 @@ pub struct Report {
     pub latency: Option<Percentiles>,
     /// Per actor.
     pub actors: Vec<ActorReport>,
+    /// What the baseline receiver stored (`baseline` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<ReceiverReport>,
 }
 
 /// Totals over the measured phase.
@@ -72,11 +76,10 @@ impl Report {
     /// from the actors whose batches the mode measures: producers in the
     /// producer modes, consumers otherwise.
     pub fn new(plan: Plan, outcomes: &[ActorOutcome]) -> Self {
-        let measured_role = match plan.kind {
-            crate::plan::Kind::PinnedProducer | crate::plan::Kind::BalancedProducer => {
-                Role::Producer
-            }
-            _ => Role::Consumer,
+        let measured_role = if plan.kind.samples_producers() {
+            Role::Producer
+        } else {
+            Role::Consumer
         };
         let measured: Vec<&ActorOutcome> = outcomes
             .iter()
@@ -157,7 +160,14 @@ impl Report {
             totals,
             latency,
             actors,
+            receiver: None,
         }
+    }
+
+    /// The report of a baseline run, with what its receiver stored.
+    pub fn with_receiver(mut self, receiver: ReceiverReport) -> Self {
+        self.receiver = Some(receiver);
+        self
     }
 
     /// The text report.
@@ -208,6 +218,16 @@ impl Report {
                 l.mean_ms
             )),
             None => out.push_str("latency: no samples\n"),
+        }
+        if let Some(r) = &self.receiver {
+            out.push_str(&format!(
+                "baseline receiver: {} frames, {:.3} MB (headers included) appended to {} files under {} from {} connections; page cache, never synced; deleted after the run\n",
+                r.frames_appended,
+                r.bytes_appended as f64 / 1e6,
+                r.files,
+                r.dir.display(),
+                r.connections
+            ));
         }
         for a in &self.actors {
             let lat = a

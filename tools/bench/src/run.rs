@@ -12,12 +12,16 @@ use tokio::task::JoinSet;
 
 use crate::actors::{self, ActorOutcome, Shared, Target};
 use crate::args::DurabilityArg;
+use crate::baseline::Receiver;
 use crate::error::BenchError;
 use crate::plan::{GROUP, Kind, Plan, TOPIC};
 use crate::report::Report;
 
 /// Runs `plan` against its server and reports.
 pub async fn run(plan: Plan) -> Result<Report, BenchError> {
+    if plan.kind == Kind::Baseline {
+        return run_baseline(plan).await;
+    }
     let admin = actors::connect(&plan).await?;
     prepare_topics(&admin, &plan).await?;
     if !plan.kind.measures_producers() {
@@ -30,6 +34,21 @@ pub async fn run(plan: Plan) -> Result<Report, BenchError> {
         }
     }
     Ok(Report::new(plan, &outcomes))
+}
+
+/// The baseline: the receiver starts in this process and the producers,
+/// exactly as in pinned-producer, send to it. There is no stream set-up
+/// (the receiver serves none) and nothing to clean up.
+async fn run_baseline(mut plan: Plan) -> Result<Report, BenchError> {
+    let receiver = Receiver::start(plan.baseline_dir.as_deref())?;
+    plan.addr = receiver.addr();
+    let measured = measure(&plan).await;
+    // Joining its threads blocks: off the runtime's workers.
+    let stopped = tokio::task::spawn_blocking(move || receiver.stop())
+        .await
+        .map_err(|e| BenchError::Actor(format!("stopping the baseline receiver: {e}")))?;
+    let outcomes = measured?;
+    Ok(Report::new(plan, &outcomes).with_receiver(stopped?))
 }
 
 async fn delete_stream_if_present(
@@ -182,7 +201,7 @@ async fn measure(plan: &Plan) -> Result<Vec<ActorOutcome>, BenchError> {
     for a in 0..plan.actors {
         let shared = shared.clone();
         match plan.kind {
-            Kind::PinnedProducer => {
+            Kind::PinnedProducer | Kind::Baseline => {
                 let (s, p) = plan.pinned_target(a);
                 let target = pinned(s, p);
                 set.spawn(actors::producer(shared, a, target, None));

@@ -15,14 +15,19 @@ use serde_json::Value;
 use testkit::{Replog, run_bounded};
 
 fn bench(server: &Replog, dir: &Path, name: &str, args: &[&str]) -> Value {
+    let addr = server.addr.to_string();
+    let mut with_addr = vec!["--addr", addr.as_str()];
+    with_addr.extend_from_slice(args);
+    let (stdout, report) = run_bench(dir, name, &with_addr);
+    assert!(stdout.contains("p99.99"), "{stdout}");
+    report
+}
+
+/// Runs the bench with `args` and `--json`; its stdout and the JSON.
+fn run_bench(dir: &Path, name: &str, args: &[&str]) -> (String, Value) {
     let json = dir.join(format!("{name}.json"));
     let mut command = Command::new(env!("CARGO_BIN_EXE_replog-bench"));
-    command
-        .arg("--addr")
-        .arg(server.addr.to_string())
-        .arg("--json")
-        .arg(&json)
-        .args(args);
+    command.arg("--json").arg(&json).args(args);
     let done = run_bounded(command, b"", Duration::from_secs(120)).unwrap();
     assert!(
         done.status.success(),
@@ -33,8 +38,8 @@ fn bench(server: &Replog, dir: &Path, name: &str, args: &[&str]) -> Value {
     );
     // Not a terminal: the report alone, no progress bar.
     assert!(done.stdout.starts_with("replog-bench "), "{}", done.stdout);
-    assert!(done.stdout.contains("p99.99"), "{}", done.stdout);
-    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (done.stdout, report)
 }
 
 fn f(v: &Value, path: &[&str]) -> f64 {
@@ -87,7 +92,7 @@ fn assert_consistent(name: &str, report: &Value, message_size: u64) {
         .filter(|a| a["latency"].is_object())
         .filter(|a| {
             let role = a["role"].as_str().unwrap();
-            let producers = ["pinned-producer", "balanced-producer"]
+            let producers = ["pinned-producer", "balanced-producer", "baseline"]
                 .contains(&report["plan"]["kind"].as_str().unwrap());
             (role == "producer") == producers
         })
@@ -223,17 +228,126 @@ fn given_replog_when_every_mode_runs_a_small_workload_should_report_consistent_n
     // The warm-up's messages are on the server but not in the report.
     assert!(rt.block_on(messages_in(&client, 1)) > 600);
 
-    // A mode that cannot run says why and fails.
-    let mut transfer = Command::new(env!("CARGO_BIN_EXE_replog-bench"));
-    transfer.args(["--addr", &server.addr.to_string(), "transfer"]);
-    let done = run_bounded(transfer, b"", Duration::from_secs(30)).unwrap();
-    assert!(!done.status.success());
-    assert!(
-        done.stderr.contains("three-replica cluster"),
-        "{}",
-        done.stderr
-    );
-
     drop(client);
     server.stop().unwrap();
+}
+
+#[test]
+fn given_the_baseline_receiver_when_pinned_producers_send_to_it_should_report_every_frame_appended()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("receiver");
+    std::fs::create_dir(&files).unwrap();
+    let files_arg = files.to_str().unwrap();
+    // 3 producers × (warm-up + 40 batches) of 25 messages × 300 B.
+    let (stdout, r) = run_bench(
+        dir.path(),
+        "baseline",
+        &[
+            "-m",
+            "300",
+            "-p",
+            "25",
+            "-b",
+            "40",
+            "-w",
+            "100ms",
+            "baseline",
+            "--producers",
+            "3",
+            "--dir",
+            files_arg,
+        ],
+    );
+    assert_consistent("baseline", &r, 300);
+    assert_eq!(r["plan"]["kind"], "baseline");
+    assert_eq!(u(&r, &["latency", "samples"]), 120);
+    assert_eq!(r["actors"].as_array().unwrap().len(), 3);
+    let receiver = &r["receiver"];
+    assert_eq!(u(receiver, &["files"]), 3, "{r}");
+    assert_eq!(u(receiver, &["connections"]), 3, "{r}");
+    // Warm-up frames are appended too; each frame holds at least its
+    // payload (300 B × 25) and a 256-byte header.
+    let frames = u(receiver, &["frames_appended"]);
+    assert!(frames >= 120, "{r}");
+    assert!(
+        u(receiver, &["bytes_appended"]) >= frames * (256 + 25 * 300),
+        "{r}"
+    );
+    assert!(stdout.contains("baseline receiver: "), "{stdout}");
+    assert!(stdout.contains("p99.99"), "{stdout}");
+    // The receiver's own directory is gone; the parent stays.
+    assert_eq!(std::fs::read_dir(&files).unwrap().count(), 0);
+}
+
+#[test]
+fn given_a_small_partition_when_the_transfer_mode_runs_should_time_the_wiped_replicas_catch_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let replog = testkit::replog_binary().unwrap();
+    // 1,200 sends: past the 1,024 prepares a primary keeps per group, so
+    // the wiped replica needs a state transfer, not only journal repair.
+    let (stdout, r) = run_bench(
+        dir.path(),
+        "transfer",
+        &[
+            "-m",
+            "500",
+            "-p",
+            "2",
+            "transfer",
+            "--size",
+            "1200KB",
+            "--timeout",
+            "60s",
+            "--replog",
+            replog.to_str().unwrap(),
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ],
+    );
+    let plan = &r["plan"];
+    assert_eq!(u(plan, &["batches"]), 1_200, "{r}");
+    assert_eq!(u(&r, &["fill", "payload_bytes"]), 1_200_000, "{r}");
+    assert_eq!(u(&r, &["fill", "messages"]), 2_400, "{r}");
+    let agreed = &r["partition"]["state"];
+    assert_eq!(u(agreed, &["messages"]), 2_400, "{r}");
+    // One op per send, on top of the partition's creation.
+    assert!(u(agreed, &["commit_min"]) >= 1_200, "{r}");
+    let catch_up = &r["catch_up"];
+    assert_ne!(
+        u(catch_up, &["replica"]),
+        u(&r, &["partition", "primary_replica"]),
+        "a backup is wiped"
+    );
+    assert_eq!(
+        &catch_up["state"]["size_bytes"], &agreed["size_bytes"],
+        "{r}"
+    );
+    assert_eq!(&catch_up["state"]["messages"], &agreed["messages"], "{r}");
+    assert!(u(catch_up, &["transfer_installs"]) >= 1, "{r}");
+    assert!(u(catch_up, &["transfer_received_bytes"]) > 0, "{r}");
+    let secs = f(catch_up, &["seconds"]);
+    assert!(
+        secs >= f(catch_up, &["serving_seconds"]) && secs > 0.0,
+        "{r}"
+    );
+    let size = u(agreed, &["size_bytes"]) as f64;
+    assert!((f(catch_up, &["megabytes_per_second"]) - size / secs / 1e6).abs() < 1e-6);
+    let disk = &r["disk"];
+    assert!(u(disk, &["bytes"]) >= size as u64, "{r}");
+    let rw = f(disk, &["read_write_megabytes_per_second"]);
+    assert!(rw > 0.0, "{r}");
+    let ratio = f(&r, &["ratio_to_disk_read_write"]);
+    assert!(
+        (ratio - f(catch_up, &["megabytes_per_second"]) / rw).abs() < 1e-9,
+        "{r}"
+    );
+    assert!(stdout.contains("catch-up / disk read+write: "), "{stdout}");
+    // Deleted after the run: no replica data, no logs left behind.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with("replog-bench-transfer"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
