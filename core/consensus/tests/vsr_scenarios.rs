@@ -355,3 +355,93 @@ fn given_whole_group_restart_with_one_replica_missing_when_waiting_should_not_st
     converge(&mut s);
     assert_eq!(s.acknowledged().len(), 2 * 40);
 }
+
+/// The primary of the sim's current view among `0..n`, if one is serving.
+fn serving_primary(s: &Simulation, n: u8) -> Option<u8> {
+    (0..n).find(|&r| s.replica(r).is_some_and(|x| x.is_caught_up_primary()))
+}
+
+#[test]
+fn given_a_read_on_a_healthy_primary_when_a_backup_echoes_should_be_confirmed_within_a_round_trip()
+{
+    let mut s = sim(quiet(31, 3));
+    assert!(s.run_until(5_000, |s| s.acknowledged().len() >= 5).unwrap());
+    let p = serving_primary(&s, 3).expect("a serving primary");
+    let round = s.replica_mut(p).unwrap().read_fence();
+    assert!(round >= 1, "a group of three needs a backup's echo");
+    assert!(
+        !s.replica(p).unwrap().read_confirmed(round),
+        "a read is never confirmed before any backup answered"
+    );
+    // The delay is at most 3 ticks each way.
+    let confirmed = s
+        .run_until(20, |s| s.replica(p).unwrap().read_confirmed(round))
+        .unwrap();
+    assert!(confirmed, "a healthy primary's read check did not complete");
+    // A later read needs a later round: the echo above may predate it.
+    let next = s.replica_mut(p).unwrap().read_fence();
+    assert!(next > round);
+    assert!(!s.replica(p).unwrap().read_confirmed(next));
+    converge(&mut s);
+}
+
+#[test]
+fn given_groups_of_one_or_two_when_a_read_is_fenced_should_need_no_round() {
+    for n in [1u8, 2] {
+        let mut s = sim(quiet(32, n));
+        assert!(s.run_until(5_000, |s| s.acknowledged().len() >= 3).unwrap());
+        let p = serving_primary(&s, n).expect("a serving primary");
+        let round = s.replica_mut(p).unwrap().read_fence();
+        assert_eq!(round, 0, "n = {n}: no view can start without this primary");
+        assert!(s.replica(p).unwrap().read_confirmed(round));
+    }
+}
+
+#[test]
+fn given_a_primary_cut_off_while_others_move_on_when_it_is_read_from_should_never_confirm() {
+    for n in [3u8, 5] {
+        let mut s = sim(quiet(33, n));
+        assert!(s.run_until(5_000, |s| s.acknowledged().len() >= 5).unwrap());
+        let p = serving_primary(&s, n).expect("a serving primary");
+        let old_view = s.replica(p).unwrap().view();
+        s.partition(1 << p);
+        let round = s.replica_mut(p).unwrap().read_fence();
+        let mut confirmed_ever = false;
+        let moved_on = s
+            .run_until(20_000, |s| {
+                confirmed_ever |= s.replica(p).unwrap().read_confirmed(round);
+                (0..n).any(|r| {
+                    r != p
+                        && s.replica(r)
+                            .is_some_and(|x| x.is_caught_up_primary() && x.view() > old_view)
+                })
+            })
+            .unwrap();
+        assert!(moved_on, "n = {n}: the others elected no new primary");
+        assert!(
+            s.replica(p).unwrap().is_primary(),
+            "n = {n}: the cut-off primary still believes it leads"
+        );
+        assert!(
+            !confirmed_ever,
+            "n = {n}: a deposed primary confirmed a read"
+        );
+        // Still cut off for a while longer: the read never confirms.
+        for _ in 0..500 {
+            s.step().unwrap();
+            assert!(!s.replica(p).unwrap().read_confirmed(round), "n = {n}");
+        }
+        // Healed: until a frame of the newer view reaches it, it still
+        // believes it leads, and its Pings now reach backups of that view.
+        s.heal_partition();
+        for _ in 0..200 {
+            s.step().unwrap();
+            let old = s.replica(p).unwrap();
+            assert!(
+                !old.read_confirmed(round) || old.view() > old_view,
+                "n = {n}: confirmed in the view it was deposed from"
+            );
+        }
+        converge(&mut s);
+    }
+}

@@ -1252,6 +1252,17 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         res.map_err(PartitionError::Frame)
     }
 
+    /// Fences a read that arrived now: the read may be served from this
+    /// replica's state once [`Replica::read_confirmed`] holds for the
+    /// returned round (at once for groups of one or two replicas). Sends
+    /// the round's Ping when none is outstanding.
+    pub async fn read_fence(&mut self) -> Result<u64, PartitionError> {
+        self.check_fenced()?;
+        let round = self.replica.read_fence();
+        self.drive().await?;
+        Ok(round)
+    }
+
     /// One tick of the driver's clock; `now_us` is its time in µs (the
     /// timestamp the primary stamps batches with, and retention's "now").
     pub async fn on_tick(&mut self, now_us: u64) -> Result<(), PartitionError> {

@@ -66,6 +66,11 @@ const RETENTION_EVERY_TICKS: u64 = 100;
 const QUEUED_CALLS_MAX: usize = 4096;
 /// Ticks a session registration may take before it is sent again.
 const REGISTER_RETRY_TICKS: u64 = 100;
+/// Ticks a read waits for its primary's read check before it is answered
+/// `Unavailable` (the primary may be cut off from its backups).
+const READ_CHECK_TICKS_MAX: u64 = 100;
+/// Reads a group holds while their read check is out.
+const PENDING_READS_MAX: usize = 4096;
 /// Group 0's directory under shard 0's.
 pub const METADATA_DIR: &str = "metadata";
 
@@ -354,6 +359,21 @@ struct InFlight {
     reply: ReplyTx,
 }
 
+/// A call that reads the group's state, waiting until its primary has
+/// confirmed that it still leads its view (`consensus::vsr::read_check`):
+/// a poll, a consumer-offset read, or an offset store naming an offset
+/// past this replica's end, which a newer view may already have
+/// committed.
+#[derive(Debug)]
+struct PendingRead {
+    /// The read-check round that must be confirmed.
+    round: u64,
+    call: Call,
+    reply: ReplyTx,
+    /// The tick it arrived at.
+    since_tick: u64,
+}
+
 /// One group on the shard.
 struct Group<E: Env> {
     spec: GroupSpec,
@@ -365,6 +385,8 @@ struct Group<E: Env> {
     queued: VecDeque<(Call, ReplyTx)>,
     /// Replicated calls sent, by request number.
     in_flight: BTreeMap<u64, InFlight>,
+    /// Reads waiting for their read check, oldest first.
+    reads: VecDeque<PendingRead>,
     fenced_reported: bool,
     /// The view and whether this replica was its primary, as last logged.
     seen_view: (u32, bool),
@@ -432,6 +454,8 @@ pub struct Shard<E: Env> {
     client: u128,
     /// Groups with replicated calls waiting for their commit.
     in_flight_groups: BTreeSet<GroupId>,
+    /// Groups with reads waiting for their read check.
+    reading_groups: BTreeSet<GroupId>,
     /// Group 0, on the shard that hosts it.
     metadata: Option<MetadataHost<E>>,
     /// The rejoin marker, on the shard that hosts group 0, while this
@@ -486,6 +510,7 @@ impl<E: Env> Shard<E> {
             groups: BTreeMap::new(),
             client,
             in_flight_groups: BTreeSet::new(),
+            reading_groups: BTreeSet::new(),
             metadata: None,
             rejoin: None,
             siblings: Vec::new(),
@@ -825,6 +850,7 @@ impl<E: Env> Shard<E> {
                 next_request: 1,
                 queued: VecDeque::new(),
                 in_flight: BTreeMap::new(),
+                reads: VecDeque::new(),
                 fenced_reported: false,
                 seen_view,
                 seen_census: 0,
@@ -1130,6 +1156,37 @@ impl<E: Env> Shard<E> {
             let _ = reply.send(Err(refusal));
             return;
         }
+        let reads_state = match &call {
+            Call::Poll(_) | Call::GetOffset { .. } => true,
+            Call::StoreOffset { offset, .. } => offset.0 >= g.partition.offset_frontier(),
+            _ => false,
+        };
+        if reads_state {
+            let round = match g.partition.read_fence().await {
+                Ok(round) => round,
+                Err(error) => {
+                    self.stats.calls += 1;
+                    let _ = reply.send(Err(partition_error(error)));
+                    return;
+                }
+            };
+            if !g.partition.replica().read_confirmed(round) {
+                if g.reads.len() >= PENDING_READS_MAX {
+                    let _ = reply.send(Err(CallError::Unavailable {
+                        reason: "too many reads waiting for the group's read check",
+                    }));
+                    return;
+                }
+                g.reads.push_back(PendingRead {
+                    round,
+                    call,
+                    reply,
+                    since_tick: self.tick,
+                });
+                self.reading_groups.insert(group);
+                return;
+            }
+        }
         if call.is_replicated() {
             if g.queued.len() >= QUEUED_CALLS_MAX {
                 let _ = reply.send(Err(CallError::Unavailable {
@@ -1143,38 +1200,73 @@ impl<E: Env> Shard<E> {
             return;
         }
         self.stats.calls += 1;
-        let answer = match call {
-            Call::Poll(request) => g
-                .partition
-                .poll(&request)
-                .await
-                .map(Answer::Polled)
-                .map_err(|e| match e {
-                    partitions::PollError::HistoryMissing { .. } => CallError::Unavailable {
-                        reason: "history missing until a state transfer",
-                    },
-                    other => CallError::Local {
-                        reason: other.to_string(),
-                    },
-                }),
-            Call::GetOffset { kind, id } => Ok(Answer::Offset(
-                g.partition.stored_offset(kind, id).map(Offset),
-            )),
-            Call::Flush => g
-                .partition
-                .flush_committed_messages()
-                .await
-                .map(|_| Answer::Done)
-                .map_err(partition_error),
-            Call::Stats => Ok(Answer::Stats(g.partition.stats())),
-            // Replicated calls were queued above.
-            replicated => Err(CallError::Rejected {
-                reason: format!("{} is replicated", replicated.name()),
-            }),
-        };
+        let answer = answer_locally(&mut g.partition, call).await;
         let _ = reply.send(answer);
         // A poll with auto-commit may have started an internal op.
         self.settle().await;
+    }
+
+    /// Answers the reads whose read check came back, and refuses those
+    /// whose group lost its primary or waited too long.
+    async fn serve_reads(&mut self) {
+        if self.reading_groups.is_empty() {
+            return;
+        }
+        let reading: Vec<GroupId> = self.reading_groups.iter().copied().collect();
+        for id in reading {
+            let Some(g) = self.groups.get_mut(&id) else {
+                self.reading_groups.remove(&id);
+                continue;
+            };
+            let mut stores_queued = false;
+            while let Some(front) = g.reads.front() {
+                let refusal = match g.partition.fenced() {
+                    Some(reason) => Some(CallError::Fenced {
+                        reason: reason.to_owned(),
+                    }),
+                    None => primary_check(&g.partition).err(),
+                };
+                let confirmed =
+                    refusal.is_none() && g.partition.replica().read_confirmed(front.round);
+                let expired = self.tick.saturating_sub(front.since_tick) > READ_CHECK_TICKS_MAX;
+                if !confirmed && refusal.is_none() && !expired {
+                    // Rounds only grow, so the reads behind wait too.
+                    break;
+                }
+                let Some(read) = g.reads.pop_front() else {
+                    break;
+                };
+                if let Some(refusal) = refusal {
+                    self.stats.calls += 1;
+                    let _ = read.reply.send(Err(refusal));
+                    continue;
+                }
+                if !confirmed {
+                    self.stats.calls += 1;
+                    let _ = read.reply.send(Err(CallError::Unavailable {
+                        reason: "the primary could not confirm that it still leads its view",
+                    }));
+                    continue;
+                }
+                if read.call.is_replicated() {
+                    // An offset store checked against the confirmed state:
+                    // the session path refuses it if it is still past the
+                    // end.
+                    g.queued.push_back((read.call, read.reply));
+                    stores_queued = true;
+                    continue;
+                }
+                self.stats.calls += 1;
+                let answer = answer_locally(&mut g.partition, read.call).await;
+                let _ = read.reply.send(answer);
+            }
+            if g.reads.is_empty() {
+                self.reading_groups.remove(&id);
+            }
+            if stores_queued {
+                self.pump_session(id).await;
+            }
+        }
     }
 
     /// Opens the group's session when calls wait for it, and submits the
@@ -1279,6 +1371,7 @@ impl<E: Env> Shard<E> {
     /// may deliver replies in turn; bounded, as each round opens a session
     /// at most once per group).
     async fn settle(&mut self) {
+        self.serve_reads().await;
         for _ in 0..4 {
             let opened = self.settle_replies();
             if opened.is_empty() {
@@ -1644,6 +1737,41 @@ pub fn spec_of(
         metadata::MessageExpiry::ServerDefault | metadata::MessageExpiry::Never => 0,
     };
     spec
+}
+
+/// A call this replica answers from its own state: a read (after its read
+/// check), a flush or the counters.
+async fn answer_locally<E: Env>(
+    partition: &mut ShardPartition<E>,
+    call: Call,
+) -> Result<Answer, CallError> {
+    match call {
+        Call::Poll(request) => partition
+            .poll(&request)
+            .await
+            .map(Answer::Polled)
+            .map_err(|e| match e {
+                partitions::PollError::HistoryMissing { .. } => CallError::Unavailable {
+                    reason: "history missing until a state transfer",
+                },
+                other => CallError::Local {
+                    reason: other.to_string(),
+                },
+            }),
+        Call::GetOffset { kind, id } => Ok(Answer::Offset(
+            partition.stored_offset(kind, id).map(Offset),
+        )),
+        Call::Flush => partition
+            .flush_committed_messages()
+            .await
+            .map(|_| Answer::Done)
+            .map_err(partition_error),
+        Call::Stats => Ok(Answer::Stats(partition.stats())),
+        // Replicated calls go through the group's session.
+        replicated => Err(CallError::Rejected {
+            reason: format!("{} is replicated", replicated.name()),
+        }),
+    }
 }
 
 fn primary_check<B: MessageBus, S: journal::SuperblockStore, F: Fs>(

@@ -299,6 +299,100 @@ fn given_stored_offset_when_read_back_should_answer_it_from_the_primary() {
     );
 }
 
+/// Steps the cluster until `pending` is answered, at most `ticks` ticks.
+fn answer_within(
+    c: &mut Cluster,
+    pending: &mut harness::Pending,
+    ticks: u64,
+) -> Option<Result<Answer, CallError>> {
+    for _ in 0..ticks {
+        if let Ok(Some(answer)) = pending.rx.try_recv() {
+            return Some(answer);
+        }
+        c.step();
+    }
+    pending.rx.try_recv().ok().flatten()
+}
+
+#[test]
+fn given_a_primary_cut_off_while_the_others_move_on_when_read_from_should_never_answer_its_stale_state()
+ {
+    let mut c = Cluster::new(3, 1, 4, NetworkFaults::default());
+    let g = group(6);
+    c.create_everywhere(g);
+    c.run(100);
+    let consumer = |offset: u64| Call::StoreOffset {
+        kind: ConsumerKind::Consumer,
+        id: 9,
+        offset: Offset(offset),
+    };
+    let read = Call::GetOffset {
+        kind: ConsumerKind::Consumer,
+        id: 9,
+    };
+    let produce = |tag| Call::Produce {
+        batch: batch(tag, 10),
+    };
+    c.call_until_done(g, produce(1), 2000).unwrap();
+    c.call_until_done(g, consumer(4), 2000).unwrap();
+    let old = c.primary(g).unwrap();
+    let old_view = c.node(old.0, g).partition(g).unwrap().replica().view();
+    c.net.set_isolated(old, true);
+    // The others elect a new primary and acknowledge a batch and a store
+    // the cut-off primary never hears of.
+    let mut new = None;
+    for _ in 0..3000 {
+        c.step();
+        new = (0..3u8).map(ReplicaId).find(|&r| {
+            r != old && {
+                let replica = c.node(r.0, g).partition(g).unwrap().replica();
+                replica.is_caught_up_primary() && replica.view() > old_view
+            }
+        });
+        if new.is_some() {
+            break;
+        }
+    }
+    let new = new.expect("the others elected no new primary");
+    let mut p = c.send(new, g, produce(2));
+    assert!(matches!(
+        answer_within(&mut c, &mut p, 500),
+        Some(Ok(Answer::Committed { .. }))
+    ));
+    let mut p = c.send(new, g, consumer(15));
+    assert!(matches!(
+        answer_within(&mut c, &mut p, 500),
+        Some(Ok(Answer::Committed { .. }))
+    ));
+    assert!(
+        c.node(old.0, g)
+            .partition(g)
+            .unwrap()
+            .replica()
+            .is_caught_up_primary(),
+        "the cut-off primary still believes it leads"
+    );
+    // Its own state says offset 4 and an end of 10: a read must not be
+    // answered from it, nor a store of offset 15 refused by it.
+    let mut stale_read = c.send(old, g, read.clone());
+    let mut store = c.send(old, g, consumer(15));
+    let read_answer = answer_within(&mut c, &mut stale_read, 300);
+    let store_answer = answer_within(&mut c, &mut store, 300);
+    assert!(
+        matches!(read_answer, Some(Err(CallError::Unavailable { .. }))),
+        "a deposed primary answered a read with {read_answer:?}"
+    );
+    assert!(
+        matches!(store_answer, Some(Err(CallError::Unavailable { .. }))),
+        "a deposed primary answered a store of an acknowledged offset with {store_answer:?}"
+    );
+    c.net.set_isolated(old, false);
+    assert_eq!(
+        c.call_until_done(g, read, 3000).unwrap(),
+        Answer::Offset(Some(Offset(15)))
+    );
+}
+
 #[test]
 fn given_unknown_group_when_called_should_answer_unknown_group() {
     let mut c = Cluster::new(1, 1, 1, NetworkFaults::default());

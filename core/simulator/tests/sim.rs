@@ -396,10 +396,12 @@ fn regression_wipe_8100291_group_0_view_changes_never_complete() {
 /// that consumer's offset with 17 from its view-1 state. docs/consensus.md
 /// §4 names this window (a primary cut off by a partition serves its
 /// committed, no longer latest, state until the newer view reaches it);
-/// closing it needs a read lease or a quorum check before local reads, in
-/// consensus and partitions. Until then the oracle rightly fails it.
+/// Closed by read checks (`consensus::vsr::read_check`): a primary
+/// serves a read only after enough backups vouched, after the read
+/// arrived, that they are still in its view; the cut-off primary's read
+/// waits and is answered `Unavailable`. The schedule has changed since;
+/// `core/shard/tests/cluster.rs` rebuilds the situation by hand.
 #[test]
-#[ignore = "known window: a deposed primary serves stale reads until the newer view reaches it (no read lease)"]
 fn regression_mixed_8000375_deposed_primary_serves_a_stale_offset() {
     clean(&options(8_000_375, FaultProfile::Mixed, 3, 2, 2_000));
 }
@@ -411,11 +413,10 @@ fn regression_mixed_8000375_deposed_primary_serves_a_stale_offset() {
 /// messages at offsets 6–15. A client then asked replica 1 to store
 /// offset 9 for a consumer; it checked the offset against its own view-0
 /// applied end (6) and refused it for good ("committed only up to 6")
-/// instead of failing to reach a quorum. Closing it needs the same read
-/// lease (or the range check moved into the replicated apply, where every
-/// replica decides it on the same state).
+/// instead of failing to reach a quorum. Closed by the same read checks:
+/// a store naming an offset past the primary's own end is checked only
+/// against confirmed state.
 #[test]
-#[ignore = "known window: a deposed primary checks a store against its stale applied end (no lease)"]
 fn regression_mixed_9700709_deposed_primary_refuses_a_store_of_an_acknowledged_offset() {
     clean(&options(9_700_709, FaultProfile::Mixed, 3, 2, 2_000));
 }

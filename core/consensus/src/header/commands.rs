@@ -379,6 +379,17 @@ pub struct RepairRangeHeader {
     pub group: u64,
 }
 
+/// Ping (the primary asks its backups to vouch for its view before it
+/// serves a read) and Pong (a backup's answer) share this layout.
+/// Header-only; the prefix view is the sender's view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PingHeader {
+    /// The consensus group.
+    pub group: u64,
+    /// The primary's read-check round; a Pong echoes its Ping's.
+    pub round: u64,
+}
+
 /// A request for prepare headers `from_op..=to_op`, at most 128 of them.
 /// Header-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -487,6 +498,10 @@ pub enum CommandHeader {
     RepairDone(RepairRangeHeader),
     /// Command 21.
     RangeEvicted(RepairRangeHeader),
+    /// Command 1.
+    Ping(PingHeader),
+    /// Command 2.
+    Pong(PingHeader),
     /// Command 30.
     RequestHeaders(RequestHeadersHeader),
     /// Command 31.
@@ -518,6 +533,8 @@ impl CommandHeader {
             Self::RequestPrepares(_) => Command::RequestPrepares,
             Self::RepairDone(_) => Command::RepairDone,
             Self::RangeEvicted(_) => Command::RangeEvicted,
+            Self::Ping(_) => Command::Ping,
+            Self::Pong(_) => Command::Pong,
             Self::RequestHeaders(_) => Command::RequestHeaders,
             Self::Headers(_) => Command::Headers,
             Self::RequestStateTransfer(_) => Command::RequestStateTransfer,
@@ -532,8 +549,6 @@ impl CommandHeader {
         !matches!(
             command,
             Command::Reserved
-                | Command::Ping
-                | Command::Pong
                 | Command::PingClient
                 | Command::PongClient
                 | Command::Eviction
@@ -558,6 +573,8 @@ impl CommandHeader {
                 | Self::RequestPrepares(_)
                 | Self::RepairDone(_)
                 | Self::RangeEvicted(_)
+                | Self::Ping(_)
+                | Self::Pong(_)
                 | Self::RequestHeaders(_)
                 | Self::RequestStateTransfer(_)
                 | Self::RequestStateChunk(_)
@@ -652,6 +669,21 @@ impl CommandHeader {
                     Self::RepairDone(h)
                 } else {
                     Self::RangeEvicted(h)
+                }
+            }
+            Command::Ping | Command::Pong => {
+                zero(b, 144..256)?;
+                let h = PingHeader {
+                    group: u64_at(b, 128),
+                    round: u64_at(b, 136),
+                };
+                if h.round == 0 {
+                    return Err(invalid(command, "read-check rounds start at 1"));
+                }
+                if command == Command::Ping {
+                    Self::Ping(h)
+                } else {
+                    Self::Pong(h)
                 }
             }
             Command::RequestHeaders => {
@@ -780,6 +812,10 @@ impl CommandHeader {
                 put(b, 128, &h.nonce.to_le_bytes());
                 put(b, 144, &h.op.to_le_bytes());
                 put(b, 152, &h.group.to_le_bytes());
+            }
+            Self::Ping(h) | Self::Pong(h) => {
+                put(b, 128, &h.group.to_le_bytes());
+                put(b, 136, &h.round.to_le_bytes());
             }
             Self::RequestHeaders(h) => {
                 put(b, 128, &h.nonce.to_le_bytes());

@@ -30,7 +30,7 @@ mod error;
 
 pub use commands::{
     CommandHeader, CommitHeader, DoViewChangeHeader, HeadersHeader, OPERATION_NON_REPLICATED,
-    OPERATION_REGISTER, PrepareHeader, PrepareOkHeader, RepairRangeHeader, ReplyHeader,
+    OPERATION_REGISTER, PingHeader, PrepareHeader, PrepareOkHeader, RepairRangeHeader, ReplyHeader,
     RequestHeader, RequestHeadersHeader, RequestPreparesHeader, RequestStartViewHeader,
     RequestStateChunkHeader, RequestStateTransferHeader, StartViewChangeHeader, StartViewHeader,
     StateChunkHeader, StateTransferTargetHeader,
@@ -71,9 +71,9 @@ const COMMON_RESERVED: std::ops::Range<usize> = 62..128;
 pub enum Command {
     /// Never sent.
     Reserved = 0,
-    /// Liveness probe (not handled by this codec).
+    /// The primary asks its backups to vouch for its view (a read check).
     Ping = 1,
-    /// Liveness answer (not handled by this codec).
+    /// A backup vouches that it is in the primary's view.
     Pong = 2,
     /// Client liveness probe (not handled by this codec).
     PingClient = 3,

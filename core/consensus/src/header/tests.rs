@@ -296,6 +296,26 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
             ),
             vec![],
         ),
+        (
+            frame(
+                4,
+                CommandHeader::Ping(PingHeader {
+                    group: 42,
+                    round: 17,
+                }),
+            ),
+            vec![],
+        ),
+        (
+            frame(
+                4,
+                CommandHeader::Pong(PingHeader {
+                    group: 42,
+                    round: 17,
+                }),
+            ),
+            vec![],
+        ),
     ]
 }
 
@@ -508,7 +528,7 @@ fn given_unknown_or_unsupported_command_when_decoded_should_reject() {
             Err(HeaderError::UnknownCommand { command: byte })
         );
     }
-    for command in [Command::Reserved, Command::Ping, Command::Eviction] {
+    for command in [Command::Reserved, Command::PingClient, Command::Eviction] {
         let mut b = bytes.clone();
         b[60] = command as u8;
         assert_eq!(
@@ -576,6 +596,7 @@ fn given_nonzero_reserved_byte_when_decoded_should_name_its_offset() {
                 CommandHeader::StateTransferTarget(_) => (162..168).chain(176..256).collect(),
                 CommandHeader::RequestStateChunk(_) => (168..256).collect(),
                 CommandHeader::StateChunk(_) => (164..256).collect(),
+                CommandHeader::Ping(_) | CommandHeader::Pong(_) => (144..256).collect(),
             })
             .collect();
         for offset in reserved {
@@ -697,6 +718,20 @@ fn given_field_rule_violations_when_decoded_should_reject() {
         b"x",
     );
     assert!(decode_frame(&non_replicated, MAX).is_ok());
+    // Ping and Pong: round 0 names no read check.
+    for i in s
+        .iter()
+        .enumerate()
+        .filter(|(_, (h, _))| matches!(h.command, CommandHeader::Ping(_) | CommandHeader::Pong(_)))
+        .map(|(i, _)| i)
+    {
+        let zero_round = |c: &mut CommandHeader| {
+            if let CommandHeader::Ping(h) | CommandHeader::Pong(h) = c {
+                h.round = 0
+            }
+        };
+        invalid_reason(&encode(i, &zero_round, b""));
+    }
     // Prepare: op 0, commit not below op.
     let p = |f: fn(&mut PrepareHeader)| {
         move |c: &mut CommandHeader| {

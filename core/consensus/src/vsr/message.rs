@@ -218,6 +218,18 @@ pub enum Message {
         /// The oldest op the server still retains.
         retained_from: u64,
     },
+    /// The primary asks its backups to vouch that they are still in its
+    /// view before it serves a read from its own state (`read_check.rs`).
+    Ping {
+        /// The read-check round (≥ 1), echoed by the Pong.
+        round: u64,
+    },
+    /// A backup vouches that it was in the frame's view when it answered
+    /// the Ping of `round`.
+    Pong {
+        /// The Ping's round.
+        round: u64,
+    },
 }
 
 impl Message {
@@ -235,6 +247,8 @@ impl Message {
             Self::RepairPrepare(_) => "RepairPrepare",
             Self::RepairDone { .. } => "RepairDone",
             Self::RangeEvicted { .. } => "RangeEvicted",
+            Self::Ping { .. } => "Ping",
+            Self::Pong { .. } => "Pong",
         }
     }
 }

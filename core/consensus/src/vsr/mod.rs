@@ -13,6 +13,8 @@
 //! - `view_change`: StartViewChange / DoViewChange / StartView, probes.
 //! - `census`: the whole-group restart (every replica restarted at once).
 //! - [`merge`]: the DoViewChange merge rule and quorums.
+//! - `read_check`: a primary confirms it still leads its view before it
+//!   serves a read (Ping / Pong).
 //! - `repair`: journal repair, the repair floor and state-transfer hooks.
 //! - [`journal`]: the in-memory, hash-chain-verified log.
 //! - [`pipeline`]: the primary's bounded queue of uncommitted prepares.
@@ -30,6 +32,7 @@ pub mod journal;
 pub mod merge;
 pub mod message;
 pub mod pipeline;
+mod read_check;
 mod repair;
 pub mod replica;
 pub mod timeout;

@@ -356,7 +356,10 @@ fn check_ranges(view: u32, message: &Message) -> Result<(), FrameError> {
         Message::StartView(sv) => values.extend([sv.op, sv.commit]),
         Message::RequestPrepares { from_op, to_op, .. } => values.extend([*from_op, *to_op]),
         Message::RangeEvicted { retained_from, .. } => values.push(*retained_from),
-        Message::StartViewChange | Message::RequestStartView { .. } => {}
+        Message::StartViewChange
+        | Message::RequestStartView { .. }
+        | Message::Ping { .. }
+        | Message::Pong { .. } => {}
     }
     match values.into_iter().find(|v| *v > OP_MAX) {
         Some(value) => Err(FrameError::OutOfRange { value }),
@@ -453,6 +456,7 @@ pub struct Replica {
     pub(super) transferring: bool,
     pub(super) census: super::census::CensusBook,
     pub(super) census_views_started: u64,
+    pub(super) read_checks: super::read_check::ReadChecks,
     held: Vec<(u8, Frame)>,
     actions: Vec<Action>,
 }
@@ -508,6 +512,7 @@ impl Replica {
             transferring: false,
             census: super::census::CensusBook::default(),
             census_views_started: 0,
+            read_checks: super::read_check::ReadChecks::default(),
             held: Vec::new(),
             actions: Vec::new(),
             config,
@@ -882,6 +887,14 @@ impl Replica {
                 self.on_range_evicted(from, nonce, retained_from);
                 Ok(())
             }
+            Message::Ping { round } => {
+                self.on_ping(from, view, round);
+                Ok(())
+            }
+            Message::Pong { round } => {
+                self.on_pong(from, view, round);
+                Ok(())
+            }
         }
     }
 
@@ -928,6 +941,7 @@ impl Replica {
         if self.status == Status::Recovering {
             self.maybe_start_census_view();
         }
+        self.on_read_check_tick();
     }
 
     /// A client request routed to this group.

@@ -29,8 +29,8 @@ use super::message::{
 };
 use crate::header::{
     self, Command, CommandHeader, CommitHeader, DoViewChangeHeader, FrameHeader, HEADER_SIZE,
-    HeaderError, PrepareOkHeader, RepairRangeHeader, RequestPreparesHeader, RequestStartViewHeader,
-    StartViewChangeHeader, StartViewHeader,
+    HeaderError, PingHeader, PrepareOkHeader, RepairRangeHeader, RequestPreparesHeader,
+    RequestStartViewHeader, StartViewChangeHeader, StartViewHeader,
 };
 
 /// What a receiver requires of a frame beyond its own integrity.
@@ -253,6 +253,8 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
                 retained_from: r.op,
             },
         ),
+        CommandHeader::Ping(p) => (p.group, Message::Ping { round: p.round }),
+        CommandHeader::Pong(p) => (p.group, Message::Pong { round: p.round }),
         other => {
             return Err(WireError::NotVsr {
                 command: other.command(),
@@ -276,7 +278,7 @@ pub fn peek_group(bytes: &[u8]) -> Option<u64> {
         Command::Prepare | Command::RepairPrepare => 216,
         Command::PrepareOk => 200,
         Command::Commit => 168,
-        Command::StartViewChange | Command::RequestStartView => 128,
+        Command::StartViewChange | Command::RequestStartView | Command::Ping | Command::Pong => 128,
         Command::DoViewChange | Command::StartView => 144,
         Command::RequestPrepares | Command::RequestHeaders => 160,
         Command::RepairDone | Command::RangeEvicted => 152,
@@ -399,6 +401,20 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
                 nonce: *nonce,
                 op: *retained_from,
                 group,
+            }),
+            Vec::new(),
+        ),
+        Message::Ping { round } => (
+            CommandHeader::Ping(PingHeader {
+                group,
+                round: *round,
+            }),
+            Vec::new(),
+        ),
+        Message::Pong { round } => (
+            CommandHeader::Pong(PingHeader {
+                group,
+                round: *round,
             }),
             Vec::new(),
         ),

@@ -106,6 +106,8 @@ fn frames() -> Vec<Frame> {
             nonce: 7,
             retained_from: 3,
         },
+        Message::Ping { round: 5 },
+        Message::Pong { round: u64::MAX },
     ];
     messages
         .into_iter()
