@@ -179,9 +179,10 @@ pub async fn delete_persisted_offset<F: Fs>(fs: &F, path: &Path) -> io::Result<b
 pub struct StoredOffsets {
     /// Usable offsets, ascending by id.
     pub offsets: Vec<(u32, u64)>,
-    /// Files removed because they were torn or corrupt (the consumer
-    /// restarts from its default position).
-    pub removed_corrupt: Vec<PathBuf>,
+    /// Files that were torn or corrupt: removed by [`load_offsets_dir`]
+    /// (the consumer restarts from its default position), left in place
+    /// by [`scan_offsets_dir`] for the caller to decide.
+    pub corrupt: Vec<PathBuf>,
     /// Replacement siblings swept.
     pub swept_siblings: Vec<PathBuf>,
 }
@@ -191,6 +192,28 @@ pub struct StoredOffsets {
 /// warning) and the directory synced if anything was removed. A missing
 /// directory holds no offsets. Names that are neither are left alone.
 pub async fn load_offsets_dir<F: Fs>(fs: &F, dir: &Path) -> io::Result<StoredOffsets> {
+    let stored = scan_offsets_dir(fs, dir).await?;
+    remove_offset_files(fs, dir, &stored.corrupt).await?;
+    Ok(stored)
+}
+
+/// Removes `paths` (files of the offsets directory `dir`) and syncs the
+/// directory once if there were any.
+pub async fn remove_offset_files<F: Fs>(fs: &F, dir: &Path, paths: &[PathBuf]) -> io::Result<()> {
+    for path in paths {
+        delete_persisted_offset(fs, path).await?;
+    }
+    if !paths.is_empty() {
+        fs.sync_dir(dir).await?;
+    }
+    Ok(())
+}
+
+/// Like [`load_offsets_dir`], but a torn or corrupt record is only
+/// reported, never removed: a replica of a group must first record that
+/// its history is missing (the record is gone for good once removed, and
+/// a peer still holds it). Leftover siblings are swept as by the load.
+pub async fn scan_offsets_dir<F: Fs>(fs: &F, dir: &Path) -> io::Result<StoredOffsets> {
     let entries = match fs.read_dir(dir).await {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(StoredOffsets::default()),
@@ -226,17 +249,12 @@ pub async fn load_offsets_dir<F: Fs>(fs: &F, dir: &Path) -> io::Result<StoredOff
         match decoded {
             Ok(record) => out.offsets.push((id, record.offset)),
             Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "removing an unusable consumer offset file");
-                out.removed_corrupt.push(path);
+                tracing::warn!(path = %path.display(), %error, "an unusable consumer offset file");
+                out.corrupt.push(path);
             }
         }
     }
-    for path in out.removed_corrupt.iter().chain(&out.swept_siblings) {
-        delete_persisted_offset(fs, path).await?;
-    }
-    if !out.removed_corrupt.is_empty() || !out.swept_siblings.is_empty() {
-        fs.sync_dir(dir).await?;
-    }
+    remove_offset_files(fs, dir, &out.swept_siblings).await?;
     out.offsets.sort_unstable();
     Ok(out)
 }

@@ -29,8 +29,18 @@ use storage::fs::Fs;
 
 use crate::offset_storage::{
     commit_offset_replacement, delete_persisted_offset, discard_offset_replacement,
-    load_offsets_dir, stage_offset_replacement,
+    remove_offset_files, scan_offsets_dir, stage_offset_replacement,
 };
+
+/// What [`ConsumerOffsets::load`] found.
+#[derive(Debug, Default)]
+pub(crate) struct LoadedOffsets {
+    /// Records clamped to the recovered end or dropped with an empty log.
+    pub adjusted: usize,
+    /// Records that did not verify, by offsets directory; left in place
+    /// (see [`ConsumerOffsets::remove_corrupt`]).
+    pub corrupt: Vec<(PathBuf, Vec<PathBuf>)>,
+}
 
 /// The durable state of one stored offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,16 +161,24 @@ impl ConsumerOffsets {
             .min()
     }
 
-    /// Loads both directories at boot: torn or corrupt files and leftover
-    /// siblings are removed (see [`load_offsets_dir`]); offsets above
+    /// Loads both directories at boot: leftover siblings are removed, torn
+    /// or corrupt files reported and left for the caller (see
+    /// [`scan_offsets_dir`] and [`Self::remove_corrupt`]); offsets above
     /// `last_offset` (the recovered end, `None` for an empty log) are
     /// clamped to it, or dropped with their file when the log is empty.
-    /// Returns how many records were clamped or dropped.
-    pub async fn load<F: Fs>(&mut self, fs: &F, last_offset: Option<u64>) -> io::Result<usize> {
+    pub(crate) async fn load<F: Fs>(
+        &mut self,
+        fs: &F,
+        last_offset: Option<u64>,
+    ) -> io::Result<LoadedOffsets> {
+        let mut loaded = LoadedOffsets::default();
         let mut adjusted = 0;
         for kind in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup] {
             let dir = self.dir(kind);
-            let stored = load_offsets_dir(fs, &dir).await?;
+            let stored = scan_offsets_dir(fs, &dir).await?;
+            if !stored.corrupt.is_empty() {
+                loaded.corrupt.push((dir.clone(), stored.corrupt.clone()));
+            }
             let mut removed_any = false;
             for (id, offset) in stored.offsets {
                 let value = match last_offset {
@@ -212,7 +230,20 @@ impl ConsumerOffsets {
                 fs.sync_dir(&dir).await?;
             }
         }
-        Ok(adjusted)
+        loaded.adjusted = adjusted;
+        Ok(loaded)
+    }
+
+    /// Removes the corrupt records [`Self::load`] reported, each directory
+    /// synced once.
+    pub(crate) async fn remove_corrupt<F: Fs>(
+        fs: &F,
+        corrupt: &[(PathBuf, Vec<PathBuf>)],
+    ) -> io::Result<()> {
+        for (dir, paths) in corrupt {
+            remove_offset_files(fs, dir, paths).await?;
+        }
+        Ok(())
     }
 
     /// Replaces the record of `(kind, id)` with `offset` durably (sibling,

@@ -736,7 +736,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         })?;
         // A converge (here above, or at runtime before the crash) recorded
         // that history below its frontier is missing; honoured below.
-        let missing = crate::state_transfer::missing::read_missing_history(
+        let mut missing = crate::state_transfer::missing::read_missing_history(
             &fs,
             dir,
             MissingHistory {
@@ -752,17 +752,47 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 source,
             })
         })?;
-        let (mut log, report) = SegmentedLog::open(fs.clone(), dir, config.log, sb.offset_frontier)
-            .await
-            .map_err(BootError::Recovery)?;
+        // A replica of a group that finds its own committed data damaged
+        // repairs it from a peer (docs/consensus.md §5, "Damaged data");
+        // a single replica has no peer and refuses to boot instead.
+        let member = !fresh && config.vsr.replica_count > 1;
+        let at_rest = MissingHistory {
+            commit_op: sb.checkpoint_op,
+            frontier: sb.offset_frontier,
+        };
+        let (mut log, report) = match SegmentedLog::open(
+            fs.clone(),
+            dir,
+            config.log,
+            sb.offset_frontier,
+        )
+        .await
+        {
+            Ok(opened) => opened,
+            Err(error) if member && error.fences_partition() => {
+                tracing::error!(dir = %dir.display(), group = config.vsr.group, %error, "segments damaged at rest: setting them aside, repairing from a peer");
+                let record = *missing.get_or_insert(at_rest);
+                set_aside_and_reopen(&fs, dir, config.log, record).await?
+            }
+            Err(error) => return Err(BootError::Recovery(error)),
+        };
         for cut in &report.truncated {
             tracing::warn!(path = %cut.path.display(), from = cut.from_bytes, to = cut.to_bytes, "recovery cut a torn segment tail");
         }
         if sb.offset_frontier > log.next_offset() {
-            return Err(BootError::FrontierAheadOfLog {
-                frontier: sb.offset_frontier,
-                log_next_offset: log.next_offset(),
-            });
+            if !member {
+                return Err(BootError::FrontierAheadOfLog {
+                    frontier: sb.offset_frontier,
+                    log_next_offset: log.next_offset(),
+                });
+            }
+            // The recorded frontier was synced before it was recorded:
+            // batches below it are gone (a damaged batch cut as a torn
+            // tail, a lost file).
+            tracing::error!(dir = %dir.display(), group = config.vsr.group, frontier = sb.offset_frontier, log_next_offset = log.next_offset(), "synced batches below the recorded frontier are gone: repairing from a peer");
+            drop(log);
+            let record = *missing.get_or_insert(at_rest);
+            (log, _) = set_aside_and_reopen(&fs, dir, config.log, record).await?;
         }
         // A replica of a group keeps nothing past its recorded applied
         // point: batches a flush synced before the process died short of
@@ -794,13 +824,28 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         let next = log.next_offset();
         let mut offsets = ConsumerOffsets::new(dir);
-        offsets
+        let offsets_unreadable = |source| BootError::OffsetsUnreadable {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let loaded = offsets
             .load(&fs, next.checked_sub(1))
             .await
-            .map_err(|source| BootError::OffsetsUnreadable {
-                dir: dir.to_path_buf(),
-                source,
-            })?;
+            .map_err(offsets_unreadable)?;
+        if !loaded.corrupt.is_empty() {
+            if member && missing.is_none() {
+                // Recorded before the records go: removed, they are gone
+                // for good here, and only a peer still holds them.
+                tracing::error!(dir = %dir.display(), group = config.vsr.group, records = ?loaded.corrupt, "consumer-offset records damaged at rest: repairing from a peer");
+                crate::state_transfer::missing::set_aside_damaged_history(&fs, dir, at_rest, false)
+                    .await
+                    .map_err(offsets_unreadable)?;
+                missing = Some(at_rest);
+            }
+            ConsumerOffsets::remove_corrupt(&fs, &loaded.corrupt)
+                .await
+                .map_err(offsets_unreadable)?;
+        }
         // Where applying resumes: the op, its identity and the next offset
         // after it. The segments may hold batches of later ops (a flush
         // synced them and the process died before the superblock write);
@@ -1721,4 +1766,28 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         self.drive().await
     }
+}
+
+/// Boot of a group member whose segments are damaged at rest: records its
+/// history below `record.frontier` missing, sets the segment files aside
+/// and opens the log again, now an empty segment at the frontier, which a
+/// state transfer from a peer fills (`state_transfer::missing`).
+async fn set_aside_and_reopen<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    config: LogConfig,
+    record: MissingHistory,
+) -> Result<(SegmentedLog<F>, storage::recovery::RecoveryReport), BootError> {
+    crate::state_transfer::missing::set_aside_damaged_history(fs, dir, record, true)
+        .await
+        .map_err(|source| {
+            BootError::Recovery(RecoveryError::Io {
+                op: "set damaged segments aside",
+                path: dir.to_path_buf(),
+                source,
+            })
+        })?;
+    SegmentedLog::open(fs.clone(), dir, config, record.frontier)
+        .await
+        .map_err(BootError::Recovery)
 }

@@ -7,6 +7,7 @@
 
 use futures::executor::block_on;
 use partitions::{ClientOp, PollRequest, PollingStrategy};
+use storage::fs::Fs;
 
 mod harness;
 use harness::*;
@@ -103,4 +104,172 @@ fn given_a_healthy_group_when_scrubbed_across_a_purge_should_report_no_damage() 
         assert!(c.replica(r).missing_history().is_none(), "replica {r}");
     }
     c.converge();
+}
+
+/// Runs until replica `victim` no longer lacks history (a transfer
+/// installed), producing meanwhile.
+fn repair(c: &mut Cluster, victim: u8) {
+    for _ in 0..20_000 {
+        scrub_all(c);
+        c.client_step(true);
+        if c.replica(victim).missing_history().is_none() {
+            return;
+        }
+    }
+    panic!("the transfer never repaired replica {victim}");
+}
+
+/// Where a flipped bit lands in a backup's segments while it is down.
+#[derive(Debug, Clone, Copy)]
+enum AtRest {
+    /// Past the last index entry of a sealed segment: recovery ends that
+    /// segment early, and the next one no longer follows it (a hole).
+    SealedTail,
+    /// In the synced part of the active segment: recovery cuts it as a
+    /// torn tail, below the recorded frontier.
+    ActiveSynced,
+}
+
+#[test]
+fn given_a_bit_flipped_in_a_backups_segments_while_it_is_down_when_it_reboots_should_set_them_aside_and_repair_from_a_peer()
+ {
+    for (seed, place) in [(31u64, AtRest::SealedTail), (32, AtRest::ActiveSynced)] {
+        let mut c = Cluster::new(seed, 512);
+        c.enable_transfer_drivers(small_chunk_driver_config());
+        c.produce(60);
+        c.converge();
+        let victim = (c.primary() + 1) % REPLICAS;
+        // Everything the victim applied is synced and recorded.
+        block_on(
+            c.replicas[usize::from(victim)]
+                .as_mut()
+                .unwrap()
+                .flush_committed_messages(),
+        )
+        .unwrap();
+        let segs: Vec<_> = c.replica(victim).log().segments().copied().collect();
+        assert!(segs.len() >= 3, "{} segments", segs.len());
+        let (seg, pos) = match place {
+            AtRest::SealedTail => (segs[1], segs[1].size_bytes - 8),
+            AtRest::ActiveSynced => {
+                let active = segs[segs.len() - 1];
+                assert!(
+                    active.size_bytes > 0,
+                    "seed {seed}: an empty active segment"
+                );
+                (active, active.size_bytes / 2)
+            }
+        };
+        let frontier = c.replica(victim).offset_frontier();
+        c.kill(victim);
+        let path = pdir().join(format!("{:020}.log", seg.start_offset));
+        c.fss[usize::from(victim)]
+            .rot_byte(&path, pos, 0x04)
+            .unwrap();
+        // It boots (a single replica would refuse), lacking its history,
+        // out of every quorum, with the damaged files set aside.
+        c.restart(victim);
+        let missing = c.replica(victim).missing_history();
+        assert!(missing.is_some(), "{place:?}: booted as if whole");
+        assert_eq!(missing.unwrap().frontier, frontier, "{place:?}");
+        assert!(c.replica(victim).log().next_offset() >= frontier);
+        let fenced = block_on(c.fss[usize::from(victim)].exists(&{
+            let mut name = pdir().into_os_string();
+            name.push(".fenced.0");
+            std::path::PathBuf::from(name)
+        }))
+        .unwrap();
+        assert!(fenced, "{place:?}: the damaged files were not kept aside");
+        repair(&mut c, victim);
+        c.produce(10);
+        c.converge();
+        c.assert_identical();
+    }
+}
+
+#[test]
+fn given_a_consumer_offset_record_flipped_while_a_backup_is_down_when_it_reboots_should_repair_it_from_a_peer()
+ {
+    let mut c = Cluster::new(33, 512);
+    c.enable_transfer_drivers(small_chunk_driver_config());
+    c.produce(30);
+    c.store_offsets(5);
+    c.converge();
+    let victim = (c.primary() + 1) % REPLICAS;
+    let stored = c
+        .replica(victim)
+        .stored_offset(common::ConsumerKind::Consumer, 7);
+    assert!(stored.is_some());
+    c.kill(victim);
+    let record = pdir().join("offsets").join("consumers").join("7");
+    c.fss[usize::from(victim)]
+        .rot_byte(&record, 3, 0x01)
+        .unwrap();
+    c.restart(victim);
+    assert!(
+        c.replica(victim).missing_history().is_some(),
+        "a damaged offset record was dropped as if the consumer had none"
+    );
+    repair(&mut c, victim);
+    c.converge();
+    let primary = c.primary();
+    assert_eq!(
+        c.replica(victim)
+            .stored_offset(common::ConsumerKind::Consumer, 7),
+        c.replica(primary)
+            .stored_offset(common::ConsumerKind::Consumer, 7),
+    );
+    c.assert_identical();
+}
+
+/// The boot that sets damaged segments aside, with the power cut after
+/// each of its filesystem calls in turn (both what a cut keeps and the
+/// worst case): the next boot still lacks its history, never comes back
+/// as if whole, and a transfer repairs it.
+#[test]
+fn given_power_cut_at_every_step_of_setting_damaged_segments_aside_when_rebooted_should_still_repair()
+ {
+    use storage::fs::CrashMode;
+    let mut completed = false;
+    for n in 1..200u64 {
+        for mode in [CrashMode::Seeded, CrashMode::DropAll] {
+            let mut c = Cluster::new(34, 512);
+            c.enable_transfer_drivers(small_chunk_driver_config());
+            c.produce(60);
+            c.converge();
+            let victim = (c.primary() + 1) % REPLICAS;
+            block_on(
+                c.replicas[usize::from(victim)]
+                    .as_mut()
+                    .unwrap()
+                    .flush_committed_messages(),
+            )
+            .unwrap();
+            let segs: Vec<_> = c.replica(victim).log().segments().copied().collect();
+            let sealed = segs[1];
+            c.kill(victim);
+            let fs = c.fss[usize::from(victim)].clone();
+            let path = pdir().join(format!("{:020}.log", sealed.start_offset));
+            fs.rot_byte(&path, sealed.size_bytes - 8, 0x04).unwrap();
+            fs.cut_power_after(n);
+            let first = c.try_boot(victim);
+            let booted = first.is_ok();
+            drop(first);
+            fs.crash_with(mode);
+            c.restart(victim);
+            assert!(
+                c.replica(victim).missing_history().is_some(),
+                "cut {n} {mode:?}: rebooted as if whole"
+            );
+            repair(&mut c, victim);
+            c.produce(5);
+            c.converge();
+            c.assert_identical();
+            completed |= booted;
+        }
+        if completed {
+            break;
+        }
+    }
+    assert!(completed, "the damaged boot never completed");
 }

@@ -132,7 +132,7 @@ fn given_replacement_crashed_at_every_step_when_rebooted_should_hold_old_or_new(
                     "seed {seed} step {step}: {one:?}"
                 );
             }
-            assert!(stored.removed_corrupt.is_empty(), "never a torn record");
+            assert!(stored.corrupt.is_empty(), "never a torn record");
             assert!(stored.offsets.contains(&(2, 7)));
             // Siblings never survive a boot.
             let names: Vec<_> = block_on(fs.read_dir(&dir()))
@@ -200,12 +200,12 @@ fn given_corrupt_torn_and_foreign_files_when_loaded_should_remove_bad_and_keep_g
     });
     let stored = block_on(load_offsets_dir(&fs, &dir())).unwrap();
     assert_eq!(stored.offsets, vec![(1, 11), (3, 33)]);
-    assert_eq!(stored.removed_corrupt.len(), 2);
+    assert_eq!(stored.corrupt.len(), 2);
     fs.crash();
     // The removals were made durable: a second boot sees the same.
     let again = block_on(load_offsets_dir(&fs, &dir())).unwrap();
     assert_eq!(again.offsets, vec![(1, 11), (3, 33)]);
-    assert!(again.removed_corrupt.is_empty());
+    assert!(again.corrupt.is_empty());
     assert!(block_on(fs.exists(&dir().join("notes.txt"))).unwrap());
 }
 

@@ -475,6 +475,30 @@ impl Cluster {
         }
     }
 
+    /// Replica `r`'s process is killed: the page cache survives, so its
+    /// disk keeps everything written.
+    pub fn kill(&mut self, r: u8) {
+        self.powerless = None;
+        self.replicas[usize::from(r)] = None;
+        self.fss[usize::from(r)].crash_with(storage::fs::CrashMode::KeepAll);
+        if let Some(d) = self.drivers.as_mut() {
+            d.drivers[usize::from(r)] = None;
+            d.slots[usize::from(r)] = TransferSlots::default();
+        }
+    }
+
+    /// Boots replica `r` on its disk as it is, returning the boot's
+    /// error instead of a replica when it fails.
+    pub fn try_boot(&self, r: u8) -> Result<Replica, partitions::BootError> {
+        block_on(Partition::open(
+            shaped_config(r, self.n, self.retention_ops, &self.shape),
+            self.fss[usize::from(r)].clone(),
+            &pdir(),
+            self.net.endpoint(r),
+            FileSuperblock::new(self.fss[usize::from(r)].clone(), &pdir()),
+        ))
+    }
+
     pub fn restart(&mut self, r: u8) {
         let p = open_shaped(
             &self.fss[usize::from(r)],
