@@ -528,6 +528,33 @@ impl Cluster {
         )
     }
 
+    /// The consumer-offset records of `group` on replica `r`, with their
+    /// lengths.
+    pub(crate) fn offset_records(&self, r: u8, group: GroupId) -> Vec<(PathBuf, usize)> {
+        let fs = &self.nodes[usize::from(r)].fs;
+        let root = self.group_dir(group).join("offsets");
+        let mut out = Vec::new();
+        for kind in ["consumers", "groups"] {
+            let dir = root.join(kind);
+            let Ok(Ok(entries)) = run_now("listing an offsets directory", fs.read_dir(&dir)) else {
+                continue;
+            };
+            for entry in entries {
+                let Some(name) = entry.name_str() else {
+                    continue;
+                };
+                if entry.kind == FileKind::File && name.parse::<u32>().is_ok() {
+                    let len = fs.contents(&dir.join(name)).map_or(0, |b| b.len());
+                    if len > 0 {
+                        out.push((dir.join(name), len));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
     /// The segment files (`.log` and `.index`) of `group` on replica `r`,
     /// by name, with their bytes.
     pub(crate) fn segment_files(&self, r: u8, group: GroupId) -> Vec<(String, Vec<u8>)> {

@@ -61,9 +61,6 @@ enum Health {
     DiskFaulted {
         restart_tick: u64,
     },
-    /// A sealed segment on its disk holds a flipped bit (latent: it stays
-    /// faulty for the rest of the run).
-    Rotten,
     /// Back up, catching up to `targets` (group, commit). `rejoining`:
     /// since a disk replacement, so it may crash again before it caught
     /// up (it is already the faulty one) and must keep rejoining through
@@ -86,6 +83,9 @@ pub(crate) struct FaultPlan {
     prng: Prng,
     rates: FaultRates,
     health: Vec<Health>,
+    /// Replicas whose disk took a flipped bit: faulty for the rest of the
+    /// run (the damage is latent until something reads it).
+    rotten: Vec<bool>,
     /// The tick the current partition heals at.
     partition_until: Option<u64>,
     degraded: Vec<Degraded>,
@@ -107,6 +107,7 @@ impl FaultPlan {
             prng: Prng::new(seed ^ 0xFA17_0001),
             rates: profile.rates(),
             health: vec![Health::Up; usize::from(replica_count)],
+            rotten: vec![false; usize::from(replica_count)],
             partition_until: None,
             degraded: Vec::new(),
             f: usize::from(replica_count.saturating_sub(1) / 2),
@@ -124,7 +125,8 @@ impl FaultPlan {
     fn faulty(&self) -> usize {
         self.health
             .iter()
-            .filter(|h| !matches!(h, Health::Up))
+            .zip(&self.rotten)
+            .filter(|(h, rotten)| !matches!(h, Health::Up) || **rotten)
             .count()
     }
 
@@ -351,8 +353,11 @@ impl FaultPlan {
         });
     }
 
-    /// Flips one bit in the middle of a sealed segment (not the active,
-    /// last one) of a random partition on a replica within the budget.
+    /// Flips one bit of a replica's committed data within the budget: in
+    /// a sealed segment (half the draws), the active segment or a
+    /// consumer-offset record. Half the time the replica is down when it
+    /// happens (killed first, restarted 20–300 ticks later), so its boot
+    /// meets the damage; otherwise a read, the scrub or a later boot does.
     fn rot(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
         if self.replica_count == 1 {
             // f = 0: a single replica has no peer to repair from.
@@ -361,12 +366,16 @@ impl FaultPlan {
         let Some(r) = self.victim(cluster) else {
             return;
         };
+        // (what, path, length) of every candidate, by kind.
         let mut sealed = Vec::new();
+        let mut active = Vec::new();
+        let mut records = Vec::new();
         for s in 0..cluster.shard_count {
             let Some(shard) = cluster.shard_at(r, s) else {
                 continue;
             };
             for group in shard.groups() {
+                let dir = cluster.group_dir(group);
                 let logs: Vec<(String, usize)> = cluster
                     .segment_files(r, group)
                     .into_iter()
@@ -374,28 +383,54 @@ impl FaultPlan {
                     .map(|(n, b)| (n, b.len()))
                     .collect();
                 // Every segment but the last is sealed.
-                for (name, len) in logs.iter().take(logs.len().saturating_sub(1)) {
-                    sealed.push((group, name.clone(), *len));
+                for (i, (name, len)) in logs.iter().enumerate() {
+                    let place = (group, dir.join(name), *len);
+                    if i + 1 < logs.len() {
+                        sealed.push(place);
+                    } else {
+                        active.push(place);
+                    }
+                }
+                for (path, len) in cluster.offset_records(r, group) {
+                    records.push((group, path, len));
                 }
             }
         }
-        if sealed.is_empty() {
+        let kind = self.pick(4);
+        let candidates = match kind {
+            0 if !active.is_empty() => &active,
+            1 if !records.is_empty() => &records,
+            _ => &sealed,
+        };
+        if candidates.is_empty() {
             return;
         }
-        let (group, name, len) = sealed[self.pick(sealed.len() as u64) as usize].clone();
+        let (group, path, len) = candidates[self.pick(candidates.len() as u64) as usize].clone();
         let pos = self.pick(len as u64);
         let mask = 1u8 << self.pick(8);
-        let path = cluster.group_dir(group).join(&name);
+        let down = self.prng.chance(1, 2).then(|| self.between(20, 300));
+        if let Some(down_ticks) = down {
+            cluster.crash(r, CrashMode::KeepAll);
+            self.stats.crashes += 1;
+            self.health[usize::from(r)] = Health::Crashed {
+                restart_tick: tick + down_ticks,
+            };
+        }
         if cluster.fs(r).rot_byte(&path, pos, mask).is_err() {
             return;
         }
         self.stats.rotted_bits += 1;
-        self.health[usize::from(r)] = Health::Rotten;
+        self.rotten[usize::from(r)] = true;
         trace.record(Event::Fault {
             tick,
             what: format!(
-                "replica {r}: bit {mask:#04x} of byte {pos} of group {} {name} flipped",
-                group.0
+                "replica {r}: bit {mask:#04x} of byte {pos} of group {} {} flipped{}",
+                group.0,
+                path.display(),
+                match down {
+                    Some(t) => format!(" while it is down for {t} ticks"),
+                    None => String::new(),
+                }
             ),
         });
     }
@@ -511,7 +546,7 @@ impl FaultPlan {
                     (restart_tick <= tick).then_some(false)
                 }
                 Health::DiskFaulted { restart_tick } => (restart_tick <= tick).then_some(true),
-                Health::Up | Health::Recovering { .. } | Health::Rotten => None,
+                Health::Up | Health::Recovering { .. } => None,
             };
             if let Some(disk) = due {
                 self.restart(r, disk, cluster, trace, tick)?;
@@ -589,7 +624,7 @@ impl FaultPlan {
                     self.restart(r, false, cluster, trace, tick)?;
                 }
                 Health::DiskFaulted { .. } => self.restart(r, true, cluster, trace, tick)?,
-                Health::Up | Health::Recovering { .. } | Health::Rotten => {}
+                Health::Up | Health::Recovering { .. } => {}
             }
         }
         trace.record(Event::Fault {

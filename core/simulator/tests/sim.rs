@@ -309,21 +309,30 @@ fn regression_mixed_3000036_stale_metadata_transfer_need_blocked_group_0() {
     clean(&options(3_000_000 + 36, FaultProfile::Mixed, 3, 2, 2_000));
 }
 
-/// The `rot` profile flips a bit in a sealed segment on a minority
-/// replica. The damage is found on read (a poll, or the shard's scrub of
-/// sealed segments) and never served; the replica then counts its history
-/// as missing, stays out of every quorum, and repairs itself by state
-/// transfer from a peer, so every seed ends converged and byte-identical.
-/// Before self-repair, every one of these seeds ended with that replica's
-/// log unreadable.
+/// The `rot` profile flips a bit of one minority replica's committed data
+/// (a sealed segment, the active segment or a consumer-offset record),
+/// half the time while that replica is down. The damage is found on read
+/// (a poll, or the shard's scrub of sealed segments) or at boot, and never
+/// served; the replica then counts its history as missing, stays out of
+/// every quorum, and repairs itself by state transfer from a peer, so
+/// every seed ends converged and byte-identical. Before self-repair, every
+/// one of these seeds ended with that replica's log unreadable; before the
+/// boot-time repair, a third of the seeds (those whose replica was down
+/// when its bit flipped) ended with a group missing on it for good.
 #[test]
 fn rot_profile_damage_is_repaired_from_a_peer() {
     let mut rotted = 0;
-    for seed in 1..=10 {
+    let mut rotted_while_down = 0;
+    for seed in 1..=20 {
         let s = clean(&options(seed, FaultProfile::Rot, 3, 2, 1_200));
         rotted += s.faults.rotted_bits;
+        rotted_while_down += s.faults.crashes;
     }
     assert!(rotted > 0, "no seed flipped a bit");
+    assert!(
+        rotted_while_down > 0,
+        "no bit flipped while its replica was down"
+    );
 }
 
 // Seeds found failing; an `#[ignore]`d one runs clean once its cause is
