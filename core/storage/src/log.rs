@@ -25,7 +25,7 @@
 //! description, so the kernel's readahead state survives between reads
 //! (reopening per read resets it and costs a third of cold-read speed).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -400,7 +400,7 @@ impl<F: Fs> SegmentedLog<F> {
         if offset >= seg.meta.next_offset {
             return Ok(ReadBatches::default());
         }
-        let hint = lower_bound_by_offset(&seg.index, offset).map_or(0, |e| e.position);
+        let hint = lower_bound_by_offset(&seg.index, offset);
         self.read_located(seg, hint, max_bytes, |h| h.last_offset() >= offset)
             .await
     }
@@ -420,7 +420,7 @@ impl<F: Fs> SegmentedLog<F> {
         else {
             return Ok(ReadBatches::default());
         };
-        let hint = lower_bound_by_timestamp(&seg.index, timestamp).map_or(0, |e| e.position);
+        let hint = lower_bound_by_timestamp(&seg.index, timestamp);
         self.read_located(seg, hint, max_bytes, |h| h.base_timestamp >= timestamp)
             .await
     }
@@ -498,24 +498,55 @@ impl<F: Fs> SegmentedLog<F> {
         Ok(ReadHandle::Sealed(file))
     }
 
+    /// Reads from the first batch `wanted` accepts, walking from the index
+    /// entry `hint` (or byte 0). The batch at the hint must be the one the
+    /// entry names: an index damaged at rest (its file is trusted at boot
+    /// up to its last entry that verifies) could otherwise point past the
+    /// wanted batch at another whole batch, and the read would silently
+    /// skip messages. Such a hint is dropped and the walk starts over from
+    /// byte 0 (correct, only slower).
     async fn read_located(
         &self,
         seg: &Segment,
-        hint: u64,
+        hint: Option<IndexEntry>,
         max_bytes: u64,
         wanted: impl Fn(&BatchHeader) -> bool,
     ) -> Result<ReadBatches, StorageError> {
         let limits = self.limits(max_bytes);
         let handle = self.reader(seg).await?;
-        let found = find_batch(
+        let unchecked = Cell::new(hint);
+        let misled = Cell::new(false);
+        let mut found = find_batch(
             handle.file(),
             &seg.log_path,
-            hint,
+            hint.map_or(0, |e| e.position),
             seg.meta.size_bytes,
             limits.batch_length_max,
-            wanted,
+            |h| match unchecked.take() {
+                Some(e) if h.base_offset != e.offset || h.base_timestamp != e.timestamp => {
+                    misled.set(true);
+                    true
+                }
+                _ => wanted(h),
+            },
         )
         .await?;
+        if misled.get() {
+            warn!(
+                path = %seg.index_path.display(),
+                position = hint.map_or(0, |e| e.position),
+                "an index entry does not name the batch it points at; reading from the segment's start"
+            );
+            found = find_batch(
+                handle.file(),
+                &seg.log_path,
+                0,
+                seg.meta.size_bytes,
+                limits.batch_length_max,
+                wanted,
+            )
+            .await?;
+        }
         let Some((position, _)) = found else {
             return Ok(ReadBatches::default());
         };
