@@ -17,7 +17,7 @@
 use common::{GroupId, METADATA_GROUP, ReplicaId};
 use consensus::vsr::{Prng, Status};
 use partitions::NetworkFaults;
-use storage::fs::{CrashMode, EIO, FaultKind};
+use storage::fs::{CrashMode, EIO, ENOSPC, FaultKind};
 
 use crate::cluster::{Cluster, ClusterError};
 use crate::profile::{FaultProfile, FaultRates};
@@ -329,18 +329,44 @@ impl FaultPlan {
         Ok(())
     }
 
+    /// Arms one disk fault on a replica within the budget: one of its next
+    /// 40 writes fails with EIO or ENOSPC or lands torn (a prefix written,
+    /// then EIO), or one of its next 40 syncs fails, or one of its next 40
+    /// reads returns short. The replica is restarted 50–300 ticks later
+    /// (its process died with the fault, or would have). The variant is
+    /// derived from the draws the plan always made (kind, call number), so
+    /// a seed's fault schedule is the one it had with EIO alone.
     fn disk_fault(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
         let Some(r) = self.victim(cluster) else {
             return;
         };
-        let kind = if self.prng.chance(1, 2) {
-            FaultKind::Write
-        } else {
-            FaultKind::Sync
-        };
+        let write = self.prng.chance(1, 2);
         let nth = self.between(1, 40);
         let restart_in = self.between(50, 300);
-        cluster.fs(r).fail_nth(kind, nth, EIO);
+        let fs = cluster.fs(r);
+        let what = match (write, nth % 4) {
+            (true, 0) => {
+                fs.fail_nth(FaultKind::Write, nth, ENOSPC);
+                "Write call {nth} from now fails with ENOSPC"
+            }
+            (true, 1) => {
+                // A sector-ish prefix lands, the rest does not.
+                fs.tear_nth_write(nth, usize::try_from(nth * 97).unwrap_or(0));
+                "Write call {nth} from now lands torn"
+            }
+            (true, _) => {
+                fs.fail_nth(FaultKind::Write, nth, EIO);
+                "Write call {nth} from now fails with EIO"
+            }
+            (false, 0) => {
+                fs.short_nth_read(nth, usize::try_from(nth * 13).unwrap_or(1));
+                "Read call {nth} from now returns short"
+            }
+            (false, _) => {
+                fs.fail_nth(FaultKind::Sync, nth, EIO);
+                "Sync call {nth} from now fails with EIO"
+            }
+        };
         self.stats.disk_faults += 1;
         self.health[usize::from(r)] = Health::DiskFaulted {
             restart_tick: tick + restart_in,
@@ -348,7 +374,8 @@ impl FaultPlan {
         trace.record(Event::Fault {
             tick,
             what: format!(
-                "replica {r}: {kind:?} call {nth} from now fails with EIO; restart in {restart_in} ticks"
+                "replica {r}: {}; restart in {restart_in} ticks",
+                what.replace("{nth}", &nth.to_string())
             ),
         });
     }
