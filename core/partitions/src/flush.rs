@@ -146,6 +146,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             && (behind >= lag_max || overdue)
     }
 
+    /// When the time-based record of a lagging applied point falls due
+    /// (µs on the driver's clock), if one is waiting: the tick that reaches
+    /// it must run (see [`Partition::ticks_until_due`]).
+    pub(crate) fn record_due_at_us(&self) -> Option<u64> {
+        let interval = self.config.record_interval_us;
+        let behind = self.journaled_point.op > self.durable.state().checkpoint_op;
+        (interval > 0
+            && behind
+            && self.config.vsr.replica_count > 1
+            && self.missing_history_record_pending.is_none())
+        .then(|| self.recorded_at_us.saturating_add(interval))
+    }
+
     /// Writes the journal's batches to segments, optionally syncing, and
     /// evicts what was written. The applied point and its frontier are
     /// recorded after a sync when `record_frontier` is set, a segment was

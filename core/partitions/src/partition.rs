@@ -1308,6 +1308,45 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         Ok(round)
     }
 
+    /// How many ticks from now the next one that does anything is (see
+    /// `Replica::ticks_until_due`): a retry, a repair to start or an
+    /// auto-commit to send makes every tick due; a lagging applied point
+    /// the tick at which its record interval has passed (`tick_us`, the
+    /// driver's tick period); the core's timers the rest. `u64::MAX` for a
+    /// fenced partition or one with nothing armed. A driver ticks the
+    /// partition on that tick and counts the ones before it with
+    /// [`Self::skip_ticks`].
+    pub fn ticks_until_due(&self, tick_us: u64) -> u64 {
+        if self.fenced.is_some() {
+            return u64::MAX;
+        }
+        let busy = self.persist_failed
+            || self.missing_history_clear_pending
+            || self.missing_history_record_pending.is_some()
+            || self.damage_found.get()
+            || !self.pending_replies.is_empty()
+            || !self.auto_commits.borrow().pending.is_empty();
+        if busy {
+            return 1;
+        }
+        let mut due = self.replica.ticks_until_due();
+        if let Some(at_us) = self.record_due_at_us() {
+            let wait = at_us.saturating_sub(self.now_us);
+            due = due.min(wait.div_ceil(tick_us.max(1)).max(1));
+        }
+        due
+    }
+
+    /// Counts `n` ticks in which nothing is due (`n` below
+    /// [`Self::ticks_until_due`]), as `n` calls of [`Self::on_tick`] would
+    /// (the clock it was last given stands until the next tick).
+    pub fn skip_ticks(&mut self, n: u64) {
+        // A fenced partition's ticks do nothing at all (its core stands).
+        if self.fenced.is_none() {
+            self.replica.skip_ticks(n);
+        }
+    }
+
     /// One tick of the driver's clock; `now_us` is its time in µs (the
     /// timestamp the primary stamps batches with, and retention's "now").
     pub async fn on_tick(&mut self, now_us: u64) -> Result<(), PartitionError> {

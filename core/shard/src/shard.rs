@@ -284,6 +284,9 @@ pub struct ShardStats {
     pub frames_dropped: u64,
     /// Ticks run.
     pub ticks: u64,
+    /// Groups visited by ticks (a group is visited only on ticks when it
+    /// has something due).
+    pub group_visits: u64,
     /// Calls answered, successful or not.
     pub calls: u64,
     /// Groups fenced since boot.
@@ -395,6 +398,11 @@ struct Group<E: Env> {
     /// When the running transfer was first armed (the environment's clock),
     /// for its duration once installed.
     transfer_armed_at: Option<Duration>,
+    /// The shard tick through which the partition's ticks are counted
+    /// (ticked, or skipped while nothing was due).
+    counted_to: u64,
+    /// The shard tick the group is scheduled to be visited at.
+    due_at: u64,
 }
 
 impl<E: Env> Group<E> {
@@ -456,6 +464,16 @@ pub struct Shard<E: Env> {
     in_flight_groups: BTreeSet<GroupId>,
     /// Groups with reads waiting for their read check.
     reading_groups: BTreeSet<GroupId>,
+    /// Every group by the tick it is next due at: a tick visits only the
+    /// groups whose entry has come (docs/architecture.md, "What a tick
+    /// costs").
+    schedule: BTreeSet<(u64, GroupId)>,
+    /// Groups an input reached since the last rescheduling (a group may
+    /// appear more than once).
+    touched: Vec<GroupId>,
+    /// The last tick whose due groups have all been visited: an input
+    /// catches a group up to it before handing it anything.
+    settled_tick: u64,
     /// Group 0, on the shard that hosts it.
     metadata: Option<MetadataHost<E>>,
     /// The rejoin marker, on the shard that hosts group 0, while this
@@ -511,6 +529,9 @@ impl<E: Env> Shard<E> {
             client,
             in_flight_groups: BTreeSet::new(),
             reading_groups: BTreeSet::new(),
+            schedule: BTreeSet::new(),
+            touched: Vec::new(),
+            settled_tick: 0,
             metadata: None,
             rejoin: None,
             siblings: Vec::new(),
@@ -779,6 +800,7 @@ impl<E: Env> Shard<E> {
         let Some(mut removed) = self.groups.remove(&group) else {
             return Err(GroupError::Unknown(group));
         };
+        self.schedule.remove(&(removed.due_at, group));
         removed.driver.release(&mut self.slots);
         add_transfer_totals(&mut self.transfer_retired, &removed.driver);
         for (_, reply) in removed.queued.drain(..) {
@@ -855,8 +877,11 @@ impl<E: Env> Shard<E> {
                 seen_view,
                 seen_census: 0,
                 transfer_armed_at: None,
+                counted_to: self.settled_tick,
+                due_at: self.tick + 1,
             },
         );
+        self.schedule.insert((self.tick + 1, group));
         Ok(())
     }
 
@@ -903,7 +928,12 @@ impl<E: Env> Shard<E> {
                 return Ok(());
             }
             self.check_owner(group)?;
-            let Some(g) = self.groups.get_mut(&GroupId(group)) else {
+            let Some(g) = touch(
+                &mut self.groups,
+                &mut self.touched,
+                self.settled_tick,
+                GroupId(group),
+            ) else {
                 return Err(FrameRefusal::UnknownGroup { group });
             };
             let clock = EnvClock(&*self.env);
@@ -934,7 +964,12 @@ impl<E: Env> Shard<E> {
         }
         self.check_owner(frame.group)?;
         let frame_group = frame.group;
-        let Some(g) = self.groups.get_mut(&GroupId(frame.group)) else {
+        let Some(g) = touch(
+            &mut self.groups,
+            &mut self.touched,
+            self.settled_tick,
+            GroupId(frame.group),
+        ) else {
             return Err(FrameRefusal::UnknownGroup { group: frame.group });
         };
         let result = g
@@ -973,27 +1008,43 @@ impl<E: Env> Shard<E> {
             self.send_frames(out);
             self.after_metadata_input().await;
         }
-        // One pass over the groups with only disjoint borrows of the shard;
-        // what needs the whole shard (sending, reporting, sessions) is
-        // collected and done after it.
+        // Effects of group 0 may have reached groups: any that became due
+        // now is visited below.
+        self.reschedule_touched();
+        // One pass over the due groups with only disjoint borrows of the
+        // shard; what needs the whole shard (sending, reporting, sessions)
+        // is collected and done after it.
         let mut outputs = Vec::new();
         let mut waiting = Vec::new();
         let clock = EnvClock(&*self.env);
-        for (id, g) in self.groups.iter_mut() {
+        let tick = self.tick;
+        let tick_us = u64::try_from(self.config.tick.as_micros()).unwrap_or(u64::MAX);
+        while let Some(&(at, id)) = self.schedule.first() {
+            if at > tick {
+                break;
+            }
+            self.schedule.pop_first();
+            let Some(g) = self.groups.get_mut(&id) else {
+                continue;
+            };
+            self.stats.group_visits += 1;
+            // The ticks since its last visit did nothing: count them.
+            g.partition
+                .skip_ticks(tick.saturating_sub(g.counted_to).saturating_sub(1));
+            g.counted_to = tick;
             if let Err(error) = g.partition.on_tick(now_us).await
                 && !matches!(error, PartitionError::Fenced { .. })
             {
                 tracing::warn!(group = id.0, %error, "tick failed");
             }
-            g.note_view(*id);
-            // An idle driver's tick would do nothing: skipping it is what
-            // keeps thousands of quiet groups cheap.
+            g.note_view(id);
+            // An idle driver's tick would do nothing.
             if !g.driver.is_idle(&g.partition) {
                 let out = g
                     .driver
                     .on_tick(&mut g.partition, &mut self.slots, &clock)
                     .await;
-                outputs.push((*id, out));
+                outputs.push((id, out));
             }
             if retention_due && g.spec.message_expiry_us > 0 && g.partition.fenced().is_none() {
                 let policy = RetentionPolicy {
@@ -1005,12 +1056,18 @@ impl<E: Env> Shard<E> {
                 }
             }
             if g.partition.fenced().is_some() && !g.fenced_reported {
-                outputs.push((*id, DriverOutput::default()));
+                outputs.push((id, DriverOutput::default()));
             }
             if !g.queued.is_empty() {
-                waiting.push(*id);
+                waiting.push(id);
             }
+            // Rescheduled while its state is still in cache; what runs
+            // after the pass reschedules the groups it reaches again.
+            g.due_at = next_visit(g, tick_us, tick);
+            self.schedule.insert((g.due_at, id));
         }
+        self.settled_tick = tick;
+        self.touched.extend(outputs.iter().map(|(id, _)| *id));
         for (id, out) in outputs {
             self.carry_out(id, out);
         }
@@ -1019,6 +1076,29 @@ impl<E: Env> Shard<E> {
         }
         self.scrub().await;
         self.settle().await;
+    }
+
+    /// Puts every group an input reached back into the schedule at the
+    /// tick it is next due ([`next_visit`]).
+    fn reschedule_touched(&mut self) {
+        if self.touched.is_empty() {
+            return;
+        }
+        let tick_us = u64::try_from(self.config.tick.as_micros()).unwrap_or(u64::MAX);
+        let mut touched = std::mem::take(&mut self.touched);
+        for id in touched.drain(..) {
+            let Some(g) = self.groups.get_mut(&id) else {
+                continue;
+            };
+            let at = next_visit(g, tick_us, self.settled_tick);
+            if at != g.due_at {
+                self.schedule.remove(&(g.due_at, id));
+                g.due_at = at;
+            }
+            self.schedule.insert((at, id));
+        }
+        // The buffer is kept for the next input.
+        self.touched = touched;
     }
 
     /// This tick's share of scrubbing: groups in turn after the last one
@@ -1040,7 +1120,7 @@ impl<E: Env> Shard<E> {
             .collect();
         for id in order {
             self.scrub_after = id;
-            let Some(g) = self.groups.get_mut(&id) else {
+            let Some(g) = touch(&mut self.groups, &mut self.touched, self.settled_tick, id) else {
                 continue;
             };
             let read = g.partition.scrub_step(budget).await;
@@ -1131,6 +1211,11 @@ impl<E: Env> Shard<E> {
     /// A client call. The answer goes to `envelope.reply`, now or when the
     /// op commits.
     pub async fn on_call(&mut self, envelope: Envelope) {
+        self.take_call(envelope).await;
+        self.reschedule_touched();
+    }
+
+    async fn take_call(&mut self, envelope: Envelope) {
         let Envelope { group, call, reply } = envelope;
         let owner = shard_of(group, self.config.shard_count);
         if owner != self.config.shard {
@@ -1139,7 +1224,12 @@ impl<E: Env> Shard<E> {
             let _ = reply.send(Err(CallError::UnknownGroup { group }));
             return;
         }
-        let Some(g) = self.groups.get_mut(&group) else {
+        let Some(g) = touch(
+            &mut self.groups,
+            &mut self.touched,
+            self.settled_tick,
+            group,
+        ) else {
             self.stats.calls += 1;
             let _ = reply.send(Err(CallError::UnknownGroup { group }));
             return;
@@ -1214,7 +1304,7 @@ impl<E: Env> Shard<E> {
         }
         let reading: Vec<GroupId> = self.reading_groups.iter().copied().collect();
         for id in reading {
-            let Some(g) = self.groups.get_mut(&id) else {
+            let Some(g) = touch(&mut self.groups, &mut self.touched, self.settled_tick, id) else {
                 self.reading_groups.remove(&id);
                 continue;
             };
@@ -1275,7 +1365,12 @@ impl<E: Env> Shard<E> {
         let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
         let tick = self.tick;
         let client = self.client;
-        let Some(g) = self.groups.get_mut(&group) else {
+        let Some(g) = touch(
+            &mut self.groups,
+            &mut self.touched,
+            self.settled_tick,
+            group,
+        ) else {
             return;
         };
         if g.queued.is_empty() || g.partition.fenced().is_some() {
@@ -1375,12 +1470,13 @@ impl<E: Env> Shard<E> {
         for _ in 0..4 {
             let opened = self.settle_replies();
             if opened.is_empty() {
-                return;
+                break;
             }
             for group in opened {
                 self.pump_session(group).await;
             }
         }
+        self.reschedule_touched();
     }
 
     /// Matches delivered replies to waiting calls; returns the groups whose
@@ -1652,9 +1748,15 @@ impl<E: Env> Shard<E> {
 
     /// Hands a committed purge generation to the group's transfer driver.
     pub fn learn_purge_generation(&mut self, group: GroupId, generation: u64) {
-        if let Some(g) = self.groups.get_mut(&group) {
+        if let Some(g) = touch(
+            &mut self.groups,
+            &mut self.touched,
+            self.settled_tick,
+            group,
+        ) {
             g.driver.learn_committed_purge_generation(generation);
         }
+        self.reschedule_touched();
     }
 
     /// Creates the named groups this shard owns and lacks, deletes the
@@ -1737,6 +1839,48 @@ pub fn spec_of(
         metadata::MessageExpiry::ServerDefault | metadata::MessageExpiry::Never => 0,
     };
     spec
+}
+
+/// The group `id`, caught up on the ticks it was not visited for (through
+/// `settled`, the last tick whose due groups were all visited), so it is
+/// exactly where ticking it every tick would have left it, and marked for
+/// rescheduling. Every input to a group goes through here.
+fn touch<'a, E: Env>(
+    groups: &'a mut BTreeMap<GroupId, Group<E>>,
+    touched: &mut Vec<GroupId>,
+    settled: u64,
+    id: GroupId,
+) -> Option<&'a mut Group<E>> {
+    let g = groups.get_mut(&id)?;
+    if g.counted_to < settled {
+        g.partition.skip_ticks(settled - g.counted_to);
+        g.counted_to = settled;
+    }
+    touched.push(id);
+    Some(g)
+}
+
+/// The shard tick a group is next due at, after `settled` (the last tick
+/// whose due groups were all visited): the next one while it has work
+/// every tick needs (a running transfer, calls waiting for its session, a
+/// fence not yet reported), its retention tick when its topic expires
+/// messages, otherwise when the partition says
+/// (`Partition::ticks_until_due`).
+fn next_visit<E: Env>(g: &Group<E>, tick_us: u64, settled: u64) -> u64 {
+    let every_tick = !g.queued.is_empty()
+        || (g.partition.fenced().is_some() && !g.fenced_reported)
+        || !g.driver.is_idle(&g.partition);
+    let due_in = if every_tick {
+        1
+    } else {
+        g.partition.ticks_until_due(tick_us)
+    };
+    let mut at = g.counted_to.saturating_add(due_in);
+    if g.spec.message_expiry_us > 0 {
+        let next_pass = (g.counted_to / RETENTION_EVERY_TICKS + 1) * RETENTION_EVERY_TICKS;
+        at = at.min(next_pass);
+    }
+    at.max(settled + 1)
 }
 
 /// A call this replica answers from its own state: a read (after its read

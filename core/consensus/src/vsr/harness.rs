@@ -80,6 +80,11 @@ pub struct SimConfig {
     /// offer over the reference's frame does), so the replica must learn it
     /// from the log or a heartbeat.
     pub transfer_without_checksum: bool,
+    /// Tick each replica only when it is due (`Replica::ticks_until_due`)
+    /// and count the quiet ticks with `Replica::skip_ticks` before any
+    /// input, as a shard with many idle groups does. A run must be the
+    /// same, frame for frame, as with every replica ticked every step.
+    pub lazy_ticks: bool,
 }
 
 impl SimConfig {
@@ -106,6 +111,7 @@ impl SimConfig {
             client_retry_ticks: 40,
             topology: Topology::Star,
             transfer_without_checksum: false,
+            lazy_ticks: false,
         }
     }
 
@@ -222,6 +228,10 @@ pub struct Node {
     restart_at: u64,
     view_seen: u32,
     commit_max_seen: u64,
+    /// Lazy ticking: the step through which the replica's ticks are
+    /// counted, and the last step whose tick phase reached it.
+    counted_to: u64,
+    tick_phase: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -292,6 +302,8 @@ impl Simulation {
                     restart_at: 0,
                     view_seen: 0,
                     commit_max_seen: 0,
+                    counted_to: 0,
+                    tick_phase: 0,
                 }
             })
             .collect();
@@ -340,11 +352,38 @@ impl Simulation {
             .and_then(|n| n.replica.as_ref())
     }
 
-    /// The live core of replica `r`, mutably.
+    /// The live core of replica `r`, mutably (caught up on the ticks it
+    /// was not handed, with lazy ticking).
     pub fn replica_mut(&mut self, r: u8) -> Option<&mut Replica> {
+        self.catch_up(r);
         self.nodes
             .get_mut(usize::from(r))
             .and_then(|n| n.replica.as_mut())
+    }
+
+    /// Lazy ticking: how many steps' ticks replica `r` has had by now with
+    /// eager ticking — this step's once its tick phase has passed.
+    fn ticks_owed_to(&self, r: u8) -> u64 {
+        let node = &self.nodes[usize::from(r)];
+        if node.tick_phase == self.tick {
+            self.tick
+        } else {
+            self.tick.saturating_sub(1)
+        }
+    }
+
+    /// Lazy ticking: counts the quiet ticks replica `r` has not been
+    /// handed, so it is exactly where eager ticking would have left it.
+    fn catch_up(&mut self, r: u8) {
+        if !self.config.lazy_ticks || usize::from(r) >= self.nodes.len() {
+            return;
+        }
+        let owed = self.ticks_owed_to(r);
+        let node = &mut self.nodes[usize::from(r)];
+        if let Some(replica) = node.replica.as_mut() {
+            replica.skip_ticks(owed.saturating_sub(node.counted_to));
+        }
+        node.counted_to = node.counted_to.max(owed);
     }
 
     /// The longest committed log any replica applied.
@@ -457,6 +496,12 @@ impl Simulation {
         };
         let mut replica = Replica::restart(node.config, node.superblock, applied);
         *replica.client_table_mut() = node.table.clone();
+        // Ticks count from the restart.
+        node.counted_to = if node.tick_phase == self.tick {
+            self.tick
+        } else {
+            self.tick.saturating_sub(1)
+        };
         node.view_seen = replica.view();
         node.commit_max_seen = replica.commit_max();
         node.replica = Some(replica);
@@ -489,7 +534,9 @@ impl Simulation {
         }
         self.deliver()?;
         for r in 0..self.config.replica_count {
-            if let Some(replica) = self.replica_mut(r) {
+            if self.config.lazy_ticks {
+                self.tick_if_due(r);
+            } else if let Some(replica) = self.replica_mut(r) {
                 replica.on_tick();
             }
             self.drain(r)?;
@@ -501,6 +548,24 @@ impl Simulation {
         self.check_monotonic()
     }
 
+    /// Lazy ticking's tick phase: replica `r` is ticked only on a step
+    /// when something is due, after counting the quiet steps before it.
+    fn tick_if_due(&mut self, r: u8) {
+        let tick = self.tick;
+        let node = &mut self.nodes[usize::from(r)];
+        node.tick_phase = tick;
+        let Some(replica) = node.replica.as_mut() else {
+            node.counted_to = tick;
+            return;
+        };
+        let behind = tick.saturating_sub(node.counted_to);
+        if replica.ticks_until_due() <= behind {
+            replica.skip_ticks(behind - 1);
+            replica.on_tick();
+            node.counted_to = tick;
+        }
+    }
+
     /// Run `ticks` steps.
     pub fn run_for(&mut self, ticks: u64) -> Result<(), SimFailure> {
         for _ in 0..ticks {
@@ -510,6 +575,7 @@ impl Simulation {
     }
 
     fn complete_persists(&mut self, r: u8) -> Result<(), SimFailure> {
+        self.catch_up(r);
         let node = &mut self.nodes[usize::from(r)];
         let pending = std::mem::take(&mut node.pending_persist);
         for (view, log_view, commit) in pending {
@@ -737,6 +803,8 @@ impl Simulation {
             ));
         }
         node.applied = prefix;
+        self.catch_up(r);
+        let node = &mut self.nodes[usize::from(r)];
         if let Some(target) = node.replica.as_mut() {
             target.set_commit_floor(commit_op, checksum);
             target.set_sequence(commit_op);

@@ -118,6 +118,28 @@ impl Replica {
         }
     }
 
+    /// Ticks until [`Self::on_read_check_tick`] would send again
+    /// (`u64::MAX` with no round outstanding).
+    pub(super) fn read_check_due_in(&self) -> u64 {
+        let checks = &self.read_checks;
+        if checks.sent <= checks.confirmed {
+            return u64::MAX;
+        }
+        self.config
+            .timeouts
+            .commit_message_ticks
+            .saturating_sub(checks.since_sent)
+            .max(1)
+    }
+
+    /// Counts `n` ticks of an outstanding round that send nothing.
+    pub(super) fn skip_read_check_ticks(&mut self, n: u64) {
+        let checks = &mut self.read_checks;
+        if checks.sent > checks.confirmed {
+            checks.since_sent = checks.since_sent.saturating_add(n);
+        }
+    }
+
     /// A backup: vouch for the Ping's view if it is ours and we follow its
     /// primary. A deposed primary's Ping is answered with the newer view.
     pub(super) fn on_ping(&mut self, from: u8, view: u32, round: u64) {

@@ -382,6 +382,35 @@ pub(super) struct Timers {
 }
 
 impl Timers {
+    /// Every timer, in the order `on_tick` fires them.
+    fn all(&self) -> [&Timeout; 9] {
+        [
+            &self.normal_heartbeat,
+            &self.start_view_change,
+            &self.do_view_change,
+            &self.prepare,
+            &self.commit_message,
+            &self.request_start_view,
+            &self.view_change_status,
+            &self.repair,
+            &self.state_transfer,
+        ]
+    }
+
+    fn all_mut(&mut self) -> [&mut Timeout; 9] {
+        [
+            &mut self.normal_heartbeat,
+            &mut self.start_view_change,
+            &mut self.do_view_change,
+            &mut self.prepare,
+            &mut self.commit_message,
+            &mut self.request_start_view,
+            &mut self.view_change_status,
+            &mut self.repair,
+            &mut self.state_transfer,
+        ]
+    }
+
     fn new(t: &TimeoutConfig) -> Self {
         Self {
             prepare: Timeout::new(t.prepare_ticks),
@@ -944,6 +973,44 @@ impl Replica {
         self.on_read_check_tick();
     }
 
+    /// How many ticks from now the next one that does anything is: the
+    /// `k`-th next [`Self::on_tick`] may fire a timer (or must run, as
+    /// every tick of a recovering replica or of an outstanding read check
+    /// does); the `k − 1` before it would only count. `u64::MAX` when no
+    /// timer is armed. A driver with many quiet groups ticks each one only
+    /// when it is due and counts the rest with [`Self::skip_ticks`], which
+    /// leaves the replica exactly as ticking it would have.
+    pub fn ticks_until_due(&self) -> u64 {
+        if self.status == Status::Recovering {
+            return 1;
+        }
+        let timers = self
+            .timers
+            .all()
+            .into_iter()
+            .filter_map(Timeout::fires_in)
+            .min()
+            .unwrap_or(u64::MAX);
+        timers.min(self.read_check_due_in()).max(1)
+    }
+
+    /// Counts `n` ticks in which nothing is due (`n` below
+    /// [`Self::ticks_until_due`]), as `n` calls of [`Self::on_tick`]
+    /// would. Inputs (frames, requests, persists) must not arrive between
+    /// the ticks counted: the driver catches a quiet replica up before it
+    /// hands it anything.
+    pub fn skip_ticks(&mut self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        debug_assert!(n < self.ticks_until_due(), "skipping past a due tick");
+        self.ticks = self.ticks.saturating_add(n);
+        for timer in self.timers.all_mut() {
+            timer.skip(n);
+        }
+        self.skip_read_check_ticks(n);
+    }
+
     /// A client request routed to this group.
     pub fn on_client_request(&mut self, request: Request) -> RequestOutcome {
         if request.client == crate::client_table::CLIENT_RESERVED {
@@ -1064,7 +1131,11 @@ impl Replica {
         self.timers.view_change_status.stop();
         if self.primary_index(self.view) == self.config.replica {
             self.timers.normal_heartbeat.stop();
-            self.timers.commit_message.start();
+            // A single replica has nobody to heartbeat (and nothing to
+            // abdicate to): its quiet groups then have no timer at all.
+            if self.config.replica_count > 1 {
+                self.timers.commit_message.start();
+            }
             if self.pipeline.is_empty() {
                 self.timers.prepare.stop();
             } else {

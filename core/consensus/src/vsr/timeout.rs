@@ -176,6 +176,21 @@ impl Timeout {
         self.remaining_ticks.is_some()
     }
 
+    /// The tick, counted from the next one (1), on which it fires; `None`
+    /// when stopped.
+    pub const fn fires_in(&self) -> Option<u64> {
+        self.remaining_ticks
+    }
+
+    /// Counts `n` ticks none of which fires it (`n` below
+    /// [`Self::fires_in`]), as `n` calls of [`Self::tick`] would.
+    pub fn skip(&mut self, n: u64) {
+        if let Some(r) = self.remaining_ticks.as_mut() {
+            debug_assert!(n < *r, "skipping past a firing");
+            *r = r.saturating_sub(n).max(1);
+        }
+    }
+
     /// Count one tick; true when the timer fires (it is then disarmed until
     /// re-armed by `start` or `backoff`).
     pub fn tick(&mut self) -> bool {
@@ -216,6 +231,28 @@ mod tests {
         assert!(t.tick());
         assert!(!t.tick());
         assert!(!t.running());
+    }
+
+    #[test]
+    fn given_a_timer_when_ticks_are_skipped_short_of_firing_should_fire_on_the_same_tick() {
+        for after in [1u64, 2, 7, 50] {
+            for skipped in 0..after {
+                let mut eager = Timeout::new(after);
+                let mut lazy = Timeout::new(after);
+                eager.start();
+                lazy.start();
+                assert_eq!(lazy.fires_in(), Some(after));
+                for _ in 0..skipped {
+                    assert!(!eager.tick());
+                }
+                lazy.skip(skipped);
+                assert_eq!(lazy, eager, "after {after}, skipped {skipped}");
+                assert_eq!(lazy.fires_in(), Some(after - skipped));
+            }
+        }
+        let mut stopped = Timeout::new(5);
+        stopped.skip(100);
+        assert_eq!(stopped.fires_in(), None);
     }
 
     #[test]
