@@ -174,6 +174,122 @@ fn given_replica_crashed_losing_unsynced_data_when_restarted_should_catch_up_by_
     }
 }
 
+/// One replica is down while 8 of the 16 groups of its single shard run
+/// past their peers' retention (64 prepares). When it comes back those 8
+/// catch up by state transfer — never more pulls at once than the shard's
+/// receive cap — while the 8 others, repaired from their peers' journals,
+/// keep committing: every produce to them during the catch-up commits
+/// within a bounded number of ticks. Every group ends byte-identical.
+#[test]
+fn given_a_replica_down_while_8_groups_pass_retention_when_restarted_should_transfer_them_within_the_cap_while_the_others_commit()
+ {
+    use partitions::state_transfer::RECEIVING_TRANSFERS_MAX_DEFAULT;
+    let mut c = Cluster::new(3, 1, 17, NetworkFaults::default());
+    let groups: Vec<GroupId> = (0..16).map(group).collect();
+    for g in &groups {
+        c.create_everywhere(*g);
+    }
+    c.run(100);
+    for (i, g) in groups.iter().enumerate() {
+        c.call_until_done(
+            *g,
+            Call::Produce {
+                batch: batch(1_000 + i as u64, 3),
+            },
+            2000,
+        )
+        .unwrap();
+    }
+    let victim = 2u8;
+    c.crash(victim, CrashMode::KeepAll);
+    let (behind, quiet) = groups.split_at(8);
+    for round in 0..80u64 {
+        for (i, g) in behind.iter().enumerate() {
+            c.call_until_done(
+                *g,
+                Call::Produce {
+                    batch: batch(10_000 + round * 100 + i as u64, 2),
+                },
+                2000,
+            )
+            .unwrap();
+        }
+    }
+    // What the others had committed when it came back.
+    let targets: Vec<u64> = groups
+        .iter()
+        .map(|g| {
+            (0..2usize)
+                .filter_map(|r| c.nodes[r][0].as_ref()?.partition(*g))
+                .map(|p| p.replica().commit_min())
+                .max()
+                .unwrap()
+        })
+        .collect();
+    c.restart(victim);
+    let mut receiving_peak = 0;
+    let mut slowest_commit = 0;
+    let mut caught_up = false;
+    for round in 0..400u64 {
+        // One produce to a quiet group per round, timed in ticks.
+        let g = quiet[(round % 8) as usize];
+        let sent = c.ticks();
+        c.call_until_done(
+            g,
+            Call::Produce {
+                batch: batch(50_000 + round, 1),
+            },
+            2000,
+        )
+        .unwrap();
+        slowest_commit = slowest_commit.max(c.ticks() - sent);
+        let node = c.nodes[usize::from(victim)][0].as_ref().unwrap();
+        receiving_peak = receiving_peak.max(node.slots().receiving());
+        assert!(
+            node.slots().receiving() <= RECEIVING_TRANSFERS_MAX_DEFAULT,
+            "{} pulls at once",
+            node.slots().receiving()
+        );
+        let all_caught_up = groups.iter().zip(&targets).all(|(g, target)| {
+            let p = node.partition(*g).unwrap();
+            p.state_transfer_needed().is_none()
+                && p.missing_history().is_none()
+                && p.replica().is_quorum_visible()
+                && p.replica().commit_min() >= *target
+        });
+        if all_caught_up && round >= 16 {
+            caught_up = true;
+            break;
+        }
+    }
+    assert!(caught_up, "the restarted replica never caught up");
+    let installs = c.nodes[usize::from(victim)][0]
+        .as_ref()
+        .unwrap()
+        .stats()
+        .installs;
+    eprintln!(
+        "{installs} installs, at most {receiving_peak} pulls at once, slowest quiet commit {slowest_commit} ticks"
+    );
+    assert!(
+        installs >= 8,
+        "only {installs} groups caught up by transfer"
+    );
+    assert!(receiving_peak >= 1);
+    assert!(
+        slowest_commit <= 300,
+        "a quiet group waited {slowest_commit} ticks to commit during the transfers"
+    );
+    settle(&mut c);
+    c.flush_all();
+    for g in &groups {
+        let files = c.segment_files(0, *g);
+        for r in 1..3 {
+            assert_eq!(c.segment_files(r, *g), files, "group {} replica {r}", g.0);
+        }
+    }
+}
+
 /// Every replica stopped cleanly at once (flush, then the shard's one
 /// clean-stop file), rebooted: each shard takes its file (gone afterwards),
 /// every group resumes as a full member, and the cluster serves again by
