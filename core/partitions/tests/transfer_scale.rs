@@ -4,11 +4,18 @@
 //!
 //! - **ST-B1**: one large segment artifact is hashed by the serve-side
 //!   build in time-bounded rounds, pulled chunk by chunk (each chunk walked,
-//!   hashed and spilled), cut at half way, and resumed by a new session
+//!   hashed and spilled), cut at seven eighths, and resumed by a new session
 //!   whose preparation re-reads (re-walks, re-hashes) the synced prefix in
-//!   budgeted ticks. Another group on the same thread is ticked between
-//!   every two steps; the test bounds the bytes of work between two of its
-//!   ticks and checks that it keeps sending frames.
+//!   budgeted ticks; the server loads the deep resume request over
+//!   several calls, as the driver configures it. Another group shares the
+//!   thread: the thread's time is virtual (1 ns per byte read or hashed by
+//!   either side), the group's ticks fall due every 10 ms of it and run
+//!   only between two steps of the transfer, as in a shard loop. The test
+//!   bounds the longest step (the longest the group cannot tick), how late
+//!   a tick runs and how long the group goes without sending, so a step
+//!   that does unbounded work shows as starvation.
+//!   (It used to tick the group once per step whatever the step did, and
+//!   left the server's reads uncounted, so starvation could not show.)
 //! - **ST-B2**: a 1 GiB segment pulled with the receiver's peak buffer at
 //!   most four chunks (`ReceiverStats::peak_held_bytes`; in fact a chunk
 //!   and at most a batch header, also asserted by the ST-B1 runs, whose
@@ -30,7 +37,9 @@
 mod common;
 
 use std::cell::Cell;
+use std::io;
 use std::path::Path;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use ::common::ConsumerKind;
@@ -41,16 +50,16 @@ use futures::executor::block_on;
 use journal::MemSuperblock;
 use partitions::state_transfer::offer::OFFER_READ_CHUNK_BYTES;
 use partitions::state_transfer::{
-    BuildBudget, BuildClock, ChunkAnswer, ChunkRequest, LocalFacts, OfferServer, OfferServerConfig,
-    PartitionTransferUnavailable, ReceiveStep, ReceivedTransfer, ReceiverConfig, SpillConfig,
-    TransferReceiver, TransferRequest,
+    BuildBudget, BuildClock, ChunkAnswer, ChunkRequest, DRIVER_LOAD_BLOCKS_PER_CALL, LocalFacts,
+    OfferServer, OfferServerConfig, PartitionTransferUnavailable, ReceiveStep, ReceivedTransfer,
+    ReceiverConfig, SpillConfig, TransferReceiver, TransferRequest,
 };
 use partitions::{
     ClientOp, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
 };
 use storage::BatchBuilder;
 use storage::batch::BATCH_HEADER_SIZE;
-use storage::fs::SimFs;
+use storage::fs::{BufResult, DirEntry, Fs, FsFile, IoBuf, Metadata, OpenOptions, SimFs};
 use xxhash_rust::xxh3::xxh3_64;
 
 const ME: u8 = 2;
@@ -73,6 +82,133 @@ impl BuildClock for ByteClock {
 
     fn observe_hashed(&self, bytes: u64) {
         self.now_ns.set(self.now_ns.get() + bytes);
+    }
+}
+
+/// `F` with the bytes its reads returned counted (clones and their files
+/// share the count): the test's own measure of the disk work a step did,
+/// whatever the code under test reports about itself.
+#[derive(Debug, Clone)]
+struct ReadCountingFs<F: Fs> {
+    inner: F,
+    read_bytes: Rc<Cell<u64>>,
+}
+
+impl<F: Fs> ReadCountingFs<F> {
+    fn new(inner: F) -> Self {
+        Self {
+            inner,
+            read_bytes: Rc::default(),
+        }
+    }
+
+    fn read_bytes(&self) -> u64 {
+        self.read_bytes.get()
+    }
+}
+
+struct ReadCountingFile<T> {
+    inner: T,
+    read_bytes: Rc<Cell<u64>>,
+}
+
+impl<F: Fs> Fs for ReadCountingFs<F> {
+    type File = ReadCountingFile<F::File>;
+
+    async fn open(&self, path: &Path, opts: OpenOptions) -> io::Result<Self::File> {
+        Ok(ReadCountingFile {
+            inner: self.inner.open(path, opts).await?,
+            read_bytes: Rc::clone(&self.read_bytes),
+        })
+    }
+
+    async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to).await
+    }
+
+    async fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_file(path).await
+    }
+
+    async fn create_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir(path).await
+    }
+
+    async fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path).await
+    }
+
+    async fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_dir(path).await
+    }
+
+    async fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+        self.inner.read_dir(path).await
+    }
+
+    async fn metadata(&self, path: &Path) -> io::Result<Metadata> {
+        self.inner.metadata(path).await
+    }
+
+    async fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.sync_dir(path).await
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        self.inner.sleep(duration).await;
+    }
+
+    async fn yield_now(&self) {
+        self.inner.yield_now().await;
+    }
+}
+
+impl<T: FsFile> FsFile for ReadCountingFile<T> {
+    async fn read_at(&self, buf: Vec<u8>, pos: u64, max: usize) -> BufResult<usize, Vec<u8>> {
+        let result = self.inner.read_at(buf, pos, max).await;
+        if let BufResult(Ok(n), _) = &result {
+            self.read_bytes.set(self.read_bytes.get() + *n as u64);
+        }
+        result
+    }
+
+    async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
+        self.inner.write_at(buf, pos).await
+    }
+
+    async fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data().await
+    }
+
+    async fn sync_all(&self) -> io::Result<()> {
+        self.inner.sync_all().await
+    }
+
+    async fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len).await
+    }
+
+    async fn len(&self) -> io::Result<u64> {
+        self.inner.len().await
+    }
+
+    async fn preallocate(&self, len: u64) -> io::Result<()> {
+        self.inner.preallocate(len).await
+    }
+}
+
+/// The two disks of a transfer, each read through a counter.
+struct Disks {
+    /// The serving peer's (chunk loads; the build reads through the
+    /// peer's partition and is counted by its clock).
+    peer: ReadCountingFs<SimFs>,
+    /// The receiver's (the resume's re-read of its staged prefix).
+    rx: ReadCountingFs<SimFs>,
+}
+
+impl Disks {
+    fn read_bytes(&self) -> u64 {
+        self.peer.read_bytes() + self.rx.read_bytes()
     }
 }
 
@@ -104,6 +240,8 @@ fn peer(seed: u64, mib: u64, batch_kib: usize) -> (SimFs, Node<MemSuperblock>) {
     (fs, node)
 }
 
+/// A server whose build rounds stop after `time_max` (unbounded with
+/// `None`) and whose chunk requests load as the driver's do.
 fn server(time_max: Option<Duration>) -> OfferServer {
     OfferServer::new(OfferServerConfig {
         chunk_len_max_bytes: CHUNK,
@@ -113,6 +251,7 @@ fn server(time_max: Option<Duration>) -> OfferServer {
             bytes_max: u64::MAX,
         },
     })
+    .with_load_blocks_per_call(DRIVER_LOAD_BLOCKS_PER_CALL)
 }
 
 fn local() -> LocalFacts {
@@ -139,16 +278,29 @@ fn receiver_config(prepare_budget_bytes: u64) -> ReceiverConfig {
     }
 }
 
+/// One tick of the other group, in the thread's virtual time.
+const TICK_NS: u64 = 10_000_000;
+
 /// Another group on the same thread: replica 0 of three, scaled-down
-/// timeouts, so it heartbeats every few ticks when ticked.
+/// timeouts, so it heartbeats every few ticks when ticked on time. The
+/// thread's time is virtual, 1 ns per byte of transfer work; a tick falls
+/// due every [`TICK_NS`] of it and runs only between two steps of the
+/// transfer, late by however long the step that straddled it took.
 struct OtherGroup {
     partition: Partition<InMemoryBus, MemSuperblock, SimFs>,
     net: InMemoryNetwork,
-    now_us: u64,
-    /// Per tick: the bytes of transfer work done since the previous tick.
-    work_per_tick: Vec<u64>,
-    /// Per tick: frames the group sent on that tick.
-    frames_per_tick: Vec<u64>,
+    /// The thread's virtual time.
+    now_ns: u64,
+    next_tick_ns: u64,
+    /// Per tick: how late it ran.
+    late_ns: Vec<u64>,
+    /// Virtual times of the ticks on which the group sent frames.
+    sent_at_ns: Vec<u64>,
+    /// Per kind of step, the most work one step did.
+    step_max: [u64; 4],
+    /// The longest the thread ran without a chance to tick the group: one
+    /// step, and its kind.
+    busy_max: (u64, Work),
 }
 
 impl OtherGroup {
@@ -167,38 +319,49 @@ impl OtherGroup {
         Self {
             partition,
             net,
-            now_us: 1_000_000,
-            work_per_tick: Vec::new(),
-            frames_per_tick: Vec::new(),
+            now_ns: 0,
+            next_tick_ns: TICK_NS,
+            late_ns: Vec::new(),
+            sent_at_ns: Vec::new(),
+            step_max: [0; 4],
+            busy_max: (0, Work::Build),
         }
     }
 
-    /// One 10 ms tick after `work` bytes of transfer work.
-    fn tick(&mut self, work: u64) {
-        let (before, _) = self.net.counts();
-        self.now_us += 10_000;
-        block_on(self.partition.on_tick(self.now_us)).unwrap();
-        self.net.tick();
-        self.work_per_tick.push(work);
-        self.frames_per_tick.push(self.net.counts().0 - before);
+    /// A step of `work` bytes ran on the thread; then the ticks that fell
+    /// due meanwhile run, in order.
+    fn after_step(&mut self, kind: Work, work: u64) {
+        self.now_ns += work;
+        let max = &mut self.step_max[kind as usize];
+        *max = (*max).max(work);
+        if work > self.busy_max.0 {
+            self.busy_max = (work, kind);
+        }
+        while self.next_tick_ns <= self.now_ns {
+            self.late_ns.push(self.now_ns - self.next_tick_ns);
+            self.next_tick_ns += TICK_NS;
+            let (before, _) = self.net.counts();
+            block_on(self.partition.on_tick(1_000_000 + self.now_ns / 1_000)).unwrap();
+            self.net.tick();
+            if self.net.counts().0 > before {
+                self.sent_at_ns.push(self.now_ns);
+            }
+        }
     }
 
-    /// Ticks since `from`: the most work between two ticks, and the
-    /// longest run of ticks that sent nothing.
-    fn summary(&self, from: usize) -> (usize, u64, usize) {
-        let ticks = self.work_per_tick.len() - from;
-        let work_max = self.work_per_tick[from..]
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0);
+    /// Since tick `from` (and virtual time `from_ns`): the ticks, the
+    /// latest one ran, and the longest the group went without sending.
+    fn summary(&self, from: usize, from_ns: u64) -> (usize, u64, u64) {
+        let ticks = self.late_ns.len() - from;
+        let late_max = self.late_ns[from..].iter().copied().max().unwrap_or(0);
         let mut silent_max = 0;
-        let mut silent = 0;
-        for &frames in &self.frames_per_tick[from..] {
-            silent = if frames == 0 { silent + 1 } else { 0 };
-            silent_max = silent_max.max(silent);
+        let mut last = from_ns;
+        for &at in self.sent_at_ns.iter().filter(|&&at| at >= from_ns) {
+            silent_max = silent_max.max(at - last);
+            last = at;
         }
-        (ticks, work_max, silent_max)
+        silent_max = silent_max.max(self.now_ns - last);
+        (ticks, late_max, silent_max)
     }
 }
 
@@ -211,6 +374,8 @@ enum Work {
     Chunk,
     /// A preparation tick (staged bytes re-read, re-walked, re-hashed).
     Prepare,
+    /// A server call loading toward a request answered `Loading`.
+    Load,
 }
 
 /// How a pull ended.
@@ -223,13 +388,15 @@ enum Ended {
 }
 
 /// Serves `request` and what follows from it. The descriptor is built in
-/// budgeted rounds and a preparation runs on ticks; `between` is called
-/// after every step with the bytes of work the step did (build round,
-/// chunk served and spilled, preparation tick).
+/// budgeted rounds, a deep chunk request is loaded over several server
+/// calls, and a preparation runs on ticks; `between` is called after every
+/// step with the bytes of work the step did: bytes hashed by a build
+/// round, bytes read from either disk, and the payload a chunk step
+/// walked, hashed and spilled.
 #[allow(clippy::too_many_arguments)]
 fn drive(
-    rx: &mut TransferReceiver<SimFs>,
-    peer_fs: &SimFs,
+    rx: &mut TransferReceiver<ReadCountingFs<SimFs>>,
+    disks: &Disks,
     peer: &mut Node<MemSuperblock>,
     server: &mut OfferServer,
     peer_id: u8,
@@ -249,16 +416,16 @@ fn drive(
             TransferRequest::Descriptor { nonce, .. } => {
                 let offer = loop {
                     let hashed_before = clock.now_ns.get();
-                    match block_on(server.on_request_state_transfer(
+                    let round = block_on(server.on_request_state_transfer(
                         &mut peer.partition,
                         ME,
                         nonce,
                         &clock,
-                    )) {
+                    ));
+                    between(Work::Build, clock.now_ns.get() - hashed_before);
+                    match round {
                         Ok(offer) => break offer,
-                        Err(PartitionTransferUnavailable::OfferBuildInProgress { .. }) => {
-                            between(Work::Build, clock.now_ns.get() - hashed_before);
-                        }
+                        Err(PartitionTransferUnavailable::OfferBuildInProgress { .. }) => {}
                         Err(other) => panic!("{other}"),
                     }
                 };
@@ -271,7 +438,12 @@ fn drive(
                     commit_max: peer.partition.replica().commit_max(),
                 };
                 let body = offer.encoded_manifest().to_vec();
-                block_on(rx.on_target(peer_id, 0, &header, &body, &local()))
+                // Taking the offer starts the preparation (a resume
+                // re-reads its synced prefix): a step of its own.
+                let read_before = disks.read_bytes();
+                let step = block_on(rx.on_target(peer_id, 0, &header, &body, &local()));
+                between(Work::Prepare, disks.read_bytes() - read_before);
+                step
             }
             TransferRequest::Chunk {
                 nonce,
@@ -280,8 +452,9 @@ fn drive(
                 len,
                 ..
             } => {
-                let answer = block_on(server.on_request_state_chunk(
-                    peer_fs,
+                let mut read_before = disks.read_bytes();
+                let mut answer = block_on(server.on_request_state_chunk(
+                    &disks.peer,
                     ChunkRequest {
                         requester: ME,
                         nonce,
@@ -290,10 +463,22 @@ fn drive(
                         len,
                     },
                 ));
+                // Too deep to load in one call: later calls (the driver's
+                // ticks) load toward it until it is served.
+                while matches!(answer, ChunkAnswer::Loading) {
+                    between(Work::Load, disks.read_bytes() - read_before);
+                    read_before = disks.read_bytes();
+                    for (requester, served_nonce, ready) in
+                        block_on(server.advance_loads(&disks.peer))
+                    {
+                        assert_eq!((requester, served_nonce), (ME, nonce));
+                        answer = ready;
+                    }
+                }
                 let ChunkAnswer::Chunk(chunk) = answer else {
                     panic!("peer did not serve: {answer:?}");
                 };
-                let bytes = rx.stats().chunk_bytes;
+                let payload = chunk.payload.len() as u64;
                 let step = block_on(rx.on_chunk(
                     peer_id,
                     nonce,
@@ -302,14 +487,14 @@ fn drive(
                     chunk.payload,
                     &local(),
                 ));
-                between(Work::Chunk, rx.stats().chunk_bytes - bytes);
+                between(Work::Chunk, disks.read_bytes() - read_before + payload);
                 step
             }
         };
         while matches!(step, ReceiveStep::Wait) {
-            let rehashed = rx.stats().rehashed_bytes;
+            let read_before = disks.read_bytes();
             step = block_on(rx.on_tick(&local()));
-            between(Work::Prepare, rx.stats().rehashed_bytes - rehashed);
+            between(Work::Prepare, disks.read_bytes() - read_before);
         }
         match step {
             ReceiveStep::Send(next) => request = next,
@@ -342,29 +527,50 @@ fn assert_staged(rx_fs: &SimFs, done: &ReceivedTransfer, want: (u64, u64, u64)) 
     assert_eq!(xxh3_64(&staged), want.2, "staged log differs");
 }
 
-/// ST-B1 over one artifact of `mib` MiB: build rounds, a pull cut at half
-/// way, a resume whose preparation re-reads the synced prefix on ticks,
-/// with another group ticked between every two steps.
+/// ST-B1 over one artifact of `mib` MiB: build rounds, a pull cut at
+/// seven eighths, a resume whose preparation re-reads the synced prefix on
+/// ticks and whose server loads the deep first request over several calls,
+/// with another group on the thread ticked on its virtual time (see
+/// [`OtherGroup`]). Cutting late makes the synced prefix (at least 24 MiB
+/// of 32) larger than any bounded step, so re-reading or loading it in one
+/// step makes a tick late by more than the bound.
 fn ticks_flow_while_transferring(mib: u64) {
     let started = Instant::now();
     let (peer_fs, mut peer_node) = peer(31, mib, 1024);
     let want = first_segment(&peer_fs, &peer_node);
     assert!(want.1 >= mib * MIB, "{} bytes", want.1);
     let (rx_fs, _rx_node) = receiver_fs(32);
+    let disks = Disks {
+        peer: ReadCountingFs::new(peer_fs.clone()),
+        rx: ReadCountingFs::new(rx_fs.clone()),
+    };
     let mut other = OtherGroup::open(&rx_fs);
     let prepare_budget = 8 * MIB;
-    let mut rx = TransferReceiver::new(rx_fs.clone(), &dir(), receiver_config(prepare_budget), 5);
+    let mut rx =
+        TransferReceiver::new(disks.rx.clone(), &dir(), receiver_config(prepare_budget), 5);
     let mut srv = server(Some(ROUND_TIME));
+    // The most work one step may do, per kind: a build round stops at the
+    // first read past its time; a server call loads at most the driver's
+    // blocks (then serves a chunk the receiver walks and spills); a
+    // preparation tick re-reads at most its budget.
     let round_bound = u64::try_from(ROUND_TIME.as_nanos()).unwrap() + OFFER_READ_CHUNK_BYTES as u64;
+    let load_bound = (DRIVER_LOAD_BLOCKS_PER_CALL * OFFER_READ_CHUNK_BYTES) as u64;
+    let step_bound = round_bound
+        .max(load_bound + u64::from(CHUNK))
+        .max(prepare_budget);
+    // Ticked on time, the group sends at least every commit-message
+    // timeout; a tick may run up to one step late.
+    let heartbeat_ns = TimeoutConfig::scaled_down(10).commit_message_ticks * TICK_NS;
+    let silent_bound = heartbeat_ns + step_bound;
 
-    // Session 1: build in rounds, pull to half way.
-    let half = want.1 / 2;
-    let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, .. } if *offset >= half);
+    // Session 1: build in rounds, pull to seven eighths.
+    let cut_at = want.1 / 8 * 7;
+    let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, .. } if *offset >= cut_at);
     let first = rx.arm(0);
     let mut serve_rounds = 0u64;
     let Ended::Cut { offset } = drive(
         &mut rx,
-        &peer_fs,
+        &disks,
         &mut peer_node,
         &mut srv,
         0,
@@ -372,72 +578,103 @@ fn ticks_flow_while_transferring(mib: u64) {
         &cut,
         &mut |kind, work| {
             serve_rounds += u64::from(kind == Work::Build);
-            other.tick(work);
+            other.after_step(kind, work);
         },
     ) else {
         panic!("not cut");
     };
-    let build_ticks = usize::try_from(serve_rounds).unwrap();
-    let (ticks, work_max, silent_max) = other.summary(0);
-    let build_work_max = other.work_per_tick[..build_ticks]
-        .iter()
-        .copied()
-        .max()
-        .unwrap();
+    let (ticks, late_max, silent_max) = other.summary(0, 0);
     eprintln!(
-        "{mib} MiB: {build_ticks} build rounds (≤ {build_work_max} bytes each), \
-         {ticks} ticks to the cut at {offset}, ≤ {work_max} bytes between ticks, \
-         ≤ {silent_max} silent ticks in a row"
+        "{mib} MiB: {serve_rounds} build rounds, {ticks} ticks to the cut at {offset} \
+         ({} ns of work), ticks ≤ {late_max} ns late, ≤ {silent_max} ns silent; \
+         step max per kind {:?}",
+        other.now_ns, other.step_max
+    );
+    let (busy, kind) = other.busy_max;
+    assert!(
+        busy <= step_bound,
+        "the thread ran {busy} ns (a {kind:?} step) without a chance to tick the other group (bound {step_bound})"
     );
     assert!(
-        build_ticks as u64 >= want.1 / round_bound,
-        "{build_ticks} rounds"
+        late_max <= step_bound,
+        "a tick of the other group ran {late_max} ns late (bound {step_bound})"
     );
-    assert!(build_work_max <= round_bound, "round of {build_work_max}");
-    assert!(work_max <= round_bound);
-    // Chunks: one tick per chunk spilled.
-    assert!(ticks as u64 - serve_rounds >= half / u64::from(CHUNK));
-    assert!(silent_max <= 10, "the other group fell silent");
+    assert!(
+        silent_max <= silent_bound,
+        "the other group sent nothing for {silent_max} ns (bound {silent_bound})"
+    );
+    assert!(
+        serve_rounds >= want.1 / round_bound,
+        "{serve_rounds} rounds"
+    );
+    assert!(
+        other.step_max[Work::Build as usize] <= round_bound,
+        "{:?}",
+        other.step_max
+    );
 
     // Session 2 (a new nonce, another server): the preparation re-walks
-    // the synced prefix in budgeted ticks, then the rest is pulled.
-    let from = other.work_per_tick.len();
+    // the synced prefix in budgeted ticks, the server loads up to the
+    // first request over several calls, then the rest is pulled.
+    let from = other.late_ns.len();
+    let from_ns = other.now_ns;
     let mut srv2 = server(Some(ROUND_TIME));
     let second = rx.arm(1);
     let point = rx.resume_point().unwrap();
-    assert!(point.synced_len_bytes >= half - 8 * MIB, "{point:?}");
+    assert!(point.synced_len_bytes >= cut_at - 8 * MIB, "{point:?}");
+    assert!(point.synced_len_bytes > step_bound, "{point:?}");
     let Ended::Complete(done) = drive(
         &mut rx,
-        &peer_fs,
+        &disks,
         &mut peer_node,
         &mut srv2,
         1,
         second,
         &|_| false,
-        &mut |_, work| other.tick(work),
+        &mut |kind, work| other.after_step(kind, work),
     ) else {
         panic!("cut");
     };
     let stats = rx.stats();
-    let (ticks, work_max, silent_max) = other.summary(from);
+    let (ticks, late_max, silent_max) = other.summary(from, from_ns);
     eprintln!(
-        "{mib} MiB resume: {} bytes re-read (≤ {} per call), {ticks} ticks, \
-         ≤ {work_max} bytes between ticks, ≤ {silent_max} silent ticks in a row; {:?} in all",
+        "{mib} MiB resume: {} bytes re-read (≤ {} per call), {ticks} ticks \
+         ({} ns of work), ticks ≤ {late_max} ns late, ≤ {silent_max} ns silent; \
+         step max per kind {:?}; {:?} in all",
         stats.rehashed_bytes,
         stats.rehashed_bytes_max_per_call,
+        other.now_ns - from_ns,
+        other.step_max,
         started.elapsed()
+    );
+    let (busy, kind) = other.busy_max;
+    assert!(
+        busy <= step_bound,
+        "the thread ran {busy} ns (a {kind:?} step) without a chance to tick the other group (bound {step_bound})"
+    );
+    assert!(
+        late_max <= step_bound,
+        "a tick of the other group ran {late_max} ns late (bound {step_bound})"
+    );
+    assert!(
+        silent_max <= silent_bound,
+        "the other group sent nothing for {silent_max} ns (bound {silent_bound})"
     );
     assert_eq!(stats.resumed_spills, 1);
     assert_eq!(stats.rehashed_bytes, point.synced_len_bytes);
     assert!(stats.rehashed_bytes_max_per_call <= prepare_budget);
-    assert!(work_max <= round_bound);
-    assert!(silent_max <= 10, "the other group fell silent");
-    // At least one tick per 8 MiB re-read and one per chunk pulled.
-    let pulled = want.1 - point.synced_len_bytes;
+    let [build, chunk, prepare, load] = other.step_max;
+    assert!(build <= round_bound, "build round of {build} bytes");
     assert!(
-        ticks as u64 >= point.synced_len_bytes / prepare_budget + pulled / u64::from(CHUNK),
-        "{ticks} ticks"
+        chunk <= load_bound + u64::from(CHUNK),
+        "chunk step of {chunk} bytes"
     );
+    assert!(load <= load_bound, "load call of {load} bytes");
+    assert!(
+        prepare <= prepare_budget,
+        "preparation tick of {prepare} bytes"
+    );
+    assert!(load > 0, "the deep resume request was served in one call");
     // ST-B2 with batches (1 MiB) larger than a chunk (256 KiB): the walk
     // checks a straddling batch piece by piece and carries at most a batch
     // header across a chunk boundary, so the peak is a chunk plus at most
@@ -475,14 +712,18 @@ fn given_1_gib_segment_when_streamed_and_cut_at_90_percent_should_hold_four_chun
     let want = first_segment(&peer_fs, &peer_node);
     assert!(want.1 >= 1 << 30, "{} bytes", want.1);
     let (rx_fs, _rx_node) = receiver_fs(42);
-    let mut rx = TransferReceiver::new(rx_fs.clone(), &dir(), receiver_config(64 * MIB), 6);
+    let disks = Disks {
+        peer: ReadCountingFs::new(peer_fs.clone()),
+        rx: ReadCountingFs::new(rx_fs.clone()),
+    };
+    let mut rx = TransferReceiver::new(disks.rx.clone(), &dir(), receiver_config(64 * MIB), 6);
     let mut srv = server(None);
     let cut_at = want.1 * 9 / 10;
     let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, .. } if *offset >= cut_at);
     let first = rx.arm(0);
     let Ended::Cut { offset: stopped } = drive(
         &mut rx,
-        &peer_fs,
+        &disks,
         &mut peer_node,
         &mut srv,
         0,
@@ -501,7 +742,7 @@ fn given_1_gib_segment_when_streamed_and_cut_at_90_percent_should_hold_four_chun
     assert_eq!(point.synced_len_bytes, stopped / sync * sync);
     let Ended::Complete(done) = drive(
         &mut rx,
-        &peer_fs,
+        &disks,
         &mut peer_node,
         &mut srv2,
         1,
