@@ -163,16 +163,18 @@ struct Sent {
     confirmed_base: Option<u64>,
 }
 
-/// What reads of one consumer's stored offset may return.
+/// What reads of one consumer's stored offset may return. A write is a
+/// store (`Some(offset)`) or a delete (`None`); never stored and deleted
+/// read the same: nothing.
 #[derive(Debug, Clone, Default)]
 struct OffsetExpectation {
-    /// The last acknowledged store (`None`: never stored).
+    /// The last acknowledged write (`None`: never written, or deleted).
     acknowledged: Option<u64>,
-    /// Stores whose outcome is unknown since then: each may have landed.
-    unknown_since: BTreeSet<u64>,
-    /// Stores that may still be waiting somewhere (timed out): they may
-    /// land at any time, even after a later acknowledged store.
-    unknown_forever: BTreeSet<u64>,
+    /// Writes whose outcome is unknown since then: each may have landed.
+    unknown_since: BTreeSet<Option<u64>>,
+    /// Writes that may still be waiting somewhere (timed out): they may
+    /// land at any time, even after a later acknowledged write.
+    unknown_forever: BTreeSet<Option<u64>>,
 }
 
 /// The oracle.
@@ -340,18 +342,18 @@ impl Oracle {
         Ok(())
     }
 
-    /// A store of `offset` for `consumer` was sent.
+    /// A store of `offset` (or a delete, `None`) for `consumer` settled.
     pub(crate) fn store_settled(
         &mut self,
         group: GroupId,
         consumer: u32,
-        offset: u64,
+        offset: Option<u64>,
         outcome: StoreOutcome,
     ) {
         let e = self.offsets.entry((group, consumer)).or_default();
         match outcome {
             StoreOutcome::Acknowledged => {
-                e.acknowledged = Some(offset);
+                e.acknowledged = offset;
                 e.unknown_since.clear();
             }
             StoreOutcome::Unknown => {
@@ -376,14 +378,9 @@ impl Oracle {
             .get(&(group, consumer))
             .cloned()
             .unwrap_or_default();
-        let allowed = match got {
-            None => e.acknowledged.is_none(),
-            Some(v) => {
-                e.acknowledged == Some(v)
-                    || e.unknown_since.contains(&v)
-                    || e.unknown_forever.contains(&v)
-            }
-        };
+        let allowed = e.acknowledged == got
+            || e.unknown_since.contains(&got)
+            || e.unknown_forever.contains(&got);
         if allowed {
             return Ok(());
         }
@@ -628,17 +625,40 @@ mod tests {
     fn given_stores_when_read_back_should_allow_only_what_may_have_landed() {
         let mut o = Oracle::default();
         o.offset_read(g(1), 9, None).unwrap();
-        o.store_settled(g(1), 9, 4, StoreOutcome::Acknowledged);
+        o.store_settled(g(1), 9, Some(4), StoreOutcome::Acknowledged);
         o.offset_read(g(1), 9, Some(4)).unwrap();
         assert_eq!(
             o.offset_read(g(1), 9, None).unwrap_err().property,
             Property::ConsumerOffsetWrong
         );
-        o.store_settled(g(1), 9, 7, StoreOutcome::Unknown);
+        o.store_settled(g(1), 9, Some(7), StoreOutcome::Unknown);
         o.offset_read(g(1), 9, Some(7)).unwrap();
-        o.store_settled(g(1), 9, 2, StoreOutcome::Acknowledged);
+        o.store_settled(g(1), 9, Some(2), StoreOutcome::Acknowledged);
         assert!(o.offset_read(g(1), 9, Some(7)).is_err());
         assert!(o.offset_read(g(1), 9, Some(4)).is_err());
         o.offset_read(g(1), 9, Some(2)).unwrap();
+    }
+
+    #[test]
+    fn given_deletes_when_read_back_should_allow_nothing_only_where_a_delete_may_have_landed() {
+        let mut o = Oracle::default();
+        o.store_settled(g(1), 9, Some(4), StoreOutcome::Acknowledged);
+        o.store_settled(g(1), 9, None, StoreOutcome::Acknowledged);
+        o.offset_read(g(1), 9, None).unwrap();
+        assert!(o.offset_read(g(1), 9, Some(4)).is_err());
+        // A delete cut off may or may not have landed.
+        o.store_settled(g(1), 9, Some(5), StoreOutcome::Acknowledged);
+        o.store_settled(g(1), 9, None, StoreOutcome::Unknown);
+        o.offset_read(g(1), 9, Some(5)).unwrap();
+        o.offset_read(g(1), 9, None).unwrap();
+        // An acknowledged store after it settles the question.
+        o.store_settled(g(1), 9, Some(6), StoreOutcome::Acknowledged);
+        assert!(o.offset_read(g(1), 9, None).is_err());
+        // A delete that timed out may land at any time, even after.
+        o.store_settled(g(1), 9, None, StoreOutcome::MayLandLater);
+        o.store_settled(g(1), 9, Some(8), StoreOutcome::Acknowledged);
+        o.offset_read(g(1), 9, None).unwrap();
+        o.offset_read(g(1), 9, Some(8)).unwrap();
+        assert!(o.offset_read(g(1), 9, Some(6)).is_err());
     }
 }

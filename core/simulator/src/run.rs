@@ -115,6 +115,8 @@ pub struct Summary {
     pub produces_unknown: u64,
     /// Consumer-offset stores acknowledged.
     pub stores_acknowledged: u64,
+    /// Consumer-offset deletes acknowledged.
+    pub deletes_acknowledged: u64,
     /// Polls answered.
     pub polls: u64,
     /// Calls and metadata ops sent (retries included).
@@ -189,16 +191,17 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
             o.shards,
             self.ticks_run,
-            self.produces_acknowledged + self.stores_acknowledged,
+            self.produces_acknowledged + self.stores_acknowledged + self.deletes_acknowledged,
             self.produces_acknowledged,
             self.produces_confirmed,
             self.stores_acknowledged,
+            self.deletes_acknowledged,
             self.produces_unknown,
             self.polls,
             self.messages,
@@ -773,6 +776,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         produces_confirmed: run.oracle.confirmed(),
         produces_unknown: run.oracle.count(Fate::Unknown),
         stores_acknowledged: stats.stores_acknowledged,
+        deletes_acknowledged: stats.deletes_acknowledged,
         polls: stats.polls,
         calls: stats.calls,
         topics: stats.topics,

@@ -1,5 +1,5 @@
 //! The clients: a topic set created through the metadata plane, then
-//! produces, polls, offset stores and reads through the shard's call
+//! produces, polls, offset stores, deletes and reads through the shard's call
 //! path, one request in flight per client.
 //!
 //! A client retries the same request only after an answer that promises
@@ -66,10 +66,11 @@ enum Request {
         group: GroupId,
         request: PollRequest,
     },
+    /// Store `Some(offset)`, or delete the stored offset (`None`).
     Store {
         group: GroupId,
         consumer: u32,
-        offset: u64,
+        offset: Option<u64>,
     },
     Get {
         group: GroupId,
@@ -88,8 +89,13 @@ impl Request {
             Self::Store {
                 group,
                 consumer,
-                offset,
+                offset: Some(offset),
             } => format!("store offset {offset} for {consumer} in {}", group.0),
+            Self::Store {
+                group,
+                consumer,
+                offset: None,
+            } => format!("delete the offset of {consumer} in {}", group.0),
             Self::Get { group, consumer } => format!("get offset of {consumer} in {}", group.0),
         }
     }
@@ -138,6 +144,7 @@ pub(crate) struct WorkloadStats {
     pub retries: u64,
     pub polls: u64,
     pub stores_acknowledged: u64,
+    pub deletes_acknowledged: u64,
     pub offset_reads: u64,
     pub metadata_ops: u64,
     pub topics: u32,
@@ -280,17 +287,20 @@ impl Workload {
                 group,
                 consumer,
                 offset,
-            } => cluster
-                .call(
-                    target,
-                    *group,
-                    Call::StoreOffset {
+            } => {
+                let call = match offset {
+                    Some(offset) => Call::StoreOffset {
                         kind: ConsumerKind::Consumer,
                         id: *consumer,
                         offset: Offset(*offset),
                     },
-                )?
-                .map(Waiting::Call),
+                    None => Call::DeleteOffset {
+                        kind: ConsumerKind::Consumer,
+                        id: *consumer,
+                    },
+                };
+                cluster.call(target, *group, call)?.map(Waiting::Call)
+            }
             Request::Get { group, consumer } => cluster
                 .call(
                     target,
@@ -394,14 +404,21 @@ impl Workload {
                     },
                 })
             }
-            80..=91 => {
+            // One offset write in twelve deletes the stored offset, so
+            // stores, deletes and their retries interleave.
+            80..=90 => {
                 let highest = oracle.highest_offset(group)?;
                 Some(Request::Store {
                     group,
                     consumer,
-                    offset: self.prng.below_inclusive(highest),
+                    offset: Some(self.prng.below_inclusive(highest)),
                 })
             }
+            91 => Some(Request::Store {
+                group,
+                consumer,
+                offset: None,
+            }),
             _ => Some(Request::Get { group, consumer }),
         }
     }
@@ -669,12 +686,13 @@ impl Workload {
                     }
                     Got::Call(Err(e)) if nothing_changed(&e) => StoreOutcome::NeverApplied,
                     Got::Call(Err(CallError::Rejected { reason })) => {
+                        let what = match offset {
+                            Some(offset) => format!("store of committed offset {offset}"),
+                            None => "delete of the stored offset".to_string(),
+                        };
                         return Err(Violation::new(
                             Property::UnexpectedRefusal,
-                            format!(
-                                "store of committed offset {offset} in group {} rejected: {reason}",
-                                group.0
-                            ),
+                            format!("{what} in group {} rejected: {reason}", group.0),
                         ));
                     }
                     Got::Call(Err(_)) | Got::Cancelled => StoreOutcome::Unknown,
@@ -682,7 +700,10 @@ impl Workload {
                     Got::Meta(_) => unreachable_answer(),
                 };
                 if outcome == StoreOutcome::Acknowledged {
-                    self.stats.stores_acknowledged += 1;
+                    match offset {
+                        Some(_) => self.stats.stores_acknowledged += 1,
+                        None => self.stats.deletes_acknowledged += 1,
+                    }
                 }
                 oracle.store_settled(group, consumer, offset, outcome);
                 Ok(Next::Done)
