@@ -95,11 +95,24 @@ impl<E: Env> Shard<E> {
                 let _ = self.on_frame(from, bytes).await;
             }
             Input::Call(envelope) => self.on_call(envelope).await,
+            // Routed effects drop their receiver (nobody waits on another
+            // shard's create), so a failure is logged here or never seen.
             Input::CreateGroup { spec, done } => {
-                let _ = done.send(self.create_group(spec).await);
+                let group = spec.group;
+                let result = self.create_group(spec).await;
+                match &result {
+                    Ok(()) | Err(GroupError::AlreadyExists(_)) => {}
+                    Err(error) => tracing::error!(group = group.0, %error, "create failed"),
+                }
+                let _ = done.send(result);
             }
             Input::DeleteGroup { group, done } => {
-                let _ = done.send(self.delete_group(group).await);
+                let result = self.delete_group(group).await;
+                match &result {
+                    Ok(()) | Err(GroupError::Unknown(_)) => {}
+                    Err(error) => tracing::error!(group = group.0, %error, "delete failed"),
+                }
+                let _ = done.send(result);
             }
             Input::Meta(call) => self.on_meta(call).await,
             Input::Reconcile { live } => self.reconcile(&live).await,

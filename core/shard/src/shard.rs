@@ -291,6 +291,10 @@ pub struct ShardStats {
     pub calls: u64,
     /// Groups fenced since boot.
     pub fenced: u64,
+    /// Groups the metadata names that could not be created or opened
+    /// since boot (at boot, at runtime, or by a reconcile); each is also
+    /// logged. Such a group is absent here until a restart opens it.
+    pub groups_not_opened: u64,
     /// Transfers installed since boot.
     pub installs: u64,
     /// How long the installed transfers took, armed to installed.
@@ -591,6 +595,7 @@ impl<E: Env> Shard<E> {
                 Ok(Some(spec)) if spec.group == group => {
                     let stop = clean_stops.remove(&group.0);
                     if let Err(error) = shard.open_group(spec, stop).await {
+                        shard.stats.groups_not_opened += 1;
                         tracing::error!(group = group.0, %error, "group left closed");
                     }
                 }
@@ -780,14 +785,21 @@ impl<E: Env> Shard<E> {
             return Err(GroupError::AlreadyExists(spec.group));
         }
         let fs = self.env.fs().clone();
-        catalog::create(&fs, &self.config.dir, &spec)
+        let created = catalog::create(&fs, &self.config.dir, &spec)
             .await
             .map_err(|source| GroupError::Io {
                 group: spec.group,
                 step: "create",
                 source,
-            })?;
-        self.open_group(spec, None).await
+            });
+        let result = match created {
+            Ok(_) => self.open_group(spec, None).await,
+            Err(error) => Err(error),
+        };
+        if result.is_err() {
+            self.stats.groups_not_opened += 1;
+        }
+        result
     }
 
     /// Deletes a group: it stops serving at once, and its directory is

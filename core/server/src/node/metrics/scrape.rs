@@ -191,7 +191,7 @@ impl SnapshotCollector {
             up,
         )?;
         type Field = fn(&ShardSnapshot) -> u64;
-        let per_shard: [(&str, &str, MetricType, Field); 17] = [
+        let per_shard: [(&str, &str, MetricType, Field); 18] = [
             ("replog_shard_ticks", "Ticks the shard ran", Counter, |s| {
                 s.stats.ticks
             }),
@@ -290,6 +290,12 @@ impl SnapshotCollector {
                 "Partitions fenced since boot",
                 Counter,
                 |s| s.stats.fenced,
+            ),
+            (
+                "replog_shard_group_open_failures",
+                "Partition groups the metadata names that could not be created or opened since boot (out of file descriptors, a disk fault); each is logged",
+                Counter,
+                |s| s.stats.groups_not_opened,
             ),
         ];
         for (name, help, kind, field) in per_shard {
