@@ -140,13 +140,14 @@ pub async fn recover_partition<F: Fs>(
         .collect();
 
     let mut plans = Vec::with_capacity(logs.len());
-    for &start in &logs {
+    for (i, &start) in logs.iter().enumerate() {
         plans.push(
             plan_segment(
                 fs,
                 dir,
                 start,
                 indexes.binary_search(&start).is_ok(),
+                i + 1 == logs.len(),
                 config,
             )
             .await?,
@@ -261,27 +262,40 @@ fn check_contiguity(plans: &[Plan]) -> Result<(), RecoveryError> {
 
 /// Reads the whole batch at `position` and checks it fully, plus that it
 /// carries `entry`'s offset and timestamp.
+/// The header of the batch `entry` names, when one with the entry's offset
+/// and timestamp starts at its position and fits in the file.
+async fn entry_names_batch<F: FsFile>(
+    file: &F,
+    entry: &IndexEntry,
+    file_len: u64,
+    batch_length_max: u64,
+) -> std::io::Result<Option<BatchHeader>> {
+    if entry.position.saturating_add(BATCH_HEADER_SIZE as u64) > file_len {
+        return Ok(None);
+    }
+    let header_bytes = file
+        .read_exact_at(BATCH_HEADER_SIZE, entry.position)
+        .await?;
+    let Ok(header) = BatchHeader::decode(&header_bytes, batch_length_max) else {
+        return Ok(None);
+    };
+    let fits = entry
+        .position
+        .checked_add(header.batch_length)
+        .is_some_and(|end| end <= file_len);
+    let named = header.base_offset == entry.offset && header.base_timestamp == entry.timestamp;
+    Ok((named && fits).then_some(header))
+}
+
 async fn entry_points_at_valid_batch<F: FsFile>(
     file: &F,
     entry: &IndexEntry,
     file_len: u64,
     batch_length_max: u64,
 ) -> std::io::Result<bool> {
-    if entry.position.saturating_add(BATCH_HEADER_SIZE as u64) > file_len {
-        return Ok(false);
-    }
-    let header_bytes = file
-        .read_exact_at(BATCH_HEADER_SIZE, entry.position)
-        .await?;
-    let Ok(header) = BatchHeader::decode(&header_bytes, batch_length_max) else {
+    let Some(header) = entry_names_batch(file, entry, file_len, batch_length_max).await? else {
         return Ok(false);
     };
-    if header.base_offset != entry.offset
-        || header.base_timestamp != entry.timestamp
-        || entry.position + header.batch_length > file_len
-    {
-        return Ok(false);
-    }
     let bytes = file
         .read_exact_at(header.batch_length as usize, entry.position)
         .await?;
@@ -293,6 +307,7 @@ async fn plan_segment<F: Fs>(
     dir: &Path,
     start: u64,
     has_index: bool,
+    last: bool,
     config: RecoveryConfig,
 ) -> Result<Plan, RecoveryError> {
     let log_path = dir.join(log_file_name(start));
@@ -358,6 +373,25 @@ async fn plan_segment<F: Fs>(
         };
         if !first_ok {
             sane = 0;
+        }
+    }
+
+    // The last segment's index was never synced (only a seal syncs one),
+    // and a crash keeps its unsynced entry writes in any combination, a
+    // torn one included: an entry can be wrong under a later one that
+    // survived whole, which the increasing check above may not see (a
+    // position torn from 660 to 148 still increases). Each entry must
+    // name its batch, or the entries from it on are not trusted. Sealed
+    // segments' indexes were synced before the next segment existed.
+    if last {
+        for (k, entry) in stored.iter().enumerate().take(sane).skip(1) {
+            let named = entry_names_batch(&log, entry, file_len, config.batch_length_max)
+                .await
+                .map_err(|e| RecoveryError::io("read", &log_path, e))?;
+            if named.is_none() {
+                sane = k;
+                break;
+            }
         }
     }
 
