@@ -24,6 +24,14 @@
 //! segments a partition has, and a sequential reader keeps one open file
 //! description, so the kernel's readahead state survives between reads
 //! (reopening per read resets it and costs a third of cold-read speed).
+//!
+//! The active segment's writers are opened on first use (a log opened at
+//! boot holds no descriptor until it is written or read), and
+//! [`SegmentedLog::release_handles`] closes every handle of a log with
+//! nothing unsynced, so a host of thousands of idle partitions is not
+//! bounded by its descriptor limit. Only a synced log lets its writers go:
+//! a write-back error on a file nobody holds open may never reach a later
+//! descriptor's fsync, so unsynced bytes keep theirs.
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -87,13 +95,11 @@ impl LogConfig {
     }
 }
 
+/// The active segment's writers, while open.
 #[derive(Debug)]
 struct Active<F: FsFile> {
     log: LogWriter<F>,
     index: IndexWriter<F>,
-    /// How many of the active segment's index entries are in the file; the
-    /// rest wait for the next sync of the log.
-    index_written: usize,
 }
 
 #[derive(Debug)]
@@ -124,7 +130,14 @@ pub struct SegmentedLog<F: Fs> {
     dir: PathBuf,
     config: LogConfig,
     segments: Vec<Segment>,
-    active: Active<F::File>,
+    /// The active segment's writers; `None` until first needed and after
+    /// [`Self::release_handles`].
+    active: Option<Active<F::File>>,
+    /// How many of the active segment's index entries are in its file; the
+    /// rest wait for the next sync of the log.
+    index_written: usize,
+    /// Bytes were appended to the active segment since its last sync.
+    unsynced: bool,
     poisoned: bool,
     /// The last sealed segment read: its start offset and log handle.
     sealed_reader: RefCell<Option<(u64, Rc<F::File>)>>,
@@ -151,17 +164,10 @@ impl<F: Fs> SegmentedLog<F> {
                 index_path: dir.join(index_file_name(s.meta.start_offset)),
             })
             .collect();
-        let active = match segments.last() {
-            Some(last) => {
-                let log = open_rw(&fs, &last.log_path, false).await?;
-                let index = open_rw(&fs, &last.index_path, true).await?;
-                let cursor = (last.index.len() * crate::index::INDEX_ENTRY_SIZE) as u64;
-                Active {
-                    log: LogWriter::new(log, last.meta.size_bytes, config.fsync),
-                    index: IndexWriter::new(index, cursor),
-                    index_written: last.index.len(),
-                }
-            }
+        let segments_nonempty_tail = segments.last().is_some_and(|s| s.meta.size_bytes > 0);
+        let (active, index_written) = match segments.last() {
+            // Opened when first written or read.
+            Some(last) => (None, last.index.len()),
             None => {
                 fs.create_dir_all(dir)
                     .await
@@ -186,7 +192,7 @@ impl<F: Fs> SegmentedLog<F> {
                         ),
                     })?;
                 segments.push(seg);
-                active
+                (Some(active), 0)
             }
         };
         let log = Self {
@@ -195,6 +201,12 @@ impl<F: Fs> SegmentedLog<F> {
             config,
             segments,
             active,
+            index_written,
+            // What recovery kept of the active segment may be in the page
+            // cache only (a killed process's writes survive it, unsynced):
+            // the first sync must reach the file, and until then the log
+            // keeps its writers.
+            unsynced: segments_nonempty_tail,
             poisoned: false,
             sealed_reader: RefCell::new(None),
         };
@@ -267,11 +279,17 @@ impl<F: Fs> SegmentedLog<F> {
             return (Err(e), batch);
         }
         let seg_index = self.segments.len() - 1;
-        let position = self.active.log.cursor();
-        let BufResult(res, batch) = self.active.log.append(batch).await;
+        let active = match self.open_active().await {
+            Ok(active) => active,
+            Err(e) => return (Err(e), batch),
+        };
+        let position = active.log.cursor();
+        let BufResult(res, batch) = active.log.append(batch).await;
+        let sync_failed = active.log.sync_failed();
+        let cursor = active.log.cursor();
         if let Err(e) = res {
             let path = self.segments[seg_index].log_path.clone();
-            if self.active.log.sync_failed() {
+            if sync_failed {
                 // The write went through but its sync failed: nothing since
                 // the last good sync can be trusted, so no roll-back either.
                 self.poisoned = true;
@@ -290,7 +308,8 @@ impl<F: Fs> SegmentedLog<F> {
         }
         let seg = &mut self.segments[seg_index];
         seg.meta.record(&header);
-        debug_assert_eq!(seg.meta.size_bytes, self.active.log.cursor());
+        debug_assert_eq!(seg.meta.size_bytes, cursor);
+        self.unsynced = !self.config.fsync;
         let appended = Appended {
             segment_start: seg.meta.start_offset,
             position,
@@ -316,7 +335,11 @@ impl<F: Fs> SegmentedLog<F> {
     /// Cuts the active log back to before a failed append. If that fails
     /// too, the log is poisoned.
     async fn roll_back(&mut self, position: u64) {
-        if self.active.log.rewind_to(position).await.is_err() {
+        let rewound = match self.active.as_mut() {
+            Some(active) => active.log.rewind_to(position).await.is_ok(),
+            None => false,
+        };
+        if !rewound {
             warn!(dir = %self.dir.display(), position, "append roll-back failed; log poisoned");
             self.poisoned = true;
         }
@@ -330,12 +353,21 @@ impl<F: Fs> SegmentedLog<F> {
         }
         let seg = self.active_segment();
         let log_path = seg.log_path.clone();
-        if let Err(e) = self.active.log.sync().await {
+        // Handles are let go only when nothing is unsynced (module doc),
+        // so closed writers have nothing to sync, unless the log was just
+        // opened over bytes a killed process left in the page cache.
+        if self.unsynced {
+            self.open_active().await?;
+        }
+        if let Some(active) = self.active.as_mut()
+            && let Err(e) = active.log.sync().await
+        {
             // After a failed fsync the page cache may have dropped the dirty
             // pages: nothing written since the last good sync can be trusted.
             self.poisoned = true;
             return Err(StorageError::io("sync", log_path, e));
         }
+        self.unsynced = false;
         // The entries may go to the index file now; they need no sync of
         // their own (one fsync per sync, not two): a crash that loses them
         // only makes recovery walk further, and rotation syncs the index
@@ -354,18 +386,62 @@ impl<F: Fs> SegmentedLog<F> {
     /// index. The index needs no sync per append: an entry that a crash
     /// loses only makes the next recovery walk a little further.
     async fn write_index(&mut self, sync: bool) -> Result<(), StorageError> {
+        let pending = self.active_segment().index.len() > self.index_written;
+        if !pending && !sync {
+            return Ok(());
+        }
         let seg = &self.segments[self.segments.len() - 1];
-        let pending = &seg.index[self.active.index_written..];
-        let mut res = self.active.index.append_all(pending).await;
+        let active = open_active(
+            &self.fs,
+            &self.config,
+            seg,
+            self.index_written,
+            &mut self.active,
+        )
+        .await?;
+        let pending = &seg.index[self.index_written..];
+        let mut res = active.index.append_all(pending).await;
         if res.is_ok() && sync {
-            res = self.active.index.sync().await;
+            res = active.index.sync().await;
         }
         if let Err(e) = res {
             self.poisoned = true;
             return Err(StorageError::io("sync", seg.index_path.clone(), e));
         }
-        self.active.index_written = seg.index.len();
+        self.index_written = seg.index.len();
         Ok(())
+    }
+
+    /// The active segment's writers, opened if they are not.
+    async fn open_active(&mut self) -> Result<&mut Active<F::File>, StorageError> {
+        let seg = &self.segments[self.segments.len() - 1];
+        open_active(
+            &self.fs,
+            &self.config,
+            seg,
+            self.index_written,
+            &mut self.active,
+        )
+        .await
+    }
+
+    /// Closes every file handle the log holds (the active segment's writers
+    /// and the cached reader) when nothing appended is unsynced; they are
+    /// reopened on next use. Returns whether the log now holds none. A
+    /// poisoned log keeps its handles: it refuses everything until reopened
+    /// anyway.
+    pub fn release_handles(&mut self) -> bool {
+        if self.unsynced || self.poisoned {
+            return !self.holds_handles();
+        }
+        self.active = None;
+        self.sealed_reader.borrow_mut().take();
+        true
+    }
+
+    /// Whether the log holds any open file handle.
+    pub fn holds_handles(&self) -> bool {
+        self.active.is_some() || self.sealed_reader.borrow().is_some()
     }
 
     /// Seals the active segment and starts a new one at the next offset.
@@ -379,7 +455,9 @@ impl<F: Fs> SegmentedLog<F> {
         let start = self.next_offset();
         let (seg, active) = create_segment(&self.fs, &self.dir, &self.config, start).await?;
         self.segments.push(seg);
-        self.active = active;
+        self.active = Some(active);
+        self.index_written = 0;
+        self.unsynced = false;
         Ok(())
     }
 
@@ -479,9 +557,13 @@ impl<F: Fs> SegmentedLog<F> {
     /// A readable handle on `seg`'s log: the active writer's file, or a
     /// freshly opened one for a sealed segment.
     async fn reader(&self, seg: &Segment) -> Result<ReadHandle<'_, F::File>, StorageError> {
-        if std::ptr::eq(seg, self.active_segment()) {
-            return Ok(ReadHandle::Active(self.active.log.file()));
+        if std::ptr::eq(seg, self.active_segment())
+            && let Some(active) = self.active.as_ref()
+        {
+            return Ok(ReadHandle::Active(active.log.file()));
         }
+        // A sealed segment, or the active one while its writers are closed
+        // (a read-only handle sees what they write: one file).
         let start = seg.meta.start_offset;
         if let Some((cached, file)) = self.sealed_reader.borrow().as_ref()
             && *cached == start
@@ -728,7 +810,7 @@ impl<F: Fs> SegmentedLog<F> {
         // Entries of the active segment past `index_written` are not in
         // its file yet; a sealed segment's are all there.
         let on_file = if idx + 1 == self.segments.len() {
-            self.active.index_written
+            self.index_written
         } else {
             self.segments[idx].index.len()
         };
@@ -772,13 +854,12 @@ impl<F: Fs> SegmentedLog<F> {
             self.fs.sync_dir(&self.dir).await.map_err(map(&self.dir))
         }
         .await;
-        self.active = Active {
-            log,
-            index,
-            index_written: kept,
-        };
+        self.active = Some(Active { log, index });
+        self.index_written = kept;
         if res.is_err() {
             self.poisoned = true;
+        } else {
+            self.unsynced = false;
         }
         res
     }
@@ -824,15 +905,34 @@ fn check_append(bytes: &[u8], batch_length_max: u64) -> Result<BatchHeader, Batc
     Ok(header)
 }
 
-async fn open_rw<F: Fs>(fs: &F, path: &Path, create: bool) -> Result<F::File, RecoveryError> {
-    let opts = if create {
-        OpenOptions::create_read_write()
-    } else {
-        OpenOptions::read_write()
+/// `seg`'s writers in `slot`, opened at their cursors (the log's size, the
+/// `index_written` entries already in the index file) if they are not open.
+async fn open_active<'a, F: Fs>(
+    fs: &F,
+    config: &LogConfig,
+    seg: &Segment,
+    index_written: usize,
+    slot: &'a mut Option<Active<F::File>>,
+) -> Result<&'a mut Active<F::File>, StorageError> {
+    let active = match slot.take() {
+        Some(active) => active,
+        None => {
+            let log = fs
+                .open(&seg.log_path, OpenOptions::read_write())
+                .await
+                .map_err(|e| StorageError::io("open", &seg.log_path, e))?;
+            let index = fs
+                .open(&seg.index_path, OpenOptions::create_read_write())
+                .await
+                .map_err(|e| StorageError::io("open", &seg.index_path, e))?;
+            let cursor = (index_written * crate::index::INDEX_ENTRY_SIZE) as u64;
+            Active {
+                log: LogWriter::new(log, seg.meta.size_bytes, config.fsync),
+                index: IndexWriter::new(index, cursor),
+            }
+        }
     };
-    fs.open(path, opts)
-        .await
-        .map_err(|e| RecoveryError::io("open", path, e))
+    Ok(slot.insert(active))
 }
 
 /// Creates (truncating any stale file at the same name) an empty segment at
@@ -876,7 +976,6 @@ async fn create_segment<F: Fs>(
         Active {
             log,
             index: IndexWriter::new(index, 0),
-            index_written: 0,
         },
     ))
 }

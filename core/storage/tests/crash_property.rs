@@ -1,7 +1,8 @@
 //! Crash property over the simulated filesystem, one run per seed:
 //! random appends with random sync points and retention of the oldest
-//! segment (and random fsync policy, segment size and index stride), a
-//! seeded power loss, recovery — several rounds.
+//! segment (and random fsync policy, segment size and index stride), file
+//! handles released at random points, a seeded power loss, recovery —
+//! several rounds.
 //!
 //! After every recovery the log must be exactly a prefix of what was
 //! appended, containing every batch synced before the crash, with no bytes
@@ -220,6 +221,24 @@ fn run_seed(seed: u64) {
                         break;
                     }
                     synced = appended.len();
+                }
+                if rng.chance(15) {
+                    // A log lets its handles go only with nothing unsynced:
+                    // everything appended is then claimed durable, which
+                    // the crash below checks.
+                    let released = log.release_handles();
+                    assert_eq!(released, !log.holds_handles(), "seed {seed}");
+                    if synced == appended.len() && !power_cut {
+                        assert!(released, "seed {seed}: a synced log kept its handles");
+                    }
+                    if released {
+                        synced = appended.len();
+                        if !power_cut && rng.chance(30) {
+                            // Reads reopen what they need, the active
+                            // segment included.
+                            assert_eq!(read_all(&log).await, appended, "seed {seed}");
+                        }
+                    }
                 }
                 if rng.chance(3) && !appended.is_empty() {
                     // Truncation at a batch boundary: the model loses its

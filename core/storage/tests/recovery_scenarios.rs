@@ -772,3 +772,30 @@ fn given_a_torn_entry_under_a_whole_one_in_the_active_index_when_recovered_shoul
         assert_eq!(log.next_offset(), entries[1].offset);
     });
 }
+
+/// A killed process leaves its unsynced appends in the page cache, where
+/// the next boot's recovery finds and keeps them. They are still not on
+/// the disk: the reopened log's first sync must reach the file (its
+/// writers open lazily, so it must open them for that), or a power loss
+/// after the applied point recorded them would take them.
+#[test]
+fn given_unsynced_appends_of_a_killed_process_when_reopened_and_synced_should_survive_a_power_loss()
+{
+    block_on(async {
+        let (fs, mut log) = fresh(23).await;
+        let batches = fill(&mut log, 3).await;
+        // Killed: no sync, no crash of the filesystem.
+        drop(log);
+        let (mut log, _) = reopen(&fs).await.unwrap();
+        assert_eq!(read_all(&log).await, batches);
+        assert!(
+            !log.release_handles(),
+            "the unsynced bytes keep the log's files"
+        );
+        log.sync().await.unwrap();
+        drop(log);
+        fs.crash_with(CrashMode::DropAll);
+        let (log, _) = reopen(&fs).await.unwrap();
+        assert_eq!(read_all(&log).await, batches);
+    });
+}
