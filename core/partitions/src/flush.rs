@@ -91,6 +91,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
     }
 
+    /// Closes the log's file handles when it has nothing unsynced (they
+    /// are reopened on next use); returns whether it holds none now. A
+    /// host of many idle partitions calls it so that its descriptor limit
+    /// does not bound how many it can hold.
+    pub fn release_handles(&mut self) -> bool {
+        self.log.release_handles()
+    }
+
+    /// Whether the log holds any open file handle.
+    pub fn holds_handles(&self) -> bool {
+        self.log.holds_handles()
+    }
+
     /// The threshold check run after every drive step. In a multi-replica
     /// group a lagging applied point is due too, even when no message waits
     /// (a run of consumer-offset ops, or many one-message batches below

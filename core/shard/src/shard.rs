@@ -155,6 +155,12 @@ pub const SCRUB_BYTES_PER_TICK_DEFAULT: u64 = 64 * 1024;
 /// Groups a tick's scrub visits at most (so thousands of groups without
 /// sealed segments cost a bounded few lookups per tick).
 const SCRUB_GROUPS_PER_TICK: usize = 8;
+/// Ticks in which the handle pass sees every group once (about 5 s at the
+/// default 10 ms tick).
+const HANDLE_PASS_TICKS: u64 = 512;
+/// Idle groups with unsynced writes a tick's handle pass flushes at most
+/// (each is an fsync and an applied-point record).
+const HANDLE_SYNCS_PER_TICK: u32 = 2;
 
 /// Why an inbound frame was refused (counted per variant).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,6 +413,9 @@ struct Group<E: Env> {
     counted_to: u64,
     /// The shard tick the group is scheduled to be visited at.
     due_at: u64,
+    /// The partition's op when the handle pass last found its files busy
+    /// with unsynced writes.
+    handles_seen_op: Option<u64>,
 }
 
 impl<E: Env> Group<E> {
@@ -495,6 +504,8 @@ pub struct Shard<E: Env> {
     retention: RetentionPolicy,
     /// The group the next tick's scrub starts after.
     scrub_after: GroupId,
+    /// The last group the handle pass saw.
+    handles_after: GroupId,
 }
 
 impl<E: Env> std::fmt::Debug for Shard<E> {
@@ -544,6 +555,7 @@ impl<E: Env> Shard<E> {
             transfer_retired: TransferTotals::default(),
             retention: RetentionPolicy::default(),
             scrub_after: GroupId(0),
+            handles_after: GroupId(0),
             config,
             env,
         };
@@ -891,6 +903,7 @@ impl<E: Env> Shard<E> {
                 transfer_armed_at: None,
                 counted_to: self.settled_tick,
                 due_at: self.tick + 1,
+                handles_seen_op: None,
             },
         );
         self.schedule.insert((self.tick + 1, group));
@@ -1087,7 +1100,62 @@ impl<E: Env> Shard<E> {
             self.pump_session(id).await;
         }
         self.scrub().await;
+        self.release_handles().await;
         self.settle().await;
+    }
+
+    /// This tick's share of letting file handles go: groups in turn after
+    /// the last one seen, so that each is seen about once per
+    /// [`HANDLE_PASS_TICKS`]. A group whose log has nothing unsynced closes
+    /// its files (reopened on next use). One with writes still unsynced
+    /// and no new op since the pass last saw it (a single replica's, which
+    /// nothing else syncs before its segment seals) is flushed first, a
+    /// few per tick.
+    /// So the descriptor limit bounds the partitions in use, not those
+    /// hosted (docs/architecture.md, "File descriptors").
+    async fn release_handles(&mut self) {
+        let count = self.groups.len() as u64;
+        if count == 0 || !self.tick.is_multiple_of((HANDLE_PASS_TICKS / count).max(1)) {
+            return;
+        }
+        let per_tick = usize::try_from(count.div_ceil(HANDLE_PASS_TICKS)).unwrap_or(usize::MAX);
+        let after = self.handles_after;
+        let order: Vec<GroupId> = self
+            .groups
+            .range(GroupId(after.0.saturating_add(1))..)
+            .chain(self.groups.range(..=after))
+            .map(|(id, _)| *id)
+            .take(per_tick)
+            .collect();
+        let mut syncs = 0;
+        for id in order {
+            self.handles_after = id;
+            let Some(g) = self.groups.get_mut(&id) else {
+                continue;
+            };
+            if !g.partition.holds_handles() || g.partition.release_handles() {
+                continue;
+            }
+            // Idle: no op since the pass last saw it, a pass ago.
+            let op = g.partition.replica().op();
+            let idle = g.handles_seen_op == Some(op);
+            g.handles_seen_op = Some(op);
+            if !idle || syncs >= HANDLE_SYNCS_PER_TICK || g.partition.fenced().is_some() {
+                continue;
+            }
+            syncs += 1;
+            // A failed flush fences the group: it must be visited to
+            // report that.
+            let Some(g) = touch(&mut self.groups, &mut self.touched, self.settled_tick, id) else {
+                continue;
+            };
+            match g.partition.flush_committed_messages().await {
+                Ok(_) => {
+                    g.partition.release_handles();
+                }
+                Err(error) => tracing::warn!(group = id.0, %error, "flush of an idle group failed"),
+            }
+        }
     }
 
     /// Puts every group an input reached back into the schedule at the

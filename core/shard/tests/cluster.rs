@@ -732,3 +732,87 @@ fn given_one_partition_fenced_when_others_are_called_should_keep_serving_them() 
         Err(CallError::Fenced { .. })
     ));
 }
+
+fn poll_count(c: &mut Cluster, g: GroupId) -> u64 {
+    let polled = c
+        .call_until_done(
+            g,
+            Call::Poll(PollRequest {
+                consumer: (ConsumerKind::Consumer, 1),
+                strategy: PollingStrategy::Offset(0),
+                count: 100,
+                auto_commit: false,
+            }),
+            500,
+        )
+        .unwrap();
+    let Answer::Polled(polled) = polled else {
+        panic!("not a poll answer")
+    };
+    polled.count
+}
+
+/// A replica's descriptor limit bounds the partitions in use, not those
+/// hosted: groups written once and then idle close their files within a
+/// pass of the shard's handle sweep (a single replica's unsynced writes
+/// are flushed first, so they also survive a power loss after it), and
+/// reopen them when next read or written.
+#[test]
+fn given_groups_written_then_idle_when_a_handle_pass_ran_should_hold_no_files_and_serve_after() {
+    let mut c = Cluster::new(1, 1, 5, NetworkFaults::default());
+    let count = 40;
+    for n in 0..count {
+        c.create_everywhere(group(n));
+    }
+    for n in 0..count {
+        let answer = c
+            .call_until_done(group(n), Call::Produce { batch: batch(n, 3) }, 500)
+            .unwrap();
+        assert!(matches!(answer, Answer::Committed { .. }));
+    }
+    let holding = |c: &Cluster| {
+        (0..count)
+            .filter(|n| {
+                let g = group(*n);
+                c.nodes[0][0]
+                    .as_ref()
+                    .unwrap()
+                    .partition(g)
+                    .unwrap()
+                    .holds_handles()
+            })
+            .count()
+    };
+    assert_eq!(
+        holding(&c),
+        count as usize,
+        "every written group has its files open"
+    );
+    // One pass to see the groups idle, one more to flush and close them.
+    c.run(2 * 512 + 64);
+    assert_eq!(holding(&c), 0);
+    // What was acknowledged before the pass was made durable by it.
+    c.crash(0, CrashMode::DropAll);
+    c.restart(0);
+    for n in 0..count {
+        assert_eq!(
+            poll_count(&mut c, group(n)),
+            3,
+            "group {n} after the power cut"
+        );
+    }
+    // Files reopen on use: reads above, appends now.
+    for n in 0..count {
+        let answer = c
+            .call_until_done(
+                group(n),
+                Call::Produce {
+                    batch: batch(100 + n, 2),
+                },
+                500,
+            )
+            .unwrap();
+        assert!(matches!(answer, Answer::Committed { .. }));
+        assert_eq!(poll_count(&mut c, group(n)), 5, "group {n}");
+    }
+}

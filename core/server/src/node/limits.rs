@@ -1,14 +1,16 @@
-//! The open-file budget. Every partition group holds a few descriptors
-//! while it is open (its active segment's log and index files, and at most
-//! one cached reader of a sealed segment; the superblock is opened only to
-//! be written), and a replica may host thousands of groups, so a soft limit
-//! of 1,024 would stop one long before its hard limit would. At start the
-//! soft limit is raised to the hard one, and the log says what it is.
+//! The open-file budget. A partition group in use holds a few descriptors
+//! (its active segment's log and index files, and at most one cached
+//! reader of a sealed segment; the superblock is opened only to be
+//! written); an idle one holds none once its shard's handle pass has seen
+//! it (within about 5 s). A replica may host thousands of groups and use
+//! many at once, so a soft limit of 1,024 would stop one long before its
+//! hard limit would. At start the soft limit is raised to the hard one,
+//! and the log says what it is.
 
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
-/// Descriptors an open, idle partition group holds at most (see the
-/// module documentation; measured by the `replog_sdk` descriptor test).
+/// Descriptors a partition group in use holds at most (see the module
+/// documentation; an idle group's are closed).
 pub const DESCRIPTORS_PER_GROUP: u64 = 3;
 
 /// The open-file limit before and after [`raise_open_file_limit`].
@@ -21,8 +23,9 @@ pub struct OpenFileLimit {
 }
 
 impl OpenFileLimit {
-    /// Partition groups the limit leaves room for, past `reserved`
-    /// descriptors for sockets, the metadata plane and the runtime.
+    /// Partition groups in use at once the limit leaves room for, past
+    /// `reserved` descriptors for sockets, the metadata plane and the
+    /// runtime.
     pub fn groups_room(&self, reserved: u64) -> Option<u64> {
         self.now
             .map(|n| n.saturating_sub(reserved) / DESCRIPTORS_PER_GROUP)

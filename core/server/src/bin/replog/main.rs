@@ -49,8 +49,8 @@ fn main() -> ExitCode {
 }
 
 /// Descriptors kept for sockets, the metadata plane and the runtime when
-/// the log says how many partition groups the open-file limit leaves room
-/// for.
+/// the log says how many partition groups in use at once the open-file
+/// limit leaves room for (idle ones hold none).
 const DESCRIPTORS_RESERVED: u64 = 512;
 
 /// Raises the soft open-file limit to the hard one and says so.
@@ -78,7 +78,7 @@ fn report_open_file_limit() {
         }
         Err(error) => tracing::warn!(
             %error,
-            "could not raise the open-file limit; each partition holds up to {DESCRIPTORS_PER_GROUP} descriptors"
+            "could not raise the open-file limit; each partition in use holds up to {DESCRIPTORS_PER_GROUP} descriptors"
         ),
     }
 }
