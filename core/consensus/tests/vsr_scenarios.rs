@@ -445,3 +445,91 @@ fn given_a_primary_cut_off_while_others_move_on_when_it_is_read_from_should_neve
         converge(&mut s);
     }
 }
+
+/// A replica's clock counts its ticks since it booted, so a restarted one
+/// trails its peers'. When it becomes primary it must still order new ops
+/// after the ones it learned by the view change or its rejoin (the commit
+/// point's header included, which its journal does not keep): a
+/// DoViewChange holding an op timestamped before its parent is refused by
+/// every peer, and while that op is uncommitted no view can complete
+/// (replog-sim mixed seed 12100326, group 0, an idle metadata group:
+/// views 3 to 45 and none started).
+#[test]
+fn given_a_restarted_replica_elected_primary_when_it_orders_ops_should_timestamp_them_after_the_views_log()
+ {
+    let mut config = quiet(17, 3);
+    config.clients = 0;
+    let mut s = sim(config);
+    let client = 99;
+    let committed = |s: &mut Simulation, r: u8, req: Request| {
+        let want = s.committed().len() + 1;
+        assert!(matches!(
+            s.submit(r, req).unwrap(),
+            RequestOutcome::Prepared { .. }
+        ));
+        assert!(s.run_until(2_000, |s| s.committed().len() == want).unwrap());
+    };
+    // Replica 0's clock runs far ahead before it orders anything.
+    s.run_for(3_000).unwrap();
+    committed(&mut s, 0, request(client, 0, 0, OPERATION_REGISTER));
+    let session = s
+        .replica(0)
+        .unwrap()
+        .client_table()
+        .session(client)
+        .unwrap();
+    committed(&mut s, 0, request(client, session, 1, OPERATION_APPEND));
+    // Replica 1 applied both, then restarts into an idle group: no
+    // prepare or repair tells it the time.
+    let applied = s
+        .run_until(2_000, |s| s.replica(1).unwrap().commit_min() == 2)
+        .unwrap();
+    assert!(applied);
+    s.crash(1);
+    s.restart(1).unwrap();
+    let rejoined = s
+        .run_until(5_000, |s| s.replica(1).unwrap().is_quorum_visible())
+        .unwrap();
+    assert!(rejoined, "replica 1 never rejoined");
+    // The old primary goes; view 1's primary is the restarted replica.
+    s.crash(0);
+    let elected = s
+        .run_until(5_000, |s| {
+            let r1 = s.replica(1).unwrap();
+            r1.is_primary() && r1.status() == Status::Normal && r1.view() >= 1
+        })
+        .unwrap();
+    assert!(elected, "replica 1 did not become primary");
+    let before = s.replica(1).unwrap().op();
+    committed(&mut s, 1, request(client, session, 2, OPERATION_APPEND));
+    let r2 = s.replica(2).unwrap();
+    let (Some(parent), Some(op)) = (r2.journal_entry(before), r2.journal_entry(before + 1)) else {
+        panic!("replica 2 does not hold ops {before} and {}", before + 1);
+    };
+    assert!(
+        op.header.timestamp > parent.header.timestamp,
+        "op {} timestamped {} after op {before}'s {}",
+        before + 1,
+        op.header.timestamp,
+        parent.header.timestamp
+    );
+    // The next view change carries both in its votes: replica 0 rejoins,
+    // then the new primary goes too.
+    s.restart(0).unwrap();
+    let back = s
+        .run_until(5_000, |s| s.replica(0).unwrap().is_quorum_visible())
+        .unwrap();
+    assert!(back, "replica 0 never rejoined");
+    s.crash(1);
+    let next = s
+        .run_until(5_000, |s| {
+            (0..3).any(|r| {
+                s.replica(r).is_some_and(|v| {
+                    v.is_primary() && v.status() == Status::Normal && v.view() >= 2
+                })
+            })
+        })
+        .unwrap();
+    assert!(next, "no view after the restarted primary's");
+    converge(&mut s);
+}

@@ -334,6 +334,21 @@ fn rot_profile_damage_is_repaired_from_a_peer() {
 // Seeds found failing; an `#[ignore]`d one runs clean once its cause is
 // fixed, then loses the attribute.
 
+/// Mixed seed 12100326 (3 × 2, 2,000 ticks), found by the session-9 sweep
+/// of seeds 12,100,000–12,100,999 (1 of 1,000 failed): group 0's primary
+/// of view 2 had restarted (its metadata WAL failed a write and fenced
+/// it) and learned op 6 only from the view's log, so its clock, counting
+/// ticks since its boot, stamped op 7 at 270 after op 6's 1032. Every
+/// DoViewChange holding both was refused as not hash-chaining, and views
+/// 3 to 45 never started. Fixed in the consensus core: a replica's clock
+/// moves past every header a view change or StartView teaches it, a new
+/// op is stamped after its parent's, and a vote never carries a pair that
+/// does not chain.
+#[test]
+fn regression_mixed_12100326_restarted_primary_timestamps_before_its_parent() {
+    clean(&options(12_100_326, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
 /// Blackout seed 11000822 (3 × 2, 2,000 ticks), found by the session-8
 /// sweep of seeds 11,000,000–11,000,999 (1 of 1,000 failed): group 1 was
 /// created while replica 1 lagged on the metadata plane, so replicas 0

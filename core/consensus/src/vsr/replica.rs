@@ -1061,7 +1061,18 @@ impl Replica {
             return RequestOutcome::Unavailable;
         }
         let parent = self.parent_of(op);
-        self.last_timestamp = (self.last_timestamp + 1).max(self.ticks);
+        // After the parent's, whoever ordered it: the clock is this
+        // replica's ticks since it booted, which a restarted primary's
+        // trails (simulator seed 12100326).
+        let after_parent = self
+            .journal
+            .header(op - 1)
+            .map_or(0, |h| h.timestamp.saturating_add(1));
+        self.last_timestamp = self
+            .last_timestamp
+            .saturating_add(1)
+            .max(self.ticks)
+            .max(after_parent);
         let mut header = PrepareHeader {
             checksum: 0,
             checksum_body: body_checksum(&request.body),
@@ -1119,6 +1130,15 @@ impl Replica {
     }
 
     /// The identity op `op` must chain to.
+    /// Moves the clock past every header learned from a view's log, the
+    /// commit point's included (which the journal does not keep), so the
+    /// next op this replica orders is timestamped after them.
+    pub(super) fn learn_timestamps(&mut self, headers: &[PrepareHeader]) {
+        if let Some(latest) = headers.iter().map(|h| h.timestamp).max() {
+            self.last_timestamp = self.last_timestamp.max(latest);
+        }
+    }
+
     pub(super) fn parent_of(&self, op: u64) -> u128 {
         let below = op - 1;
         if below == self.commit_min {

@@ -165,7 +165,17 @@ impl Replica {
             if x > frontier && x > commit {
                 nack |= 1u128 << suffix.len();
             }
+            // A header that does not chain to the one above it (a
+            // timestamp not below it: an op a restarted primary ordered
+            // before it learned the earlier op's) would make peers refuse
+            // the whole vote; only the commit point's header can be so,
+            // and a blank there proves nothing either way.
+            let above = match suffix.last() {
+                Some(SuffixSlot::Header(a)) => Some(*a),
+                _ => None,
+            };
             match self.journal.header(x) {
+                Some(h) if above.is_some_and(|a| !chains(&a, h)) => suffix.push(SuffixSlot::Blank),
                 Some(h) => {
                     if self.journal.entry(x).is_some() {
                         present |= 1u128 << suffix.len();
@@ -231,7 +241,7 @@ impl Replica {
                     }
                     if let Some(p) = previous
                         && p.op == h.op + 1
-                        && (p.parent != h.checksum || p.timestamp <= h.timestamp)
+                        && !chains(&p, h)
                     {
                         return bad("suffix headers do not hash-chain");
                     }
@@ -306,6 +316,7 @@ impl Replica {
     fn install_pending(&mut self, merged: MergedLog) {
         self.advance_commit_max(merged.commit_max);
         let before = self.op();
+        self.learn_timestamps(&merged.headers);
         self.journal
             .install_log(&merged.headers, merged.op_head, self.commit_min);
         if let Some(h) = merged.headers.iter().find(|h| h.op == self.commit_min) {
@@ -458,6 +469,7 @@ impl Replica {
         }
         self.advance_commit_max(sv.commit);
         let before = self.op();
+        self.learn_timestamps(&sv.suffix);
         self.journal.install_log(&sv.suffix, sv.op, self.commit_min);
         if let Some(h) = sv.suffix.iter().find(|h| h.op == self.commit_min) {
             self.learn_commit_min_checksum(h.checksum);
@@ -571,4 +583,10 @@ impl Replica {
             self.send_prepare_ok();
         }
     }
+}
+
+/// Whether `above` (op n + 1) follows `below` (op n) in a log: it names
+/// `below` as its parent and was ordered after it.
+fn chains(above: &PrepareHeader, below: &PrepareHeader) -> bool {
+    above.parent == below.checksum && above.timestamp > below.timestamp
 }
