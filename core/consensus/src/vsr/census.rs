@@ -69,49 +69,15 @@ impl CensusBook {
 
 impl Replica {
     /// Probes carry a report while the census may still be needed: this
-    /// replica restarted and adopted no view yet, or it is pristine.
+    /// replica restarted and adopted no view yet.
     pub(super) fn census_report(&self) -> Option<Census> {
         let waiting = self.status == Status::Recovering
             && self.recovering.is_some_and(|r| r.barrier.is_none());
-        (waiting || self.is_pristine()).then_some(Census {
+        waiting.then_some(Census {
             log_view: self.log_view,
             op: self.commit_min,
             checksum: self.commit_min_checksum,
         })
-    }
-
-    /// A replica that has never held anything of this group: created new
-    /// (not restarted), never in a view but 0, nothing journaled or
-    /// applied. It remembers nothing past its (empty) applied state, so
-    /// its report is as truthful as a restarted replica's, and the census
-    /// must hear it: a group created late on one replica while the others
-    /// moved on without it, then restarted whole, would otherwise wait for
-    /// ever for a report that replica never sent (blackout seed 11000822).
-    /// Its report (op 0) never makes it the one to start the view unless
-    /// nobody applied anything.
-    pub(super) fn is_pristine(&self) -> bool {
-        self.status == Status::Normal
-            && self.recovering.is_none()
-            && self.view == 0
-            && self.log_view == 0
-            && self.commit_min == 0
-            && self.op() == 0
-    }
-
-    /// The nonce a probe of this replica carries: a restarted replica's
-    /// per-boot incarnation, a pristine one's own (drawn once, odd, never
-    /// with the rejoin bit), 0 otherwise.
-    pub(super) fn probe_incarnation(&mut self) -> u128 {
-        if let Some(recovery) = self.recovering {
-            return recovery.incarnation;
-        }
-        if !self.is_pristine() {
-            return 0;
-        }
-        if self.pristine_incarnation == 0 {
-            self.pristine_incarnation = (self.next_nonce() | 1) & !super::replica::REJOIN_PROBE;
-        }
-        self.pristine_incarnation
     }
 
     /// How long a report counts: longer than the longest probe interval
@@ -136,10 +102,6 @@ impl Replica {
             return;
         }
         let ticks = self.ticks;
-        if self.census.heard.len() != usize::from(self.config.replica_count) {
-            // A pristine replica keeps no book until a report reaches it.
-            self.census = CensusBook::new(self.config.replica_count);
-        }
         let Some(slot) = self.census.heard.get_mut(usize::from(from)) else {
             return;
         };

@@ -486,9 +486,6 @@ pub struct Replica {
     pub(super) census: super::census::CensusBook,
     pub(super) census_views_started: u64,
     pub(super) read_checks: super::read_check::ReadChecks,
-    /// A pristine replica's census nonce, drawn when first needed (0 until
-    /// then; `census.rs`).
-    pub(super) pristine_incarnation: u128,
     held: Vec<(u8, Frame)>,
     actions: Vec<Action>,
 }
@@ -545,7 +542,6 @@ impl Replica {
             census: super::census::CensusBook::default(),
             census_views_started: 0,
             read_checks: super::read_check::ReadChecks::default(),
-            pristine_incarnation: 0,
             held: Vec::new(),
             actions: Vec::new(),
             config,

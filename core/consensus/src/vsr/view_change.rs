@@ -52,9 +52,9 @@ impl Replica {
         self.send(to, message);
     }
 
-    fn request_start_view_message(&mut self) -> Message {
+    fn request_start_view_message(&self) -> Message {
         Message::RequestStartView {
-            incarnation: self.probe_incarnation(),
+            incarnation: self.recovering.map_or(0, |r| r.incarnation),
             census: self.census_report(),
         }
     }
