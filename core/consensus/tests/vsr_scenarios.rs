@@ -533,3 +533,52 @@ fn given_a_restarted_replica_elected_primary_when_it_orders_ops_should_timestamp
     assert!(next, "no view after the restarted primary's");
     converge(&mut s);
 }
+
+/// A member that never held anything (cut off from the group's start, so
+/// `Normal` in view 0 with nothing journaled) did not restart when the two
+/// others did, at once. Those two wait for a census report from every
+/// member, and a `Normal` member sends none (blackout seed 11000822 of
+/// replog-sim). The census candidate asks the pristine member to pin
+/// itself (wait for a StartView, as a restarted replica does) and report,
+/// then starts the view: the group serves again with everything applied.
+/// A report from a member still free to vote never starts a census (mixed
+/// seed 13000711 forked when one did).
+#[test]
+fn given_a_pristine_member_and_a_whole_restart_of_the_others_when_the_census_runs_should_pin_it_and_serve()
+ {
+    let mut config = quiet(19, 3);
+    config.requests_per_client = 10;
+    let mut s = sim(config);
+    s.partition(1 << 2);
+    let applied = s
+        .run_until(10_000, |s| {
+            s.acknowledged().len() >= 10
+                && s.replica(0).unwrap().commit_min() >= 10
+                && s.replica(1).unwrap().commit_min() >= 10
+        })
+        .unwrap();
+    assert!(applied);
+    let committed = s.committed().len();
+    s.crash(0);
+    s.crash(1);
+    s.heal_partition();
+    s.restart(0).unwrap();
+    s.restart(1).unwrap();
+    let r2 = s.replica(2).unwrap();
+    assert_eq!((r2.status(), r2.view(), r2.op()), (Status::Normal, 0, 0));
+    let served = s
+        .run_until(20_000, |s| {
+            (0..3).any(|r| {
+                s.replica(r)
+                    .is_some_and(|v| v.is_primary() && v.status() == Status::Normal && v.view() > 0)
+            })
+        })
+        .unwrap();
+    assert!(served, "no view after the restart: the census never ran");
+    assert!(
+        s.replica(0).unwrap().census_views_started() + s.replica(1).unwrap().census_views_started()
+            > 0
+    );
+    converge(&mut s);
+    assert!(s.committed().len() >= committed);
+}
