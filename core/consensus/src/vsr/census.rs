@@ -35,7 +35,7 @@
 //! it applied (a fork). See docs/consensus.md §4, "Whole-group restart".
 
 use super::message::{Census, Message};
-use super::replica::{PIN_REQUEST, PRISTINE_REPORT, Recovery, Replica, Status};
+use super::replica::{Replica, Status};
 
 /// What one peer reported, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,27 +98,15 @@ impl Replica {
         incarnation: u128,
         report: Census,
     ) {
-        if incarnation == 0 || report.log_view > view {
+        if self.census_report().is_none() || incarnation == 0 || report.log_view > view {
             return;
-        }
-        if self.census_report().is_none() {
-            if !self.is_pristine() {
-                return;
-            }
-            if incarnation & PIN_REQUEST == 0 {
-                self.answer_as_pristine(from);
-                return;
-            }
-            // The candidate heard from everyone else: wait, then report.
-            self.pin_pristine();
         }
         let ticks = self.ticks;
         let Some(slot) = self.census.heard.get_mut(usize::from(from)) else {
             return;
         };
         *slot = Some(Heard {
-            // A StartView answer echoes the probe's nonce, not the ask.
-            incarnation: incarnation & !PIN_REQUEST,
+            incarnation,
             view,
             report,
             at_tick: ticks,
@@ -187,9 +175,6 @@ impl Replica {
         let Some(view) = self.next_view_led_by_me(highest_view) else {
             return;
         };
-        if self.ask_pristine_reporters_to_pin() {
-            return;
-        }
         // Every other slot was checked fresh above.
         let answers: Vec<(u8, u128)> = self
             .census
@@ -206,103 +191,6 @@ impl Replica {
             let sv = self.start_view_message(incarnation);
             self.send(to, Message::StartView(sv));
         }
-    }
-
-    /// A member that has never held anything of this group: not restarted,
-    /// never in a view's log but view 0's, nothing journaled or applied, so
-    /// it acknowledged nothing (a replica that applied the group's create
-    /// after the others moved the group on: blackout seed 11000822). It may
-    /// have voted for a view change (its view above 0): a vote promises no
-    /// data.
-    fn is_pristine(&self) -> bool {
-        self.config.replica_count > 1
-            && self.status != Status::Recovering
-            && self.recovering.is_none()
-            && self.log_view == 0
-            && self.commit_min == 0
-            && self.op() == 0
-    }
-
-    /// A pristine member answers a census report with its own (op 0),
-    /// flagged as not pinned: it is still `Normal` and may yet vote and
-    /// move on, so no census may start on it as it stands (mixed seed
-    /// 13000711 forked when one did). It keeps voting meanwhile: a view
-    /// change elsewhere may need its vote (vsr_sim seed 1186).
-    fn answer_as_pristine(&mut self, to: u8) {
-        let incarnation = self.next_nonce() | 1 | PRISTINE_REPORT;
-        let report = Census {
-            log_view: 0,
-            op: 0,
-            checksum: self.commit_min_checksum,
-        };
-        self.send(
-            to,
-            Message::RequestStartView {
-                incarnation,
-                census: Some(report),
-            },
-        );
-    }
-
-    /// The census candidate, holding fresh reports from every member,
-    /// asks each pristine one among them to pin itself first; true while
-    /// any is left (at most once per probe interval per member).
-    fn ask_pristine_reporters_to_pin(&mut self) -> bool {
-        let Some(recovery) = self.recovering else {
-            return false;
-        };
-        let pristine: Vec<u8> = self
-            .census
-            .heard
-            .iter()
-            .enumerate()
-            .filter(|(_, slot)| slot.is_some_and(|h| h.incarnation & PRISTINE_REPORT != 0))
-            .filter_map(|(index, _)| u8::try_from(index).ok())
-            .collect();
-        if pristine.is_empty() {
-            return false;
-        }
-        let ticks = self.ticks;
-        let interval = self.config.timeouts.request_start_view_message_ticks;
-        for to in pristine {
-            let Some(at) = self.census.answered_at.get_mut(usize::from(to)) else {
-                continue;
-            };
-            if at.is_some_and(|at| ticks.saturating_sub(at) < interval) {
-                continue;
-            }
-            *at = Some(ticks);
-            let census = self.census_report();
-            self.send(
-                to,
-                Message::RequestStartView {
-                    incarnation: recovery.incarnation | PIN_REQUEST,
-                    census,
-                },
-            );
-        }
-        true
-    }
-
-    /// A pristine member the census candidate asked becomes a waiting
-    /// replica, as if it had restarted with nothing applied: no vote and
-    /// no ack until a StartView tells it the view. Only then is its op-0
-    /// report a promise for the whole census window. It has nothing to
-    /// lose by waiting: it acknowledged nothing, and everyone else is
-    /// waiting too (the candidate heard from all of them).
-    fn pin_pristine(&mut self) {
-        self.status = Status::Recovering;
-        self.pipeline.clear();
-        for timer in self.timers.all_mut() {
-            timer.stop();
-        }
-        self.census = CensusBook::new(self.config.replica_count);
-        self.recovering = Some(Recovery {
-            incarnation: self.next_nonce() | 1,
-            barrier: None,
-            rejoin: None,
-        });
-        self.timers.request_start_view.start();
     }
 
     /// The lowest view above `above` whose primary is this replica.

@@ -295,11 +295,6 @@ pub(super) struct Recovery {
 /// Bit 127 of a RequestStartView's incarnation: the prober rejoins after a
 /// lost disk and asks every `Normal` backup to report its view.
 pub const REJOIN_PROBE: u128 = 1 << 127;
-/// Bit 126: the census report comes from a pristine member that has not
-/// been pinned, so a census may not start on it (census.rs).
-pub const PRISTINE_REPORT: u128 = 1 << 126;
-/// Bit 125: the census candidate asks a pristine reporter to pin itself.
-pub const PIN_REQUEST: u128 = 1 << 125;
 
 /// What a rejoining replica learned of its peers' views (see
 /// [`Replica::restart_rejoining`]): per peer, the highest view its frames
@@ -402,7 +397,7 @@ impl Timers {
         ]
     }
 
-    pub(super) fn all_mut(&mut self) -> [&mut Timeout; 9] {
+    fn all_mut(&mut self) -> [&mut Timeout; 9] {
         [
             &mut self.normal_heartbeat,
             &mut self.start_view_change,
@@ -586,10 +581,12 @@ impl Replica {
             return r;
         }
         let drawn = (u128::from(r.prng.next_u64()) << 64 | u128::from(r.prng.next_u64())) | 1;
-        // The top bits are flags: whether to report views (set here), and
-        // the census's pristine report and pin request (never a boot's).
-        let drawn = drawn & !(REJOIN_PROBE | PRISTINE_REPORT | PIN_REQUEST);
-        let incarnation = if rejoin { drawn | REJOIN_PROBE } else { drawn };
+        // The top bit tells the peers whether to report their views.
+        let incarnation = if rejoin {
+            drawn | REJOIN_PROBE
+        } else {
+            drawn & !REJOIN_PROBE
+        };
         r.status = Status::Recovering;
         // The durable commit bound may name ops of a history a whole-group
         // restart then replaced (census.rs); the primary's answer says
