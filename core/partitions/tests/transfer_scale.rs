@@ -37,9 +37,7 @@
 mod common;
 
 use std::cell::Cell;
-use std::io;
 use std::path::Path;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use ::common::ConsumerKind;
@@ -59,7 +57,7 @@ use partitions::{
 };
 use storage::BatchBuilder;
 use storage::batch::BATCH_HEADER_SIZE;
-use storage::fs::{BufResult, DirEntry, Fs, FsFile, IoBuf, Metadata, OpenOptions, SimFs};
+use storage::fs::{CountingFs, SimFs};
 use xxhash_rust::xxh3::xxh3_64;
 
 const ME: u8 = 2;
@@ -85,130 +83,18 @@ impl BuildClock for ByteClock {
     }
 }
 
-/// `F` with the bytes its reads returned counted (clones and their files
-/// share the count): the test's own measure of the disk work a step did,
-/// whatever the code under test reports about itself.
-#[derive(Debug, Clone)]
-struct ReadCountingFs<F: Fs> {
-    inner: F,
-    read_bytes: Rc<Cell<u64>>,
-}
-
-impl<F: Fs> ReadCountingFs<F> {
-    fn new(inner: F) -> Self {
-        Self {
-            inner,
-            read_bytes: Rc::default(),
-        }
-    }
-
-    fn read_bytes(&self) -> u64 {
-        self.read_bytes.get()
-    }
-}
-
-struct ReadCountingFile<T> {
-    inner: T,
-    read_bytes: Rc<Cell<u64>>,
-}
-
-impl<F: Fs> Fs for ReadCountingFs<F> {
-    type File = ReadCountingFile<F::File>;
-
-    async fn open(&self, path: &Path, opts: OpenOptions) -> io::Result<Self::File> {
-        Ok(ReadCountingFile {
-            inner: self.inner.open(path, opts).await?,
-            read_bytes: Rc::clone(&self.read_bytes),
-        })
-    }
-
-    async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to).await
-    }
-
-    async fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path).await
-    }
-
-    async fn create_dir(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir(path).await
-    }
-
-    async fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(path).await
-    }
-
-    async fn remove_dir(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_dir(path).await
-    }
-
-    async fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
-        self.inner.read_dir(path).await
-    }
-
-    async fn metadata(&self, path: &Path) -> io::Result<Metadata> {
-        self.inner.metadata(path).await
-    }
-
-    async fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.inner.sync_dir(path).await
-    }
-
-    async fn sleep(&self, duration: Duration) {
-        self.inner.sleep(duration).await;
-    }
-
-    async fn yield_now(&self) {
-        self.inner.yield_now().await;
-    }
-}
-
-impl<T: FsFile> FsFile for ReadCountingFile<T> {
-    async fn read_at(&self, buf: Vec<u8>, pos: u64, max: usize) -> BufResult<usize, Vec<u8>> {
-        let result = self.inner.read_at(buf, pos, max).await;
-        if let BufResult(Ok(n), _) = &result {
-            self.read_bytes.set(self.read_bytes.get() + *n as u64);
-        }
-        result
-    }
-
-    async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> BufResult<usize, B> {
-        self.inner.write_at(buf, pos).await
-    }
-
-    async fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data().await
-    }
-
-    async fn sync_all(&self) -> io::Result<()> {
-        self.inner.sync_all().await
-    }
-
-    async fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len).await
-    }
-
-    async fn len(&self) -> io::Result<u64> {
-        self.inner.len().await
-    }
-
-    async fn preallocate(&self, len: u64) -> io::Result<()> {
-        self.inner.preallocate(len).await
-    }
-}
-
 /// The two disks of a transfer, each read through a counter.
 struct Disks {
     /// The serving peer's (chunk loads; the build reads through the
     /// peer's partition and is counted by its clock).
-    peer: ReadCountingFs<SimFs>,
+    peer: CountingFs<SimFs>,
     /// The receiver's (the resume's re-read of its staged prefix).
-    rx: ReadCountingFs<SimFs>,
+    rx: CountingFs<SimFs>,
 }
 
 impl Disks {
     fn read_bytes(&self) -> u64 {
-        self.peer.read_bytes() + self.rx.read_bytes()
+        self.peer.counts().read_bytes + self.rx.counts().read_bytes
     }
 }
 
@@ -395,7 +281,7 @@ enum Ended {
 /// walked, hashed and spilled.
 #[allow(clippy::too_many_arguments)]
 fn drive(
-    rx: &mut TransferReceiver<ReadCountingFs<SimFs>>,
+    rx: &mut TransferReceiver<CountingFs<SimFs>>,
     disks: &Disks,
     peer: &mut Node<MemSuperblock>,
     server: &mut OfferServer,
@@ -541,8 +427,8 @@ fn ticks_flow_while_transferring(mib: u64) {
     assert!(want.1 >= mib * MIB, "{} bytes", want.1);
     let (rx_fs, _rx_node) = receiver_fs(32);
     let disks = Disks {
-        peer: ReadCountingFs::new(peer_fs.clone()),
-        rx: ReadCountingFs::new(rx_fs.clone()),
+        peer: CountingFs::new(peer_fs.clone()),
+        rx: CountingFs::new(rx_fs.clone()),
     };
     let mut other = OtherGroup::open(&rx_fs);
     let prepare_budget = 8 * MIB;
@@ -713,8 +599,8 @@ fn given_1_gib_segment_when_streamed_and_cut_at_90_percent_should_hold_four_chun
     assert!(want.1 >= 1 << 30, "{} bytes", want.1);
     let (rx_fs, _rx_node) = receiver_fs(42);
     let disks = Disks {
-        peer: ReadCountingFs::new(peer_fs.clone()),
-        rx: ReadCountingFs::new(rx_fs.clone()),
+        peer: CountingFs::new(peer_fs.clone()),
+        rx: CountingFs::new(rx_fs.clone()),
     };
     let mut rx = TransferReceiver::new(disks.rx.clone(), &dir(), receiver_config(64 * MIB), 6);
     let mut srv = server(None);
