@@ -361,6 +361,13 @@ fn serving_primary(s: &Simulation, n: u8) -> Option<u8> {
     (0..n).find(|&r| s.replica(r).is_some_and(|x| x.is_caught_up_primary()))
 }
 
+/// Whether replica `r` is up and the `Normal` primary of a view at least
+/// `view`.
+fn leads(s: &Simulation, r: u8, view: u32) -> bool {
+    s.replica(r)
+        .is_some_and(|v| v.is_primary() && v.status() == Status::Normal && v.view() >= view)
+}
+
 #[test]
 fn given_a_read_on_a_healthy_primary_when_a_backup_echoes_should_be_confirmed_within_a_round_trip()
 {
@@ -493,12 +500,7 @@ fn given_a_restarted_replica_elected_primary_when_it_orders_ops_should_timestamp
     assert!(rejoined, "replica 1 never rejoined");
     // The old primary goes; view 1's primary is the restarted replica.
     s.crash(0);
-    let elected = s
-        .run_until(5_000, |s| {
-            let r1 = s.replica(1).unwrap();
-            r1.is_primary() && r1.status() == Status::Normal && r1.view() >= 1
-        })
-        .unwrap();
+    let elected = s.run_until(5_000, |s| leads(s, 1, 1)).unwrap();
     assert!(elected, "replica 1 did not become primary");
     let before = s.replica(1).unwrap().op();
     committed(&mut s, 1, request(client, session, 2, OPERATION_APPEND));
@@ -522,13 +524,7 @@ fn given_a_restarted_replica_elected_primary_when_it_orders_ops_should_timestamp
     assert!(back, "replica 0 never rejoined");
     s.crash(1);
     let next = s
-        .run_until(5_000, |s| {
-            (0..3).any(|r| {
-                s.replica(r).is_some_and(|v| {
-                    v.is_primary() && v.status() == Status::Normal && v.view() >= 2
-                })
-            })
-        })
+        .run_until(5_000, |s| (0..3).any(|r| leads(s, r, 2)))
         .unwrap();
     assert!(next, "no view after the restarted primary's");
     converge(&mut s);

@@ -476,18 +476,12 @@ fn ticks_flow_while_transferring(mib: u64) {
          step max per kind {:?}",
         other.now_ns, other.step_max
     );
-    let (busy, kind) = other.busy_max;
-    assert!(
-        busy <= step_bound,
-        "the thread ran {busy} ns (a {kind:?} step) without a chance to tick the other group (bound {step_bound})"
-    );
-    assert!(
-        late_max <= step_bound,
-        "a tick of the other group ran {late_max} ns late (bound {step_bound})"
-    );
-    assert!(
-        silent_max <= silent_bound,
-        "the other group sent nothing for {silent_max} ns (bound {silent_bound})"
+    assert_ticks_flowed(
+        other.busy_max,
+        late_max,
+        silent_max,
+        step_bound,
+        silent_bound,
     );
     assert!(
         serve_rounds >= want.1 / round_bound,
@@ -533,18 +527,12 @@ fn ticks_flow_while_transferring(mib: u64) {
         other.step_max,
         started.elapsed()
     );
-    let (busy, kind) = other.busy_max;
-    assert!(
-        busy <= step_bound,
-        "the thread ran {busy} ns (a {kind:?} step) without a chance to tick the other group (bound {step_bound})"
-    );
-    assert!(
-        late_max <= step_bound,
-        "a tick of the other group ran {late_max} ns late (bound {step_bound})"
-    );
-    assert!(
-        silent_max <= silent_bound,
-        "the other group sent nothing for {silent_max} ns (bound {silent_bound})"
+    assert_ticks_flowed(
+        other.busy_max,
+        late_max,
+        silent_max,
+        step_bound,
+        silent_bound,
     );
     assert_eq!(stats.resumed_spills, 1);
     assert_eq!(stats.rehashed_bytes, point.synced_len_bytes);
@@ -572,6 +560,30 @@ fn ticks_flow_while_transferring(mib: u64) {
     assert!(stats.peak_held_bytes <= 4 * u64::from(CHUNK));
     assert!(stats.peak_held_bytes <= u64::from(CHUNK) + BATCH_HEADER_SIZE as u64);
     assert_staged(&rx_fs, &done, want);
+}
+
+/// The other group's ticks kept flowing: no step longer than
+/// `step_bound` ns of work, no tick later than that, and no silence longer
+/// than `silent_bound`.
+fn assert_ticks_flowed(
+    (busy, kind): (u64, Work),
+    late_max: u64,
+    silent_max: u64,
+    step_bound: u64,
+    silent_bound: u64,
+) {
+    assert!(
+        busy <= step_bound,
+        "the thread ran {busy} ns (a {kind:?} step) without a chance to tick the other group (bound {step_bound})"
+    );
+    assert!(
+        late_max <= step_bound,
+        "a tick of the other group ran {late_max} ns late (bound {step_bound})"
+    );
+    assert!(
+        silent_max <= silent_bound,
+        "the other group sent nothing for {silent_max} ns (bound {silent_bound})"
+    );
 }
 
 #[test]

@@ -1104,6 +1104,17 @@ impl<E: Env> Shard<E> {
         self.settle().await;
     }
 
+    /// Up to `count` groups in id order after `after`, wrapping round to the
+    /// first: the next share of a pass over every group.
+    fn groups_in_turn(&self, after: GroupId, count: usize) -> Vec<GroupId> {
+        self.groups
+            .range(GroupId(after.0.saturating_add(1))..)
+            .chain(self.groups.range(..=after))
+            .map(|(id, _)| *id)
+            .take(count)
+            .collect()
+    }
+
     /// This tick's share of letting file handles go: groups in turn after
     /// the last one seen, so that each is seen about once per
     /// [`HANDLE_PASS_TICKS`]. A group whose log has nothing unsynced closes
@@ -1119,14 +1130,7 @@ impl<E: Env> Shard<E> {
             return;
         }
         let per_tick = usize::try_from(count.div_ceil(HANDLE_PASS_TICKS)).unwrap_or(usize::MAX);
-        let after = self.handles_after;
-        let order: Vec<GroupId> = self
-            .groups
-            .range(GroupId(after.0.saturating_add(1))..)
-            .chain(self.groups.range(..=after))
-            .map(|(id, _)| *id)
-            .take(per_tick)
-            .collect();
+        let order = self.groups_in_turn(self.handles_after, per_tick);
         let mut syncs = 0;
         for id in order {
             self.handles_after = id;
@@ -1190,14 +1194,7 @@ impl<E: Env> Shard<E> {
         if budget == 0 || self.groups.is_empty() {
             return;
         }
-        let after = self.scrub_after;
-        let order: Vec<GroupId> = self
-            .groups
-            .range(GroupId(after.0.saturating_add(1))..)
-            .chain(self.groups.range(..=after))
-            .map(|(id, _)| *id)
-            .take(SCRUB_GROUPS_PER_TICK)
-            .collect();
+        let order = self.groups_in_turn(self.scrub_after, SCRUB_GROUPS_PER_TICK);
         for id in order {
             self.scrub_after = id;
             let Some(g) = touch(&mut self.groups, &mut self.touched, self.settled_tick, id) else {

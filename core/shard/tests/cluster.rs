@@ -708,22 +708,7 @@ fn given_one_partition_fenced_when_others_are_called_should_keep_serving_them() 
             .call_until_done(g, Call::Produce { batch: batch(n, 3) }, 500)
             .unwrap();
         assert!(matches!(answer, Answer::Committed { .. }));
-        let polled = c
-            .call_until_done(
-                g,
-                Call::Poll(PollRequest {
-                    consumer: (ConsumerKind::Consumer, 1),
-                    strategy: PollingStrategy::Offset(0),
-                    count: 10,
-                    auto_commit: false,
-                }),
-                500,
-            )
-            .unwrap();
-        let Answer::Polled(polled) = polled else {
-            panic!("not a poll answer")
-        };
-        assert_eq!(polled.count, 3, "group {n}");
+        assert_eq!(poll_count(&mut c, g), 3, "group {n}");
     }
     // The fenced group keeps refusing, typed.
     let mut p = c.send(ReplicaId(0), doomed, Call::Stats);

@@ -30,14 +30,26 @@ fn config() -> LogConfig {
 }
 
 async fn fresh(seed: u64) -> (SimFs, SegmentedLog<SimFs>) {
+    fresh_with(seed, config()).await
+}
+
+async fn fresh_with(seed: u64, config: LogConfig) -> (SimFs, SegmentedLog<SimFs>) {
     let fs = SimFs::new(seed);
     fs.create_dir_all(Path::new("/data")).await.unwrap();
     fs.sync_dir(Path::new("/")).await.unwrap();
-    let (log, report) = SegmentedLog::open(fs.clone(), dir(), config(), 0)
+    let (log, report) = SegmentedLog::open(fs.clone(), dir(), config, 0)
         .await
         .unwrap();
     assert_eq!(report.segments.len(), 0);
     (fs, log)
+}
+
+/// [`config`] with 1 MiB segments: a dozen batches stay in one segment.
+fn wide() -> LogConfig {
+    LogConfig {
+        segment_size_bytes: 1 << 20,
+        ..config()
+    }
 }
 
 /// Appends `n` batches of 3 × 200-byte messages; returns their bytes.
@@ -676,16 +688,7 @@ fn given_an_offset_when_truncated_to_it_should_cut_at_that_batch_or_refuse_a_non
 #[test]
 fn given_an_index_entry_damaged_at_rest_when_read_by_offset_should_not_skip_messages() {
     block_on(async {
-        let fs = SimFs::new(21);
-        fs.create_dir_all(Path::new("/data")).await.unwrap();
-        fs.sync_dir(Path::new("/")).await.unwrap();
-        let wide = LogConfig {
-            segment_size_bytes: 1 << 20,
-            ..config()
-        };
-        let (mut log, _) = SegmentedLog::open(fs.clone(), dir(), wide, 0)
-            .await
-            .unwrap();
+        let (fs, mut log) = fresh_with(21, wide()).await;
         fill(&mut log, 8).await;
         log.rotate().await.unwrap();
         let entries = log.index_entries(0).unwrap().to_vec();
@@ -702,7 +705,7 @@ fn given_an_index_entry_damaged_at_rest_when_read_by_offset_should_not_skip_mess
         let BufResult(r, _) = f.write_all_at(forged.to_le_bytes().to_vec(), 2 * 24).await;
         r.unwrap();
         drop(f);
-        let (log, _) = SegmentedLog::open(fs.clone(), dir(), wide, 0)
+        let (log, _) = SegmentedLog::open(fs.clone(), dir(), wide(), 0)
             .await
             .unwrap();
         assert_eq!(
@@ -734,16 +737,7 @@ fn given_an_index_entry_damaged_at_rest_when_read_by_offset_should_not_skip_mess
 fn given_a_torn_entry_under_a_whole_one_in_the_active_index_when_recovered_should_rebuild_from_before_it()
  {
     block_on(async {
-        let fs = SimFs::new(22);
-        fs.create_dir_all(Path::new("/data")).await.unwrap();
-        fs.sync_dir(Path::new("/")).await.unwrap();
-        let wide = LogConfig {
-            segment_size_bytes: 1 << 20,
-            ..config()
-        };
-        let (mut log, _) = SegmentedLog::open(fs.clone(), dir(), wide, 0)
-            .await
-            .unwrap();
+        let (fs, mut log) = fresh_with(22, wide()).await;
         let batches = fill(&mut log, 12).await;
         log.sync().await.unwrap();
         let entries = log.index_entries(0).unwrap().to_vec();
@@ -761,7 +755,7 @@ fn given_a_torn_entry_under_a_whole_one_in_the_active_index_when_recovered_shoul
         let BufResult(r, _) = f.write_all_at(torn.to_le_bytes().to_vec(), 24 + 16).await;
         r.unwrap();
         drop(f);
-        let (mut log, report) = SegmentedLog::open(fs.clone(), dir(), wide, 0)
+        let (mut log, report) = SegmentedLog::open(fs.clone(), dir(), wide(), 0)
             .await
             .unwrap();
         assert_eq!(log.index_entries(0).unwrap(), entries.as_slice());
