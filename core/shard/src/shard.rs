@@ -1758,19 +1758,13 @@ impl<E: Env> Shard<E> {
     async fn route(&mut self, group: GroupId, input: Input) {
         let owner = shard_of(group, self.config.shard_count);
         if owner == self.config.shard {
+            // Served as the owner's pump serves it (which logs a failed
+            // create or delete: nobody waits on a routed one's answer).
             match input {
-                Input::CreateGroup { spec, .. } => match self.create_group(spec).await {
-                    Ok(()) | Err(GroupError::AlreadyExists(_)) => {}
-                    Err(error) => tracing::error!(group = group.0, %error, "create failed"),
-                },
-                Input::DeleteGroup { group, .. } => match self.delete_group(group).await {
-                    Ok(()) | Err(GroupError::Unknown(_)) => {}
-                    Err(error) => tracing::error!(group = group.0, %error, "delete failed"),
-                },
-                Input::Call(envelope) => Box::pin(self.on_call(envelope)).await,
-                Input::PurgeCommitted { group, generation } => {
-                    self.learn_purge_generation(group, generation);
-                }
+                Input::CreateGroup { .. }
+                | Input::DeleteGroup { .. }
+                | Input::Call(_)
+                | Input::PurgeCommitted { .. } => Box::pin(self.on_input(input)).await,
                 other => tracing::error!(?other, "not routable"),
             }
             return;
