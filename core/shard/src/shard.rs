@@ -1121,9 +1121,8 @@ impl<E: Env> Shard<E> {
     /// its files (reopened on next use). One with writes still unsynced
     /// and no new op since the pass last saw it (a single replica's, which
     /// nothing else syncs before its segment seals) is flushed first, a
-    /// few per tick.
-    /// So the descriptor limit bounds the partitions in use, not those
-    /// hosted (docs/architecture.md, "File descriptors").
+    /// few per tick. So the descriptor limit bounds the partitions in use,
+    /// not those hosted (docs/architecture.md, the "Descriptors" paragraph).
     async fn release_handles(&mut self) {
         let count = self.groups.len() as u64;
         if count == 0 || !self.tick.is_multiple_of((HANDLE_PASS_TICKS / count).max(1)) {
