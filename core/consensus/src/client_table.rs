@@ -58,6 +58,12 @@ pub enum ClientTableError {
         /// The table's capacity.
         capacity: usize,
     },
+    /// A restored session's cached reply is not the reply to its
+    /// client's latest committed request.
+    ReplyMismatch {
+        /// The client whose record is inconsistent.
+        client: u128,
+    },
 }
 
 impl fmt::Display for ClientTableError {
@@ -71,22 +77,32 @@ impl fmt::Display for ClientTableError {
                 f,
                 "the installed client table holds {count} clients but the capacity is {capacity}"
             ),
+            Self::ReplyMismatch { client } => write!(
+                f,
+                "the restored session of client {client} caches a reply that is not its latest request's"
+            ),
         }
     }
 }
 
 impl std::error::Error for ClientTableError {}
 
+/// One client's whole entry, as a replica records it on its own disk so
+/// that dedup survives a restart (state transfer carries only the
+/// [`DedupWatermark`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
+pub struct SessionRecord {
     /// The op of the Register that opened the session; 0 when installed
     /// from a watermark slice (which does not carry it): any session is
     /// then accepted.
-    session: u64,
-    watermark: DedupWatermark,
+    pub session: u64,
+    /// What has committed for the client.
+    pub watermark: DedupWatermark,
     /// The reply to `watermark.watermark`, if cached.
-    reply: Option<Reply>,
+    pub reply: Option<Reply>,
 }
+
+type Entry = SessionRecord;
 
 /// A group's client sessions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,6 +279,59 @@ impl ClientTable {
         true
     }
 
+    /// Records what the host's state machine made of `client`'s request
+    /// committed at `op` (see [`Reply::result`]) in the cached reply, if
+    /// that reply is still the cached one. Every replica applies the same
+    /// op to the same state, so every table caches the same result.
+    pub fn set_result(&mut self, client: u128, request: u64, op: u64, result: u64) {
+        if let Some(reply) = self
+            .entries
+            .get_mut(&client)
+            .and_then(|e| e.reply.as_mut())
+            .filter(|r| r.request == request && r.op == op)
+        {
+            reply.result = result;
+        }
+    }
+
+    /// Every entry, sessions and cached replies included, sorted by client
+    /// id: what a replica records so that a restart keeps its dedup.
+    pub fn sessions(&self) -> Vec<SessionRecord> {
+        self.entries.values().cloned().collect()
+    }
+
+    /// Replaces the table with recorded entries. Validates them all first
+    /// (no client 0, no client twice, within capacity, each cached reply
+    /// the reply to its client's latest request); on error the table is
+    /// unchanged.
+    pub fn restore(&mut self, records: Vec<SessionRecord>) -> Result<(), ClientTableError> {
+        if records.len() > self.capacity {
+            return Err(ClientTableError::TooManyClients {
+                count: records.len(),
+                capacity: self.capacity,
+            });
+        }
+        let mut entries = BTreeMap::new();
+        for record in records {
+            let client = record.watermark.client;
+            if client == CLIENT_RESERVED {
+                return Err(ClientTableError::ReservedClient);
+            }
+            if record
+                .reply
+                .as_ref()
+                .is_some_and(|r| r.client != client || r.request != record.watermark.watermark)
+            {
+                return Err(ClientTableError::ReplyMismatch { client });
+            }
+            if entries.insert(client, record).is_some() {
+                return Err(ClientTableError::DuplicateClient { client });
+            }
+        }
+        self.entries = entries;
+        Ok(())
+    }
+
     /// The table as state transfer carries it, sorted by client id.
     pub fn export(&self) -> Vec<DedupWatermark> {
         self.entries.values().map(|e| e.watermark).collect()
@@ -319,6 +388,7 @@ mod tests {
             operation: 3,
             status: ReplyStatus::Ok,
             session: 0,
+            result: 0,
         }
     }
 
@@ -383,6 +453,59 @@ mod tests {
             Err(ClientTableError::DuplicateClient { .. })
         ));
         assert_eq!(u.export(), slice, "a refused install changes nothing");
+    }
+
+    #[test]
+    fn given_recorded_sessions_when_restored_should_answer_retries_with_the_original_result() {
+        let mut t = ClientTable::new(8);
+        let (session, _) = t.register(7, 1, 1, reply(7, 0, 1)).unwrap();
+        assert!(t.commit(7, 1, 2, reply(7, 1, 2)));
+        t.set_result(7, 1, 2, 4_096);
+        t.set_result(7, 1, 9, 1);
+        t.register(3, 2, 3, reply(3, 0, 3)).unwrap();
+        let mut u = ClientTable::new(8);
+        u.restore(t.sessions()).unwrap();
+        assert_eq!(u, t);
+        let RequestCheck::Duplicate(answer) = u.check(7, session, 1) else {
+            panic!("the retry is not answered from the table");
+        };
+        assert_eq!((answer.op, answer.result), (2, 4_096));
+        assert!(!u.commit(7, 1, 5, reply(7, 1, 5)), "never executed twice");
+        assert!(matches!(u.check(3, 0, 0), RequestCheck::Duplicate(_)));
+    }
+
+    #[test]
+    fn given_inconsistent_records_when_restored_should_refuse_and_change_nothing() {
+        let mut t = ClientTable::new(2);
+        t.register(7, 1, 1, reply(7, 0, 1)).unwrap();
+        t.commit(7, 4, 2, reply(7, 4, 2));
+        let good = t.sessions();
+        let mut u = ClientTable::new(2);
+        u.restore(good.clone()).unwrap();
+        let mut wrong_reply = good.clone();
+        wrong_reply[0].reply = Some(reply(7, 3, 2));
+        let mut foreign_reply = good.clone();
+        foreign_reply[0].reply = Some(reply(8, 4, 2));
+        let mut reserved = good.clone();
+        reserved[0].watermark.client = 0;
+        let twice = vec![good[0].clone(), good[0].clone()];
+        let too_many = vec![good[0].clone(); 3];
+        for (bad, want) in [
+            (wrong_reply, ClientTableError::ReplyMismatch { client: 7 }),
+            (foreign_reply, ClientTableError::ReplyMismatch { client: 7 }),
+            (reserved, ClientTableError::ReservedClient),
+            (twice, ClientTableError::DuplicateClient { client: 7 }),
+            (
+                too_many,
+                ClientTableError::TooManyClients {
+                    count: 3,
+                    capacity: 2,
+                },
+            ),
+        ] {
+            assert_eq!(u.restore(bad), Err(want));
+            assert_eq!(u.sessions(), good, "a refused restore changes nothing");
+        }
     }
 
     #[test]

@@ -315,4 +315,10 @@ pub struct Reply {
     pub status: ReplyStatus,
     /// The session a Register created (its op); 0 otherwise.
     pub session: u64,
+    /// What the state machine made of the op, set by the host when it
+    /// applies it (a partition append: the batch's base offset); 0 until
+    /// then and for operations that report nothing. It is cached and
+    /// recorded with the reply, so a retry answered from the client table
+    /// gets the original result.
+    pub result: u64,
 }

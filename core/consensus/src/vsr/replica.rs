@@ -1121,6 +1121,7 @@ impl Replica {
             operation: request.operation,
             status,
             session: 0,
+            result: 0,
         }));
         RequestOutcome::Answered
     }
@@ -1388,6 +1389,7 @@ impl Replica {
             operation: h.operation,
             status: ReplyStatus::Ok,
             session: 0,
+            result: 0,
         };
         let mut duplicate = false;
         if h.client != crate::client_table::CLIENT_RESERVED {
