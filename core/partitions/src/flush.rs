@@ -37,8 +37,9 @@
 //! peers (see `partition.rs`, "Restart with peers").
 //!
 //! Order of durable steps: batches written, log synced (the storage crate
-//! then writes the index entries that point into the synced bytes), and
-//! only then the superblock record. The frontier therefore never claims an
+//! then writes the index entries that point into the synced bytes), the
+//! client table as of the point written and synced (`client_sessions.rs`),
+//! and only then the superblock record. The frontier therefore never claims an
 //! offset whose bytes a crash could still lose, and boot can refuse a
 //! frontier above the recovered log as missing data; a crash between the
 //! sync and the record leaves synced batches above the recorded point,
@@ -111,6 +112,23 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     pub(crate) async fn flush_if_due(&mut self) -> Result<(), PartitionError> {
         let info = *self.journal.info();
         let lagging = self.applied_point_lags();
+        // A single replica applies nothing again after a restart, so the
+        // client table its replies rely on is written before they go out,
+        // and before their batches (client_sessions.rs: boot keeps the
+        // newest table the log reaches and cuts batches past it).
+        if self.config.vsr.replica_count == 1
+            && self.clients_dirty
+            && !self.pending_replies.is_empty()
+        {
+            let point = self.journaled_point;
+            self.write_client_table(
+                point.op,
+                point.checksum,
+                point.next_offset,
+                self.config.enforce_fsync,
+            )
+            .await?;
+        }
         // A persisted primary records what it applied before anyone can
         // see it: before the step's replies, and before a poll can read
         // a batch it applied with no reply here (one it re-committed
@@ -137,6 +155,51 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         {
             self.flush(false, false).await?;
         }
+        Ok(())
+    }
+
+    /// Records `op` (identity `checksum`, offset frontier `next_offset`)
+    /// as the applied point: the client table as of it first, synced, then
+    /// the superblock record, which boot matches the table against.
+    pub(crate) async fn record_applied_point(
+        &mut self,
+        op: u64,
+        checksum: u128,
+        next_offset: u64,
+    ) -> Result<(), PartitionError> {
+        self.write_client_table(op, checksum, next_offset, true)
+            .await?;
+        self.durable
+            .record_applied(op, checksum, next_offset)
+            .await
+            .map_err(PartitionError::Superblock)
+    }
+
+    /// Writes the client table (the state after `commit_min`) into its next
+    /// slot (`client_sessions.rs`), labelled as the state after `op` with
+    /// the log ending at `next_offset`: the callers pass `commit_min` and
+    /// its end, except a purge's first step (purge.rs).
+    pub(crate) async fn write_client_table(
+        &mut self,
+        op: u64,
+        checksum: u128,
+        next_offset: u64,
+        sync: bool,
+    ) -> Result<(), PartitionError> {
+        let table = crate::client_sessions::RecordedTable {
+            op,
+            checksum,
+            next_offset,
+            sessions: self.replica.client_table().sessions(),
+        };
+        self.client_slots
+            .write(&self.fs, &self.dir, &table, sync)
+            .await
+            .map_err(|source| PartitionError::ClientTableIo {
+                dir: self.dir.clone(),
+                source,
+            })?;
+        self.clients_dirty = false;
         Ok(())
     }
 
@@ -222,18 +285,20 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // and boot honours it only while the superblock's applied point
         // still matches it: recording a later point would make a reboot
         // read "the old state stands" and come back complete.
+        // The client table recorded with the point must be the state after
+        // it: not so while an op is being applied (a full journal flushes
+        // from inside `apply`), when the next flush records instead.
         let record = ((sync && record_frontier) || sealed || self.applied_point_lags())
-            && self.missing_history_record_pending.is_none();
+            && self.missing_history_record_pending.is_none()
+            && point.op == self.replica.commit_min();
         if sync || record {
             self.log.sync().await.map_err(PartitionError::Storage)?;
             outcome.synced = true;
         }
         if record {
             // After the sync, never before: see the module comment.
-            self.durable
-                .record_applied(point.op, point.checksum, point.next_offset)
-                .await
-                .map_err(PartitionError::Superblock)?;
+            self.record_applied_point(point.op, point.checksum, point.next_offset)
+                .await?;
             self.recorded_at_us = self.now_us;
         }
         Ok(outcome)

@@ -15,10 +15,13 @@
 //! - `purge`: the purge op and its crash-ordered durable steps;
 //! - [`retention`]: age- and size-based removal of sealed segments;
 //! - [`bus`]: the bus trait and an in-memory network for tests;
-//! - [`offset_storage`]: consumer-offset files and `purge.gen` on disk.
+//! - [`offset_storage`]: consumer-offset files and `purge.gen` on disk;
+//! - [`client_sessions`]: the client table on disk, so dedup survives a
+//!   restart.
 
 mod append;
 pub mod bus;
+pub mod client_sessions;
 pub mod flush;
 pub mod offset_storage;
 pub mod offsets;

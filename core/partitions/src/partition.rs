@@ -86,6 +86,7 @@ use storage::fs::Fs;
 use storage::log::{LogConfig, SegmentedLog};
 
 use crate::bus::MessageBus;
+use crate::client_sessions::ClientTableSlots;
 use crate::offset_storage::read_purge_generation;
 use crate::offsets::ConsumerOffsets;
 use crate::ops::{OpDecodeError, PartitionOp};
@@ -185,6 +186,14 @@ pub enum BootError {
         /// The underlying error.
         source: io::Error,
     },
+    /// A client-table slot exists but could not be read (an I/O error;
+    /// a slot that does not verify is skipped instead).
+    ClientTableUnreadable {
+        /// The slot file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
     /// The consumer-offset directories could not be loaded.
     OffsetsUnreadable {
         /// The partition directory.
@@ -245,6 +254,11 @@ impl fmt::Display for BootError {
                 "consumer offsets in {} could not be loaded: {source}",
                 dir.display()
             ),
+            Self::ClientTableUnreadable { path, source } => write!(
+                f,
+                "client-table slot {} could not be read: {source}",
+                path.display()
+            ),
             Self::TruncateToAppliedPoint {
                 dir,
                 frontier,
@@ -281,7 +295,8 @@ impl std::error::Error for BootError {
             Self::Superblock(e) => Some(e),
             Self::Recovery(e) => Some(e),
             Self::PurgeGenerationUnreadable { source, .. }
-            | Self::OffsetsUnreadable { source, .. } => Some(source),
+            | Self::OffsetsUnreadable { source, .. }
+            | Self::ClientTableUnreadable { source, .. } => Some(source),
             Self::TruncateToAppliedPoint { source, .. } => Some(source),
             Self::FrontierAheadOfLog { .. }
             | Self::RestartNeedsStateTransfer { .. }
@@ -381,6 +396,13 @@ pub enum PartitionError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The client table could not be recorded (`client_sessions.rs`).
+    ClientTableIo {
+        /// The partition directory.
+        dir: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
 }
 
 impl fmt::Display for PartitionError {
@@ -444,6 +466,11 @@ impl fmt::Display for PartitionError {
                 )
             }
             Self::PurgeIo { step, source } => write!(f, "purge failed at {step}: {source}"),
+            Self::ClientTableIo { dir, source } => write!(
+                f,
+                "client table could not be recorded in {}: {source}",
+                dir.display()
+            ),
         }
     }
 }
@@ -602,6 +629,14 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// Driver time of the last applied-point record (or of the boot).
     pub(crate) recorded_at_us: u64,
     pub(crate) persist_failed: bool,
+    /// Which client-table slot the next record takes (`client_sessions.rs`).
+    pub(crate) client_slots: crate::client_sessions::ClientTableSlots,
+    /// Whether an applied client op changed the table since it was last
+    /// written (a single replica writes it before the step's replies).
+    pub(crate) clients_dirty: bool,
+    /// The results of the appends the current drive step applied, by op,
+    /// for the replies the core built before they were applied.
+    pub(crate) reply_results: Vec<(u64, u64)>,
     pub(crate) pending_replies: Vec<Reply>,
     pub(crate) auto_commits: RefCell<AutoCommits>,
     pub(crate) fenced: Option<String>,
@@ -794,6 +829,50 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             let record = *missing.get_or_insert(at_rest);
             (log, _) = set_aside_and_reopen(&fs, dir, config.log, record).await?;
         }
+        // The client table as of the recorded applied point (a group
+        // applies the ops past it again), or a single replica's newest one
+        // that the recovered log reaches (it applies nothing again):
+        // client_sessions.rs.
+        let single = config.vsr.replica_count == 1;
+        let (client_slots, recorded_table) = if fresh {
+            Default::default()
+        } else {
+            let (op, checksum) = (sb.checkpoint_op, sb.checkpoint_checksum);
+            let log_end = log.next_offset();
+            ClientTableSlots::load(&fs, dir, config.vsr.clients_max, |t| {
+                if single {
+                    t.next_offset <= log_end
+                } else {
+                    t.op == op && t.checksum == checksum
+                }
+            })
+            .await
+            .map_err(|(path, source)| BootError::ClientTableUnreadable { path, source })?
+        };
+        // A single replica writes its table before a step's batches, so
+        // batches past the restored table's end belong to a step whose
+        // table did not survive: none of their replies went out, and a
+        // retry writes them once instead of twice. Never below the durable
+        // frontier, nor below the first segment (a purge in progress).
+        if let Some(table) = recorded_table.as_ref().filter(|t| {
+            single
+                && t.next_offset < log.next_offset()
+                && t.next_offset >= sb.offset_frontier
+                && log
+                    .segments()
+                    .next()
+                    .is_some_and(|first| first.start_offset <= t.next_offset)
+        }) {
+            let end = log.next_offset();
+            log.truncate_to_offset(table.next_offset)
+                .await
+                .map_err(|source| BootError::TruncateToAppliedPoint {
+                    dir: dir.to_path_buf(),
+                    frontier: table.next_offset,
+                    source,
+                })?;
+            tracing::warn!(dir = %dir.display(), from = table.next_offset, to = end, "dropped batches past the recorded client table; their requests were not acknowledged");
+        }
         // A replica of a group keeps nothing past its recorded applied
         // point: batches a flush synced before the process died short of
         // the superblock record are committed, but only the group knows
@@ -859,7 +938,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if rejoining {
             tracing::warn!(dir = %dir.display(), group = config.vsr.group, "partition rejoining with an empty directory: out of every quorum until caught up");
         }
-        let replica = if fresh && !rejoining {
+        let mut replica = if fresh && !rejoining {
             Replica::new(config.vsr)
         } else {
             let vsr_durable = VsrDurable {
@@ -876,7 +955,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 // enforce_fsync).
                 // Op numbers continue past both the commit bound and the
                 // recorded applied point (either may be the larger).
-                journaled_point.op = sb.commit_max.max(sb.checkpoint_op);
+                // The client table may have been written past both.
+                journaled_point.op = sb
+                    .commit_max
+                    .max(sb.checkpoint_op)
+                    .max(recorded_table.as_ref().map_or(0, |t| t.op));
                 Replica::restart(
                     config.vsr,
                     vsr_durable,
@@ -935,6 +1018,20 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 }
             }
         };
+        match recorded_table {
+            Some(table) => {
+                let (op, sessions) = (table.op, table.sessions.len());
+                if let Err(error) = replica.client_table_mut().restore(table.sessions) {
+                    tracing::warn!(dir = %dir.display(), group = config.vsr.group, op, %error, "recorded client table refused; dedup starts empty");
+                } else {
+                    tracing::debug!(dir = %dir.display(), group = config.vsr.group, op, sessions, "client table restored");
+                }
+            }
+            None if !fresh => {
+                tracing::warn!(dir = %dir.display(), group = config.vsr.group, op = sb.checkpoint_op, "no client table recorded at the applied point; dedup starts empty")
+            }
+            None => {}
+        }
         let applied_next_offset = journaled_point.next_offset;
         let journal = PrepareJournal::new(config.journal, replica.commit_min() + 1);
         let (messages_count, size_bytes, last_timestamp) =
@@ -971,6 +1068,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             now_us: 0,
             recorded_at_us: 0,
             persist_failed: false,
+            client_slots,
+            clients_dirty: false,
+            reply_results: Vec::new(),
             pending_replies: Vec::new(),
             auto_commits: RefCell::new(AutoCommits {
                 next_request: 1,
@@ -1488,10 +1588,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                         }
                         self.bus.send_to_replica(to, frame);
                     }
-                    Action::Reply(reply) => {
+                    Action::Reply(mut reply) => {
                         if reply.client == INTERNAL_CLIENT {
                             self.on_internal_reply(&reply);
                         } else {
+                            // Built by the core before the op was applied
+                            // here (the core applies a whole commit run at
+                            // once, so the table may already cache a later
+                            // request): the result comes from this apply.
+                            if let Some(&(_, result)) =
+                                self.reply_results.iter().find(|(op, _)| *op == reply.op)
+                            {
+                                reply.result = result;
+                            }
                             self.pending_replies.push(reply);
                         }
                     }
@@ -1504,6 +1613,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 }
             }
         }
+        self.reply_results.clear();
         if failure.is_none()
             && let Err(e) = self.flush_if_due().await
         {
@@ -1563,6 +1673,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         .map_err(PartitionError::InvalidOp)?;
         let mut stats = EntryStats::default();
         let mut frame = Bytes::new();
+        if h.client != INTERNAL_CLIENT {
+            self.clients_dirty = true;
+        }
         match op {
             PartitionOp::Append(batch) => {
                 // A duplicate (a request ordered twice across a view
@@ -1585,6 +1698,17 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                         expected: self.applied_next_offset,
                         actual: header.base_offset,
                     });
+                }
+                if !duplicate {
+                    // The reply's result, cached and recorded with it, so a
+                    // retry answered from the table gets the same offsets.
+                    self.reply_results.push((h.op, header.base_offset));
+                    self.replica.client_table_mut().set_result(
+                        h.client,
+                        h.request,
+                        h.op,
+                        header.base_offset,
+                    );
                 }
                 self.applied_next_offset = header.next_offset();
                 self.applied_last_timestamp =

@@ -62,7 +62,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     ) -> Result<(), PartitionError> {
         let op = h.op;
         tracing::info!(dir = %self.dir.display(), op, generation, "purging partition");
-        // 1. Frontier reset first (see the module comment).
+        // 1. Frontier reset first (see the module comment), with the client
+        // table under the same point so that a crash mid-purge restores it.
+        // It already holds this op's request: the op is applied again, as
+        // a duplicate, which the purge ignores (it is gated by generation).
+        self.write_client_table(op.saturating_sub(1), h.parent, 0, true)
+            .await?;
         self.durable
             .reset_applied(op.saturating_sub(1), h.parent, 0)
             .await
@@ -154,10 +159,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             next_offset: 0,
         };
         // 6. The applied point moves past the purge.
-        self.durable
-            .record_applied(op, h.checksum, 0)
-            .await
-            .map_err(PartitionError::Superblock)?;
+        self.record_applied_point(op, h.checksum, 0).await?;
         Ok(())
     }
 }

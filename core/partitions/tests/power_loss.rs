@@ -117,3 +117,97 @@ fn given_replicated_group_when_every_replica_loses_power_at_once_should_serve_ag
         .sum();
     eprintln!("replicated: {lost} acknowledged messages lost over 6 seeds");
 }
+
+/// A persisted produce committed and answered, but the client never saw
+/// the reply; every replica then loses power. The retry, sent after the
+/// group came back, is answered from the client table each replica
+/// recorded with its applied point: the original op and offsets, and the
+/// batch held once.
+#[test]
+fn given_a_persisted_group_whose_reply_was_lost_when_every_replica_loses_power_should_answer_the_retry_from_the_table()
+ {
+    use consensus::vsr::{Reply, ReplyStatus};
+    use futures::executor::block_on;
+    use partitions::{ClientOp, ClientRequest};
+
+    fn reply_to(c: &Cluster, request: u64) -> Option<Reply> {
+        (0..c.n)
+            .flat_map(|r| c.net.take_replies(r))
+            .find(|r| r.client == CLIENT && r.request == request)
+    }
+    /// Submits `request` to whichever replica is a visible primary, steps,
+    /// and returns its reply once one comes (bounded).
+    fn send(c: &mut Cluster, request: u64, batch: &[u8], what: &str) -> Reply {
+        let session = c.session.unwrap();
+        for tick in 0..20_000u64 {
+            if tick % RETRY_TICKS == 0
+                && let Some(p) = (0..c.n).find(|r| {
+                    let p = c.replica(*r).replica();
+                    p.is_primary() && p.is_quorum_visible()
+                })
+            {
+                let now = c.now * TICK_US;
+                let op = ClientOp::Append(batch.to_vec());
+                let partition = c.replicas[usize::from(p)].as_mut().unwrap();
+                let submitted = ClientRequest {
+                    client: CLIENT,
+                    session,
+                    request,
+                    user_id: 1,
+                    op,
+                };
+                block_on(partition.submit(submitted, now)).unwrap();
+            }
+            if let Some(reply) = reply_to(c, request) {
+                return reply;
+            }
+            c.step();
+        }
+        panic!("{what}: no reply to request {request}");
+    }
+
+    for seed in 1..=6 {
+        let shape = Shape {
+            enforce_fsync: true,
+            ..Shape::default()
+        };
+        let mut c = Cluster::shaped(REPLICAS, seed, 64, shape);
+        c.enable_transfer_drivers(small_chunk_driver_config());
+        c.produce(5 + seed);
+        let request = c.next_request;
+        let (batch, ids) = shaped_batch(request, &shape);
+        let first = send(&mut c, request, &batch, "first send");
+        assert_eq!(first.status, ReplyStatus::Ok, "seed {seed}: {first:?}");
+        for r in 0..REPLICAS {
+            c.crash(r);
+        }
+        for r in 0..REPLICAS {
+            c.restart(r);
+        }
+        let retried = send(&mut c, request, &batch, "retry");
+        assert_eq!(
+            (retried.status, retried.op, retried.result),
+            (ReplyStatus::Ok, first.op, first.result),
+            "seed {seed}: the retry was not answered with the original reply"
+        );
+        c.produce(30);
+        c.converge();
+        let end = c.replica(0).offset_frontier();
+        for r in 0..REPLICAS {
+            let held = c.held_below(r, end);
+            for (i, id) in ids.iter().enumerate() {
+                let at: Vec<u64> = held
+                    .iter()
+                    .filter(|(_, held_id)| *held_id == id)
+                    .map(|(offset, _)| *offset)
+                    .collect();
+                assert_eq!(
+                    at,
+                    vec![first.result + i as u64],
+                    "seed {seed}: replica {r} does not hold message {i} of the retried batch once, at its acknowledged offset"
+                );
+            }
+        }
+        c.assert_identical();
+    }
+}

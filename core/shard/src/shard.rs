@@ -1586,7 +1586,11 @@ impl<E: Env> Shard<E> {
             let answer = match reply.status {
                 ReplyStatus::Ok => Ok(Answer::Committed {
                     op: Op(reply.op),
-                    base_offset: appended_base(&g.partition, reply.op),
+                    // Set when the partition applied the batch, and kept
+                    // with the cached reply, so a retry answered from the
+                    // client table reports the original offsets.
+                    base_offset: (reply.operation == consensus::vsr::OPERATION_APPEND)
+                        .then_some(Offset(reply.result)),
                 }),
                 ReplyStatus::AlreadyApplied => Err(CallError::Indeterminate {
                     reason: "already applied; its reply is no longer cached",
@@ -2010,22 +2014,6 @@ fn primary_check<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
         });
     }
     Ok(())
-}
-
-/// The base offset the primary stamped on the batch op `op` appended, read
-/// from the prepare the journal still holds right after its commit.
-fn appended_base<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
-    partition: &Partition<B, S, F>,
-    op: u64,
-) -> Option<Offset> {
-    let prepare = partition.replica().journal_entry(op)?;
-    if prepare.header.operation != consensus::vsr::OPERATION_APPEND {
-        return None;
-    }
-    let view =
-        storage::BatchView::decode_exact(&prepare.body, storage::Integrity::LayoutOnly, u64::MAX)
-            .ok()?;
-    Some(Offset(view.header().base_offset))
 }
 
 fn partition_error(error: PartitionError) -> CallError {

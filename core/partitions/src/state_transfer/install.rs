@@ -730,6 +730,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // overwrites it; a later superblock write in this life replaces
         // both copies with the old lineage, which the marker then does not
         // match.
+        // The offer's client table under the new point, before the record
+        // boot matches it against (client_sessions.rs). Its sessions are
+        // the ones `install` makes of the watermarks (no cached replies).
+        let mut table = consensus::client_table::ClientTable::new(self.config.vsr.clients_max);
+        table
+            .install(&checked.wire.dedup)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let recorded = crate::client_sessions::RecordedTable {
+            op: checked.commit_op,
+            checksum: checked.checksum,
+            next_offset: checked.frontier,
+            sessions: table.sessions(),
+        };
+        self.client_slots
+            .write(&self.fs, &self.dir, &recorded, true)
+            .await?;
         self.durable
             .reset_applied(checked.commit_op, checked.checksum, checked.frontier)
             .await
