@@ -86,6 +86,10 @@ pub(crate) struct FaultPlan {
     /// Replicas whose disk took a flipped bit: faulty for the rest of the
     /// run (the damage is latent until something reads it).
     rotten: Vec<bool>,
+    /// Group directories (by replica) where a superblock copy was flipped:
+    /// the other copy is never flipped too (two damaged copies are a lost
+    /// replica, not a latent fault the group repairs).
+    superblock_rotted: std::collections::BTreeSet<(u8, std::path::PathBuf)>,
     /// The tick the current partition heals at.
     partition_until: Option<u64>,
     degraded: Vec<Degraded>,
@@ -108,6 +112,7 @@ impl FaultPlan {
             rates: profile.rates(),
             health: vec![Health::Up; usize::from(replica_count)],
             rotten: vec![false; usize::from(replica_count)],
+            superblock_rotted: std::collections::BTreeSet::new(),
             partition_until: None,
             degraded: Vec::new(),
             f: usize::from(replica_count.saturating_sub(1) / 2),
@@ -381,8 +386,12 @@ impl FaultPlan {
     }
 
     /// Flips one bit of a replica's committed data within the budget: in
-    /// a sealed segment (half the draws), the active segment or a
-    /// consumer-offset record. Half the time the replica is down when it
+    /// a sealed segment (two draws in five), the active segment, a
+    /// consumer-offset record, or a small record of the group (a
+    /// superblock copy, at most one per group; a client-table slot).
+    /// Segment indexes are left alone: nothing checks a sealed segment's
+    /// index file against its log yet (docs/simulator.md, gaps). Half the
+    /// time the replica is down when it
     /// happens (killed first, restarted 20–300 ticks later), so its boot
     /// meets the damage; otherwise a read, the scrub or a later boot does.
     fn rot(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
@@ -397,6 +406,7 @@ impl FaultPlan {
         let mut sealed = Vec::new();
         let mut active = Vec::new();
         let mut records = Vec::new();
+        let mut small = Vec::new();
         for s in 0..cluster.shard_count {
             let Some(shard) = cluster.shard_at(r, s) else {
                 continue;
@@ -421,12 +431,25 @@ impl FaultPlan {
                 for (path, len) in cluster.offset_records(r, group) {
                     records.push((group, path, len));
                 }
+                let superblock_spared = self.superblock_rotted.contains(&(r, dir.clone()));
+                let names = journal::superblock::SLOT_NAMES
+                    .iter()
+                    .filter(|_| !superblock_spared)
+                    .chain(&partitions::client_sessions::CLIENT_TABLE_FILES);
+                for name in names {
+                    let path = dir.join(name);
+                    let len = cluster.fs(r).contents(&path).map_or(0, |b| b.len());
+                    if len > 0 {
+                        small.push((group, path, len));
+                    }
+                }
             }
         }
-        let kind = self.pick(4);
+        let kind = self.pick(5);
         let candidates = match kind {
             0 if !active.is_empty() => &active,
             1 if !records.is_empty() => &records,
+            2 if !small.is_empty() => &small,
             _ => &sealed,
         };
         if candidates.is_empty() {
@@ -448,6 +471,14 @@ impl FaultPlan {
         }
         self.stats.rotted_bits += 1;
         self.rotten[usize::from(r)] = true;
+        if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| journal::superblock::SLOT_NAMES.contains(&n))
+            && let Some(dir) = path.parent()
+        {
+            self.superblock_rotted.insert((r, dir.to_path_buf()));
+        }
         trace.record(Event::Fault {
             tick,
             what: format!(
