@@ -102,13 +102,11 @@ pub struct SessionRecord {
     pub reply: Option<Reply>,
 }
 
-type Entry = SessionRecord;
-
 /// A group's client sessions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientTable {
     capacity: usize,
-    entries: BTreeMap<u128, Entry>,
+    entries: BTreeMap<u128, SessionRecord>,
 }
 
 impl Default for ClientTable {
@@ -221,7 +219,7 @@ impl ClientTable {
         }
         self.entries.insert(
             client,
-            Entry {
+            SessionRecord {
                 session: op,
                 watermark: DedupWatermark {
                     client,
@@ -357,7 +355,7 @@ impl ClientTable {
             let session = if w.watermark == 0 { w.latest_commit } else { 0 };
             let previous = entries.insert(
                 w.client,
-                Entry {
+                SessionRecord {
                     session,
                     watermark: *w,
                     reply: None,
