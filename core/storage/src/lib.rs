@@ -22,5 +22,5 @@ pub use batch::{BatchBuilder, BatchError, BatchHeader, BatchView, Integrity, Mes
 pub use error::{RecoveryError, StorageError};
 pub use fs::{Fs, FsFile, OpenOptions, RealFs, SimFs};
 pub use log::{Appended, LogConfig, SegmentedLog};
-pub use recovery::{RecoveryConfig, RecoveryReport, recover_partition};
+pub use recovery::{RecoveryConfig, RecoveryReport, recover_partition, recover_segment};
 pub use segment::{ReadBatches, SegmentMeta};

@@ -45,7 +45,9 @@ use crate::fs::{BufResult, Fs, FsFile, IoBuf, OpenOptions};
 use crate::index::{
     IndexEntry, IndexPolicy, IndexWriter, lower_bound_by_offset, lower_bound_by_timestamp,
 };
-use crate::recovery::{RecoveryConfig, RecoveryReport, recover_partition};
+use crate::recovery::{
+    RecoveredSegment, RecoveryConfig, RecoveryReport, check_chain, recover_partition,
+};
 use crate::segment::{
     LogWriter, ReadBatches, ReadLimits, SegmentMeta, find_batch, index_file_name, log_file_name,
     read_batches_at,
@@ -153,13 +155,35 @@ impl<F: Fs> SegmentedLog<F> {
         config: LogConfig,
         initial_offset: u64,
     ) -> Result<(Self, RecoveryReport), RecoveryError> {
-        let report = recover_partition(&fs, dir, config.recovery()).await?;
-        let mut segments: Vec<Segment> = report
-            .segments
-            .iter()
+        let mut report = recover_partition(&fs, dir, config.recovery()).await?;
+        let segments = std::mem::take(&mut report.segments);
+        let log = Self::from_recovered(fs, dir, config, segments.clone(), initial_offset).await?;
+        report.segments = segments;
+        Ok((log, report))
+    }
+
+    /// The log over segments already recovered one by one
+    /// ([`crate::recovery::recover_segment`]), oldest first; nothing is
+    /// read. The chain is checked ([`crate::recovery::check_chain`]). No
+    /// segments: the directory gets an empty segment at `initial_offset`,
+    /// as [`Self::open`] plants one.
+    ///
+    /// # Errors
+    /// A broken chain, or I/O creating the first segment.
+    pub async fn from_recovered(
+        fs: F,
+        dir: &Path,
+        config: LogConfig,
+        recovered: Vec<RecoveredSegment>,
+        initial_offset: u64,
+    ) -> Result<Self, RecoveryError> {
+        let metas: Vec<SegmentMeta> = recovered.iter().map(|s| s.meta).collect();
+        check_chain(&metas)?;
+        let mut segments: Vec<Segment> = recovered
+            .into_iter()
             .map(|s| Segment {
                 meta: s.meta,
-                index: s.index.clone(),
+                index: s.index,
                 log_path: dir.join(log_file_name(s.meta.start_offset)),
                 index_path: dir.join(index_file_name(s.meta.start_offset)),
             })
@@ -210,7 +234,7 @@ impl<F: Fs> SegmentedLog<F> {
             poisoned: false,
             sealed_reader: RefCell::new(None),
         };
-        Ok((log, report))
+        Ok(log)
     }
 
     /// The segments' metadata, oldest first; the last is active.

@@ -154,7 +154,8 @@ pub async fn recover_partition<F: Fs>(
         );
     }
 
-    check_contiguity(&plans)?;
+    let metas: Vec<SegmentMeta> = plans.iter().map(|p| p.meta).collect();
+    check_chain(&metas)?;
 
     let mut dir_changed = false;
     for path in staging.into_iter().chain(orphans) {
@@ -170,57 +171,9 @@ pub async fn recover_partition<F: Fs>(
     }
 
     for plan in plans {
-        if plan.file_len > plan.meta.size_bytes {
-            let file = open_rw(fs, &plan.log_path).await?;
-            file.set_len(plan.meta.size_bytes)
-                .await
-                .map_err(|e| RecoveryError::io("truncate", &plan.log_path, e))?;
-            file.sync_data()
-                .await
-                .map_err(|e| RecoveryError::io("sync", &plan.log_path, e))?;
-            warn!(
-                path = %plan.log_path.display(),
-                offset = plan.meta.next_offset,
-                bytes = plan.file_len - plan.meta.size_bytes,
-                reason = ?plan.stop,
-                "truncated torn segment tail"
-            );
-            report.truncated.push(TruncatedTail {
-                path: plan.log_path.clone(),
-                next_offset: plan.meta.next_offset,
-                from_bytes: plan.file_len,
-                to_bytes: plan.meta.size_bytes,
-                reason: plan.stop.clone(),
-            });
-        }
-        if !plan.index_ok {
-            let file = fs
-                .open(&plan.index_path, OpenOptions::create_read_write())
-                .await
-                .map_err(|e| RecoveryError::io("open", &plan.index_path, e))?;
-            let bytes = encode_entries(&plan.index);
-            let len = bytes.len() as u64;
-            let BufResult(res, _) = file.write_all_at(bytes, 0).await;
-            res.map_err(|e| RecoveryError::io("write", &plan.index_path, e))?;
-            file.set_len(len)
-                .await
-                .map_err(|e| RecoveryError::io("truncate", &plan.index_path, e))?;
-            file.sync_data()
-                .await
-                .map_err(|e| RecoveryError::io("sync", &plan.index_path, e))?;
-            if plan.index_behind {
-                info!(path = %plan.index_path.display(), entries = plan.index.len(), "extended a segment index an unclean stop left behind");
-            } else {
-                warn!(path = %plan.index_path.display(), entries = plan.index.len(), "rebuilt segment index");
-            }
-            report.rebuilt_indexes.push(plan.index_path.clone());
-            // The index may have been created: its name must be durable.
-            dir_changed = true;
-        }
-        report.segments.push(RecoveredSegment {
-            meta: plan.meta,
-            index: plan.index,
-        });
+        let (segment, index_written) = repair_planned(fs, plan, &mut report).await?;
+        report.segments.push(segment);
+        dir_changed |= index_written;
     }
     if dir_changed {
         fs.sync_dir(dir)
@@ -230,15 +183,117 @@ pub async fn recover_partition<F: Fs>(
     Ok(report)
 }
 
+/// Recovers the one segment of `dir` that starts at `start`, exactly as
+/// [`recover_partition`] recovers each segment it finds (steps 2 and 4 of
+/// the module comment: read and check, then truncate a torn tail and
+/// rewrite an index that differs from the derived one). For a caller that
+/// recovers a chain a few segments at a time, so that no single call reads
+/// a whole partition (the state-transfer install). `last` says whether the
+/// segment is the chain's active one (its index was never synced).
+/// Contiguity with its neighbours is the caller's to check
+/// ([`check_chain`]); no stray file is swept.
+///
+/// Returns the segment and whether an index file was written, whose name
+/// the caller must make durable with a directory sync.
+///
+/// # Errors
+/// What [`recover_partition`] returns for a segment: I/O on its files, or
+/// [`RecoveryError::SegmentStartMismatch`] for a misplaced log.
+pub async fn recover_segment<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    start: u64,
+    last: bool,
+    config: RecoveryConfig,
+) -> Result<(RecoveredSegment, bool), RecoveryError> {
+    let index_path = dir.join(index_file_name(start));
+    let has_index = fs
+        .exists(&index_path)
+        .await
+        .map_err(|e| RecoveryError::io("stat", &index_path, e))?;
+    let plan = plan_segment(fs, dir, start, has_index, last, config).await?;
+    repair_planned(fs, plan, &mut RecoveryReport::default()).await
+}
+
+/// Carries out one segment's plan: truncates its torn tail and rewrites its
+/// index when it differs from the derived one, noting both in `report`.
+/// Returns the segment and whether an index file was written (its name
+/// must be made durable by a directory sync).
+async fn repair_planned<F: Fs>(
+    fs: &F,
+    plan: Plan,
+    report: &mut RecoveryReport,
+) -> Result<(RecoveredSegment, bool), RecoveryError> {
+    let mut index_written = false;
+    if plan.file_len > plan.meta.size_bytes {
+        let file = open_rw(fs, &plan.log_path).await?;
+        file.set_len(plan.meta.size_bytes)
+            .await
+            .map_err(|e| RecoveryError::io("truncate", &plan.log_path, e))?;
+        file.sync_data()
+            .await
+            .map_err(|e| RecoveryError::io("sync", &plan.log_path, e))?;
+        warn!(
+            path = %plan.log_path.display(),
+            offset = plan.meta.next_offset,
+            bytes = plan.file_len - plan.meta.size_bytes,
+            reason = ?plan.stop,
+            "truncated torn segment tail"
+        );
+        report.truncated.push(TruncatedTail {
+            path: plan.log_path.clone(),
+            next_offset: plan.meta.next_offset,
+            from_bytes: plan.file_len,
+            to_bytes: plan.meta.size_bytes,
+            reason: plan.stop.clone(),
+        });
+    }
+    if !plan.index_ok {
+        let file = fs
+            .open(&plan.index_path, OpenOptions::create_read_write())
+            .await
+            .map_err(|e| RecoveryError::io("open", &plan.index_path, e))?;
+        let bytes = encode_entries(&plan.index);
+        let len = bytes.len() as u64;
+        let BufResult(res, _) = file.write_all_at(bytes, 0).await;
+        res.map_err(|e| RecoveryError::io("write", &plan.index_path, e))?;
+        file.set_len(len)
+            .await
+            .map_err(|e| RecoveryError::io("truncate", &plan.index_path, e))?;
+        file.sync_data()
+            .await
+            .map_err(|e| RecoveryError::io("sync", &plan.index_path, e))?;
+        if plan.index_behind {
+            info!(path = %plan.index_path.display(), entries = plan.index.len(), "extended a segment index an unclean stop left behind");
+        } else {
+            warn!(path = %plan.index_path.display(), entries = plan.index.len(), "rebuilt segment index");
+        }
+        report.rebuilt_indexes.push(plan.index_path.clone());
+        // The index may have been created: its name must be durable.
+        index_written = true;
+    }
+    let segment = RecoveredSegment {
+        meta: plan.meta,
+        index: plan.index,
+    };
+    Ok((segment, index_written))
+}
+
 async fn open_rw<F: Fs>(fs: &F, path: &Path) -> Result<F::File, RecoveryError> {
     fs.open(path, OpenOptions::read_write())
         .await
         .map_err(|e| RecoveryError::io("open", path, e))
 }
 
-fn check_contiguity(plans: &[Plan]) -> Result<(), RecoveryError> {
-    for pair in plans.windows(2) {
-        let (prev, next) = (&pair[0].meta, &pair[1].meta);
+/// Checks that `metas` (in offset order) form one chain: no empty segment
+/// before the last, no hole and no overlap between neighbours.
+///
+/// # Errors
+/// [`RecoveryError::EmptyNonTailSegment`], [`RecoveryError::Hole`] or
+/// [`RecoveryError::Overlap`] for the first pair that breaks it.
+pub fn check_chain(metas: &[SegmentMeta]) -> Result<(), RecoveryError> {
+    for pair in metas.windows(2) {
+        let (prev, next) = (&pair[0], &pair[1]);
         let Some(previous_end) = prev.end_offset() else {
             return Err(RecoveryError::EmptyNonTailSegment {
                 start: prev.start_offset,

@@ -793,3 +793,109 @@ fn given_unsynced_appends_of_a_killed_process_when_reopened_and_synced_should_su
         assert_eq!(read_all(&log).await, batches);
     });
 }
+
+#[test]
+fn given_a_chain_recovered_segment_by_segment_when_assembled_should_match_a_whole_open() {
+    block_on(async {
+        let (fs, mut log) = fresh(21).await;
+        fill(&mut log, 20).await;
+        log.sync().await.unwrap();
+        let metas: Vec<_> = log.segments().copied().collect();
+        assert!(metas.len() >= 3);
+        let tail = metas.last().unwrap().start_offset;
+        let size = metas.last().unwrap().size_bytes;
+        drop(log);
+        // A torn batch after the active segment's valid prefix, and a
+        // sealed segment's index lost: both are repaired per segment.
+        let f = fs
+            .open(&seg_path(tail), OpenOptions::read_write())
+            .await
+            .unwrap();
+        let mut bad = batch(metas.last().unwrap().next_offset, 9_000, 3, 200);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let BufResult(r, _) = f.write_all_at(bad, size).await;
+        r.unwrap();
+        fs.remove_file(&dir().join(index_file_name(metas[1].start_offset)))
+            .await
+            .unwrap();
+        fs.sync_dir(dir()).await.unwrap();
+
+        let config = config();
+        let mut recovered = Vec::new();
+        let mut index_written = Vec::new();
+        for (i, meta) in metas.iter().enumerate() {
+            let (segment, written) = storage::recover_segment(
+                &fs,
+                dir(),
+                meta.start_offset,
+                i + 1 == metas.len(),
+                config.recovery(),
+            )
+            .await
+            .unwrap();
+            recovered.push(segment);
+            index_written.push(written);
+        }
+        assert_eq!(
+            index_written,
+            (0..metas.len()).map(|i| i == 1).collect::<Vec<_>>(),
+            "only the segment whose index was lost had one written"
+        );
+        let piecewise = SegmentedLog::from_recovered(fs.clone(), dir(), config, recovered, 0)
+            .await
+            .unwrap();
+        let (whole, report) = reopen(&fs).await.unwrap();
+        assert!(
+            report.truncated.is_empty(),
+            "the piecewise pass cut the tail"
+        );
+        assert!(report.rebuilt_indexes.is_empty(), "and rebuilt the index");
+        let piecewise_metas: Vec<_> = piecewise.segments().copied().collect();
+        let whole_metas: Vec<_> = whole.segments().copied().collect();
+        assert_eq!(piecewise_metas, whole_metas);
+        assert_eq!(piecewise_metas, metas);
+        for meta in &metas {
+            assert_eq!(
+                piecewise.index_entries(meta.start_offset),
+                whole.index_entries(meta.start_offset)
+            );
+        }
+        assert_eq!(read_all(&piecewise).await, read_all(&whole).await);
+    });
+}
+
+#[test]
+fn given_recovered_segments_with_a_hole_when_assembled_should_refuse() {
+    block_on(async {
+        let (fs, mut log) = fresh(22).await;
+        fill(&mut log, 20).await;
+        log.sync().await.unwrap();
+        let metas: Vec<_> = log.segments().copied().collect();
+        assert!(metas.len() >= 3);
+        drop(log);
+        let config = config();
+        let mut recovered = Vec::new();
+        for (i, meta) in metas.iter().enumerate() {
+            if i == 1 {
+                continue;
+            }
+            let (segment, _) = storage::recover_segment(
+                &fs,
+                dir(),
+                meta.start_offset,
+                i + 1 == metas.len(),
+                config.recovery(),
+            )
+            .await
+            .unwrap();
+            recovered.push(segment);
+        }
+        match SegmentedLog::from_recovered(fs.clone(), dir(), config, recovered, 0).await {
+            Err(RecoveryError::Hole { next_start, .. }) => {
+                assert_eq!(next_start, metas[2].start_offset);
+            }
+            other => panic!("unexpected {:?}", other.map(|l| l.next_offset())),
+        }
+    });
+}
