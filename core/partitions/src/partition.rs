@@ -314,6 +314,13 @@ pub enum PartitionError {
         /// What fenced it.
         reason: String,
     },
+    /// A state-transfer install is in flight (it runs in steps between the
+    /// shard's ticks, `state_transfer/install.rs`): the partition takes no
+    /// input until it ends. Transient.
+    InstallInProgress {
+        /// The partition directory.
+        dir: PathBuf,
+    },
     /// A client's batch or a peer's prepare body is not a valid op.
     InvalidOp(OpDecodeError),
     /// A prepare whose batch does not start at the offset this replica
@@ -409,6 +416,11 @@ impl fmt::Display for PartitionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Fenced { reason } => write!(f, "partition is fenced: {reason}"),
+            Self::InstallInProgress { dir } => write!(
+                f,
+                "partition {} is installing a state transfer; try again shortly",
+                dir.display()
+            ),
             Self::InvalidOp(e) => write!(f, "operation refused: {e}"),
             Self::PrepareOffsetMismatch {
                 op,
@@ -640,6 +652,11 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) pending_replies: Vec<Reply>,
     pub(crate) auto_commits: RefCell<AutoCommits>,
     pub(crate) fenced: Option<String>,
+    /// The state-transfer install in flight, carried out a bounded number
+    /// of file operations per call (`state_transfer/install.rs`). While it
+    /// is set the partition refuses every input: its log is being swapped
+    /// on disk under the one in memory.
+    pub(crate) install: Option<Box<crate::state_transfer::install::InstallJob<F>>>,
 }
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> fmt::Debug for Partition<B, S, F> {
@@ -1077,6 +1094,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 ..AutoCommits::default()
             }),
             fenced: None,
+            install: None,
             config,
         };
         if let Some(record) = missing {
@@ -1301,6 +1319,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let sb = *self.durable.state();
         let clean = self.config.vsr.replica_count > 1
             && self.fenced.is_none()
+            && self.install.is_none()
             && self.missing_history().is_none()
             && self.state_transfer_needed().is_none()
             && r.status() == consensus::vsr::Status::Normal
@@ -1355,13 +1374,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     // ----- inputs -----------------------------------------------------------
 
+    /// Refuses input to a fenced partition, and to one whose install is
+    /// in flight.
     pub(crate) fn check_fenced(&self) -> Result<(), PartitionError> {
         match &self.fenced {
             Some(reason) => Err(PartitionError::Fenced {
                 reason: reason.clone(),
             }),
+            None if self.install.is_some() => Err(PartitionError::InstallInProgress {
+                dir: self.dir.clone(),
+            }),
             None => Ok(()),
         }
+    }
+
+    /// Whether a state-transfer install is in flight (see
+    /// [`Self::begin_install`]): every input is refused until it ends.
+    pub fn installing(&self) -> bool {
+        self.install.is_some()
     }
 
     pub(crate) fn fence(&mut self, error: &PartitionError) {
@@ -1420,7 +1450,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if self.fenced.is_some() {
             return u64::MAX;
         }
-        let busy = self.persist_failed
+        let busy = self.install.is_some()
+            || self.persist_failed
             || self.missing_history_clear_pending
             || self.missing_history_record_pending.is_some()
             || self.damage_found.get()
@@ -1450,6 +1481,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// One tick of the driver's clock; `now_us` is its time in µs (the
     /// timestamp the primary stamps batches with, and retention's "now").
     pub async fn on_tick(&mut self, now_us: u64) -> Result<(), PartitionError> {
+        if self.install.is_some() && self.fenced.is_none() {
+            // The core stands while its log is swapped (its driver carries
+            // the install on); its timers resume after.
+            self.now_us = self.now_us.max(now_us);
+            return Ok(());
+        }
         self.check_fenced()?;
         self.now_us = self.now_us.max(now_us);
         if self.persist_failed {

@@ -31,10 +31,14 @@ pub struct ScrubCursor {
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Verifies up to `max_bytes` (at least one batch) of sealed segments
     /// and returns how many bytes it read; 0 when there is nothing sealed
-    /// to verify, or the partition is fenced, lagging for a transfer, or
-    /// already repairing damage.
+    /// to verify, or the partition is fenced, installing or lagging for a
+    /// transfer, or already repairing damage.
     pub async fn scrub_step(&mut self, max_bytes: u64) -> u64 {
-        if self.fenced.is_some() || self.missing_history.is_some() || self.damage_found.get() {
+        if self.fenced.is_some()
+            || self.install.is_some()
+            || self.missing_history.is_some()
+            || self.damage_found.get()
+        {
             return 0;
         }
         // Every segment but the last (the active one), by start offset.

@@ -1095,3 +1095,193 @@ fn given_partition_dir_that_cannot_be_checked_when_booting_should_report_the_err
         other => panic!("{:?}", other.map(|_| ())),
     }
 }
+
+/// A source chain of `segments` one-batch segments staged into the
+/// partition directory over an old partition of 5 messages; returns the
+/// old partition, the install input and the source's messages.
+fn long_chain(seed: u64, segments: u64) -> (SimFs, P, InstallInput, Vec<(u64, Vec<u8>)>) {
+    let fs = fresh_fs(seed);
+    let mut src = node_at(&fs, &src_dir(), 1);
+    for tag in 0..segments {
+        src.produce(500 + tag, 2);
+    }
+    block_on(src.partition.flush_committed_messages()).unwrap();
+    let source: SourceSegments = src
+        .partition
+        .log()
+        .segments()
+        .filter(|s| s.size_bytes > 0)
+        .map(|s| {
+            (
+                s.start_offset,
+                s.next_offset,
+                s.size_bytes,
+                s.start_timestamp,
+                s.end_timestamp,
+            )
+        })
+        .collect();
+    assert_eq!(source.len() as u64, segments);
+    let new_messages = messages(&src.partition);
+    drop(src);
+    let mut old = node_at(&fs, &dir(), 1 << 20);
+    old.produce(100, 5);
+    block_on(old.partition.flush_committed_messages()).unwrap();
+    let staged = stage(&fs, &source);
+    let commit_op = old.partition.replica().commit_max();
+    let input = InstallInput {
+        commit_op,
+        commit_checksum: CHECKSUM,
+        staged,
+        offsets_artifact: artifact(2 * segments, 0),
+        committed_purge_generation: None,
+    };
+    (fs, old.partition, input, new_messages)
+}
+
+/// Issue 15 item 9: an install of a long chain is carried out in bounded
+/// steps (the transfer driver runs one per tick, so the shard's other
+/// groups keep theirs), refuses every input between them, and ends in the
+/// same state as one uninterrupted call.
+#[test]
+fn given_a_long_staged_chain_when_installed_in_steps_should_bound_each_step_and_refuse_input_between()
+ {
+    use std::task::Poll;
+    const BUDGET: usize = 16;
+    let mut steps_by_length = Vec::new();
+    for segments in [60, 120] {
+        let (fs, mut p, input, new_messages) = long_chain(7, segments);
+        let op_before = p.replica().op();
+        let calls = fs.total_calls();
+        block_on(p.begin_install(input)).unwrap();
+        let begin_calls = fs.total_calls() - calls;
+        assert!(p.installing());
+        let mut step_calls = Vec::new();
+        let outcome = loop {
+            let before = fs.total_calls();
+            let progress = block_on(p.advance_install(BUDGET));
+            step_calls.push(fs.total_calls() - before);
+            match progress {
+                Poll::Ready(result) => break result.unwrap(),
+                Poll::Pending => {}
+            }
+            // Between steps: no input is taken, and ticks change nothing.
+            assert!(p.installing());
+            let refused = block_on(p.read_fence()).unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    partitions::PartitionError::InstallInProgress { .. }
+                ),
+                "{refused:?}"
+            );
+            let submitted = block_on(p.submit(
+                partitions::ClientRequest {
+                    client: 1,
+                    session: 1,
+                    request: 99,
+                    user_id: 1,
+                    op: partitions::ClientOp::Register,
+                },
+                2_000_000,
+            ));
+            assert!(matches!(
+                submitted,
+                Err(partitions::PartitionError::InstallInProgress { .. })
+            ));
+            let flushed = block_on(p.flush_committed_messages());
+            assert!(flushed.is_err());
+            let before_tick = fs.total_calls();
+            block_on(p.on_tick(2_000_000)).unwrap();
+            assert_eq!(fs.total_calls(), before_tick, "a tick touched the disk");
+            assert_eq!(p.replica().op(), op_before);
+            assert_eq!(block_on(p.scrub_step(1 << 20)), 0);
+        };
+        assert!(!p.installing());
+        assert_eq!(outcome.applied_commit_op, p.replica().commit_min());
+        assert_eq!(messages(&p), new_messages);
+        assert_eq!(p.log().next_offset(), 2 * segments);
+        // The start reads the directory once, whatever the chain's length.
+        assert!(begin_calls < 40, "begin took {begin_calls} calls");
+        // Each step makes about its budget of filesystem calls, whatever
+        // the chain's length: a segment's recovery counts its 7 calls, and
+        // a step may finish the one it started.
+        let most = step_calls.iter().copied().max().unwrap();
+        assert!(
+            most <= (BUDGET as u64) + 8,
+            "a step of {segments} segments took {most} calls: {step_calls:?}"
+        );
+        steps_by_length.push(step_calls.len());
+        drop(p);
+        fs.crash_with(storage::fs::CrashMode::DropAll);
+        let p = open_at(&fs, &dir(), 1 << 20);
+        assert_eq!(messages(&p), new_messages, "the install is durable");
+    }
+    // Twice the chain, about twice the steps: the work is spread, not
+    // done in one call.
+    // Renames at BUDGET per step, recoveries at three per step.
+    assert!(
+        steps_by_length[0] >= 2 * 60 / BUDGET + 60 / 3,
+        "{steps_by_length:?}"
+    );
+    assert!(
+        steps_by_length[1] >= 2 * steps_by_length[0] - 2,
+        "{steps_by_length:?}"
+    );
+}
+
+/// A power cut between any two steps of a long install reboots to an
+/// empty partition at the offer's frontier (the marker), never to a mix of
+/// the two chains; a new install then completes.
+#[test]
+fn given_a_long_install_cut_between_steps_when_rebooted_should_converge_to_the_frontier() {
+    use std::task::Poll;
+    const SEGMENTS: u64 = 40;
+    const BUDGET: usize = 8;
+    let mut cuts = 0;
+    for cut_after_steps in (0..40).step_by(3) {
+        let (fs, mut p, input, new_messages) = long_chain(20 + cut_after_steps, SEGMENTS);
+        let retry = input.clone();
+        block_on(p.begin_install(input)).unwrap();
+        let mut ended = false;
+        for _ in 0..cut_after_steps {
+            if let Poll::Ready(result) = block_on(p.advance_install(BUDGET)) {
+                result.unwrap();
+                ended = true;
+                break;
+            }
+        }
+        drop(p);
+        fs.crash_with(storage::fs::CrashMode::DropAll);
+        let mut p = open_at(&fs, &dir(), 1 << 20);
+        if ended {
+            assert_eq!(messages(&p), new_messages);
+            break;
+        }
+        cuts += 1;
+        assert!(
+            messages(&p).is_empty(),
+            "cut after {cut_after_steps} steps: a partial chain was served"
+        );
+        assert_eq!(p.offset_frontier(), 2 * SEGMENTS);
+        assert_eq!(p.log().next_offset(), 2 * SEGMENTS);
+        assert!(p.missing_history().is_some(), "it knows it lags");
+        // The staged files are gone with the converge: stage them again.
+        let source: Vec<(u64, u64, u64, u64, u64)> = (0..SEGMENTS)
+            .map(|i| {
+                let s = &retry.staged[i as usize];
+                (
+                    s.start_offset,
+                    s.end_offset + 1,
+                    s.size_bytes,
+                    s.start_timestamp,
+                    s.end_timestamp,
+                )
+            })
+            .collect();
+        let staged = stage(&fs, &source);
+        block_on(p.install_partition_state(InstallInput { staged, ..retry })).unwrap();
+        assert_eq!(messages(&p), new_messages, "cut after {cut_after_steps}");
+    }
+    assert!(cuts >= 5, "only {cuts} cuts fell inside the install");
+}

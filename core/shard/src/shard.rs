@@ -117,6 +117,9 @@ pub struct ShardConfig {
     /// before it opens group 0. Later boots find the marker; this flag
     /// only matters on the first.
     pub rejoin: bool,
+    /// File operations a partition's state-transfer install carries out
+    /// per tick (`TransferDriverConfig::install_file_ops_per_step`).
+    pub install_file_ops_per_step: usize,
 }
 
 impl ShardConfig {
@@ -146,6 +149,7 @@ impl ShardConfig {
             scrub_bytes_per_tick: SCRUB_BYTES_PER_TICK_DEFAULT,
             record_interval_us: partitions::RECORD_INTERVAL_US_DEFAULT,
             rejoin: false,
+            install_file_ops_per_step: partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP,
         }
     }
 }
@@ -655,7 +659,9 @@ impl<E: Env> Shard<E> {
     /// Flushes every group's committed messages (on stop).
     pub async fn flush_all(&mut self) {
         for (id, g) in &mut self.groups {
-            if g.partition.fenced().is_some() {
+            // An install in flight holds nothing to flush; a restart
+            // converges it (the marker) and pulls again.
+            if g.partition.fenced().is_some() || g.partition.installing() {
                 continue;
             }
             if let Err(error) = g.partition.flush_committed_messages().await {
@@ -884,6 +890,7 @@ impl<E: Env> Shard<E> {
                 })?;
         let mut driver_config = TransferDriverConfig::new(self.config.cluster, group.0);
         driver_config.frame_size_max = self.config.frame_size_max;
+        driver_config.install_file_ops_per_step = self.config.install_file_ops_per_step;
         let driver = TransferDriver::new(fs, &dir, driver_config, vsr.seed ^ 0x5EED);
         let seen_view = (partition.replica().view(), partition.replica().is_primary());
         self.groups.insert(
@@ -1071,7 +1078,11 @@ impl<E: Env> Shard<E> {
                     .await;
                 outputs.push((id, out));
             }
-            if retention_due && g.spec.message_expiry_us > 0 && g.partition.fenced().is_none() {
+            if retention_due
+                && g.spec.message_expiry_us > 0
+                && g.partition.fenced().is_none()
+                && !g.partition.installing()
+            {
                 let policy = RetentionPolicy {
                     max_age_us: Some(g.spec.message_expiry_us),
                     ..self.retention
@@ -1143,7 +1154,11 @@ impl<E: Env> Shard<E> {
             let op = g.partition.replica().op();
             let idle = g.handles_seen_op == Some(op);
             g.handles_seen_op = Some(op);
-            if !idle || syncs >= HANDLE_SYNCS_PER_TICK || g.partition.fenced().is_some() {
+            if !idle
+                || syncs >= HANDLE_SYNCS_PER_TICK
+                || g.partition.fenced().is_some()
+                || g.partition.installing()
+            {
                 continue;
             }
             syncs += 1;
@@ -2020,6 +2035,9 @@ fn partition_error(error: PartitionError) -> CallError {
     match error {
         PartitionError::Fenced { .. } => CallError::Fenced {
             reason: error.to_string(),
+        },
+        PartitionError::InstallInProgress { .. } => CallError::Unavailable {
+            reason: "the partition is installing a state transfer",
         },
         PartitionError::InvalidOp(_)
         | PartitionError::StoreOffsetBeyondEnd { .. }

@@ -16,6 +16,7 @@ use common::{ConsumerKind, GroupId, METADATA_GROUP, ReplicaId};
 use consensus::vsr::TimeoutConfig;
 use futures::channel::{mpsc, oneshot};
 use metadata::{MetadataOp, Outcome};
+use partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP;
 use partitions::{NetworkFaults, PollRequest, PollingStrategy};
 use shard::testing::{TestClock, TestEnv, TestNet};
 use shard::{
@@ -198,6 +199,11 @@ impl Cluster {
             .wrapping_add(self.boots * 1_000 + u64::from(r) * 37 + u64::from(s));
         config.tick = TICK;
         config.rejoin = self.nodes[usize::from(r)].rejoin_next_boot;
+        // Installs of a few segments would end in one call at the default
+        // budget; most runs make them span ticks, with frames and client
+        // calls arriving between the steps.
+        config.install_file_ops_per_step =
+            [1, 2, 5, INSTALL_FILE_OPS_PER_STEP][(self.seed % 4) as usize];
         config
     }
 

@@ -46,6 +46,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::task::Poll;
 
 use bytes::Bytes;
 use consensus::header::{
@@ -58,7 +59,7 @@ use journal::SuperblockStore;
 use storage::fs::Fs;
 
 use super::errors::{PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable};
-use super::install::InstallInput;
+use super::install::{INSTALL_FILE_OPS_PER_STEP, InstallInput};
 use super::offer::BuildClock;
 use super::receive::{
     LocalFacts, ReceiveError, ReceiveStep, ReceiverConfig, TransferReceiver, TransferRequest,
@@ -373,6 +374,10 @@ pub struct TransferDriverConfig {
     /// The purge generation the metadata plane committed for this
     /// partition, when known; the install refuses offers behind it.
     pub committed_purge_generation: Option<u64>,
+    /// File operations an install carries out per tick
+    /// ([`INSTALL_FILE_OPS_PER_STEP`] by default; the simulator varies it
+    /// so that installs span many ticks).
+    pub install_file_ops_per_step: usize,
 }
 
 impl TransferDriverConfig {
@@ -388,6 +393,7 @@ impl TransferDriverConfig {
             },
             server: OfferServerConfig::default(),
             committed_purge_generation: None,
+            install_file_ops_per_step: INSTALL_FILE_OPS_PER_STEP,
         }
     }
 }
@@ -529,6 +535,11 @@ pub struct DriverStats {
     pub installs: u64,
     /// Installs that failed.
     pub install_failures: u64,
+    /// Calls that carried an install on, each bounded to
+    /// [`TransferDriverConfig::install_file_ops_per_step`] file operations
+    /// (one when the pull completes, then one per tick until the install
+    /// ends).
+    pub install_steps: u64,
 }
 
 /// One partition's state-transfer driver.
@@ -544,6 +555,10 @@ pub struct TransferDriver<F: Fs> {
     receive_slot: bool,
     /// Serving sessions this driver counted into the shard's budget.
     serving_counted: usize,
+    /// The peer whose pull is being installed, while the partition's
+    /// install is in flight (carried on a step per tick; it keeps the
+    /// receive slot).
+    installing_from: Option<u8>,
     stats: DriverStats,
 }
 
@@ -573,6 +588,7 @@ impl<F: Fs> TransferDriver<F> {
             armed_floor: None,
             receive_slot: false,
             serving_counted: 0,
+            installing_from: None,
             stats: DriverStats::default(),
         }
     }
@@ -627,6 +643,7 @@ impl<F: Fs> TransferDriver<F> {
         partition: &Partition<B, S, F>,
     ) -> bool {
         !self.build_pending
+            && self.installing_from.is_none()
             && self.armed_floor.is_none()
             && !self.receive_slot
             && self.serving_counted == 0
@@ -639,6 +656,7 @@ impl<F: Fs> TransferDriver<F> {
     /// Gives back every slot this driver holds (its partition is being
     /// dropped by the shard).
     pub fn release(&mut self, slots: &mut TransferSlots) {
+        self.installing_from = None;
         self.receiver.disarm();
         self.server.reset();
         self.sync_slots(slots);
@@ -662,6 +680,13 @@ impl<F: Fs> TransferDriver<F> {
         let mut out = DriverOutput::default();
         if partition.fenced().is_some() {
             self.stop(slots);
+            return out;
+        }
+        if let Some(peer) = self.installing_from {
+            // An install in flight is all this partition does until it
+            // ends: one bounded step per tick.
+            self.advance_install(partition, peer, &mut out).await;
+            self.sync_slots(slots);
             return out;
         }
         self.server.on_tick();
@@ -766,6 +791,11 @@ impl<F: Fs> TransferDriver<F> {
         let mut out = DriverOutput::default();
         if partition.fenced().is_some() {
             self.stop(slots);
+            return Ok(out);
+        }
+        if self.installing_from.is_some() {
+            // Its log is being swapped: nothing to serve from, and its own
+            // pull is over. A requester times out and asks again.
             return Ok(out);
         }
         match header {
@@ -978,45 +1008,13 @@ impl<F: Fs> TransferDriver<F> {
                     self.config.committed_purge_generation,
                 );
                 drop(done);
-                match partition.install_partition_state(input).await {
-                    Ok(outcome) => {
-                        self.stats.installs += 1;
-                        self.armed_floor = None;
-                        self.receiver.record_install_completed();
-                        // The chain the memos and offers describe is gone.
-                        self.server.reset();
-                        self.build_pending = false;
-                        out.events.push(TransferEvent::Installed(outcome));
+                match partition.begin_install(input).await {
+                    Ok(()) => {
+                        self.installing_from = Some(peer);
+                        // A short chain installs in this call.
+                        self.advance_install(partition, peer, out).await;
                     }
-                    Err(PartitionInstallError::ConvergeFailed { source, frontier }) => {
-                        self.stats.install_failures += 1;
-                        let reason = format!(
-                            "state-transfer install converge failed at frontier {frontier}: {source}"
-                        );
-                        let quarantine = match partition.fence_segment_files(&reason).await {
-                            Ok(path) => Some(path),
-                            Err(e) => {
-                                tracing::error!(dir = %partition.dir().display(), error = %e, "quarantining the fenced partition's segment files failed");
-                                None
-                            }
-                        };
-                        self.receiver.disarm();
-                        self.server.reset();
-                        out.events
-                            .push(TransferEvent::Fenced { reason, quarantine });
-                    }
-                    Err(e) => {
-                        self.stats.install_failures += 1;
-                        // Success or not (install.rs): a converge replaced
-                        // the chain the memos and the cached offer
-                        // describe; a check-phase refusal changed nothing,
-                        // and the next build only re-hashes.
-                        self.server.reset();
-                        self.build_pending = false;
-                        let facts = LocalFacts::of(partition);
-                        self.receiver.record_install_failed(peer, &facts);
-                        out.events.push(TransferEvent::InstallFailed(e));
-                    }
+                    Err(e) => self.on_install_end(partition, peer, Err(e), out).await,
                 }
             }
             ReceiveStep::Failed(e) => out.events.push(TransferEvent::AttemptFailed(e)),
@@ -1029,6 +1027,71 @@ impl<F: Fs> TransferDriver<F> {
                 }
             }
             ReceiveStep::Ignored(_) => {}
+        }
+    }
+
+    /// Carries the partition's install one step on; reports its end.
+    async fn advance_install<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        peer: u8,
+        out: &mut DriverOutput,
+    ) {
+        self.stats.install_steps += 1;
+        let budget = self.config.install_file_ops_per_step;
+        if let Poll::Ready(result) = partition.advance_install(budget).await {
+            self.installing_from = None;
+            self.on_install_end(partition, peer, result, out).await;
+        }
+    }
+
+    /// What an ended install (or one refused at its start) leaves to do.
+    async fn on_install_end<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        peer: u8,
+        result: Result<PartitionInstallOutcome, PartitionInstallError>,
+        out: &mut DriverOutput,
+    ) {
+        match result {
+            Ok(outcome) => {
+                self.stats.installs += 1;
+                self.armed_floor = None;
+                self.receiver.record_install_completed();
+                // The chain the memos and offers describe is gone.
+                self.server.reset();
+                self.build_pending = false;
+                out.events.push(TransferEvent::Installed(outcome));
+            }
+            Err(PartitionInstallError::ConvergeFailed { source, frontier }) => {
+                self.stats.install_failures += 1;
+                let reason = format!(
+                    "state-transfer install converge failed at frontier {frontier}: {source}"
+                );
+                let quarantine = match partition.fence_segment_files(&reason).await {
+                    Ok(path) => Some(path),
+                    Err(e) => {
+                        tracing::error!(dir = %partition.dir().display(), error = %e, "quarantining the fenced partition's segment files failed");
+                        None
+                    }
+                };
+                self.receiver.disarm();
+                self.server.reset();
+                out.events
+                    .push(TransferEvent::Fenced { reason, quarantine });
+            }
+            Err(e) => {
+                self.stats.install_failures += 1;
+                // Success or not (install.rs): a converge replaced the
+                // chain the memos and the cached offer describe; a
+                // check-phase refusal changed nothing, and the next build
+                // only re-hashes.
+                self.server.reset();
+                self.build_pending = false;
+                let facts = LocalFacts::of(partition);
+                self.receiver.record_install_failed(peer, &facts);
+                out.events.push(TransferEvent::InstallFailed(e));
+            }
         }
     }
 
@@ -1117,7 +1180,8 @@ impl<F: Fs> TransferDriver<F> {
 
     /// Brings the shard's counts in line with this driver's sessions.
     fn sync_slots(&mut self, slots: &mut TransferSlots) {
-        if self.receive_slot && self.receiver.session().is_none() {
+        if self.receive_slot && self.receiver.session().is_none() && self.installing_from.is_none()
+        {
             self.receive_slot = false;
             slots.receiving = slots.receiving.saturating_sub(1);
         }
@@ -1131,6 +1195,7 @@ impl<F: Fs> TransferDriver<F> {
 
     fn stop(&mut self, slots: &mut TransferSlots) {
         self.build_pending = false;
+        self.installing_from = None;
         self.receiver.disarm();
         self.server.reset();
         self.sync_slots(slots);

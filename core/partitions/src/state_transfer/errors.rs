@@ -238,8 +238,8 @@ pub enum PartitionInstallError {
         /// Start of the next one.
         next_start: u64,
     },
-    /// A filesystem step of the swap failed; disk holds a contiguous prefix
-    /// of the new chain.
+    /// A filesystem step of the swap failed; disk holds what is left of the
+    /// old chain and part of the new one, which the converge removes.
     SwapIo {
         /// The file.
         path: PathBuf,
@@ -269,6 +269,10 @@ pub enum PartitionInstallError {
     },
     /// The offer's dedup slice does not fit this replica's client table.
     Dedup(consensus::client_table::ClientTableError),
+    /// An install is already in flight on this partition; it ends first.
+    AlreadyInstalling,
+    /// No install is in flight to carry on.
+    NotInstalling,
     /// Converging after a failure failed too: the shard must fence this
     /// partition (its segment files move to `<dir>.fenced.<n>`; the
     /// superblock stays).
@@ -338,6 +342,10 @@ impl fmt::Display for PartitionInstallError {
                 "offer purge generation {offered} is below the local generation {local}"
             ),
             Self::Dedup(source) => write!(f, "offered dedup slice refused: {source}"),
+            Self::AlreadyInstalling => {
+                f.write_str("an install is already in flight on this partition")
+            }
+            Self::NotInstalling => f.write_str("no install is in flight on this partition"),
             Self::ConvergeFailed { source, frontier } => write!(
                 f,
                 "converging after a failed install failed at frontier {frontier}; the partition must be fenced: {source}"

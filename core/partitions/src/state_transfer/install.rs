@@ -5,7 +5,13 @@
 //! artifacts staged as `{base:020}.log.staging` + `{base:020}.index.staging`
 //! in the partition directory (written, data-synced, directory synced) and
 //! the encoded consumer-offsets artifact. [`Partition::install_partition_state`]
-//! turns them into the live partition in two phases.
+//! turns them into the live partition in two phases:
+//! [`Partition::begin_install`] checks and records the frontier, then
+//! [`Partition::advance_install`] carries out the rest a bounded number of
+//! filesystem calls at a time (the transfer driver calls it once per tick,
+//! so a chain of thousands of segments never holds the shard's other
+//! groups for more than a step). Between steps the partition refuses every
+//! input ([`Partition::installing`]).
 //!
 //! **Check phase** (changes nothing; every refusal leaves the directory and
 //! the live state as they were): fenced, stale op, offsets artifact decode,
@@ -35,15 +41,18 @@
 //!    `FrontierNotDurable` after discarding the siblings, and keeps the
 //!    marker: a fault on the superblock's second copy leaves the first
 //!    holding the new frontier, which only the marker explains at boot.
-//! 2. **Swap** (ST-I3): stray staging files swept; old chain unlinked oldest
-//!    first; directory synced (so no old `.log` can reappear beside the new
-//!    chain); every staged index renamed; directory synced (a `.log` is never
-//!    visible without its index); each staged log renamed with a directory
-//!    sync after it (each rename is its segment's commit point, so a cut
-//!    leaves a contiguous prefix); the log reopened from the directory,
-//!    which opens writers on the last segment only. An empty offer plants an
-//!    empty segment at the frontier (the open syncs the directory), which
-//!    recovery reads as a frontier marker.
+//! 2. **Swap** (ST-I3): stray staging files swept; old chain unlinked
+//!    oldest first; directory synced (so no old `.log` can reappear beside
+//!    the new chain); every staged index renamed; directory synced (a `.log`
+//!    is never visible without its index); every staged log renamed;
+//!    directory synced. One sync per phase, not per rename: until the
+//!    marker goes, boot converges whatever subset of these a crash kept, so
+//!    no intermediate directory is trusted. Then each segment is recovered
+//!    from the directory as boot reads it and checked against the staged
+//!    description, and the log is assembled from them (writers opened on
+//!    first use). An empty offer plants an empty segment at the frontier
+//!    (synced into the directory), which recovery reads as a frontier
+//!    marker.
 //! 3. **State** (ST-I4): journal cleared; every offset file not in the plan
 //!    unlinked (strays included), siblings renamed in, each changed offsets
 //!    directory synced once, then the maps replaced in place; dedup slice,
@@ -70,15 +79,18 @@
 //! `SegmentedLog`, which is replaced wholesale here.
 
 use std::collections::HashSet;
+use std::fmt;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::task::Poll;
 use std::time::Duration;
 
 use common::ConsumerKind;
 use journal::SuperblockStore;
 use storage::fs::{FileKind, Fs, FsFile, replace_file_durably};
 use storage::log::SegmentedLog;
+use storage::recovery::{RecoveredSegment, recover_segment};
 use storage::segment::{SegmentFileName, index_file_name, log_file_name, parse_file_name};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -247,6 +259,85 @@ struct CheckedInstall {
     frontier: u64,
     purge_advances: bool,
     planned: Vec<PlannedOffsetWrite>,
+    /// The directory's segment and staging files when it was checked
+    /// ([`segment_files`]); nothing else changes them until the swap.
+    existing: Vec<PathBuf>,
+}
+
+/// Filesystem calls an install makes per call of
+/// [`Partition::advance_install`] from the transfer driver, roughly: an
+/// unlink, a rename or a directory sync counts one, a segment's recovery
+/// [`SEGMENT_LOAD_COST`]. A few milliseconds of disk work, so the shard's
+/// other groups keep their ticks while a long chain is swapped in.
+pub const INSTALL_FILE_OPS_PER_STEP: usize = 64;
+
+/// What one installed segment's recovery counts against a step's budget:
+/// its filesystem calls (index checked for, both files opened and sized,
+/// the index read, the last batches read).
+const SEGMENT_LOAD_COST: usize = 7;
+
+/// An install past its check phase and its frontier record (ST-I1, ST-I2),
+/// swapped in over several calls. Every state between two calls is one a
+/// crash may leave: the marker matches the superblock, so boot converges
+/// it ([`recover_interrupted_install`]).
+pub(crate) struct InstallJob<F: Fs> {
+    checked: CheckedInstall,
+    step: SwapStep<F>,
+}
+
+impl<F: Fs> fmt::Debug for InstallJob<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InstallJob")
+            .field("commit_op", &self.checked.commit_op)
+            .field("frontier", &self.checked.frontier)
+            .field("segments", &self.checked.staged.len())
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+/// Where the swap (ST-I3) stands. Each phase ends in one directory sync.
+enum SwapStep<F: Fs> {
+    /// Stray staging files (best effort), then the old chain oldest first
+    /// (each must go): `files[next..]` are left.
+    Unlink {
+        strays: Vec<PathBuf>,
+        files: Vec<PathBuf>,
+        next: usize,
+    },
+    /// Staged indexes from `staged[next]` on are left to rename.
+    RenameIndexes { next: usize },
+    /// Staged logs from `staged[next]` on are left to rename.
+    RenameLogs { next: usize },
+    /// The installed segments recovered so far, as boot would read them.
+    Load {
+        segments: Vec<RecoveredSegment>,
+        index_written: bool,
+    },
+    /// The installed log, for the state phase (ST-I4), which runs in a
+    /// call of its own: it syncs several files.
+    Loaded(SegmentedLog<F>),
+}
+
+impl<F: Fs> fmt::Debug for SwapStep<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unlink {
+                strays,
+                files,
+                next,
+            } => write!(
+                f,
+                "Unlink {{ strays: {}, {next} of {} }}",
+                strays.len(),
+                files.len()
+            ),
+            Self::RenameIndexes { next } => write!(f, "RenameIndexes {{ next: {next} }}"),
+            Self::RenameLogs { next } => write!(f, "RenameLogs {{ next: {next} }}"),
+            Self::Load { segments, .. } => write!(f, "Load {{ loaded: {} }}", segments.len()),
+            Self::Loaded(log) => write!(f, "Loaded {{ next_offset: {} }}", log.next_offset()),
+        }
+    }
 }
 
 /// Retries `op` up to [`OFFSET_IO_ATTEMPTS`] times, sleeping with a
@@ -302,6 +393,39 @@ async fn segment_files<F: Fs>(fs: &F, dir: &Path) -> io::Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files.into_iter().map(|(_, _, path)| path).collect())
+}
+
+/// An installed segment as recovery read it must be the staged one the
+/// receive side verified: the same offsets and the same length. Anything
+/// else means the files changed under the install.
+fn check_installed_segment(
+    dir: &Path,
+    staged: &StagedSegment,
+    recovered: &RecoveredSegment,
+) -> Result<(), PartitionInstallError> {
+    let meta = &recovered.meta;
+    let expected_next = staged.end_offset.checked_add(1);
+    if meta.start_offset == staged.start_offset
+        && Some(meta.next_offset) == expected_next
+        && meta.size_bytes == staged.size_bytes
+    {
+        return Ok(());
+    }
+    Err(PartitionInstallError::SegmentOpen {
+        path: dir.join(log_file_name(staged.start_offset)),
+        source: io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "installed segment holds offsets {}..{} in {} bytes, but the staged one held {}..={} in {} bytes",
+                meta.start_offset,
+                meta.next_offset,
+                meta.size_bytes,
+                staged.start_offset,
+                staged.end_offset,
+                staged.size_bytes
+            ),
+        ),
+    })
 }
 
 async fn remove_if_present<F: Fs>(fs: &F, path: &Path) -> io::Result<()> {
@@ -423,23 +547,44 @@ pub(crate) async fn recover_interrupted_install<F: Fs>(
 }
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
-    /// Installs a transferred partition state (see the module
-    /// documentation for the phases and their durable order).
+    /// Installs a transferred partition state in one call (see the module
+    /// documentation for the phases and their durable order):
+    /// [`Self::begin_install`], then [`Self::advance_install`] until it
+    /// ends. The transfer driver calls the two itself, a step per tick.
     ///
     /// # Errors
-    /// Check-phase refusals ([`PartitionInstallError::StaleTransfer`],
-    /// `Offsets`, `PurgeGenerationBehind`, `OfferRewindsDurableData`,
-    /// `DuplicateSegment`, `SegmentSetHole`, `Dedup`, `Fenced`, a missing
-    /// staged file as `SwapIo`) and `OffsetPersistence` while staging
-    /// siblings change nothing. `FrontierNotDurable` changes nothing either
-    /// (siblings discarded). Later failures (`SwapIo`, `SegmentOpen`,
-    /// `OffsetPersistence`) return after the partition converged to an
-    /// empty one at the offer's frontier; `ConvergeFailed` leaves it fenced
-    /// and the caller runs [`fence_partition`].
+    /// As [`Self::begin_install`] and [`Self::advance_install`].
     pub async fn install_partition_state(
         &mut self,
         input: InstallInput,
     ) -> Result<PartitionInstallOutcome, PartitionInstallError> {
+        self.begin_install(input).await?;
+        loop {
+            if let Poll::Ready(result) = self.advance_install(INSTALL_FILE_OPS_PER_STEP).await {
+                return result;
+            }
+        }
+    }
+
+    /// Checks an install and records its frontier (ST-I1, ST-I2); the swap
+    /// and the state (ST-I3, ST-I4) follow in [`Self::advance_install`].
+    /// From a successful return until the install ends the partition
+    /// refuses every input ([`Self::installing`]).
+    ///
+    /// # Errors
+    /// Check-phase refusals ([`PartitionInstallError::StaleTransfer`],
+    /// `Offsets`, `PurgeGenerationBehind`, `OfferRewindsDurableData`,
+    /// `DuplicateSegment`, `SegmentSetHole`, `Dedup`, `Fenced`,
+    /// `AlreadyInstalling`, a missing staged file as `SwapIo`) and
+    /// `OffsetPersistence` while staging siblings change nothing.
+    /// `FrontierNotDurable` changes nothing either (siblings discarded).
+    pub async fn begin_install(
+        &mut self,
+        input: InstallInput,
+    ) -> Result<(), PartitionInstallError> {
+        if self.install.is_some() {
+            return Err(PartitionInstallError::AlreadyInstalling);
+        }
         let checked = self.check_install(input).await?;
         self.stage_offset_writes(&checked.planned).await?;
         if let Err(source) = self.record_install_frontier(&checked).await {
@@ -449,26 +594,103 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 frontier: checked.frontier,
             });
         }
-        match self.apply_install(&checked).await {
+        // Staging files of an abandoned attempt, then the old chain.
+        let keep: HashSet<PathBuf> = checked
+            .staged
+            .iter()
+            .flat_map(|s| {
+                let (log, index) = s.staging_paths(&self.dir);
+                [log, index]
+            })
+            .collect();
+        let (staging, files): (Vec<PathBuf>, Vec<PathBuf>) = checked
+            .existing
+            .iter()
+            .cloned()
+            .partition(|p| p.to_str().is_some_and(|s| s.ends_with(STAGING_SUFFIX)));
+        let strays = staging.into_iter().filter(|p| !keep.contains(p)).collect();
+        tracing::info!(dir = %self.dir.display(), commit_op = checked.commit_op, frontier = checked.frontier, segments = checked.staged.len(), replacing = files.len(), "install started");
+        self.install = Some(Box::new(InstallJob {
+            checked,
+            step: SwapStep::Unlink {
+                strays,
+                files,
+                next: 0,
+            },
+        }));
+        Ok(())
+    }
+
+    /// Carries the install in flight on by at most `budget` file operations
+    /// (at least one step's worth of progress). `Pending` while there is
+    /// more; `Ready` once it ended, installed or converged.
+    ///
+    /// # Errors
+    /// `NotInstalling` without an install in flight. Failures of the swap
+    /// (`SwapIo`, `SegmentOpen`, `OffsetPersistence`) return after the
+    /// partition converged to an empty one at the offer's frontier;
+    /// `ConvergeFailed` leaves it fenced and the caller runs
+    /// [`fence_partition`].
+    pub async fn advance_install(
+        &mut self,
+        budget: usize,
+    ) -> Poll<Result<PartitionInstallOutcome, PartitionInstallError>> {
+        let Some(mut job) = self.install.take() else {
+            return Poll::Ready(Err(PartitionInstallError::NotInstalling));
+        };
+        let mut spent = 0;
+        loop {
+            if spent >= budget.max(1) {
+                self.install = Some(job);
+                return Poll::Pending;
+            }
+            if matches!(job.step, SwapStep::Loaded(_)) {
+                if spent > 0 {
+                    self.install = Some(job);
+                    return Poll::Pending;
+                }
+                let InstallJob {
+                    checked,
+                    step: SwapStep::Loaded(log),
+                } = *job
+                else {
+                    // Matched just above.
+                    return Poll::Ready(Err(PartitionInstallError::NotInstalling));
+                };
+                let finished = self.finish_install(&checked, log).await;
+                return Poll::Ready(self.end_install(&checked, finished).await);
+            }
+            if let Err(error) = self.swap_step(&mut job, &mut spent).await {
+                return Poll::Ready(self.end_install(&job.checked, Err(error)).await);
+            }
+        }
+    }
+
+    /// Logs the end of an install; a failure converges first.
+    async fn end_install(
+        &mut self,
+        checked: &CheckedInstall,
+        result: Result<PartitionInstallOutcome, PartitionInstallError>,
+    ) -> Result<PartitionInstallOutcome, PartitionInstallError> {
+        let error = match result {
             Ok(outcome) => {
                 tracing::info!(dir = %self.dir.display(), commit_op = checked.commit_op, frontier = checked.frontier, segments = checked.staged.len(), "partition state installed");
-                Ok(outcome)
+                return Ok(outcome);
             }
-            Err(error) => {
-                tracing::warn!(dir = %self.dir.display(), %error, frontier = checked.frontier, "install failed; converging to an empty partition");
-                self.discard_offset_writes(&checked.planned).await;
-                match self.converge_after_failed_install(&checked).await {
-                    Ok(()) => Err(error),
-                    Err(source) => {
-                        let failed = PartitionInstallError::ConvergeFailed {
-                            source,
-                            frontier: checked.frontier,
-                        };
-                        tracing::error!(dir = %self.dir.display(), error = %failed, "install converge failed; partition fenced");
-                        self.fenced.get_or_insert_with(|| failed.to_string());
-                        Err(failed)
-                    }
-                }
+            Err(error) => error,
+        };
+        tracing::warn!(dir = %self.dir.display(), %error, frontier = checked.frontier, "install failed; converging to an empty partition");
+        self.discard_offset_writes(&checked.planned).await;
+        match self.converge_after_failed_install(checked).await {
+            Ok(()) => Err(error),
+            Err(source) => {
+                let failed = PartitionInstallError::ConvergeFailed {
+                    source,
+                    frontier: checked.frontier,
+                };
+                tracing::error!(dir = %self.dir.display(), error = %failed, "install converge failed; partition fenced");
+                self.fenced.get_or_insert_with(|| failed.to_string());
+                Err(failed)
             }
         }
     }
@@ -594,10 +816,17 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 next_start: frontier,
             });
         }
+        // One listing, not a call per file: a chain of thousands of
+        // segments is checked without thousands of round trips. The swap
+        // reuses it.
+        let existing = segment_files(&self.fs, &self.dir)
+            .await
+            .map_err(swap_io(&self.dir))?;
+        let present: HashSet<&Path> = existing.iter().map(PathBuf::as_path).collect();
         for s in &staged {
             let (log, index) = s.staging_paths(&self.dir);
             for path in [log, index] {
-                if !self.fs.exists(&path).await.map_err(swap_io(&path))? {
+                if !present.contains(path.as_path()) {
                     return Err(PartitionInstallError::SwapIo {
                         source: io::Error::new(io::ErrorKind::NotFound, "staged file missing"),
                         path,
@@ -635,6 +864,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             frontier,
             purge_advances,
             planned,
+            existing,
         })
     }
 
@@ -753,76 +983,144 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         Ok(())
     }
 
-    /// ST-I3 and ST-I4. Every error is converged from by the caller.
-    async fn apply_install(
+    /// One file operation of the swap (ST-I3), or a phase's closing
+    /// directory sync, counted into `spent`. Leaves the installed log in
+    /// the job once every segment is loaded. Every error is converged from
+    /// by the caller.
+    ///
+    /// The durable order: the old chain unlinked oldest first, synced (no
+    /// old `.log` can reappear beside the new chain); every staged index
+    /// renamed, synced; every staged log renamed, synced; each segment then
+    /// recovered from the directory as boot would read it, which checks
+    /// that the files are the chain the receive side verified. One sync per
+    /// step, not one per rename: until the marker goes, any subset of these
+    /// changes that a crash keeps is converged at boot, so no intermediate
+    /// directory is ever trusted.
+    async fn swap_step(
         &mut self,
-        checked: &CheckedInstall,
-    ) -> Result<PartitionInstallOutcome, PartitionInstallError> {
+        job: &mut InstallJob<F>,
+        spent: &mut usize,
+    ) -> Result<(), PartitionInstallError> {
         let dir = self.dir.clone();
         let fs = self.fs.clone();
-        // Stray staging files of an abandoned attempt.
-        let keep: HashSet<PathBuf> = checked
-            .staged
-            .iter()
-            .flat_map(|s| {
-                let (log, index) = s.staging_paths(&dir);
-                [log, index]
-            })
-            .collect();
-        let existing = segment_files(&fs, &dir).await.map_err(swap_io(&dir))?;
-        for path in existing.iter().filter(|p| {
-            p.to_str().is_some_and(|s| s.ends_with(STAGING_SUFFIX)) && !keep.contains(*p)
-        }) {
-            if let Err(error) = fs.remove_file(path).await {
-                tracing::warn!(path = %path.display(), %error, "could not sweep a stray staging file (boot sweeps it)");
+        let staged = &job.checked.staged;
+        *spent += 1;
+        match &mut job.step {
+            SwapStep::Unlink {
+                strays,
+                files,
+                next,
+            } => {
+                if let Some(path) = strays.pop() {
+                    if let Err(error) = fs.remove_file(&path).await {
+                        tracing::warn!(path = %path.display(), %error, "could not sweep a stray staging file (boot sweeps it)");
+                    }
+                } else if let Some(path) = files.get(*next) {
+                    remove_if_present(&fs, path).await.map_err(swap_io(path))?;
+                    *next += 1;
+                } else {
+                    fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
+                    job.step = SwapStep::RenameIndexes { next: 0 };
+                }
             }
+            SwapStep::RenameIndexes { next } => {
+                // Every index before any log: a `.log` never shows without
+                // its index.
+                if let Some(s) = staged.get(*next) {
+                    let (_, index) = s.staging_paths(&dir);
+                    let target = dir.join(index_file_name(s.start_offset));
+                    fs.rename(&index, &target).await.map_err(swap_io(&index))?;
+                    *next += 1;
+                } else {
+                    fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
+                    job.step = SwapStep::RenameLogs { next: 0 };
+                }
+            }
+            SwapStep::RenameLogs { next } => {
+                if let Some(s) = staged.get(*next) {
+                    let (log, _) = s.staging_paths(&dir);
+                    let target = dir.join(log_file_name(s.start_offset));
+                    fs.rename(&log, &target).await.map_err(swap_io(&log))?;
+                    *next += 1;
+                } else {
+                    fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
+                    job.step = SwapStep::Load {
+                        segments: Vec::with_capacity(staged.len()),
+                        index_written: false,
+                    };
+                }
+            }
+            SwapStep::Load {
+                segments,
+                index_written,
+            } => {
+                if let Some(s) = staged.get(segments.len()) {
+                    *spent += SEGMENT_LOAD_COST - 1;
+                    let last = segments.len() + 1 == staged.len();
+                    let (segment, written) = recover_segment(
+                        &fs,
+                        &dir,
+                        s.start_offset,
+                        last,
+                        self.config.log.recovery(),
+                    )
+                    .await
+                    .map_err(|e| PartitionInstallError::SegmentOpen {
+                        path: dir.join(log_file_name(s.start_offset)),
+                        source: io::Error::other(e.to_string()),
+                    })?;
+                    check_installed_segment(&dir, s, &segment)?;
+                    segments.push(segment);
+                    *index_written |= written;
+                } else {
+                    if *index_written {
+                        fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
+                    }
+                    // An empty offer has no segment: the log plants one at
+                    // the frontier, which recovery reads as a frontier
+                    // marker.
+                    let log = SegmentedLog::from_recovered(
+                        fs.clone(),
+                        &dir,
+                        self.config.log,
+                        std::mem::take(segments),
+                        job.checked.frontier,
+                    )
+                    .await
+                    .map_err(|e| PartitionInstallError::SegmentOpen {
+                        path: dir.clone(),
+                        source: io::Error::other(e.to_string()),
+                    })?;
+                    if log.next_offset() != job.checked.frontier {
+                        return Err(PartitionInstallError::SegmentOpen {
+                            path: dir.clone(),
+                            source: io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!(
+                                    "installed chain ends at {} but the offer's frontier is {}",
+                                    log.next_offset(),
+                                    job.checked.frontier
+                                ),
+                            ),
+                        });
+                    }
+                    job.step = SwapStep::Loaded(log);
+                }
+            }
+            SwapStep::Loaded(_) => {}
         }
-        // The old chain, oldest first. A synced directory before any rename:
-        // an old `.log` whose unlink a crash undid could otherwise sit beside
-        // the new chain.
-        for path in existing
-            .iter()
-            .filter(|p| !p.to_str().is_some_and(|s| s.ends_with(STAGING_SUFFIX)))
-        {
-            remove_if_present(&fs, path).await.map_err(swap_io(path))?;
-        }
-        fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
-        // Every index before any log: a `.log` never shows without its index.
-        for s in &checked.staged {
-            let (_, index) = s.staging_paths(&dir);
-            let target = dir.join(index_file_name(s.start_offset));
-            fs.rename(&index, &target).await.map_err(swap_io(&index))?;
-        }
-        fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
-        // Each log rename, once synced, commits its segment: a cut leaves a
-        // contiguous prefix of the new chain.
-        for s in &checked.staged {
-            let (log, _) = s.staging_paths(&dir);
-            let target = dir.join(log_file_name(s.start_offset));
-            fs.rename(&log, &target).await.map_err(swap_io(&log))?;
-            fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
-        }
-        // Rebuild from the directory (writers on the last segment only); an
-        // empty offer finds no segment and plants one at the frontier.
-        let (log, _) = SegmentedLog::open(fs.clone(), &dir, self.config.log, checked.frontier)
-            .await
-            .map_err(|e| PartitionInstallError::SegmentOpen {
-                path: dir.clone(),
-                source: io::Error::other(e.to_string()),
-            })?;
-        if log.next_offset() != checked.frontier {
-            return Err(PartitionInstallError::SegmentOpen {
-                path: dir.clone(),
-                source: io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "installed chain ends at {} but the offer's frontier is {}",
-                        log.next_offset(),
-                        checked.frontier
-                    ),
-                ),
-            });
-        }
+        Ok(())
+    }
+
+    /// ST-I4 over the installed log: journal, offsets, dedup, counters,
+    /// bookkeeping, and the marker last. Every error is converged from by
+    /// the caller.
+    async fn finish_install(
+        &mut self,
+        checked: &CheckedInstall,
+        log: SegmentedLog<F>,
+    ) -> Result<PartitionInstallOutcome, PartitionInstallError> {
+        let fs = self.fs.clone();
         self.replace_log(log);
         self.journal.clear_all(checked.commit_op + 1);
 

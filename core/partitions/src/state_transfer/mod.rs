@@ -46,7 +46,9 @@ pub use errors::{
     PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,
     SpillError, validate_consumer_offset_transfer_count,
 };
-pub use install::{INSTALL_MARKER_FILE, InstallInput, StagedSegment, fence_partition};
+pub use install::{
+    INSTALL_FILE_OPS_PER_STEP, INSTALL_MARKER_FILE, InstallInput, StagedSegment, fence_partition,
+};
 pub use missing::{MissingHistory, TRANSFER_NEEDED_FILE};
 pub use offer::{
     BuildBudget, BuildClock, HashRound, HashedPlan, MonotonicClock, OfferBuilder, OfferPlan,

@@ -340,6 +340,8 @@ impl Cluster {
                 | Err(PartitionError::PrepareOffsetMismatch { .. }) => {}
                 Err(_) if self.powerless == Some(to) => {}
                 Err(PartitionError::Fenced { .. }) if r.fenced().is_some() => {}
+                // Dropped while its install runs; peers send again.
+                Err(PartitionError::InstallInProgress { .. }) if r.installing() => {}
                 Err(e) => panic!("replica {to}: {e}"),
             }
         }

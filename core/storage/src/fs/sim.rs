@@ -526,6 +526,12 @@ impl SimFs {
         s.power_cut_at = Some(s.total_calls + calls);
     }
 
+    /// Calls that reached the disk so far (every kind, failed ones too):
+    /// how a test measures the filesystem work of one step.
+    pub fn total_calls(&self) -> u64 {
+        self.state.borrow().total_calls
+    }
+
     /// Number of crashes simulated so far.
     pub fn crash_count(&self) -> u64 {
         self.state.borrow().crashes
