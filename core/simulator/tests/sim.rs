@@ -368,6 +368,24 @@ fn regression_mixed_13000711_13002666_13002112_census_only_from_waiting_replicas
     }
 }
 
+/// Mixed seed 16100645 (3 × 2, 2,000 ticks), from the session-11 sweep of
+/// seeds 16,100,000–16,101,999 (1 of 2,000 failed): group 0's replica 0
+/// crashed in the middle of a view change to view 4, whose primary it
+/// would have been, and came back `Recovering` in view 4, probing. The
+/// other two were each `Normal` as the primary of an older view (replica 2
+/// of view 3, replica 1 of view 2, which had missed view 3). Each noted
+/// view 4 from the probes and, being a primary, asked view 4's primary for
+/// a StartView at every commit timeout instead of sending heartbeats, for
+/// ever: no backup of either view existed to time out and elect, so group
+/// 0 never moved and replica 1 never learnt the last two creates. A
+/// primary now asks about a newer view once and then starts a view change
+/// past its own (and a backup no longer re-asks about a view it already
+/// asked about).
+#[test]
+fn regression_mixed_16100645_stale_primaries_asking_about_a_view_that_never_formed() {
+    clean(&options(16_100_645, FaultProfile::Mixed, 3, 2, 2_000));
+}
+
 /// Blackout seed 11000822 (3 × 2, 2,000 ticks), found by the session-8
 /// sweep of seeds 11,000,000–11,000,999 (1 of 1,000 failed): group 1 was
 /// created while replica 1 lagged on the metadata plane, so replicas 0

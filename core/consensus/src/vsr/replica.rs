@@ -476,6 +476,12 @@ pub struct Replica {
     pub(super) pending_view: Option<MergedLog>,
     pub(super) recovering: Option<Recovery>,
     pub(super) observed_newer_view: u32,
+    /// The newest view a normal-heartbeat timeout asked about instead of
+    /// electing: asked once, it is not asked about again, so a peer that
+    /// keeps sending from a view that never formed (a restarted replica
+    /// probing from the view change it crashed in) cannot hold off an
+    /// election for ever.
+    pub(super) asked_newer_view: u32,
     pub(super) repair: Option<RepairSession>,
     pub(super) repair_buffer: BTreeMap<u64, Prepare>,
     pub(super) repair_tried: u32,
@@ -532,6 +538,7 @@ impl Replica {
             pending_view: None,
             recovering: None,
             observed_newer_view: 0,
+            asked_newer_view: 0,
             repair: None,
             repair_buffer: BTreeMap::new(),
             repair_tried: 0,
@@ -1462,7 +1469,25 @@ impl Replica {
         }
         self.timers.commit_message.start();
         if self.observed_newer_view > self.view {
-            self.send_request_start_view(Some(self.observed_newer_view));
+            if self.observed_newer_view > self.asked_newer_view {
+                // Ask that view's primary once: it answers with a StartView
+                // if the view formed.
+                self.asked_newer_view = self.observed_newer_view;
+                self.send_request_start_view(Some(self.observed_newer_view));
+                return;
+            }
+            if self.recovering.is_none() {
+                // Asked, and no StartView came: the view may never have
+                // formed (a peer restarted from a view change it started
+                // probes from it, and re-notes it on every probe). Left
+                // here, a primary would ask for ever and, with no backup
+                // of its view to elect, the group would wait for good
+                // (simulator seed 16100645: group 0's two live replicas
+                // each the primary of a different old view). A view change
+                // past ours lets the group move on and that peer adopt a
+                // view at least its own.
+                self.start_view_change(self.view.saturating_add(1));
+            }
             return;
         }
         if self.abdicate_if_identity_unlearnable() {

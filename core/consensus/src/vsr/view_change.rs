@@ -68,10 +68,14 @@ impl Replica {
             self.send_request_start_view(None);
             return;
         }
-        if self.observed_newer_view > self.view {
-            // Maybe we only missed an election: ask before electing, once.
+        if self.observed_newer_view > self.view.max(self.asked_newer_view) {
+            // Maybe we only missed an election: ask before electing, once
+            // per view seen. A view already asked about does not count
+            // again: a restarted peer probing from a view that never formed
+            // re-notes it between every two timeouts.
             let target = self.observed_newer_view;
             self.observed_newer_view = 0;
+            self.asked_newer_view = target;
             self.send_request_start_view(Some(target));
             return;
         }
