@@ -637,6 +637,11 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) damage_found: Cell<bool>,
     /// Where the next scrub step starts (`scrub.rs`).
     pub(crate) scrub_cursor: crate::scrub::ScrubCursor,
+    /// The index entries the scrub derived in the segment it is walking.
+    pub(crate) scrub_index: crate::scrub::DerivedIndex,
+    /// Sealed-segment indexes the scrub found different from their log and
+    /// rewrote.
+    pub(crate) scrub_index_rewrites: u64,
     pub(crate) now_us: u64,
     /// Driver time of the last applied-point record (or of the boot).
     pub(crate) recorded_at_us: u64,
@@ -1082,6 +1087,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             missing_history_record_pending: None,
             damage_found: Cell::new(false),
             scrub_cursor: crate::scrub::ScrubCursor::default(),
+            scrub_index: crate::scrub::DerivedIndex::default(),
+            scrub_index_rewrites: 0,
             now_us: 0,
             recorded_at_us: 0,
             persist_failed: false,
@@ -1152,6 +1159,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     pub(crate) fn replace_log(&mut self, log: SegmentedLog<F>) {
         self.log = log;
         self.scrub_cursor = crate::scrub::ScrubCursor::default();
+        self.scrub_index = crate::scrub::DerivedIndex::default();
     }
 
     /// Notes a read that found committed bytes failing their checksums

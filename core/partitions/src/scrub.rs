@@ -11,12 +11,37 @@
 //! that retention removed under the cursor is skipped. Damage found is
 //! handled as a poll's is ([`Partition::note_damage`]): never served, and
 //! repaired from a peer by state transfer on the next tick.
+//!
+//! A walk that covers a segment from its first byte to its last also
+//! checks the segment's index: it derives the entries the writer's stride
+//! rule gives for the batches it verified, and at the segment's end
+//! compares them with the entries in memory and the bytes of the `.index`
+//! file. A difference (a flipped bit in the file, or entries loaded from
+//! one at boot) is repaired locally: the index is derived data and the log
+//! it was derived from has just been verified, so the file is rewritten
+//! from the walk and memory replaced (`SegmentedLog::rewrite_sealed_index`).
+//! Nothing checks a sealed index otherwise: boot trusts a well-formed one,
+//! and reads seek by it.
 
 use journal::SuperblockStore;
 use storage::fs::Fs;
+use storage::index::{IndexEntry, encode_entries};
+use storage::segment::ReadBatches;
 
 use crate::bus::MessageBus;
 use crate::partition::Partition;
+
+/// The index entries a scrub derived from the batches it verified in one
+/// sealed segment, from its first byte on without a gap.
+#[derive(Debug, Default)]
+pub(crate) struct DerivedIndex {
+    segment_start: u64,
+    /// Where the walk continues: the entries cover the bytes before it.
+    next_position: u64,
+    entries: Vec<IndexEntry>,
+    /// The walk of this segment started at byte 0 and has no gap.
+    whole: bool,
+}
 
 /// Where the next scrub step starts: a sealed segment's start offset and a
 /// batch boundary in its log.
@@ -80,6 +105,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         match self.log.read_at(start, position, max_bytes).await {
             Ok(read) if read.next_position > position => {
                 let bytes = read.next_position - position;
+                self.derive_index(start, &read);
+                if read.next_position >= size {
+                    self.check_index(start, size).await;
+                }
                 self.scrub_cursor = if read.next_position >= size {
                     ScrubCursor {
                         segment_start: advance(start),
@@ -109,5 +138,83 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 0
             }
         }
+    }
+
+    /// Extends the derived index of segment `start` with the batches of
+    /// `read` (a new derivation when it starts at byte 0; none when it does
+    /// not continue the last one).
+    fn derive_index(&mut self, start: u64, read: &ReadBatches) {
+        let derived = &mut self.scrub_index;
+        if read.position == 0 {
+            *derived = DerivedIndex {
+                segment_start: start,
+                next_position: 0,
+                entries: Vec::new(),
+                whole: true,
+            };
+        } else if !(derived.whole
+            && derived.segment_start == start
+            && derived.next_position == read.position)
+        {
+            derived.whole = false;
+            derived.entries = Vec::new();
+            return;
+        }
+        let policy = self.log.config().index;
+        let mut at = read.position;
+        for batch in read.batches() {
+            if policy.should_index(derived.entries.last(), at) {
+                derived.entries.push(IndexEntry {
+                    offset: batch.header().base_offset,
+                    timestamp: batch.header().base_timestamp,
+                    position: at,
+                });
+            }
+            at = at.saturating_add(batch.bytes().len() as u64);
+        }
+        derived.next_position = at;
+    }
+
+    /// At the end of sealed segment `start` (`size` bytes): compares the
+    /// derived entries with the index in memory and on disk, and rewrites
+    /// both from the derivation when either differs.
+    async fn check_index(&mut self, start: u64, size: u64) {
+        let derived = std::mem::take(&mut self.scrub_index);
+        if !derived.whole || derived.segment_start != start || derived.next_position != size {
+            return;
+        }
+        let memory_ok = self.log.index_entries(start) == Some(derived.entries.as_slice());
+        let expected = encode_entries(&derived.entries);
+        let limit = (expected.len() as u64).saturating_add(1);
+        let disk_ok = match self.log.read_sealed_index_file(start, limit).await {
+            Ok(bytes) => bytes == expected,
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), segment = start, %error, "could not read a sealed segment's index to check it");
+                false
+            }
+        };
+        if memory_ok && disk_ok {
+            return;
+        }
+        tracing::warn!(
+            dir = %self.dir.display(),
+            segment = start,
+            memory_ok,
+            disk_ok,
+            entries = derived.entries.len(),
+            "a sealed segment's index differs from its verified log; rewriting it from the log"
+        );
+        match self.log.rewrite_sealed_index(start, derived.entries).await {
+            Ok(()) => self.scrub_index_rewrites += 1,
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), segment = start, %error, "could not rewrite a sealed segment's index; the next pass tries again")
+            }
+        }
+    }
+
+    /// Sealed-segment indexes the scrub found different from their log and
+    /// rewrote, since this partition was opened.
+    pub fn scrub_index_rewrites(&self) -> u64 {
+        self.scrub_index_rewrites
     }
 }

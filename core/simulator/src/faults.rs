@@ -386,14 +386,13 @@ impl FaultPlan {
     }
 
     /// Flips one bit of a replica's committed data within the budget: in
-    /// a sealed segment (two draws in five), the active segment, a
-    /// consumer-offset record, or a small record of the group (a
-    /// superblock copy, at most one per group; a client-table slot).
-    /// Segment indexes are left alone: nothing checks a sealed segment's
-    /// index file against its log yet (docs/simulator.md, gaps). Half the
-    /// time the replica is down when it
-    /// happens (killed first, restarted 20–300 ticks later), so its boot
-    /// meets the damage; otherwise a read, the scrub or a later boot does.
+    /// a sealed segment (two draws in six), the active segment, a
+    /// consumer-offset record, a small record of the group (a superblock
+    /// copy, at most one per group; a client-table slot), or a sealed
+    /// segment's index (which the scrub checks against its log and
+    /// rewrites). Half the time the replica is down when it happens
+    /// (killed first, restarted 20–300 ticks later), so its boot meets the
+    /// damage; otherwise a read, the scrub or a later boot does.
     fn rot(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
         if self.replica_count == 1 {
             // f = 0: a single replica has no peer to repair from.
@@ -407,18 +406,30 @@ impl FaultPlan {
         let mut active = Vec::new();
         let mut records = Vec::new();
         let mut small = Vec::new();
+        let mut indexes = Vec::new();
         for s in 0..cluster.shard_count {
             let Some(shard) = cluster.shard_at(r, s) else {
                 continue;
             };
             for group in shard.groups() {
                 let dir = cluster.group_dir(group);
-                let logs: Vec<(String, usize)> = cluster
-                    .segment_files(r, group)
-                    .into_iter()
+                let files = cluster.segment_files(r, group);
+                let logs: Vec<(String, usize)> = files
+                    .iter()
                     .filter(|(n, b)| n.ends_with(".log") && !b.is_empty())
-                    .map(|(n, b)| (n, b.len()))
+                    .map(|(n, b)| (n.clone(), b.len()))
                     .collect();
+                // A sealed segment's index: every non-empty one but the
+                // active segment's, which is rewritten as it grows.
+                let active_index = logs
+                    .last()
+                    .map(|(n, _)| n.replace(".log", ".index"))
+                    .unwrap_or_default();
+                for (name, bytes) in &files {
+                    if name.ends_with(".index") && !bytes.is_empty() && *name != active_index {
+                        indexes.push((group, dir.join(name), bytes.len()));
+                    }
+                }
                 // Every segment but the last is sealed.
                 for (i, (name, len)) in logs.iter().enumerate() {
                     let place = (group, dir.join(name), *len);
@@ -445,11 +456,12 @@ impl FaultPlan {
                 }
             }
         }
-        let kind = self.pick(5);
+        let kind = self.pick(6);
         let candidates = match kind {
             0 if !active.is_empty() => &active,
             1 if !records.is_empty() => &records,
             2 if !small.is_empty() => &small,
+            3 if !indexes.is_empty() => &indexes,
             _ => &sealed,
         };
         if candidates.is_empty() {

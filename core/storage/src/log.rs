@@ -43,7 +43,8 @@ use crate::batch::{BATCH_LENGTH_MAX_DEFAULT, BatchError, BatchHeader, BatchView,
 use crate::error::{RecoveryError, StorageError};
 use crate::fs::{BufResult, Fs, FsFile, IoBuf, OpenOptions};
 use crate::index::{
-    IndexEntry, IndexPolicy, IndexWriter, lower_bound_by_offset, lower_bound_by_timestamp,
+    IndexEntry, IndexPolicy, IndexWriter, encode_entries, lower_bound_by_offset,
+    lower_bound_by_timestamp,
 };
 use crate::recovery::{
     RecoveredSegment, RecoveryConfig, RecoveryReport, check_chain, recover_partition,
@@ -248,6 +249,80 @@ impl<F: Fs> SegmentedLog<F> {
             .iter()
             .find(|s| s.meta.start_offset == start_offset)
             .map(|s| s.index.as_slice())
+    }
+
+    /// The stored bytes of the index file of the sealed segment starting at
+    /// `start_offset`, at most `limit` of them (a file longer than what it
+    /// should hold shows as different without being read whole). For the
+    /// scrub, which compares them with the entries its walk derives.
+    ///
+    /// # Errors
+    /// No such sealed segment, or I/O reading its index.
+    pub async fn read_sealed_index_file(
+        &self,
+        start_offset: u64,
+        limit: u64,
+    ) -> Result<Vec<u8>, StorageError> {
+        let seg = self.sealed(start_offset)?;
+        let file = self
+            .fs
+            .open(&seg.index_path, OpenOptions::read_only())
+            .await
+            .map_err(|e| StorageError::io("open", &seg.index_path, e))?;
+        file.read_to_end_bounded(limit)
+            .await
+            .map_err(|e| StorageError::io("read", &seg.index_path, e))
+    }
+
+    /// Replaces the index of the sealed segment starting at `start_offset`
+    /// with `entries`, in memory and in its file (written in place, cut to
+    /// length, synced). For the scrub, once a verified walk of the whole
+    /// segment derived them with this log's [`IndexPolicy`] and found the
+    /// stored ones different: the index is derived data, so the log's
+    /// batches are the truth. A crash during the write leaves each sector
+    /// old or new; recovery checks the entries it trusts against the log.
+    ///
+    /// # Errors
+    /// No such sealed segment, or I/O writing its index (memory is then
+    /// left as it was).
+    pub async fn rewrite_sealed_index(
+        &mut self,
+        start_offset: u64,
+        entries: Vec<IndexEntry>,
+    ) -> Result<(), StorageError> {
+        let path = self.sealed(start_offset)?.index_path.clone();
+        let file = self
+            .fs
+            .open(&path, OpenOptions::create_read_write())
+            .await
+            .map_err(|e| StorageError::io("open", &path, e))?;
+        let bytes = encode_entries(&entries);
+        let len = bytes.len() as u64;
+        let BufResult(res, _) = file.write_all_at(bytes, 0).await;
+        res.map_err(|e| StorageError::io("write", &path, e))?;
+        file.set_len(len)
+            .await
+            .map_err(|e| StorageError::io("truncate", &path, e))?;
+        file.sync_data()
+            .await
+            .map_err(|e| StorageError::io("sync", &path, e))?;
+        if let Some(seg) = self
+            .segments
+            .iter_mut()
+            .find(|s| s.meta.start_offset == start_offset)
+        {
+            seg.index = entries;
+        }
+        Ok(())
+    }
+
+    /// The sealed (not the active) segment starting at `start_offset`.
+    fn sealed(&self, start_offset: u64) -> Result<&Segment, StorageError> {
+        let sealed = self.segments.split_last().map_or(&[][..], |(_, rest)| rest);
+        sealed
+            .iter()
+            .find(|s| s.meta.start_offset == start_offset)
+            .ok_or(StorageError::NoSuchSegment { start_offset })
     }
 
     /// The offset the next batch must start at.
