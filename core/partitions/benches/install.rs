@@ -29,16 +29,12 @@ use std::path::Path;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use consensus::vsr::{Config, RequestOutcome};
-use journal::MemSuperblock;
+use consensus::vsr::Config;
 use partitions::state_transfer::{
     ConsumerOffsetsWire, INSTALL_FILE_OPS_PER_STEP, InstallInput, StagedSegment,
 };
-use partitions::{
-    ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
-};
+use partitions::{InMemoryNetwork, PartitionConfig};
 use storage::BatchBuilder;
-use storage::fs::RealFs;
 
 mod support;
 use support::*;
@@ -54,51 +50,19 @@ fn partition_config(segment_size: u64) -> PartitionConfig {
 }
 
 async fn open(dir: &Path, segment_size: u64) -> (BenchPartition, InMemoryNetwork) {
-    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
-    let p = Partition::open(
-        partition_config(segment_size),
-        RealFs,
-        dir,
-        net.endpoint(0),
-        MemSuperblock::new(),
-    )
-    .await
-    .unwrap();
-    (p, net)
+    open_partition(dir, partition_config(segment_size)).await
 }
 
 /// A source partition of `segments` segments, one 10-message batch each.
 async fn source(dir: &Path, segments: usize) -> BenchPartition {
     let (mut p, net) = open(dir, 1).await;
-    let register = ClientRequest {
-        client: 1,
-        session: 0,
-        request: 0,
-        user_id: 1,
-        op: ClientOp::Register,
-    };
-    let out = p.submit(register, 1).await.unwrap();
-    assert!(matches!(out, RequestOutcome::Prepared { .. }));
-    let session = net.take_replies(0).last().unwrap().session;
+    let session = register(&mut p, &net).await;
     let mut template = BatchBuilder::new(1);
     for i in 0..10u32 {
         template.push(u128::from(i) + 1, i, &[i as u8; 100], b"");
     }
     let one = template.build();
-    for i in 0..segments {
-        let request = ClientRequest {
-            client: 1,
-            session,
-            request: i as u64 + 1,
-            user_id: 1,
-            op: ClientOp::Append(one.clone()),
-        };
-        p.submit(request, 1_000 + i as u64).await.unwrap();
-        if i % 64 == 63 {
-            p.flush_committed_messages().await.unwrap();
-        }
-    }
-    p.flush_committed_messages().await.unwrap();
+    append_copies(&mut p, session, &one, segments).await;
     p
 }
 

@@ -28,13 +28,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use consensus::vsr::{Config, RequestOutcome};
+use consensus::vsr::Config;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use journal::MemSuperblock;
+use partitions::PartitionConfig;
 use partitions::state_transfer::{BuildBudget, MonotonicClock, OfferBuilder};
-use partitions::{
-    ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
-};
 use storage::BatchBuilder;
 use storage::fs::{Fs, FsFile, OpenOptions, RealFs};
 
@@ -64,37 +61,15 @@ async fn populated(dir: &Path) -> BenchPartition {
     let mut c = PartitionConfig::new(Config::new(0, 1, 1));
     c.partition_id = 1;
     c.log.segment_size_bytes = SEGMENT_BYTES;
-    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
-    let mut p = Partition::open(c, RealFs, dir, net.endpoint(0), MemSuperblock::new())
-        .await
-        .unwrap();
-    let register = ClientRequest {
-        client: 1,
-        session: 0,
-        request: 0,
-        user_id: 1,
-        op: ClientOp::Register,
-    };
-    let out = p.submit(register, 1).await.unwrap();
-    assert!(matches!(out, RequestOutcome::Prepared { .. }));
-    let session = net.take_replies(0).last().unwrap().session;
+    let (mut p, net) = open_partition(dir, c).await;
+    let session = register(&mut p, &net).await;
     let mut template = BatchBuilder::new(1);
     let payload = vec![0x5Au8; MESSAGE_BYTES];
     for i in 0..MESSAGES_PER_BATCH {
         template.push(u128::from(i) + 1, i, &payload, b"");
     }
     let one = template.build();
-    for i in 0..total_bytes().div_ceil(one.len()) {
-        let request = ClientRequest {
-            client: 1,
-            session,
-            request: i as u64 + 1,
-            user_id: 1,
-            op: ClientOp::Append(one.clone()),
-        };
-        p.submit(request, 1_000 + i as u64).await.unwrap();
-    }
-    p.flush_committed_messages().await.unwrap();
+    append_copies(&mut p, session, &one, total_bytes().div_ceil(one.len())).await;
     p
 }
 

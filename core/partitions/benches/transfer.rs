@@ -38,18 +38,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use consensus::header::StateTransferTargetHeader;
-use consensus::vsr::{Config, RequestOutcome};
+use consensus::vsr::Config;
 use futures::StreamExt;
 use futures::channel::mpsc;
-use journal::MemSuperblock;
 use partitions::state_transfer::{
     BuildBudget, ChunkAnswer, ChunkRequest, InstallInput, LocalFacts, MonotonicClock, OfferServer,
     OfferServerConfig, PartitionTransferUnavailable, ReceiveStep, ReceiverConfig, ReceiverStats,
     TransferReceiver, TransferRequest,
 };
-use partitions::{
-    ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
-};
+use partitions::{InMemoryNetwork, PartitionConfig};
 use storage::BatchBuilder;
 use storage::fs::{Fs, FsFile, OpenOptions, RealFs};
 
@@ -73,49 +70,20 @@ fn partition_config() -> PartitionConfig {
 }
 
 async fn open(dir: &Path) -> (BenchPartition, InMemoryNetwork) {
-    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
-    let p = Partition::open(
-        partition_config(),
-        RealFs,
-        dir,
-        net.endpoint(0),
-        MemSuperblock::new(),
-    )
-    .await
-    .unwrap();
-    (p, net)
+    open_partition(dir, partition_config()).await
 }
 
 /// A one-replica partition holding about `bytes` in 64 MiB segments.
 async fn populated(dir: &Path, bytes: usize) -> BenchPartition {
     let (mut p, net) = open(dir).await;
-    let register = ClientRequest {
-        client: 1,
-        session: 0,
-        request: 0,
-        user_id: 1,
-        op: ClientOp::Register,
-    };
-    let out = p.submit(register, 1).await.unwrap();
-    assert!(matches!(out, RequestOutcome::Prepared { .. }));
-    let session = net.take_replies(0).last().unwrap().session;
+    let session = register(&mut p, &net).await;
     let mut template = BatchBuilder::new(1);
     for i in 0..MESSAGES_PER_BATCH {
         let payload = vec![(i % 251) as u8; MESSAGE_BYTES];
         template.push(u128::from(i) + 1, i, &payload, b"");
     }
     let one = template.build();
-    for i in 0..bytes.div_ceil(one.len()) {
-        let request = ClientRequest {
-            client: 1,
-            session,
-            request: i as u64 + 1,
-            user_id: 1,
-            op: ClientOp::Append(one.clone()),
-        };
-        p.submit(request, 1_000 + i as u64).await.unwrap();
-    }
-    p.flush_committed_messages().await.unwrap();
+    append_copies(&mut p, session, &one, bytes.div_ceil(one.len())).await;
     p
 }
 

@@ -217,17 +217,9 @@ fn stage(fs: &SimFs, source: &[(u64, u64, u64, u64, u64)]) -> Vec<StagedSegment>
 
 type SourceSegments = Vec<(u64, u64, u64, u64, u64)>;
 
-fn fixture(seed: u64) -> (Fixture, SourceSegments) {
-    let fs = fresh_fs(seed);
-    // The source: every batch seals its own segment.
-    let mut src = node_at(&fs, &src_dir(), 1);
-    for tag in 0..6 {
-        src.produce(500 + tag, 5);
-    }
-    block_on(src.partition.flush_committed_messages()).unwrap();
-    let source: SourceSegments = src
-        .partition
-        .log()
+/// The non-empty segments of `p` as [`stage`] takes them.
+fn source_segments(p: &P) -> SourceSegments {
+    p.log()
         .segments()
         .filter(|s| s.size_bytes > 0)
         .map(|s| {
@@ -239,7 +231,18 @@ fn fixture(seed: u64) -> (Fixture, SourceSegments) {
                 s.end_timestamp,
             )
         })
-        .collect();
+        .collect()
+}
+
+fn fixture(seed: u64) -> (Fixture, SourceSegments) {
+    let fs = fresh_fs(seed);
+    // The source: every batch seals its own segment.
+    let mut src = node_at(&fs, &src_dir(), 1);
+    for tag in 0..6 {
+        src.produce(500 + tag, 5);
+    }
+    block_on(src.partition.flush_committed_messages()).unwrap();
+    let source = source_segments(&src.partition);
     assert_eq!(source.len(), 6);
     let new_messages = messages(&src.partition);
     assert_eq!(new_messages.len() as u64, FRONTIER);
@@ -1106,21 +1109,7 @@ fn long_chain(seed: u64, segments: u64) -> (SimFs, P, InstallInput, Vec<(u64, Ve
         src.produce(500 + tag, 2);
     }
     block_on(src.partition.flush_committed_messages()).unwrap();
-    let source: SourceSegments = src
-        .partition
-        .log()
-        .segments()
-        .filter(|s| s.size_bytes > 0)
-        .map(|s| {
-            (
-                s.start_offset,
-                s.next_offset,
-                s.size_bytes,
-                s.start_timestamp,
-                s.end_timestamp,
-            )
-        })
-        .collect();
+    let source = source_segments(&src.partition);
     assert_eq!(source.len() as u64, segments);
     let new_messages = messages(&src.partition);
     drop(src);

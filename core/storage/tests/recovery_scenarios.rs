@@ -794,6 +794,29 @@ fn given_unsynced_appends_of_a_killed_process_when_reopened_and_synced_should_su
     });
 }
 
+/// Recovers each segment of `metas` one at a time, as an install does,
+/// leaving out the one at index `skip`; returns each with whether its index
+/// file was written.
+async fn recover_each(
+    fs: &SimFs,
+    metas: &[storage::SegmentMeta],
+    skip: Option<usize>,
+) -> Vec<(storage::recovery::RecoveredSegment, bool)> {
+    let mut out = Vec::new();
+    for (i, meta) in metas.iter().enumerate() {
+        if Some(i) == skip {
+            continue;
+        }
+        let last = i + 1 == metas.len();
+        let recovered =
+            storage::recover_segment(fs, dir(), meta.start_offset, last, config().recovery())
+                .await
+                .unwrap();
+        out.push(recovered);
+    }
+    out
+}
+
 #[test]
 fn given_a_chain_recovered_segment_by_segment_when_assembled_should_match_a_whole_open() {
     block_on(async {
@@ -822,21 +845,8 @@ fn given_a_chain_recovered_segment_by_segment_when_assembled_should_match_a_whol
         fs.sync_dir(dir()).await.unwrap();
 
         let config = config();
-        let mut recovered = Vec::new();
-        let mut index_written = Vec::new();
-        for (i, meta) in metas.iter().enumerate() {
-            let (segment, written) = storage::recover_segment(
-                &fs,
-                dir(),
-                meta.start_offset,
-                i + 1 == metas.len(),
-                config.recovery(),
-            )
-            .await
-            .unwrap();
-            recovered.push(segment);
-            index_written.push(written);
-        }
+        let (recovered, index_written): (Vec<_>, Vec<_>) =
+            recover_each(&fs, &metas, None).await.into_iter().unzip();
         assert_eq!(
             index_written,
             (0..metas.len()).map(|i| i == 1).collect::<Vec<_>>(),
@@ -875,22 +885,11 @@ fn given_recovered_segments_with_a_hole_when_assembled_should_refuse() {
         assert!(metas.len() >= 3);
         drop(log);
         let config = config();
-        let mut recovered = Vec::new();
-        for (i, meta) in metas.iter().enumerate() {
-            if i == 1 {
-                continue;
-            }
-            let (segment, _) = storage::recover_segment(
-                &fs,
-                dir(),
-                meta.start_offset,
-                i + 1 == metas.len(),
-                config.recovery(),
-            )
+        let recovered = recover_each(&fs, &metas, Some(1))
             .await
-            .unwrap();
-            recovered.push(segment);
-        }
+            .into_iter()
+            .map(|(segment, _)| segment)
+            .collect();
         match SegmentedLog::from_recovered(fs.clone(), dir(), config, recovered, 0).await {
             Err(RecoveryError::Hole { next_start, .. }) => {
                 assert_eq!(next_start, metas[2].start_offset);

@@ -5,14 +5,61 @@
 use std::path::Path;
 use std::time::Duration;
 
+use consensus::vsr::RequestOutcome;
 use journal::MemSuperblock;
-use partitions::{InMemoryBus, Partition};
+use partitions::{
+    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
+    PartitionConfig,
+};
 use storage::fs::RealFs;
 
 /// Paired rounds per [`paired`] measurement.
 pub const PAIRS: usize = 7;
 
 pub type BenchPartition = Partition<InMemoryBus, MemSuperblock, RealFs>;
+
+/// A one-replica partition on the real filesystem in `dir`, with its
+/// network (replies land there).
+pub async fn open_partition(
+    dir: &Path,
+    config: PartitionConfig,
+) -> (BenchPartition, InMemoryNetwork) {
+    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
+    let p = Partition::open(config, RealFs, dir, net.endpoint(0), MemSuperblock::new())
+        .await
+        .unwrap();
+    (p, net)
+}
+
+/// Registers client 1 with `p` and returns its session.
+pub async fn register(p: &mut BenchPartition, net: &InMemoryNetwork) -> u64 {
+    let register = ClientRequest {
+        client: 1,
+        session: 0,
+        request: 0,
+        user_id: 1,
+        op: ClientOp::Register,
+    };
+    let out = p.submit(register, 1).await.unwrap();
+    assert!(matches!(out, RequestOutcome::Prepared { .. }));
+    net.take_replies(0).last().unwrap().session
+}
+
+/// Appends `count` copies of `batch` as client 1's requests 1, 2, …, each
+/// stamped 1 µs after the last, then flushes.
+pub async fn append_copies(p: &mut BenchPartition, session: u64, batch: &[u8], count: usize) {
+    for i in 0..count {
+        let request = ClientRequest {
+            client: 1,
+            session,
+            request: i as u64 + 1,
+            user_id: 1,
+            op: ClientOp::Append(batch.to_vec()),
+        };
+        p.submit(request, 1_000 + i as u64).await.unwrap();
+    }
+    p.flush_committed_messages().await.unwrap();
+}
 
 /// A scratch directory beside the target directory: the same disk as the
 /// build, not tmpfs.
