@@ -42,6 +42,8 @@ pub struct Config {
     pub storage: StorageConfig,
     /// The Prometheus metrics endpoint.
     pub metrics: MetricsConfig,
+    /// The consensus groups' liveness timers.
+    pub consensus: ConsensusConfig,
     /// Every replica of the cluster; empty for a single replica (this one,
     /// at the listeners above).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -101,6 +103,30 @@ pub struct StorageConfig {
     pub record_interval_ms: u64,
 }
 
+/// The consensus groups' liveness timers (every group of the replica, the
+/// metadata group included), in milliseconds of the tick clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsensusConfig {
+    /// How often a primary with nothing to replicate tells its backups it
+    /// is alive (a `Commit` heartbeat).
+    pub heartbeat_ms: u64,
+    /// How long a backup waits without hearing from its primary before it
+    /// starts a view change (plus up to a quarter of it in jitter); also
+    /// how long a view change may take before it moves on to the next
+    /// view. What a primary's failure costs its groups' availability.
+    pub primary_timeout_ms: u64,
+}
+
+impl Default for ConsensusConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 500,
+            primary_timeout_ms: 5_000,
+        }
+    }
+}
+
 /// The Prometheus metrics endpoint (off unless `listen` is set).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -153,6 +179,7 @@ impl Default for Config {
             root: RootUser::default(),
             storage: StorageConfig::default(),
             metrics: MetricsConfig::default(),
+            consensus: ConsensusConfig::default(),
             replicas: Vec::new(),
         }
     }
@@ -281,6 +308,21 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.tick_ms == 0 {
             return Err(invalid("tick_ms", "must be at least 1"));
+        }
+        if self.consensus.heartbeat_ms < self.tick_ms {
+            return Err(invalid(
+                "consensus.heartbeat_ms",
+                format!("must be at least one tick ({} ms)", self.tick_ms),
+            ));
+        }
+        if self.consensus.primary_timeout_ms < self.consensus.heartbeat_ms.saturating_mul(3) {
+            return Err(invalid(
+                "consensus.primary_timeout_ms",
+                format!(
+                    "must span at least three heartbeats ({} ms), or one late heartbeat replaces a live primary",
+                    self.consensus.heartbeat_ms.saturating_mul(3)
+                ),
+            ));
         }
         if self.storage.segment_size_bytes == 0 {
             return Err(invalid("storage.segment_size_bytes", "must be at least 1"));

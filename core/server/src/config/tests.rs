@@ -226,3 +226,40 @@ fn given_a_metrics_section_when_resolved_should_serve_only_what_it_names() {
     let err = Config::effective(&clash.overrides, 1).unwrap_err();
     assert!(err.to_string().contains("metrics.listen"), "{err}");
 }
+
+#[test]
+fn given_a_consensus_section_when_validated_should_bound_it_by_ticks_and_heartbeats() {
+    let c = parse("[consensus]\nheartbeat_ms = 250\nprimary_timeout_ms = 1000\n").unwrap();
+    c.validate().unwrap();
+    assert_eq!(
+        (c.consensus.heartbeat_ms, c.consensus.primary_timeout_ms),
+        (250, 1000)
+    );
+    let printed = c.to_toml_redacted();
+    assert_eq!(parse(&printed).unwrap().consensus, c.consensus, "{printed}");
+    let under_a_tick = parse("tick_ms = 10\n[consensus]\nheartbeat_ms = 5\n").unwrap();
+    assert!(matches!(
+        under_a_tick.validate(),
+        Err(ConfigError::Invalid {
+            field: "consensus.heartbeat_ms",
+            ..
+        })
+    ));
+    let too_short = parse("[consensus]\nheartbeat_ms = 500\nprimary_timeout_ms = 1499\n").unwrap();
+    let err = too_short.validate().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::Invalid {
+                field: "consensus.primary_timeout_ms",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("1500 ms"), "{err}");
+    assert!(
+        parse("[consensus]\nelection_ms = 1\n").is_err(),
+        "unknown key"
+    );
+}

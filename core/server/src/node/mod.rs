@@ -78,6 +78,10 @@ pub struct NodeConfig {
     pub scrub_bytes_per_sec: u64,
     /// `partitions::PartitionConfig::record_interval_us`, for every group.
     pub record_interval: Duration,
+    /// A primary's heartbeat interval.
+    pub heartbeat: Duration,
+    /// A backup's wait for its primary before a view change.
+    pub primary_timeout: Duration,
 }
 
 /// Where a replica's bus listens and where every replica's bus is.
@@ -374,6 +378,10 @@ fn shard_config(config: &NodeConfig, index: ShardIndex, rejoin: bool) -> ShardCo
         .max(1);
     c.scrub_bytes_per_tick = config.scrub_bytes_per_sec.saturating_mul(tick_us) / 1_000_000;
     c.record_interval_us = u64::try_from(config.record_interval.as_micros()).unwrap_or(u64::MAX);
+    let ticks = |d: Duration| (u64::try_from(d.as_micros()).unwrap_or(u64::MAX) / tick_us).max(1);
+    c.timeouts.commit_message_ticks = ticks(config.heartbeat);
+    c.timeouts.normal_heartbeat_ticks = ticks(config.primary_timeout);
+    c.timeouts.view_change_status_ticks = ticks(config.primary_timeout);
     // Per boot: a restarted shard's VSR client id must differ from the
     // last boot's (request numbers start again at 1).
     c.seed = boot_seed() ^ u64::from(index.0);
