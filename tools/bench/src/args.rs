@@ -106,6 +106,10 @@ pub enum Mode {
     /// one backup, restart it, and time its catch-up next to the disk's own
     /// write+read speed of as many bytes in the same directory.
     Transfer(Transfer),
+    /// Start a three-replica cluster with one topic of many partitions,
+    /// load it, kill -9 the replica that leads the most partitions, and
+    /// time until every partition accepts a produce again.
+    Failover(Failover),
 }
 
 /// The baseline receiver's producers.
@@ -148,6 +152,50 @@ pub struct Transfer {
     /// Give up on any phase (start, fill, convergence, catch-up) that takes
     /// longer than this.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// The failover run.
+#[derive(Debug, Clone, Args)]
+pub struct Failover {
+    /// Partitions of the topic (one group each).
+    #[arg(long, short = 'a', default_value_t = 1000)]
+    pub partitions: u32,
+    /// Load producers, on the two replicas that survive (0: no load).
+    #[arg(long, default_value_t = 2)]
+    pub producers: u32,
+    /// Concurrent probers after the kill, each retrying its share of the
+    /// partitions until each accepts a one-message batch.
+    #[arg(long, default_value_t = 32)]
+    pub probers: u32,
+    /// How long the load runs before the kill.
+    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    pub load: Duration,
+    /// Shards per replica.
+    #[arg(long, default_value_t = 2)]
+    pub shards: u32,
+    /// The replicas' `consensus.heartbeat_ms` (their default if unset).
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// The replicas' `consensus.primary_timeout_ms` (their default if
+    /// unset).
+    #[arg(long)]
+    pub primary_timeout_ms: Option<u64>,
+    /// The `replog` binary; by default the one beside this executable,
+    /// else `REPLOG_BIN`.
+    #[arg(long)]
+    pub replog: Option<PathBuf>,
+    /// Where the replicas' data, configuration files and logs go (a fresh
+    /// directory below it, deleted after the run unless --keep); the
+    /// system's temporary directory by default.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Keep the run's directory (data, logs) afterwards.
+    #[arg(long)]
+    pub keep: bool,
+    /// Give up on any phase (start, creation, recovery) that takes longer
+    /// than this.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub timeout: Duration,
 }
 

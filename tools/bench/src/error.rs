@@ -72,10 +72,11 @@ pub enum BenchError {
     },
     /// An actor task panicked or was cancelled.
     Actor(String),
-    /// The transfer run failed; its logs are kept in `dir`.
-    Transfer {
+    /// A cluster run (transfer, failover) failed; its logs are kept in
+    /// `dir`.
+    Cluster {
         /// Why.
-        error: crate::transfer::TransferError,
+        error: crate::cluster::ClusterError,
         /// The run's directory.
         dir: PathBuf,
     },
@@ -145,9 +146,9 @@ impl std::fmt::Display for BenchError {
             }
             Self::Actor(why) => write!(f, "an actor task failed: {why}"),
             Self::Receiver { what, source } => write!(f, "{what}: {source}"),
-            Self::Transfer { error, dir } => write!(
+            Self::Cluster { error, dir } => write!(
                 f,
-                "transfer run in {} failed: {error} (the replicas' logs and configuration files are kept there)",
+                "cluster run in {} failed: {error} (the replicas' logs and configuration files are kept there)",
                 dir.display()
             ),
         }

@@ -10,13 +10,13 @@
 mod actors;
 mod args;
 mod baseline;
+mod cluster;
 mod error;
 mod histogram;
 mod plan;
 mod report;
 mod run;
 mod schedule;
-mod transfer;
 
 use std::process::ExitCode;
 
@@ -41,8 +41,16 @@ fn bench(cli: &args::Cli) -> Result<(), BenchError> {
         .build()
         .map_err(|e| BenchError::Actor(format!("could not start the tokio runtime: {e}")))?;
     if let args::Mode::Transfer(flags) = &cli.mode {
-        let plan = transfer::TransferPlan::from_cli(cli, flags).map_err(BenchError::Plan)?;
-        let report = runtime.block_on(transfer::run(plan))?;
+        let plan =
+            cluster::transfer::TransferPlan::from_cli(cli, flags).map_err(BenchError::Plan)?;
+        let report = runtime.block_on(cluster::transfer::run(plan))?;
+        print!("{}", report.render());
+        return write_json(cli, &report);
+    }
+    if let args::Mode::Failover(flags) = &cli.mode {
+        let plan =
+            cluster::failover::FailoverPlan::from_cli(cli, flags).map_err(BenchError::Plan)?;
+        let report = runtime.block_on(cluster::failover::run(plan))?;
         print!("{}", report.render());
         return write_json(cli, &report);
     }

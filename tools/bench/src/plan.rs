@@ -16,7 +16,7 @@ pub const TOPIC: &str = "bench";
 pub const GROUP: &str = "replog-bench-group";
 
 /// The mode of a run (`transfer` has a plan of its own,
-/// [`crate::transfer::TransferPlan`]).
+/// [`crate::cluster::transfer::TransferPlan`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
@@ -167,8 +167,8 @@ impl Plan {
                     p.partitions,
                 )
             }
-            Mode::Transfer(_) => {
-                return Err("the transfer mode is planned by TransferPlan, not as a producer or consumer run".into());
+            Mode::Transfer(_) | Mode::Failover(_) => {
+                return Err("the cluster modes are planned by TransferPlan and FailoverPlan, not as a producer or consumer run".into());
             }
         };
         if actors == 0 || streams == 0 || partitions == 0 {

@@ -351,3 +351,83 @@ fn given_a_small_partition_when_the_transfer_mode_runs_should_time_the_wiped_rep
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn given_a_few_partitions_when_the_failover_mode_kills_their_primary_should_time_each_partitions_return()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let replog = testkit::replog_binary().unwrap();
+    let (stdout, r) = run_bench(
+        dir.path(),
+        "failover",
+        &[
+            "-m",
+            "100",
+            "-p",
+            "10",
+            "failover",
+            "--partitions",
+            "12",
+            "--producers",
+            "1",
+            "--probers",
+            "4",
+            "--load",
+            "1s",
+            "--heartbeat-ms",
+            "300",
+            "--primary-timeout-ms",
+            "1500",
+            "--timeout",
+            "60s",
+            "--replog",
+            replog.to_str().unwrap(),
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ],
+    );
+    let led = u(&r, &["victim_partitions"]);
+    // The victim leads the most partitions: at least a third of them.
+    assert!((4..=12).contains(&led), "{r}");
+    let victim = &r["victim_recovery"];
+    let all = &r["all_recovery"];
+    assert_eq!(u(victim, &["count"]), led, "{r}");
+    assert_eq!(u(all, &["count"]), 12, "{r}");
+    for spread in [victim, all] {
+        let (p50, p90, p99, max) = (
+            f(spread, &["p50"]),
+            f(spread, &["p90"]),
+            f(spread, &["p99"]),
+            f(spread, &["max"]),
+        );
+        assert!(0.0 < p50 && p50 <= p90 && p90 <= p99 && p99 <= max, "{r}");
+    }
+    // A partition that lost its primary cannot take a produce before a
+    // backup stops waiting for it: the primary timeout less the heartbeat
+    // it may have just heard (1.5 s − 0.3 s). Well under the default 5 s
+    // timeout, so the replicas ran with the configured one.
+    assert!(f(victim, &["p50"]) >= 1.2, "{r}");
+    assert!(f(victim, &["max"]) < 5.0, "{r}");
+    assert_eq!(f(all, &["max"]), f(victim, &["max"]), "{r}");
+    let over = u(&r, &["over_goal"]);
+    assert!(over <= 12, "{r}");
+    assert!(u(&r, &["load", "batches_ok"]) > 0, "{r}");
+    let syncs = &r["syncs"];
+    assert!(u(syncs, &["groups_changed_view"]) >= led, "{r}");
+    assert!(u(syncs, &["during_failover"]) > 0, "{r}");
+    assert!(syncs["per_view_change_without_load"].is_null(), "{r}");
+    assert!(
+        stdout.contains("produce accepted again, from the kill"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("consensus.primary_timeout_ms 1500"),
+        "{stdout}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with("replog-bench-failover"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

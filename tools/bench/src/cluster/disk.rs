@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::TransferError;
+use super::ClusterError;
 
 /// Bytes per write and per read.
 const CHUNK_BYTES: usize = 4 << 20;
@@ -62,7 +62,7 @@ pub struct DiskSpeed {
 
 /// Writes `bytes` (rounded up to whole chunks) to a file in `dir`, syncs,
 /// reads them back, deletes the file. Blocking.
-pub fn probe(dir: &Path, bytes: u64) -> Result<DiskSpeed, TransferError> {
+pub fn probe(dir: &Path, bytes: u64) -> Result<DiskSpeed, ClusterError> {
     let path = dir.join("disk-probe");
     let chunks = bytes.div_ceil(CHUNK_BYTES as u64).max(1);
     let total = chunks * CHUNK_BYTES as u64;
@@ -89,8 +89,8 @@ pub fn probe(dir: &Path, bytes: u64) -> Result<DiskSpeed, TransferError> {
     })
 }
 
-fn write_then_read(path: &Path, chunks: u64) -> Result<(Duration, Duration, bool), TransferError> {
-    let io = |what: &str, source: std::io::Error| TransferError::Io {
+fn write_then_read(path: &Path, chunks: u64) -> Result<(Duration, Duration, bool), ClusterError> {
+    let io = |what: &str, source: std::io::Error| ClusterError::Io {
         what: format!("{what} {}", path.display()),
         source,
     };
@@ -148,7 +148,7 @@ fn write_then_read(path: &Path, chunks: u64) -> Result<(Duration, Duration, bool
     let read_time = started.elapsed();
     let want = chunks * CHUNK_BYTES as u64;
     if read != want {
-        return Err(TransferError::Io {
+        return Err(ClusterError::Io {
             what: format!("reading {} back", path.display()),
             source: std::io::Error::other(format!("{read} bytes of {want}")),
         });

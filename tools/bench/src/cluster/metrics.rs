@@ -1,8 +1,8 @@
 //! Reading a replica's Prometheus endpoint (docs/operations.md,
 //! "Metrics"): one `GET /metrics` over a fresh loopback connection, and
-//! the few series the transfer run watches — a partition's group, its
-//! commit point and size, who is its primary, and whether state transfer
-//! was used.
+//! the few series the cluster runs watch — a partition's group, its
+//! commit point and size, who is its primary and in which view, whether
+//! state transfer was used, how many syncs a shard issued.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::TransferError;
+use super::ClusterError;
 
 /// A scrape may take this long (the endpoint waits up to 2 s for shards).
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -108,6 +108,42 @@ impl Scrape {
             })
     }
 
+    /// Every partition of topic `topic` of stream `stream` this replica
+    /// holds: partition id → group id.
+    pub fn partition_groups(&self, stream: u32, topic: u32) -> BTreeMap<u32, String> {
+        let (s, t) = (stream.to_string(), topic.to_string());
+        let Some(samples) = self.samples.get("replog_partition_size_bytes") else {
+            return BTreeMap::new();
+        };
+        samples
+            .iter()
+            .filter_map(|(labels, _)| {
+                let get = |k: &str| labels.iter().find(|(lk, _)| lk == k).map(|(_, v)| v);
+                if get("stream")? != &s || get("topic")? != &t {
+                    return None;
+                }
+                let partition = get("partition")?.parse().ok()?;
+                Some((partition, get("group")?.clone()))
+            })
+            .collect()
+    }
+
+    /// Every sample of a per-group series (`replog_group_*`): group id →
+    /// value.
+    pub fn per_group(&self, name: &str) -> BTreeMap<String, f64> {
+        self.samples
+            .get(name)
+            .map_or_else(BTreeMap::new, |samples| {
+                samples
+                    .iter()
+                    .filter_map(|(labels, v)| {
+                        let (_, group) = labels.iter().find(|(k, _)| k == "group")?;
+                        Some((group.clone(), *v))
+                    })
+                    .collect()
+            })
+    }
+
     /// The state of `group` here, if every series of it is present.
     pub fn group_state(&self, group: &str) -> Option<GroupState> {
         let g = [("group", group)];
@@ -135,8 +171,8 @@ fn parse_labels(text: &str) -> Labels {
 }
 
 /// One `GET /metrics` from `addr`.
-pub async fn scrape(addr: SocketAddr) -> Result<Scrape, TransferError> {
-    let fail = |detail: String| TransferError::Metrics { addr, detail };
+pub async fn scrape(addr: SocketAddr) -> Result<Scrape, ClusterError> {
+    let fail = |detail: String| ClusterError::Metrics { addr, detail };
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(addr)
             .await
@@ -151,7 +187,7 @@ pub async fn scrape(addr: SocketAddr) -> Result<Scrape, TransferError> {
             .read_to_end(&mut answer)
             .await
             .map_err(|e| fail(format!("reading the answer: {e}")))?;
-        Ok::<_, TransferError>(answer)
+        Ok::<_, ClusterError>(answer)
     };
     let answer = tokio::time::timeout(SCRAPE_TIMEOUT, fetch)
         .await
@@ -191,6 +227,17 @@ garbage line
         let s = Scrape::parse(TEXT);
         assert_eq!(s.partition_group(0, 0, 0).as_deref(), Some("1"));
         assert_eq!(s.partition_group(0, 0, 1), None);
+        assert_eq!(
+            s.partition_groups(0, 0).into_iter().collect::<Vec<_>>(),
+            vec![(0, "1".to_owned())]
+        );
+        assert!(s.partition_groups(0, 1).is_empty());
+        assert_eq!(
+            s.per_group("replog_group_primary")
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec![("1".to_owned(), 1.0)]
+        );
         let g = s.group_state("1").unwrap();
         assert_eq!(
             g,

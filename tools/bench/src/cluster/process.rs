@@ -15,7 +15,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::TransferError;
+use super::ClusterError;
 
 /// Replicas in the cluster.
 pub const REPLICAS: usize = 3;
@@ -63,14 +63,16 @@ pub struct Cluster {
 
 impl Cluster {
     /// Writes the roster files under `dir` (ports picked free now) with
-    /// `username` as the root user; starts nothing.
+    /// `username` as the root user and `extra` (TOML sections) appended to
+    /// each; starts nothing.
     pub fn configure(
         binary: &Path,
         dir: &Path,
         shards: u32,
         username: &str,
         password: &str,
-    ) -> Result<Self, TransferError> {
+        extra: &str,
+    ) -> Result<Self, ClusterError> {
         let ports = free_ports(2 * REPLICAS)?;
         let specs: Vec<ReplicaSpec> = (0..REPLICAS)
             .map(|i| ReplicaSpec {
@@ -83,8 +85,8 @@ impl Cluster {
             })
             .collect();
         for spec in &specs {
-            let text = roster_toml(spec, &specs, shards, username)?;
-            std::fs::write(&spec.config, text).map_err(|source| TransferError::Io {
+            let text = roster_toml(spec, &specs, shards, username)? + extra;
+            std::fs::write(&spec.config, text).map_err(|source| ClusterError::Io {
                 what: format!("writing {}", spec.config.display()),
                 source,
             })?;
@@ -99,13 +101,13 @@ impl Cluster {
 
     /// Starts replica `id` (with `--rejoin` when its disk was "replaced")
     /// and waits for its serving line. Blocking.
-    pub fn start(&mut self, id: usize, rejoin: bool) -> Result<(), TransferError> {
+    pub fn start(&mut self, id: usize, rejoin: bool) -> Result<(), ClusterError> {
         let spec = &self.specs[id];
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&spec.log)
-            .map_err(|source| TransferError::Io {
+            .map_err(|source| ClusterError::Io {
                 what: format!("opening {}", spec.log.display()),
                 source,
             })?;
@@ -120,7 +122,7 @@ impl Cluster {
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
-            .map_err(|source| TransferError::Spawn {
+            .map_err(|source| ClusterError::Spawn {
                 binary: self.binary.clone(),
                 source,
             })?;
@@ -180,8 +182,8 @@ impl Cluster {
         }
     }
 
-    fn not_serving(&self, id: usize, detail: String) -> TransferError {
-        TransferError::NotServing {
+    fn not_serving(&self, id: usize, detail: String) -> ClusterError {
+        ClusterError::NotServing {
             replica: id,
             binary: self.binary.clone(),
             log: self.specs[id].log.clone(),
@@ -195,13 +197,13 @@ impl Cluster {
     }
 
     /// Whether every started replica still runs; the first that exited.
-    pub fn check_alive(&mut self) -> Result<(), TransferError> {
+    pub fn check_alive(&mut self) -> Result<(), ClusterError> {
         for (id, slot) in self.running.iter_mut().enumerate() {
             if let Some(r) = slot
                 && let Ok(Some(status)) = r.child.try_wait()
             {
                 *slot = None;
-                return Err(TransferError::Exited {
+                return Err(ClusterError::Exited {
                     replica: id,
                     status: status.to_string(),
                     log: self.specs[id].log.clone(),
@@ -214,7 +216,7 @@ impl Cluster {
     /// Stops replica `id` cleanly (its stdin closes), killing it after
     /// [`STOP_TIMEOUT`]. Blocking; an error if it had to be killed or
     /// exited with a failure.
-    pub fn stop(&mut self, id: usize) -> Result<(), TransferError> {
+    pub fn stop(&mut self, id: usize) -> Result<(), ClusterError> {
         let Some(mut r) = self.running[id].take() else {
             return Ok(());
         };
@@ -224,7 +226,7 @@ impl Cluster {
             match r.child.try_wait() {
                 Ok(Some(status)) if status.success() => return Ok(()),
                 Ok(Some(status)) => {
-                    return Err(TransferError::Exited {
+                    return Err(ClusterError::Exited {
                         replica: id,
                         status: status.to_string(),
                         log: self.specs[id].log.clone(),
@@ -236,7 +238,7 @@ impl Cluster {
                 Ok(None) | Err(_) => {
                     let _ = r.child.kill();
                     let _ = r.child.wait();
-                    return Err(TransferError::Exited {
+                    return Err(ClusterError::Exited {
                         replica: id,
                         status: format!(
                             "killed: not stopped {STOP_TIMEOUT:?} after its stdin closed"
@@ -248,8 +250,22 @@ impl Cluster {
         }
     }
 
+    /// Kills replica `id` at once (SIGKILL: no clean stop, nothing flushed
+    /// that was not already written) and reaps it. Blocking.
+    pub fn kill(&mut self, id: usize) -> Result<(), ClusterError> {
+        let Some(mut r) = self.running[id].take() else {
+            return Ok(());
+        };
+        r.child.kill().map_err(|source| ClusterError::Io {
+            what: format!("killing replica {id}"),
+            source,
+        })?;
+        let _ = r.child.wait();
+        Ok(())
+    }
+
     /// Stops every running replica; the first error.
-    pub fn stop_all(&mut self) -> Result<(), TransferError> {
+    pub fn stop_all(&mut self) -> Result<(), ClusterError> {
         // Close every stdin first, so they stop in parallel.
         for r in self.running.iter_mut().flatten() {
             drop(r.stdin.take());
@@ -274,11 +290,11 @@ impl Drop for Cluster {
 /// `n` distinct free loopback ports: all bound at once, then released. A
 /// port may be taken by someone else before the replica binds it; the
 /// replica then fails to start and says so.
-fn free_ports(n: usize) -> Result<Vec<u16>, TransferError> {
+fn free_ports(n: usize) -> Result<Vec<u16>, ClusterError> {
     let listeners = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TransferError::Io {
+        .map_err(|source| ClusterError::Io {
             what: "binding 127.0.0.1:0 to pick free ports".into(),
             source,
         })?;
@@ -287,7 +303,7 @@ fn free_ports(n: usize) -> Result<Vec<u16>, TransferError> {
         .map(|l| {
             l.local_addr()
                 .map(|a| a.port())
-                .map_err(|source| TransferError::Io {
+                .map_err(|source| ClusterError::Io {
                     what: "reading a picked port".into(),
                     source,
                 })
@@ -318,8 +334,8 @@ fn roster_toml(
     all: &[ReplicaSpec],
     shards: u32,
     username: &str,
-) -> Result<String, TransferError> {
-    let data_dir = me.data_dir.to_str().ok_or_else(|| TransferError::Io {
+) -> Result<String, ClusterError> {
+    let data_dir = me.data_dir.to_str().ok_or_else(|| ClusterError::Io {
         what: format!("using {} as a data directory", me.data_dir.display()),
         source: std::io::Error::other("the path is not UTF-8"),
     })?;

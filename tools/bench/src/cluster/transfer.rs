@@ -2,167 +2,35 @@
 //! partition back, next to what the disk itself can do.
 //!
 //! The run, in order: start a three-replica cluster of `replog` processes
-//! ([`cluster`]); create one stream with one topic of one partition; fill
+//! ([`super::process`]); create one stream with one topic of one partition; fill
 //! it to `--size` payload bytes with the global batch shape; wait until the
-//! three replicas agree on its group ([`metrics`]: status normal, the same
+//! three replicas agree on its group ([`super::metrics`]: status normal, the same
 //! commit point, the same bytes); stop one backup, delete its data
 //! directory and start it again with `--rejoin` (docs/operations.md,
 //! "Replacing a lost disk"); time until its group is normal at the
 //! primary's commit point with the primary's bytes; stop the cluster; and
 //! measure the disk's sequential write+read of as many bytes in the same
-//! directory ([`disk`]). Every process it started is stopped on every path,
-//! Ctrl-C included.
-
-mod cluster;
-mod disk;
-mod metrics;
+//! directory ([`super::disk`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::*;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
+use super::disk::{self, DiskSpeed};
+use super::metrics::{self, GroupState, Scrape};
+use super::process::{Cluster, REPLICAS};
+use super::{
+    ClusterError, METADATA_GROUP, POLL_INTERVAL, create_topic, in_run_dir, per_second, primaries,
+    resolve_binary, run_dir, scrape_all, wait_for,
+};
 use crate::actors::{self, Target};
 use crate::args::{Cli, DurabilityArg, Transfer};
-use crate::baseline::unique_dir;
 use crate::error::BenchError;
-use crate::plan::{Kind, Plan, TOPIC};
-use cluster::{Cluster, REPLICAS};
-use disk::DiskSpeed;
-use metrics::{GroupState, Scrape};
-
-/// Group 0's id in the metrics' `group` label (2^63).
-const METADATA_GROUP: &str = "9223372036854775808";
-/// Between two scrapes while waiting.
-const POLL_INTERVAL: Duration = Duration::from_millis(10);
-
-/// Why a transfer run failed.
-#[derive(Debug)]
-pub enum TransferError {
-    /// No `replog` binary where one was looked for.
-    NoBinary {
-        /// Where.
-        looked: Vec<PathBuf>,
-    },
-    /// A replica's process could not be spawned.
-    Spawn {
-        /// The binary.
-        binary: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A replica did not print its serving line.
-    NotServing {
-        /// Which.
-        replica: usize,
-        /// The binary.
-        binary: PathBuf,
-        /// Its log.
-        log: PathBuf,
-        /// What happened instead.
-        detail: String,
-    },
-    /// A replica exited when it should not have, or not cleanly.
-    Exited {
-        /// Which.
-        replica: usize,
-        /// How.
-        status: String,
-        /// Its log.
-        log: PathBuf,
-    },
-    /// A metrics endpoint did not answer.
-    Metrics {
-        /// The endpoint.
-        addr: SocketAddr,
-        /// What went wrong.
-        detail: String,
-    },
-    /// A file or directory operation failed.
-    Io {
-        /// What was being done, naming the path.
-        what: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The SDK refused a set-up step.
-    Sdk {
-        /// What was being done.
-        what: String,
-        /// The SDK's error.
-        source: Box<IggyError>,
-    },
-    /// Filling the partition failed.
-    Fill(Box<BenchError>),
-    /// A phase took longer than `--timeout`.
-    Timeout {
-        /// Which phase.
-        phase: &'static str,
-        /// The limit.
-        limit: Duration,
-        /// What was last seen.
-        last: String,
-    },
-    /// Ctrl-C.
-    Interrupted,
-}
-
-impl std::fmt::Display for TransferError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::NoBinary { looked } => {
-                let looked: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
-                write!(
-                    f,
-                    "no replog binary (looked at {}); build it with `cargo build --release -p server --bin replog` or pass --replog PATH",
-                    looked.join(", ")
-                )
-            }
-            Self::Spawn { binary, source } => {
-                write!(f, "could not start {}: {source}", binary.display())
-            }
-            Self::NotServing {
-                replica,
-                binary,
-                log,
-                detail,
-            } => write!(
-                f,
-                "replica {replica} ({}) did not start serving: {detail}; its log is {}",
-                binary.display(),
-                log.display()
-            ),
-            Self::Exited {
-                replica,
-                status,
-                log,
-            } => write!(
-                f,
-                "replica {replica} exited ({status}); its log is {}",
-                log.display()
-            ),
-            Self::Metrics { addr, detail } => {
-                write!(f, "the metrics endpoint http://{addr}/metrics: {detail}")
-            }
-            Self::Io { what, source } => write!(f, "{what}: {source}"),
-            Self::Sdk { what, source } => {
-                write!(f, "{what}: {source} (code {})", source.as_code())
-            }
-            Self::Fill(e) => write!(f, "filling the partition: {e}"),
-            Self::Timeout { phase, limit, last } => write!(
-                f,
-                "{phase} took longer than {limit:?} (raise --timeout); last seen: {last}"
-            ),
-            Self::Interrupted => write!(f, "interrupted (Ctrl-C); every replica was stopped"),
-        }
-    }
-}
-
-impl std::error::Error for TransferError {}
+use crate::plan::{Kind, Plan};
 
 /// A checked transfer run.
 #[derive(Debug, Clone, Serialize)]
@@ -256,31 +124,6 @@ impl TransferPlan {
             baseline_dir: None,
         }
     }
-}
-
-/// `--replog`, else `REPLOG_BIN`, else `replog` beside this executable.
-fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, TransferError> {
-    let mut looked = Vec::new();
-    let candidates = explicit
-        .map(Path::to_path_buf)
-        .into_iter()
-        .chain(std::env::var_os("REPLOG_BIN").map(PathBuf::from))
-        .chain(
-            std::env::current_exe()
-                .ok()
-                .and_then(|exe| exe.parent().map(|d| d.join("replog"))),
-        );
-    for candidate in candidates {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-        looked.push(candidate);
-        if explicit.is_some() {
-            // An explicit binary that is missing is an error, not a hint.
-            break;
-        }
-    }
-    Err(TransferError::NoBinary { looked })
 }
 
 /// The filled partition, as its primary reports it.
@@ -436,43 +279,22 @@ impl TransferReport {
     }
 }
 
-/// Runs `plan`. On failure the replicas' data directories are deleted
-/// (unless `--keep`) but their logs and configuration files are kept, and
-/// the error names where.
+/// Runs `plan` in a fresh directory below its `--dir`.
 pub async fn run(plan: TransferPlan) -> Result<TransferReport, BenchError> {
-    let dir = unique_dir(&plan.parent_dir, "replog-bench-transfer")?;
-    let outcome = tokio::select! {
-        outcome = run_in(&plan, &dir) => outcome,
-        // The cluster inside `run_in` is dropped with it, which stops the
-        // replicas (a terminal's Ctrl-C reaches them too).
-        _ = tokio::signal::ctrl_c() => Err(TransferError::Interrupted),
-    };
-    match outcome {
-        Ok(mut report) => {
-            report.kept = plan.keep;
-            if !plan.keep {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-            Ok(report)
-        }
-        Err(error) => {
-            if !plan.keep {
-                for i in 0..REPLICAS {
-                    let _ = std::fs::remove_dir_all(dir.join(format!("r{i}")));
-                }
-            }
-            Err(BenchError::Transfer { error, dir })
-        }
-    }
+    let dir = run_dir(&plan.parent_dir, "replog-bench-transfer")?;
+    let mut report = in_run_dir(&dir, plan.keep, run_in(&plan, &dir)).await?;
+    report.kept = plan.keep;
+    Ok(report)
 }
 
-async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, TransferError> {
+async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, ClusterError> {
     let mut cluster = Cluster::configure(
         &plan.replog,
         dir,
         plan.shards,
         &plan.username,
         &plan.password,
+        "",
     )?;
     progress(format_args!(
         "starting {REPLICAS} replicas in {}",
@@ -481,7 +303,8 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Trans
     for id in 0..REPLICAS {
         tokio::task::block_in_place(|| cluster.start(id, false))?;
     }
-    let (stream_id, topic_id) = create_topic(plan, &cluster).await?;
+    let admin_plan = plan.producer_plan(cluster.specs[0].client);
+    let (stream_id, topic_id) = create_topic(&admin_plan, 1, plan.timeout).await?;
     let (group, primary) = find_group(plan, &mut cluster, stream_id, topic_id).await?;
 
     progress(format_args!(
@@ -501,7 +324,7 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Trans
     ));
     tokio::task::block_in_place(|| cluster.stop(victim))?;
     let data_dir = cluster.specs[victim].data_dir.clone();
-    std::fs::remove_dir_all(&data_dir).map_err(|source| TransferError::Io {
+    std::fs::remove_dir_all(&data_dir).map_err(|source| ClusterError::Io {
         what: format!(
             "deleting replica {victim}'s data directory {}",
             data_dir.display()
@@ -523,7 +346,7 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Trans
     let bytes = agreed.size_bytes;
     let disk = tokio::task::spawn_blocking(move || disk::probe(&probe_dir, bytes))
         .await
-        .map_err(|e| TransferError::Io {
+        .map_err(|e| ClusterError::Io {
             what: "the disk probe's thread".into(),
             source: std::io::Error::other(e.to_string()),
         })??;
@@ -567,107 +390,8 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Trans
     })
 }
 
-/// A phase starts: one line on stderr (stdout carries the report alone).
 fn progress(what: std::fmt::Arguments<'_>) {
-    eprintln!("replog-bench transfer: {what}");
-}
-
-fn per_second(bytes: u64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        bytes as f64 / seconds
-    } else {
-        0.0
-    }
-}
-
-/// Logs in on replica 0 (retrying while the root user is being created),
-/// creates the stream and its one-partition topic; their ids.
-async fn create_topic(plan: &TransferPlan, cluster: &Cluster) -> Result<(u32, u32), TransferError> {
-    let addr = cluster.specs[0].client;
-    let producer_plan = plan.producer_plan(addr);
-    let deadline = Instant::now() + plan.timeout;
-    let admin = loop {
-        match actors::connect(&producer_plan).await {
-            Ok(client) => break client,
-            Err(e) if Instant::now() >= deadline => {
-                return Err(TransferError::Timeout {
-                    phase: "logging in on replica 0",
-                    limit: plan.timeout,
-                    last: e.to_string(),
-                });
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
-    let name = Plan::stream_name(0);
-    let stream = admin
-        .create_stream(&name)
-        .await
-        .map_err(|source| TransferError::Sdk {
-            what: format!("creating stream {name} on {addr}"),
-            source: Box::new(source),
-        })?;
-    let options = TopicCreateOptions {
-        partitions_count: Some(1),
-        durability: match plan.durability {
-            DurabilityArg::Replicated => Durability::Replicated,
-            DurabilityArg::Persisted => Durability::Persisted,
-        },
-        ..TopicCreateOptions::default()
-    };
-    let stream_ident = Identifier::numeric(stream.id).map_err(|source| TransferError::Sdk {
-        what: format!("stream id {}", stream.id),
-        source: Box::new(source),
-    })?;
-    let topic = admin
-        .create_topic(&stream_ident, TOPIC, &options)
-        .await
-        .map_err(|source| TransferError::Sdk {
-            what: format!("creating topic {TOPIC} in stream {name} on {addr}"),
-            source: Box::new(source),
-        })?;
-    Ok((stream.id, topic.id))
-}
-
-/// Scrapes every running replica.
-async fn scrape_all(cluster: &mut Cluster) -> Result<Vec<Scrape>, TransferError> {
-    cluster.check_alive()?;
-    let mut out = Vec::with_capacity(REPLICAS);
-    for id in 0..REPLICAS {
-        let addr = cluster.metrics(id).ok_or_else(|| TransferError::Exited {
-            replica: id,
-            status: "not running".into(),
-            log: cluster.specs[id].log.clone(),
-        })?;
-        out.push(metrics::scrape(addr).await?);
-    }
-    Ok(out)
-}
-
-/// Polls `check` over fresh scrapes of every replica until it gives a
-/// value, or the phase's timeout passes.
-async fn wait_for<T>(
-    plan: &TransferPlan,
-    cluster: &mut Cluster,
-    phase: &'static str,
-    mut check: impl FnMut(&[Scrape]) -> Result<T, String>,
-) -> Result<T, TransferError> {
-    let deadline = Instant::now() + plan.timeout;
-    loop {
-        let scrapes = scrape_all(cluster).await?;
-        let last = match check(&scrapes) {
-            Ok(value) => return Ok(value),
-            Err(last) => last,
-        };
-        if Instant::now() >= deadline {
-            return Err(TransferError::Timeout {
-                phase,
-                limit: plan.timeout,
-                last,
-            });
-        }
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
+    super::progress("transfer", what);
 }
 
 /// The partition's group and its primary, once every replica holds it.
@@ -676,9 +400,9 @@ async fn find_group(
     cluster: &mut Cluster,
     stream_id: u32,
     topic_id: u32,
-) -> Result<(String, usize), TransferError> {
+) -> Result<(String, usize), ClusterError> {
     wait_for(
-        plan,
+        plan.timeout,
         cluster,
         "the partition's creation on every replica",
         |scrapes| {
@@ -702,18 +426,9 @@ async fn find_group(
     .await
 }
 
-fn primaries(scrapes: &[Scrape], group: &str) -> Vec<usize> {
-    scrapes
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.group_state(group).is_some_and(|g| g.primary))
-        .map(|(i, _)| i)
-        .collect()
-}
-
 /// Sends `plan.batches` batches to partition 0 through `addr` from
 /// `plan.producers` concurrent producers; the payload bytes sent.
-async fn fill(plan: &TransferPlan, addr: SocketAddr) -> Result<u64, TransferError> {
+async fn fill(plan: &TransferPlan, addr: SocketAddr) -> Result<u64, ClusterError> {
     let producer_plan = Arc::new(plan.producer_plan(addr));
     let producers = u64::from(plan.producers);
     let mut set = JoinSet::new();
@@ -741,7 +456,7 @@ async fn fill(plan: &TransferPlan, addr: SocketAddr) -> Result<u64, TransferErro
             Ok(None) => break,
             Err(_) => {
                 set.abort_all();
-                return Err(TransferError::Timeout {
+                return Err(ClusterError::Timeout {
                     phase: "the fill",
                     limit: plan.timeout,
                     last: format!(
@@ -755,13 +470,17 @@ async fn fill(plan: &TransferPlan, addr: SocketAddr) -> Result<u64, TransferErro
             Ok(Ok(batches)) => sent += batches,
             Ok(Err(e)) => {
                 set.abort_all();
-                return Err(TransferError::Fill(Box::new(e)));
+                return Err(ClusterError::Clients {
+                    what: "filling the partition",
+                    source: Box::new(e),
+                });
             }
             Err(e) => {
                 set.abort_all();
-                return Err(TransferError::Fill(Box::new(BenchError::Actor(
-                    e.to_string(),
-                ))));
+                return Err(ClusterError::Clients {
+                    what: "filling the partition",
+                    source: Box::new(BenchError::Actor(e.to_string())),
+                });
             }
         }
     }
@@ -775,9 +494,9 @@ async fn converge(
     plan: &TransferPlan,
     cluster: &mut Cluster,
     group: &str,
-) -> Result<(GroupState, usize), TransferError> {
+) -> Result<(GroupState, usize), ClusterError> {
     wait_for(
-        plan,
+        plan.timeout,
         cluster,
         "the replicas' agreement after the fill",
         |scrapes| {
@@ -806,7 +525,7 @@ async fn converge(
 
 /// A backup of the partition's group (any replica but `primary`), preferring one that is not group 0's primary too
 /// (stopping that one would add a metadata view change to the catch-up).
-async fn pick_backup(cluster: &mut Cluster, primary: usize) -> Result<usize, TransferError> {
+async fn pick_backup(cluster: &mut Cluster, primary: usize) -> Result<usize, ClusterError> {
     let scrapes = scrape_all(cluster).await?;
     let metadata_primary = primaries(&scrapes, METADATA_GROUP);
     let backups: Vec<usize> = (0..REPLICAS).filter(|&i| i != primary).collect();
@@ -825,11 +544,11 @@ async fn caught_up(
     victim: usize,
     group: &str,
     agreed: &GroupState,
-) -> Result<(GroupState, Scrape), TransferError> {
+) -> Result<(GroupState, Scrape), ClusterError> {
     let deadline = Instant::now() + plan.timeout;
     let addr = cluster
         .metrics(victim)
-        .ok_or_else(|| TransferError::Exited {
+        .ok_or_else(|| ClusterError::Exited {
             replica: victim,
             status: "not running after its restart".into(),
             log: cluster.specs[victim].log.clone(),
@@ -847,29 +566,12 @@ async fn caught_up(
             return Ok((s, scrape));
         }
         if Instant::now() >= deadline {
-            return Err(TransferError::Timeout {
+            return Err(ClusterError::Timeout {
                 phase: "the wiped replica's catch-up",
                 limit: plan.timeout,
                 last: format!("replica {victim}: {state:?}; wanted {agreed:?}"),
             });
         }
         tokio::time::sleep(POLL_INTERVAL).await;
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn given_an_explicit_binary_that_is_missing_when_resolved_should_name_it_and_look_no_further() {
-        let err = resolve_binary(Some(Path::new("/nonexistent/replog"))).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            text.contains("/nonexistent/replog") && text.contains("--replog"),
-            "{text}"
-        );
-        assert!(!text.contains(", "), "only the explicit path: {text}");
     }
 }
