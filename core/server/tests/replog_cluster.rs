@@ -916,12 +916,14 @@ fn given_a_cluster_with_metrics_when_a_replica_dies_and_returns_should_count_its
     let peer2 = r#"peer="2""#;
     let shard_lane = r#"lane="shard""#;
     let metadata = r#"group="9223372036854775808""#;
-    // Two shard lanes (one per shard index) to each peer, and a forward
-    // lane each way dialed from here.
+    let forward_in = r#"lane="forward_in""#;
+    // Two shard lanes (one per shard index) to each peer, a forward lane
+    // to each peer dialled from here, and one from each peer served here.
     let r0 = cluster.nodes[0].as_ref().unwrap();
     let up = scrape_until(r0, "every lane of replica 0 up", |m| {
         m.sum("replog_bus_lanes_up", &[shard_lane]) == 4.0
             && m.sum("replog_bus_lanes_up", &[r#"lane="forward""#]) == 2.0
+            && m.sum("replog_bus_lanes_up", &[forward_in]) == 2.0
     });
     assert_eq!(up.sum("replog_bus_lane_reconnects_total", &[]), 0.0);
     // Group 0 has one primary across the cluster, and its heartbeats flow.
@@ -953,15 +955,25 @@ fn given_a_cluster_with_metrics_when_a_replica_dies_and_returns_should_count_its
     let r0 = cluster.nodes[0].as_ref().unwrap();
     let down = scrape_until(r0, "replica 2's lanes down", |m| {
         m.sum("replog_bus_lanes_up", &[peer2, shard_lane]) == 0.0
+            && m.sum("replog_bus_lanes_up", &[peer2, forward_in]) == 0.0
     });
     assert!(down.sum("replog_bus_lane_drops_total", &[peer2, shard_lane]) >= 2.0);
+    assert_eq!(
+        down.sum("replog_bus_lane_drops_total", &[peer2, forward_in]),
+        1.0
+    );
 
     cluster.start_replica(2);
     let r0 = cluster.nodes[0].as_ref().unwrap();
     let back = scrape_until(r0, "replica 2's lanes up again", |m| {
         m.sum("replog_bus_lanes_up", &[peer2, shard_lane]) == 2.0
+            && m.sum("replog_bus_lanes_up", &[peer2, forward_in]) == 1.0
     });
     assert!(back.sum("replog_bus_lane_reconnects_total", &[peer2, shard_lane]) >= 2.0);
+    assert_eq!(
+        back.sum("replog_bus_lane_reconnects_total", &[peer2, forward_in]),
+        1.0
+    );
     assert_eq!(
         back.sum("replog_bus_lane_reconnects_total", &[r#"peer="1""#]),
         0.0

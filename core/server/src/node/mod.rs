@@ -499,7 +499,7 @@ fn run_shard(boot: ShardBoot) {
             } = lanes;
             bus::start_shard_lanes(shard.env(), own_inbox, index, Arc::clone(&config), accepted);
             if let Some(forward) = forward {
-                forward::serve(boot.handles.clone(), forward);
+                forward::serve(boot.handles.clone(), forward, Arc::clone(&config.metrics));
                 forwarder = Some(Forwarder::start(&config));
             }
         }

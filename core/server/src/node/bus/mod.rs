@@ -545,8 +545,12 @@ impl ReadEnd {
 
 /// The metric label of the consensus lanes.
 pub const LANE_SHARD: &str = "shard";
-/// The metric label of the forward lanes.
+/// The metric label of the forward lanes this replica dialled (its
+/// requests to a peer's primaries).
 pub const LANE_FORWARD: &str = "forward";
+/// The metric label of the forward lanes a peer dialled to this replica
+/// (the peer's requests, served here).
+pub const LANE_FORWARD_IN: &str = "forward_in";
 
 impl std::fmt::Display for ReadEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -30,8 +30,9 @@ use futures::{SinkExt, StreamExt};
 
 use super::bus::hello::Lane;
 use super::bus::lane::{redial, write_coalesced};
-use super::bus::{BusConfig, Greeted, LANE_FORWARD};
+use super::bus::{BusConfig, Greeted, LANE_FORWARD, LANE_FORWARD_IN};
 use super::handle::ShardHandles;
+use super::metrics::BusMetrics;
 use codec::{CodecError, Reply, Request};
 
 /// How long a forwarded request may wait for its answer.
@@ -247,11 +248,27 @@ async fn read_frame(stream: &mut compio::net::TcpStream) -> Result<Vec<u8>, Fram
 }
 
 /// The serving side: runs forwarded requests from the accepted lanes on
-/// this replica's shards. Call on shard 0's runtime.
-pub fn serve(handles: ShardHandles, mut accepted: mpsc::UnboundedReceiver<Greeted>) {
+/// this replica's shards. Call on shard 0's runtime. Each accepted lane is
+/// counted under the `forward_in` lane label (the dialling side counts its
+/// own under `forward`).
+pub fn serve(
+    handles: ShardHandles,
+    mut accepted: mpsc::UnboundedReceiver<Greeted>,
+    metrics: Arc<BusMetrics>,
+) {
     compio::runtime::spawn(async move {
+        let mut served_before = std::collections::BTreeSet::new();
         while let Some(greeted) = accepted.next().await {
-            compio::runtime::spawn(serve_lane(handles.clone(), greeted)).detach();
+            let peer = greeted.hello.from;
+            let again = !served_before.insert(peer.0);
+            let handles = handles.clone();
+            let metrics = Arc::clone(&metrics);
+            compio::runtime::spawn(async move {
+                metrics.lane_up(peer.0, LANE_FORWARD_IN, again);
+                serve_lane(handles, greeted).await;
+                metrics.lane_down(peer.0, LANE_FORWARD_IN, "closed");
+            })
+            .detach();
         }
     })
     .detach();
