@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Many partitions on one replica: how long creating them takes, the
-# descriptors they hold in use and once idle, idle CPU and memory, and a
-# cold boot of them all. Starts its own `replog` on a free loopback port
+# descriptors they hold in use and once idle, idle CPU and memory, the
+# metrics endpoint's size (series, bytes, scrape time), and a cold boot of
+# them all. Starts its own `replog` on a free loopback port
 # (release build) with data in DIR, and stops it on exit.
 #
 #   scripts/scale.sh [TOPICS] [DIR]
@@ -30,7 +31,8 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 cli() { "$bin/replog-cli" --addr "127.0.0.1:$port" "$@"; }
 pid=
 start() {
-    "$bin/replog" --data-dir "$dir/data" --listen "127.0.0.1:$port" >"$dir/server.log" 2>&1 &
+    "$bin/replog" --data-dir "$dir/data" --listen "127.0.0.1:$port" \
+        --metrics-listen 127.0.0.1:0 >"$dir/server.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 1200); do
         grep -q "serving Iggy clients" "$dir/server.log" && return 0
@@ -68,6 +70,20 @@ cpu() {
     python3 -c "print(round(($b - $a) / $hz / $1 * 100, 2))"
 }
 now() { date +%s.%N; }
+# One scrape of the metrics endpoint: series (sample lines), bytes, seconds.
+scrape() {
+    local url
+    url=$(grep -o 'metrics on http://[^ ]*' "$dir/server.log" | tail -1 | cut -d' ' -f3)
+    python3 - "$url" <<'PY'
+import sys, time, urllib.request
+t = time.monotonic()
+body = urllib.request.urlopen(sys.argv[1], timeout=60).read()
+took = time.monotonic() - t
+lines = body.decode().splitlines()
+series = sum(1 for l in lines if l and not l.startswith("#"))
+print(f"{series} series, {len(body)} bytes, scraped in {took:.3f} s")
+PY
+}
 since() { python3 -c "print(round($(now) - $1, 2))"; }
 
 start
@@ -87,6 +103,7 @@ for _ in $(seq 1 40); do
 done
 echo "descriptors: peak $peak, 20 s later $(fds); creates that failed: $(grep -c 'create failed' "$dir/server.log" || true)"
 echo "idle: $(cpu 60)% of a core over 60 s, RSS $(rss), descriptors $(fds)"
+echo "metrics: $(scrape); again: $(scrape)"
 echo hello | cli produce scale "t$topics" --partition 999 >/dev/null
 stop
 sync

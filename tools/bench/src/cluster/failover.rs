@@ -229,11 +229,16 @@ pub struct SyncReport {
     pub during_failover: u64,
     /// Survivors' fsyncs in as long a window of load just before the kill.
     pub before_kill_same_window: u64,
+    /// Survivors' fsyncs while the probers sent one message to every
+    /// partition before the kill (no load yet): what the probes alone cost,
+    /// since a produce costs syncs too (the applied point's record).
+    pub probe_round: u64,
     /// Group replicas whose view rose on a survivor (partitions and group
     /// 0; a group counts once per survivor).
     pub groups_changed_view: u64,
-    /// `during_failover / groups_changed_view` when the run had no load
-    /// (`--producers 0`), so that every sync belongs to the failover.
+    /// `(during_failover − probe_round) / groups_changed_view` when the
+    /// run had no load (`--producers 0`), so that every other sync belongs
+    /// to the failover.
     /// Under load the load's own syncs mix in, and the load stalls on the
     /// partitions that lost their primary, so no difference of the two
     /// windows isolates the view changes.
@@ -328,8 +333,8 @@ impl FailoverReport {
             None => "run with --producers 0 to charge every sync to the view changes".into(),
         };
         out.push_str(&format!(
-            "survivors' fsyncs: {} from the kill to the last recovery, {} in as long a window of load before it; {} group replica(s) changed view: {per}\n",
-            s.during_failover, s.before_kill_same_window, s.groups_changed_view
+            "survivors' fsyncs: {} from the kill to the last recovery, {} in as long a window of load before it, {} for one probe of every partition; {} group replica(s) changed view: {per}\n",
+            s.during_failover, s.before_kill_same_window, s.probe_round, s.groups_changed_view
         ));
         out
     }
@@ -397,7 +402,11 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     ));
     let probers = connect_probers(plan, &survivor_addrs).await?;
     let all: Vec<u32> = (0..plan.partitions).collect();
+    let before_probe = fsyncs(&mut cluster, &survivors).await?;
     let warm = probe_until_each_accepts(plan, &probers, &all, Instant::now()).await?;
+    let probe_round = fsyncs(&mut cluster, &survivors)
+        .await?
+        .saturating_sub(before_probe);
     if warm.len() != all.len() {
         return Err(ClusterError::Timeout {
             phase: "one message to every partition before the kill",
@@ -481,9 +490,10 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
         syncs: SyncReport {
             during_failover: during,
             before_kill_same_window: before_same,
+            probe_round,
             groups_changed_view: changed,
             per_view_change_without_load: (plan.producers == 0 && changed > 0)
-                .then(|| during as f64 / changed as f64),
+                .then(|| during.saturating_sub(probe_round) as f64 / changed as f64),
         },
     })
 }
