@@ -50,7 +50,9 @@
 //! a multi-replica group, once the last journaled op is `retention_ops / 4`
 //! ops past the recorded one, or past it at all `record_interval_us` after
 //! the last record (either alone makes a flush due, and the flush then
-//! syncs). The time bound is what a whole-group restart of a `replicated`
+//! syncs; the time bound's record is made on the group's tick, at most a
+//! tick after it falls due, so that a shard's groups make theirs side by
+//! side). The time bound is what a whole-group restart of a `replicated`
 //! group can lose. The last rule bounds how far back a restarted replica must
 //! repair, so that its peers, which retain `retention_ops` applied
 //! prepares, can still serve it. And with `enforce_fsync` in a
@@ -111,7 +113,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// the message threshold, would otherwise leave it behind).
     pub(crate) async fn flush_if_due(&mut self) -> Result<(), PartitionError> {
         let info = *self.journal.info();
-        let lagging = self.applied_point_lags();
+        // The time bound's record waits for the group's tick (at most a
+        // tick later: the tick it falls due on visits the group), where a
+        // shard runs many groups' ticks at once and their syncs share the
+        // filesystem's commits; made on the step that applied the op, one
+        // group's syncs would follow another's. The op-count bound is
+        // recorded at once.
+        let lagging =
+            self.applied_point_lags_by_ops() || (self.ticking && self.applied_point_overdue());
         // A single replica applies nothing again after a restart, so the
         // client table its replies rely on is written before they go out,
         // and before their batches (client_sessions.rs: boot keeps the
@@ -208,18 +217,34 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// point, or past it at all for `record_interval_us` since the last
     /// record.
     fn applied_point_lags(&self) -> bool {
+        self.applied_point_lags_by_ops() || self.applied_point_overdue()
+    }
+
+    /// The op-count half of [`Self::applied_point_lags`].
+    fn applied_point_lags_by_ops(&self) -> bool {
         let lag_max = (self.config.vsr.retention_ops / 4).max(1);
-        let behind = self
-            .journaled_point
-            .op
-            .saturating_sub(self.durable.state().checkpoint_op);
+        self.records_applied_point() && self.ops_past_recorded_point() >= lag_max
+    }
+
+    /// The time half of [`Self::applied_point_lags`].
+    fn applied_point_overdue(&self) -> bool {
         let interval = self.config.record_interval_us;
-        let overdue = interval > 0
-            && behind > 0
-            && self.now_us.saturating_sub(self.recorded_at_us) >= interval;
-        self.missing_history_record_pending.is_none()
-            && self.config.vsr.replica_count > 1
-            && (behind >= lag_max || overdue)
+        self.records_applied_point()
+            && interval > 0
+            && self.ops_past_recorded_point() > 0
+            && self.now_us.saturating_sub(self.recorded_at_us) >= interval
+    }
+
+    fn ops_past_recorded_point(&self) -> u64 {
+        self.journaled_point
+            .op
+            .saturating_sub(self.durable.state().checkpoint_op)
+    }
+
+    /// Whether this group keeps its applied point recorded on these rules
+    /// at all: a multi-replica group with no missing-history record due.
+    fn records_applied_point(&self) -> bool {
+        self.missing_history_record_pending.is_none() && self.config.vsr.replica_count > 1
     }
 
     /// When the time-based record of a lagging applied point falls due

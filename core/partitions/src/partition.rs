@@ -645,6 +645,9 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) now_us: u64,
     /// Driver time of the last applied-point record (or of the boot).
     pub(crate) recorded_at_us: u64,
+    /// Set while [`Partition::on_tick`] drives the core: the time-based
+    /// record of a lagging applied point is made only then (flush.rs).
+    pub(crate) ticking: bool,
     pub(crate) persist_failed: bool,
     /// Which client-table slot the next record takes (`client_sessions.rs`).
     pub(crate) client_slots: crate::client_sessions::ClientTableSlots,
@@ -1091,6 +1094,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             scrub_index_rewrites: 0,
             now_us: 0,
             recorded_at_us: 0,
+            ticking: false,
             persist_failed: false,
             client_slots,
             clients_dirty: false,
@@ -1510,7 +1514,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             self.repair_damage().await;
         }
         self.replica.on_tick();
-        self.drive().await?;
+        self.ticking = true;
+        let driven = self.drive().await;
+        self.ticking = false;
+        driven?;
         self.pump_auto_commits().await
     }
 

@@ -162,6 +162,10 @@ const SCRUB_GROUPS_PER_TICK: usize = 8;
 /// Ticks in which the handle pass sees every group once (about 5 s at the
 /// default 10 ms tick).
 const HANDLE_PASS_TICKS: u64 = 512;
+/// Due groups whose own ticks run at once (see [`Shard::on_tick`]): enough
+/// to share the filesystem's commits among many groups' syncs, few enough
+/// that the files they open stay well inside the descriptor budget.
+const TICK_GROUPS_AT_ONCE: usize = 64;
 /// Idle groups with unsynced writes a tick's handle pass flushes at most
 /// (each is an fsync and an applied-point record).
 const HANDLE_SYNCS_PER_TICK: u32 = 2;
@@ -425,6 +429,41 @@ struct Group<E: Env> {
 impl<E: Env> Group<E> {
     /// Logs a change of the group's view, or of whether this replica is
     /// its primary: what an operator watches after a replica fails.
+    /// What a tick does to this group alone: the ticks since its last
+    /// visit counted, its partition's tick and, when `retention` is given,
+    /// its retention pass. Touches nothing of the shard, so the due groups'
+    /// own ticks can run at once.
+    async fn own_tick(
+        &mut self,
+        id: GroupId,
+        tick: u64,
+        now_us: u64,
+        retention: Option<&RetentionPolicy>,
+    ) {
+        // The ticks since its last visit did nothing: count them.
+        self.partition
+            .skip_ticks(tick.saturating_sub(self.counted_to).saturating_sub(1));
+        self.counted_to = tick;
+        if let Err(error) = self.partition.on_tick(now_us).await
+            && !matches!(error, PartitionError::Fenced { .. })
+        {
+            tracing::warn!(group = id.0, %error, "tick failed");
+        }
+        if let Some(base) = retention
+            && self.spec.message_expiry_us > 0
+            && self.partition.fenced().is_none()
+            && !self.partition.installing()
+        {
+            let policy = RetentionPolicy {
+                max_age_us: Some(self.spec.message_expiry_us),
+                ..*base
+            };
+            if let Err(error) = self.partition.retention_pass(now_us, &policy).await {
+                tracing::warn!(group = id.0, %error, "retention pass failed");
+            }
+        }
+    }
+
     fn note_view(&mut self, id: GroupId) {
         let replica = self.partition.replica();
         let now = (replica.view(), replica.is_primary());
@@ -1043,32 +1082,44 @@ impl<E: Env> Shard<E> {
         // Effects of group 0 may have reached groups: any that became due
         // now is visited below.
         self.reschedule_touched();
-        // One pass over the due groups with only disjoint borrows of the
-        // shard; what needs the whole shard (sending, reporting, sessions)
-        // is collected and done after it.
+        // The due groups leave the map for the pass, so that their own
+        // ticks can run side by side (below); what needs the whole shard
+        // (sending, reporting, sessions) is collected and done after it.
         let mut outputs = Vec::new();
         let mut waiting = Vec::new();
-        let clock = EnvClock(&*self.env);
         let tick = self.tick;
         let tick_us = u64::try_from(self.config.tick.as_micros()).unwrap_or(u64::MAX);
+        let mut due = Vec::new();
         while let Some(&(at, id)) = self.schedule.first() {
             if at > tick {
                 break;
             }
             self.schedule.pop_first();
-            let Some(g) = self.groups.get_mut(&id) else {
-                continue;
-            };
-            self.stats.group_visits += 1;
-            // The ticks since its last visit did nothing: count them.
-            g.partition
-                .skip_ticks(tick.saturating_sub(g.counted_to).saturating_sub(1));
-            g.counted_to = tick;
-            if let Err(error) = g.partition.on_tick(now_us).await
-                && !matches!(error, PartitionError::Fenced { .. })
-            {
-                tracing::warn!(group = id.0, %error, "tick failed");
+            if let Some(g) = self.groups.remove(&id) {
+                due.push((id, g));
             }
+        }
+        // Each group's own tick (timeouts, flush thresholds, the applied
+        // point's time-based record, retention) touches only that group's
+        // files, so up to `TICK_GROUPS_AT_ONCE` of them run at once: a record
+        // is three syncs in a row (log, client table, superblock), and a
+        // shard with hundreds of groups due at once (a burst of produces
+        // across partitions, a failover's view changes) otherwise waits
+        // for every group's syncs one after another, long enough to miss its
+        // own heartbeats. The syncs of different files run side by side and
+        // the filesystem commits them together. Durable order within a group
+        // is unchanged; on a simulated disk every call completes when made,
+        // so the groups run in the same order as one at a time.
+        let retention = self.retention;
+        for chunk in due.chunks_mut(TICK_GROUPS_AT_ONCE) {
+            let ticks = chunk
+                .iter_mut()
+                .map(|(id, g)| g.own_tick(*id, tick, now_us, retention_due.then_some(&retention)));
+            futures::future::join_all(ticks).await;
+        }
+        let clock = EnvClock(&*self.env);
+        for (id, mut g) in due {
+            self.stats.group_visits += 1;
             g.note_view(id);
             // An idle driver's tick would do nothing.
             if !g.driver.is_idle(&g.partition) {
@@ -1078,19 +1129,6 @@ impl<E: Env> Shard<E> {
                     .await;
                 outputs.push((id, out));
             }
-            if retention_due
-                && g.spec.message_expiry_us > 0
-                && g.partition.fenced().is_none()
-                && !g.partition.installing()
-            {
-                let policy = RetentionPolicy {
-                    max_age_us: Some(g.spec.message_expiry_us),
-                    ..self.retention
-                };
-                if let Err(error) = g.partition.retention_pass(now_us, &policy).await {
-                    tracing::warn!(group = id.0, %error, "retention pass failed");
-                }
-            }
             if g.partition.fenced().is_some() && !g.fenced_reported {
                 outputs.push((id, DriverOutput::default()));
             }
@@ -1099,8 +1137,9 @@ impl<E: Env> Shard<E> {
             }
             // Rescheduled while its state is still in cache; what runs
             // after the pass reschedules the groups it reaches again.
-            g.due_at = next_visit(g, tick_us, tick);
+            g.due_at = next_visit(&g, tick_us, tick);
             self.schedule.insert((g.due_at, id));
+            self.groups.insert(id, g);
         }
         self.settled_tick = tick;
         self.touched.extend(outputs.iter().map(|(id, _)| *id));
