@@ -387,8 +387,9 @@ fn given_a_few_partitions_when_the_failover_mode_kills_their_primary_should_time
         ],
     );
     let led = u(&r, &["victim_partitions"]);
-    // The victim leads the most partitions: at least a third of them.
-    assert!((4..=12).contains(&led), "{r}");
+    // The victim led the most partitions once they were created (at
+    // least a third); a view change since may have moved some away.
+    assert!((1..=12).contains(&led), "{r}");
     let victim = &r["victim_recovery"];
     let all = &r["all_recovery"];
     assert_eq!(u(victim, &["count"]), led, "{r}");

@@ -260,7 +260,7 @@ pub struct FailoverReport {
     pub kept: bool,
     /// The killed replica.
     pub victim: usize,
-    /// Partitions whose primary it was at the kill.
+    /// Partitions whose primary it was at the kill (read just before it).
     pub victim_partitions: u32,
     /// Whether it was also group 0's primary.
     pub victim_led_metadata: bool,
@@ -438,13 +438,23 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     let window_start = Instant::now();
     let before_start = fsyncs(&mut cluster, &survivors).await?;
     tokio::time::sleep(load_for / 2).await;
+    // Read again: a view change since the first reading (a shard stalled
+    // past the primary timeout while the partitions were created or
+    // loaded) may have moved some primaries. The victim stays the one the
+    // probers and the load were kept away from; what it leads now is what
+    // the kill takes.
+    let layout = wait_for_layout(plan, &mut cluster, stream_id, topic_id).await?;
+    let led_at_kill = layout
+        .partitions
+        .iter()
+        .filter(|(_, p)| *p == victim)
+        .count() as u32;
     let views_before = views(&mut cluster, &survivors).await?;
     let before_kill = fsyncs(&mut cluster, &survivors).await?;
     let window = window_start.elapsed();
 
     progress(format_args!(
-        "killing replica {victim} (primary of {} partitions)",
-        led[victim]
+        "killing replica {victim} (primary of {led_at_kill} partitions)"
     ));
     let killed_at = Instant::now();
     tokio::task::block_in_place(|| cluster.kill(victim))?;
@@ -495,7 +505,7 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
         dir: dir.to_path_buf(),
         kept: plan.keep,
         victim,
-        victim_partitions: led[victim],
+        victim_partitions: led_at_kill,
         victim_led_metadata: layout.metadata_primary == Some(victim),
         victim_recovery: Spread::of(&victim_times),
         all_recovery: Spread::of(&all_times),
