@@ -49,15 +49,8 @@ if [[ -n $filter ]]; then
     name=$name-$(printf '%s' "$filter" | tr -c 'A-Za-z0-9._=-' '_')
 fi
 
-if ! command -v perf >/dev/null 2>&1; then
-    echo "$0: installing perf (linux-perf)" >&2
-    apt-get update -qq
-    apt-get install -y -qq linux-perf >/dev/null
-fi
-if ! command -v inferno-flamegraph >/dev/null 2>&1 || ! command -v inferno-collapse-perf >/dev/null 2>&1; then
-    echo "$0: installing inferno" >&2
-    cargo install --locked inferno
-fi
+# shellcheck source=scripts/profilers.sh
+source "$root/scripts/profilers.sh"
 
 # The bench's executable, built (not run) by cargo.
 exe=$(cd "$root" && cargo bench -p "$crate" --bench "$bench" --no-run --message-format=json 2>/dev/null |

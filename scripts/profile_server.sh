@@ -22,15 +22,8 @@ if [[ ${#args[@]} -eq 0 ]]; then
     args=(-m 1000 -p 1000 -b 1000 pinned-producer --producers 4)
 fi
 freq=${PROFILE_FREQ:-499}
-if ! command -v perf >/dev/null 2>&1; then
-    echo "$0: installing perf (linux-perf)" >&2
-    apt-get update -qq
-    apt-get install -y -qq linux-perf >/dev/null
-fi
-if ! command -v inferno-flamegraph >/dev/null 2>&1 || ! command -v inferno-collapse-perf >/dev/null 2>&1; then
-    echo "$0: installing inferno" >&2
-    cargo install --locked inferno
-fi
+# shellcheck source=scripts/profilers.sh
+source scripts/profilers.sh
 cargo build --release --bin replog --bin replog-bench >&2
 out=$PWD/target/profile
 mkdir -p "$out"

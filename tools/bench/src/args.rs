@@ -131,6 +131,24 @@ pub struct Transfer {
     /// `2GiB`, `100MB`), in whole batches of the global batch shape.
     #[arg(long, default_value = "256MiB")]
     pub size: ByteRate,
+    /// The binary and the run's directory.
+    #[command(flatten)]
+    pub run: ClusterRun,
+    /// Shards per replica.
+    #[arg(long, default_value_t = 1)]
+    pub shards: u32,
+    /// Concurrent producers filling the partition.
+    #[arg(long, default_value_t = 1)]
+    pub producers: u32,
+    /// Give up on any phase (start, fill, convergence, catch-up) that takes
+    /// longer than this.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// Where a cluster mode's replicas come from and where they run.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterRun {
     /// The `replog` binary; by default the one beside this executable,
     /// else `REPLOG_BIN`.
     #[arg(long)]
@@ -143,16 +161,6 @@ pub struct Transfer {
     /// Keep the run's directory (data, logs) afterwards.
     #[arg(long)]
     pub keep: bool,
-    /// Shards per replica.
-    #[arg(long, default_value_t = 1)]
-    pub shards: u32,
-    /// Concurrent producers filling the partition.
-    #[arg(long, default_value_t = 1)]
-    pub producers: u32,
-    /// Give up on any phase (start, fill, convergence, catch-up) that takes
-    /// longer than this.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
-    pub timeout: Duration,
 }
 
 /// The failover run.
@@ -181,18 +189,9 @@ pub struct Failover {
     /// unset).
     #[arg(long)]
     pub primary_timeout_ms: Option<u64>,
-    /// The `replog` binary; by default the one beside this executable,
-    /// else `REPLOG_BIN`.
-    #[arg(long)]
-    pub replog: Option<PathBuf>,
-    /// Where the replicas' data, configuration files and logs go (a fresh
-    /// directory below it, deleted after the run unless --keep); the
-    /// system's temporary directory by default.
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Keep the run's directory (data, logs) afterwards.
-    #[arg(long)]
-    pub keep: bool,
+    /// The binary and the run's directory.
+    #[command(flatten)]
+    pub run: ClusterRun,
     /// Give up on any phase (start, creation, recovery) that takes longer
     /// than this.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]

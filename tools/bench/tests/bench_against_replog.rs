@@ -42,6 +42,17 @@ fn run_bench(dir: &Path, name: &str, args: &[&str]) -> (String, Value) {
     (done.stdout, report)
 }
 
+/// A cluster mode deletes its run's directory after a successful run: no
+/// replica data, no logs left behind below `parent`.
+fn assert_run_dir_removed(parent: &Path, prefix: &str) {
+    let left: Vec<_> = std::fs::read_dir(parent)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with(prefix))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 fn f(v: &Value, path: &[&str]) -> f64 {
     let mut at = v;
     for p in path {
@@ -343,13 +354,7 @@ fn given_a_small_partition_when_the_transfer_mode_runs_should_time_the_wiped_rep
         "{r}"
     );
     assert!(stdout.contains("catch-up / disk read+write: "), "{stdout}");
-    // Deleted after the run: no replica data, no logs left behind.
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().starts_with("replog-bench-transfer"))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+    assert_run_dir_removed(dir.path(), "replog-bench-transfer");
 }
 
 #[test]
@@ -425,10 +430,5 @@ fn given_a_few_partitions_when_the_failover_mode_kills_their_primary_should_time
         stdout.contains("consensus.primary_timeout_ms 1500"),
         "{stdout}"
     );
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().starts_with("replog-bench-failover"))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+    assert_run_dir_removed(dir.path(), "replog-bench-failover");
 }

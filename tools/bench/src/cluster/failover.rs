@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 use super::metrics::Scrape;
 use super::process::{Cluster, REPLICAS};
 use super::{
-    ClusterError, METADATA_GROUP, create_topic, in_run_dir, primaries, resolve_binary, run_dir,
+    ClusterError, METADATA_GROUP, RunSetup, create_topic, in_run_dir, primaries, run_dir,
     scrape_each, wait_for,
 };
 use crate::actors::{self, Target};
@@ -70,23 +70,9 @@ pub struct FailoverPlan {
     pub heartbeat_ms: Option<u64>,
     /// `consensus.primary_timeout_ms`, if not their default.
     pub primary_timeout_ms: Option<u64>,
-    /// The `replog` binary.
-    pub replog: PathBuf,
-    /// The run's directory goes below this.
-    #[serde(skip)]
-    pub parent_dir: PathBuf,
-    /// Keep the run's directory.
-    #[serde(skip)]
-    pub keep: bool,
-    /// Per phase.
-    #[serde(skip)]
-    pub timeout: Duration,
-    /// The cluster's root user.
-    #[serde(skip)]
-    pub username: String,
-    /// Its password.
-    #[serde(skip)]
-    pub password: String,
+    /// The binary, the directory, the timeout, the root user.
+    #[serde(flatten)]
+    pub setup: RunSetup,
 }
 
 impl FailoverPlan {
@@ -104,7 +90,6 @@ impl FailoverPlan {
                     .into(),
             );
         }
-        let replog = resolve_binary(args.replog.as_deref()).map_err(|e| e.to_string())?;
         Ok(Self {
             partitions: args.partitions,
             shards: args.shards,
@@ -116,12 +101,7 @@ impl FailoverPlan {
             durability: cli.durability,
             heartbeat_ms: args.heartbeat_ms,
             primary_timeout_ms: args.primary_timeout_ms,
-            replog,
-            parent_dir: args.dir.clone().unwrap_or_else(std::env::temp_dir),
-            keep: args.keep,
-            timeout: args.timeout,
-            username: cli.connection.username.clone(),
-            password: cli.connection.password.clone(),
+            setup: RunSetup::from_cli(cli, &args.run, args.timeout)?,
         })
     }
 
@@ -156,8 +136,8 @@ impl FailoverPlan {
             warmup: Duration::ZERO,
             durability: self.durability,
             addr,
-            username: self.username.clone(),
-            password: self.password.clone(),
+            username: self.setup.username.clone(),
+            password: self.setup.password.clone(),
             cleanup: false,
             baseline_dir: None,
         }
@@ -283,7 +263,7 @@ impl FailoverReport {
         let mut out = format!(
             "replog-bench failover: {REPLICAS} replicas ({} shard(s) each, {}), run in {}{}\n",
             p.shards,
-            p.replog.display(),
+            p.setup.replog.display(),
             self.dir.display(),
             if self.kept { " (kept)" } else { " (deleted)" }
         );
@@ -350,9 +330,9 @@ impl FailoverReport {
 
 /// Runs `plan` in a fresh directory below its `--dir`.
 pub async fn run(plan: FailoverPlan) -> Result<FailoverReport, BenchError> {
-    let dir = run_dir(&plan.parent_dir, "replog-bench-failover")?;
-    let mut report = in_run_dir(&dir, plan.keep, run_in(&plan, &dir)).await?;
-    report.kept = plan.keep;
+    let dir = run_dir(&plan.setup.parent_dir, "replog-bench-failover")?;
+    let mut report = in_run_dir(&dir, plan.setup.keep, run_in(&plan, &dir)).await?;
+    report.kept = plan.setup.keep;
     Ok(report)
 }
 
@@ -370,11 +350,11 @@ struct Layout {
 
 async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, ClusterError> {
     let mut cluster = Cluster::configure(
-        &plan.replog,
+        &plan.setup.replog,
         dir,
         plan.shards,
-        &plan.username,
-        &plan.password,
+        &plan.setup.username,
+        &plan.setup.password,
         &plan.consensus_toml(),
     )?;
     progress(format_args!(
@@ -389,7 +369,8 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
         "creating a topic of {} partitions",
         plan.partitions
     ));
-    let (stream_id, topic_id) = create_topic(&admin_plan, plan.partitions, plan.timeout).await?;
+    let (stream_id, topic_id) =
+        create_topic(&admin_plan, plan.partitions, plan.setup.timeout).await?;
     let layout = wait_for_layout(plan, &mut cluster, stream_id, topic_id).await?;
 
     // The victim: the replica that leads the most partitions.
@@ -426,7 +407,7 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
         if accepted.len() != all.len() {
             return Err(ClusterError::Timeout {
                 phase: "one message to every partition before the kill",
-                limit: plan.timeout,
+                limit: plan.setup.timeout,
                 last: format!("{} of {} accepted", accepted.len(), all.len()),
             });
         }
@@ -470,7 +451,7 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     if recovered.len() != all.len() {
         return Err(ClusterError::Timeout {
             phase: "every partition accepting produce after the kill",
-            limit: plan.timeout,
+            limit: plan.setup.timeout,
             last: format!("{} of {} accepted", recovered.len(), all.len()),
         });
     }
@@ -503,7 +484,7 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     Ok(FailoverReport {
         plan: plan.clone(),
         dir: dir.to_path_buf(),
-        kept: plan.keep,
+        kept: plan.setup.keep,
         victim,
         victim_partitions: led_at_kill,
         victim_led_metadata: layout.metadata_primary == Some(victim),
@@ -536,7 +517,7 @@ async fn wait_for_layout(
 ) -> Result<Layout, ClusterError> {
     let want = plan.partitions as usize;
     wait_for(
-        plan.timeout,
+        plan.setup.timeout,
         cluster,
         "every partition's group on every replica, each with one primary",
         |scrapes| {
@@ -636,7 +617,7 @@ async fn connect_probers(
 }
 
 /// Sends one small batch to each of `partitions` until each has been
-/// acknowledged once (or `plan.timeout` passes), prober `i` taking every
+/// acknowledged once (or `plan.setup.timeout` passes), prober `i` taking every
 /// `probers`-th partition of the list, in its order; per partition, the
 /// seconds from `since` to its acknowledgement.
 ///
@@ -652,7 +633,7 @@ async fn probe_until_each_accepts(
     partitions: &[u32],
     since: Instant,
 ) -> Result<Vec<(u32, f64)>, ClusterError> {
-    let deadline = since + plan.timeout;
+    let deadline = since + plan.setup.timeout;
     let mut set = JoinSet::new();
     for (i, prober) in probers.iter().enumerate() {
         let mine: Vec<u32> = partitions

@@ -20,9 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use iggy::prelude::*;
+use serde::Serialize;
 
 use crate::actors;
-use crate::args::DurabilityArg;
+use crate::args::{Cli, ClusterRun, DurabilityArg};
 use crate::error::BenchError;
 use crate::plan::{Plan, TOPIC};
 use metrics::Scrape;
@@ -186,6 +187,44 @@ fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, ClusterError> {
         }
     }
     Err(ClusterError::NoBinary { looked })
+}
+
+/// What every cluster run needs besides its own figures: the binary, where
+/// it runs, how long a phase may take and the root user.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSetup {
+    /// The `replog` binary.
+    pub replog: PathBuf,
+    /// The run's directory goes below this.
+    #[serde(skip)]
+    pub parent_dir: PathBuf,
+    /// Keep the run's directory.
+    #[serde(skip)]
+    pub keep: bool,
+    /// Per phase.
+    #[serde(skip)]
+    pub timeout: Duration,
+    /// The cluster's root user (`--username`, default `iggy`).
+    #[serde(skip)]
+    pub username: String,
+    /// Its password.
+    #[serde(skip)]
+    pub password: String,
+}
+
+impl RunSetup {
+    /// From the global flags and the mode's `run` flags; the error says
+    /// which binary is missing.
+    pub fn from_cli(cli: &Cli, run: &ClusterRun, timeout: Duration) -> Result<Self, String> {
+        Ok(Self {
+            replog: resolve_binary(run.replog.as_deref()).map_err(|e| e.to_string())?,
+            parent_dir: run.dir.clone().unwrap_or_else(std::env::temp_dir),
+            keep: run.keep,
+            timeout,
+            username: cli.connection.username.clone(),
+            password: cli.connection.password.clone(),
+        })
+    }
 }
 
 /// A phase of `mode` starts: one line on stderr (stdout carries the report

@@ -24,8 +24,8 @@ use super::disk::{self, DiskSpeed};
 use super::metrics::{self, GroupState, Scrape};
 use super::process::{Cluster, REPLICAS};
 use super::{
-    ClusterError, METADATA_GROUP, POLL_INTERVAL, create_topic, in_run_dir, per_second, primaries,
-    resolve_binary, run_dir, scrape_all, wait_for,
+    ClusterError, METADATA_GROUP, POLL_INTERVAL, RunSetup, create_topic, in_run_dir, per_second,
+    primaries, run_dir, scrape_all, wait_for,
 };
 use crate::actors::{self, Target};
 use crate::args::{Cli, DurabilityArg, Transfer};
@@ -49,23 +49,9 @@ pub struct TransferPlan {
     pub durability: DurabilityArg,
     /// Shards per replica.
     pub shards: u32,
-    /// The `replog` binary.
-    pub replog: PathBuf,
-    /// The run's directory goes below this.
-    #[serde(skip)]
-    pub parent_dir: PathBuf,
-    /// Keep the run's directory.
-    #[serde(skip)]
-    pub keep: bool,
-    /// Per phase.
-    #[serde(skip)]
-    pub timeout: Duration,
-    /// The cluster's root user (`--username`, default `iggy`).
-    #[serde(skip)]
-    pub username: String,
-    /// Its password.
-    #[serde(skip)]
-    pub password: String,
+    /// The binary, the directory, the timeout, the root user.
+    #[serde(flatten)]
+    pub setup: RunSetup,
 }
 
 impl TransferPlan {
@@ -86,7 +72,6 @@ impl TransferPlan {
         let size_bytes = args.size.bytes_per_second as u64;
         let batch_bytes = u64::from(cli.message_size) * u64::from(cli.messages_per_batch);
         let batches = size_bytes.div_ceil(batch_bytes).max(1);
-        let replog = resolve_binary(args.replog.as_deref()).map_err(|e| e.to_string())?;
         Ok(Self {
             size_bytes,
             message_size: cli.message_size,
@@ -95,12 +80,7 @@ impl TransferPlan {
             producers: args.producers,
             durability: cli.durability,
             shards: args.shards,
-            replog,
-            parent_dir: args.dir.clone().unwrap_or_else(std::env::temp_dir),
-            keep: args.keep,
-            timeout: args.timeout,
-            username: cli.connection.username.clone(),
-            password: cli.connection.password.clone(),
+            setup: RunSetup::from_cli(cli, &args.run, args.timeout)?,
         })
     }
 
@@ -118,8 +98,8 @@ impl TransferPlan {
             warmup: Duration::ZERO,
             durability: self.durability,
             addr,
-            username: self.username.clone(),
-            password: self.password.clone(),
+            username: self.setup.username.clone(),
+            password: self.setup.password.clone(),
             cleanup: false,
             baseline_dir: None,
         }
@@ -215,7 +195,7 @@ impl TransferReport {
         let mut out = format!(
             "replog-bench transfer: {REPLICAS} replicas ({} shard(s) each, {}), run in {}{}\n",
             p.shards,
-            p.replog.display(),
+            p.setup.replog.display(),
             self.dir.display(),
             if self.kept { " (kept)" } else { " (deleted)" }
         );
@@ -281,19 +261,19 @@ impl TransferReport {
 
 /// Runs `plan` in a fresh directory below its `--dir`.
 pub async fn run(plan: TransferPlan) -> Result<TransferReport, BenchError> {
-    let dir = run_dir(&plan.parent_dir, "replog-bench-transfer")?;
-    let mut report = in_run_dir(&dir, plan.keep, run_in(&plan, &dir)).await?;
-    report.kept = plan.keep;
+    let dir = run_dir(&plan.setup.parent_dir, "replog-bench-transfer")?;
+    let mut report = in_run_dir(&dir, plan.setup.keep, run_in(&plan, &dir)).await?;
+    report.kept = plan.setup.keep;
     Ok(report)
 }
 
 async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, ClusterError> {
     let mut cluster = Cluster::configure(
-        &plan.replog,
+        &plan.setup.replog,
         dir,
         plan.shards,
-        &plan.username,
-        &plan.password,
+        &plan.setup.username,
+        &plan.setup.password,
         "",
     )?;
     progress(format_args!(
@@ -304,7 +284,7 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Clust
         tokio::task::block_in_place(|| cluster.start(id, false))?;
     }
     let admin_plan = plan.producer_plan(cluster.specs[0].client);
-    let (stream_id, topic_id) = create_topic(&admin_plan, 1, plan.timeout).await?;
+    let (stream_id, topic_id) = create_topic(&admin_plan, 1, plan.setup.timeout).await?;
     let (group, primary) = find_group(plan, &mut cluster, stream_id, topic_id).await?;
 
     progress(format_args!(
@@ -355,7 +335,7 @@ async fn run_in(plan: &TransferPlan, dir: &Path) -> Result<TransferReport, Clust
     Ok(TransferReport {
         plan: plan.clone(),
         dir: dir.to_path_buf(),
-        kept: plan.keep,
+        kept: plan.setup.keep,
         fill: FillReport {
             payload_bytes,
             messages,
@@ -402,7 +382,7 @@ async fn find_group(
     topic_id: u32,
 ) -> Result<(String, usize), ClusterError> {
     wait_for(
-        plan.timeout,
+        plan.setup.timeout,
         cluster,
         "the partition's creation on every replica",
         |scrapes| {
@@ -448,7 +428,7 @@ async fn fill(plan: &TransferPlan, addr: SocketAddr) -> Result<u64, ClusterError
             Ok::<u64, BenchError>(batches)
         });
     }
-    let deadline = tokio::time::Instant::now() + plan.timeout;
+    let deadline = tokio::time::Instant::now() + plan.setup.timeout;
     let mut sent = 0u64;
     loop {
         let joined = match tokio::time::timeout_at(deadline, set.join_next()).await {
@@ -458,7 +438,7 @@ async fn fill(plan: &TransferPlan, addr: SocketAddr) -> Result<u64, ClusterError
                 set.abort_all();
                 return Err(ClusterError::Timeout {
                     phase: "the fill",
-                    limit: plan.timeout,
+                    limit: plan.setup.timeout,
                     last: format!(
                         "{sent} of {} batches acknowledged by finished producers",
                         plan.batches
@@ -496,7 +476,7 @@ async fn converge(
     group: &str,
 ) -> Result<(GroupState, usize), ClusterError> {
     wait_for(
-        plan.timeout,
+        plan.setup.timeout,
         cluster,
         "the replicas' agreement after the fill",
         |scrapes| {
@@ -545,7 +525,7 @@ async fn caught_up(
     group: &str,
     agreed: &GroupState,
 ) -> Result<(GroupState, Scrape), ClusterError> {
-    let deadline = Instant::now() + plan.timeout;
+    let deadline = Instant::now() + plan.setup.timeout;
     let addr = cluster
         .metrics(victim)
         .ok_or_else(|| ClusterError::Exited {
@@ -568,7 +548,7 @@ async fn caught_up(
         if Instant::now() >= deadline {
             return Err(ClusterError::Timeout {
                 phase: "the wiped replica's catch-up",
-                limit: plan.timeout,
+                limit: plan.setup.timeout,
                 last: format!("replica {victim}: {state:?}; wanted {agreed:?}"),
             });
         }
