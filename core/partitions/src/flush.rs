@@ -113,14 +113,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// the message threshold, would otherwise leave it behind).
     pub(crate) async fn flush_if_due(&mut self) -> Result<(), PartitionError> {
         let info = *self.journal.info();
-        // The time bound's record waits for the group's tick (at most a
-        // tick later: the tick it falls due on visits the group), where a
-        // shard runs many groups' ticks at once and their syncs share the
-        // filesystem's commits; made on the step that applied the op, one
-        // group's syncs would follow another's. The op-count bound is
-        // recorded at once.
-        let lagging =
-            self.applied_point_lags_by_ops() || (self.ticking && self.applied_point_overdue());
+        let lagging = self.record_due_here();
         // A single replica applies nothing again after a restart, so the
         // client table its replies rely on is written before they go out,
         // and before their batches (client_sessions.rs: boot keeps the
@@ -212,21 +205,27 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         Ok(())
     }
 
-    /// Whether, in a multi-replica group, the last journaled op is
-    /// `retention_ops / 4` (at least 1) ops past the recorded applied
-    /// point, or past it at all for `record_interval_us` since the last
-    /// record.
-    fn applied_point_lags(&self) -> bool {
-        self.applied_point_lags_by_ops() || self.applied_point_overdue()
+    /// Whether a lagging applied point is recorded on this call: the
+    /// op-count bound at once, the time bound only on the group's tick (at
+    /// most a tick after it falls due: that tick visits the group). A shard
+    /// runs many groups' ticks at once and their syncs share the
+    /// filesystem's commits; made on the step that applied the op, as
+    /// frames arrive, one group's syncs would follow another's.
+    fn record_due_here(&self) -> bool {
+        self.applied_point_lags_by_ops() || (self.ticking && self.applied_point_overdue())
     }
 
-    /// The op-count half of [`Self::applied_point_lags`].
+    /// Whether, in a multi-replica group, the last journaled op is
+    /// `retention_ops / 4` (at least 1) ops past the recorded applied
+    /// point.
     fn applied_point_lags_by_ops(&self) -> bool {
         let lag_max = (self.config.vsr.retention_ops / 4).max(1);
         self.records_applied_point() && self.ops_past_recorded_point() >= lag_max
     }
 
-    /// The time half of [`Self::applied_point_lags`].
+    /// Whether, in a multi-replica group, the last journaled op is past the
+    /// recorded applied point and `record_interval_us` has passed since the
+    /// last record.
     fn applied_point_overdue(&self) -> bool {
         let interval = self.config.record_interval_us;
         self.records_applied_point()
@@ -313,7 +312,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // The client table recorded with the point must be the state after
         // it: not so while an op is being applied (a full journal flushes
         // from inside `apply`), when the next flush records instead.
-        let record = ((sync && record_frontier) || sealed || self.applied_point_lags())
+        let record = ((sync && record_frontier) || sealed || self.record_due_here())
             && self.missing_history_record_pending.is_none()
             && point.op == self.replica.commit_min();
         if sync || record {

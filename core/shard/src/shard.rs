@@ -427,8 +427,6 @@ struct Group<E: Env> {
 }
 
 impl<E: Env> Group<E> {
-    /// Logs a change of the group's view, or of whether this replica is
-    /// its primary: what an operator watches after a replica fails.
     /// What a tick does to this group alone: the ticks since its last
     /// visit counted, its partition's tick and, when `retention` is given,
     /// its retention pass. Touches nothing of the shard, so the due groups'
@@ -464,6 +462,8 @@ impl<E: Env> Group<E> {
         }
     }
 
+    /// Logs a change of the group's view, or of whether this replica is
+    /// its primary: what an operator watches after a replica fails.
     fn note_view(&mut self, id: GroupId) {
         let replica = self.partition.replica();
         let now = (replica.view(), replica.is_primary());
