@@ -331,3 +331,24 @@ fn given_frontier_without_applied_point_when_replica_of_group_boots_should_refus
         "{booted:?}"
     );
 }
+
+/// The time bound on a replicated group's applied point: a few ops, far
+/// below the op-count bound (`retention_ops / 4` = 256 here), are recorded
+/// by every replica once the record interval has passed in ticks. The
+/// record is made on the group's tick (flush.rs), so without ticks past the
+/// interval nothing would ever record them.
+#[test]
+fn given_a_few_ops_below_the_op_bound_when_ticks_pass_the_interval_should_record_them_on_every_replica()
+ {
+    let mut c = Cluster::new(0x7155, 1024);
+    c.produce(3);
+    c.converge();
+    let interval_ticks = partitions::partition::RECORD_INTERVAL_US_DEFAULT / TICK_US;
+    for _ in 0..interval_ticks + 2 {
+        c.step();
+    }
+    for r in c.up() {
+        assert!(r.offset_frontier() > 0);
+        assert_eq!(r.durable_offset_frontier(), r.offset_frontier());
+    }
+}
