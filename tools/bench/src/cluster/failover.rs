@@ -430,8 +430,7 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
         .iter()
         .filter(|(_, p)| *p == victim)
         .count() as u32;
-    let views_before = views(&mut cluster, &survivors).await?;
-    let before_kill = fsyncs(&mut cluster, &survivors).await?;
+    let (before_kill, views_before) = fsyncs_and_views(&mut cluster, &survivors).await?;
     let window = window_start.elapsed();
 
     progress(format_args!(
@@ -445,8 +444,7 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     let order: Vec<u32> = others.into_iter().chain(led_by_victim).collect();
     let recovered = probe_until_each_accepts(plan, &probers, &order, killed_at).await?;
     let failover = killed_at.elapsed();
-    let after = fsyncs(&mut cluster, &survivors).await?;
-    let views_after = views(&mut cluster, &survivors).await?;
+    let (after, views_after) = fsyncs_and_views(&mut cluster, &survivors).await?;
     let load = load.stop().await;
     if recovered.len() != all.len() {
         return Err(ClusterError::Timeout {
@@ -572,12 +570,17 @@ async fn fsyncs(cluster: &mut Cluster, ids: &[usize]) -> Result<u64, ClusterErro
 }
 
 /// Each survivor's view of each group: (replica, group) → view.
-async fn views(
+type Views = std::collections::BTreeMap<(usize, String), f64>;
+
+/// The survivors' fsyncs so far and their groups' views, from one scrape
+/// of each.
+async fn fsyncs_and_views(
     cluster: &mut Cluster,
     ids: &[usize],
-) -> Result<std::collections::BTreeMap<(usize, String), f64>, ClusterError> {
+) -> Result<(u64, Views), ClusterError> {
     let scrapes = scrape_each(cluster, ids).await?;
-    Ok(ids
+    let fsyncs = scrapes.iter().map(|s| s.sum(FSYNCS) as u64).sum();
+    let views = ids
         .iter()
         .zip(&scrapes)
         .flat_map(|(&id, s): (&usize, &Scrape)| {
@@ -585,7 +588,8 @@ async fn views(
                 .into_iter()
                 .map(move |(g, v)| ((id, g), v))
         })
-        .collect())
+        .collect();
+    Ok((fsyncs, views))
 }
 
 /// A prober's client and the plan it was connected with.
