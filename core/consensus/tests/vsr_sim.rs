@@ -33,6 +33,7 @@ fn given_seeded_faults_when_healed_should_converge_without_losing_acknowledged_r
     let count = env_u64("VSR_SEEDS").unwrap_or(2_000);
     let mut failures = Vec::new();
     let (mut crashes, mut transfers, mut committed, mut by_n) = (0, 0, 0, [0u64; 6]);
+    let mut read_backs = 0;
     for seed in base..base + count {
         let n = SimConfig::for_seed(seed).replica_count;
         let result = std::panic::catch_unwind(|| run_seed(seed));
@@ -40,6 +41,7 @@ fn given_seeded_faults_when_healed_should_converge_without_losing_acknowledged_r
             Ok(Ok(report)) => {
                 crashes += report.crashes;
                 transfers += report.transfers;
+                read_backs += report.read_backs;
                 committed += report.committed_ops;
                 by_n[usize::from(n)] += 1;
             }
@@ -50,7 +52,7 @@ fn given_seeded_faults_when_healed_should_converge_without_losing_acknowledged_r
         }
     }
     eprintln!(
-        "{count} seeds: n=1 {} n=3 {} n=5 {}; {committed} ops committed, {crashes} crashes, {transfers} state transfers",
+        "{count} seeds: n=1 {} n=3 {} n=5 {}; {committed} ops committed, {crashes} crashes, {transfers} state transfers, {read_backs} repair slices read back",
         by_n[1], by_n[3], by_n[5]
     );
     assert!(

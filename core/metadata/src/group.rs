@@ -725,6 +725,24 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                         }
                     }
                     Action::Effect(Effect::Journal { .. } | Effect::TruncateJournal { .. }) => {}
+                    Action::Effect(Effect::ReadBack {
+                        to,
+                        nonce,
+                        from_op,
+                        slice,
+                    }) => {
+                        // This group never lets go of a body (it has no
+                        // segments to read one back from): a slot that is
+                        // not held is answered as missing.
+                        let read = slice
+                            .into_iter()
+                            .map(|slot| match slot {
+                                consensus::vsr::journal::Retained::Held(p) => Some(p),
+                                consensus::vsr::journal::Retained::Spilled(_) => None,
+                            })
+                            .collect();
+                        self.replica.serve_read_back(to, nonce, from_op, read);
+                    }
                     Action::Effect(Effect::StartStateTransfer { peer, floor, to_op }) => {
                         tracing::warn!(
                             peer,

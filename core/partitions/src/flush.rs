@@ -80,6 +80,13 @@ pub struct FlushOutcome {
     pub synced: bool,
 }
 
+/// A journaled batch on its way to the active segment.
+struct FlushedBatch {
+    bytes: bytes::Bytes,
+    messages: u32,
+    base_offset: u64,
+}
+
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Flushes every committed batch to the active segment and syncs it,
     /// whatever the thresholds.
@@ -269,20 +276,32 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         record_frontier: bool,
     ) -> Result<FlushOutcome, PartitionError> {
         let segments_before = self.log.segments().count();
-        let entries: Vec<(u64, Option<(bytes::Bytes, u32)>)> = self
+        let entries: Vec<(u64, Option<FlushedBatch>)> = self
             .journal
             .live()
             .map(|e| {
                 (
                     e.op,
-                    (e.stats.messages > 0).then(|| (e.frame.clone(), e.stats.messages)),
+                    (e.stats.messages > 0).then(|| FlushedBatch {
+                        bytes: e.frame.clone(),
+                        messages: e.stats.messages,
+                        base_offset: e.stats.base_offset,
+                    }),
                 )
             })
             .collect();
         let mut outcome = FlushOutcome::default();
         let mut written_to = None;
+        // The bodies now in segments, which the core may let go of.
+        let mut in_segments = Vec::new();
         for (op, batch) in entries {
-            if let Some((bytes, messages)) = batch {
+            if let Some(FlushedBatch {
+                bytes,
+                messages,
+                base_offset,
+            }) = batch
+            {
+                in_segments.push((op, base_offset, bytes.len() as u64));
                 let (res, _) = self.log.append(bytes).await;
                 if let Err(e) = res {
                     // What was written stays written: evict it so a retry
@@ -301,6 +320,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // the sync means a failed sync cannot lead to a second append.
         if let Some(up_to) = written_to {
             self.journal.evict_flushed(up_to);
+        }
+        if self.config.vsr.replica_count > 1 {
+            for (op, base_offset, len) in in_segments {
+                self.retained
+                    .flushed(&mut self.replica, op, base_offset, len);
+            }
         }
         let sealed = self.log.segments().count() != segments_before;
         let point = self.journaled_point;

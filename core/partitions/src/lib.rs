@@ -29,6 +29,7 @@ pub mod ops;
 pub mod partition;
 pub mod poll;
 mod purge;
+pub mod retained;
 pub mod retention;
 pub mod scrub;
 pub mod state_transfer;
@@ -48,4 +49,5 @@ pub use partition::{
     PartitionError, PartitionStats, RECORD_INTERVAL_US_DEFAULT, StateTransferNeeded,
 };
 pub use poll::{PollError, PollRequest, Polled, PollingStrategy};
+pub use retained::{RETAINED_BYTES_MAX_DEFAULT, RetainedBudget};
 pub use retention::{RetentionOutcome, RetentionPolicy};

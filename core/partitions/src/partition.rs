@@ -648,6 +648,13 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// Set while [`Partition::on_tick`] drives the core: the time-based
     /// record of a lagging applied point is made only then (flush.rs).
     pub(crate) ticking: bool,
+    /// Flushed Append bodies the core still holds for repair, counted
+    /// against the shard's byte budget (`retained.rs`).
+    pub(crate) retained: crate::retained::RetainedBodies,
+    /// Repair slices served with bodies read back from segments, and the
+    /// bodies read.
+    pub(crate) read_back_slices: u64,
+    pub(crate) read_back_bodies: u64,
     pub(crate) persist_failed: bool,
     /// Which client-table slot the next record takes (`client_sessions.rs`).
     pub(crate) client_slots: crate::client_sessions::ClientTableSlots,
@@ -1095,6 +1102,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             now_us: 0,
             recorded_at_us: 0,
             ticking: false,
+            retained: crate::retained::RetainedBodies::new(
+                crate::retained::RetainedBudget::unbounded(),
+            ),
+            read_back_slices: 0,
+            read_back_bodies: 0,
             persist_failed: false,
             client_slots,
             clients_dirty: false,
@@ -1237,6 +1249,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The last offset recovered from segments at boot.
     pub fn recovered_durable_offset(&self) -> Option<u64> {
         self.recovered_durable_offset
+    }
+
+    /// Counts this group's flushed Append bodies against `budget` (shared
+    /// by a shard's groups) instead of its own unbounded one, letting go
+    /// of bodies at once if that takes the budget past its ceiling.
+    pub fn share_retained_budget(&mut self, budget: crate::retained::RetainedBudget) {
+        self.retained.share(budget, &mut self.replica);
+    }
+
+    /// Bytes of flushed Append bodies this group's core holds for repair.
+    pub fn retained_bytes(&self) -> u64 {
+        self.retained.bytes()
+    }
+
+    /// Repair slices this group served by reading bodies back from its
+    /// segments, and the bodies it read (`retained.rs`).
+    pub fn read_backs(&self) -> (u64, u64) {
+        (self.read_back_slices, self.read_back_bodies)
     }
 
     /// The state transfer the core asked for, while it still waits for one
@@ -1513,6 +1543,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if self.damage_found.get() {
             self.repair_damage().await;
         }
+        self.retained.trim(self.replica.retained_from());
         self.replica.on_tick();
         self.ticking = true;
         let driven = self.drive().await;
@@ -1700,6 +1731,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             },
             Effect::Apply { prepare, duplicate } => self.apply(prepare, duplicate).await?,
             Effect::Journal { .. } | Effect::TruncateJournal { .. } => {}
+            Effect::ReadBack {
+                to,
+                nonce,
+                from_op,
+                slice,
+            } => self.read_back(to, nonce, from_op, slice).await,
             Effect::StartStateTransfer { peer, floor, to_op } => {
                 self.state_transfer_needed = Some(StateTransferNeeded { peer, floor, to_op });
                 tracing::warn!(
@@ -1777,6 +1814,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                                 last_offset: header.last_offset(),
                                 recovered_end: end,
                             });
+                        }
+                        if self.config.vsr.replica_count > 1 {
+                            self.retained.flushed(
+                                &mut self.replica,
+                                h.op,
+                                header.base_offset,
+                                batch.len() as u64,
+                            );
                         }
                     }
                     _ => {

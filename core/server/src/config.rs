@@ -101,6 +101,10 @@ pub struct StorageConfig {
     /// may trail what it applied, in milliseconds: what a crash of every
     /// replica at once can lose. 0 lifts the time bound.
     pub record_interval_ms: u64,
+    /// Bytes of flushed batches each shard's partition groups keep in
+    /// memory, together, for their peers' repair; older ones are served
+    /// from the segments.
+    pub retained_bytes_per_shard: u64,
 }
 
 /// The consensus groups' liveness timers (every group of the replica, the
@@ -219,6 +223,7 @@ impl Default for StorageConfig {
             fsync: true,
             scrub_bytes_per_sec: 64 * 1024 * 100,
             record_interval_ms: 100,
+            retained_bytes_per_shard: partitions::RETAINED_BYTES_MAX_DEFAULT,
         }
     }
 }

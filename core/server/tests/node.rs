@@ -29,6 +29,7 @@ fn config(dir: &std::path::Path) -> NodeConfig {
         metrics: None,
         scrub_bytes_per_sec: 64 * 1024 * 100,
         record_interval: Duration::from_millis(100),
+        retained_bytes_per_shard: partitions::RETAINED_BYTES_MAX_DEFAULT,
         heartbeat: Duration::from_millis(500),
         primary_timeout: Duration::from_secs(5),
     }

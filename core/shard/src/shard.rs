@@ -120,6 +120,11 @@ pub struct ShardConfig {
     /// File operations a partition's state-transfer install carries out
     /// per tick (`TransferDriverConfig::install_file_ops_per_step`).
     pub install_file_ops_per_step: usize,
+    /// Bytes of flushed batches the shard's partition groups keep in
+    /// memory, together, for their peers' repair; past it a group lets go
+    /// of its oldest and serves them from its segments
+    /// (`partitions::retained`).
+    pub retained_bytes_max: u64,
 }
 
 impl ShardConfig {
@@ -150,6 +155,7 @@ impl ShardConfig {
             record_interval_us: partitions::RECORD_INTERVAL_US_DEFAULT,
             rejoin: false,
             install_file_ops_per_step: partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP,
+            retained_bytes_max: partitions::RETAINED_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -313,6 +319,17 @@ pub struct ShardStats {
     pub installs: u64,
     /// How long the installed transfers took, armed to installed.
     pub transfer_durations: DurationBuckets,
+    /// Bytes of flushed batches the partition groups keep in memory for
+    /// repair, now and at most after any flush, and the ceiling
+    /// ([`ShardConfig::retained_bytes_max`]).
+    pub retained_bytes: u64,
+    /// See [`ShardStats::retained_bytes`].
+    pub retained_bytes_peak: u64,
+    /// See [`ShardStats::retained_bytes`].
+    pub retained_bytes_max: u64,
+    /// Batches let go of to stay within the ceiling (read back from the
+    /// segments if a peer's repair needs them).
+    pub retained_spilled: u64,
 }
 
 /// The partition type a shard hosts.
@@ -513,6 +530,8 @@ pub struct Shard<E: Env> {
     env: Rc<E>,
     groups: BTreeMap<GroupId, Group<E>>,
     slots: TransferSlots,
+    /// The byte ceiling the partition groups' retained bodies share.
+    retained: partitions::RetainedBudget,
     replies: ReplyQueue,
     sent: Rc<RefCell<(u64, u64)>>,
     client: u128,
@@ -583,6 +602,7 @@ impl<E: Env> Shard<E> {
             replies: Rc::new(RefCell::new(Vec::new())),
             sent: Rc::new(RefCell::new((0, 0))),
             slots: TransferSlots::default(),
+            retained: partitions::RetainedBudget::new(config.retained_bytes_max),
             groups: BTreeMap::new(),
             client,
             in_flight_groups: BTreeSet::new(),
@@ -755,6 +775,10 @@ impl<E: Env> Shard<E> {
         let sent = *self.sent.borrow();
         stats.frames_out = sent.0;
         stats.frames_dropped = sent.1;
+        stats.retained_bytes = self.retained.used();
+        stats.retained_bytes_peak = self.retained.peak();
+        stats.retained_bytes_max = self.retained.limit();
+        stats.retained_spilled = self.retained.spilled();
         stats
     }
 
@@ -780,6 +804,7 @@ impl<E: Env> Shard<E> {
             totals.size_bytes += stats.size_bytes;
             totals.segments += stats.segments_count;
             totals.fenced += u64::from(fenced);
+            totals.read_back_bodies += g.partition.read_backs().1;
             add_transfer_totals(&mut transfer, &g.driver);
             let progress = transfer_progress(&g.driver);
             totals.transferring += u64::from(progress.is_some());
@@ -920,13 +945,14 @@ impl<E: Env> Shard<E> {
             sent: Rc::clone(&self.sent),
         };
         let store = FileSuperblock::new(fs.clone(), &dir);
-        let partition =
+        let mut partition =
             Partition::open_after_stop(config, fs.clone(), &dir, bus, store, clean_stop)
                 .await
                 .map_err(|e| GroupError::Boot {
                     group,
                     reason: e.to_string(),
                 })?;
+        partition.share_retained_budget(self.retained.clone());
         let mut driver_config = TransferDriverConfig::new(self.config.cluster, group.0);
         driver_config.frame_size_max = self.config.frame_size_max;
         driver_config.install_file_ops_per_step = self.config.install_file_ops_per_step;

@@ -60,6 +60,9 @@ pub struct PartitionTotals {
     pub fenced: u64,
     /// Partitions with a state transfer receiving.
     pub transferring: u64,
+    /// Batches the partitions read back from their segments to serve a
+    /// peer's repair (`partitions::retained`), since each opened.
+    pub read_back_bodies: u64,
 }
 
 /// State-transfer counters of a shard. Monotonic: a deleted group's

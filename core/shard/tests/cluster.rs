@@ -290,6 +290,68 @@ fn given_a_replica_down_while_8_groups_pass_retention_when_restarted_should_tran
     }
 }
 
+/// Shards that may keep only 8 KiB of flushed batches in memory for
+/// repair, 64 busy groups: one replica is down while every group commits
+/// 20 more batches (well inside `retention_ops` = 64, far past what 8 KiB
+/// holds), so its peers let go of most of those bodies. On restart it
+/// catches up by repair alone, the bodies its peers no longer hold read
+/// back from their segments, and no shard ever held more than the budget.
+#[test]
+fn given_a_small_retained_budget_when_a_backup_repairs_ops_that_left_memory_should_read_them_from_segments_without_transfer()
+ {
+    const BUDGET: u64 = 8 * 1024;
+    let mut c = Cluster::with_retained_bytes(3, 1, 23, NetworkFaults::default(), BUDGET);
+    for n in 0..GROUPS {
+        c.create_everywhere(group(n));
+    }
+    c.run(100);
+    produce_all(&mut c, 0);
+    c.crash(2, CrashMode::KeepAll);
+    let mut peak_seen = 0;
+    for round in 1..=20 {
+        produce_all(&mut c, round);
+        for r in 0..2 {
+            let stats = c.nodes[r][0].as_ref().unwrap().stats();
+            assert!(
+                stats.retained_bytes <= BUDGET,
+                "replica {r} holds {} bytes for repair",
+                stats.retained_bytes
+            );
+            peak_seen = peak_seen.max(stats.retained_bytes_peak);
+        }
+    }
+    c.restart(2);
+    settle(&mut c);
+    assert_converged(&mut c, 105);
+    let mut spilled = 0;
+    let mut read_back = 0;
+    for r in 0..3 {
+        let node = c.nodes[r][0].as_ref().unwrap();
+        let stats = node.stats();
+        assert!(
+            stats.retained_bytes_peak <= BUDGET,
+            "replica {r} held {} bytes for repair at its peak",
+            stats.retained_bytes_peak
+        );
+        assert_eq!(stats.retained_bytes_max, BUDGET);
+        assert_eq!(stats.installs, 0, "replica {r} caught up by transfer");
+        spilled += stats.retained_spilled;
+        read_back += node
+            .snapshot(shard::SnapshotDetail::Totals)
+            .totals
+            .read_back_bodies;
+    }
+    eprintln!("peak {peak_seen} of {BUDGET} bytes; {spilled} bodies let go, {read_back} read back");
+    assert!(
+        peak_seen > BUDGET / 2,
+        "the budget was never used: {peak_seen}"
+    );
+    // 64 groups × 20 batches of about 320 bytes went past the budget: the
+    // restarted replica's repair of most of them came from segments.
+    assert!(spilled > 1_000, "{spilled} bodies let go");
+    assert!(read_back > 500, "{read_back} bodies read back");
+}
+
 /// Every replica stopped cleanly at once (flush, then the shard's one
 /// clean-stop file), rebooted: each shard takes its file (gone afterwards),
 /// every group resumes as a full member, and the cluster serves again by

@@ -16,6 +16,7 @@ use common::{ConsumerKind, GroupId, METADATA_GROUP, ReplicaId};
 use consensus::vsr::TimeoutConfig;
 use futures::channel::{mpsc, oneshot};
 use metadata::{MetadataOp, Outcome};
+use partitions::RETAINED_BYTES_MAX_DEFAULT;
 use partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP;
 use partitions::{NetworkFaults, PollRequest, PollingStrategy};
 use shard::testing::{TestClock, TestEnv, TestNet};
@@ -106,11 +107,20 @@ pub(crate) struct Cluster {
     installs_retired: u64,
     /// Group 0 snapshots installed by shards that have since crashed.
     metadata_installs_retired: u64,
+    /// Batches read back for repair by shards that have since crashed.
+    read_backs_retired: u64,
 }
 
 /// The replicas' data directory on their disks.
 fn data_dir() -> PathBuf {
     PathBuf::from("/data")
+}
+
+fn read_backs(shard: &Shard<TestEnv>) -> u64 {
+    shard
+        .snapshot(shard::SnapshotDetail::Totals)
+        .totals
+        .read_back_bodies
 }
 
 fn metadata_installs(shard: &Shard<TestEnv>) -> u64 {
@@ -168,6 +178,7 @@ impl Cluster {
             boots: 0,
             installs_retired: 0,
             metadata_installs_retired: 0,
+            read_backs_retired: 0,
         };
         for r in 0..replica_count {
             cluster.boot(r)?;
@@ -204,6 +215,11 @@ impl Cluster {
         // calls arriving between the steps.
         config.install_file_ops_per_step =
             [1, 2, 5, INSTALL_FILE_OPS_PER_STEP][(self.seed % 4) as usize];
+        // Three runs in four keep so few flushed batches in memory that a
+        // peer's repair is served mostly from segments (read back, and
+        // checked against the op's header, across crashes and rot).
+        config.retained_bytes_max =
+            [0, 4 * 1024, 64 * 1024, RETAINED_BYTES_MAX_DEFAULT][((self.seed / 4) % 4) as usize];
         config
     }
 
@@ -255,6 +271,7 @@ impl Cluster {
         if let Some(shards) = node.shards.take() {
             self.installs_retired += shards.iter().map(|s| s.stats().installs).sum::<u64>();
             self.metadata_installs_retired += shards.iter().map(metadata_installs).sum::<u64>();
+            self.read_backs_retired += shards.iter().map(read_backs).sum::<u64>();
         }
         node.inboxes.clear();
         node.fs.clear_faults();
@@ -361,6 +378,19 @@ impl Cluster {
             .map(|s| s.stats().installs)
             .sum();
         live + self.installs_retired
+    }
+
+    /// Batches read back from segments to serve a peer's repair over the
+    /// run, crashed shards included (deleted groups' counts are not).
+    pub(crate) fn read_backs(&self) -> u64 {
+        let live: u64 = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.shards.as_ref())
+            .flatten()
+            .map(read_backs)
+            .sum();
+        live + self.read_backs_retired
     }
 
     /// Group 0 snapshots installed by transfer over the run, crashed

@@ -133,6 +133,8 @@ pub struct Summary {
     pub transfers: u64,
     /// Group 0 snapshots installed by transfer.
     pub metadata_transfers: u64,
+    /// Batches read back from segments to serve a peer's repair.
+    pub read_backs: u64,
     /// Frames sent and dropped by the network.
     pub frames: (u64, u64),
     /// Ticks run in all (faults, quiet period and convergence).
@@ -191,7 +193,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -218,6 +220,7 @@ impl fmt::Display for Summary {
             self.faults.blackouts,
             self.transfers,
             self.metadata_transfers,
+            self.read_backs,
             self.frames.0,
             self.frames.1,
             self.schedule_hash,
@@ -785,6 +788,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         faults: run.faults.stats.into(),
         transfers: run.cluster.installs(),
         metadata_transfers: run.cluster.metadata_installs(),
+        read_backs: run.cluster.read_backs(),
         frames: run.cluster.net.counts(),
         ticks_run: run.ticks_run,
         schedule_hash: run.trace.hash(),

@@ -27,7 +27,10 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use super::message::{Frame, OPERATION_APPEND, OPERATION_REGISTER, Reply, ReplyStatus, Request};
+use super::journal::Retained;
+use super::message::{
+    Frame, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Reply, ReplyStatus, Request,
+};
 use super::replica::{
     Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status, Topology,
 };
@@ -85,6 +88,14 @@ pub struct SimConfig {
     /// input, as a shard with many idle groups does. A run must be the
     /// same, frame for frame, as with every replica ticked every step.
     pub lazy_ticks: bool,
+    /// Per-mille chance that a replica lets go of an applied op's body
+    /// (`Replica::spill_applied`), as a partition does once the batch is
+    /// in its segments: repair of that op is then served by reading it
+    /// back ([`Effect::ReadBack`]).
+    pub spill_per_mille: u64,
+    /// Per-mille chance that reading a spilled body back fails; as often
+    /// again it comes back with a flipped byte.
+    pub read_back_fail_per_mille: u64,
 }
 
 impl SimConfig {
@@ -112,6 +123,8 @@ impl SimConfig {
             topology: Topology::Star,
             transfer_without_checksum: false,
             lazy_ticks: false,
+            spill_per_mille: 0,
+            read_back_fail_per_mille: 0,
         }
     }
 
@@ -132,6 +145,10 @@ impl SimConfig {
         // A third stream, so the knobs above never change for a seed.
         let mut prng = Prng::new(seed ^ 0x5EED_C0FF_EE00_0003);
         c.transfer_without_checksum = prng.chance(1, 2);
+        // A fourth stream for bodies read back from storage.
+        let mut prng = Prng::new(seed ^ 0x5EED_C0FF_EE00_0004);
+        c.spill_per_mille = [0, 0, 300, 1000][(prng.next_u64() % 4) as usize];
+        c.read_back_fail_per_mille = [0, 20, 200][(prng.next_u64() % 3) as usize];
         c
     }
 
@@ -196,6 +213,8 @@ pub struct SimReport {
     pub transfers: u64,
     /// Sum over acknowledged requests of ticks from first send to reply.
     pub reply_latency_ticks_total: u64,
+    /// Repair slices served by reading spilled bodies back.
+    pub read_backs: u64,
 }
 
 /// One applied op as the state machine recorded it.
@@ -232,6 +251,11 @@ pub struct Node {
     /// counted, and the last step whose tick phase reached it.
     counted_to: u64,
     tick_phase: u64,
+    /// Every applied body by op (the node's storage, surviving crashes),
+    /// kept only when the configuration spills.
+    stored: BTreeMap<u64, Prepare>,
+    /// The first applied op not yet considered for spilling.
+    spill_from: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -279,6 +303,9 @@ pub struct Simulation {
     report: SimReport,
     trace: bool,
     transfers_started: Vec<(u8, u8, u64, u64)>,
+    /// Draws for spilling and reading back, apart from `prng` so that
+    /// configurations without spilling replay their old streams.
+    spill_prng: Prng,
 }
 
 impl Simulation {
@@ -304,6 +331,8 @@ impl Simulation {
                     commit_max_seen: 0,
                     counted_to: 0,
                     tick_phase: 0,
+                    stored: BTreeMap::new(),
+                    spill_from: 1,
                 }
             })
             .collect();
@@ -331,6 +360,7 @@ impl Simulation {
             report: SimReport::default(),
             trace: false,
             transfers_started: Vec::new(),
+            spill_prng: Prng::new(config.seed ^ 0x5EED_5B11_1000_0001),
             config,
         }
     }
@@ -692,6 +722,7 @@ impl Simulation {
             };
             let actions = replica.take_actions();
             if actions.is_empty() {
+                self.spill(r);
                 return Ok(());
             }
             for action in actions {
@@ -705,6 +736,57 @@ impl Simulation {
                     Action::Effect(effect) => self.effect(r, effect)?,
                 }
             }
+        }
+    }
+
+    /// Lets replica `r` go of applied bodies it has stored, each with the
+    /// configured chance, as a partition does after a flush.
+    fn spill(&mut self, r: u8) {
+        if self.config.spill_per_mille == 0 {
+            return;
+        }
+        let chance = self.config.spill_per_mille;
+        let node = &mut self.nodes[usize::from(r)];
+        let Some(replica) = node.replica.as_mut() else {
+            return;
+        };
+        let commit_min = replica.commit_min();
+        for op in node.spill_from..=commit_min {
+            if node.stored.contains_key(&op) && self.spill_prng.chance(chance, 1000) {
+                replica.spill_applied(op, op);
+            }
+        }
+        node.spill_from = node.spill_from.max(commit_min + 1);
+    }
+
+    /// Serves a read-back from replica `r`'s stored bodies, failing or
+    /// rotting some reads as configured.
+    fn read_back(&mut self, r: u8, to: u8, nonce: u128, from_op: u64, slice: Vec<Retained>) {
+        let fail = self.config.read_back_fail_per_mille;
+        let node = &mut self.nodes[usize::from(r)];
+        let read = slice
+            .into_iter()
+            .map(|slot| match slot {
+                Retained::Held(p) => Some(p),
+                Retained::Spilled(s) => {
+                    if self.spill_prng.chance(fail, 1000) {
+                        return None;
+                    }
+                    let mut p = node.stored.get(&s.locator)?.clone();
+                    if self.spill_prng.chance(fail, 1000) {
+                        let mut body = p.body.to_vec();
+                        match body.first_mut() {
+                            Some(b) => *b ^= 1,
+                            None => body.push(1),
+                        }
+                        p.body = Bytes::from(body);
+                    }
+                    Some(p)
+                }
+            })
+            .collect();
+        if let Some(replica) = node.replica.as_mut() {
+            replica.serve_read_back(to, nonce, from_op, read);
         }
     }
 
@@ -742,6 +824,9 @@ impl Simulation {
                     duplicate,
                 };
                 let node = &mut self.nodes[usize::from(r)];
+                if self.config.spill_per_mille > 0 {
+                    node.stored.insert(h.op, prepare.clone());
+                }
                 let expected_op = node.applied.len() as u64 + 1;
                 if h.op != expected_op {
                     return self.failure_here(format!(
@@ -766,6 +851,15 @@ impl Simulation {
             Effect::StartStateTransfer { peer, floor, to_op } => {
                 self.transfers_started.push((r, peer, floor, to_op));
                 self.transfer(r, peer, floor)?;
+            }
+            Effect::ReadBack {
+                to,
+                nonce,
+                from_op,
+                slice,
+            } => {
+                self.report.read_backs += 1;
+                self.read_back(r, to, nonce, from_op, slice);
             }
         }
         Ok(())

@@ -12,6 +12,11 @@
 //! - `headers`: canonical headers above `commit_min` whose bodies may still
 //!   be missing (learned from a StartView suffix or a merged log).
 //! - `anchor`: a committed op's identity learned from a heartbeat.
+//! - `spilled`: applied ops whose bodies the driver let go of because it
+//!   can read them back from its own storage (a partition's segments).
+//!   Each keeps its header and the driver's locator. Together with the
+//!   applied entries they still cover `retained_from..=commit_min`
+//!   without holes, the spilled ones always the oldest.
 //!
 //! A repaired prepare is accepted only when its identity matches what the
 //! log expects at its op: a known header, the `parent` of the header one op
@@ -29,6 +34,39 @@ pub struct Journal {
     headers: BTreeMap<u64, PrepareHeader>,
     anchor: Option<(u64, u128)>,
     retained_from: u64,
+    spilled: BTreeMap<u64, Spilled>,
+}
+
+/// An applied op whose body the journal no longer holds: the driver can
+/// read it back at `locator` (what the locator means is the driver's
+/// business; a partition uses the batch's base offset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spilled {
+    /// The op's header: the identity a read-back body must match.
+    pub header: PrepareHeader,
+    /// Where the driver finds the body.
+    pub locator: u64,
+    /// The body's length in bytes.
+    pub len: u32,
+}
+
+/// One op of a retained range, as the journal holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retained {
+    /// The whole prepare is in memory.
+    Held(Prepare),
+    /// Only the header is; the body must be read back.
+    Spilled(Spilled),
+}
+
+impl Retained {
+    /// The op.
+    pub fn op(&self) -> u64 {
+        match self {
+            Retained::Held(p) => p.header.op,
+            Retained::Spilled(s) => s.header.op,
+        }
+    }
 }
 
 /// What an insertion did.
@@ -61,11 +99,40 @@ impl Journal {
         self.entries.get(&op)
     }
 
-    /// The header at `op`, from an entry or a known canonical header.
+    /// The header at `op`, from an entry, a known canonical header or a
+    /// spilled applied op.
     pub fn header(&self, op: u64) -> Option<&PrepareHeader> {
         self.headers
             .get(&op)
             .or_else(|| self.entries.get(&op).map(|p| &p.header))
+            .or_else(|| self.spilled.get(&op).map(|s| &s.header))
+    }
+
+    /// Lets go of the body of applied op `op` (at or below `commit_min`),
+    /// keeping its header and `locator`, where the driver can read it back.
+    /// Returns the body's length, or `None` when no applied body is held
+    /// at `op` (already spilled, pruned, or not applied).
+    pub fn spill(&mut self, op: u64, locator: u64, commit_min: u64) -> Option<u32> {
+        if op > commit_min {
+            return None;
+        }
+        let prepare = self.entries.remove(&op)?;
+        // Bodies are bounded far below 4 GiB by the frame ceiling.
+        let len = u32::try_from(prepare.body.len()).unwrap_or(u32::MAX);
+        self.spilled.insert(
+            op,
+            Spilled {
+                header: prepare.header,
+                locator,
+                len,
+            },
+        );
+        Some(len)
+    }
+
+    /// Applied ops whose bodies are spilled.
+    pub fn spilled_count(&self) -> usize {
+        self.spilled.len()
     }
 
     /// The highest op with a known header, or `floor` if none is above it.
@@ -264,6 +331,12 @@ impl Journal {
             }
             self.entries.pop_first();
         }
+        while let Some((op, _)) = self.spilled.first_key_value() {
+            if *op >= keep_from {
+                break;
+            }
+            self.spilled.pop_first();
+        }
         self.retained_from = self.retained_from.max(keep_from.min(commit_min + 1));
         if self.anchor.is_some_and(|(a, _)| a <= commit_min) {
             self.anchor = None;
@@ -275,6 +348,7 @@ impl Journal {
     pub fn reset_floor(&mut self, floor: u64) {
         self.entries.retain(|op, _| *op > floor);
         self.headers.retain(|op, _| *op > floor);
+        self.spilled.retain(|op, _| *op > floor);
         // Saturating: a floor is an op a caller checked against OP_MAX,
         // and this must not be the place an unchecked one panics.
         self.retained_from = floor.saturating_add(1);
@@ -293,6 +367,32 @@ impl Journal {
             .take(max)
             .map(|(_, p)| p.clone())
             .collect()
+    }
+
+    /// Retained ops in `from..=to`, held or spilled, in op order, at most
+    /// `max` of them.
+    pub fn retained_range(&self, from: u64, to: u64, max: usize) -> Vec<Retained> {
+        if from > to {
+            return Vec::new();
+        }
+        let mut held = self.entries.range(from..=to).peekable();
+        let mut spilled = self.spilled.range(from..=to).peekable();
+        let mut out = Vec::new();
+        while out.len() < max {
+            let next = match (held.peek(), spilled.peek()) {
+                (Some((h, _)), Some((s, _))) if s < h => {
+                    spilled.next().map(|(_, s)| Retained::Spilled(*s))
+                }
+                (Some(_), _) => held.next().map(|(_, p)| Retained::Held(p.clone())),
+                (None, Some(_)) => spilled.next().map(|(_, s)| Retained::Spilled(*s)),
+                (None, None) => None,
+            };
+            match next {
+                Some(r) => out.push(r),
+                None => break,
+            }
+        }
+        out
     }
 }
 
@@ -371,5 +471,53 @@ mod tests {
         assert!(j.entry(3).is_none());
         assert_eq!(j.header(3).unwrap().checksum, other.checksum);
         assert!(j.entry(2).is_some(), "op 2 chains to the new op 3");
+    }
+
+    #[test]
+    fn given_applied_bodies_spilled_when_ranged_should_interleave_in_op_order_and_prune_both() {
+        let log = chain(6);
+        let mut j = Journal::new(1);
+        for p in &log {
+            j.insert_authoritative(p.clone(), 0);
+        }
+        // Applied through op 5: op 6 is above the applied point.
+        j.prune_applied(5, 100);
+        assert_eq!(
+            j.spill(6, 60, 5),
+            None,
+            "an op above the applied point is never spilled"
+        );
+        assert_eq!(j.spill(2, 20, 5), Some(0));
+        assert_eq!(j.spill(4, 40, 5), Some(0));
+        assert_eq!(j.spill(4, 40, 5), None, "spilled once");
+        assert!(j.entry(2).is_none());
+        assert_eq!(j.header(2), Some(&log[1].header), "the header stays known");
+        let ops: Vec<(u64, bool)> = j
+            .retained_range(1, 6, 10)
+            .iter()
+            .map(|r| (r.op(), matches!(r, Retained::Spilled(_))))
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                (1, false),
+                (2, true),
+                (3, false),
+                (4, true),
+                (5, false),
+                (6, false)
+            ]
+        );
+        assert_eq!(j.retained_range(2, 6, 2).len(), 2, "bounded by max");
+        match &j.retained_range(4, 4, 1)[0] {
+            Retained::Spilled(s) => assert_eq!((s.locator, s.header.op), (40, 4)),
+            other => panic!("{other:?}"),
+        }
+        // Retention of 2 applied ops keeps 4 and 5: spilled op 2 goes too.
+        j.prune_applied(5, 2);
+        assert_eq!(j.spilled_count(), 1);
+        assert_eq!(j.retained_range(1, 6, 10)[0].op(), 4);
+        j.reset_floor(5);
+        assert_eq!(j.spilled_count(), 0);
     }
 }

@@ -14,6 +14,7 @@
 //! `advance_commit_max` and `finish_state_transfer`; until then the replica
 //! acknowledges nothing and applies nothing.
 
+use super::journal::Retained;
 use super::message::{Message, Prepare};
 use super::replica::{Effect, FrameError, RepairSession, Replica, Status};
 
@@ -169,13 +170,87 @@ impl Replica {
             );
         }
         let end = to_op.min(start.saturating_add(REPAIR_CHUNK_MAX - 1));
-        let mut last = start - 1;
-        for prepare in self.journal.range(start, end, REPAIR_CHUNK_MAX as usize) {
-            last = prepare.header.op;
-            self.send(from, Message::RepairPrepare(prepare));
+        let slice = self
+            .journal
+            .retained_range(start, end, REPAIR_CHUNK_MAX as usize);
+        if slice.iter().any(|r| matches!(r, Retained::Spilled(_))) {
+            // The driver reads the spilled bodies back and hands the slice
+            // to `serve_read_back`, which answers as below.
+            self.effect(Effect::ReadBack {
+                to: from,
+                nonce,
+                from_op: start,
+                slice,
+            });
+            return Ok(());
         }
-        self.send(from, Message::RepairDone { nonce, op: last });
+        let held = slice.into_iter().map(|r| match r {
+            Retained::Held(p) => Some(p),
+            Retained::Spilled(_) => None,
+        });
+        self.answer_request_prepares(from, nonce, start, held);
         Ok(())
+    }
+
+    /// Answers a RequestPrepares slice that needed bodies read back
+    /// ([`Effect::ReadBack`]): `read` holds, in the slice's op order from
+    /// `from_op`, each prepare as read (or `None` where the read failed).
+    /// A prepare that does not verify against the header retained at its
+    /// op counts as failed. Everything at or below the highest failed op
+    /// is announced evicted and not served, so the peer never receives a
+    /// slice with a hole it would wait on.
+    pub fn serve_read_back(
+        &mut self,
+        to: u8,
+        nonce: u128,
+        from_op: u64,
+        read: Vec<Option<Prepare>>,
+    ) {
+        if self.transferring || to >= self.config.replica_count {
+            return;
+        }
+        let checked: Vec<Option<Prepare>> = read
+            .into_iter()
+            .map(|p| {
+                p.filter(|p| {
+                    p.verify()
+                        && self
+                            .journal
+                            .header(p.header.op)
+                            .is_some_and(|h| h.checksum == p.header.checksum)
+                })
+            })
+            .collect();
+        self.answer_request_prepares(to, nonce, from_op, checked.into_iter());
+    }
+
+    /// Sends the slice starting at `from_op`: `RangeEvicted` above the
+    /// highest op missing from it (if any), the prepares above that, then
+    /// `RepairDone`.
+    fn answer_request_prepares(
+        &mut self,
+        to: u8,
+        nonce: u128,
+        from_op: u64,
+        slice: impl Iterator<Item = Option<Prepare>>,
+    ) {
+        let slice: Vec<Option<Prepare>> = slice.collect();
+        let skip = slice.iter().rposition(Option::is_none).map_or(0, |i| i + 1);
+        if skip > 0 {
+            self.send(
+                to,
+                Message::RangeEvicted {
+                    nonce,
+                    retained_from: from_op.saturating_add(skip as u64),
+                },
+            );
+        }
+        let mut last = from_op + skip as u64 - 1;
+        for prepare in slice.into_iter().skip(skip).flatten() {
+            last = prepare.header.op;
+            self.send(to, Message::RepairPrepare(prepare));
+        }
+        self.send(to, Message::RepairDone { nonce, op: last });
     }
 
     pub(super) fn on_repair_prepare(&mut self, prepare: Prepare) -> Result<(), FrameError> {

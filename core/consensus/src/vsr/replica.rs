@@ -28,7 +28,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::journal::{Inserted, Journal};
+use super::journal::{Inserted, Journal, Retained};
 use super::merge::{MergedLog, Quorums};
 use super::message::{
     DoViewChange, Frame, Message, OPERATION_REGISTER, Prepare, PrepareHeader, Reply, ReplyStatus,
@@ -166,6 +166,21 @@ pub enum Effect {
         /// True when the client table says this request already committed
         /// at an earlier op: the state machine must skip it.
         duplicate: bool,
+    },
+    /// A peer asked for a slice of retained ops some of whose bodies were
+    /// spilled ([`Replica::spill_applied`]). Read each spilled body back
+    /// at its locator and call [`Replica::serve_read_back`] with the slice
+    /// in order (held prepares as given, `None` for a body that cannot be
+    /// read); the core answers the peer from there.
+    ReadBack {
+        /// The peer that asked.
+        to: u8,
+        /// Its repair session's nonce.
+        nonce: u128,
+        /// The first op of the slice.
+        from_op: u64,
+        /// The slice, in op order without holes.
+        slice: Vec<Retained>,
     },
     /// Repair concluded `FloorRefused`: the ops needed lie below what every
     /// peer retains. Transfer state from `peer`, then install it with
@@ -787,6 +802,20 @@ impl Replica {
     /// The prepare at `op` if this replica's journal holds its body.
     pub fn journal_entry(&self, op: u64) -> Option<&Prepare> {
         self.journal.entry(op)
+    }
+
+    /// Lets go of the body of applied op `op`, which the driver can read
+    /// back at `locator` when a peer's repair needs it
+    /// ([`Effect::ReadBack`]). Returns the body's length, or `None` when no
+    /// applied body is held at `op` (pruned, spilled already, or above the
+    /// applied point).
+    pub fn spill_applied(&mut self, op: u64, locator: u64) -> Option<u32> {
+        self.journal.spill(op, locator, self.commit_min)
+    }
+
+    /// The oldest op this replica still serves to a peer's repair.
+    pub fn retained_from(&self) -> u64 {
+        self.journal.retained_from()
     }
 
     /// Everything produced since the last call, in order.

@@ -78,6 +78,8 @@ pub struct NodeConfig {
     pub scrub_bytes_per_sec: u64,
     /// `partitions::PartitionConfig::record_interval_us`, for every group.
     pub record_interval: Duration,
+    /// [`shard::ShardConfig::retained_bytes_max`], for every shard.
+    pub retained_bytes_per_shard: u64,
     /// A primary's heartbeat interval.
     pub heartbeat: Duration,
     /// A backup's wait for its primary before a view change.
@@ -378,6 +380,7 @@ fn shard_config(config: &NodeConfig, index: ShardIndex, rejoin: bool) -> ShardCo
         .max(1);
     c.scrub_bytes_per_tick = config.scrub_bytes_per_sec.saturating_mul(tick_us) / 1_000_000;
     c.record_interval_us = u64::try_from(config.record_interval.as_micros()).unwrap_or(u64::MAX);
+    c.retained_bytes_max = config.retained_bytes_per_shard;
     let ticks = |d: Duration| (u64::try_from(d.as_micros()).unwrap_or(u64::MAX) / tick_us).max(1);
     c.timeouts.commit_message_ticks = ticks(config.heartbeat);
     c.timeouts.normal_heartbeat_ticks = ticks(config.primary_timeout);

@@ -50,6 +50,8 @@ pub struct Cluster {
     /// Group 0's retention (the VSR default unless a test lowers it).
     pub metadata_retention_ops: u64,
     pub segment_size: u64,
+    /// Every shard's `ShardConfig::retained_bytes_max`.
+    pub retained_bytes_max: u64,
     /// `[replica][shard]`: each shard's inbox, fed by its siblings.
     pub inboxes: Vec<Vec<futures::channel::mpsc::Receiver<shard::Input>>>,
 }
@@ -77,6 +79,36 @@ impl Cluster {
         faults: NetworkFaults,
         metadata_retention_ops: u64,
     ) -> Self {
+        Self::build(
+            replicas,
+            shards,
+            seed,
+            faults,
+            metadata_retention_ops,
+            partitions::RETAINED_BYTES_MAX_DEFAULT,
+        )
+    }
+
+    /// A cluster whose shards keep at most `retained_bytes_max` bytes of
+    /// flushed batches in memory for repair.
+    pub fn with_retained_bytes(
+        replicas: u8,
+        shards: u16,
+        seed: u64,
+        faults: NetworkFaults,
+        retained_bytes_max: u64,
+    ) -> Self {
+        Self::build(replicas, shards, seed, faults, 1024, retained_bytes_max)
+    }
+
+    fn build(
+        replicas: u8,
+        shards: u16,
+        seed: u64,
+        faults: NetworkFaults,
+        metadata_retention_ops: u64,
+        retained_bytes_max: u64,
+    ) -> Self {
         let mut c = Self {
             replicas,
             shards,
@@ -90,6 +122,7 @@ impl Cluster {
             retention_ops: 64,
             metadata_retention_ops,
             segment_size: 16 * 1024,
+            retained_bytes_max,
             inboxes: Vec::new(),
         };
         for r in 0..replicas {
@@ -115,6 +148,7 @@ impl Cluster {
         config.metadata_retention_ops = self.metadata_retention_ops;
         config.seed = 1000 + self.boots * 31 + u64::from(r) * 7 + u64::from(s);
         config.tick = TICK;
+        config.retained_bytes_max = self.retained_bytes_max;
         config
     }
 

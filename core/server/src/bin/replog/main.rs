@@ -119,6 +119,7 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
         rejoin,
         scrub_bytes_per_sec: config.storage.scrub_bytes_per_sec,
         record_interval: Duration::from_millis(config.storage.record_interval_ms),
+        retained_bytes_per_shard: config.storage.retained_bytes_per_shard,
         heartbeat: Duration::from_millis(config.consensus.heartbeat_ms),
         primary_timeout: Duration::from_millis(config.consensus.primary_timeout_ms),
         metrics: config.metrics.listen.map(|listen| MetricsSetup {

@@ -191,7 +191,7 @@ impl SnapshotCollector {
             up,
         )?;
         type Field = fn(&ShardSnapshot) -> u64;
-        let per_shard: [(&str, &str, MetricType, Field); 18] = [
+        let per_shard: [(&str, &str, MetricType, Field); 23] = [
             ("replog_shard_ticks", "Ticks the shard ran", Counter, |s| {
                 s.stats.ticks
             }),
@@ -242,6 +242,36 @@ impl SnapshotCollector {
                 "Segments of the shard's partitions",
                 Gauge,
                 |s| s.totals.segments,
+            ),
+            (
+                "replog_shard_retained_bytes",
+                "Bytes of flushed batches the shard's partitions keep in memory for their peers' repair",
+                Gauge,
+                |s| s.stats.retained_bytes,
+            ),
+            (
+                "replog_shard_retained_bytes_peak",
+                "The most bytes of flushed batches the shard's partitions kept for repair after any flush",
+                Gauge,
+                |s| s.stats.retained_bytes_peak,
+            ),
+            (
+                "replog_shard_retained_bytes_max",
+                "The ceiling on bytes of flushed batches the shard's partitions keep for repair",
+                Gauge,
+                |s| s.stats.retained_bytes_max,
+            ),
+            (
+                "replog_shard_retained_spilled",
+                "Batches let go of to stay within the ceiling, served from segments if repair needs them",
+                Counter,
+                |s| s.stats.retained_spilled,
+            ),
+            (
+                "replog_shard_repair_read_back_batches",
+                "Batches the shard's open partitions read back from segments to serve a peer's repair",
+                Gauge,
+                |s| s.totals.read_back_bodies,
             ),
             (
                 "replog_shard_partitions_fenced",
