@@ -110,6 +110,11 @@ pub enum Mode {
     /// load it, kill -9 the replica that leads the most partitions, and
     /// time until every partition accepts a produce again.
     Failover(Failover),
+    /// Start a three-replica cluster with one topic of many partitions and
+    /// read each replica's resident memory, idle and after one batch of
+    /// the global shape to every partition, next to the ceiling on what
+    /// its shards keep in memory for repair.
+    Memory(Memory),
 }
 
 /// The baseline receiver's producers.
@@ -195,6 +200,34 @@ pub struct Failover {
     /// Give up on any phase (start, creation, recovery) that takes longer
     /// than this.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// The memory run.
+#[derive(Debug, Clone, Args)]
+pub struct Memory {
+    /// Partitions of the topic (one group each).
+    #[arg(long, short = 'a', default_value_t = 1000)]
+    pub partitions: u32,
+    /// Shards per replica.
+    #[arg(long, default_value_t = 2)]
+    pub shards: u32,
+    /// Concurrent senders (spread over the three replicas).
+    #[arg(long, default_value_t = 8)]
+    pub senders: u32,
+    /// The replicas' `storage.retained_bytes_per_shard` (their default,
+    /// 64 MiB, if unset), e.g. 1GiB.
+    #[arg(long)]
+    pub retained_bytes_per_shard: Option<ByteRate>,
+    /// How long to wait after each step before measuring.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub settle: Duration,
+    /// The binary and the run's directory.
+    #[command(flatten)]
+    pub run: ClusterRun,
+    /// Give up on any phase (start, creation, sends) that takes longer
+    /// than this.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
 }
 

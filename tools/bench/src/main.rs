@@ -54,6 +54,12 @@ fn bench(cli: &args::Cli) -> Result<(), BenchError> {
         print!("{}", report.render());
         return write_json(cli, &report);
     }
+    if let args::Mode::Memory(flags) = &cli.mode {
+        let plan = cluster::memory::MemoryPlan::from_cli(cli, flags).map_err(BenchError::Plan)?;
+        let report = runtime.block_on(cluster::memory::run(plan))?;
+        print!("{}", report.render());
+        return write_json(cli, &report);
+    }
     let plan = plan::Plan::from_cli(cli).map_err(BenchError::Plan)?;
     let report = runtime.block_on(run::run(plan))?;
     print!("{}", report.render());

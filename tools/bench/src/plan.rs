@@ -167,8 +167,8 @@ impl Plan {
                     p.partitions,
                 )
             }
-            Mode::Transfer(_) | Mode::Failover(_) => {
-                return Err("the cluster modes are planned by TransferPlan and FailoverPlan, not as a producer or consumer run".into());
+            Mode::Transfer(_) | Mode::Failover(_) | Mode::Memory(_) => {
+                return Err("the cluster modes are planned by TransferPlan, FailoverPlan and MemoryPlan, not as a producer or consumer run".into());
             }
         };
         if actors == 0 || streams == 0 || partitions == 0 {

@@ -432,3 +432,58 @@ fn given_a_few_partitions_when_the_failover_mode_kills_their_primary_should_time
     );
     assert_run_dir_removed(dir.path(), "replog-bench-failover");
 }
+
+#[test]
+fn given_a_small_retained_ceiling_when_the_memory_mode_bursts_every_partition_should_report_what_was_kept_within_it()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let replog = testkit::replog_binary().unwrap();
+    // 12 batches of about 100 KB against 64 KiB per shard (two shards).
+    let (stdout, r) = run_bench(
+        dir.path(),
+        "memory",
+        &[
+            "-m",
+            "1000",
+            "-p",
+            "100",
+            "memory",
+            "--partitions",
+            "12",
+            "--senders",
+            "3",
+            "--retained-bytes-per-shard",
+            "64KiB",
+            "--settle",
+            "1s",
+            "--timeout",
+            "60s",
+            "--replog",
+            replog.to_str().unwrap(),
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ],
+    );
+    let batch = u(&r, &["burst_batch_bytes"]);
+    assert!(batch > 100_000, "{r}");
+    for phase in ["idle", "after_burst"] {
+        let replicas = r[phase].as_array().unwrap();
+        assert_eq!(replicas.len(), 3, "{r}");
+        for m in replicas {
+            assert!(u(m, &["resident_bytes"]) > 1024 * 1024, "{r}");
+            assert_eq!(u(m, &["retained_bytes_max"]), 2 * 64 * 1024, "{r}");
+            assert!(u(m, &["retained_bytes"]) <= 2 * 64 * 1024, "{r}");
+            assert!(u(m, &["retained_bytes_peak"]) <= 2 * 64 * 1024, "{r}");
+        }
+    }
+    for m in r["after_burst"].as_array().unwrap() {
+        // Each replica applied all 12 burst batches, each larger than a
+        // shard's ceiling: it let go of every one.
+        assert!(u(m, &["retained_spilled"]) >= 12, "{r}");
+    }
+    assert!(
+        stdout.contains("without a ceiling each replica would keep"),
+        "{stdout}"
+    );
+    assert_run_dir_removed(dir.path(), "replog-bench-memory");
+}

@@ -25,23 +25,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use iggy::prelude::IggyClient;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::metrics::Scrape;
+use super::probe::{connect_probers, probe_until_each_accepts, wait_for_layout};
 use super::process::{Cluster, REPLICAS};
-use super::{
-    ClusterError, METADATA_GROUP, RunSetup, create_topic, in_run_dir, primaries, run_dir,
-    scrape_each, wait_for,
-};
+use super::{ClusterError, RunSetup, create_topic, in_run_dir, run_dir, scrape_each};
 use crate::actors::{self, Target};
 use crate::args::{Cli, DurabilityArg, Failover};
 use crate::error::BenchError;
 use crate::plan::{Kind, Plan};
 
-/// Between two rounds of a prober over the partitions still down.
-const PROBE_PAUSE: Duration = Duration::from_millis(5);
 /// The goal this mode measures against (docs/benchmarks.md).
 const GOAL: Duration = Duration::from_secs(2);
 /// A series name.
@@ -340,14 +335,6 @@ fn progress(what: std::fmt::Arguments<'_>) {
     super::progress("failover", what);
 }
 
-/// Every partition's group and the replica that leads it.
-struct Layout {
-    /// By partition id: (group, primary).
-    partitions: Vec<(String, usize)>,
-    /// Group 0's primary.
-    metadata_primary: Option<usize>,
-}
-
 async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, ClusterError> {
     let mut cluster = Cluster::configure(
         &plan.setup.replog,
@@ -371,7 +358,14 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     ));
     let (stream_id, topic_id) =
         create_topic(&admin_plan, plan.partitions, plan.setup.timeout).await?;
-    let layout = wait_for_layout(plan, &mut cluster, stream_id, topic_id).await?;
+    let layout = wait_for_layout(
+        plan.partitions,
+        plan.setup.timeout,
+        &mut cluster,
+        stream_id,
+        topic_id,
+    )
+    .await?;
 
     // The victim: the replica that leads the most partitions.
     let mut led = [0u32; REPLICAS];
@@ -389,7 +383,11 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
         "every replica holds the {} groups; one message to each through the survivors {survivors:?}",
         plan.partitions
     ));
-    let probers = connect_probers(plan, &survivor_addrs).await?;
+    let probers = connect_probers(
+        (0..plan.probers as usize)
+            .map(|i| plan.probe_plan(survivor_addrs[i % survivor_addrs.len()])),
+    )
+    .await?;
     let all: Vec<u32> = (0..plan.partitions).collect();
     // Twice: the first produce into a new partition creates its files, so
     // the second round is what a probe after the kill costs without the
@@ -399,7 +397,8 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     for _ in 0..2 {
         let before_probe = fsyncs(&mut cluster, &survivors).await?;
         let probe_started = Instant::now();
-        let accepted = probe_until_each_accepts(plan, &probers, &all, probe_started).await?;
+        let accepted =
+            probe_until_each_accepts(&probers, &all, probe_started, plan.setup.timeout).await?;
         probe_round_seconds = probe_started.elapsed().as_secs_f64();
         probe_round = fsyncs(&mut cluster, &survivors)
             .await?
@@ -424,7 +423,14 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     // loaded) may have moved some primaries. The victim stays the one the
     // probers and the load were kept away from; what it leads now is what
     // the kill takes.
-    let layout = wait_for_layout(plan, &mut cluster, stream_id, topic_id).await?;
+    let layout = wait_for_layout(
+        plan.partitions,
+        plan.setup.timeout,
+        &mut cluster,
+        stream_id,
+        topic_id,
+    )
+    .await?;
     let led_at_kill = layout
         .partitions
         .iter()
@@ -442,7 +448,8 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
         .iter()
         .partition(|p| layout.partitions[**p as usize].1 == victim);
     let order: Vec<u32> = others.into_iter().chain(led_by_victim).collect();
-    let recovered = probe_until_each_accepts(plan, &probers, &order, killed_at).await?;
+    let recovered =
+        probe_until_each_accepts(&probers, &order, killed_at, plan.setup.timeout).await?;
     let failover = killed_at.elapsed();
     let (after, views_after) = fsyncs_and_views(&mut cluster, &survivors).await?;
     let load = load.stop().await;
@@ -505,64 +512,6 @@ async fn run_in(plan: &FailoverPlan, dir: &Path) -> Result<FailoverReport, Clust
     })
 }
 
-/// Waits until every replica holds every partition, in the same group,
-/// each group normal with exactly one primary.
-async fn wait_for_layout(
-    plan: &FailoverPlan,
-    cluster: &mut Cluster,
-    stream_id: u32,
-    topic_id: u32,
-) -> Result<Layout, ClusterError> {
-    let want = plan.partitions as usize;
-    wait_for(
-        plan.setup.timeout,
-        cluster,
-        "every partition's group on every replica, each with one primary",
-        |scrapes| {
-            let maps: Vec<_> = scrapes
-                .iter()
-                .map(|s| s.partition_groups(stream_id, topic_id))
-                .collect();
-            let held: Vec<usize> = maps.iter().map(|m| m.len()).collect();
-            if held.iter().any(|n| *n != want) || maps.iter().any(|m| *m != maps[0]) {
-                return Err(format!("partitions held per replica {held:?} of {want}"));
-            }
-            let leads: Vec<_> = scrapes
-                .iter()
-                .map(|s| s.per_group("replog_group_primary"))
-                .collect();
-            let status: Vec<_> = scrapes
-                .iter()
-                .map(|s| s.per_group("replog_group_status"))
-                .collect();
-            let mut partitions = Vec::with_capacity(want);
-            for (partition, group) in &maps[0] {
-                if *partition as usize != partitions.len() {
-                    return Err(format!("partition ids are not 0..{want}: {partition}"));
-                }
-                let primary: Vec<usize> = (0..scrapes.len())
-                    .filter(|&r| leads[r].get(group).is_some_and(|v| *v == 1.0))
-                    .collect();
-                let normal = status.iter().all(|s| s.get(group) == Some(&0.0));
-                match primary.as_slice() {
-                    [p] if normal => partitions.push((group.clone(), *p)),
-                    _ => {
-                        return Err(format!(
-                            "partition {partition} (group {group}): primaries {primary:?}, normal everywhere: {normal}"
-                        ));
-                    }
-                }
-            }
-            let metadata_primary = primaries(scrapes, METADATA_GROUP).first().copied();
-            Ok(Layout {
-                partitions,
-                metadata_primary,
-            })
-        },
-    )
-    .await
-}
-
 /// The survivors' fsyncs so far, summed.
 async fn fsyncs(cluster: &mut Cluster, ids: &[usize]) -> Result<u64, ClusterError> {
     let scrapes = scrape_each(cluster, ids).await?;
@@ -590,110 +539,6 @@ async fn fsyncs_and_views(
         })
         .collect();
     Ok((fsyncs, views))
-}
-
-/// A prober's client and the plan it was connected with.
-struct Prober {
-    client: Arc<IggyClient>,
-    plan: Arc<Plan>,
-}
-
-/// `plan.probers` logged-in clients, spread over `addrs`.
-async fn connect_probers(
-    plan: &FailoverPlan,
-    addrs: &[SocketAddr],
-) -> Result<Vec<Prober>, ClusterError> {
-    let mut out = Vec::with_capacity(plan.probers as usize);
-    for i in 0..plan.probers as usize {
-        let probe_plan = plan.probe_plan(addrs[i % addrs.len()]);
-        let client = actors::connect(&probe_plan)
-            .await
-            .map_err(|e| ClusterError::Clients {
-                what: "connecting the probers",
-                source: Box::new(e),
-            })?;
-        out.push(Prober {
-            client: Arc::new(client),
-            plan: Arc::new(probe_plan),
-        });
-    }
-    Ok(out)
-}
-
-/// Sends one small batch to each of `partitions` until each has been
-/// acknowledged once (or `plan.setup.timeout` passes), prober `i` taking every
-/// `probers`-th partition of the list, in its order; per partition, the
-/// seconds from `since` to its acknowledgement.
-///
-/// A prober sends one batch at a time, and the SDK retries a refused
-/// produce (status 58, no primary) every 50 ms for a while before it
-/// returns the error, so a send to a partition that has no primary blocks
-/// the prober's next partitions: list the partitions expected to be
-/// unaffected first, so their times are not charged the others' wait. A
-/// time measured behind another partition's wait is late, never early.
-async fn probe_until_each_accepts(
-    plan: &FailoverPlan,
-    probers: &[Prober],
-    partitions: &[u32],
-    since: Instant,
-) -> Result<Vec<(u32, f64)>, ClusterError> {
-    let deadline = since + plan.setup.timeout;
-    let mut set = JoinSet::new();
-    for (i, prober) in probers.iter().enumerate() {
-        let mine: Vec<u32> = partitions
-            .iter()
-            .copied()
-            .skip(i)
-            .step_by(probers.len())
-            .collect();
-        let client = Arc::clone(&prober.client);
-        let probe_plan = Arc::clone(&prober.plan);
-        set.spawn(async move {
-            let mut messages = actors::batch(&probe_plan)?;
-            let mut left = mine;
-            let mut done = Vec::with_capacity(left.len());
-            while !left.is_empty() && Instant::now() < deadline {
-                let mut still = Vec::new();
-                for p in left {
-                    let target = Target {
-                        stream: Plan::stream_name(0),
-                        partition: Some(p),
-                    };
-                    match actors::send_batch(&client, &probe_plan, &target, &mut messages, None)
-                        .await
-                    {
-                        Ok(()) => done.push((p, since.elapsed().as_secs_f64())),
-                        Err(_) => still.push(p),
-                    }
-                }
-                left = still;
-                if !left.is_empty() {
-                    tokio::time::sleep(PROBE_PAUSE).await;
-                }
-            }
-            Ok::<_, BenchError>(done)
-        });
-    }
-    let mut out = Vec::with_capacity(partitions.len());
-    while let Some(joined) = set.join_next().await {
-        match joined {
-            Ok(Ok(done)) => out.extend(done),
-            Ok(Err(e)) => {
-                return Err(ClusterError::Clients {
-                    what: "probing the partitions",
-                    source: Box::new(e),
-                });
-            }
-            Err(e) => {
-                return Err(ClusterError::Clients {
-                    what: "probing the partitions",
-                    source: Box::new(BenchError::Actor(e.to_string())),
-                });
-            }
-        }
-    }
-    out.sort_by_key(|(p, _)| *p);
-    Ok(out)
 }
 
 /// The load producers, running until [`Load::stop`].

@@ -6,12 +6,16 @@
 //!   next to the disk's own speed ([`disk`]).
 //! - [`failover`]: many partitions under load, kill -9 the replica that
 //!   leads the most of them, time until each accepts produce again.
+//! - [`memory`]: many partitions, each replica's resident memory idle and
+//!   after a burst of large batches to all of them.
 //!
 //! Every process a mode started is stopped on every path, Ctrl-C included.
 
 mod disk;
 pub mod failover;
+pub mod memory;
 mod metrics;
+mod probe;
 mod process;
 pub mod transfer;
 

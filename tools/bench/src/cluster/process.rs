@@ -191,6 +191,11 @@ impl Cluster {
         }
     }
 
+    /// Replica `id`'s process id, while it runs.
+    pub fn pid(&self, id: usize) -> Option<u32> {
+        self.running[id].as_ref().map(|r| r.child.id())
+    }
+
     /// Replica `id`'s metrics endpoint, while it runs.
     pub fn metrics(&self, id: usize) -> Option<SocketAddr> {
         self.running[id].as_ref().map(|r| r.metrics)
