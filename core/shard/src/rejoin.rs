@@ -21,6 +21,7 @@
 use std::io;
 use std::path::Path;
 
+use common::Op;
 use consensus::le_cursor::{push_trailer, split_verified_trailer};
 use storage::fs::{Fs, FsFile, OpenOptions, replace_file_durably};
 
@@ -37,16 +38,16 @@ const UNKNOWN: u64 = u64::MAX;
 pub struct Rejoin {
     /// Group 0's head when this replica first counted again; `None` until
     /// then.
-    pub through_op: Option<u64>,
+    pub through_op: Option<Op>,
 }
 
 impl Rejoin {
     /// Whether a group created by op `op` may have been seen by this
     /// replica's earlier life.
-    pub const fn covers(&self, op: u64) -> bool {
+    pub const fn covers(&self, op: Op) -> bool {
         match self.through_op {
             None => true,
-            Some(through) => op <= through,
+            Some(through) => op.0 <= through.0,
         }
     }
 
@@ -55,7 +56,7 @@ impl Rejoin {
         let mut out = Vec::with_capacity(LEN);
         out.extend_from_slice(&MAGIC);
         out.push(1);
-        out.extend_from_slice(&self.through_op.unwrap_or(UNKNOWN).to_le_bytes());
+        out.extend_from_slice(&self.through_op.map_or(UNKNOWN, |op| op.0).to_le_bytes());
         push_trailer(&mut out);
         out
     }
@@ -76,7 +77,7 @@ impl Rejoin {
         through.copy_from_slice(&body[5..13]);
         let through = u64::from_le_bytes(through);
         Ok(Self {
-            through_op: (through != UNKNOWN).then_some(through),
+            through_op: (through != UNKNOWN).then_some(Op(through)),
         })
     }
 }
@@ -126,7 +127,7 @@ mod tests {
         for marker in [
             Rejoin { through_op: None },
             Rejoin {
-                through_op: Some(41),
+                through_op: Some(Op(41)),
             },
         ] {
             let bytes = marker.encode();
@@ -144,11 +145,11 @@ mod tests {
 
     #[test]
     fn given_through_op_when_asked_should_cover_only_ops_up_to_it() {
-        assert!(Rejoin { through_op: None }.covers(u64::MAX - 1));
+        assert!(Rejoin { through_op: None }.covers(Op(u64::MAX - 1)));
         let known = Rejoin {
-            through_op: Some(10),
+            through_op: Some(Op(10)),
         };
-        assert!(known.covers(10));
-        assert!(!known.covers(11));
+        assert!(known.covers(Op(10)));
+        assert!(!known.covers(Op(11)));
     }
 }

@@ -1774,7 +1774,7 @@ impl<E: Env> Shard<E> {
             return;
         }
         let marker = Rejoin {
-            through_op: Some(host.replica().op()),
+            through_op: Some(Op(host.replica().op())),
         };
         let fs = self.env.fs().clone();
         match rejoin::write(&fs, &self.config.dir, &marker).await {
@@ -1799,7 +1799,7 @@ impl<E: Env> Shard<E> {
                 ..
             } => {
                 let mut spec = spec_of(group, partition.0, incarnation, &config);
-                spec.rejoin = self.rejoin.is_some_and(|r| r.covers(incarnation));
+                spec.rejoin = self.rejoin.is_some_and(|r| r.covers(Op(incarnation)));
                 let (done, _) = futures::channel::oneshot::channel();
                 self.route(group, Input::CreateGroup { spec, done }).await;
             }
@@ -1965,7 +1965,7 @@ fn transfer_progress<F: Fs>(driver: &TransferDriver<F>) -> Option<TransferProgre
         })
     });
     Some(TransferProgress {
-        peer: session.peer,
+        peer: ReplicaId(session.peer),
         received_bytes,
         expected_bytes,
     })

@@ -13,7 +13,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use common::GroupId;
+use common::{GroupId, Offset, Op, ReplicaId};
 use consensus::vsr::Status;
 use partitions::PartitionStats;
 
@@ -102,19 +102,19 @@ pub struct ConsensusSnapshot {
     /// Whether this replica is the view's primary.
     pub primary_here: bool,
     /// The view's primary.
-    pub primary: u8,
+    pub primary: ReplicaId,
     /// The highest op in the log.
-    pub op: u64,
+    pub op: Op,
     /// The highest op applied here.
-    pub commit_min: u64,
+    pub commit_min: Op,
     /// The highest op known committed in the group.
-    pub commit_max: u64,
+    pub commit_max: Op,
 }
 
 impl ConsensusSnapshot {
     /// Ops known committed but not applied here yet.
     pub fn commit_lag_ops(&self) -> u64 {
-        self.commit_max.saturating_sub(self.commit_min)
+        self.commit_max.0.saturating_sub(self.commit_min.0)
     }
 
     fn of(replica: &consensus::vsr::Replica) -> Self {
@@ -123,10 +123,10 @@ impl ConsensusSnapshot {
             view,
             status: replica.status(),
             primary_here: replica.is_primary(),
-            primary: replica.primary_index(view),
-            op: replica.op(),
-            commit_min: replica.commit_min(),
-            commit_max: replica.commit_max(),
+            primary: ReplicaId(replica.primary_index(view)),
+            op: Op(replica.op()),
+            commit_min: Op(replica.commit_min()),
+            commit_max: Op(replica.commit_max()),
         }
     }
 }
@@ -144,8 +144,8 @@ pub struct PartitionSnapshot {
 
 impl PartitionSnapshot {
     /// The offset the next message will get.
-    pub fn next_offset(&self) -> u64 {
-        self.stats.current_offset.map_or(0, |o| o.saturating_add(1))
+    pub fn next_offset(&self) -> Offset {
+        Offset(self.stats.current_offset.map_or(0, |o| o.saturating_add(1)))
     }
 }
 
@@ -153,7 +153,7 @@ impl PartitionSnapshot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransferProgress {
     /// The serving peer.
-    pub peer: u8,
+    pub peer: ReplicaId,
     /// Bytes received (staged or in flight to staging).
     pub received_bytes: u64,
     /// Bytes the accepted manifest declares (0 before it is accepted).

@@ -121,7 +121,7 @@ fn group_status(shard: u16, g: &GroupSnapshot, names: &Names) -> GroupStatus {
             partition,
             messages: p.stats.messages_count,
             size_bytes: p.stats.size_bytes,
-            next_offset: p.next_offset(),
+            next_offset: p.next_offset().0,
             fenced: p.fenced,
         })
     });
@@ -134,14 +134,14 @@ fn group_status(shard: u16, g: &GroupSnapshot, names: &Names) -> GroupStatus {
             Status::Recovering => GroupState::Recovering,
         },
         view: c.view,
-        primary: c.primary,
+        primary: c.primary.0,
         primary_here: c.primary_here,
-        op: c.op,
-        commit_min: c.commit_min,
-        commit_max: c.commit_max,
+        op: c.op.0,
+        commit_min: c.commit_min.0,
+        commit_max: c.commit_max.0,
         partition,
         transfer: g.transfer.map(|t| TransferStatus {
-            peer: t.peer,
+            peer: t.peer.0,
             received_bytes: t.received_bytes,
             expected_bytes: t.expected_bytes,
         }),

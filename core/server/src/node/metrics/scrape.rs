@@ -399,17 +399,17 @@ impl SnapshotCollector {
             (
                 "replog_group_op",
                 "The highest op in the group's log here",
-                |c| c.op,
+                |c| c.op.0,
             ),
             (
                 "replog_group_commit_min",
                 "The highest op applied here",
-                |c| c.commit_min,
+                |c| c.commit_min.0,
             ),
             (
                 "replog_group_commit_max",
                 "The highest op known committed in the group",
-                |c| c.commit_max,
+                |c| c.commit_max.0,
             ),
             (
                 "replog_group_commit_lag_ops",
@@ -457,7 +457,7 @@ impl SnapshotCollector {
             (
                 "replog_partition_next_offset",
                 "The offset the partition's next message gets",
-                |p| p.next_offset(),
+                |p| p.next_offset().0,
             ),
             (
                 "replog_partition_fenced",
@@ -480,7 +480,7 @@ impl SnapshotCollector {
                 Some((
                     GroupPeer {
                         group: g.group.0,
-                        peer: t.peer,
+                        peer: t.peer.0,
                     },
                     t,
                 ))
