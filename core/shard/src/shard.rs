@@ -184,12 +184,12 @@ pub enum FrameRefusal {
     /// A frame for a group that does not live on this shard.
     UnknownGroup {
         /// The group named.
-        group: u64,
+        group: GroupId,
     },
     /// A frame for a group another shard index owns.
     WrongShard {
         /// The group named.
-        group: u64,
+        group: GroupId,
         /// The shard that owns it.
         owner: ShardIndex,
     },
@@ -200,7 +200,7 @@ pub enum FrameRefusal {
     /// A frame from a replica id outside the cluster.
     UnknownPeer {
         /// The peer.
-        peer: u8,
+        peer: ReplicaId,
     },
 }
 
@@ -226,13 +226,13 @@ impl std::fmt::Display for FrameRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Wire(e) => write!(f, "{e}"),
-            Self::UnknownGroup { group } => write!(f, "no group {group} on this shard"),
+            Self::UnknownGroup { group } => write!(f, "no group {} on this shard", group.0),
             Self::WrongShard { group, owner } => {
-                write!(f, "group {group} belongs to shard {}", owner.0)
+                write!(f, "group {} belongs to shard {}", group.0, owner.0)
             }
             Self::Transfer(e) => write!(f, "state-transfer frame refused: {e}"),
             Self::Partition(e) => write!(f, "partition refused the frame: {e}"),
-            Self::UnknownPeer { peer } => write!(f, "replica {peer} is not in the cluster"),
+            Self::UnknownPeer { peer } => write!(f, "replica {} is not in the cluster", peer.0),
         }
     }
 }
@@ -1005,13 +1005,15 @@ impl<E: Env> Shard<E> {
 
     async fn accept_frame(&mut self, from: ReplicaId, bytes: Bytes) -> Result<(), FrameRefusal> {
         if from.0 >= self.config.replica_count || from == self.config.replica {
-            return Err(FrameRefusal::UnknownPeer { peer: from.0 });
+            return Err(FrameRefusal::UnknownPeer { peer: from });
         }
         if TransferDriver::<E::Fs>::is_transfer_frame(&bytes) {
             let group = wire::peek_group(&bytes).unwrap_or(u64::MAX);
             if group == METADATA_GROUP.0 {
                 let Some(host) = self.metadata.as_mut() else {
-                    return Err(FrameRefusal::UnknownGroup { group });
+                    return Err(FrameRefusal::UnknownGroup {
+                        group: GroupId(group),
+                    });
                 };
                 let out = host
                     .transfer
@@ -1031,7 +1033,9 @@ impl<E: Env> Shard<E> {
                 self.settled_tick,
                 GroupId(group),
             ) else {
-                return Err(FrameRefusal::UnknownGroup { group });
+                return Err(FrameRefusal::UnknownGroup {
+                    group: GroupId(group),
+                });
             };
             let clock = EnvClock(&*self.env);
             let out = g
@@ -1050,7 +1054,9 @@ impl<E: Env> Shard<E> {
         let frame = wire::decode(&bytes, &expect).map_err(FrameRefusal::Wire)?;
         if frame.group == METADATA_GROUP.0 {
             let Some(host) = self.metadata.as_mut() else {
-                return Err(FrameRefusal::UnknownGroup { group: frame.group });
+                return Err(FrameRefusal::UnknownGroup {
+                    group: GroupId(frame.group),
+                });
             };
             host.group
                 .on_frame(frame)
@@ -1067,7 +1073,9 @@ impl<E: Env> Shard<E> {
             self.settled_tick,
             GroupId(frame.group),
         ) else {
-            return Err(FrameRefusal::UnknownGroup { group: frame.group });
+            return Err(FrameRefusal::UnknownGroup {
+                group: GroupId(frame.group),
+            });
         };
         let result = g
             .partition
@@ -1081,10 +1089,15 @@ impl<E: Env> Shard<E> {
     fn check_owner(&self, group: u64) -> Result<(), FrameRefusal> {
         let owner = shard_of(GroupId(group), self.config.shard_count);
         if owner != self.config.shard {
-            return Err(FrameRefusal::WrongShard { group, owner });
+            return Err(FrameRefusal::WrongShard {
+                group: GroupId(group),
+                owner,
+            });
         }
         if !self.groups.contains_key(&GroupId(group)) {
-            return Err(FrameRefusal::UnknownGroup { group });
+            return Err(FrameRefusal::UnknownGroup {
+                group: GroupId(group),
+            });
         }
         Ok(())
     }
