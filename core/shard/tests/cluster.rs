@@ -352,6 +352,74 @@ fn given_a_small_retained_budget_when_a_backup_repairs_ops_that_left_memory_shou
     assert!(read_back > 500, "{read_back} bodies read back");
 }
 
+/// The same ceiling (0: every flushed batch let go of), and a purge while
+/// a backup is down: the ops it must repair were Appends whose batches the
+/// purge removed, and new batches now sit at the same offsets. Its peers
+/// read back whatever is at those offsets, find it is not the op's body
+/// (the header's checksum says so) and answer the ops as evicted: the
+/// backup catches up by state transfer instead, and no peer ever sent it
+/// a wrong body (the group converges byte for byte).
+#[test]
+fn given_spilled_batches_purged_and_their_offsets_reused_when_a_backup_repairs_should_transfer_never_serve_them()
+ {
+    let mut c = Cluster::with_retained_bytes(3, 1, 29, NetworkFaults::default(), 0);
+    let g = group(0);
+    c.create_everywhere(g);
+    c.run(100);
+    let produce = |c: &mut Cluster, tag: u64| {
+        let answer = c
+            .call_until_done(
+                g,
+                Call::Produce {
+                    batch: batch(tag, 3),
+                },
+                3000,
+            )
+            .unwrap();
+        assert!(matches!(answer, Answer::Committed { .. }), "{answer:?}");
+    };
+    // Tags of two digits throughout: every batch has the same length, so
+    // a batch read back at a reused offset differs only in its bytes.
+    produce(&mut c, 10);
+    let victim = (0..3u8)
+        .find(|r| c.primary(g) != Some(ReplicaId(*r)))
+        .unwrap();
+    c.crash(victim, CrashMode::KeepAll);
+    for tag in 11..21 {
+        produce(&mut c, tag);
+    }
+    let answer = c
+        .call_until_done(g, Call::Purge { generation: 1 }, 3000)
+        .unwrap();
+    assert!(matches!(answer, Answer::Committed { .. }), "{answer:?}");
+    // The same offsets again, other bytes.
+    for tag in 50..62 {
+        produce(&mut c, tag);
+    }
+    c.restart(victim);
+    settle(&mut c);
+    c.run(1500);
+    c.flush_all();
+    let reference = poll_all(&mut c, 0, g);
+    assert_eq!(reference.len(), 36, "12 batches of 3 after the purge");
+    let files = c.segment_files(0, g);
+    for r in 1..3 {
+        assert_eq!(poll_all(&mut c, r, g), reference, "replica {r} polls");
+        assert_eq!(c.segment_files(r, g), files, "replica {r} files");
+    }
+    let spilled: u64 = (0..3)
+        .map(|r| c.nodes[r][0].as_ref().unwrap().stats().retained_spilled)
+        .sum();
+    assert!(spilled > 0, "nothing was let go of");
+    let installs = c.nodes[usize::from(victim)][0]
+        .as_ref()
+        .unwrap()
+        .stats()
+        .installs;
+    eprintln!("{spilled} bodies let go; the backup installed {installs} transfer(s)");
+    assert!(installs >= 1, "the purged ops were repaired from somewhere");
+}
+
 /// Every replica stopped cleanly at once (flush, then the shard's one
 /// clean-stop file), rebooted: each shard takes its file (gone afterwards),
 /// every group resumes as a full member, and the cluster serves again by
