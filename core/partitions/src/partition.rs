@@ -137,6 +137,10 @@ pub struct PartitionConfig {
     /// replica keeps no batch past its own (docs/consensus.md §4). The
     /// price is a sync and a superblock write per interval per busy group.
     pub record_interval_us: u64,
+    /// Bytes of spilled batches one answer to a peer's repair reads back
+    /// from the segments at most (`retained.rs`); the highest ops of the
+    /// slice are served first and the peer asks again for the rest.
+    pub read_back_bytes_per_slice: u64,
 }
 
 /// Default `record_interval_us`: a tenth of a second.
@@ -167,6 +171,7 @@ impl PartitionConfig {
             vsr,
             rejoin: false,
             record_interval_us: RECORD_INTERVAL_US_DEFAULT,
+            read_back_bytes_per_slice: crate::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
         }
     }
 }

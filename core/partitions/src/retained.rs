@@ -49,6 +49,11 @@ use crate::partition::Partition;
 /// Default [`RetainedBudget`] per shard: 64 MiB.
 pub const RETAINED_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 
+/// Default `PartitionConfig::read_back_bytes_per_slice`: 4 MiB, so that
+/// one answer to a peer's repair holds its shard for a few milliseconds
+/// of reads, not the 128 MiB a whole slice of 1 MiB batches would be.
+pub const READ_BACK_BYTES_PER_SLICE_DEFAULT: u64 = 4 * 1024 * 1024;
+
 /// The byte ceiling on flushed Append bodies that the groups sharing it
 /// keep in memory for repair. Cloning shares it.
 #[derive(Debug, Clone)]
@@ -210,6 +215,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// peer `to`. A body that cannot be read is handed back as `None`; the
     /// core also refuses one that does not match its header, and answers
     /// the peer that everything up to there is evicted.
+    ///
+    /// At most `read_back_bytes_per_slice` bytes are read (always at least
+    /// one body), from the top of the slice down: the peer verifies a
+    /// repaired slice down the hash chain from the op above it, so the
+    /// highest ops are the ones it can use, and its next request asks for
+    /// the ops left out (nothing is announced evicted for them).
     pub(crate) async fn read_back(
         &mut self,
         to: u8,
@@ -217,19 +228,30 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         from_op: u64,
         slice: Vec<Retained>,
     ) {
-        let mut read = Vec::with_capacity(slice.len());
-        for slot in slice {
+        let mut budget = self.config.read_back_bytes_per_slice;
+        let slice_len = slice.len();
+        let mut read = Vec::with_capacity(slice_len);
+        for slot in slice.into_iter().rev() {
             read.push(match slot {
                 Retained::Held(prepare) => Some(prepare),
                 Retained::Spilled(spilled) => {
+                    let len = u64::from(spilled.len);
+                    if len > budget && !read.is_empty() {
+                        break;
+                    }
+                    budget = budget.saturating_sub(len);
                     let body = self.read_body(&spilled).await;
                     self.read_back_bodies += u64::from(body.is_some());
                     body
                 }
             });
         }
+        read.reverse();
         self.read_back_slices += 1;
-        self.replica.serve_read_back(to, nonce, from_op, read);
+        // The slice is contiguous from `from_op`: what was left out is at
+        // its bottom, for the peer's next request.
+        let served_from = from_op.saturating_add((slice_len - read.len()) as u64);
+        self.replica.serve_read_back(to, nonce, served_from, read);
     }
 
     /// The batch starting at offset `spilled.locator`, if the segments

@@ -125,6 +125,8 @@ pub struct ShardConfig {
     /// of its oldest and serves them from its segments
     /// (`partitions::retained`).
     pub retained_bytes_max: u64,
+    /// Every partition group's `PartitionConfig::read_back_bytes_per_slice`.
+    pub read_back_bytes_per_slice: u64,
 }
 
 impl ShardConfig {
@@ -156,6 +158,7 @@ impl ShardConfig {
             rejoin: false,
             install_file_ops_per_step: partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP,
             retained_bytes_max: partitions::RETAINED_BYTES_MAX_DEFAULT,
+            read_back_bytes_per_slice: partitions::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
         }
     }
 }
@@ -937,6 +940,7 @@ impl<E: Env> Shard<E> {
         config.enforce_fsync = spec.enforce_fsync;
         config.rejoin = spec.rejoin;
         config.record_interval_us = self.config.record_interval_us;
+        config.read_back_bytes_per_slice = self.config.read_back_bytes_per_slice;
         let bus = ShardBus {
             env: Rc::clone(&self.env),
             cluster: self.config.cluster,

@@ -300,7 +300,9 @@ fn given_a_replica_down_while_8_groups_pass_retention_when_restarted_should_tran
 fn given_a_small_retained_budget_when_a_backup_repairs_ops_that_left_memory_should_read_them_from_segments_without_transfer()
  {
     const BUDGET: u64 = 8 * 1024;
-    let mut c = Cluster::with_retained_bytes(3, 1, 23, NetworkFaults::default(), BUDGET);
+    // A batch or two per answer: the backup's repair of a slice
+    // takes several requests, the highest ops first.
+    let mut c = Cluster::with_retained_bytes(3, 1, 23, NetworkFaults::default(), BUDGET, 1024);
     for n in 0..GROUPS {
         c.create_everywhere(group(n));
     }
@@ -341,7 +343,24 @@ fn given_a_small_retained_budget_when_a_backup_repairs_ops_that_left_memory_shou
             .totals
             .read_back_bodies;
     }
-    eprintln!("peak {peak_seen} of {BUDGET} bytes; {spilled} bodies let go, {read_back} read back");
+    // Each answer read at most 1 KiB: one or two batches of about 550
+    // bytes (the first is read whatever its size).
+    let (mut answers, mut bodies) = (0, 0);
+    for r in 0..3 {
+        let node = c.nodes[r][0].as_ref().unwrap();
+        for n in 0..GROUPS {
+            let (a, b) = node.partition(group(n)).unwrap().read_backs();
+            answers += a;
+            bodies += b;
+        }
+    }
+    eprintln!(
+        "peak {peak_seen} of {BUDGET} bytes; {spilled} bodies let go, {read_back} read back in {answers} answers"
+    );
+    assert!(
+        bodies <= 4 * answers,
+        "{bodies} bodies in {answers} answers"
+    );
     assert!(
         peak_seen > BUDGET / 2,
         "the budget was never used: {peak_seen}"
@@ -362,7 +381,14 @@ fn given_a_small_retained_budget_when_a_backup_repairs_ops_that_left_memory_shou
 #[test]
 fn given_spilled_batches_purged_and_their_offsets_reused_when_a_backup_repairs_should_transfer_never_serve_them()
  {
-    let mut c = Cluster::with_retained_bytes(3, 1, 29, NetworkFaults::default(), 0);
+    let mut c = Cluster::with_retained_bytes(
+        3,
+        1,
+        29,
+        NetworkFaults::default(),
+        0,
+        partitions::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
+    );
     let g = group(0);
     c.create_everywhere(g);
     c.run(100);

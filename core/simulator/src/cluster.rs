@@ -220,6 +220,11 @@ impl Cluster {
         // checked against the op's header, across crashes and rot).
         config.retained_bytes_max =
             [0, 4 * 1024, 64 * 1024, RETAINED_BYTES_MAX_DEFAULT][((self.seed / 4) % 4) as usize];
+        // And half of the runs read back at most 1 KiB per answer (a few
+        // batches), so a repair takes many requests, the highest ops first.
+        if (self.seed / 16) % 2 == 1 {
+            config.read_back_bytes_per_slice = 1024;
+        }
         config
     }
 

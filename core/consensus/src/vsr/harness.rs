@@ -764,7 +764,7 @@ impl Simulation {
     fn read_back(&mut self, r: u8, to: u8, nonce: u128, from_op: u64, slice: Vec<Retained>) {
         let fail = self.config.read_back_fail_per_mille;
         let node = &mut self.nodes[usize::from(r)];
-        let read = slice
+        let mut read: Vec<Option<Prepare>> = slice
             .into_iter()
             .map(|slot| match slot {
                 Retained::Held(p) => Some(p),
@@ -785,6 +785,15 @@ impl Simulation {
                 }
             })
             .collect();
+        // A third of the answers keep only the top of the slice, as a
+        // driver with a byte bound per answer does.
+        let mut from_op = from_op;
+        if read.len() > 1 && self.spill_prng.chance(1, 3) {
+            let keep = 1 + self.spill_prng.below_inclusive(read.len() as u64 - 2) as usize;
+            let cut = read.len() - keep;
+            read.drain(..cut);
+            from_op += cut as u64;
+        }
         if let Some(replica) = node.replica.as_mut() {
             replica.serve_read_back(to, nonce, from_op, read);
         }

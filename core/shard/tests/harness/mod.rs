@@ -52,6 +52,8 @@ pub struct Cluster {
     pub segment_size: u64,
     /// Every shard's `ShardConfig::retained_bytes_max`.
     pub retained_bytes_max: u64,
+    /// Every shard's `ShardConfig::read_back_bytes_per_slice`.
+    pub read_back_bytes_per_slice: u64,
     /// `[replica][shard]`: each shard's inbox, fed by its siblings.
     pub inboxes: Vec<Vec<futures::channel::mpsc::Receiver<shard::Input>>>,
 }
@@ -86,19 +88,30 @@ impl Cluster {
             faults,
             metadata_retention_ops,
             partitions::RETAINED_BYTES_MAX_DEFAULT,
+            partitions::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
         )
     }
 
     /// A cluster whose shards keep at most `retained_bytes_max` bytes of
-    /// flushed batches in memory for repair.
+    /// flushed batches in memory for repair, and read back at most
+    /// `read_back_bytes_per_slice` of them per answer.
     pub fn with_retained_bytes(
         replicas: u8,
         shards: u16,
         seed: u64,
         faults: NetworkFaults,
         retained_bytes_max: u64,
+        read_back_bytes_per_slice: u64,
     ) -> Self {
-        Self::build(replicas, shards, seed, faults, 1024, retained_bytes_max)
+        Self::build(
+            replicas,
+            shards,
+            seed,
+            faults,
+            1024,
+            retained_bytes_max,
+            read_back_bytes_per_slice,
+        )
     }
 
     fn build(
@@ -108,6 +121,7 @@ impl Cluster {
         faults: NetworkFaults,
         metadata_retention_ops: u64,
         retained_bytes_max: u64,
+        read_back_bytes_per_slice: u64,
     ) -> Self {
         let mut c = Self {
             replicas,
@@ -123,6 +137,7 @@ impl Cluster {
             metadata_retention_ops,
             segment_size: 16 * 1024,
             retained_bytes_max,
+            read_back_bytes_per_slice,
             inboxes: Vec::new(),
         };
         for r in 0..replicas {
@@ -149,6 +164,7 @@ impl Cluster {
         config.seed = 1000 + self.boots * 31 + u64::from(r) * 7 + u64::from(s);
         config.tick = TICK;
         config.retained_bytes_max = self.retained_bytes_max;
+        config.read_back_bytes_per_slice = self.read_back_bytes_per_slice;
         config
     }
 
