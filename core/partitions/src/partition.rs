@@ -1263,6 +1263,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.retained.share(budget, &mut self.replica);
     }
 
+    /// Lets go of every flushed Append body this group's core holds for
+    /// repair (a peer's repair reads them back from the segments). A host
+    /// calls it for a group that stayed idle, so that the shared budget
+    /// serves the groups that write.
+    pub fn release_retained(&mut self) {
+        self.retained.release_all(&mut self.replica);
+    }
+
     /// Bytes of flushed Append bodies this group's core holds for repair.
     pub fn retained_bytes(&self) -> u64 {
         self.retained.bytes()

@@ -30,8 +30,10 @@
 //! as evicted and the peer transfers state instead.
 //!
 //! Fairness: the group that flushes gives back its own bodies, not another
-//! group's. An idle group keeps what it holds until its own ops age out;
-//! a busy group under a full budget serves its repair from the segments.
+//! group's, so a busy group under a full budget serves its repair from the
+//! segments until the idle groups give theirs back: a host calls
+//! [`Partition::release_retained`] for a group that stayed idle (the shard
+//! does on its handle pass, about every 5 s per group).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -181,6 +183,17 @@ impl RetainedBodies {
                 break;
             }
             self.held.pop_front();
+            self.release(front.len);
+        }
+    }
+
+    /// Lets go of every body this group holds (an idle group's, so the
+    /// budget goes to the groups that are writing).
+    pub(crate) fn release_all(&mut self, replica: &mut Replica) {
+        while let Some(front) = self.held.pop_front() {
+            if replica.spill_applied(front.op, front.offset).is_some() {
+                self.budget.0.spilled.fetch_add(1, Ordering::Relaxed);
+            }
             self.release(front.len);
         }
     }

@@ -444,6 +444,9 @@ struct Group<E: Env> {
     /// The partition's op when the handle pass last found its files busy
     /// with unsynced writes.
     handles_seen_op: Option<u64>,
+    /// The group's head when the handle pass last saw it holding bodies
+    /// for repair (an idle one lets them go on the next pass).
+    retained_seen_op: Option<u64>,
 }
 
 impl<E: Env> Group<E> {
@@ -980,6 +983,7 @@ impl<E: Env> Shard<E> {
                 counted_to: self.settled_tick,
                 due_at: self.tick + 1,
                 handles_seen_op: None,
+                retained_seen_op: None,
             },
         );
         self.schedule.insert((self.tick + 1, group));
@@ -1216,6 +1220,8 @@ impl<E: Env> Shard<E> {
     /// nothing else syncs before its segment seals) is flushed first, a
     /// few per tick. So the descriptor limit bounds the partitions in use,
     /// not those hosted (docs/architecture.md, the "Descriptors" paragraph).
+    /// A group with no new op since the pass last saw it also lets go of
+    /// the bodies it kept for repair (`Partition::release_retained`).
     async fn release_handles(&mut self) {
         let count = self.groups.len() as u64;
         if count == 0 || !self.tick.is_multiple_of((HANDLE_PASS_TICKS / count).max(1)) {
@@ -1229,6 +1235,13 @@ impl<E: Env> Shard<E> {
             let Some(g) = self.groups.get_mut(&id) else {
                 continue;
             };
+            // A group with no new op for a whole pass gives its bodies kept
+            // for repair back to the shard's budget.
+            let head = g.partition.replica().op();
+            if g.partition.retained_bytes() > 0 && g.retained_seen_op == Some(head) {
+                g.partition.release_retained();
+            }
+            g.retained_seen_op = Some(head);
             if !g.partition.holds_handles() || g.partition.release_handles() {
                 continue;
             }

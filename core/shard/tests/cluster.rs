@@ -361,6 +361,17 @@ fn given_a_small_retained_budget_when_a_backup_repairs_ops_that_left_memory_shou
         bodies <= 4 * answers,
         "{bodies} bodies in {answers} answers"
     );
+    // Idle for two handle passes (512 ticks each): every group gives what
+    // it kept back to the budget, for the groups that will write.
+    let held: Vec<u64> = (0..3)
+        .map(|r| c.nodes[r][0].as_ref().unwrap().stats().retained_bytes)
+        .collect();
+    assert!(held.iter().any(|b| *b > 0), "{held:?}");
+    c.run(1100);
+    for r in 0..3 {
+        let stats = c.nodes[r][0].as_ref().unwrap().stats();
+        assert_eq!(stats.retained_bytes, 0, "replica {r} still holds bodies");
+    }
     assert!(
         peak_seen > BUDGET / 2,
         "the budget was never used: {peak_seen}"
