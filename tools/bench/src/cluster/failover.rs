@@ -31,11 +31,11 @@ use tokio::task::JoinSet;
 use super::metrics::Scrape;
 use super::probe::{connect_probers, probe_until_each_accepts, wait_for_layout};
 use super::process::{Cluster, REPLICAS};
-use super::{ClusterError, RunSetup, create_topic, in_run_dir, run_dir, scrape_each};
+use super::{ClusterError, RunSetup, create_topic, in_run_dir, run_dir, scrape_each, sender_plan};
 use crate::actors::{self, Target};
 use crate::args::{Cli, DurabilityArg, Failover};
 use crate::error::BenchError;
-use crate::plan::{Kind, Plan};
+use crate::plan::Plan;
 
 /// The goal this mode measures against (docs/benchmarks.md).
 const GOAL: Duration = Duration::from_secs(2);
@@ -119,23 +119,13 @@ impl FailoverPlan {
     /// A client plan against `addr` with `messages_per_batch` messages of
     /// `message_size` bytes.
     fn client_plan(&self, addr: SocketAddr, message_size: u32, messages_per_batch: u32) -> Plan {
-        Plan {
-            kind: Kind::BalancedProducer,
-            actors: 1,
-            streams: 1,
-            partitions: self.partitions,
-            message_size,
-            messages_per_batch,
-            batches_per_actor: 0,
-            rate_bytes_per_second: None,
-            warmup: Duration::ZERO,
-            durability: self.durability,
+        sender_plan(
+            &self.setup,
+            self.durability,
+            self.partitions,
             addr,
-            username: self.setup.username.clone(),
-            password: self.setup.password.clone(),
-            cleanup: false,
-            baseline_dir: None,
-        }
+            (message_size, messages_per_batch),
+        )
     }
 
     /// A prober's plan: one small message per batch.

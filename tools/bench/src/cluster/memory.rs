@@ -25,10 +25,10 @@ use serde::Serialize;
 use super::metrics::Scrape;
 use super::probe::{connect_probers, probe_until_each_accepts, wait_for_layout};
 use super::process::{Cluster, REPLICAS};
-use super::{ClusterError, RunSetup, create_topic, in_run_dir, run_dir, scrape_each};
+use super::{ClusterError, RunSetup, create_topic, in_run_dir, run_dir, scrape_each, sender_plan};
 use crate::args::{Cli, DurabilityArg, Memory};
 use crate::error::BenchError;
-use crate::plan::{Kind, Plan};
+use crate::plan::Plan;
 
 /// A checked memory run.
 #[derive(Debug, Clone, Serialize)]
@@ -98,23 +98,13 @@ impl MemoryPlan {
         message_size: u32,
         messages_per_batch: u32,
     ) -> Plan {
-        Plan {
-            kind: Kind::BalancedProducer,
-            actors: 1,
-            streams: 1,
-            partitions: self.partitions,
-            message_size,
-            messages_per_batch,
-            batches_per_actor: 0,
-            rate_bytes_per_second: None,
-            warmup: Duration::ZERO,
-            durability: self.durability,
+        sender_plan(
+            &self.setup,
+            self.durability,
+            self.partitions,
             addr,
-            username: self.setup.username.clone(),
-            password: self.setup.password.clone(),
-            cleanup: false,
-            baseline_dir: None,
-        }
+            (message_size, messages_per_batch),
+        )
     }
 }
 

@@ -216,6 +216,36 @@ pub struct RunSetup {
     pub password: String,
 }
 
+/// One client's plan against `addr`: a balanced producer over the bench
+/// topic's `partitions`, `messages_per_batch` messages of `message_size`
+/// bytes per batch, logged in as the run's root user. The cluster modes'
+/// probers, senders and load producers all use it.
+pub(super) fn sender_plan(
+    setup: &RunSetup,
+    durability: DurabilityArg,
+    partitions: u32,
+    addr: SocketAddr,
+    (message_size, messages_per_batch): (u32, u32),
+) -> Plan {
+    Plan {
+        kind: crate::plan::Kind::BalancedProducer,
+        actors: 1,
+        streams: 1,
+        partitions,
+        message_size,
+        messages_per_batch,
+        batches_per_actor: 0,
+        rate_bytes_per_second: None,
+        warmup: Duration::ZERO,
+        durability,
+        addr,
+        username: setup.username.clone(),
+        password: setup.password.clone(),
+        cleanup: false,
+        baseline_dir: None,
+    }
+}
+
 impl RunSetup {
     /// From the global flags and the mode's `run` flags; the error says
     /// which binary is missing.
