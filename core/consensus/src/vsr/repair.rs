@@ -209,14 +209,17 @@ impl Replica {
         if self.transferring || to >= self.config.replica_count {
             return;
         }
+        // Each slot must hold the op of its position, as retained here.
         let checked: Vec<Option<Prepare>> = read
             .into_iter()
-            .map(|p| {
+            .zip(from_op..)
+            .map(|(p, op)| {
                 p.filter(|p| {
-                    p.verify()
+                    p.header.op == op
+                        && p.verify()
                         && self
                             .journal
-                            .header(p.header.op)
+                            .header(op)
                             .is_some_and(|h| h.checksum == p.header.checksum)
                 })
             })
@@ -245,7 +248,7 @@ impl Replica {
                 },
             );
         }
-        let mut last = from_op + skip as u64 - 1;
+        let mut last = from_op.saturating_add(skip as u64).saturating_sub(1);
         for prepare in slice.into_iter().skip(skip).flatten() {
             last = prepare.header.op;
             self.send(to, Message::RepairPrepare(prepare));
