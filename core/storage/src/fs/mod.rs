@@ -329,3 +329,26 @@ fn unexpected_eof(pos: u64, len: usize, filled: usize) -> io::Error {
 pub fn errno_error(errno: i32) -> io::Error {
     io::Error::from_raw_os_error(errno)
 }
+
+/// A future that returns `Pending` once (waking itself) so the executor
+/// runs other ready tasks before resuming the caller.
+#[derive(Debug, Default)]
+pub(crate) struct YieldNow {
+    yielded: bool,
+}
+
+impl std::future::Future for YieldNow {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.yielded {
+            return std::task::Poll::Ready(());
+        }
+        self.yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}

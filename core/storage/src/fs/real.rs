@@ -17,7 +17,7 @@ use compio::buf::{BufResult, IntoInner, IoBuf};
 use compio::io::AsyncReadAt;
 use compio::io::AsyncWriteAt;
 
-use super::{DirEntry, FileKind, Fs, FsFile, Metadata, OpenOptions};
+use super::{DirEntry, FileKind, Fs, FsFile, Metadata, OpenOptions, YieldNow};
 
 /// Directory entries read between two yields to the reactor.
 pub const READ_DIR_SLICE_ENTRIES: usize = 256;
@@ -118,29 +118,7 @@ impl Fs for RealFs {
     }
 
     async fn yield_now(&self) {
-        YieldNow { yielded: false }.await;
-    }
-}
-
-/// A future that returns `Pending` once (waking itself) so the executor
-/// runs other ready tasks before resuming the caller.
-struct YieldNow {
-    yielded: bool,
-}
-
-impl std::future::Future for YieldNow {
-    type Output = ();
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.yielded {
-            return std::task::Poll::Ready(());
-        }
-        self.yielded = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
+        YieldNow::default().await;
     }
 }
 

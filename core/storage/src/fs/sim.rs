@@ -211,6 +211,8 @@ struct State {
     total_calls: u64,
     /// After this many calls every call fails with EIO (the power is out).
     power_cut_at: Option<u64>,
+    /// `yield_now` returns `Pending` once, as on a real runtime.
+    yielding: bool,
 }
 
 /// The simulated filesystem. Cloning shares the same state (`Rc`), so a
@@ -502,6 +504,7 @@ impl SimFs {
                 crashes: 0,
                 total_calls: 0,
                 power_cut_at: None,
+                yielding: false,
             })),
         }
     }
@@ -545,6 +548,13 @@ impl SimFs {
             at_call,
             fault,
         });
+    }
+
+    /// Makes [`Fs::yield_now`] return `Pending` once (waking itself) as a
+    /// real runtime does, for tests of code that gathers the callers of
+    /// one step; off by default, so that every call completes when made.
+    pub fn set_yielding(&self, yielding: bool) {
+        self.state.borrow_mut().yielding = yielding;
     }
 
     /// Disarms every fault armed and not yet tripped (a test that armed a
@@ -804,7 +814,11 @@ impl Fs for SimFs {
         s.now = s.now.saturating_add(duration);
     }
 
-    async fn yield_now(&self) {}
+    async fn yield_now(&self) {
+        if self.state.borrow().yielding {
+            super::YieldNow::default().await;
+        }
+    }
 }
 
 impl SimFile {
