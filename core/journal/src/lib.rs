@@ -4,6 +4,8 @@
 //! - [`superblock`]: the per-group record of `(view, log_view)`, commit and
 //!   offset frontier, in two checksummed copies, so that a replica never
 //!   answers a view change with a state older than one it acted in.
+//! - [`superblock_table`]: the same records for every partition group of a
+//!   shard in two shared files, written in batches.
 //! - [`prepare_journal`]: the partition plane's in-memory journal of
 //!   prepares not yet flushed to segments, with a repair ring of recently
 //!   flushed ones.
@@ -15,6 +17,7 @@
 pub mod clean_stop;
 pub mod prepare_journal;
 pub mod superblock;
+pub mod superblock_table;
 pub mod wal;
 
 pub use clean_stop::{
@@ -28,4 +31,5 @@ pub use superblock::{
     DurableState, FileSuperblock, MemSuperblock, SlotError, SuperblockError, SuperblockStore,
     VsrState,
 };
+pub use superblock_table::{SuperblockTable, TABLE_NAMES, TableKey, TableStats, TableSuperblock};
 pub use wal::{MetadataWal, WalError, WalRecovery};

@@ -309,6 +309,17 @@ pub enum SuperblockError {
         /// Why copy B failed (`None`: absent).
         b: Option<SlotError>,
     },
+    /// The shard's superblock table lost slots (both copies unusable) and
+    /// holds no record of this group, which existed when it opened: the
+    /// lost record may have been its own.
+    TableSlotsLost {
+        /// The shard directory holding the table.
+        dir: PathBuf,
+        /// The group.
+        group: u64,
+        /// How many slots were lost.
+        lost: u32,
+    },
     /// An I/O error on a superblock file.
     Io {
         /// The file.
@@ -332,6 +343,11 @@ impl fmt::Display for SuperblockError {
                 slot(a),
                 slot(b)
             ),
+            Self::TableSlotsLost { dir, group, lost } => write!(
+                f,
+                "group {group} has no record in the superblock table in {}, which lost {lost} slot(s) in both copies; one may have been this group's",
+                dir.display()
+            ),
             Self::Io { path, source } => {
                 write!(f, "superblock I/O on {}: {source}", path.display())
             }
@@ -343,7 +359,7 @@ impl std::error::Error for SuperblockError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Io { source, .. } => Some(source),
-            Self::Unreadable { .. } => None,
+            Self::Unreadable { .. } | Self::TableSlotsLost { .. } => None,
         }
     }
 }
