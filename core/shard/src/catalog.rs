@@ -4,9 +4,11 @@
 //! Layout, under the shard's directory:
 //!
 //! ```text
+//! superblocks.a|b          every group's superblock record (the shard's
+//!                           table, journal::superblock_table)
 //! g-<group:020>/            a group: its partition directory
 //!     group.meta            the group's spec (this module's codec)
-//!     superblock.a|b, *.log, *.index, consumers/, groups/ …
+//!     *.log, *.index, consumers/, groups/ …
 //! g-<group:020>.deleted/    a group being deleted (finished at boot)
 //! ```
 //!

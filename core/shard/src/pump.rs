@@ -9,7 +9,8 @@
 //! fired, so a busy inbox delays a tick by at most the input being served,
 //! never pushes it back. The inbox is a `futures` mpsc channel; receiving
 //! from it is cancel-safe, so losing the select to the timer loses no
-//! input. No socket is read here: readers live in their own tasks (compio
+//! input. Frames already waiting behind the one received are taken with
+//! it and served together ([`Shard::on_frames`]). No socket is read here: readers live in their own tasks (compio
 //! reads are not cancel-safe).
 
 use std::time::Duration;
@@ -25,6 +26,9 @@ use crate::env::Env;
 use crate::metadata_host::MetaCall;
 use crate::shard::{GroupError, Shard};
 use crate::snapshot::{SnapshotDetail, SnapshotReply};
+
+/// The most frames the pump takes from its inbox to serve together.
+const FRAMES_AT_ONCE: usize = 256;
 
 /// One input to a shard.
 #[derive(Debug)]
@@ -148,6 +152,26 @@ pub async fn run<E: Env>(
                 tick = env.sleep_until(deadline).fuse();
             }
             input = inbox.next() => match input {
+                Some(Input::Frame { from, bytes }) => {
+                    // The frames already waiting behind it are served
+                    // with it, the groups side by side (`Shard::on_frames`).
+                    let mut frames = vec![(from, bytes)];
+                    let mut after = None;
+                    while frames.len() < FRAMES_AT_ONCE {
+                        match inbox.try_recv() {
+                            Ok(Input::Frame { from, bytes }) => frames.push((from, bytes)),
+                            Ok(other) => {
+                                after = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let _ = shard.on_frames(frames).await;
+                    if let Some(input) = after {
+                        shard.on_input(input).await;
+                    }
+                }
                 Some(input) => shard.on_input(input).await,
                 None => break,
             },

@@ -34,7 +34,7 @@ use consensus::vsr::{
     Config as VsrConfig, Frame, OPERATION_REGISTER, Reply, ReplyStatus, RequestOutcome,
     TimeoutConfig,
 };
-use journal::FileSuperblock;
+use journal::{FileSuperblock, SuperblockTable, TableKey, TableSuperblock};
 use partitions::state_transfer::{
     BuildClock, DriverOutput, Outgoing, TransferDriver, TransferDriverConfig, TransferEvent,
     TransferSlots,
@@ -333,10 +333,14 @@ pub struct ShardStats {
     /// Batches let go of to stay within the ceiling (read back from the
     /// segments if a peer's repair needs them).
     pub retained_spilled: u64,
+    /// What the shard's superblock table wrote since boot: batches (two
+    /// syncs each), the records and frees they carried, the largest.
+    pub superblock: journal::TableStats,
 }
 
 /// The partition type a shard hosts.
-pub type ShardPartition<E> = Partition<ShardBus<E>, FileSuperblock<<E as Env>::Fs>, <E as Env>::Fs>;
+pub type ShardPartition<E> =
+    Partition<ShardBus<E>, TableSuperblock<<E as Env>::Fs>, <E as Env>::Fs>;
 
 /// Replies the shard's partitions delivered, awaiting matching to calls.
 type ReplyQueue = Rc<RefCell<Vec<(GroupId, Reply)>>>;
@@ -574,6 +578,12 @@ pub struct Shard<E: Env> {
     scrub_after: GroupId,
     /// The last group the handle pass saw.
     handles_after: GroupId,
+    /// Every partition group's superblock record, in batches
+    /// (journal::superblock_table).
+    superblocks: Rc<SuperblockTable<E::Fs>>,
+    /// The groups whose directories existed when the table opened: only
+    /// they may have had a record in a slot the table lost.
+    booted: BTreeSet<GroupId>,
 }
 
 impl<E: Env> std::fmt::Debug for Shard<E> {
@@ -598,6 +608,10 @@ impl<E: Env> Shard<E> {
     pub async fn open(config: ShardConfig, env: Rc<E>) -> std::io::Result<Self> {
         let fs = env.fs().clone();
         let listing = catalog::list(&fs, &config.dir).await?;
+        let superblocks = SuperblockTable::open(fs.clone(), &config.dir)
+            .await
+            .map(Rc::new)
+            .map_err(std::io::Error::other)?;
         // Unique per replica, shard and boot: a restarted shard must not
         // reuse request numbers a table still holds for its last boot.
         let client = (u128::from(config.seed) << 64)
@@ -625,6 +639,8 @@ impl<E: Env> Shard<E> {
             retention: RetentionPolicy::default(),
             scrub_after: GroupId(0),
             handles_after: GroupId(0),
+            superblocks,
+            booted: listing.groups.iter().copied().collect(),
             config,
             env,
         };
@@ -659,6 +675,7 @@ impl<E: Env> Shard<E> {
             n.as_str() != METADATA_DIR
                 && !n.starts_with(rejoin::REJOIN_FILE)
                 && !n.starts_with(journal::CLEAN_STOPS_FILE)
+                && !journal::TABLE_NAMES.contains(&n.as_str())
         }) {
             tracing::warn!(dir = %shard.config.dir.display(), name, "unknown entry in shard directory left alone");
         }
@@ -669,6 +686,18 @@ impl<E: Env> Shard<E> {
             if let Err(error) = catalog::finish_delete(&fs, &shard.config.dir, group).await {
                 tracing::error!(group = group.0, %error, "could not finish an interrupted delete");
             }
+        }
+        // Records of groups whose directory is gone: a delete the process
+        // did not live to free (the directory goes first, then the record).
+        let booted = shard.booted.clone();
+        match shard
+            .superblocks
+            .free_unless(|key| booted.contains(&GroupId(key.group)))
+            .await
+        {
+            Ok(0) => {}
+            Ok(freed) => tracing::info!(freed, "freed the superblock records of deleted groups"),
+            Err(error) => tracing::warn!(%error, "superblock records of deleted groups not freed"),
         }
         for group in listing.groups {
             let dir = catalog::group_dir(&shard.config.dir, group);
@@ -775,9 +804,19 @@ impl<E: Env> Shard<E> {
         (clean, not)
     }
 
+    /// The groups that hold a record in the shard's superblock table.
+    pub fn superblock_records(&self) -> BTreeSet<GroupId> {
+        self.superblocks
+            .keys()
+            .into_iter()
+            .map(|k| GroupId(k.group))
+            .collect()
+    }
+
     /// The counters.
     pub fn stats(&self) -> ShardStats {
         let mut stats = self.stats.clone();
+        stats.superblock = self.superblocks.stats();
         let sent = *self.sent.borrow();
         stats.frames_out = sent.0;
         stats.frames_dropped = sent.1;
@@ -911,7 +950,12 @@ impl<E: Env> Shard<E> {
                 reason: "the group was deleted",
             }));
         }
+        let key = TableKey {
+            group: group.0,
+            incarnation: removed.spec.incarnation,
+        };
         drop(removed);
+        self.booted.remove(&group);
         let fs = self.env.fs().clone();
         catalog::delete(&fs, &self.config.dir, group)
             .await
@@ -919,7 +963,63 @@ impl<E: Env> Shard<E> {
                 group,
                 step: "delete",
                 source,
-            })
+            })?;
+        // After the directory: a crash between the two leaves a record
+        // with no group, which boot frees; the other order could leave a
+        // group with no record, which would boot as new.
+        if let Err(error) = self.superblocks.free(key).await {
+            tracing::warn!(group = group.0, %error, "superblock record not freed; the next boot frees it");
+        }
+        Ok(())
+    }
+
+    /// A group directory from before the shard's table, holding its own
+    /// two-copy superblock: its record moves into the table (durably)
+    /// before the old files go, so a crash between finds it in one or the
+    /// other — the table's once it is there.
+    async fn adopt_legacy_superblock(&self, key: TableKey, dir: &Path) -> Result<(), GroupError> {
+        let group = GroupId(key.group);
+        let fs = self.env.fs().clone();
+        let io = |step: &'static str| {
+            move |source: std::io::Error| GroupError::Io {
+                group,
+                step,
+                source,
+            }
+        };
+        let names = journal::superblock::SLOT_NAMES.map(|n| dir.join(n));
+        let mut present = false;
+        for path in &names {
+            present |= fs.exists(path).await.map_err(io("superblock adoption"))?;
+        }
+        if !present {
+            return Ok(());
+        }
+        let boot = |e: journal::SuperblockError| GroupError::Boot {
+            group,
+            reason: e.to_string(),
+        };
+        // Once the table holds the record (an adoption cut short after
+        // its write), only the files are left to remove.
+        if self.superblocks.state(key).is_none() {
+            let mut legacy = FileSuperblock::new(fs.clone(), dir);
+            if let Some(state) = journal::SuperblockStore::read_latest(&mut legacy)
+                .await
+                .map_err(boot)?
+            {
+                self.superblocks.write(key, &state).await.map_err(boot)?;
+            }
+        }
+        for path in &names {
+            match fs.remove_file(path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("superblock adoption")(e)),
+            }
+        }
+        fs.sync_dir(dir).await.map_err(io("superblock adoption"))?;
+        tracing::info!(group = group.0, dir = %dir.display(), "moved the group's superblock into the shard's table");
+        Ok(())
     }
 
     async fn open_group(
@@ -951,7 +1051,16 @@ impl<E: Env> Shard<E> {
             replies: Rc::clone(&self.replies),
             sent: Rc::clone(&self.sent),
         };
-        let store = FileSuperblock::new(fs.clone(), &dir);
+        let key = TableKey {
+            group: group.0,
+            incarnation: spec.incarnation,
+        };
+        self.adopt_legacy_superblock(key, &dir).await?;
+        let store = TableSuperblock::new(
+            Rc::clone(&self.superblocks),
+            key,
+            self.booted.contains(&group),
+        );
         let mut partition =
             Partition::open_after_stop(config, fs.clone(), &dir, bus, store, clean_stop)
                 .await
@@ -1009,6 +1118,120 @@ impl<E: Env> Shard<E> {
         }
         self.settle().await;
         result
+    }
+
+    /// Serves frames that arrived together: each partition group's VSR
+    /// frames in their order, the groups side by side (up to
+    /// `TICK_GROUPS_AT_ONCE` at once); the rest (transfer frames, group 0,
+    /// refusals) one at a time first. A failover's view-change frames for
+    /// hundreds of groups then persist their views together, which the
+    /// superblock table writes in one batch instead of one per group. On
+    /// a simulated disk every call completes when made, so this serves
+    /// the frames in exactly the order of `on_frame` one by one, bar the
+    /// serial ones moving ahead (the network reorders anyway).
+    ///
+    /// Returns each frame's outcome, in the order given.
+    pub async fn on_frames(
+        &mut self,
+        frames: Vec<(ReplicaId, Bytes)>,
+    ) -> Vec<Result<(), FrameRefusal>> {
+        let mut outcomes: Vec<Option<Result<(), FrameRefusal>>> = vec![None; frames.len()];
+        let mut by_group: BTreeMap<GroupId, Vec<(usize, consensus::vsr::Frame)>> = BTreeMap::new();
+        for (i, (from, bytes)) in frames.into_iter().enumerate() {
+            match self.triage(from, &bytes) {
+                Ok(Some((group, frame))) => by_group.entry(group).or_default().push((i, frame)),
+                Ok(None) => outcomes[i] = Some(self.accept_frame(from, bytes).await),
+                Err(refusal) => outcomes[i] = Some(Err(refusal)),
+            }
+        }
+        let mut taken = Vec::with_capacity(by_group.len());
+        for (id, frames) in by_group {
+            if touch(&mut self.groups, &mut self.touched, self.settled_tick, id).is_none() {
+                continue;
+            }
+            if let Some(g) = self.groups.remove(&id) {
+                taken.push((id, g, frames));
+            }
+        }
+        for chunk in taken.chunks_mut(TICK_GROUPS_AT_ONCE) {
+            let served = chunk.iter_mut().map(|(id, g, frames)| async move {
+                let mut out = Vec::with_capacity(frames.len());
+                for (i, frame) in frames.drain(..) {
+                    let result = g
+                        .partition
+                        .on_frame(frame)
+                        .await
+                        .map_err(|e| FrameRefusal::Partition(e.to_string()));
+                    out.push((i, result));
+                }
+                g.note_view(*id);
+                out
+            });
+            for (i, result) in futures::future::join_all(served)
+                .await
+                .into_iter()
+                .flatten()
+            {
+                outcomes[i] = Some(result);
+            }
+        }
+        for (id, g, _) in taken {
+            self.groups.insert(id, g);
+        }
+        let outcomes: Vec<Result<(), FrameRefusal>> = outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or(Err(FrameRefusal::Partition(
+                    "the group left while the frame waited".to_owned(),
+                )))
+            })
+            .collect();
+        for result in &outcomes {
+            match result {
+                Ok(()) => self.stats.frames_in += 1,
+                Err(refusal) => {
+                    *self
+                        .stats
+                        .frames_refused
+                        .entry(refusal.reason())
+                        .or_default() += 1;
+                    tracing::debug!(shard = self.config.shard.0, %refusal, "frame refused");
+                }
+            }
+        }
+        self.settle().await;
+        outcomes
+    }
+
+    /// A frame `on_frames` can serve beside other groups' (a partition
+    /// group's VSR frame, decoded and checked), `None` for one served on
+    /// its own, or why it is refused.
+    fn triage(
+        &self,
+        from: ReplicaId,
+        bytes: &Bytes,
+    ) -> Result<Option<(GroupId, consensus::vsr::Frame)>, FrameRefusal> {
+        if from.0 >= self.config.replica_count || from == self.config.replica {
+            return Err(FrameRefusal::UnknownPeer { peer: from });
+        }
+        if TransferDriver::<E::Fs>::is_transfer_frame(bytes) {
+            return Ok(None);
+        }
+        let expect = Expect {
+            cluster: self.config.cluster,
+            size_max: self.config.frame_size_max,
+            peer: Some(from.0),
+        };
+        let frame = wire::decode(bytes, &expect).map_err(FrameRefusal::Wire)?;
+        if frame.group == METADATA_GROUP.0 {
+            return Ok(None);
+        }
+        self.check_owner(frame.group)?;
+        let group = GroupId(frame.group);
+        if !self.groups.contains_key(&group) {
+            return Err(FrameRefusal::UnknownGroup { group });
+        }
+        Ok(Some((group, frame)))
     }
 
     async fn accept_frame(&mut self, from: ReplicaId, bytes: Bytes) -> Result<(), FrameRefusal> {

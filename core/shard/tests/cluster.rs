@@ -968,3 +968,98 @@ fn given_groups_written_then_idle_when_a_handle_pass_ran_should_hold_no_files_an
         assert_eq!(poll_count(&mut c, group(n)), 5, "group {n}");
     }
 }
+
+/// The superblock records replica `r`'s shards wrote so far, and in how
+/// many batches.
+fn superblock_writes(c: &Cluster, r: u8) -> (u64, u64) {
+    c.nodes[usize::from(r)]
+        .iter()
+        .flatten()
+        .map(|n| n.stats().superblock)
+        .fold((0, 0), |(records, batches), s| {
+            (records + s.slot_writes, batches + s.batches)
+        })
+}
+
+#[test]
+fn given_the_primary_of_every_group_killed_when_the_survivors_change_views_should_write_their_records_in_batches()
+ {
+    const MANY: u64 = 128;
+    let mut c = Cluster::new(3, 1, 11, NetworkFaults::default());
+    for n in 0..MANY {
+        c.create_everywhere(group(n));
+    }
+    c.run(100);
+    // The victim is the replica that leads the most groups.
+    let led = |c: &Cluster, r: u8| -> Vec<u64> {
+        (0..MANY)
+            .filter(|n| c.primary(group(*n)) == Some(ReplicaId(r)))
+            .collect()
+    };
+    let victim = (0..3).max_by_key(|r| led(&c, *r).len()).unwrap();
+    let orphaned = led(&c, victim);
+    assert!(orphaned.len() as u64 >= MANY / 3, "{}", orphaned.len());
+    let survivors: Vec<u8> = (0..3).filter(|r| *r != victim).collect();
+    // The survivors' disks answer as a real runtime does: a yield is a
+    // real suspension, so the groups of one step queue their records
+    // together.
+    for r in &survivors {
+        c.fss[usize::from(*r)].set_yielding(true);
+    }
+    let before: Vec<_> = survivors
+        .iter()
+        .map(|r| superblock_writes(&c, *r))
+        .collect();
+    c.crash(victim, CrashMode::DropAll);
+    let mut ticks = 0;
+    while (0..MANY).any(|n| c.primary(group(n)).is_none()) {
+        assert!(ticks < 2_000, "some group found no new primary");
+        c.step();
+        ticks += 1;
+    }
+    let views: Vec<u32> = (0..MANY)
+        .map(|n| {
+            let p = c.primary(group(n)).unwrap();
+            c.node(p.0, group(n))
+                .partition(group(n))
+                .unwrap()
+                .replica()
+                .view()
+        })
+        .collect();
+    let mut records = 0;
+    let mut batches = 0;
+    for (r, (records0, batches0)) in survivors.iter().copied().zip(before) {
+        let (records1, batches1) = superblock_writes(&c, r);
+        records += records1 - records0;
+        batches += batches1 - batches0;
+    }
+    // Each survivor records every orphaned group's new view (the new
+    // primary its view, then its log view; a backup both at once).
+    let least = 2 * orphaned.len() as u64;
+    assert!(records >= least, "{records} records, {least} at least");
+    // One at a time, each record would be its own batch (two syncs);
+    // together they are a handful of batches for the whole failover.
+    assert!(
+        batches * 16 <= records,
+        "{records} records in {batches} batches over {ticks} ticks"
+    );
+    eprintln!("failover: {records} records in {batches} batches over {ticks} ticks");
+    // Durable: both survivors lose their unsynced state, and every group
+    // comes back in its new view.
+    for r in &survivors {
+        c.fss[usize::from(*r)].set_yielding(false);
+        c.crash(*r, CrashMode::DropAll);
+        c.restart(*r);
+    }
+    for (n, view) in (0..MANY).zip(views) {
+        for r in survivors.iter().copied() {
+            let p = c.nodes[usize::from(r)][0]
+                .as_ref()
+                .unwrap()
+                .partition(group(n))
+                .unwrap();
+            assert!(p.replica().view() >= view, "group {n} replica {r}");
+        }
+    }
+}

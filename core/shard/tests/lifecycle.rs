@@ -21,6 +21,12 @@ fn groups_on(c: &Cluster) -> BTreeSet<GroupId> {
     c.nodes[0][0].as_ref().unwrap().groups().collect()
 }
 
+/// The groups with a superblock record: exactly the live ones, never a
+/// deleted group's record left behind.
+fn records_on(c: &Cluster) -> BTreeSet<GroupId> {
+    c.nodes[0][0].as_ref().unwrap().superblock_records()
+}
+
 fn leftovers(c: &Cluster) -> Vec<String> {
     let root = shard::shard_dir(&harness::data_dir(), shard::ShardIndex(0));
     block_on(c.fss[0].read_dir(&root))
@@ -45,6 +51,7 @@ fn given_1000_groups_when_500_are_deleted_and_the_replica_crashes_should_boot_ex
     c.restart(0);
     let expected: BTreeSet<GroupId> = (0..1000).filter(|n| n % 2 == 1).map(group).collect();
     assert_eq!(groups_on(&c), expected);
+    assert_eq!(records_on(&c), expected);
     assert!(leftovers(&c).is_empty());
 }
 
@@ -67,6 +74,7 @@ fn given_power_cut_at_every_step_of_a_delete_when_rebooted_should_hold_the_group
             c.restart(0);
             let present = groups_on(&c);
             assert!(present.contains(&group(0)) && present.contains(&group(2)));
+            assert_eq!(records_on(&c), present, "{mode:?} cut {cut}");
             if result.is_ok() {
                 assert!(
                     !present.contains(&doomed),
@@ -86,6 +94,7 @@ fn given_power_cut_at_every_step_of_a_delete_when_rebooted_should_hold_the_group
                 c.crash(0, mode);
                 c.restart(0);
                 assert!(!groups_on(&c).contains(&doomed));
+                assert_eq!(records_on(&c), groups_on(&c));
             }
             if result.is_ok() {
                 completed = true;
@@ -159,4 +168,68 @@ fn given_a_routed_create_that_fails_when_nobody_waits_should_count_it_and_keep_s
     block_on(c.node(0, doomed).create_group(spec)).unwrap();
     assert_eq!(c.node(0, doomed).stats().groups_not_opened, 1);
     assert_eq!(groups_on(&c), BTreeSet::from([group(1), group(2)]));
+}
+
+/// A group directory from before the shard's superblock table: its own
+/// two-copy superblock, no record in the table.
+fn make_legacy(c: &mut Cluster, g: GroupId) -> journal::VsrState {
+    use journal::SuperblockStore;
+    let fs = c.fss[0].clone();
+    let root = shard::shard_dir(&harness::data_dir(), shard::ShardIndex(0));
+    c.crash(0, CrashMode::KeepAll);
+    let table = block_on(journal::SuperblockTable::open(fs.clone(), &root)).unwrap();
+    let key = journal::TableKey {
+        group: g.0,
+        incarnation: c.spec(g).incarnation,
+    };
+    let mut legacy = table.state(key).unwrap();
+    // A view no table ever held, so only the adopted record can explain it.
+    legacy.view += 7;
+    legacy.log_view = legacy.view;
+    block_on(async {
+        table.free(key).await.unwrap();
+        let dir = root.join(format!("g-{:020}", g.0));
+        let mut old = journal::FileSuperblock::new(fs.clone(), &dir);
+        old.write(&legacy).await.unwrap();
+    });
+    legacy
+}
+
+#[test]
+fn given_a_group_with_its_own_superblock_when_booted_at_every_power_cut_should_adopt_it_into_the_table_and_never_lose_it()
+ {
+    let mut adopted_at = None;
+    for cut in 1..60 {
+        let mut c = Cluster::new(1, 1, 5, NetworkFaults::default());
+        c.create_everywhere(group(1));
+        c.create_everywhere(group(2));
+        c.run(20);
+        let legacy = make_legacy(&mut c, group(1));
+        c.fss[0].cut_power_after(cut);
+        let first = c.try_boot(0, 0);
+        let opened = first
+            .as_ref()
+            .is_ok_and(|n| n.partition(group(1)).is_some());
+        drop(first);
+        c.crash(0, CrashMode::Seeded);
+        c.fss[0].clear_faults();
+        c.restart(0);
+        let node = c.nodes[0][0].as_ref().unwrap();
+        let view = node.partition(group(1)).unwrap().replica().view();
+        assert_eq!(view, legacy.view, "cut {cut}: the legacy record was lost");
+        assert!(node.superblock_records().contains(&group(1)), "cut {cut}");
+        let dir = shard::shard_dir(&harness::data_dir(), shard::ShardIndex(0))
+            .join(format!("g-{:020}", group(1).0));
+        for name in journal::superblock::SLOT_NAMES {
+            assert!(
+                !block_on(c.fss[0].exists(&dir.join(name))).unwrap(),
+                "cut {cut}: {name} left behind"
+            );
+        }
+        if opened {
+            adopted_at = Some(cut);
+            break;
+        }
+    }
+    assert!(adopted_at.is_some(), "no boot within the sweep completed");
 }

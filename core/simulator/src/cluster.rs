@@ -7,6 +7,7 @@
 //! from that disk, wires their sibling inboxes and reconciles the
 //! partition groups with the committed metadata, as the server does.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
@@ -414,15 +415,26 @@ impl Cluster {
     /// Delivers the frames due this tick to live shards, recording each.
     pub(crate) fn deliver(&mut self, trace: &mut Trace) -> Result<(), ClusterError> {
         let tick = self.tick();
+        // A shard's frames of this tick are served together, as the pump
+        // serves the frames waiting in its inbox (`Shard::on_frames`).
+        let mut by_shard: BTreeMap<(u8, u16), Vec<(ReplicaId, Bytes)>> = BTreeMap::new();
         for packet in self.net.deliver() {
             let (from, to, s) = (packet.from, packet.to, packet.shard.0);
-            let Some(shard) = self.shard_mut(to.0, s) else {
+            if self.shard_mut(to.0, s).is_none() {
+                continue;
+            }
+            trace.deliver(tick, from.0, to.0, s, &packet.bytes);
+            by_shard
+                .entry((to.0, s))
+                .or_default()
+                .push((from, packet.bytes));
+        }
+        for ((to, s), frames) in by_shard {
+            let Some(shard) = self.shard_mut(to, s) else {
                 continue;
             };
-            trace.deliver(tick, from.0, to.0, s, &packet.bytes);
-            let bytes: Bytes = packet.bytes;
             // A refusal is counted by the shard and changes nothing.
-            let _ = run_now("a frame", shard.on_frame(from, bytes))?;
+            let _ = run_now("frames", shard.on_frames(frames))?;
         }
         self.drain_inboxes()
     }

@@ -89,7 +89,7 @@ pub(crate) struct FaultPlan {
     /// Group directories (by replica) where a superblock copy was flipped:
     /// the other copy is never flipped too (two damaged copies are a lost
     /// replica, not a latent fault the group repairs).
-    superblock_rotted: std::collections::BTreeSet<(u8, std::path::PathBuf)>,
+    superblock_rotted: std::collections::BTreeSet<(u8, GroupId)>,
     /// The tick the current partition heals at.
     partition_until: Option<u64>,
     degraded: Vec<Degraded>,
@@ -387,8 +387,9 @@ impl FaultPlan {
 
     /// Flips one bit of a replica's committed data within the budget: in
     /// a sealed segment (two draws in six), the active segment, a
-    /// consumer-offset record, a small record of the group (a superblock
-    /// copy, at most one per group; a client-table slot), or a sealed
+    /// consumer-offset record, a small record of the group (its slot in
+    /// one copy of the shard's superblock table, at most one copy per
+    /// group; a client-table slot), or a sealed
     /// segment's index (which the scrub checks against its log and
     /// rewrites). Half the time the replica is down when it happens
     /// (killed first, restarted 20–300 ticks later), so its boot meets the
@@ -401,7 +402,7 @@ impl FaultPlan {
         let Some(r) = self.victim(cluster) else {
             return;
         };
-        // (what, path, length) of every candidate, by kind.
+        // (group, path, start, length) of every candidate, by kind.
         let mut sealed = Vec::new();
         let mut active = Vec::new();
         let mut records = Vec::new();
@@ -427,12 +428,12 @@ impl FaultPlan {
                     .unwrap_or_default();
                 for (name, bytes) in &files {
                     if name.ends_with(".index") && !bytes.is_empty() && *name != active_index {
-                        indexes.push((group, dir.join(name), bytes.len()));
+                        indexes.push((group, dir.join(name), 0, bytes.len()));
                     }
                 }
                 // Every segment but the last is sealed.
                 for (i, (name, len)) in logs.iter().enumerate() {
-                    let place = (group, dir.join(name), *len);
+                    let place = (group, dir.join(name), 0, *len);
                     if i + 1 < logs.len() {
                         sealed.push(place);
                     } else {
@@ -440,18 +441,29 @@ impl FaultPlan {
                     }
                 }
                 for (path, len) in cluster.offset_records(r, group) {
-                    records.push((group, path, len));
+                    records.push((group, path, 0, len));
                 }
-                let superblock_spared = self.superblock_rotted.contains(&(r, dir.clone()));
-                let names = journal::superblock::SLOT_NAMES
-                    .iter()
-                    .filter(|_| !superblock_spared)
-                    .chain(&partitions::client_sessions::CLIENT_TABLE_FILES);
-                for name in names {
+                for name in &partitions::client_sessions::CLIENT_TABLE_FILES {
                     let path = dir.join(name);
                     let len = cluster.fs(r).contents(&path).map_or(0, |b| b.len());
                     if len > 0 {
-                        small.push((group, path, len));
+                        small.push((group, path, 0, len));
+                    }
+                }
+                // The group's slot in either copy of its shard's superblock
+                // table, at most one copy per group and replica.
+                if !self.superblock_rotted.contains(&(r, group))
+                    && let Some(shard_dir) = dir.parent()
+                {
+                    for name in journal::TABLE_NAMES {
+                        let path = shard_dir.join(name);
+                        let bytes = cluster.fs(r).contents(&path).unwrap_or_default();
+                        let slot = journal::superblock_table::TABLE_SLOT_LEN;
+                        for (i, record) in bytes.chunks_exact(slot).enumerate() {
+                            if record[8..16] == group.0.to_le_bytes() {
+                                small.push((group, path.clone(), i * slot, slot));
+                            }
+                        }
                     }
                 }
             }
@@ -467,8 +479,9 @@ impl FaultPlan {
         if candidates.is_empty() {
             return;
         }
-        let (group, path, len) = candidates[self.pick(candidates.len() as u64) as usize].clone();
-        let pos = self.pick(len as u64);
+        let (group, path, start, len) =
+            candidates[self.pick(candidates.len() as u64) as usize].clone();
+        let pos = start as u64 + self.pick(len as u64);
         let mask = 1u8 << self.pick(8);
         let down = self.prng.chance(1, 2).then(|| self.between(20, 300));
         if let Some(down_ticks) = down {
@@ -486,10 +499,9 @@ impl FaultPlan {
         if path
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| journal::superblock::SLOT_NAMES.contains(&n))
-            && let Some(dir) = path.parent()
+            .is_some_and(|n| journal::TABLE_NAMES.contains(&n))
         {
-            self.superblock_rotted.insert((r, dir.to_path_buf()));
+            self.superblock_rotted.insert((r, group));
         }
         trace.record(Event::Fault {
             tick,

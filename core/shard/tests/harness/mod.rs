@@ -169,6 +169,11 @@ impl Cluster {
     }
 
     pub fn boot(&mut self, r: u8, s: u16) -> Shard<TestEnv> {
+        self.try_boot(r, s).unwrap()
+    }
+
+    /// Boots shard `s` of replica `r`, or says why it could not.
+    pub fn try_boot(&mut self, r: u8, s: u16) -> std::io::Result<Shard<TestEnv>> {
         self.boots += 1;
         let env = TestEnv::new(
             ReplicaId(r),
@@ -177,7 +182,7 @@ impl Cluster {
             self.net.clone(),
             self.fss[usize::from(r)].clone(),
         );
-        block_on(Shard::open(self.config(r, s), env)).unwrap()
+        block_on(Shard::open(self.config(r, s), env))
     }
 
     /// Gives the shards of replica `r` fresh inboxes of each other.
@@ -233,9 +238,18 @@ impl Cluster {
     /// One tick of the whole cluster: deliver due frames, tick every shard,
     /// advance the clock.
     pub fn step(&mut self) {
+        // A shard's frames of a step are served together, as its pump
+        // serves the frames waiting in its inbox.
+        let mut by_shard = std::collections::BTreeMap::<(u8, u16), Vec<_>>::new();
         for p in self.net.deliver() {
-            if let Some(node) = self.nodes[usize::from(p.to.0)][usize::from(p.shard.0)].as_mut() {
-                let _ = block_on(node.on_frame(p.from, p.bytes));
+            by_shard
+                .entry((p.to.0, p.shard.0))
+                .or_default()
+                .push((p.from, p.bytes));
+        }
+        for ((to, s), frames) in by_shard {
+            if let Some(node) = self.nodes[usize::from(to)][usize::from(s)].as_mut() {
+                let _ = block_on(node.on_frames(frames));
             }
         }
         for row in &mut self.nodes {

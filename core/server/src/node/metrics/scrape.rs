@@ -191,7 +191,7 @@ impl SnapshotCollector {
             up,
         )?;
         type Field = fn(&ShardSnapshot) -> u64;
-        let per_shard: [(&str, &str, MetricType, Field); 23] = [
+        let per_shard: [(&str, &str, MetricType, Field); 26] = [
             ("replog_shard_ticks", "Ticks the shard ran", Counter, |s| {
                 s.stats.ticks
             }),
@@ -266,6 +266,24 @@ impl SnapshotCollector {
                 "Batches let go of to stay within the ceiling, served from segments if repair needs them",
                 Counter,
                 |s| s.stats.retained_spilled,
+            ),
+            (
+                "replog_shard_superblock_batches",
+                "Batches the shard's superblock table wrote (two syncs each)",
+                Counter,
+                |s| s.stats.superblock.batches,
+            ),
+            (
+                "replog_shard_superblock_records",
+                "Partition superblock records and frees the shard's table wrote, over all batches",
+                Counter,
+                |s| s.stats.superblock.slot_writes,
+            ),
+            (
+                "replog_shard_superblock_batches_failed",
+                "Batches of the shard's superblock table that failed (each writer in them saw the error)",
+                Counter,
+                |s| s.stats.superblock.failed,
             ),
             (
                 "replog_shard_repair_read_back_batches",
