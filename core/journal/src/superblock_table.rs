@@ -362,9 +362,24 @@ impl<F: Fs> SuperblockTable<F> {
         for i in 0..slots {
             // Bounded by the ceiling on the file's length above.
             let index = u32::try_from(i).unwrap_or(u32::MAX);
-            match combine(slot_of(&contents[0], i), slot_of(&contents[1], i)) {
-                Combined::Free => {
+            let copies = (slot_of(&contents[0], i), slot_of(&contents[1], i));
+            match combine(copies.0, copies.1) {
+                Combined::Free if copies == (SlotRead::Zero, SlotRead::Zero) => {
                     inner.free.insert(index);
+                }
+                // Zeros beside a torn copy: zeroed again (with the first
+                // batch) before the slot is handed out, so that a torn
+                // first write of its next owner cannot sit beside the old
+                // torn bytes and read as a lost slot.
+                Combined::Free => {
+                    inner.queued.insert(
+                        index,
+                        Queued {
+                            bytes: [0; TABLE_SLOT_LEN],
+                            record: None,
+                            tickets: Vec::new(),
+                        },
+                    );
                 }
                 Combined::Record {
                     key,
@@ -394,10 +409,6 @@ impl<F: Fs> SuperblockTable<F> {
             }
         }
         inner.high_water = u32::try_from(slots).unwrap_or(u32::MAX);
-        // Free slots not durable as zeros in both copies (a torn first
-        // write, a torn free) are zeroed before reuse: the first batch
-        // that takes one writes its record over both copies anyway, and
-        // reading either copy's leftovers beside it yields the record.
         if damaged > 0 || inner.lost > 0 {
             tracing::warn!(
                 dir = %dir.display(),

@@ -306,3 +306,35 @@ fn given_a_torn_file_tail_when_opened_should_read_the_whole_slots() {
     assert_eq!(table.state(key(1)), Some(state(1, 3)));
     assert_eq!(table.state(key(2)), Some(state(2, 3)));
 }
+
+#[test]
+fn given_a_free_slot_torn_in_one_copy_when_a_new_group_tears_its_first_write_should_lose_nothing() {
+    let fs = fresh(10);
+    write_states(&fs, &[1, 2, 3], 1);
+    // Group 2's slot as a free torn after copy A: zeros in A, torn bytes
+    // in B.
+    block_on(async {
+        use storage::fs::{BufResult, FsFile, OpenOptions};
+        for (name, bytes) in TABLE_NAMES.iter().zip([vec![0u8; 128], vec![0xAB; 60]]) {
+            let file = fs
+                .open(&dir().join(name), OpenOptions::read_write())
+                .await
+                .unwrap();
+            let BufResult(r, _) = file.write_all_at(bytes, 128).await;
+            r.unwrap();
+            file.sync_data().await.unwrap();
+        }
+    });
+    let table = open(&fs).unwrap();
+    assert_eq!((table.lost(), table.state(key(2))), (0, None));
+    // A new group's first write, torn in copy A, then a power cut.
+    fs.tear_nth_write(1, 40);
+    assert!(block_on(table.write(key(4), &state(4, 1))).is_err());
+    drop(table);
+    fs.clear_faults();
+    fs.crash_with(CrashMode::KeepAll);
+    let table = open(&fs).unwrap();
+    assert_eq!(table.lost(), 0, "a torn first write beside old torn bytes");
+    assert_eq!(table.state(key(1)), Some(state(1, 1)));
+    assert_eq!(table.state(key(3)), Some(state(3, 1)));
+}
