@@ -110,6 +110,9 @@ pub(crate) struct Cluster {
     metadata_installs_retired: u64,
     /// Batches read back for repair by shards that have since crashed.
     read_backs_retired: u64,
+    /// Superblock records and batches written by shards that have since
+    /// crashed.
+    superblock_retired: (u64, u64),
 }
 
 /// The replicas' data directory on their disks.
@@ -130,9 +133,26 @@ fn metadata_installs(shard: &Shard<TestEnv>) -> u64 {
         .map_or(0, |m| m.transfer().stats().installs)
 }
 
-/// A new disk for replica `r`, holding only the (empty) data directory.
-fn empty_disk(seed: u64, r: u8) -> Result<SimFs, ClusterError> {
+fn superblock_writes(shards: &[Shard<TestEnv>]) -> (u64, u64) {
+    shards.iter().fold((0, 0), |(records, batches), s| {
+        let t = s.stats().superblock;
+        (records + t.slot_writes, batches + t.batches)
+    })
+}
+
+/// Half the runs have slow disks ([`Cluster::slow_disks`]): the top bit
+/// of the seed, scrambled, so consecutive seeds mix both and the choice is
+/// independent of the others made from the seed's low bits.
+fn slow_disks(run_seed: u64) -> bool {
+    run_seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63 == 1
+}
+
+/// A new disk for replica `r`, holding only the (empty) data directory;
+/// slow (every sync and yield suspends once) when `slow`.
+fn empty_disk(seed: u64, r: u8, slow: bool) -> Result<SimFs, ClusterError> {
     let fs = SimFs::new(seed);
+    fs.set_slow_syncs(slow);
+    fs.set_yielding(slow);
     let make = async {
         fs.create_dir_all(&data_dir()).await?;
         fs.sync_dir(Path::new("/")).await
@@ -158,6 +178,7 @@ impl Cluster {
             let fs = empty_disk(
                 seed ^ (u64::from(r) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 r,
+                slow_disks(seed),
             )?;
             nodes.push(Node {
                 fs,
@@ -180,6 +201,7 @@ impl Cluster {
             installs_retired: 0,
             metadata_installs_retired: 0,
             read_backs_retired: 0,
+            superblock_retired: (0, 0),
         };
         for r in 0..replica_count {
             cluster.boot(r)?;
@@ -278,6 +300,9 @@ impl Cluster {
             self.installs_retired += shards.iter().map(|s| s.stats().installs).sum::<u64>();
             self.metadata_installs_retired += shards.iter().map(metadata_installs).sum::<u64>();
             self.read_backs_retired += shards.iter().map(read_backs).sum::<u64>();
+            let (records, batches) = superblock_writes(&shards);
+            self.superblock_retired.0 += records;
+            self.superblock_retired.1 += batches;
         }
         node.inboxes.clear();
         node.fs.clear_faults();
@@ -294,7 +319,7 @@ impl Cluster {
         let seed = self.seed
             ^ (u64::from(r) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
             ^ (node.wipes + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
-        let fs = empty_disk(seed, r)?;
+        let fs = empty_disk(seed, r, slow_disks(self.seed))?;
         let node = &mut self.nodes[usize::from(r)];
         node.fs = fs;
         node.wipes += 1;
@@ -397,6 +422,25 @@ impl Cluster {
             .map(read_backs)
             .sum();
         live + self.read_backs_retired
+    }
+
+    /// Superblock records the shards' tables wrote over the run, and in how
+    /// many batches, crashed shards included.
+    pub(crate) fn superblock_writes(&self) -> (u64, u64) {
+        let (mut records, mut batches) = self.superblock_retired;
+        for shards in self.nodes.iter().filter_map(|n| n.shards.as_ref()) {
+            let (r, b) = superblock_writes(shards);
+            records += r;
+            batches += b;
+        }
+        (records, batches)
+    }
+
+    /// Whether this run's disks are slow: every sync suspends, so the
+    /// groups a shard runs side by side interleave around their syncs and
+    /// the superblock table's batches carry several records.
+    pub(crate) fn slow_disks(&self) -> bool {
+        slow_disks(self.seed)
     }
 
     /// Group 0 snapshots installed by transfer over the run, crashed

@@ -135,6 +135,10 @@ pub struct Summary {
     pub metadata_transfers: u64,
     /// Batches read back from segments to serve a peer's repair.
     pub read_backs: u64,
+    /// Whether the disks were slow (every sync suspends once).
+    pub slow_disks: bool,
+    /// Superblock records the shards' tables wrote, and their batches.
+    pub superblock: (u64, u64),
     /// Frames sent and dropped by the network.
     pub frames: (u64, u64),
     /// Ticks run in all (faults, quiet period and convergence).
@@ -193,7 +197,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -221,6 +225,9 @@ impl fmt::Display for Summary {
             self.transfers,
             self.metadata_transfers,
             self.read_backs,
+            u8::from(self.slow_disks),
+            self.superblock.0,
+            self.superblock.1,
             self.frames.0,
             self.frames.1,
             self.schedule_hash,
@@ -789,6 +796,8 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         transfers: run.cluster.installs(),
         metadata_transfers: run.cluster.metadata_installs(),
         read_backs: run.cluster.read_backs(),
+        slow_disks: run.cluster.slow_disks(),
+        superblock: run.cluster.superblock_writes(),
         frames: run.cluster.net.counts(),
         ticks_run: run.ticks_run,
         schedule_hash: run.trace.hash(),

@@ -213,6 +213,9 @@ struct State {
     power_cut_at: Option<u64>,
     /// `yield_now` returns `Pending` once, as on a real runtime.
     yielding: bool,
+    /// Every sync suspends once before it completes, as a real disk's
+    /// does: other tasks of the caller's executor run meanwhile.
+    slow_syncs: bool,
 }
 
 /// The simulated filesystem. Cloning shares the same state (`Rc`), so a
@@ -505,6 +508,7 @@ impl SimFs {
                 total_calls: 0,
                 power_cut_at: None,
                 yielding: false,
+                slow_syncs: false,
             })),
         }
     }
@@ -555,6 +559,13 @@ impl SimFs {
     /// one step; off by default, so that every call completes when made.
     pub fn set_yielding(&self, yielding: bool) {
         self.state.borrow_mut().yielding = yielding;
+    }
+
+    /// Makes every sync (file or directory) return `Pending` once (waking
+    /// itself) before it completes, so that concurrent callers interleave
+    /// around their syncs as on a real disk; off by default.
+    pub fn set_slow_syncs(&self, slow: bool) {
+        self.state.borrow_mut().slow_syncs = slow;
     }
 
     /// Disarms every fault armed and not yet tripped (a test that armed a
@@ -790,6 +801,9 @@ impl Fs for SimFs {
     }
 
     async fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        if self.state.borrow().slow_syncs {
+            super::YieldNow::default().await;
+        }
         self.check(FaultKind::Sync)?;
         let mut s = self.state.borrow_mut();
         let dir = s.resolve(path)?;
@@ -822,6 +836,12 @@ impl Fs for SimFs {
 }
 
 impl SimFile {
+    async fn suspend_if_slow(&self) {
+        if self.state.borrow().slow_syncs {
+            super::YieldNow::default().await;
+        }
+    }
+
     fn live(&self) -> io::Result<()> {
         if self.state.borrow().epoch == self.epoch {
             Ok(())
@@ -906,10 +926,12 @@ impl FsFile for SimFile {
     }
 
     async fn sync_data(&self) -> io::Result<()> {
+        self.suspend_if_slow().await;
         self.sync()
     }
 
     async fn sync_all(&self) -> io::Result<()> {
+        self.suspend_if_slow().await;
         self.sync()
     }
 
