@@ -805,22 +805,18 @@ mod tests {
         };
         assert_eq!(seq_of(combine(v(4, 1), v(3, 1))), Some(4));
         assert_eq!(seq_of(combine(v(3, 1), v(4, 1))), Some(4));
-        assert_eq!(seq_of(combine(v(3, 1), SlotRead::Corrupt)), Some(3));
-        assert_eq!(seq_of(combine(SlotRead::Corrupt, v(3, 1))), Some(3));
-        assert_eq!(seq_of(combine(SlotRead::Zero, v(3, 1))), Some(3));
-        assert_eq!(seq_of(combine(v(3, 1), SlotRead::Zero)), Some(3));
-        assert!(matches!(
-            combine(SlotRead::Corrupt, SlotRead::Zero),
-            Combined::Free
-        ));
-        assert!(matches!(
-            combine(SlotRead::Zero, SlotRead::Corrupt),
-            Combined::Free
-        ));
-        assert!(matches!(
-            combine(SlotRead::Zero, SlotRead::Zero),
-            Combined::Free
-        ));
+        for other in [SlotRead::Corrupt, SlotRead::Zero] {
+            assert_eq!(seq_of(combine(v(3, 1), other)), Some(3));
+            assert_eq!(seq_of(combine(other, v(3, 1))), Some(3));
+        }
+        let free = [
+            (SlotRead::Corrupt, SlotRead::Zero),
+            (SlotRead::Zero, SlotRead::Corrupt),
+            (SlotRead::Zero, SlotRead::Zero),
+        ];
+        for (a, b) in free {
+            assert!(matches!(combine(a, b), Combined::Free), "{a:?} {b:?}");
+        }
         assert!(matches!(
             combine(SlotRead::Corrupt, SlotRead::Corrupt),
             Combined::Lost

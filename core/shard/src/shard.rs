@@ -420,6 +420,16 @@ struct PendingRead {
 }
 
 /// One group on the shard.
+/// What [`Shard::triage`] made of a frame.
+enum Triage {
+    /// A partition group's VSR frame: served beside other groups' frames.
+    Partition(GroupId, consensus::vsr::Frame),
+    /// Group 0's VSR frame.
+    Metadata(consensus::vsr::Frame),
+    /// A state-transfer frame, decoded by its driver.
+    Transfer,
+}
+
 struct Group<E: Env> {
     spec: GroupSpec,
     partition: ShardPartition<E>,
@@ -1104,20 +1114,8 @@ impl<E: Env> Shard<E> {
     /// # Errors
     /// [`FrameRefusal`], counted; nothing changed.
     pub async fn on_frame(&mut self, from: ReplicaId, bytes: Bytes) -> Result<(), FrameRefusal> {
-        let result = self.accept_frame(from, bytes).await;
-        match &result {
-            Ok(()) => self.stats.frames_in += 1,
-            Err(refusal) => {
-                *self
-                    .stats
-                    .frames_refused
-                    .entry(refusal.reason())
-                    .or_default() += 1;
-                tracing::debug!(peer = from.0, shard = self.config.shard.0, %refusal, "frame refused");
-            }
-        }
-        self.settle().await;
-        result
+        let mut outcomes = self.on_frames(vec![(from, bytes)]).await;
+        outcomes.pop().unwrap_or(Ok(()))
     }
 
     /// Serves frames that arrived together: each partition group's VSR
@@ -1136,13 +1134,18 @@ impl<E: Env> Shard<E> {
         frames: Vec<(ReplicaId, Bytes)>,
     ) -> Vec<Result<(), FrameRefusal>> {
         let mut outcomes: Vec<Option<Result<(), FrameRefusal>>> = vec![None; frames.len()];
+        let peers: Vec<ReplicaId> = frames.iter().map(|(from, _)| *from).collect();
         let mut by_group: BTreeMap<GroupId, Vec<(usize, consensus::vsr::Frame)>> = BTreeMap::new();
         for (i, (from, bytes)) in frames.into_iter().enumerate() {
-            match self.triage(from, &bytes) {
-                Ok(Some((group, frame))) => by_group.entry(group).or_default().push((i, frame)),
-                Ok(None) => outcomes[i] = Some(self.accept_frame(from, bytes).await),
-                Err(refusal) => outcomes[i] = Some(Err(refusal)),
-            }
+            outcomes[i] = match self.triage(from, &bytes) {
+                Ok(Triage::Partition(group, frame)) => {
+                    by_group.entry(group).or_default().push((i, frame));
+                    continue;
+                }
+                Ok(Triage::Metadata(frame)) => Some(self.serve_metadata_frame(frame).await),
+                Ok(Triage::Transfer) => Some(self.serve_transfer_frame(from, bytes).await),
+                Err(refusal) => Some(Err(refusal)),
+            };
         }
         let mut taken = Vec::with_capacity(by_group.len());
         for (id, frames) in by_group {
@@ -1186,7 +1189,7 @@ impl<E: Env> Shard<E> {
                 )))
             })
             .collect();
-        for result in &outcomes {
+        for (peer, result) in peers.iter().zip(&outcomes) {
             match result {
                 Ok(()) => self.stats.frames_in += 1,
                 Err(refusal) => {
@@ -1195,7 +1198,7 @@ impl<E: Env> Shard<E> {
                         .frames_refused
                         .entry(refusal.reason())
                         .or_default() += 1;
-                    tracing::debug!(shard = self.config.shard.0, %refusal, "frame refused");
+                    tracing::debug!(peer = peer.0, shard = self.config.shard.0, %refusal, "frame refused");
                 }
             }
         }
@@ -1203,19 +1206,13 @@ impl<E: Env> Shard<E> {
         outcomes
     }
 
-    /// A frame `on_frames` can serve beside other groups' (a partition
-    /// group's VSR frame, decoded and checked), `None` for one served on
-    /// its own, or why it is refused.
-    fn triage(
-        &self,
-        from: ReplicaId,
-        bytes: &Bytes,
-    ) -> Result<Option<(GroupId, consensus::vsr::Frame)>, FrameRefusal> {
+    /// Where a frame goes: checked and decoded once, at the boundary.
+    fn triage(&self, from: ReplicaId, bytes: &Bytes) -> Result<Triage, FrameRefusal> {
         if from.0 >= self.config.replica_count || from == self.config.replica {
             return Err(FrameRefusal::UnknownPeer { peer: from });
         }
         if TransferDriver::<E::Fs>::is_transfer_frame(bytes) {
-            return Ok(None);
+            return Ok(Triage::Transfer);
         }
         let expect = Expect {
             cluster: self.config.cluster,
@@ -1224,97 +1221,77 @@ impl<E: Env> Shard<E> {
         };
         let frame = wire::decode(bytes, &expect).map_err(FrameRefusal::Wire)?;
         if frame.group == METADATA_GROUP.0 {
-            return Ok(None);
+            return Ok(Triage::Metadata(frame));
         }
         self.check_owner(frame.group)?;
         let group = GroupId(frame.group);
         if !self.groups.contains_key(&group) {
             return Err(FrameRefusal::UnknownGroup { group });
         }
-        Ok(Some((group, frame)))
+        Ok(Triage::Partition(group, frame))
     }
 
-    async fn accept_frame(&mut self, from: ReplicaId, bytes: Bytes) -> Result<(), FrameRefusal> {
-        if from.0 >= self.config.replica_count || from == self.config.replica {
-            return Err(FrameRefusal::UnknownPeer { peer: from });
-        }
-        if TransferDriver::<E::Fs>::is_transfer_frame(&bytes) {
-            let group = wire::peek_group(&bytes).unwrap_or(u64::MAX);
-            if group == METADATA_GROUP.0 {
-                let Some(host) = self.metadata.as_mut() else {
-                    return Err(FrameRefusal::UnknownGroup {
-                        group: GroupId(group),
-                    });
-                };
-                let out = host
-                    .transfer
-                    .on_frame(&mut host.group, from.0, bytes)
-                    .await
-                    .map_err(|e| FrameRefusal::Transfer(e.to_string()))?;
-                self.send_frames(out);
-                // An install queues the effects that bring the partition
-                // plane from the old state to the new.
-                self.after_metadata_input().await;
-                return Ok(());
-            }
-            self.check_owner(group)?;
-            let Some(g) = touch(
-                &mut self.groups,
-                &mut self.touched,
-                self.settled_tick,
-                GroupId(group),
-            ) else {
+    /// A state-transfer frame (of group 0 or a partition group).
+    async fn serve_transfer_frame(
+        &mut self,
+        from: ReplicaId,
+        bytes: Bytes,
+    ) -> Result<(), FrameRefusal> {
+        let group = wire::peek_group(&bytes).unwrap_or(u64::MAX);
+        if group == METADATA_GROUP.0 {
+            let Some(host) = self.metadata.as_mut() else {
                 return Err(FrameRefusal::UnknownGroup {
                     group: GroupId(group),
                 });
             };
-            let clock = EnvClock(&*self.env);
-            let out = g
-                .driver
-                .on_frame(&mut g.partition, &mut self.slots, from.0, bytes, &clock)
+            let out = host
+                .transfer
+                .on_frame(&mut host.group, from.0, bytes)
                 .await
                 .map_err(|e| FrameRefusal::Transfer(e.to_string()))?;
-            self.carry_out(GroupId(group), out);
-            return Ok(());
-        }
-        let expect = Expect {
-            cluster: self.config.cluster,
-            size_max: self.config.frame_size_max,
-            peer: Some(from.0),
-        };
-        let frame = wire::decode(&bytes, &expect).map_err(FrameRefusal::Wire)?;
-        if frame.group == METADATA_GROUP.0 {
-            let Some(host) = self.metadata.as_mut() else {
-                return Err(FrameRefusal::UnknownGroup {
-                    group: GroupId(frame.group),
-                });
-            };
-            host.group
-                .on_frame(frame)
-                .await
-                .map_err(|e| FrameRefusal::Partition(e.to_string()))?;
+            self.send_frames(out);
+            // An install queues the effects that bring the partition
+            // plane from the old state to the new.
             self.after_metadata_input().await;
             return Ok(());
         }
-        self.check_owner(frame.group)?;
-        let frame_group = frame.group;
+        self.check_owner(group)?;
         let Some(g) = touch(
             &mut self.groups,
             &mut self.touched,
             self.settled_tick,
-            GroupId(frame.group),
+            GroupId(group),
         ) else {
             return Err(FrameRefusal::UnknownGroup {
-                group: GroupId(frame.group),
+                group: GroupId(group),
             });
         };
-        let result = g
-            .partition
+        let clock = EnvClock(&*self.env);
+        let out = g
+            .driver
+            .on_frame(&mut g.partition, &mut self.slots, from.0, bytes, &clock)
+            .await
+            .map_err(|e| FrameRefusal::Transfer(e.to_string()))?;
+        self.carry_out(GroupId(group), out);
+        Ok(())
+    }
+
+    /// A VSR frame of group 0, decoded and checked.
+    async fn serve_metadata_frame(
+        &mut self,
+        frame: consensus::vsr::Frame,
+    ) -> Result<(), FrameRefusal> {
+        let Some(host) = self.metadata.as_mut() else {
+            return Err(FrameRefusal::UnknownGroup {
+                group: METADATA_GROUP,
+            });
+        };
+        host.group
             .on_frame(frame)
             .await
-            .map_err(|e| FrameRefusal::Partition(e.to_string()));
-        g.note_view(GroupId(frame_group));
-        result
+            .map_err(|e| FrameRefusal::Partition(e.to_string()))?;
+        self.after_metadata_input().await;
+        Ok(())
     }
 
     fn check_owner(&self, group: u64) -> Result<(), FrameRefusal> {
