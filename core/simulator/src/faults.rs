@@ -40,6 +40,9 @@ pub(crate) struct FaultStats {
     pub wiped_reboots: u64,
     /// Whole-cluster crashes (every replica at once).
     pub blackouts: u64,
+    /// Crashes and disk faults that took a replica while f were already
+    /// faulty (runs marked to exceed f).
+    pub beyond_f: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -94,6 +97,9 @@ pub(crate) struct FaultPlan {
     partition_until: Option<u64>,
     degraded: Vec<Degraded>,
     f: usize,
+    /// How many replicas crashes and disk faults may leave faulty at
+    /// once: f, or every replica in a run marked to exceed f.
+    crash_budget: usize,
     replica_count: u8,
     /// The mutation check: a replaced disk boots as a new member.
     wipe_as_new: bool,
@@ -106,7 +112,9 @@ impl FaultPlan {
         profile: FaultProfile,
         replica_count: u8,
         wipe_as_new: bool,
+        exceed_f: bool,
     ) -> Self {
+        let f = usize::from(replica_count.saturating_sub(1) / 2);
         Self {
             prng: Prng::new(seed ^ 0xFA17_0001),
             rates: profile.rates(),
@@ -115,7 +123,12 @@ impl FaultPlan {
             superblock_rotted: std::collections::BTreeSet::new(),
             partition_until: None,
             degraded: Vec::new(),
-            f: usize::from(replica_count.saturating_sub(1) / 2),
+            f,
+            crash_budget: if exceed_f {
+                usize::from(replica_count)
+            } else {
+                f
+            },
             replica_count,
             wipe_as_new,
             stats: FaultStats::default(),
@@ -133,6 +146,15 @@ impl FaultPlan {
             .zip(&self.rotten)
             .filter(|(h, rotten)| !matches!(h, Health::Up) || **rotten)
             .count()
+    }
+
+    /// Counts a fault on `r` that takes the faulty replicas past f.
+    fn note_beyond_f(&mut self, r: u8) {
+        let already =
+            matches!(self.health[usize::from(r)], Health::Up) && !self.rotten[usize::from(r)];
+        if self.replica_count > 1 && already && self.faulty() >= self.f {
+            self.stats.beyond_f += 1;
+        }
     }
 
     fn roll(&mut self, per_mille: u64) -> bool {
@@ -230,12 +252,19 @@ impl FaultPlan {
         });
     }
 
-    /// A replica that may take a fault now, if the budget allows one.
-    fn victim(&mut self, cluster: &Cluster) -> Option<u8> {
+    /// A replica that may take a fault now, if the budget allows one:
+    /// f faulty at once, or (`may_exceed`: a crash or a disk fault in a run
+    /// marked to exceed f) every replica.
+    fn victim(&mut self, cluster: &Cluster, may_exceed: bool) -> Option<u8> {
+        let budget = if may_exceed {
+            self.crash_budget
+        } else {
+            self.f
+        };
         let budget_left = if self.replica_count == 1 {
             self.faulty() == 0
         } else {
-            self.faulty() < self.f
+            self.faulty() < budget
         };
         if !budget_left {
             return None;
@@ -267,9 +296,10 @@ impl FaultPlan {
             .collect();
         let again = (!rejoining.is_empty() && self.prng.chance(1, 2))
             .then(|| rejoining[self.pick(rejoining.len() as u64) as usize]);
-        let Some(r) = again.or_else(|| self.victim(cluster)) else {
+        let Some(r) = again.or_else(|| self.victim(cluster, true)) else {
             return;
         };
+        self.note_beyond_f(r);
         // A single replica is killed, not power-cut: f = 0 tolerates no
         // lost disk state (SPEC §6.1).
         let mode = if self.replica_count == 1 {
@@ -311,7 +341,7 @@ impl FaultPlan {
         trace: &mut Trace,
         tick: u64,
     ) -> Result<(), ClusterError> {
-        let Some(r) = self.victim(cluster) else {
+        let Some(r) = self.victim(cluster, false) else {
             return Ok(());
         };
         let down_ticks = self.between(20, 300);
@@ -342,9 +372,10 @@ impl FaultPlan {
     /// derived from the draws the plan always made (kind, call number), so
     /// a seed's fault schedule is the one it had with EIO alone.
     fn disk_fault(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
-        let Some(r) = self.victim(cluster) else {
+        let Some(r) = self.victim(cluster, true) else {
             return;
         };
+        self.note_beyond_f(r);
         let write = self.prng.chance(1, 2);
         let nth = self.between(1, 40);
         let restart_in = self.between(50, 300);
@@ -399,7 +430,7 @@ impl FaultPlan {
             // f = 0: a single replica has no peer to repair from.
             return;
         }
-        let Some(r) = self.victim(cluster) else {
+        let Some(r) = self.victim(cluster, false) else {
             return;
         };
         // (group, path, start, length) of every candidate, by kind.

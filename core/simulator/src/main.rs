@@ -40,6 +40,10 @@ struct Args {
     /// replaced boots as a new member instead of rejoining.
     #[arg(long)]
     mutate_wipe_as_new: bool,
+    /// Let crashes and disk faults take more than f replicas at once (up
+    /// to all); only safety is checked, a run may end stalled.
+    #[arg(long)]
+    exceed_f: bool,
 }
 
 fn main() -> ExitCode {
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
     options.profile = args.profile;
     options.clients = args.clients;
     options.mutate_wipe_as_new = args.mutate_wipe_as_new;
+    options.exceed_f = args.exceed_f;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

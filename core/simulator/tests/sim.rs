@@ -494,3 +494,50 @@ fn regression_mixed_8000375_deposed_primary_serves_a_stale_offset() {
 fn regression_mixed_9700709_deposed_primary_refuses_a_store_of_an_acknowledged_offset() {
     clean(&options(9_700_709, FaultProfile::Mixed, 3, 2, 2_000));
 }
+
+/// Runs marked to exceed f (`--exceed-f`): crashes and disk faults may
+/// take every replica at once. Only safety is promised there, so a run may
+/// end stalled, but nothing acknowledged (the workload creates only
+/// `persisted` topics) may be lost, forked or reordered, and a run that
+/// converges passes every final check.
+#[test]
+fn exceed_f_crash_and_disk_runs_keep_every_safety_property() {
+    let mut beyond = 0;
+    let mut converged = 0;
+    for i in 0..16u64 {
+        let (replicas, shards) = [(3, 2), (5, 1)][(i % 2) as usize];
+        let profile = [FaultProfile::Crash, FaultProfile::Mixed][((i / 2) % 2) as usize];
+        let mut o = options(3_000_000 + i, profile, replicas, shards, 1_200);
+        o.exceed_f = true;
+        let s = clean(&o);
+        beyond += s.faults.beyond_f;
+        converged += u64::from(!s.stalled);
+    }
+    assert!(beyond > 16, "only {beyond} faults went past f");
+    assert!(converged > 0, "no run past f converged");
+}
+
+/// Disk seed 19000159 and mixed seed 19000132 (3 × 2, 2,000 ticks, past
+/// f), found by the first `--exceed-f` sweep (2 of 600 seeds; both fail the
+/// same way at f490cb1, before the superblock table): after healing the
+/// replicas agree on every message but not on a consumer offset. In
+/// 19000159, consumer 1 of group 5 last had 25 stored with an answer; a
+/// store of 23 went to replica 0, the primary, whose process died with a
+/// disk fault before it answered; replica 0 ends holding 23, replica 1
+/// holding 25. The likely cause, not yet confirmed: the store was applied
+/// on replica 0 (an offset record is durable when applied) and then lost
+/// from the group's history, which more than f faulty replicas may drop,
+/// and nothing rolls the record back. Not fixed (docs/consensus.md §9,
+/// "Consumer offsets past f").
+#[test]
+#[ignore = "known gap past f: a consumer offset applied by an op the group later lost"]
+fn regression_exceed_f_19000159_19000132_offset_applied_by_a_lost_op() {
+    for (seed, profile) in [
+        (19_000_159, FaultProfile::Disk),
+        (19_000_132, FaultProfile::Mixed),
+    ] {
+        let mut o = options(seed, profile, 3, 2, 2_000);
+        o.exceed_f = true;
+        clean(&o);
+    }
+}
