@@ -52,6 +52,11 @@
 //!   existed at boot with no record refuses to start (a silent fresh start
 //!   would let it vote with view 0).
 //!
+//! The table repairs what it can as it opens, in one batch before it
+//! serves: a record found whole in one copy only is written to both again,
+//! and a free slot with torn bytes in one copy is zeroed, so a second fault
+//! later meets a whole copy.
+//!
 //! A freed slot (zeros in both copies, durable) is reused only after its
 //! free returned, so a slot never holds two groups' records at once; two
 //! valid copies of different groups are corruption and count as lost.
@@ -388,11 +393,25 @@ impl<F: Fs> SuperblockTable<F> {
                     damaged: d,
                 } => {
                     damaged += u32::from(d);
-                    let entry = Entry {
+                    let mut entry = Entry {
                         index,
                         next_sequence: sequence.saturating_add(1),
                         state: Some(state),
                     };
+                    // One copy unusable: the record is written again, to
+                    // both, before the table serves (below), so a second
+                    // fault on the other copy finds a whole one.
+                    if d {
+                        inner.queued.insert(
+                            index,
+                            Queued {
+                                bytes: encode_slot(key, entry.next_sequence, &state),
+                                record: Some((key, state)),
+                                tickets: Vec::new(),
+                            },
+                        );
+                        entry.next_sequence = entry.next_sequence.saturating_add(1);
+                    }
                     if let Some(other) = inner.entries.insert(key, entry) {
                         // Never written so: one slot per key while it lives.
                         tracing::error!(
@@ -417,13 +436,23 @@ impl<F: Fs> SuperblockTable<F> {
                 "superblock table slots unusable in one copy (repaired by their next write) or in both (lost)"
             );
         }
-        Ok(Self {
+        let table = Self {
             fs,
             dir: dir.to_path_buf(),
             paths,
             files,
             inner: RefCell::new(inner),
-        })
+        };
+        // Repairs: damaged records rewritten, torn free slots zeroed. If
+        // the batch fails, the zeroing is queued again and each record is
+        // repaired by its group's next write.
+        if !table.inner.borrow().queued.is_empty() {
+            table.run_batch().await;
+            if table.inner.borrow().stats.failed > 0 {
+                tracing::warn!(dir = %table.dir.display(), "superblock table repair at open failed; each damaged record is repaired by its next write");
+            }
+        }
+        Ok(table)
     }
 
     /// The directory the table lives in.

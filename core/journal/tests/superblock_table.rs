@@ -338,3 +338,32 @@ fn given_a_free_slot_torn_in_one_copy_when_a_new_group_tears_its_first_write_sho
     assert_eq!(table.state(key(1)), Some(state(1, 1)));
     assert_eq!(table.state(key(3)), Some(state(3, 1)));
 }
+
+#[test]
+fn given_one_rotted_copy_when_opened_should_repair_it_before_any_write() {
+    for name in TABLE_NAMES {
+        let fs = fresh(11);
+        write_states(&fs, &[1, 2, 3], 2);
+        fs.rot_byte(&dir().join(name), 128 + 40, 0x10).unwrap();
+        // Opened, and closed again with no write of group 2.
+        let table = open(&fs).unwrap();
+        assert_eq!(table.stats().batches, 1, "{name}: the repair batch");
+        drop(table);
+        fs.crash_with(CrashMode::DropAll);
+        // The other copy rots now: the repaired one answers.
+        let other = TABLE_NAMES.iter().find(|n| **n != name).unwrap();
+        fs.rot_byte(&dir().join(other), 128 + 40, 0x10).unwrap();
+        let table = open(&fs).unwrap();
+        assert_eq!(table.lost(), 0, "{name} then {other}");
+        assert_eq!(
+            table.state(key(2)),
+            Some(state(2, 2)),
+            "{name} then {other}"
+        );
+        // And the later writes of the group keep growing its sequence.
+        block_on(table.write(key(2), &state(2, 3))).unwrap();
+        drop(table);
+        fs.crash_with(CrashMode::DropAll);
+        assert_eq!(open(&fs).unwrap().state(key(2)), Some(state(2, 3)));
+    }
+}
