@@ -518,8 +518,10 @@ fn exceed_f_crash_and_disk_runs_keep_every_safety_property() {
 }
 
 /// Disk seed 19000159 and mixed seed 19000132 (3 × 2, 2,000 ticks, past
-/// f), found by the first `--exceed-f` sweep (2 of 600 seeds; both fail the
-/// same way at f490cb1, before the superblock table): after healing the
+/// f), found by the first `--exceed-f` sweep (2 of 600 seeds). The gap
+/// predates the superblock table: f490cb1 with the budget lifted by hand
+/// fails 19000159 with the same message, and 4 of the same 600 seeds
+/// (19000159, 19000184, 19000093, 19000109) the same way. After healing the
 /// replicas agree on every message but not on a consumer offset. In
 /// 19000159, consumer 1 of group 5 last had 25 stored with an answer; a
 /// store of 23 went to replica 0, the primary, whose process died with a
