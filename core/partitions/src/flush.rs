@@ -28,7 +28,9 @@
 //! **The applied point.** A flush writes the whole journal, so afterwards
 //! every op up to the last journaled one (`journaled_point`: its op, its
 //! identity, the next offset after it) has its effects in segments
-//! (consumer-offset ops are durable when applied, a purge records itself).
+//! (consumer-offset ops are durable when applied, each record naming its
+//! op so that boot can roll back those above the recorded point; a purge
+//! records itself).
 //! Once those segments are synced, the superblock may record that op as
 //! the applied point (`checkpoint_op`, `checkpoint_checksum`) together with
 //! the offset frontier after it, in one write
@@ -181,7 +183,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.durable
             .record_applied(op, checksum, next_offset)
             .await
-            .map_err(PartitionError::Superblock)
+            .map_err(PartitionError::Superblock)?;
+        self.offsets.settle(op);
+        Ok(())
     }
 
     /// Writes the client table (the state after `commit_min`) into its next

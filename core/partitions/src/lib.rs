@@ -42,7 +42,7 @@ pub use offset_storage::{
     load_offsets_dir, offset_replacement_id, persist_purge_generation, read_purge_generation,
     stage_offset_replacement,
 };
-pub use offsets::{ConsumerOffsets, DurableOffset, DurableOffsets};
+pub use offsets::{AppliedBy, ConsumerOffsets, DurableOffset, DurableOffsets};
 pub use ops::{OpDecodeError, PartitionOp};
 pub use partition::{
     BootError, ClientOp, ClientRequest, INTERNAL_CLIENT, Partition, PartitionConfig,

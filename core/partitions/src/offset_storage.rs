@@ -1,14 +1,28 @@
 //! Consumer offsets and the purge generation on disk.
 //!
 //! Each consumer (`offsets/consumers/{id}`) and consumer group
-//! (`offsets/groups/{id}`) has one 16-byte file: the offset (u64 LE) and the
-//! xxh3-64 of those 8 bytes (u64 LE). A file is never rewritten in place: a
-//! new value is written to the sibling `{id}.replacing` and data-synced
+//! (`offsets/groups/{id}`) has one 40-byte file ([`OffsetRecord`],
+//! docs/formats.md §8): the offset, the op whose apply wrote it, the offset
+//! it replaced as of the applied point durable at that moment, a flag byte
+//! and an xxh3-64 trailer. A file is never rewritten in place: a new record
+//! is written to the sibling `{id}.replacing` and data-synced
 //! ([`stage_offset_replacement`]), then renamed over the file
 //! ([`commit_offset_replacement`]); the directory is synced once per step
 //! by the caller, after all of its renames and unlinks. A crash therefore
 //! leaves either the old or the new record, never a torn one, and a
 //! sibling a crash leaves behind is ignored and swept at boot.
+//!
+//! **Why a record remembers what it replaced.** A record is durable as
+//! soon as its op is applied, but the superblock's applied point, which a
+//! restarted replica of a group resumes from, is recorded later. If every
+//! replica restarts (or more than f fail), the group may never learn that
+//! op again: a census starts from the longest recorded applied point and
+//! gives later op numbers to other requests. A record written by an op
+//! above the recorded point is therefore rolled back at boot to the value
+//! it replaced (`before`), and the op, if the group still holds it, is
+//! applied again by repair. Writes and records never overlap (both run
+//! under the partition's `&mut self`) and a record names the applied op, so
+//! one level of history is enough; see `offsets.rs`.
 //!
 //! `purge.gen` in the partition directory holds the purge generation and
 //! the partition incarnation it belongs to, replaced the same way.
@@ -25,34 +39,54 @@ pub const REPLACEMENT_SUFFIX: &str = ".replacing";
 /// File name of the purge generation in the partition directory.
 pub const PURGE_GENERATION_FILE: &str = "purge.gen";
 /// Length of a consumer-offset record.
-pub const OFFSET_RECORD_LEN: usize = 16;
+pub const OFFSET_RECORD_LEN: usize = 40;
+/// Length of a record written by versions before the rollback fields: the
+/// offset and its checksum.
+pub const OFFSET_RECORD_LEN_V1: usize = 16;
 /// Length of a bare, unchecksummed record written by older versions.
 pub const OFFSET_RECORD_LEN_LEGACY: usize = 8;
+
+/// Flag bit: the record holds an offset (clear: a delete's tombstone).
+const FLAG_PRESENT: u8 = 1;
+/// Flag bit: an offset was in effect before the record's op.
+const FLAG_BEFORE: u8 = 2;
 
 /// A decoded consumer-offset file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffsetRecord {
-    /// The stored offset.
-    pub offset: u64,
-    /// Whether it carried a checksum (legacy 8-byte records do not; the next
-    /// write upgrades them).
-    pub checksummed: bool,
+    /// The stored offset; `None` for a tombstone (a delete that a restart
+    /// may still have to roll back).
+    pub offset: Option<u64>,
+    /// The op whose apply wrote the record; 0 when no restart can roll it
+    /// back (installed by a transfer, settled at boot, or written by an
+    /// older version).
+    pub op: u64,
+    /// The offset in effect at the applied point that was durable when
+    /// `op` was applied: what a replica restarting from that point rolls
+    /// the record back to (`None`: no offset then).
+    pub before: Option<u64>,
 }
 
 /// Why a consumer-offset file cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OffsetRecordError {
-    /// A length that is neither a record nor a legacy bare value.
+    /// A length that is not one of the record layouts.
     BadLength {
         /// The file's length.
         len: usize,
     },
-    /// The checksum does not match the offset.
+    /// The checksum does not match the record.
     ChecksumMismatch {
-        /// The offset as stored.
+        /// The offset field as stored.
         offset: u64,
         /// The checksum as stored.
         stored: u64,
+    },
+    /// Flag bits or reserved bytes this version does not write, or a
+    /// value in a field its flag marks absent.
+    BadFlags {
+        /// The flag byte as stored.
+        flags: u8,
     },
 }
 
@@ -64,43 +98,83 @@ impl fmt::Display for OffsetRecordError {
                 f,
                 "offset {offset} does not match its checksum {stored:#018x}"
             ),
+            Self::BadFlags { flags } => write!(
+                f,
+                "offset record flags {flags:#04x} (or its reserved bytes) are not a known layout"
+            ),
         }
     }
 }
 
 impl std::error::Error for OffsetRecordError {}
 
+fn word(bytes: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+
 impl OffsetRecord {
-    /// The 16-byte record for `offset`.
-    pub fn encode(offset: u64) -> [u8; OFFSET_RECORD_LEN] {
-        let value = offset.to_le_bytes();
+    /// A record no restart rolls back: `offset`, op 0, nothing before.
+    pub fn settled(offset: u64) -> Self {
+        Self {
+            offset: Some(offset),
+            op: 0,
+            before: None,
+        }
+    }
+
+    /// The 40-byte record.
+    pub fn encode(&self) -> [u8; OFFSET_RECORD_LEN] {
         let mut out = [0u8; OFFSET_RECORD_LEN];
-        out[..8].copy_from_slice(&value);
-        out[8..].copy_from_slice(&xxh3_64(&value).to_le_bytes());
+        let mut flags = 0;
+        if let Some(offset) = self.offset {
+            out[..8].copy_from_slice(&offset.to_le_bytes());
+            flags |= FLAG_PRESENT;
+        }
+        out[8..16].copy_from_slice(&self.op.to_le_bytes());
+        if let Some(before) = self.before {
+            out[16..24].copy_from_slice(&before.to_le_bytes());
+            flags |= FLAG_BEFORE;
+        }
+        out[24] = flags;
+        let sum = xxh3_64(&out[..32]);
+        out[32..].copy_from_slice(&sum.to_le_bytes());
         out
     }
 
-    /// Decodes a record file's bytes.
+    /// Decodes a record file's bytes: the current layout, the 16-byte one
+    /// before it (offset and checksum) and the bare 8-byte one; the older
+    /// two read as settled records.
     pub fn decode(bytes: &[u8]) -> Result<Self, OffsetRecordError> {
-        let word = |b: &[u8]| {
-            let mut x = [0u8; 8];
-            x.copy_from_slice(b);
-            u64::from_le_bytes(x)
-        };
         match bytes.len() {
-            OFFSET_RECORD_LEN_LEGACY => Ok(Self {
-                offset: word(bytes),
-                checksummed: false,
-            }),
-            OFFSET_RECORD_LEN => {
-                let offset = word(&bytes[..8]);
-                let stored = word(&bytes[8..]);
+            OFFSET_RECORD_LEN_LEGACY => Ok(Self::settled(word(bytes, 0))),
+            OFFSET_RECORD_LEN_V1 => {
+                let offset = word(bytes, 0);
+                let stored = word(bytes, 8);
                 if xxh3_64(&bytes[..8]) != stored {
                     return Err(OffsetRecordError::ChecksumMismatch { offset, stored });
                 }
+                Ok(Self::settled(offset))
+            }
+            OFFSET_RECORD_LEN => {
+                let offset = word(bytes, 0);
+                let stored = word(bytes, 32);
+                if xxh3_64(&bytes[..32]) != stored {
+                    return Err(OffsetRecordError::ChecksumMismatch { offset, stored });
+                }
+                let flags = bytes[24];
+                let before = word(bytes, 16);
+                let unknown = flags & !(FLAG_PRESENT | FLAG_BEFORE) != 0;
+                let stray = (flags & FLAG_PRESENT == 0 && offset != 0)
+                    || (flags & FLAG_BEFORE == 0 && before != 0);
+                if unknown || stray || bytes[25..32].iter().any(|b| *b != 0) {
+                    return Err(OffsetRecordError::BadFlags { flags });
+                }
                 Ok(Self {
-                    offset,
-                    checksummed: true,
+                    offset: (flags & FLAG_PRESENT != 0).then_some(offset),
+                    op: word(bytes, 8),
+                    before: (flags & FLAG_BEFORE != 0).then_some(before),
                 })
             }
             len => Err(OffsetRecordError::BadLength { len }),
@@ -137,15 +211,14 @@ async fn write_synced<F: Fs>(fs: &F, path: &Path, bytes: Vec<u8>) -> io::Result<
     file.sync_data().await
 }
 
-/// Writes `offset` to the replacement sibling of `path` and data-syncs it.
+/// Writes `record` to the replacement sibling of `path` and data-syncs it.
 /// Nothing a reader or boot trusts changes until the commit.
-pub async fn stage_offset_replacement<F: Fs>(fs: &F, path: &Path, offset: u64) -> io::Result<()> {
-    write_synced(
-        fs,
-        &replacement_path(path),
-        OffsetRecord::encode(offset).to_vec(),
-    )
-    .await
+pub async fn stage_offset_replacement<F: Fs>(
+    fs: &F,
+    path: &Path,
+    record: OffsetRecord,
+) -> io::Result<()> {
+    write_synced(fs, &replacement_path(path), record.encode().to_vec()).await
 }
 
 /// Renames the staged sibling over `path`. Durable once the caller syncs
@@ -177,8 +250,8 @@ pub async fn delete_persisted_offset<F: Fs>(fs: &F, path: &Path) -> io::Result<b
 /// What boot found in one offsets directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoredOffsets {
-    /// Usable offsets, ascending by id.
-    pub offsets: Vec<(u32, u64)>,
+    /// Usable records (tombstones included), ascending by id.
+    pub offsets: Vec<(u32, OffsetRecord)>,
     /// Files that were torn or corrupt: removed by [`load_offsets_dir`]
     /// (the consumer restarts from its default position), left in place
     /// by [`scan_offsets_dir`] for the caller to decide.
@@ -247,7 +320,7 @@ pub async fn scan_offsets_dir<F: Fs>(fs: &F, dir: &Path) -> io::Result<StoredOff
             OffsetRecord::decode(&file.read_exact_at(len as usize, 0).await?)
         };
         match decoded {
-            Ok(record) => out.offsets.push((id, record.offset)),
+            Ok(record) => out.offsets.push((id, record)),
             Err(error) => {
                 tracing::warn!(path = %path.display(), %error, "an unusable consumer offset file");
                 out.corrupt.push(path);
@@ -255,7 +328,7 @@ pub async fn scan_offsets_dir<F: Fs>(fs: &F, dir: &Path) -> io::Result<StoredOff
         }
     }
     remove_offset_files(fs, dir, &out.swept_siblings).await?;
-    out.offsets.sort_unstable();
+    out.offsets.sort_unstable_by_key(|(id, _)| *id);
     Ok(out)
 }
 

@@ -19,6 +19,25 @@
 //! record and a sibling that boot sweeps; a crash after it leaves the new
 //! record. A failed step leaves the maps at the old value, so the durable
 //! record and the maps never disagree about a committed op.
+//!
+//! **Rolling back to the recorded applied point.** In a group, a record is
+//! durable when its op is applied, before the superblock records that op
+//! as applied; a restarted replica resumes from the recorded point and
+//! applies later ops again as repair brings them back, and after a census
+//! (or more than f failures) later op numbers may belong to other
+//! requests. So each record carries the op that wrote it and `before`, the
+//! value in effect at the applied point durable when it was written, and a
+//! delete of an offset with such a value leaves a tombstone instead of
+//! unlinking. Boot rolls every record written above the recorded point
+//! back to its `before` ([`ConsumerOffsets::load`]).
+//!
+//! One level is enough because a record and the applied point are never
+//! written at the same time (both under the partition's `&mut self`) and
+//! the point is recorded only at the op last applied. A point recorded
+//! after a record was written is therefore at or above its op; the only
+//! recorded point a restart can resume from below its op is the one
+//! durable when it was written. A record that replaces one written above
+//! that same point inherits the older record's `before`.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -28,7 +47,7 @@ use common::ConsumerKind;
 use storage::fs::Fs;
 
 use crate::offset_storage::{
-    commit_offset_replacement, delete_persisted_offset, discard_offset_replacement,
+    OffsetRecord, commit_offset_replacement, delete_persisted_offset, discard_offset_replacement,
     remove_offset_files, scan_offsets_dir, stage_offset_replacement,
 };
 
@@ -37,6 +56,8 @@ use crate::offset_storage::{
 pub(crate) struct LoadedOffsets {
     /// Records clamped to the recovered end or dropped with an empty log.
     pub adjusted: usize,
+    /// Records written above the recorded applied point and rolled back.
+    pub rolled_back: usize,
     /// Records that did not verify, by offsets directory; left in place
     /// (see [`ConsumerOffsets::remove_corrupt`]).
     pub corrupt: Vec<(PathBuf, Vec<PathBuf>)>,
@@ -86,6 +107,26 @@ impl DurableOffsets {
     }
 }
 
+/// The op a store or delete is applied for, and the applied point a
+/// restart of this replica would resume from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppliedBy {
+    /// The op being applied.
+    pub op: u64,
+    /// The durable recorded applied point; `None` when a restart keeps
+    /// every record (a single replica applies nothing again).
+    pub recorded_point: Option<u64>,
+}
+
+/// Where a record written above the recorded applied point came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Undo {
+    /// The op that wrote it.
+    op: u64,
+    /// The value as of the applied point durable then.
+    before: Option<u64>,
+}
+
 /// What applying a store did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreOutcome {
@@ -103,6 +144,9 @@ pub struct ConsumerOffsets {
     consumers: papaya::HashMap<u32, u64>,
     groups: papaya::HashMap<u32, u64>,
     durable: DurableOffsets,
+    /// Per kind (consumers, then groups), the records an op wrote that a
+    /// restart may still roll back, tombstones included.
+    undo: [BTreeMap<u32, Undo>; 2],
 }
 
 impl ConsumerOffsets {
@@ -113,6 +157,36 @@ impl ConsumerOffsets {
             consumers: papaya::HashMap::new(),
             groups: papaya::HashMap::new(),
             durable: DurableOffsets::default(),
+            undo: [BTreeMap::new(), BTreeMap::new()],
+        }
+    }
+
+    fn undo_mut(&mut self, kind: ConsumerKind) -> &mut BTreeMap<u32, Undo> {
+        &mut self.undo[usize::from(kind == ConsumerKind::ConsumerGroup)]
+    }
+
+    /// The value of `(kind, id)` as of the applied point `recorded`.
+    fn value_at(&self, kind: ConsumerKind, id: u32, recorded: u64) -> Option<u64> {
+        match self.undo[usize::from(kind == ConsumerKind::ConsumerGroup)].get(&id) {
+            Some(undo) if undo.op > recorded => undo.before,
+            _ => self.durable.get(kind, id),
+        }
+    }
+
+    /// The record `by` writes for `(kind, id)` holding `offset`.
+    fn record_for(
+        &self,
+        kind: ConsumerKind,
+        id: u32,
+        offset: Option<u64>,
+        by: AppliedBy,
+    ) -> OffsetRecord {
+        OffsetRecord {
+            offset,
+            op: by.op,
+            before: by
+                .recorded_point
+                .and_then(|point| self.value_at(kind, id, point)),
         }
     }
 
@@ -163,16 +237,20 @@ impl ConsumerOffsets {
 
     /// Loads both directories at boot: leftover siblings are removed, torn
     /// or corrupt files reported and left for the caller (see
-    /// [`scan_offsets_dir`] and [`Self::remove_corrupt`]); offsets above
-    /// `last_offset` (the recovered end, `None` for an empty log) are
-    /// clamped to it, or dropped with their file when the log is empty.
+    /// [`scan_offsets_dir`] and [`Self::remove_corrupt`]). With
+    /// `recorded_point` (a replica of a group), a record an op above it
+    /// wrote is rolled back to the value it replaced; tombstones at or
+    /// below it are removed. Offsets above `last_offset` (the recovered
+    /// end, `None` for an empty log) are then clamped to it, or dropped
+    /// with their file when the log is empty. Every change is durable
+    /// before this returns, so the next boot reads the same.
     pub(crate) async fn load<F: Fs>(
         &mut self,
         fs: &F,
         last_offset: Option<u64>,
+        recorded_point: Option<u64>,
     ) -> io::Result<LoadedOffsets> {
         let mut loaded = LoadedOffsets::default();
-        let mut adjusted = 0;
         for kind in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup] {
             let dir = self.dir(kind);
             let stored = scan_offsets_dir(fs, &dir).await?;
@@ -180,38 +258,58 @@ impl ConsumerOffsets {
                 loaded.corrupt.push((dir.clone(), stored.corrupt.clone()));
             }
             let mut removed_any = false;
-            for (id, offset) in stored.offsets {
-                let value = match last_offset {
-                    Some(last) if offset > last => {
-                        tracing::warn!(
-                            ?kind,
-                            id,
-                            offset,
-                            last,
-                            "clamping a stored offset to the recovered end"
-                        );
-                        adjusted += 1;
-                        Some(last)
-                    }
-                    Some(_) => Some(offset),
-                    None => {
-                        tracing::warn!(
-                            ?kind,
-                            id,
-                            offset,
-                            "dropping a stored offset: the log is empty"
-                        );
-                        adjusted += 1;
-                        None
-                    }
+            for (id, record) in stored.offsets {
+                let rolled_back = recorded_point.is_some_and(|point| record.op > point);
+                let mut value = if rolled_back {
+                    tracing::warn!(
+                        ?kind,
+                        id,
+                        op = record.op,
+                        recorded_point,
+                        offset = record.offset,
+                        before = record.before,
+                        "rolling back a consumer offset written above the recorded applied point"
+                    );
+                    loaded.rolled_back += 1;
+                    record.before
+                } else {
+                    record.offset
                 };
+                if let Some(offset) = value {
+                    match last_offset {
+                        Some(last) if offset > last => {
+                            tracing::warn!(
+                                ?kind,
+                                id,
+                                offset,
+                                last,
+                                "clamping a stored offset to the recovered end"
+                            );
+                            loaded.adjusted += 1;
+                            value = Some(last);
+                        }
+                        Some(_) => {}
+                        None => {
+                            tracing::warn!(
+                                ?kind,
+                                id,
+                                offset,
+                                "dropping a stored offset: the log is empty"
+                            );
+                            loaded.adjusted += 1;
+                            value = None;
+                        }
+                    }
+                }
                 match value {
                     Some(v) => {
-                        if v != offset {
-                            // Rewrite it so the next boot agrees without
-                            // clamping again (and a transfer ships truth).
-                            self.write(fs, kind, id, v).await?;
+                        if value != record.offset || rolled_back {
+                            // Rewritten so the next boot agrees without
+                            // adjusting again (and a transfer ships truth).
+                            self.write(fs, kind, id, &OffsetRecord::settled(v)).await?;
                         }
+                        // Nothing to undo any more: a record kept here is
+                        // at or below the point a restart resumes from.
                         self.live(kind).pin().insert(id, v);
                         self.durable.map_mut(kind).insert(
                             id,
@@ -230,7 +328,6 @@ impl ConsumerOffsets {
                 fs.sync_dir(&dir).await?;
             }
         }
-        loaded.adjusted = adjusted;
         Ok(loaded)
     }
 
@@ -246,14 +343,14 @@ impl ConsumerOffsets {
         Ok(())
     }
 
-    /// Replaces the record of `(kind, id)` with `offset` durably (sibling,
+    /// Replaces the record of `(kind, id)` with `record` durably (sibling,
     /// rename, directory sync). The maps are not touched.
     async fn write<F: Fs>(
         &self,
         fs: &F,
         kind: ConsumerKind,
         id: u32,
-        offset: u64,
+        record: &OffsetRecord,
     ) -> io::Result<()> {
         let dir = self.dir(kind);
         // A no-op once the directory exists; its name must be durable
@@ -266,7 +363,7 @@ impl ConsumerOffsets {
             }
         }
         let path = self.path(kind, id);
-        if let Err(e) = stage_offset_replacement(fs, &path, offset).await {
+        if let Err(e) = stage_offset_replacement(fs, &path, *record).await {
             discard_offset_replacement(fs, &path).await;
             return Err(e);
         }
@@ -286,6 +383,7 @@ impl ConsumerOffsets {
         id: u32,
         offset: u64,
         auto_commit: bool,
+        by: AppliedBy,
     ) -> io::Result<StoreOutcome> {
         let current = self.durable.get(kind, id);
         if auto_commit && current.is_some_and(|c| c >= offset) {
@@ -294,13 +392,15 @@ impl ConsumerOffsets {
         if current == Some(offset) {
             return Ok(StoreOutcome::Unchanged);
         }
-        self.write(fs, kind, id, offset).await?;
+        let record = self.record_for(kind, id, Some(offset), by);
+        self.write(fs, kind, id, &record).await?;
         self.durable.map_mut(kind).insert(
             id,
             DurableOffset {
                 committed_offset: offset,
             },
         );
+        self.note_undo(kind, id, &record, by);
         let live = self.live(kind).pin();
         // The live map may be ahead through an eager auto-commit; an
         // auto-commit never pulls it back, an explicit store sets it.
@@ -310,21 +410,56 @@ impl ConsumerOffsets {
         Ok(StoreOutcome::Stored(offset))
     }
 
-    /// Applies a committed delete: unlink, directory sync, then the maps.
-    /// Returns whether a durable record existed.
+    /// Applies a committed delete, durable before the maps change: a
+    /// tombstone when a restart could have to bring back an earlier value
+    /// (see the module documentation), an unlink otherwise, then the
+    /// directory sync. Returns whether a durable offset existed.
     pub async fn apply_delete<F: Fs>(
         &mut self,
         fs: &F,
         kind: ConsumerKind,
         id: u32,
+        by: AppliedBy,
     ) -> io::Result<bool> {
-        let existed = delete_persisted_offset(fs, &self.path(kind, id)).await?;
+        let existed = self.durable.get(kind, id).is_some();
         if existed {
-            fs.sync_dir(&self.dir(kind)).await?;
+            let tombstone = self.record_for(kind, id, None, by);
+            if tombstone.before.is_some() {
+                self.write(fs, kind, id, &tombstone).await?;
+            } else {
+                delete_persisted_offset(fs, &self.path(kind, id)).await?;
+                fs.sync_dir(&self.dir(kind)).await?;
+            }
+            self.note_undo(kind, id, &tombstone, by);
         }
         self.durable.map_mut(kind).remove(&id);
         self.live(kind).pin().remove(&id);
         Ok(existed)
+    }
+
+    /// Remembers what `record`, just made durable by `by`, rolls back to,
+    /// for the next write of the same id before the point moves past it
+    /// (a record with no `before` still needs its entry: the value as of
+    /// the point was none).
+    fn note_undo(&mut self, kind: ConsumerKind, id: u32, record: &OffsetRecord, by: AppliedBy) {
+        if by.recorded_point.is_some() {
+            self.undo_mut(kind).insert(
+                id,
+                Undo {
+                    op: record.op,
+                    before: record.before,
+                },
+            );
+        }
+    }
+
+    /// The applied point `point` is recorded: records at or below it can
+    /// no longer be rolled back. Every applied op is at or below a point
+    /// recorded at the op last applied, so this usually empties the map.
+    pub(crate) fn settle(&mut self, point: u64) {
+        for undo in &mut self.undo {
+            undo.retain(|_, u| u.op > point);
+        }
     }
 
     /// Replaces both kinds' live and durable maps with `entries` (a
@@ -335,6 +470,7 @@ impl ConsumerOffsets {
         self.consumers.pin().clear();
         self.groups.pin().clear();
         self.durable = DurableOffsets::default();
+        self.undo = [BTreeMap::new(), BTreeMap::new()];
         for &(kind, id, offset) in entries {
             self.live(kind).pin().insert(id, offset);
             self.durable.map_mut(kind).insert(
@@ -375,6 +511,182 @@ impl ConsumerOffsets {
         self.consumers.pin().clear();
         self.groups.pin().clear();
         self.durable = DurableOffsets::default();
+        self.undo = [BTreeMap::new(), BTreeMap::new()];
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rollback argument checked against a model: random stores,
+    //! deletes and applied-point records, a crash (with a fault inside the
+    //! last write), boot from the recorded point, then a different history
+    //! after it (what a census does), a second crash and boot.
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use futures::executor::block_on;
+    use proptest::prelude::*;
+    use storage::fs::{EIO, FaultKind, SimFs};
+
+    #[derive(Debug, Clone, Copy)]
+    enum Event {
+        Store { id: u32, offset: u64, auto: bool },
+        Delete { id: u32 },
+        Record,
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            4 => (0u32..4, 0u64..6, any::<bool>())
+                .prop_map(|(id, offset, auto)| Event::Store { id, offset, auto }),
+            2 => (0u32..4).prop_map(|id| Event::Delete { id }),
+            1 => Just(Event::Record),
+        ]
+    }
+
+    type State = BTreeMap<(bool, u32), u64>;
+
+    /// The committed-offset rules of `apply_store` and `apply_delete`.
+    fn model(state: &mut State, kind: bool, event: Event) {
+        match event {
+            Event::Store { id, offset, auto } => {
+                let current = state.get(&(kind, id)).copied();
+                if !(auto && current.is_some_and(|c| c >= offset)) {
+                    state.insert((kind, id), offset);
+                }
+            }
+            Event::Delete { id } => {
+                state.remove(&(kind, id));
+            }
+            Event::Record => {}
+        }
+    }
+
+    fn kind_of(group: bool) -> ConsumerKind {
+        if group {
+            ConsumerKind::ConsumerGroup
+        } else {
+            ConsumerKind::Consumer
+        }
+    }
+
+    fn snapshot(offsets: &ConsumerOffsets) -> State {
+        let mut out = State::new();
+        for group in [false, true] {
+            offsets.durable().with_entries(kind_of(group), |m| {
+                for (id, d) in m {
+                    out.insert((group, *id), d.committed_offset);
+                }
+            });
+        }
+        out
+    }
+
+    struct Life {
+        /// The op last applied.
+        op: u64,
+        /// The recorded applied point.
+        recorded: u64,
+        /// The model's state after each op from `recorded` on.
+        states: BTreeMap<u64, State>,
+    }
+
+    /// Applies `events` from `life`'s point; the last one's write fails
+    /// when `fail_last` (its op then never took effect).
+    fn run(
+        fs: &SimFs,
+        offsets: &mut ConsumerOffsets,
+        life: &mut Life,
+        events: &[(bool, Event)],
+        fail_last: bool,
+    ) {
+        for (i, &(group, event)) in events.iter().enumerate() {
+            let kind = kind_of(group);
+            if let Event::Record = event {
+                offsets.settle(life.op);
+                life.recorded = life.op;
+                continue;
+            }
+            let failing = fail_last && i + 1 == events.len();
+            if failing {
+                fs.fail_nth(FaultKind::Rename, 1, EIO);
+            }
+            let op = life.op + 1;
+            let by = AppliedBy {
+                op,
+                recorded_point: Some(life.recorded),
+            };
+            let result = block_on(async {
+                match event {
+                    Event::Store { id, offset, auto } => offsets
+                        .apply_store(fs, kind, id, offset, auto, by)
+                        .await
+                        .map(|_| ()),
+                    Event::Delete { id } => {
+                        offsets.apply_delete(fs, kind, id, by).await.map(|_| ())
+                    }
+                    Event::Record => Ok(()),
+                }
+            });
+            fs.clear_faults();
+            if result.is_err() {
+                // A failed apply fences the partition: nothing more runs.
+                return;
+            }
+            let mut state = life.states[&life.op].clone();
+            model(&mut state, group, event);
+            life.op = op;
+            life.states.insert(op, state);
+        }
+    }
+
+    fn boot(fs: &SimFs, recorded: u64) -> (ConsumerOffsets, LoadedOffsets) {
+        let mut offsets = ConsumerOffsets::new(Path::new("/p"));
+        let loaded = block_on(offsets.load(fs, Some(u64::MAX), Some(recorded))).unwrap();
+        assert!(loaded.corrupt.is_empty());
+        (offsets, loaded)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn given_a_crash_anywhere_when_booted_from_the_recorded_point_should_hold_the_state_as_of_it(
+            seed in any::<u64>(),
+            first in proptest::collection::vec((any::<bool>(), event()), 1..40),
+            second in proptest::collection::vec((any::<bool>(), event()), 1..40),
+            fail_first in any::<bool>(),
+            fail_second in any::<bool>(),
+        ) {
+            let fs = SimFs::new(seed);
+            block_on(async {
+                fs.create_dir_all(Path::new("/p")).await.unwrap();
+                fs.sync_dir(Path::new("/")).await.unwrap();
+            });
+            let mut offsets = ConsumerOffsets::new(Path::new("/p"));
+            let mut life = Life { op: 0, recorded: 0, states: BTreeMap::from([(0, State::new())]) };
+            run(&fs, &mut offsets, &mut life, &first, fail_first);
+            fs.crash();
+            let (mut offsets, _) = boot(&fs, life.recorded);
+            let at_point = life.states[&life.recorded].clone();
+            prop_assert_eq!(snapshot(&offsets), at_point.clone(), "first boot from {}", life.recorded);
+            // Rebooting again changes nothing.
+            fs.crash();
+            let (again, loaded) = boot(&fs, life.recorded);
+            prop_assert_eq!(snapshot(&again), at_point.clone());
+            prop_assert_eq!(loaded.rolled_back, 0);
+
+            // Another history after the point: the same op numbers, other
+            // requests.
+            let mut life = Life {
+                op: life.recorded,
+                recorded: life.recorded,
+                states: BTreeMap::from([(life.recorded, at_point)]),
+            };
+            run(&fs, &mut offsets, &mut life, &second, fail_second);
+            fs.crash();
+            let (offsets, _) = boot(&fs, life.recorded);
+            prop_assert_eq!(snapshot(&offsets), life.states[&life.recorded].clone(), "second boot from {}", life.recorded);
+        }
     }
 }

@@ -944,8 +944,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             dir: dir.to_path_buf(),
             source,
         };
+        // A replica of a group resumes from its recorded applied point, so
+        // the offsets must be those as of it (offsets.rs).
+        let recorded_point = (!fresh && config.vsr.replica_count > 1).then_some(sb.checkpoint_op);
         let loaded = offsets
-            .load(&fs, next.checked_sub(1))
+            .load(&fs, next.checked_sub(1), recorded_point)
             .await
             .map_err(offsets_unreadable)?;
         if !loaded.corrupt.is_empty() {
@@ -1337,6 +1340,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The live stored offset of `(kind, id)`.
     pub fn stored_offset(&self, kind: ConsumerKind, id: u32) -> Option<u64> {
         self.offsets.get(kind, id)
+    }
+
+    /// The consumer offsets committed stores left, identical on every
+    /// replica that applied the same ops.
+    pub fn durable_offsets(&self) -> &crate::offsets::DurableOffsets {
+        self.offsets.durable()
     }
 
     /// Called last when the replica stops cleanly (after the final flush,
@@ -1856,13 +1865,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 auto_commit,
             } => {
                 if !duplicate {
-                    self.apply_store(kind, id, offset, auto_commit).await?;
+                    self.apply_store(kind, id, offset, auto_commit, h.op)
+                        .await?;
                 }
             }
             PartitionOp::DeleteOffset { kind, id } => {
                 if !duplicate {
+                    let by = self.offset_applied_by(h.op);
                     self.offsets
-                        .apply_delete(&self.fs, kind, id)
+                        .apply_delete(&self.fs, kind, id, by)
                         .await
                         .map_err(|source| PartitionError::OffsetIo { kind, id, source })?;
                 }
@@ -1901,12 +1912,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         Ok(())
     }
 
+    /// The op an offset record is written for, and the applied point a
+    /// restart of this replica resumes from (none for a single replica,
+    /// which applies nothing again).
+    fn offset_applied_by(&self, op: u64) -> crate::offsets::AppliedBy {
+        crate::offsets::AppliedBy {
+            op,
+            recorded_point: (self.config.vsr.replica_count > 1)
+                .then(|| self.durable.state().checkpoint_op),
+        }
+    }
+
     async fn apply_store(
         &mut self,
         kind: ConsumerKind,
         id: u32,
         offset: u64,
         auto_commit: bool,
+        op: u64,
     ) -> Result<(), PartitionError> {
         // Clamped deterministically: the applied end is the same on every
         // replica at this op, so every replica stores the same value.
@@ -1914,8 +1937,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             return Ok(());
         };
         let offset = offset.min(last);
+        let by = self.offset_applied_by(op);
         self.offsets
-            .apply_store(&self.fs, kind, id, offset, auto_commit)
+            .apply_store(&self.fs, kind, id, offset, auto_commit, by)
             .await
             .map_err(|source| PartitionError::OffsetIo { kind, id, source })?;
         Ok(())

@@ -139,7 +139,8 @@ fn check(fs: &SimFs, before: &Before, purge_generation: Option<u64>) -> FileNode
             let record = OffsetRecord::decode(&bytes).unwrap();
             assert_eq!(
                 durable.get(&id).map(|d| d.committed_offset),
-                Some(record.offset)
+                record.offset,
+                "a tombstone survived boot, or a record disagrees"
             );
         }
         assert_eq!(

@@ -32,51 +32,120 @@ fn fresh(seed: u64) -> SimFs {
 fn store(fs: &SimFs, id: u32, value: u64) {
     block_on(async {
         let path = dir().join(id.to_string());
-        stage_offset_replacement(fs, &path, value).await.unwrap();
+        stage_offset_replacement(fs, &path, OffsetRecord::settled(value))
+            .await
+            .unwrap();
         commit_offset_replacement(fs, &path).await.unwrap();
         fs.sync_dir(&dir()).await.unwrap();
     });
 }
 
 fn load(fs: &SimFs) -> Vec<(u32, u64)> {
-    block_on(load_offsets_dir(fs, &dir())).unwrap().offsets
+    present(&block_on(load_offsets_dir(fs, &dir())).unwrap().offsets)
+}
+
+fn present(records: &[(u32, OffsetRecord)]) -> Vec<(u32, u64)> {
+    records
+        .iter()
+        .filter_map(|(id, r)| r.offset.map(|o| (*id, o)))
+        .collect()
 }
 
 #[test]
-fn given_offset_when_encoded_should_round_trip_and_reject_damage() {
-    let r = OffsetRecord::encode(0x0102_0304_0506_0708);
-    assert_eq!(r.len(), OFFSET_RECORD_LEN);
-    assert_eq!(&r[..8], &0x0102_0304_0506_0708u64.to_le_bytes());
-    assert_eq!(
-        OffsetRecord::decode(&r),
-        Ok(OffsetRecord {
-            offset: 0x0102_0304_0506_0708,
-            checksummed: true
-        })
-    );
-    for len in 0..OFFSET_RECORD_LEN {
-        if len == 8 {
-            continue;
+fn given_record_when_encoded_should_round_trip_and_reject_damage() {
+    let records = [
+        OffsetRecord::settled(0x0102_0304_0506_0708),
+        OffsetRecord {
+            offset: Some(u64::MAX),
+            op: 77,
+            before: Some(0),
+        },
+        OffsetRecord {
+            offset: None,
+            op: u64::MAX,
+            before: Some(12),
+        },
+        OffsetRecord {
+            offset: Some(3),
+            op: 1,
+            before: None,
+        },
+    ];
+    for record in records {
+        let r = record.encode();
+        assert_eq!(r.len(), OFFSET_RECORD_LEN);
+        assert_eq!(OffsetRecord::decode(&r), Ok(record));
+        for len in 0..OFFSET_RECORD_LEN {
+            if len == 8 || len == 16 {
+                continue;
+            }
+            assert_eq!(
+                OffsetRecord::decode(&r[..len]),
+                Err(OffsetRecordError::BadLength { len })
+            );
         }
+        for bit in 0..OFFSET_RECORD_LEN * 8 {
+            let mut f = r;
+            f[bit / 8] ^= 1 << (bit % 8);
+            assert!(matches!(
+                OffsetRecord::decode(&f),
+                Err(OffsetRecordError::ChecksumMismatch { .. })
+            ));
+        }
+    }
+    // The offset sits at byte 0 in every layout.
+    let r = OffsetRecord::settled(0x0102_0304_0506_0708).encode();
+    assert_eq!(&r[..8], &0x0102_0304_0506_0708u64.to_le_bytes());
+}
+
+/// Encodes a 40-byte record with arbitrary field bytes and a valid
+/// checksum, as a peer or a damaged disk could leave one.
+fn forged(offset: u64, before: u64, flags: u8, reserved: u8) -> Vec<u8> {
+    let mut b = vec![0u8; OFFSET_RECORD_LEN];
+    b[..8].copy_from_slice(&offset.to_le_bytes());
+    b[8..16].copy_from_slice(&5u64.to_le_bytes());
+    b[16..24].copy_from_slice(&before.to_le_bytes());
+    b[24] = flags;
+    b[31] = reserved;
+    let sum = xxhash_rust::xxh3::xxh3_64(&b[..32]);
+    b[32..].copy_from_slice(&sum.to_le_bytes());
+    b
+}
+
+#[test]
+fn given_checksummed_record_with_unknown_layout_when_decoded_should_fail_closed() {
+    assert!(OffsetRecord::decode(&forged(1, 2, 3, 0)).is_ok());
+    for (offset, before, flags, reserved) in [
+        (1, 2, 3 | 4, 0), // an unknown flag bit
+        (1, 2, 0x80, 0),  // another
+        (1, 2, 3, 1),     // a reserved byte set
+        (9, 0, 0, 0),     // a tombstone with an offset in its field
+        (1, 4, 1, 0),     // no earlier value, yet one in its field
+    ] {
         assert_eq!(
-            OffsetRecord::decode(&r[..len]),
-            Err(OffsetRecordError::BadLength { len })
+            OffsetRecord::decode(&forged(offset, before, flags, reserved)),
+            Err(OffsetRecordError::BadFlags { flags }),
+            "{offset} {before} {flags:#x} {reserved}"
         );
     }
-    for bit in 0..128 {
-        let mut f = r;
-        f[bit / 8] ^= 1 << (bit % 8);
-        assert!(matches!(
-            OffsetRecord::decode(&f),
-            Err(OffsetRecordError::ChecksumMismatch { .. })
-        ));
-    }
+}
+
+#[test]
+fn given_records_of_older_versions_when_decoded_should_read_as_settled() {
+    // The 16-byte layout: the offset and its checksum.
+    let mut v1 = 9u64.to_le_bytes().to_vec();
+    v1.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&v1).to_le_bytes());
+    assert_eq!(OffsetRecord::decode(&v1), Ok(OffsetRecord::settled(9)));
+    let mut bad = v1.clone();
+    bad[0] ^= 1;
+    assert!(matches!(
+        OffsetRecord::decode(&bad),
+        Err(OffsetRecordError::ChecksumMismatch { .. })
+    ));
+    // The bare 8-byte one.
     assert_eq!(
         OffsetRecord::decode(&7u64.to_le_bytes()),
-        Ok(OffsetRecord {
-            offset: 7,
-            checksummed: false
-        })
+        Ok(OffsetRecord::settled(7))
     );
 }
 
@@ -107,7 +176,10 @@ fn given_replacement_crashed_at_every_step_when_rebooted_should_hold_old_or_new(
                 if step == 3 {
                     fs.fail_nth(FaultKind::Sync, 1, EIO);
                 }
-                if stage_offset_replacement(&fs, &path, 250).await.is_err() {
+                if stage_offset_replacement(&fs, &path, OffsetRecord::settled(250))
+                    .await
+                    .is_err()
+                {
                     return false;
                 }
                 if step == 0 {
@@ -123,7 +195,8 @@ fn given_replacement_crashed_at_every_step_when_rebooted_should_hold_old_or_new(
             fs.clear_faults();
             fs.crash();
             let stored = block_on(load_offsets_dir(&fs, &dir())).unwrap();
-            let one = stored.offsets.iter().find(|(id, _)| *id == 1).map(|e| e.1);
+            let offsets = present(&stored.offsets);
+            let one = offsets.iter().find(|(id, _)| *id == 1).map(|e| e.1);
             if completed {
                 assert_eq!(one, Some(250), "seed {seed} step {step}");
             } else {
@@ -133,7 +206,7 @@ fn given_replacement_crashed_at_every_step_when_rebooted_should_hold_old_or_new(
                 );
             }
             assert!(stored.corrupt.is_empty(), "never a torn record");
-            assert!(stored.offsets.contains(&(2, 7)));
+            assert!(offsets.contains(&(2, 7)));
             // Siblings never survive a boot.
             let names: Vec<_> = block_on(fs.read_dir(&dir()))
                 .unwrap()
@@ -154,7 +227,9 @@ fn given_discarded_replacement_when_loaded_should_keep_old_value() {
     store(&fs, 5, 10);
     let path = dir().join("5");
     block_on(async {
-        stage_offset_replacement(&fs, &path, 99).await.unwrap();
+        stage_offset_replacement(&fs, &path, OffsetRecord::settled(99))
+            .await
+            .unwrap();
         discard_offset_replacement(&fs, &path).await;
         // Discarding twice is harmless.
         discard_offset_replacement(&fs, &path).await;
@@ -199,12 +274,12 @@ fn given_corrupt_torn_and_foreign_files_when_loaded_should_remove_bad_and_keep_g
         fs.sync_dir(&dir()).await.unwrap();
     });
     let stored = block_on(load_offsets_dir(&fs, &dir())).unwrap();
-    assert_eq!(stored.offsets, vec![(1, 11), (3, 33)]);
+    assert_eq!(present(&stored.offsets), vec![(1, 11), (3, 33)]);
     assert_eq!(stored.corrupt.len(), 2);
     fs.crash();
     // The removals were made durable: a second boot sees the same.
     let again = block_on(load_offsets_dir(&fs, &dir())).unwrap();
-    assert_eq!(again.offsets, vec![(1, 11), (3, 33)]);
+    assert_eq!(present(&again.offsets), vec![(1, 11), (3, 33)]);
     assert!(again.corrupt.is_empty());
     assert!(block_on(fs.exists(&dir().join("notes.txt"))).unwrap());
 }

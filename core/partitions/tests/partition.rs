@@ -273,7 +273,10 @@ fn given_offsets_when_stored_and_deleted_should_follow_store_rules() {
     assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(5));
     // The file is the durable record.
     let bytes = fs.contents(&dir().join("offsets/consumers/1")).unwrap();
-    assert_eq!(partitions::OffsetRecord::decode(&bytes).unwrap().offset, 5);
+    assert_eq!(
+        partitions::OffsetRecord::decode(&bytes).unwrap().offset,
+        Some(5)
+    );
     // Auto-commit: eager on the live map, replicated on the next tick, and
     // never backwards.
     let p = node.poll_as((CONSUMER, 1), PollingStrategy::Next, 10, true);
@@ -324,7 +327,10 @@ fn given_offset_ahead_of_flushed_data_when_rebooted_should_clamp_it() {
     assert_eq!(node.partition.offset_frontier(), 10);
     assert_eq!(node.partition.stored_offset(CONSUMER, 4), Some(9));
     let bytes = fs.contents(&dir().join("offsets/consumers/4")).unwrap();
-    assert_eq!(partitions::OffsetRecord::decode(&bytes).unwrap().offset, 9);
+    assert_eq!(
+        partitions::OffsetRecord::decode(&bytes).unwrap().offset,
+        Some(9)
+    );
 }
 
 #[test]
@@ -541,9 +547,12 @@ fn given_corrupt_offset_file_and_stale_sibling_when_booted_should_remove_both() 
             )
             .await
             .unwrap();
-        let storage::fs::BufResult(r, _) =
-            storage::FsFile::write_all_at(&f, partitions::OffsetRecord::encode(9).to_vec(), 0)
-                .await;
+        let storage::fs::BufResult(r, _) = storage::FsFile::write_all_at(
+            &f,
+            partitions::OffsetRecord::settled(9).encode().to_vec(),
+            0,
+        )
+        .await;
         r.unwrap();
         storage::FsFile::sync_all(&f).await.unwrap();
         fs.sync_dir(&consumers).await.unwrap();

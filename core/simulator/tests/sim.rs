@@ -518,26 +518,25 @@ fn exceed_f_crash_and_disk_runs_keep_every_safety_property() {
 }
 
 /// Disk seed 19000159 and mixed seed 19000132 (3 × 2, 2,000 ticks, past
-/// f), found by the first `--exceed-f` sweep (2 of 600 seeds). The gap
-/// predates the superblock table: f490cb1 with the budget lifted by hand
-/// fails 19000159 with the same message, and 4 of the same 600 seeds
-/// (19000159, 19000184, 19000093, 19000109) the same way. After healing the
-/// replicas agree on every message but not on a consumer offset. In
-/// 19000159, consumer 1 of group 5 last had 25 stored with an answer; a
-/// store of 23 went to replica 0, the primary, whose process died with a
-/// disk fault before it answered; replica 0 ends holding 23, replica 1
-/// holding 25. The likely cause, not yet confirmed: the store was applied
-/// on replica 0 (an offset record is durable when applied) and then lost
-/// from the group's history, which more than f faulty replicas may drop,
-/// and nothing rolls the record back. Not fixed (docs/consensus.md §9,
-/// "Consumer offsets past f").
+/// f), found by the first `--exceed-f` sweep (2 of 600 seeds). After
+/// healing the replicas agreed on every message but not on a consumer
+/// offset. In 19000159, consumer 1 of group 5 last had 25 stored with an
+/// answer; a store of 23 went to replica 0, the primary, which applied it
+/// (an offset record is durable when applied) and whose process died with
+/// a disk fault before it recorded its applied point or answered. The
+/// group, past f, lost that op from its history, and replica 0 ended
+/// holding 23, replica 1 holding 25. Fixed by records that name their op
+/// and the value they replaced, rolled back at boot when above the
+/// recorded applied point (`partitions::offsets`, docs/formats.md §8).
 #[test]
-#[ignore = "known gap past f: a consumer offset applied by an op the group later lost"]
 fn regression_exceed_f_19000159_19000132_offset_applied_by_a_lost_op() {
-    for (seed, profile) in [
-        (19_000_159, FaultProfile::Disk),
-        (19_000_132, FaultProfile::Mixed),
-    ] {
+    // The last three failed the same way at f490cb1 with the fault budget
+    // lifted by hand, under one of the two profiles.
+    let seeds = [19_000_159, 19_000_132, 19_000_184, 19_000_093, 19_000_109];
+    for (seed, profile) in seeds
+        .into_iter()
+        .flat_map(|s| [(s, FaultProfile::Disk), (s, FaultProfile::Mixed)])
+    {
         let mut o = options(seed, profile, 3, 2, 2_000);
         o.exceed_f = true;
         clean(&o);

@@ -912,7 +912,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         for write in planned {
             let staged = with_retry(&self.fs, &write.path, || {
-                stage_offset_replacement(&self.fs, &write.path, write.value)
+                stage_offset_replacement(
+                    &self.fs,
+                    &write.path,
+                    crate::offset_storage::OffsetRecord::settled(write.value),
+                )
             })
             .await;
             if let Err(source) = staged {

@@ -198,6 +198,8 @@ pub struct Cluster {
     pub target: u8,
     pub next_request: u64,
     pub acked: Vec<u128>,
+    /// Every acknowledged request's op, in order.
+    pub acked_ops: Vec<ClientOp>,
     pub shape: Shape,
     /// The state-transfer drivers, once enabled.
     pub drivers: Option<Drivers>,
@@ -243,6 +245,7 @@ impl Cluster {
             target: 0,
             next_request: 1,
             acked: Vec::new(),
+            acked_ops: Vec::new(),
             shape,
             drivers: None,
             on_step: None,
@@ -409,7 +412,7 @@ impl Cluster {
         self.step();
         for r in 0..self.n {
             for reply in self.net.take_replies(r) {
-                let Some((request, _, ids)) = self.in_flight.as_ref() else {
+                let Some((request, op, ids)) = self.in_flight.as_ref() else {
                     continue;
                 };
                 if reply.client != CLIENT || reply.request != *request {
@@ -421,6 +424,7 @@ impl Cluster {
                             self.session = Some(reply.session);
                         } else {
                             self.acked.extend(ids.iter().copied());
+                            self.acked_ops.push(op.clone());
                             self.next_request += 1;
                         }
                         self.target = r;
@@ -628,6 +632,13 @@ impl Cluster {
         }
         for other in &per_replica[1..] {
             assert_eq!(&per_replica[0], other);
+        }
+        let offsets: Vec<_> = self.up().map(|r| r.durable_offsets().clone()).collect();
+        for (r, other) in offsets.iter().enumerate().skip(1) {
+            assert_eq!(
+                &offsets[0], other,
+                "replica {r} holds other consumer offsets"
+            );
         }
         let offsets: Vec<u64> = per_replica[0].iter().map(|m| m.0).collect();
         assert_eq!(offsets, (0..frontiers[0]).collect::<Vec<_>>());
