@@ -1408,6 +1408,78 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.fenced.as_deref()
     }
 
+    /// Checks what must hold between any two inputs: the VSR core's own
+    /// invariants, and, unless the partition is fenced or its history is
+    /// missing, that the recorded applied point and
+    /// its offset frontier are not past what was applied, that no op past
+    /// the applied one was applied into the log, and that no committed
+    /// consumer offset names an offset past the applied end. The simulator
+    /// checks every partition after every step.
+    pub fn invariants(&self) -> Result<(), consensus::vsr::InvariantViolation> {
+        self.replica.invariants()?;
+        // A partition whose history is missing (an install under way, or
+        // one that failed part-way) records the transfer's point before
+        // its core applies it; a fenced one refuses everything.
+        if self.fenced.is_some()
+            || self.install.is_some()
+            || self.missing_history.is_some()
+            || self.missing_history_record_pending.is_some()
+        {
+            return Ok(());
+        }
+        let broken = |property: &'static str, detail: String| {
+            Err(consensus::vsr::InvariantViolation { property, detail })
+        };
+        let sb = self.durable.state();
+        let applied = self.replica.commit_min();
+        if sb.checkpoint_op > applied {
+            return broken(
+                "recorded-past-applied",
+                format!(
+                    "recorded applied point {} > commit_min {applied}",
+                    sb.checkpoint_op
+                ),
+            );
+        }
+        if sb.offset_frontier > self.applied_next_offset {
+            return broken(
+                "frontier-past-applied",
+                format!(
+                    "recorded frontier {} > applied end {}",
+                    sb.offset_frontier, self.applied_next_offset
+                ),
+            );
+        }
+        // A single replica numbers ops on from what its disk shows and
+        // applies nothing again; a replica of a group applies in order.
+        if self.config.vsr.replica_count > 1 && self.journaled_point.op > applied {
+            return broken(
+                "journaled-past-applied",
+                format!(
+                    "journaled op {} > commit_min {applied}",
+                    self.journaled_point.op
+                ),
+            );
+        }
+        for kind in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup] {
+            let past = self.offsets.durable().with_entries(kind, |m| {
+                m.iter()
+                    .find(|(_, d)| d.committed_offset >= self.applied_next_offset)
+                    .map(|(id, d)| (*id, d.committed_offset))
+            });
+            if let Some((id, offset)) = past {
+                return broken(
+                    "offset-past-applied-end",
+                    format!(
+                        "{kind:?} {id} stores {offset}, the applied end is {}",
+                        self.applied_next_offset
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// The counters.
     pub fn stats(&self) -> PartitionStats {
         PartitionStats {

@@ -53,6 +53,8 @@ pub enum Property {
     ReplicasDiverge,
     /// Code under test panicked (an assertion on its own invariants).
     Panicked,
+    /// A replica's or a partition's `invariants()` failed after a step.
+    Invariant,
 }
 
 impl Property {
@@ -73,6 +75,7 @@ impl Property {
             Self::NotConverged => "not-converged",
             Self::ReplicasDiverge => "replicas-diverge",
             Self::Panicked => "panicked",
+            Self::Invariant => "invariant",
         }
     }
 }

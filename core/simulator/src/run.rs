@@ -364,6 +364,19 @@ impl Monitor {
                             ),
                         });
                     }
+                    // The metadata group's own state checks run inside
+                    // its host (and panic); its core and every partition
+                    // are checked here.
+                    let checked = match shard.partition(group) {
+                        Some(p) => p.invariants(),
+                        None => v.invariants(),
+                    };
+                    if let Err(broken) = checked {
+                        return Err(Violation::new(
+                            Property::Invariant,
+                            format!("replica {r} group {}: {broken}", group.0),
+                        ));
+                    }
                     let now = (v.view(), v.commit_min(), boot);
                     if let Some(&(view, commit, b)) = self.seen.get(&(r, group))
                         && b == boot

@@ -1068,6 +1068,9 @@ impl Simulation {
             if replica.view() < node.superblock.view {
                 return self.failure_here(format!("replica {r} view behind its superblock"));
             }
+            if let Err(v) = replica.invariants() {
+                return self.failure_here(format!("replica {r}: invariant {v}"));
+            }
             self.report.view_max = self.report.view_max.max(view);
             let node = &mut self.nodes[usize::from(r)];
             node.view_seen = view;

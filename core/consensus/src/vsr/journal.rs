@@ -89,6 +89,18 @@ impl Journal {
         }
     }
 
+    pub(super) fn headers_iter(&self) -> impl Iterator<Item = (u64, &PrepareHeader)> {
+        self.headers.iter().map(|(op, h)| (*op, h))
+    }
+
+    pub(super) fn headers_get(&self, op: u64) -> Option<&PrepareHeader> {
+        self.headers.get(&op)
+    }
+
+    pub(super) fn entries_iter(&self) -> impl Iterator<Item = (u64, &Prepare)> {
+        self.entries.iter().map(|(op, p)| (*op, p))
+    }
+
     /// The oldest op this journal can still serve.
     pub fn retained_from(&self) -> u64 {
         self.retained_from

@@ -28,6 +28,7 @@
 
 mod census;
 pub mod harness;
+mod invariants;
 pub mod journal;
 pub mod merge;
 pub mod message;
@@ -39,6 +40,7 @@ pub mod timeout;
 mod view_change;
 pub mod wire;
 
+pub use invariants::InvariantViolation;
 pub use merge::{DVC_HEADERS_MAX, MergeStall, MergedLog, Quorums};
 pub use message::{
     Census, DoViewChange, Frame, Message, OPERATION_APPEND, OPERATION_REGISTER, Prepare,

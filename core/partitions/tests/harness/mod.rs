@@ -358,6 +358,14 @@ impl Cluster {
             }
         }
         self.step_drivers();
+        for (i, r) in self.replicas.iter().enumerate() {
+            if let Some(r) = r
+                && self.powerless.is_none_or(|p| usize::from(p) != i)
+                && let Err(v) = r.invariants()
+            {
+                panic!("replica {i} at tick {}: invariant {v}", self.now);
+            }
+        }
         if let Some(hook) = self.on_step.as_mut() {
             hook(self.now);
         }
