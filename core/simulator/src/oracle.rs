@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use common::GroupId;
+use common::{ConsumerKind, GroupId};
 
 /// A safety or liveness property of SPEC §5 and §9.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -180,13 +180,30 @@ struct OffsetExpectation {
     unknown_forever: BTreeSet<Option<u64>>,
 }
 
+/// The key of one stored offset in a group: a lone consumer or a
+/// consumer group, and its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Consumer {
+    pub(crate) kind: ConsumerKind,
+    pub(crate) id: u32,
+}
+
+impl fmt::Display for Consumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            ConsumerKind::Consumer => write!(f, "consumer {}", self.id),
+            ConsumerKind::ConsumerGroup => write!(f, "consumer group {}", self.id),
+        }
+    }
+}
+
 /// The oracle.
 #[derive(Debug, Default)]
 pub(crate) struct Oracle {
     sent: BTreeMap<u64, Sent>,
     at_offset: BTreeMap<GroupId, BTreeMap<u64, (u64, u32)>>,
     value_at: BTreeMap<(u64, u32), (GroupId, u64)>,
-    offsets: BTreeMap<(GroupId, u32), OffsetExpectation>,
+    offsets: BTreeMap<(GroupId, Consumer), OffsetExpectation>,
 }
 
 impl Oracle {
@@ -349,7 +366,7 @@ impl Oracle {
     pub(crate) fn store_settled(
         &mut self,
         group: GroupId,
-        consumer: u32,
+        consumer: Consumer,
         offset: Option<u64>,
         outcome: StoreOutcome,
     ) {
@@ -373,7 +390,7 @@ impl Oracle {
     pub(crate) fn offset_read(
         &self,
         group: GroupId,
-        consumer: u32,
+        consumer: Consumer,
         got: Option<u64>,
     ) -> Result<(), Violation> {
         let e = self
@@ -390,7 +407,7 @@ impl Oracle {
         Err(Violation::new(
             Property::ConsumerOffsetWrong,
             format!(
-                "group {} consumer {consumer}: read {got:?}, the last acknowledged store was {:?} (unknown since: {:?}, may land: {:?})",
+                "group {} {consumer}: read {got:?}, the last acknowledged store was {:?} (unknown since: {:?}, may land: {:?})",
                 group.0, e.acknowledged, e.unknown_since, e.unknown_forever
             ),
         ))
@@ -462,7 +479,7 @@ impl Oracle {
     }
 
     /// The consumers whose stored offsets the oracle tracks in `group`.
-    pub(crate) fn consumers(&self, group: GroupId) -> Vec<u32> {
+    pub(crate) fn consumers(&self, group: GroupId) -> Vec<Consumer> {
         self.offsets
             .keys()
             .filter(|(g, _)| *g == group)
@@ -624,44 +641,64 @@ mod tests {
         );
     }
 
+    const C9: Consumer = Consumer {
+        kind: ConsumerKind::Consumer,
+        id: 9,
+    };
+
     #[test]
     fn given_stores_when_read_back_should_allow_only_what_may_have_landed() {
         let mut o = Oracle::default();
-        o.offset_read(g(1), 9, None).unwrap();
-        o.store_settled(g(1), 9, Some(4), StoreOutcome::Acknowledged);
-        o.offset_read(g(1), 9, Some(4)).unwrap();
+        o.offset_read(g(1), C9, None).unwrap();
+        o.store_settled(g(1), C9, Some(4), StoreOutcome::Acknowledged);
+        o.offset_read(g(1), C9, Some(4)).unwrap();
         assert_eq!(
-            o.offset_read(g(1), 9, None).unwrap_err().property,
+            o.offset_read(g(1), C9, None).unwrap_err().property,
             Property::ConsumerOffsetWrong
         );
-        o.store_settled(g(1), 9, Some(7), StoreOutcome::Unknown);
-        o.offset_read(g(1), 9, Some(7)).unwrap();
-        o.store_settled(g(1), 9, Some(2), StoreOutcome::Acknowledged);
-        assert!(o.offset_read(g(1), 9, Some(7)).is_err());
-        assert!(o.offset_read(g(1), 9, Some(4)).is_err());
-        o.offset_read(g(1), 9, Some(2)).unwrap();
+        o.store_settled(g(1), C9, Some(7), StoreOutcome::Unknown);
+        o.offset_read(g(1), C9, Some(7)).unwrap();
+        o.store_settled(g(1), C9, Some(2), StoreOutcome::Acknowledged);
+        assert!(o.offset_read(g(1), C9, Some(7)).is_err());
+        assert!(o.offset_read(g(1), C9, Some(4)).is_err());
+        o.offset_read(g(1), C9, Some(2)).unwrap();
     }
 
     #[test]
     fn given_deletes_when_read_back_should_allow_nothing_only_where_a_delete_may_have_landed() {
         let mut o = Oracle::default();
-        o.store_settled(g(1), 9, Some(4), StoreOutcome::Acknowledged);
-        o.store_settled(g(1), 9, None, StoreOutcome::Acknowledged);
-        o.offset_read(g(1), 9, None).unwrap();
-        assert!(o.offset_read(g(1), 9, Some(4)).is_err());
+        o.store_settled(g(1), C9, Some(4), StoreOutcome::Acknowledged);
+        o.store_settled(g(1), C9, None, StoreOutcome::Acknowledged);
+        o.offset_read(g(1), C9, None).unwrap();
+        assert!(o.offset_read(g(1), C9, Some(4)).is_err());
         // A delete cut off may or may not have landed.
-        o.store_settled(g(1), 9, Some(5), StoreOutcome::Acknowledged);
-        o.store_settled(g(1), 9, None, StoreOutcome::Unknown);
-        o.offset_read(g(1), 9, Some(5)).unwrap();
-        o.offset_read(g(1), 9, None).unwrap();
+        o.store_settled(g(1), C9, Some(5), StoreOutcome::Acknowledged);
+        o.store_settled(g(1), C9, None, StoreOutcome::Unknown);
+        o.offset_read(g(1), C9, Some(5)).unwrap();
+        o.offset_read(g(1), C9, None).unwrap();
         // An acknowledged store after it settles the question.
-        o.store_settled(g(1), 9, Some(6), StoreOutcome::Acknowledged);
-        assert!(o.offset_read(g(1), 9, None).is_err());
+        o.store_settled(g(1), C9, Some(6), StoreOutcome::Acknowledged);
+        assert!(o.offset_read(g(1), C9, None).is_err());
         // A delete that timed out may land at any time, even after.
-        o.store_settled(g(1), 9, None, StoreOutcome::MayLandLater);
-        o.store_settled(g(1), 9, Some(8), StoreOutcome::Acknowledged);
-        o.offset_read(g(1), 9, None).unwrap();
-        o.offset_read(g(1), 9, Some(8)).unwrap();
-        assert!(o.offset_read(g(1), 9, Some(6)).is_err());
+        o.store_settled(g(1), C9, None, StoreOutcome::MayLandLater);
+        o.store_settled(g(1), C9, Some(8), StoreOutcome::Acknowledged);
+        o.offset_read(g(1), C9, None).unwrap();
+        o.offset_read(g(1), C9, Some(8)).unwrap();
+        assert!(o.offset_read(g(1), C9, Some(6)).is_err());
+    }
+
+    #[test]
+    fn given_a_consumer_and_a_group_of_one_id_when_stored_should_be_kept_apart() {
+        let group9 = Consumer {
+            kind: ConsumerKind::ConsumerGroup,
+            id: 9,
+        };
+        let mut o = Oracle::default();
+        o.store_settled(g(1), C9, Some(4), StoreOutcome::Acknowledged);
+        o.offset_read(g(1), group9, None).unwrap();
+        assert!(o.offset_read(g(1), group9, Some(4)).is_err());
+        o.store_settled(g(1), group9, Some(2), StoreOutcome::Acknowledged);
+        o.offset_read(g(1), C9, Some(4)).unwrap();
+        o.offset_read(g(1), group9, Some(2)).unwrap();
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use common::{ConsumerKind, GroupId, METADATA_GROUP};
+use common::{GroupId, METADATA_GROUP};
 use consensus::vsr::{Prng, Status};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -684,18 +684,39 @@ impl Run {
                         .cluster
                         .shard(r, group)
                         .and_then(|s| s.partition(group))
-                        .and_then(|p| p.stored_offset(ConsumerKind::Consumer, consumer));
+                        .and_then(|p| p.stored_offset(consumer.kind, consumer.id));
                     self.oracle.offset_read(group, consumer, got)?;
                     match first {
                         None => first = Some(got),
                         Some(f) if f != got => {
                             return Err(Stop::Violation(diverge(format!(
-                                "group {} consumer {consumer}: replica {r} stores {got:?}, replica 0 {f:?}",
+                                "group {} {consumer}: replica {r} stores {got:?}, replica 0 {f:?}",
                                 group.0
                             ))));
                         }
                         Some(_) => {}
                     }
+                }
+            }
+            // Every committed record, not only those a client wrote: a
+            // record nobody asked for (a store applied by an op the group
+            // lost) diverges here.
+            let mut first = None;
+            for r in 0..self.cluster.replica_count {
+                let held = self
+                    .cluster
+                    .shard(r, group)
+                    .and_then(|s| s.partition(group))
+                    .map(|p| p.durable_offsets().clone());
+                match &first {
+                    None => first = Some(held),
+                    Some(f) if *f != held => {
+                        return Err(Stop::Violation(diverge(format!(
+                            "group {}: replica {r} commits consumer offsets {held:?}, replica 0 {f:?}",
+                            group.0
+                        ))));
+                    }
+                    Some(_) => {}
                 }
             }
         }

@@ -19,7 +19,7 @@ use shard::{Answer, Call, CallError, MetaError};
 use storage::batch::BatchBuilder;
 
 use crate::cluster::{Cluster, ClusterError};
-use crate::oracle::{Fate, Oracle, Property, StoreOutcome, Violation, payload};
+use crate::oracle::{Consumer, Fate, Oracle, Property, StoreOutcome, Violation, payload};
 use crate::trace::{Event, Trace};
 
 /// Ticks a client waits for an answer before giving up on it.
@@ -69,12 +69,12 @@ enum Request {
     /// Store `Some(offset)`, or delete the stored offset (`None`).
     Store {
         group: GroupId,
-        consumer: u32,
+        consumer: Consumer,
         offset: Option<u64>,
     },
     Get {
         group: GroupId,
-        consumer: u32,
+        consumer: Consumer,
     },
 }
 
@@ -96,7 +96,7 @@ impl Request {
                 consumer,
                 offset: None,
             } => format!("delete the offset of {consumer} in {}", group.0),
-            Self::Get { group, consumer } => format!("get offset of {consumer} in {}", group.0),
+            Self::Get { group, consumer } => format!("get the offset of {consumer} in {}", group.0),
         }
     }
 }
@@ -168,6 +168,12 @@ pub(crate) struct Workload {
 
 fn consumer_of(client: u8) -> u32 {
     u32::from(client) + 1
+}
+
+/// The consumer group a client stores offsets for (its own: ids apart
+/// from the lone consumers', though the two kinds never share a map).
+fn consumer_group_of(client: u8) -> u32 {
+    u32::from(client) + 101
 }
 
 impl Workload {
@@ -290,13 +296,13 @@ impl Workload {
             } => {
                 let call = match offset {
                     Some(offset) => Call::StoreOffset {
-                        kind: ConsumerKind::Consumer,
-                        id: *consumer,
+                        kind: consumer.kind,
+                        id: consumer.id,
                         offset: Offset(*offset),
                     },
                     None => Call::DeleteOffset {
-                        kind: ConsumerKind::Consumer,
-                        id: *consumer,
+                        kind: consumer.kind,
+                        id: consumer.id,
                     },
                 };
                 cluster.call(target, *group, call)?.map(Waiting::Call)
@@ -306,8 +312,8 @@ impl Workload {
                     target,
                     *group,
                     Call::GetOffset {
-                        kind: ConsumerKind::Consumer,
-                        id: *consumer,
+                        kind: consumer.kind,
+                        id: consumer.id,
                     },
                 )?
                 .map(Waiting::Call),
@@ -362,7 +368,24 @@ impl Workload {
         }
         let roll = self.prng.below_inclusive(99);
         let group = self.groups[self.prng.below_inclusive(self.groups.len() as u64 - 1) as usize];
-        let consumer = consumer_of(self.clients[i].id);
+        let client = self.clients[i].id;
+        let consumer = consumer_of(client);
+        // Every client writes its own lone consumer and its own consumer
+        // group (one writer per key, as the oracle's expectations assume).
+        // The kind follows from draws the workload always made, so every
+        // seed's schedule is the one it had before groups were written.
+        let key = |group_kind: bool| Consumer {
+            kind: if group_kind {
+                ConsumerKind::ConsumerGroup
+            } else {
+                ConsumerKind::Consumer
+            },
+            id: if group_kind {
+                consumer_group_of(client)
+            } else {
+                consumer
+            },
+        };
         match roll {
             0..=1 if self.stats.topics < TOPICS_MAX => self.create_topic_request(),
             0..=54 => {
@@ -410,16 +433,19 @@ impl Workload {
                 let highest = oracle.highest_offset(group)?;
                 Some(Request::Store {
                     group,
-                    consumer,
+                    consumer: key(roll >= 86),
                     offset: Some(self.prng.below_inclusive(highest)),
                 })
             }
             91 => Some(Request::Store {
                 group,
-                consumer,
+                consumer: key(group.0 % 2 == 1),
                 offset: None,
             }),
-            _ => Some(Request::Get { group, consumer }),
+            _ => Some(Request::Get {
+                group,
+                consumer: key(roll >= 96),
+            }),
         }
     }
 
