@@ -112,7 +112,6 @@ fn stage(src: &BenchPartition, dir: &Path) -> InstallInput {
             dedup: vec![],
         }
         .encode(),
-        committed_purge_generation: Some(0),
     }
 }
 

@@ -272,7 +272,7 @@ async fn transfer(
     };
     let ((), done) = futures::join!(serve, receive);
     phases.pull = start.elapsed() - phases.build;
-    let input = InstallInput::from_received(&done, source.replica().commit_min_checksum(), Some(0));
+    let input = InstallInput::from_received(&done, source.replica().commit_min_checksum());
     let out = receiver.install_partition_state(input).await.unwrap();
     rx.record_install_completed();
     let elapsed = start.elapsed();

@@ -280,7 +280,6 @@ fn input(f: &Fixture) -> InstallInput {
         commit_checksum: CHECKSUM,
         staged: f.staged.clone(),
         offsets_artifact: artifact(FRONTIER, 0),
-        committed_purge_generation: None,
     }
 }
 
@@ -467,11 +466,6 @@ fn given_check_phase_refusal_when_installing_should_change_nothing_byte_for_byte
         &mut f,
         |i| i.offsets_artifact = artifact(FRONTIER + 5, 0),
         "SegmentSetHole",
-    );
-    assert_unchanged_by(
-        &mut f,
-        |i| i.committed_purge_generation = Some(2),
-        "PurgeGenerationBehind",
     );
     // A staged file that is not there.
     block_on(f.fs.remove_file(&f.staged[5].staging_paths(&dir()).1)).unwrap();
@@ -1123,7 +1117,6 @@ fn long_chain(seed: u64, segments: u64) -> (SimFs, P, InstallInput, Vec<(u64, Ve
         commit_checksum: CHECKSUM,
         staged,
         offsets_artifact: artifact(2 * segments, 0),
-        committed_purge_generation: None,
     };
     (fs, old.partition, input, new_messages)
 }

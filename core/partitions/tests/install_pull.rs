@@ -141,11 +141,7 @@ fn given_pulled_transfer_when_installed_should_serve_the_peers_messages_and_offs
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), ReceiverConfig::default(), 7);
     let done = pull(&mut rx, &peer_fs, &mut peer, &mut server);
     assert!(done.staged.len() >= 3, "{} segments", done.staged.len());
-    let input = InstallInput::from_received(
-        &done,
-        peer.partition.replica().commit_min_checksum(),
-        Some(0),
-    );
+    let input = InstallInput::from_received(&done, peer.partition.replica().commit_min_checksum());
     let out = block_on(node.partition.install_partition_state(input)).unwrap();
     server.reset();
     assert_eq!(out.applied_commit_op, done.descriptor.commit_op);

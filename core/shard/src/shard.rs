@@ -66,6 +66,9 @@ const RETENTION_EVERY_TICKS: u64 = 100;
 const QUEUED_CALLS_MAX: usize = 4096;
 /// Ticks a session registration may take before it is sent again.
 const REGISTER_RETRY_TICKS: u64 = 100;
+/// How long a primary waits for a purge it proposed to apply before it
+/// proposes it again.
+const PURGE_RETRY_TICKS: u64 = 100;
 /// Ticks a read waits for its primary's read check before it is answered
 /// `Unavailable` (the primary may be cut off from its backups).
 const READ_CHECK_TICKS_MAX: u64 = 100;
@@ -461,9 +464,49 @@ struct Group<E: Env> {
     /// The group's head when the handle pass last saw it holding bodies
     /// for repair (an idle one lets them go on the next pass).
     retained_seen_op: Option<u64>,
+    /// The purge generation this replica last proposed as the group's
+    /// primary, and the shard tick it did.
+    purge_proposed: Option<(u64, u64)>,
 }
 
 impl<E: Env> Group<E> {
+    /// A purge group 0 committed is proposed to the partition group by
+    /// whichever replica is its primary when the effect is applied; a
+    /// primary that was down, changing views or not yet caught up then
+    /// leaves it unproposed, and no client is told. So the group's
+    /// primary proposes any committed generation its partition has not
+    /// applied, again every `PURGE_RETRY_TICKS` until it has (a second
+    /// copy applies as nothing: a purge needs a newer generation).
+    fn propose_missing_purge(&mut self, id: GroupId, tick: u64) {
+        let Some(committed) = self.driver.committed_purge_generation() else {
+            return;
+        };
+        let due = committed > self.partition.purge_generation()
+            && self.partition.replica().is_caught_up_primary()
+            && self.partition.fenced().is_none()
+            && self.purge_proposed.is_none_or(|(generation, at)| {
+                generation < committed || tick.saturating_sub(at) >= PURGE_RETRY_TICKS
+            });
+        if !due {
+            return;
+        }
+        tracing::info!(
+            group = id.0,
+            generation = committed,
+            applied = self.partition.purge_generation(),
+            "proposing a committed purge the group has not applied"
+        );
+        self.purge_proposed = Some((committed, tick));
+        // Nobody waits for the answer: the metadata op already answered.
+        let (reply, _) = futures::channel::oneshot::channel();
+        self.queued.push_back((
+            Call::Purge {
+                generation: committed,
+            },
+            reply,
+        ));
+    }
+
     /// What a tick does to this group alone: the ticks since its last
     /// visit counted, its partition's tick and, when `retention` is given,
     /// its retention pass. Touches nothing of the shard, so the due groups'
@@ -1103,6 +1146,7 @@ impl<E: Env> Shard<E> {
                 due_at: self.tick + 1,
                 handles_seen_op: None,
                 retained_seen_op: None,
+                purge_proposed: None,
             },
         );
         self.schedule.insert((self.tick + 1, group));
@@ -1379,6 +1423,7 @@ impl<E: Env> Shard<E> {
             if g.partition.fenced().is_some() && !g.fenced_reported {
                 outputs.push((id, DriverOutput::default()));
             }
+            g.propose_missing_purge(id, tick);
             if !g.queued.is_empty() {
                 waiting.push(id);
             }

@@ -197,3 +197,72 @@ fn given_a_committed_purge_when_applied_and_after_a_restart_should_reach_every_t
         assert_eq!(known_purge_generation(&c, 2, *g), Some(*generation));
     }
 }
+
+/// The generation each replica's copy of `group` applied.
+fn applied_purge_generation(c: &Cluster, r: u8, group: GroupId) -> Option<u64> {
+    c.nodes[usize::from(r)]
+        .iter()
+        .flatten()
+        .find_map(|n| n.partition(group))
+        .map(|p| p.purge_generation())
+}
+
+/// A purge is proposed to a partition group by whichever replica is its
+/// primary when group 0's effect is applied. With that primary down, the
+/// other replicas' proposals are refused as not primary; the group's next
+/// primary must propose the committed generation itself, or the topic is
+/// never purged although the client was told it was.
+#[test]
+fn given_a_purge_committed_while_a_partitions_primary_is_down_should_be_applied_by_its_next_primary()
+ {
+    let mut c = Cluster::new(3, 2, 24, NetworkFaults::default());
+    c.run(100);
+    c.submit_metadata(MetadataOp::CreateStream {
+        name: "q".into(),
+        created_at_us: 1,
+    })
+    .unwrap();
+    c.submit_metadata(MetadataOp::CreateTopic {
+        stream: Identifier::Name("q".into()),
+        name: "t".into(),
+        partitions_count: 3,
+        config: TopicConfig::default(),
+        created_at_us: 2,
+    })
+    .unwrap();
+    c.run(100);
+    let groups = expected_groups(&c, 0);
+    assert_eq!(groups.len(), 3);
+    let first = *groups.iter().next().expect("a group");
+    let down = c.primary(first).expect("a primary").0;
+    c.crash(down, CrashMode::DropAll);
+    c.submit_metadata(MetadataOp::PurgeTopic {
+        stream: Identifier::Name("q".into()),
+        topic: Identifier::Name("t".into()),
+    })
+    .unwrap();
+    // The survivors elect a new primary for the groups `down` led.
+    c.run(1_500);
+    let up: Vec<u8> = (0..3).filter(|r| *r != down).collect();
+    for g in &groups {
+        for &r in &up {
+            assert_eq!(
+                applied_purge_generation(&c, r, *g),
+                known_purge_generation(&c, r, *g),
+                "replica {r} group {}",
+                g.0
+            );
+            assert!(applied_purge_generation(&c, r, *g).is_some_and(|a| a > 0));
+        }
+    }
+    c.restart_reconciled(down);
+    c.run(1_000);
+    for g in &groups {
+        assert_eq!(
+            applied_purge_generation(&c, down, *g),
+            known_purge_generation(&c, down, *g),
+            "the restarted replica, group {}",
+            g.0
+        );
+    }
+}

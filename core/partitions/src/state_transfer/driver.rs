@@ -372,7 +372,8 @@ pub struct TransferDriverConfig {
     /// The serving side.
     pub server: OfferServerConfig,
     /// The purge generation the metadata plane committed for this
-    /// partition, when known; the install refuses offers behind it.
+    /// partition, when known: the shard has the group's primary propose
+    /// it until the partition applied it.
     pub committed_purge_generation: Option<u64>,
     /// File operations an install carries out per tick
     /// ([`INSTALL_FILE_OPS_PER_STEP`] by default; the simulator varies it
@@ -626,9 +627,9 @@ impl<F: Fs> TransferDriver<F> {
         self.config.committed_purge_generation
     }
 
-    /// Learns a purge generation the metadata plane committed; the
-    /// install refuses offers behind the highest one learnt. A lower one
-    /// (an effect replayed after a later one) changes nothing.
+    /// Learns a purge generation the metadata plane committed (the
+    /// highest one learnt is kept: an effect replayed after a later one
+    /// changes nothing).
     pub fn learn_committed_purge_generation(&mut self, generation: u64) {
         let known = self.config.committed_purge_generation.unwrap_or(0);
         self.config.committed_purge_generation = Some(known.max(generation));
@@ -1002,11 +1003,7 @@ impl<F: Fs> TransferDriver<F> {
             }
             ReceiveStep::Complete(done) => {
                 let peer = done.peer;
-                let input = InstallInput::from_received(
-                    &done,
-                    UNKNOWN_CHECKSUM,
-                    self.config.committed_purge_generation,
-                );
+                let input = InstallInput::from_received(&done, UNKNOWN_CHECKSUM);
                 drop(done);
                 match partition.begin_install(input).await {
                     Ok(()) => {

@@ -174,27 +174,18 @@ pub struct InstallInput {
     pub staged: Vec<StagedSegment>,
     /// The encoded consumer-offsets artifact (ICO2; ICO1 decodes).
     pub offsets_artifact: Vec<u8>,
-    /// The purge generation the metadata plane has committed for this
-    /// partition, when the caller knows it.
-    pub committed_purge_generation: Option<u64>,
 }
 
 impl InstallInput {
     /// The install input of a completed pull. The receive side does not
     /// know the identity of op `commit_op`; the caller passes it (from the
-    /// offer or the prepare header it repaired), together with the
-    /// metadata plane's committed purge generation when it has it.
-    pub fn from_received(
-        received: &ReceivedTransfer,
-        commit_checksum: u128,
-        committed_purge_generation: Option<u64>,
-    ) -> Self {
+    /// offer or the prepare header it repaired).
+    pub fn from_received(received: &ReceivedTransfer, commit_checksum: u128) -> Self {
         Self {
             commit_op: received.descriptor.commit_op,
             commit_checksum,
             staged: received.staged.iter().map(StagedSegment::from).collect(),
             offsets_artifact: received.offsets_bytes.clone(),
-            committed_purge_generation,
         }
     }
 }
@@ -727,7 +718,6 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             commit_checksum,
             mut staged,
             offsets_artifact,
-            committed_purge_generation,
         } = input;
         // Below the applied point the install would rewind applied ops;
         // below an op this replica acknowledged it would erase a journaled
@@ -756,11 +746,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             });
         }
         let wire = ConsumerOffsetsWire::decode(&offsets_artifact)?;
-        // An offer from before a purge this replica applied, or the
-        // metadata plane committed, would bring back purged data.
-        let local_generation = committed_purge_generation
-            .unwrap_or(0)
-            .max(self.applied_purge_generation);
+        // An offer from before a purge this replica applied would bring
+        // back purged data. One from before a purge only the metadata
+        // plane committed would not: the partition's purge op, once
+        // proposed, comes after the offer's op and is applied by repair.
+        // Refusing it (as this did) deadlocks a group whose purge cannot
+        // commit without the replicas that need the transfer.
+        let local_generation = self.applied_purge_generation;
         if wire.purge_generation < local_generation {
             return Err(PartitionInstallError::PurgeGenerationBehind {
                 offered: wire.purge_generation,

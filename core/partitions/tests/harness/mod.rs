@@ -756,7 +756,7 @@ pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
     let peer = c.replica(from).replica();
     assert_eq!(peer.commit_min(), done.descriptor.commit_op);
     server.reset();
-    InstallInput::from_received(&done, peer.commit_min_checksum(), None)
+    InstallInput::from_received(&done, peer.commit_min_checksum())
 }
 
 /// A cluster whose backup restarted behind every peer's retention and asks
