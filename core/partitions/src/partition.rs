@@ -1413,7 +1413,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// missing, that the recorded applied point and
     /// its offset frontier are not past what was applied, that no op past
     /// the applied one was applied into the log, and that no committed
-    /// consumer offset names an offset past the applied end. The simulator
+    /// consumer offset names an offset past both the applied end and the
+    /// log's end. The simulator
     /// checks every partition after every step.
     pub fn invariants(&self) -> Result<(), consensus::vsr::InvariantViolation> {
         self.replica.invariants()?;
@@ -1461,18 +1462,23 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 ),
             );
         }
+        // A restart inside a purge (its applied point recorded, its
+        // segments not all gone) holds offsets clamped to the log that is
+        // left until the purge is applied again; beyond both is a bug.
+        let end = self.applied_next_offset.max(self.log.next_offset());
         for kind in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup] {
             let past = self.offsets.durable().with_entries(kind, |m| {
                 m.iter()
-                    .find(|(_, d)| d.committed_offset >= self.applied_next_offset)
+                    .find(|(_, d)| d.committed_offset >= end)
                     .map(|(id, d)| (*id, d.committed_offset))
             });
             if let Some((id, offset)) = past {
                 return broken(
                     "offset-past-applied-end",
                     format!(
-                        "{kind:?} {id} stores {offset}, the applied end is {}",
-                        self.applied_next_offset
+                        "{kind:?} {id} stores {offset}, the applied end is {}, the log's {}",
+                        self.applied_next_offset,
+                        self.log.next_offset()
                     ),
                 );
             }

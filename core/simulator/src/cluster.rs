@@ -569,6 +569,24 @@ impl Cluster {
         )
     }
 
+    /// The purge generation replica `r`'s group 0 committed for `group`.
+    pub(crate) fn metadata_purge_generation(&self, r: u8, group: GroupId) -> Option<u64> {
+        let shard0 = self.nodes[usize::from(r)].shards.as_ref()?.first()?;
+        let host = shard0.metadata()?;
+        host.state()
+            .partition_groups()
+            .iter()
+            .find(|i| i.group == group)
+            .map(|i| i.purge_generation)
+    }
+
+    /// The purge generation replica `r`'s copy of `group` applied.
+    pub(crate) fn applied_purge_generation(&self, r: u8, group: GroupId) -> Option<u64> {
+        self.shard(r, group)?
+            .partition(group)
+            .map(partitions::Partition::purge_generation)
+    }
+
     /// Flushes every live group's committed messages to its segments.
     pub(crate) fn flush_all(&mut self) -> Result<(), ClusterError> {
         for node in &mut self.nodes {

@@ -44,6 +44,9 @@ struct Args {
     /// to all); only safety is checked, a run may end stalled.
     #[arg(long)]
     exceed_f: bool,
+    /// Topic purges in the workload.
+    #[arg(long)]
+    purges: bool,
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
     options.clients = args.clients;
     options.mutate_wipe_as_new = args.mutate_wipe_as_new;
     options.exceed_f = args.exceed_f;
+    options.purges = args.purges;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

@@ -53,6 +53,9 @@ pub enum Property {
     ReplicasDiverge,
     /// Code under test panicked (an assertion on its own invariants).
     Panicked,
+    /// A message erased by a purge was read after the purge applied, or
+    /// is in the final log.
+    PurgedValueRead,
     /// A replica's or a partition's `invariants()` failed after a step.
     Invariant,
 }
@@ -75,6 +78,7 @@ impl Property {
             Self::NotConverged => "not-converged",
             Self::ReplicasDiverge => "replicas-diverge",
             Self::Panicked => "panicked",
+            Self::PurgedValueRead => "purged-value-read",
             Self::Invariant => "invariant",
         }
     }
@@ -164,6 +168,9 @@ struct Sent {
     fate: Fate,
     /// The base offset the acknowledgement named, if it named one.
     confirmed_base: Option<u64>,
+    /// A purge of its group applied after it landed: it must never be
+    /// read again.
+    purged: bool,
 }
 
 /// What reads of one consumer's stored offset may return. A write is a
@@ -216,6 +223,7 @@ impl Oracle {
                 messages,
                 fate: Fate::Pending,
                 confirmed_base: None,
+                purged: false,
             },
         );
     }
@@ -284,6 +292,15 @@ impl Oracle {
         };
         let (tag, index) = id;
         match self.sent.get(&tag) {
+            Some(s) if s.purged => {
+                return Err(Violation::new(
+                    Property::PurgedValueRead,
+                    format!(
+                        "group {} offset {offset}: message {index} of batch {tag}, which a purge erased",
+                        group.0
+                    ),
+                ));
+            }
             Some(s) if s.group == group && index < s.messages => {
                 if let Some(base) = s.confirmed_base
                     && offset != base + u64::from(index)
@@ -436,7 +453,11 @@ impl Oracle {
                 seen.entry(tag).or_default().push((index, *offset));
             }
         }
-        for (tag, s) in self.sent.iter().filter(|(_, s)| s.group == group) {
+        for (tag, s) in self
+            .sent
+            .iter()
+            .filter(|(_, s)| s.group == group && !s.purged)
+        {
             let parts = seen.get(tag);
             match (s.fate, parts) {
                 (Fate::Acknowledged, None) => {
@@ -476,6 +497,32 @@ impl Oracle {
             }
         }
         Ok(())
+    }
+
+    /// A purge of `group` applied, while no client had a request on it in
+    /// flight: every batch acknowledged or read before it is erased (and
+    /// must never be read again), offsets start again at 0, and every
+    /// stored consumer offset is gone. Writes whose outcome is unknown may
+    /// still land after it, so they stay possible.
+    pub(crate) fn purged(&mut self, group: GroupId) {
+        let observed: BTreeSet<u64> = self
+            .value_at
+            .iter()
+            .filter(|(_, (g, _))| *g == group)
+            .map(|((tag, _), _)| *tag)
+            .collect();
+        self.value_at.retain(|_, (g, _)| *g != group);
+        self.at_offset.remove(&group);
+        for (tag, s) in self.sent.iter_mut().filter(|(_, s)| s.group == group) {
+            if s.fate == Fate::Acknowledged || observed.contains(tag) {
+                s.purged = true;
+            }
+        }
+        for ((g, _), e) in &mut self.offsets {
+            if *g == group {
+                e.acknowledged = None;
+            }
+        }
     }
 
     /// The consumers whose stored offsets the oracle tracks in `group`.

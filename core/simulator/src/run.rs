@@ -48,6 +48,10 @@ pub struct Options {
     /// run whose groups do not converge after healing ends `stalled`
     /// instead of failing: liveness is not promised past f.
     pub exceed_f: bool,
+    /// Topic purges in the workload (through group 0, as a client's
+    /// PurgeTopic): the oracle learns each once it is applied, with the
+    /// topic's groups held quiet meanwhile.
+    pub purges: bool,
 }
 
 impl Options {
@@ -64,6 +68,7 @@ impl Options {
             quiet_ticks: 200,
             mutate_wipe_as_new: false,
             exceed_f: false,
+            purges: false,
         }
     }
 
@@ -124,6 +129,8 @@ pub struct Summary {
     pub stores_acknowledged: u64,
     /// Consumer-offset deletes acknowledged.
     pub deletes_acknowledged: u64,
+    /// Topic purges seen applied, per partition group.
+    pub purges: u64,
     /// Polls answered.
     pub polls: u64,
     /// Calls and metadata ops sent (retries included).
@@ -210,7 +217,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -221,6 +228,7 @@ impl fmt::Display for Summary {
             self.produces_confirmed,
             self.stores_acknowledged,
             self.deletes_acknowledged,
+            self.purges,
             self.produces_unknown,
             self.polls,
             self.messages,
@@ -581,6 +589,15 @@ impl Run {
                         self.describe_group(group)
                     )));
                 }
+                // Every purge group 0 committed is applied, on every replica.
+                let committed = c.metadata_purge_generation(r, group).unwrap_or(0);
+                if p.purge_generation() < committed {
+                    return Err(not(format!(
+                        "group {} on replica {r}: purge generation {} applied, {committed} committed by group 0",
+                        group.0,
+                        p.purge_generation()
+                    )));
+                }
                 let here = (v.commit_min(), p.offset_frontier());
                 match state {
                     None => state = Some(here),
@@ -803,6 +820,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
             options.clients,
             options.replicas,
             options.profile.persisted_only() || options.exceed_f,
+            options.purges,
         ),
         oracle: Oracle::default(),
         monitor: Monitor::default(),
@@ -852,6 +870,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         produces_unknown: run.oracle.count(Fate::Unknown),
         stores_acknowledged: stats.stores_acknowledged,
         deletes_acknowledged: stats.deletes_acknowledged,
+        purges: stats.purges,
         polls: stats.polls,
         calls: stats.calls,
         topics: stats.topics,

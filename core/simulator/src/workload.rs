@@ -10,6 +10,8 @@
 //! the client moves on with a fresh request, never resending the batch
 //! (which would make a duplicate indistinguishable from a replay bug).
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use common::{ConsumerKind, GroupId, Offset};
 use consensus::vsr::Prng;
 use futures::channel::oneshot;
@@ -32,6 +34,8 @@ const STREAM: &str = "sim";
 const SEGMENT_SIZE_BYTES: u64 = 4096;
 /// Topics the workload creates at most.
 const TOPICS_MAX: u32 = 4;
+/// With purges on, one new request in this many starts a topic purge.
+const PURGE_ONE_IN: u64 = 120;
 
 /// What a workload step ran into.
 #[derive(Debug)]
@@ -79,6 +83,17 @@ enum Request {
 }
 
 impl Request {
+    /// The partition group a call goes to (`None` for a metadata op).
+    fn group(&self) -> Option<GroupId> {
+        match self {
+            Self::Meta(_) => None,
+            Self::Produce { group, .. }
+            | Self::Poll { group, .. }
+            | Self::Store { group, .. }
+            | Self::Get { group, .. } => Some(*group),
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             Self::Meta(op) => format!("meta {}", meta_name(op)),
@@ -105,6 +120,7 @@ fn meta_name(op: &MetadataOp) -> String {
     match op {
         MetadataOp::CreateStream { name, .. } => format!("create-stream {name}"),
         MetadataOp::CreateTopic { name, .. } => format!("create-topic {name}"),
+        MetadataOp::PurgeTopic { topic, .. } => format!("purge-topic {topic:?}"),
         _ => "other".into(),
     }
 }
@@ -148,6 +164,8 @@ pub(crate) struct WorkloadStats {
     pub offset_reads: u64,
     pub metadata_ops: u64,
     pub topics: u32,
+    /// Partition purges seen applied.
+    pub purges: u64,
 }
 
 /// The clients and what they know of the cluster.
@@ -163,6 +181,20 @@ pub(crate) struct Workload {
     replica_count: u8,
     /// Only `persisted` topics (the blackout profile).
     persisted_only: bool,
+    /// Topic purges are in the workload (`--purges`).
+    purges: bool,
+    /// Draws for purges alone, so a run without them keeps its schedule.
+    purge_prng: Prng,
+    /// Each topic's groups, by topic number (`t{n}`).
+    topic_groups: Vec<Vec<GroupId>>,
+    /// Groups a purge holds: no client sends to them until the purge is
+    /// seen applied. `Some(generation)` once group 0 committed it.
+    purging: BTreeMap<GroupId, Option<u64>>,
+    /// A purge of topic `n` that client `i` waits to send until no
+    /// request to its groups is in flight: `(i, n)`.
+    purge_waiting: Option<(usize, usize)>,
+    /// The last purge generation the workload waited for, per group.
+    purge_targets: BTreeMap<GroupId, u64>,
     pub(crate) stats: WorkloadStats,
 }
 
@@ -177,7 +209,13 @@ fn consumer_group_of(client: u8) -> u32 {
 }
 
 impl Workload {
-    pub(crate) fn new(seed: u64, clients: u8, replica_count: u8, persisted_only: bool) -> Self {
+    pub(crate) fn new(
+        seed: u64,
+        clients: u8,
+        replica_count: u8,
+        persisted_only: bool,
+        purges: bool,
+    ) -> Self {
         let mut prng = Prng::new(seed ^ 0xC11E_0007);
         let clients = (0..clients)
             .map(|id| Client {
@@ -197,7 +235,96 @@ impl Workload {
             meta_busy: false,
             replica_count,
             persisted_only,
+            purges,
+            purge_prng: Prng::new(seed ^ 0x9E12_6E00),
+            topic_groups: Vec::new(),
+            purging: BTreeMap::new(),
+            purge_waiting: None,
+            purge_targets: BTreeMap::new(),
             stats: WorkloadStats::default(),
+        }
+    }
+
+    /// Whether no client has a request to one of `groups` in flight or
+    /// waiting to be sent again.
+    fn quiet(&self, groups: &[GroupId]) -> bool {
+        self.clients.iter().all(|c| {
+            let request = match &c.state {
+                ClientState::Idle => return true,
+                ClientState::Retry { request, .. } => request,
+                ClientState::Waiting { flight, .. } => &flight.request,
+            };
+            request.group().is_none_or(|g| !groups.contains(&g))
+        })
+    }
+
+    /// Client `i`'s purge: started now and then (its groups then take no
+    /// new requests), sent once they are quiet. `Some` is the request to
+    /// send; `None` with `true` means the client waits this turn.
+    fn purge_turn(&mut self, i: usize) -> (Option<Request>, bool) {
+        if let Some((client, n)) = self.purge_waiting {
+            if client != i {
+                return (None, false);
+            }
+            if self.meta_busy || !self.quiet(&self.topic_groups[n]) {
+                return (None, true);
+            }
+            self.purge_waiting = None;
+            self.meta_busy = true;
+            let request = Request::Meta(MetadataOp::PurgeTopic {
+                stream: Identifier::Name(STREAM.into()),
+                topic: Identifier::Name(format!("t{n}")),
+            });
+            return (Some(request), true);
+        }
+        let start = self.purges
+            && self.purging.is_empty()
+            && !self.meta_busy
+            && !self.topic_groups.is_empty()
+            && self.purge_prng.below_inclusive(PURGE_ONE_IN - 1) == 0;
+        if !start {
+            return (None, false);
+        }
+        let n = self
+            .purge_prng
+            .below_inclusive(self.topic_groups.len() as u64 - 1) as usize;
+        if self.topic_groups[n].is_empty() {
+            return (None, false);
+        }
+        for &g in &self.topic_groups[n] {
+            self.purging.insert(g, None);
+        }
+        self.purge_waiting = Some((i, n));
+        (None, true)
+    }
+
+    /// Ends the purges whose partition groups applied the generation group
+    /// 0 committed (on any replica: applied is committed): the oracle
+    /// learns the purge while no request to the group is in flight.
+    fn watch_purges(&mut self, cluster: &Cluster, oracle: &mut Oracle, trace: &mut Trace) {
+        let tick = cluster.tick();
+        let applied: Vec<GroupId> = self
+            .purging
+            .iter()
+            .filter_map(|(&g, target)| {
+                let target = (*target)?;
+                (0..cluster.replica_count)
+                    .any(|r| {
+                        cluster
+                            .applied_purge_generation(r, g)
+                            .is_some_and(|a| a >= target)
+                    })
+                    .then_some(g)
+            })
+            .collect();
+        for g in applied {
+            self.purging.remove(&g);
+            oracle.purged(g);
+            self.stats.purges += 1;
+            trace.record(Event::State {
+                tick,
+                what: format!("group {} purged", g.0),
+            });
         }
     }
 
@@ -227,6 +354,7 @@ impl Workload {
         issue_new: bool,
     ) -> Result<(), StepError> {
         let tick = cluster.tick();
+        self.watch_purges(cluster, oracle, trace);
         for i in 0..self.clients.len() {
             self.take_answer(i, tick, cluster, oracle, trace)?;
             if self.clients[i].wake_tick > tick {
@@ -366,8 +494,16 @@ impl Workload {
         if self.groups.is_empty() {
             return None;
         }
+        match self.purge_turn(i) {
+            (Some(request), _) => return Some(request),
+            (None, true) => return None,
+            (None, false) => {}
+        }
         let roll = self.prng.below_inclusive(99);
         let group = self.groups[self.prng.below_inclusive(self.groups.len() as u64 - 1) as usize];
+        if self.purging.contains_key(&group) {
+            return None;
+        }
         let client = self.clients[i].id;
         let consumer = consumer_of(client);
         // Every client writes its own lone consumer and its own consumer
@@ -770,6 +906,7 @@ impl Workload {
             MetadataOp::CreateStream { .. } => self.stream_created = true,
             MetadataOp::CreateTopic { .. } => {
                 self.stats.topics += 1;
+                let before: BTreeSet<GroupId> = self.groups.iter().copied().collect();
                 // The answering primary applied the op: its metadata names
                 // every group so far. Any replica that has applied it does.
                 for r in 0..cluster.replica_count {
@@ -778,6 +915,39 @@ impl Workload {
                     {
                         self.groups = groups;
                     }
+                }
+                // Topics are created one at a time: the new groups are
+                // this topic's (none, if no replica showed them: it is
+                // then never purged).
+                self.topic_groups.push(
+                    self.groups
+                        .iter()
+                        .copied()
+                        .filter(|g| !before.contains(g))
+                        .collect(),
+                );
+            }
+            MetadataOp::PurgeTopic {
+                topic: Identifier::Name(name),
+                ..
+            } => {
+                let n = name
+                    .strip_prefix('t')
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .and_then(|n| self.topic_groups.get(n).cloned())
+                    .unwrap_or_default();
+                for g in n {
+                    // The generation group 0 committed (the answering
+                    // primary holds it; a later one may too), and at least
+                    // one more than the last purge of the group.
+                    let committed = (0..cluster.replica_count)
+                        .filter_map(|r| cluster.metadata_purge_generation(r, g))
+                        .max()
+                        .unwrap_or(0);
+                    let last = self.purge_targets.get(&g).copied().unwrap_or(0);
+                    let target = committed.max(last + 1);
+                    self.purge_targets.insert(g, target);
+                    self.purging.insert(g, Some(target));
                 }
             }
             _ => {}
