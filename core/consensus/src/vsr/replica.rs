@@ -1523,9 +1523,19 @@ impl Replica {
             return;
         }
         self.heartbeat_counter += 1;
+        // Backups learn what is committed from the heartbeat. A primary
+        // still applying (one waiting for a state transfer) names its
+        // commit_max when its log holds that op's header: otherwise its
+        // backups, one commit short, stay behind it, and it refuses their
+        // offers as behind what it knows committed (replog-sim
+        // 19700007: stuck for good).
+        let (commit, commit_checksum) = match self.journal.header(self.commit_max) {
+            Some(h) if self.commit_max > self.commit_min => (self.commit_max, h.checksum),
+            _ => (self.commit_min, self.commit_min_checksum),
+        };
         let message = Message::Commit {
-            commit: self.commit_min,
-            commit_checksum: self.commit_min_checksum,
+            commit,
+            commit_checksum,
             timestamp_monotonic: self.heartbeat_counter,
         };
         self.broadcast(message);
