@@ -47,6 +47,9 @@ struct Args {
     /// Topic purges in the workload.
     #[arg(long)]
     purges: bool,
+    /// Topic deletes in the workload.
+    #[arg(long)]
+    deletes: bool,
 }
 
 fn main() -> ExitCode {
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
     options.mutate_wipe_as_new = args.mutate_wipe_as_new;
     options.exceed_f = args.exceed_f;
     options.purges = args.purges;
+    options.deletes = args.deletes;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

@@ -52,6 +52,10 @@ pub struct Options {
     /// PurgeTopic): the oracle learns each once it is applied, with the
     /// topic's groups held quiet meanwhile.
     pub purges: bool,
+    /// Topic deletes in the workload (through group 0): the topic's
+    /// groups are held quiet first, and must be gone from every replica
+    /// once converged.
+    pub deletes: bool,
 }
 
 impl Options {
@@ -69,6 +73,7 @@ impl Options {
             mutate_wipe_as_new: false,
             exceed_f: false,
             purges: false,
+            deletes: false,
         }
     }
 
@@ -131,6 +136,8 @@ pub struct Summary {
     pub deletes_acknowledged: u64,
     /// Topic purges seen applied, per partition group.
     pub purges: u64,
+    /// Topics deleted.
+    pub topic_deletes: u32,
     /// Polls answered.
     pub polls: u64,
     /// Calls and metadata ops sent (retries included).
@@ -217,7 +224,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -229,6 +236,7 @@ impl fmt::Display for Summary {
             self.stores_acknowledged,
             self.deletes_acknowledged,
             self.purges,
+            self.topic_deletes,
             self.produces_unknown,
             self.polls,
             self.messages,
@@ -290,12 +298,16 @@ impl fmt::Display for Failure {
             o.replicas,
             o.shards,
             o.profile,
-            match (o.mutate_wipe_as_new, o.exceed_f) {
-                (true, true) => " --mutate-wipe-as-new --exceed-f",
-                (true, false) => " --mutate-wipe-as-new",
-                (false, true) => " --exceed-f",
-                (false, false) => "",
-            }
+            [
+                (o.mutate_wipe_as_new, " --mutate-wipe-as-new"),
+                (o.exceed_f, " --exceed-f"),
+                (o.purges, " --purges"),
+                (o.deletes, " --deletes"),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, flag)| *flag)
+            .collect::<String>()
         )?;
         writeln!(f, "last {} events:", self.recent.len())?;
         for e in &self.recent {
@@ -561,6 +573,21 @@ impl Run {
             }
             meta = Some(here);
         }
+        // No replica holds a group the metadata no longer names (a delete
+        // carried out everywhere, never undone by a restart).
+        for r in 0..c.replica_count {
+            for s in 0..c.shard_count {
+                if let Some(extra) = c
+                    .shard_at(r, s)
+                    .and_then(|shard| shard.groups().find(|g| !reference.contains(g)))
+                {
+                    return Err(not(format!(
+                        "replica {r} shard {s} holds group {}, which the metadata does not name",
+                        extra.0
+                    )));
+                }
+            }
+        }
         for &group in &reference {
             let mut state = None;
             for r in 0..c.replica_count {
@@ -821,6 +848,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
             options.replicas,
             options.profile.persisted_only() || options.exceed_f,
             options.purges,
+            options.deletes,
         ),
         oracle: Oracle::default(),
         monitor: Monitor::default(),
@@ -871,6 +899,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         stores_acknowledged: stats.stores_acknowledged,
         deletes_acknowledged: stats.deletes_acknowledged,
         purges: stats.purges,
+        topic_deletes: stats.topic_deletes,
         polls: stats.polls,
         calls: stats.calls,
         topics: stats.topics,

@@ -36,6 +36,17 @@ const SEGMENT_SIZE_BYTES: u64 = 4096;
 const TOPICS_MAX: u32 = 4;
 /// With purges on, one new request in this many starts a topic purge.
 const PURGE_ONE_IN: u64 = 120;
+/// With deletes on, one new request in this many deletes a topic.
+const DELETE_ONE_IN: u64 = 300;
+/// Topics created in all, deleted ones included.
+const TOPICS_CREATED_MAX: u32 = 12;
+
+/// What a client holds a topic's groups quiet for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TopicAction {
+    Purge,
+    Delete,
+}
 
 /// What a workload step ran into.
 #[derive(Debug)]
@@ -121,6 +132,7 @@ fn meta_name(op: &MetadataOp) -> String {
         MetadataOp::CreateStream { name, .. } => format!("create-stream {name}"),
         MetadataOp::CreateTopic { name, .. } => format!("create-topic {name}"),
         MetadataOp::PurgeTopic { topic, .. } => format!("purge-topic {topic:?}"),
+        MetadataOp::DeleteTopic { topic, .. } => format!("delete-topic {topic:?}"),
         _ => "other".into(),
     }
 }
@@ -166,6 +178,8 @@ pub(crate) struct WorkloadStats {
     pub topics: u32,
     /// Partition purges seen applied.
     pub purges: u64,
+    /// Topics deleted.
+    pub topic_deletes: u32,
 }
 
 /// The clients and what they know of the cluster.
@@ -185,16 +199,23 @@ pub(crate) struct Workload {
     purges: bool,
     /// Draws for purges alone, so a run without them keeps its schedule.
     purge_prng: Prng,
+    /// Topic deletes are in the workload (`--deletes`).
+    deletes: bool,
+    /// Draws for deletes alone.
+    delete_prng: Prng,
     /// Each topic's groups, by topic number (`t{n}`).
     topic_groups: Vec<Vec<GroupId>>,
     /// Groups a purge holds: no client sends to them until the purge is
     /// seen applied. `Some(generation)` once group 0 committed it.
     purging: BTreeMap<GroupId, Option<u64>>,
-    /// A purge of topic `n` that client `i` waits to send until no
-    /// request to its groups is in flight: `(i, n)`.
-    purge_waiting: Option<(usize, usize)>,
+    /// A purge or delete of topic `n` that client `i` waits to send until
+    /// no request to its groups is in flight: `(i, n, action)`.
+    purge_waiting: Option<(usize, usize, TopicAction)>,
     /// The last purge generation the workload waited for, per group.
     purge_targets: BTreeMap<GroupId, u64>,
+    /// Groups of deleted topics (a replica that has not applied the
+    /// delete yet still names them).
+    deleted_groups: BTreeSet<GroupId>,
     pub(crate) stats: WorkloadStats,
 }
 
@@ -215,6 +236,7 @@ impl Workload {
         replica_count: u8,
         persisted_only: bool,
         purges: bool,
+        deletes: bool,
     ) -> Self {
         let mut prng = Prng::new(seed ^ 0xC11E_0007);
         let clients = (0..clients)
@@ -237,10 +259,13 @@ impl Workload {
             persisted_only,
             purges,
             purge_prng: Prng::new(seed ^ 0x9E12_6E00),
+            deletes,
+            delete_prng: Prng::new(seed ^ 0xDE1E_7E00),
             topic_groups: Vec::new(),
             purging: BTreeMap::new(),
             purge_waiting: None,
             purge_targets: BTreeMap::new(),
+            deleted_groups: BTreeSet::new(),
             stats: WorkloadStats::default(),
         }
     }
@@ -262,7 +287,7 @@ impl Workload {
     /// new requests), sent once they are quiet. `Some` is the request to
     /// send; `None` with `true` means the client waits this turn.
     fn purge_turn(&mut self, i: usize) -> (Option<Request>, bool) {
-        if let Some((client, n)) = self.purge_waiting {
+        if let Some((client, n, action)) = self.purge_waiting {
             if client != i {
                 return (None, false);
             }
@@ -271,30 +296,41 @@ impl Workload {
             }
             self.purge_waiting = None;
             self.meta_busy = true;
-            let request = Request::Meta(MetadataOp::PurgeTopic {
-                stream: Identifier::Name(STREAM.into()),
-                topic: Identifier::Name(format!("t{n}")),
-            });
-            return (Some(request), true);
+            let (stream, topic) = (
+                Identifier::Name(STREAM.into()),
+                Identifier::Name(format!("t{n}")),
+            );
+            let op = match action {
+                TopicAction::Purge => MetadataOp::PurgeTopic { stream, topic },
+                TopicAction::Delete => MetadataOp::DeleteTopic { stream, topic },
+            };
+            return (Some(Request::Meta(op)), true);
         }
-        let start = self.purges
-            && self.purging.is_empty()
-            && !self.meta_busy
-            && !self.topic_groups.is_empty()
-            && self.purge_prng.below_inclusive(PURGE_ONE_IN - 1) == 0;
-        if !start {
+        let idle = self.purging.is_empty() && !self.meta_busy && !self.topic_groups.is_empty();
+        let action = if self.purges
+            && idle
+            && self.purge_prng.below_inclusive(PURGE_ONE_IN - 1) == 0
+        {
+            TopicAction::Purge
+        } else if self.deletes && idle && self.delete_prng.below_inclusive(DELETE_ONE_IN - 1) == 0 {
+            TopicAction::Delete
+        } else {
             return (None, false);
-        }
-        let n = self
-            .purge_prng
-            .below_inclusive(self.topic_groups.len() as u64 - 1) as usize;
-        if self.topic_groups[n].is_empty() {
+        };
+        let prng = match action {
+            TopicAction::Purge => &mut self.purge_prng,
+            TopicAction::Delete => &mut self.delete_prng,
+        };
+        let n = prng.below_inclusive(self.topic_groups.len() as u64 - 1) as usize;
+        let live = self.topic_groups.iter().filter(|g| !g.is_empty()).count();
+        // A delete leaves at least one topic to write to.
+        if self.topic_groups[n].is_empty() || (action == TopicAction::Delete && live < 2) {
             return (None, false);
         }
         for &g in &self.topic_groups[n] {
             self.purging.insert(g, None);
         }
-        self.purge_waiting = Some((i, n));
+        self.purge_waiting = Some((i, n, action));
         (None, true)
     }
 
@@ -523,7 +559,12 @@ impl Workload {
             },
         };
         match roll {
-            0..=1 if self.stats.topics < TOPICS_MAX => self.create_topic_request(),
+            0..=1
+                if self.stats.topics - self.stats.topic_deletes < TOPICS_MAX
+                    && self.stats.topics < TOPICS_CREATED_MAX =>
+            {
+                self.create_topic_request()
+            }
             0..=54 => {
                 let tag = self.next_tag;
                 self.next_tag += 1;
@@ -709,7 +750,8 @@ impl Workload {
                     // A retry of an op whose first attempt landed.
                     Err(MetaError::Refused(
                         Refusal::StreamNameAlreadyExists(_)
-                        | Refusal::TopicNameAlreadyExists { .. },
+                        | Refusal::TopicNameAlreadyExists { .. }
+                        | Refusal::TopicNameNotFound { .. },
                     )) if attempts > 1 => {
                         self.meta_done(&op, cluster);
                         Ok(Next::Done)
@@ -910,10 +952,11 @@ impl Workload {
                 // The answering primary applied the op: its metadata names
                 // every group so far. Any replica that has applied it does.
                 for r in 0..cluster.replica_count {
-                    if let Some(groups) = cluster.metadata_groups(r)
-                        && groups.len() > self.groups.len()
-                    {
-                        self.groups = groups;
+                    if let Some(mut groups) = cluster.metadata_groups(r) {
+                        groups.retain(|g| !self.deleted_groups.contains(g));
+                        if groups.len() > self.groups.len() {
+                            self.groups = groups;
+                        }
                     }
                 }
                 // Topics are created one at a time: the new groups are
@@ -926,6 +969,28 @@ impl Workload {
                         .filter(|g| !before.contains(g))
                         .collect(),
                 );
+            }
+            MetadataOp::DeleteTopic {
+                topic: Identifier::Name(name),
+                ..
+            } => {
+                let Some(n) = name
+                    .strip_prefix('t')
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .filter(|n| *n < self.topic_groups.len())
+                else {
+                    return;
+                };
+                // Nothing was in flight to its groups, and nothing will be:
+                // the oracle's final checks cover the groups the metadata
+                // names, so they drop out there too.
+                let gone = std::mem::take(&mut self.topic_groups[n]);
+                self.groups.retain(|g| !gone.contains(g));
+                self.deleted_groups.extend(gone.iter().copied());
+                for g in &gone {
+                    self.purging.remove(g);
+                }
+                self.stats.topic_deletes += 1;
             }
             MetadataOp::PurgeTopic {
                 topic: Identifier::Name(name),
