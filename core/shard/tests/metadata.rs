@@ -36,6 +36,28 @@ fn expected_groups(c: &Cluster, r: u8) -> BTreeSet<GroupId> {
         .collect()
 }
 
+/// Creates stream `stream` with topic `t` of `partitions` partitions
+/// through group 0, runs `settle` ticks, and returns the topic's groups.
+fn create_topic(c: &mut Cluster, stream: &str, partitions: u32, settle: u64) -> BTreeSet<GroupId> {
+    c.submit_metadata(MetadataOp::CreateStream {
+        name: stream.into(),
+        created_at_us: 1,
+    })
+    .unwrap();
+    c.submit_metadata(MetadataOp::CreateTopic {
+        stream: Identifier::Name(stream.into()),
+        name: "t".into(),
+        partitions_count: partitions,
+        config: TopicConfig::default(),
+        created_at_us: 2,
+    })
+    .unwrap();
+    c.run(settle);
+    let groups = expected_groups(c, 0);
+    assert_eq!(groups.len(), partitions as usize);
+    groups
+}
+
 #[test]
 fn given_topic_created_when_committed_should_create_its_groups_on_every_replica() {
     let mut c = Cluster::new(3, 2, 21, NetworkFaults::default());
@@ -141,22 +163,7 @@ fn known_purge_generation(c: &Cluster, r: u8, group: GroupId) -> Option<u64> {
 fn given_a_committed_purge_when_applied_and_after_a_restart_should_reach_every_transfer_driver() {
     let mut c = Cluster::new(3, 2, 23, NetworkFaults::default());
     c.run(100);
-    c.submit_metadata(MetadataOp::CreateStream {
-        name: "p".into(),
-        created_at_us: 1,
-    })
-    .unwrap();
-    c.submit_metadata(MetadataOp::CreateTopic {
-        stream: Identifier::Name("p".into()),
-        name: "t".into(),
-        partitions_count: 3,
-        config: TopicConfig::default(),
-        created_at_us: 2,
-    })
-    .unwrap();
-    c.run(50);
-    let groups = expected_groups(&c, 0);
-    assert_eq!(groups.len(), 3);
+    let groups = create_topic(&mut c, "p", 3, 50);
     for g in &groups {
         for r in 0..3 {
             assert_eq!(known_purge_generation(&c, r, *g), None, "before any purge");
@@ -217,22 +224,7 @@ fn given_a_purge_committed_while_a_partitions_primary_is_down_should_be_applied_
  {
     let mut c = Cluster::new(3, 2, 24, NetworkFaults::default());
     c.run(100);
-    c.submit_metadata(MetadataOp::CreateStream {
-        name: "q".into(),
-        created_at_us: 1,
-    })
-    .unwrap();
-    c.submit_metadata(MetadataOp::CreateTopic {
-        stream: Identifier::Name("q".into()),
-        name: "t".into(),
-        partitions_count: 3,
-        config: TopicConfig::default(),
-        created_at_us: 2,
-    })
-    .unwrap();
-    c.run(100);
-    let groups = expected_groups(&c, 0);
-    assert_eq!(groups.len(), 3);
+    let groups = create_topic(&mut c, "q", 3, 100);
     let first = *groups.iter().next().expect("a group");
     let down = c.primary(first).expect("a primary").0;
     c.crash(down, CrashMode::DropAll);

@@ -551,20 +551,37 @@ fn regression_exceed_f_19000159_19000132_offset_applied_by_a_lost_op() {
 /// committed.
 #[test]
 fn purges_keep_every_safety_property_and_are_all_applied() {
-    let mut purges = 0;
-    for profile in [
-        FaultProfile::Mixed,
-        FaultProfile::Crash,
-        FaultProfile::Disk,
-        FaultProfile::Blackout,
-    ] {
-        for seed in 2_000_000..2_000_012 {
+    let runs = lifecycle_runs(
+        &[
+            FaultProfile::Mixed,
+            FaultProfile::Crash,
+            FaultProfile::Disk,
+            FaultProfile::Blackout,
+        ],
+        2_000_000..2_000_012,
+        false,
+    );
+    let purges: u64 = runs.iter().map(|s| s.purges).sum();
+    assert!(purges > 48, "only {purges} group purges applied");
+}
+
+/// Every seed of `seeds` under every profile, 3 × 2, 1,500 ticks, with
+/// purges (and deletes when `deletes`), each required clean.
+fn lifecycle_runs(
+    profiles: &[FaultProfile],
+    seeds: std::ops::Range<u64>,
+    deletes: bool,
+) -> Vec<Summary> {
+    let mut runs = Vec::new();
+    for &profile in profiles {
+        for seed in seeds.clone() {
             let mut o = options(seed, profile, 3, 2, 1_500);
             o.purges = true;
-            purges += clean(&o).purges;
+            o.deletes = deletes;
+            runs.push(clean(&o));
         }
     }
-    assert!(purges > 48, "only {purges} group purges applied");
+    runs
 }
 
 /// Blackout seeds 19600030, 19600038 (and 25 more of 200 from 19,600,000)
@@ -600,20 +617,17 @@ fn regression_purges_19600030_19600038_19600033_committed_purge_never_applied() 
 /// the metadata no longer names.
 #[test]
 fn topic_deletes_are_carried_out_everywhere_and_never_undone() {
-    let mut deletes = 0;
-    for profile in [
-        FaultProfile::Mixed,
-        FaultProfile::Crash,
-        FaultProfile::Blackout,
-        FaultProfile::Wipe,
-    ] {
-        for seed in 2_100_000..2_100_008 {
-            let mut o = options(seed, profile, 3, 2, 1_500);
-            o.purges = true;
-            o.deletes = true;
-            deletes += clean(&o).topic_deletes;
-        }
-    }
+    let runs = lifecycle_runs(
+        &[
+            FaultProfile::Mixed,
+            FaultProfile::Crash,
+            FaultProfile::Blackout,
+            FaultProfile::Wipe,
+        ],
+        2_100_000..2_100_008,
+        true,
+    );
+    let deletes: u32 = runs.iter().map(|s| s.topic_deletes).sum();
     assert!(deletes > 8, "only {deletes} topics deleted");
 }
 
