@@ -62,12 +62,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     ) -> Result<(), PartitionError> {
         let op = h.op;
         tracing::info!(dir = %self.dir.display(), op, generation, "purging partition");
+        // The core may have committed later ops in the same step (their
+        // requests are in its client table already). A table recorded
+        // with this op's points would then cover requests a restart from
+        // them applies again: they would be taken for duplicates and
+        // skipped (a consumer-offset store rolled back at boot was lost
+        // that way: replog-sim --purges --deletes 20002303). So the
+        // table is recorded only when this op is the core's last applied;
+        // otherwise the points are recorded without one, and a restart
+        // from them starts deduplication empty (docs/consensus.md §9).
+        let table_current = self.replica.commit_min() == op;
         // 1. Frontier reset first (see the module comment), with the client
         // table under the same point so that a crash mid-purge restores it.
         // It already holds this op's request: the op is applied again, as
         // a duplicate, which the purge ignores (it is gated by generation).
-        self.write_client_table(op.saturating_sub(1), h.parent, 0, true)
-            .await?;
+        if table_current {
+            self.write_client_table(op.saturating_sub(1), h.parent, 0, true)
+                .await?;
+        }
         self.durable
             .reset_applied(op.saturating_sub(1), h.parent, 0)
             .await
@@ -159,7 +171,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             next_offset: 0,
         };
         // 6. The applied point moves past the purge.
-        self.record_applied_point(op, h.checksum, 0).await?;
+        if table_current {
+            self.record_applied_point(op, h.checksum, 0).await?;
+        } else {
+            self.durable
+                .record_applied(op, h.checksum, 0)
+                .await
+                .map_err(PartitionError::Superblock)?;
+            self.offsets.settle(op);
+        }
         Ok(())
     }
 }
