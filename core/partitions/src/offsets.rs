@@ -161,13 +161,18 @@ impl ConsumerOffsets {
         }
     }
 
+    /// The slot of `kind` in the per-kind arrays.
+    fn kind_slot(kind: ConsumerKind) -> usize {
+        usize::from(kind == ConsumerKind::ConsumerGroup)
+    }
+
     fn undo_mut(&mut self, kind: ConsumerKind) -> &mut BTreeMap<u32, Undo> {
-        &mut self.undo[usize::from(kind == ConsumerKind::ConsumerGroup)]
+        &mut self.undo[Self::kind_slot(kind)]
     }
 
     /// The value of `(kind, id)` as of the applied point `recorded`.
     fn value_at(&self, kind: ConsumerKind, id: u32, recorded: u64) -> Option<u64> {
-        match self.undo[usize::from(kind == ConsumerKind::ConsumerGroup)].get(&id) {
+        match self.undo[Self::kind_slot(kind)].get(&id) {
             Some(undo) if undo.op > recorded => undo.before,
             _ => self.durable.get(kind, id),
         }

@@ -1429,7 +1429,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             return Ok(());
         }
         let broken = |property: &'static str, detail: String| {
-            Err(consensus::vsr::InvariantViolation { property, detail })
+            Err(consensus::vsr::InvariantViolation::new(property, detail))
         };
         let sb = self.durable.state();
         let applied = self.replica.commit_min();

@@ -205,12 +205,13 @@ pub(crate) struct Workload {
     delete_prng: Prng,
     /// Each topic's groups, by topic number (`t{n}`).
     topic_groups: Vec<Vec<GroupId>>,
-    /// Groups a purge holds: no client sends to them until the purge is
-    /// seen applied. `Some(generation)` once group 0 committed it.
-    purging: BTreeMap<GroupId, Option<u64>>,
+    /// Groups a purge or delete holds: no client sends to them until the
+    /// purge is seen applied (`Some(generation)` once group 0 committed
+    /// it) or the delete answered.
+    held: BTreeMap<GroupId, Option<u64>>,
     /// A purge or delete of topic `n` that client `i` waits to send until
     /// no request to its groups is in flight: `(i, n, action)`.
-    purge_waiting: Option<(usize, usize, TopicAction)>,
+    topic_action_waiting: Option<(usize, usize, TopicAction)>,
     /// The last purge generation the workload waited for, per group.
     purge_targets: BTreeMap<GroupId, u64>,
     /// Groups of deleted topics (a replica that has not applied the
@@ -262,8 +263,8 @@ impl Workload {
             deletes,
             delete_prng: Prng::new(seed ^ 0xDE1E_7E00),
             topic_groups: Vec::new(),
-            purging: BTreeMap::new(),
-            purge_waiting: None,
+            held: BTreeMap::new(),
+            topic_action_waiting: None,
             purge_targets: BTreeMap::new(),
             deleted_groups: BTreeSet::new(),
             stats: WorkloadStats::default(),
@@ -286,15 +287,15 @@ impl Workload {
     /// Client `i`'s purge: started now and then (its groups then take no
     /// new requests), sent once they are quiet. `Some` is the request to
     /// send; `None` with `true` means the client waits this turn.
-    fn purge_turn(&mut self, i: usize) -> (Option<Request>, bool) {
-        if let Some((client, n, action)) = self.purge_waiting {
+    fn topic_action_turn(&mut self, i: usize) -> (Option<Request>, bool) {
+        if let Some((client, n, action)) = self.topic_action_waiting {
             if client != i {
                 return (None, false);
             }
             if self.meta_busy || !self.quiet(&self.topic_groups[n]) {
                 return (None, true);
             }
-            self.purge_waiting = None;
+            self.topic_action_waiting = None;
             self.meta_busy = true;
             let (stream, topic) = (
                 Identifier::Name(STREAM.into()),
@@ -306,7 +307,7 @@ impl Workload {
             };
             return (Some(Request::Meta(op)), true);
         }
-        let idle = self.purging.is_empty() && !self.meta_busy && !self.topic_groups.is_empty();
+        let idle = self.held.is_empty() && !self.meta_busy && !self.topic_groups.is_empty();
         let action = if self.purges
             && idle
             && self.purge_prng.below_inclusive(PURGE_ONE_IN - 1) == 0
@@ -328,9 +329,9 @@ impl Workload {
             return (None, false);
         }
         for &g in &self.topic_groups[n] {
-            self.purging.insert(g, None);
+            self.held.insert(g, None);
         }
-        self.purge_waiting = Some((i, n, action));
+        self.topic_action_waiting = Some((i, n, action));
         (None, true)
     }
 
@@ -340,7 +341,7 @@ impl Workload {
     fn watch_purges(&mut self, cluster: &Cluster, oracle: &mut Oracle, trace: &mut Trace) {
         let tick = cluster.tick();
         let applied: Vec<GroupId> = self
-            .purging
+            .held
             .iter()
             .filter_map(|(&g, target)| {
                 let target = (*target)?;
@@ -354,7 +355,7 @@ impl Workload {
             })
             .collect();
         for g in applied {
-            self.purging.remove(&g);
+            self.held.remove(&g);
             oracle.purged(g);
             self.stats.purges += 1;
             trace.record(Event::State {
@@ -530,14 +531,14 @@ impl Workload {
         if self.groups.is_empty() {
             return None;
         }
-        match self.purge_turn(i) {
+        match self.topic_action_turn(i) {
             (Some(request), _) => return Some(request),
             (None, true) => return None,
             (None, false) => {}
         }
         let roll = self.prng.below_inclusive(99);
         let group = self.groups[self.prng.below_inclusive(self.groups.len() as u64 - 1) as usize];
-        if self.purging.contains_key(&group) {
+        if self.held.contains_key(&group) {
             return None;
         }
         let client = self.clients[i].id;
@@ -988,7 +989,7 @@ impl Workload {
                 self.groups.retain(|g| !gone.contains(g));
                 self.deleted_groups.extend(gone.iter().copied());
                 for g in &gone {
-                    self.purging.remove(g);
+                    self.held.remove(g);
                 }
                 self.stats.topic_deletes += 1;
             }
@@ -1012,7 +1013,7 @@ impl Workload {
                     let last = self.purge_targets.get(&g).copied().unwrap_or(0);
                     let target = committed.max(last + 1);
                     self.purge_targets.insert(g, target);
-                    self.purging.insert(g, Some(target));
+                    self.held.insert(g, Some(target));
                 }
             }
             _ => {}

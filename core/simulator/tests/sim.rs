@@ -565,6 +565,14 @@ fn purges_keep_every_safety_property_and_are_all_applied() {
     assert!(purges > 48, "only {purges} group purges applied");
 }
 
+/// A 3 × 2 run of `ticks` with purges, and deletes when `deletes`.
+fn lifecycle(seed: u64, profile: FaultProfile, ticks: u64, deletes: bool) -> Options {
+    let mut o = options(seed, profile, 3, 2, ticks);
+    o.purges = true;
+    o.deletes = deletes;
+    o
+}
+
 /// Every seed of `seeds` under every profile, 3 × 2, 1,500 ticks, with
 /// purges (and deletes when `deletes`), each required clean.
 fn lifecycle_runs(
@@ -575,10 +583,7 @@ fn lifecycle_runs(
     let mut runs = Vec::new();
     for &profile in profiles {
         for seed in seeds.clone() {
-            let mut o = options(seed, profile, 3, 2, 1_500);
-            o.purges = true;
-            o.deletes = deletes;
-            runs.push(clean(&o));
+            runs.push(clean(&lifecycle(seed, profile, 1_500, deletes)));
         }
     }
     runs
@@ -605,9 +610,7 @@ fn regression_purges_19600030_19600038_19600033_committed_purge_never_applied() 
         (19_600_033, FaultProfile::Disk),
         (19_600_070, FaultProfile::Disk),
     ] {
-        let mut o = options(seed, profile, 3, 2, 2_000);
-        o.purges = true;
-        clean(&o);
+        clean(&lifecycle(seed, profile, 2_000, false));
     }
 }
 
@@ -644,10 +647,7 @@ fn topic_deletes_are_carried_out_everywhere_and_never_undone() {
 #[ignore = "known liveness gap: a pristine member never reports to a census"]
 fn regression_blackout_19700042_purge_of_a_group_stuck_in_the_census_gap() {
     for seed in [19_700_042, 19_700_102, 19_700_113] {
-        let mut o = options(seed, FaultProfile::Blackout, 3, 2, 2_000);
-        o.purges = true;
-        o.deletes = true;
-        clean(&o);
+        clean(&lifecycle(seed, FaultProfile::Blackout, 2_000, true));
     }
 }
 
@@ -661,10 +661,7 @@ fn regression_blackout_19700042_purge_of_a_group_stuck_in_the_census_gap() {
 #[test]
 fn regression_purges_20002303_20001999_store_after_a_purge_taken_for_a_duplicate() {
     for seed in [20_002_303, 20_001_999] {
-        let mut o = options(seed, FaultProfile::Mixed, 3, 2, 2_000);
-        o.purges = true;
-        o.deletes = true;
-        clean(&o);
+        clean(&lifecycle(seed, FaultProfile::Mixed, 2_000, true));
     }
 }
 
@@ -676,8 +673,5 @@ fn regression_purges_20002303_20001999_store_after_a_purge_taken_for_a_duplicate
 #[test]
 #[ignore = "known gap: an install that could not record purge.gen leaves the generation behind"]
 fn regression_purges_20000993_install_could_not_record_the_purge_generation() {
-    let mut o = options(20_000_993, FaultProfile::Mixed, 3, 2, 2_000);
-    o.purges = true;
-    o.deletes = true;
-    clean(&o);
+    clean(&lifecycle(20_000_993, FaultProfile::Mixed, 2_000, true));
 }

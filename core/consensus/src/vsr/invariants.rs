@@ -30,8 +30,15 @@ impl fmt::Display for InvariantViolation {
 
 impl std::error::Error for InvariantViolation {}
 
+impl InvariantViolation {
+    /// `property` broken, with the values in `detail`.
+    pub fn new(property: &'static str, detail: String) -> Self {
+        Self { property, detail }
+    }
+}
+
 fn broken(property: &'static str, detail: String) -> Result<(), InvariantViolation> {
-    Err(InvariantViolation { property, detail })
+    Err(InvariantViolation::new(property, detail))
 }
 
 impl Replica {
