@@ -322,7 +322,6 @@ fn given_staged_chain_when_installed_should_serve_new_chain_offsets_and_frontier
     let (mut f, _) = fixture(1);
     let out = block_on(f.old.install_partition_state(input(&f))).unwrap();
     assert_eq!(out.applied_commit_op, f.commit_op);
-    assert!(out.purge_generation_recorded);
     assert_fully_installed(&f.old, &f);
     assert_eq!(f.old.replica().commit_min(), f.commit_op);
     assert_eq!(f.old.replica().commit_min_checksum(), CHECKSUM);
@@ -528,8 +527,7 @@ fn given_offer_after_a_missed_purge_when_installed_should_reset_the_frontier_and
         .encode(),
         ..input(&f)
     };
-    let out = block_on(f.old.install_partition_state(i.clone())).unwrap();
-    assert!(out.purge_generation_recorded);
+    block_on(f.old.install_partition_state(i.clone())).unwrap();
     assert_eq!(f.old.purge_generation(), 1);
     assert_eq!(f.old.offset_frontier(), 5);
     assert_eq!(messages(&f.old), f.new_messages[..5].to_vec());
@@ -550,6 +548,70 @@ fn given_offer_after_a_missed_purge_when_installed_should_reset_the_frontier_and
         err,
         PartitionInstallError::PurgeGenerationBehind { .. }
     ));
+}
+
+/// A `purge.gen` that cannot be written fails the install, which converges
+/// and pulls again: an installed purged state never stands under the old
+/// generation. (Mixed seed 20000993 went on with the old generation on
+/// disk; the replica booted behind the generation group 0 committed, and
+/// only a later purge would have recorded it.)
+#[test]
+fn given_purge_generation_unwritable_when_installing_past_a_purge_should_converge_then_record_it_on_retry()
+ {
+    let mut refused = 0;
+    for nth in 1..=12 {
+        let (mut f, source) = fixture(40 + nth);
+        for s in &f.staged[1..] {
+            let (log, index) = s.staging_paths(&dir());
+            block_on(f.fs.remove_file(&log)).unwrap();
+            block_on(f.fs.remove_file(&index)).unwrap();
+        }
+        let i = InstallInput {
+            staged: vec![f.staged[0].clone()],
+            offsets_artifact: ConsumerOffsetsWire {
+                purge_generation: 1,
+                next_offset: 5,
+                consumers: vec![],
+                groups: vec![],
+                dedup: vec![],
+            }
+            .encode(),
+            ..input(&f)
+        };
+        // Every attempt at one rename fails, so the retries cannot absorb
+        // it; which rename it hits moves with `nth`.
+        for k in 0..3 {
+            f.fs.fail_nth(FaultKind::Rename, nth + k, EIO);
+        }
+        let result = block_on(f.old.install_partition_state(i.clone()));
+        f.fs.clear_faults();
+        if let Err(err) = result {
+            if matches!(err, PartitionInstallError::PurgeGenerationNotDurable { .. }) {
+                refused += 1;
+                assert_eq!(f.old.purge_generation(), 0, "rename #{nth}");
+                assert!(messages(&f.old).is_empty(), "rename #{nth}: not converged");
+                assert!(
+                    block_on(f.fs.exists(&dir().join(INSTALL_MARKER_FILE))).unwrap()
+                        || f.old.offset_frontier() == 5,
+                    "rename #{nth}: converged to the offer's frontier"
+                );
+            }
+            let again = InstallInput {
+                staged: stage(&f.fs, &source[..1]),
+                ..i
+            };
+            block_on(f.old.install_partition_state(again))
+                .unwrap_or_else(|e| panic!("rename #{nth}: retry failed: {e:?}"));
+        }
+        assert_eq!(f.old.purge_generation(), 1, "rename #{nth}");
+        drop(f.old);
+        f.fs.crash_with(storage::fs::CrashMode::DropAll);
+        let p = open_at(&f.fs, &dir(), 1 << 20);
+        assert_eq!(p.purge_generation(), 1, "rename #{nth}: generation durable");
+        assert_eq!(p.offset_frontier(), 5, "rename #{nth}");
+        assert_eq!(messages(&p), f.new_messages[..5].to_vec(), "rename #{nth}");
+    }
+    assert!(refused > 0, "no rename fault reached purge.gen");
 }
 
 /// Errors allowed when `kind` fails at some call of the install, and

@@ -170,9 +170,6 @@ pub const fn validate_consumer_offset_transfer_count(
 pub struct PartitionInstallOutcome {
     /// The consensus op the install applied (an op, never an offset).
     pub applied_commit_op: u64,
-    /// Whether the offered purge generation is durable here; `false` means a
-    /// restart may repeat the purge and the transfer.
-    pub purge_generation_recorded: bool,
 }
 
 /// Why an install failed. The check phase mutates nothing; from the
@@ -258,14 +255,25 @@ pub enum PartitionInstallError {
         /// What fenced it.
         reason: String,
     },
-    /// The offer carries an older purge generation than this replica's
-    /// (applied, or committed on the metadata plane): it was built before
-    /// a purge this replica already knows about.
+    /// The offer carries an older purge generation than the one this
+    /// replica applied: it was built before a purge this replica already
+    /// carried out.
     PurgeGenerationBehind {
         /// The offer's generation.
         offered: u64,
         /// The local generation it is below.
         local: u64,
+    },
+    /// The offered purge generation could not be recorded in `purge.gen`;
+    /// the install converges and pulls again rather than leave the
+    /// installed state under an older generation.
+    PurgeGenerationNotDurable {
+        /// The offered generation.
+        generation: u64,
+        /// The `purge.gen` file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
     },
     /// The offer's dedup slice does not fit this replica's client table.
     Dedup(consensus::client_table::ClientTableError),
@@ -340,6 +348,15 @@ impl fmt::Display for PartitionInstallError {
             Self::PurgeGenerationBehind { offered, local } => write!(
                 f,
                 "offer purge generation {offered} is below the local generation {local}"
+            ),
+            Self::PurgeGenerationNotDurable {
+                generation,
+                path,
+                source,
+            } => write!(
+                f,
+                "recording purge generation {generation} in {} failed: {source}",
+                path.display()
             ),
             Self::Dedup(source) => write!(f, "offered dedup slice refused: {source}"),
             Self::AlreadyInstalling => {

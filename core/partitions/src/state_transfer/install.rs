@@ -101,8 +101,9 @@ use super::spill::StagedSegmentMeta;
 use super::wire::ConsumerOffsetsWire;
 use crate::bus::MessageBus;
 use crate::offset_storage::{
-    PurgeGeneration, REPLACEMENT_SUFFIX, commit_offset_replacement, delete_persisted_offset,
-    discard_offset_replacement, persist_purge_generation, stage_offset_replacement,
+    PURGE_GENERATION_FILE, PurgeGeneration, REPLACEMENT_SUFFIX, commit_offset_replacement,
+    delete_persisted_offset, discard_offset_replacement, persist_purge_generation,
+    stage_offset_replacement,
 };
 use crate::partition::{AppliedPoint, Partition};
 
@@ -1215,7 +1216,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .max()
             .unwrap_or(0);
         let installed_end = checked.staged.last().map(|s| s.end_offset);
-        let purge_generation_recorded = self.record_offered_generation(checked).await;
+        self.record_offered_generation(checked).await?;
         self.lift_to_installed_point(checked, installed_end, true);
         self.clear_missing_history().await;
         self.remove_install_marker().await;
@@ -1224,29 +1225,37 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         Ok(PartitionInstallOutcome {
             applied_commit_op: checked.commit_op,
-            purge_generation_recorded,
         })
     }
 
-    /// Records the offered purge generation when it advanced. A failure is
-    /// reported, not fatal: a restart would re-purge and re-transfer.
-    async fn record_offered_generation(&mut self, checked: &CheckedInstall) -> bool {
+    /// Records the offered purge generation when it advanced, before the
+    /// marker goes. A failure fails the install (and the caller converges):
+    /// an installed purged state under the old generation on disk would
+    /// boot behind the generation group 0 committed, and nothing but a
+    /// later purge would ever record it (mixed seed 20000993).
+    async fn record_offered_generation(
+        &mut self,
+        checked: &CheckedInstall,
+    ) -> Result<(), PartitionInstallError> {
         if !checked.purge_advances {
-            return true;
+            return Ok(());
         }
         let record = PurgeGeneration {
             generation: checked.wire.purge_generation,
             created_revision: self.config.created_revision,
         };
-        let recorded = match persist_purge_generation(&self.fs, &self.dir, record).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(dir = %self.dir.display(), generation = record.generation, %error, "install could not record the offered purge generation");
-                false
-            }
-        };
+        let fs = self.fs.clone();
+        let dir = self.dir.clone();
+        let path = dir.join(PURGE_GENERATION_FILE);
+        with_retry(&fs, &path, || persist_purge_generation(&fs, &dir, record))
+            .await
+            .map_err(|source| PartitionInstallError::PurgeGenerationNotDurable {
+                generation: record.generation,
+                path: path.clone(),
+                source,
+            })?;
         self.applied_purge_generation = record.generation;
-        recorded
+        Ok(())
     }
 
     /// The applied bookkeeping and the consensus core after an install or
