@@ -314,6 +314,101 @@ fn given_every_replica_restarted_at_once_when_all_report_should_serve_again_with
     }
 }
 
+/// A whole-group restart with members that never restarted because they
+/// hold nothing: cut off from the start, they stayed pristine (as a
+/// replica that created the group late does) while the others committed.
+/// The others crash and restart together and wait for a report from every
+/// member; each pristine member, once it has heard from so many that the
+/// rest cannot form a view, restarts in place and reports (op 0), and the
+/// census starts from the longest applied state. Without that the group
+/// waits for ever (blackout seed 11000822 of the cluster simulator).
+#[test]
+fn given_pristine_members_when_the_others_restart_at_once_should_report_and_let_the_census_start() {
+    for (n, pristine) in [(3u8, 0b100u32), (5, 0b11000)] {
+        let mut config = quiet(41 + u64::from(n), n);
+        config.requests_per_client = 40;
+        config.down_ticks_max = 0;
+        let mut s = sim(config);
+        s.partition(pristine);
+        assert!(
+            s.run_until(10_000, |s| s.acknowledged().len() >= 10)
+                .unwrap(),
+            "n={n}: no progress before the crash"
+        );
+        let acked = s.acknowledged().len();
+        let members: Vec<u8> = (0..n).filter(|r| pristine & (1 << r) == 0).collect();
+        for r in 0..n {
+            if pristine & (1 << r) != 0 {
+                let x = s.replica(r).unwrap();
+                assert_eq!((x.op(), x.commit_min()), (0, 0), "n={n}: r{r} not pristine");
+            }
+        }
+        for &r in &members {
+            s.crash(r);
+        }
+        s.heal_partition();
+        for &r in &members {
+            s.restart(r).unwrap();
+        }
+        let serving = s
+            .run_until(20_000, |s| {
+                (0..n).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
+            })
+            .unwrap();
+        assert!(serving, "n={n}: the group waited on its pristine members");
+        let starters: Vec<u8> = (0..n)
+            .filter(|r| s.replica(*r).unwrap().census_views_started() > 0)
+            .collect();
+        assert_eq!(starters.len(), 1, "n={n}: one census view, by one replica");
+        assert!(
+            members.contains(&starters[0]),
+            "n={n}: a pristine member started the census view"
+        );
+        converge(&mut s);
+        assert!(s.acknowledged().len() >= acked);
+        assert_eq!(s.acknowledged().len(), 2 * 40, "n={n}");
+    }
+}
+
+/// The other side of the rule above: a pristine member that hears a
+/// report from one restarted replica while another member never
+/// restarted keeps its vote, which that member needs to form a view (the
+/// restarted one is out of every quorum). Restarting in place there would
+/// leave the group waiting for a census the live member never joins.
+#[test]
+fn given_a_pristine_member_and_one_restarted_replica_when_a_view_must_form_should_keep_its_vote() {
+    let mut config = quiet(45, 3);
+    config.requests_per_client = 40;
+    config.down_ticks_max = 0;
+    let mut s = sim(config);
+    s.partition(0b100);
+    assert!(
+        s.run_until(10_000, |s| s.acknowledged().len() >= 10)
+            .unwrap()
+    );
+    let primary = (0..2u8)
+        .find(|&r| s.replica(r).is_some_and(|x| x.is_primary()))
+        .expect("a primary among the connected two");
+    s.crash(primary);
+    s.heal_partition();
+    s.restart(primary).unwrap();
+    let serving = s
+        .run_until(20_000, |s| {
+            (0..3).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
+        })
+        .unwrap();
+    assert!(
+        serving,
+        "the group did not form a view with its pristine member"
+    );
+    assert!(
+        (0..3).all(|r| s.replica(r).unwrap().census_views_started() == 0),
+        "a view change, not a census, should have answered"
+    );
+    converge(&mut s);
+    assert_eq!(s.acknowledged().len(), 2 * 40);
+}
+
 /// "Last replica standing": with one replica of three down for good, the
 /// two that restarted must wait (the missing one may hold a longer applied
 /// state, and a view without it could reuse its op numbers); when it

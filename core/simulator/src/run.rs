@@ -602,6 +602,22 @@ impl Run {
                     )));
                 }
                 let v = p.replica();
+                // Serving again: an idle group stuck waiting (a census that
+                // cannot complete) holds nothing anywhere and would
+                // otherwise pass every check below.
+                if v.status() != Status::Normal || !v.is_quorum_visible() {
+                    return Err(not(format!(
+                        "group {} on replica {r}: {:?}{}; {}",
+                        group.0,
+                        v.status(),
+                        if v.is_quorum_visible() {
+                            ""
+                        } else {
+                            ", out of every quorum"
+                        },
+                        self.describe_group(group)
+                    )));
+                }
                 if v.commit_min() != v.commit_max() || p.state_transfer_needed().is_some() {
                     return Err(not(format!(
                         "group {} on replica {r}: applied {} of {} committed{}; {}",

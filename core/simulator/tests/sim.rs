@@ -398,7 +398,6 @@ fn regression_mixed_16100645_stale_primaries_asking_about_a_view_that_never_form
 /// test above); docs/consensus.md §9, "A group created late, then a
 /// whole-cluster restart".
 #[test]
-#[ignore = "known liveness gap: a pristine member never reports to a census"]
 fn regression_blackout_11000822_group_created_late_joins_the_census() {
     clean(&options(11_000_822, FaultProfile::Blackout, 3, 2, 2_000));
 }
@@ -644,7 +643,6 @@ fn topic_deletes_are_carried_out_everywhere_and_never_undone() {
 /// sits idle at op 0 on every replica and passes for converged; a purge
 /// group 0 committed for it is never applied.
 #[test]
-#[ignore = "known liveness gap: a pristine member never reports to a census"]
 fn regression_blackout_19700042_purge_of_a_group_stuck_in_the_census_gap() {
     for seed in [19_700_042, 19_700_102, 19_700_113] {
         clean(&lifecycle(seed, FaultProfile::Blackout, 2_000, true));

@@ -25,6 +25,19 @@
 //! report's incarnation with a StartView, so each peer adopts it under the
 //! ordinary rule (barrier `D`) and catches up by repair or state transfer.
 //!
+//! **A pristine member.** A replica that created the group after the
+//! others had moved it on (it lagged on the metadata plane) holds nothing
+//! and never restarted: it is `Normal` in view 0, or running view changes
+//! alone, and sends no report, so a census of the others would wait for
+//! it for ever. Such a replica — nothing journaled, nothing applied, no
+//! view waiting to be persisted — that holds fresh reports from so many
+//! others that the rest, itself included, cannot complete a view change
+//! restarts in place: it becomes exactly what a reboot from its superblock
+//! would give, which a crash could have made it at any moment, and a
+//! reboot of a replica that holds nothing forgets nothing. From then on it
+//! reports like any restarted replica. While enough non-reporting replicas
+//! remain to form a view it keeps its vote, which one of them may need.
+//!
 //! What is lost: ops committed above `D` — durable on no replica. Every
 //! replica computes the same candidate from the same reports (a waiting
 //! replica's report does not change within a boot: it applies nothing
@@ -98,8 +111,15 @@ impl Replica {
         incarnation: u128,
         report: Census,
     ) {
-        if self.census_report().is_none() || incarnation == 0 || report.log_view > view {
+        if incarnation == 0 || report.log_view > view {
             return;
+        }
+        let waiting = self.census_report().is_some();
+        if !waiting && !self.is_pristine() {
+            return;
+        }
+        if self.census.heard.len() != usize::from(self.config.replica_count) {
+            self.census = CensusBook::new(self.config.replica_count);
         }
         let ticks = self.ticks;
         let Some(slot) = self.census.heard.get_mut(usize::from(from)) else {
@@ -111,6 +131,12 @@ impl Replica {
             report,
             at_tick: ticks,
         });
+        if !waiting {
+            if !self.pristine_member_should_report(view) {
+                return;
+            }
+            self.restart_in_place();
+        }
         // Answer with ours, so the prober learns of us without waiting for
         // our next probe; once per probe interval per peer, so two waiting
         // replicas do not echo each other for ever.
@@ -129,6 +155,47 @@ impl Replica {
             self.send_request_start_view_to(from);
         }
         self.maybe_start_census_view();
+    }
+
+    /// Nothing journaled, nothing applied, no view waiting to be persisted,
+    /// not already probing: a reboot from the superblock would forget
+    /// nothing, so this replica may become one ([`Replica::restart_in_place`]).
+    fn is_pristine(&self) -> bool {
+        self.status != Status::Recovering
+            && self.recovering.is_none()
+            && self.op() == 0
+            && self.commit_min == 0
+            && self.view == self.durable_view
+            && self.log_view == self.durable_log_view
+    }
+
+    /// Whether a pristine member that just heard a report (in a frame of
+    /// `view`) should restart in place and report too: the census waits
+    /// for every member, and a member that holds nothing but never
+    /// restarted (it created the group after the others moved on) would
+    /// otherwise never report. It does so only when the replicas it did
+    /// not hear from recently, itself included, are too few to complete a
+    /// view change: then its vote cannot help any view form, and giving
+    /// it up costs nothing. With enough of them left it keeps its vote,
+    /// since a member that never restarted may need it to form a view
+    /// that answers the waiting ones. A primary that will answer the
+    /// prober keeps its role.
+    fn pristine_member_should_report(&self, view: u32) -> bool {
+        if self.is_primary() && self.log_view == self.view && view <= self.view {
+            return false;
+        }
+        let window = self.census_window_ticks();
+        let me = usize::from(self.config.replica);
+        let heard = self
+            .census
+            .heard
+            .iter()
+            .enumerate()
+            .filter(|(index, slot)| {
+                *index != me && slot.is_some_and(|h| self.ticks.saturating_sub(h.at_tick) <= window)
+            })
+            .count();
+        usize::from(self.config.replica_count).saturating_sub(heard) < self.quorums.view_change
     }
 
     /// Starts the census view if every other replica reported recently and

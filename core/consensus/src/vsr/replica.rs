@@ -602,27 +602,65 @@ impl Replica {
             }
             return r;
         }
-        let drawn = (u128::from(r.prng.next_u64()) << 64 | u128::from(r.prng.next_u64())) | 1;
+        r.census = super::census::CensusBook::new(config.replica_count);
+        r.begin_probing(rejoin);
+        r
+    }
+
+    /// Quorum-invisible from here: draw this boot's incarnation and probe
+    /// everyone for the current view.
+    fn begin_probing(&mut self, rejoin: bool) {
+        let drawn = (u128::from(self.prng.next_u64()) << 64 | u128::from(self.prng.next_u64())) | 1;
         // The top bit tells the peers whether to report their views.
         let incarnation = if rejoin {
             drawn | REJOIN_PROBE
         } else {
             drawn & !REJOIN_PROBE
         };
-        r.status = Status::Recovering;
+        self.status = Status::Recovering;
         // The durable commit bound may name ops of a history a whole-group
         // restart then replaced (census.rs); the primary's answer says
         // what is committed.
-        r.commit_max = r.commit_min;
-        r.census = super::census::CensusBook::new(config.replica_count);
-        r.recovering = Some(Recovery {
+        self.commit_max = self.commit_min;
+        self.recovering = Some(Recovery {
             incarnation,
             barrier: None,
             rejoin: rejoin.then(RejoinBound::default),
         });
-        r.timers.request_start_view.start();
-        r.send_request_start_view(None);
-        r
+        self.timers.request_start_view.start();
+        self.send_request_start_view(None);
+    }
+
+    /// Becomes what a reboot from this replica's durable state would give
+    /// ([`Replica::restart`]), in place. Only sound when the reboot would
+    /// forget nothing: the caller checks that nothing is journaled or
+    /// applied and that no view is waiting to be persisted (census.rs,
+    /// "A pristine member"). The driver's queue, the PRNG, the tick count,
+    /// the client table and the census reports heard carry over.
+    pub(super) fn restart_in_place(&mut self) {
+        let durable = DurableState {
+            view: self.durable_view,
+            log_view: self.durable_log_view,
+            commit: self.commit_max,
+        };
+        let applied = AppliedState {
+            commit_min: self.commit_min,
+            checksum: self.commit_min_checksum,
+        };
+        let mut fresh = Self::blank(self.config, durable, applied);
+        fresh.prng = self.prng.clone();
+        fresh.ticks = self.ticks;
+        fresh.last_timestamp = self.last_timestamp;
+        fresh.observed_newer_view = self.observed_newer_view;
+        fresh.census_views_started = self.census_views_started;
+        fresh.client_table = std::mem::replace(
+            &mut self.client_table,
+            ClientTable::new(self.config.clients_max),
+        );
+        fresh.census = std::mem::take(&mut self.census);
+        fresh.actions = std::mem::take(&mut self.actions);
+        *self = fresh;
+        self.begin_probing(false);
     }
 
     /// A replica whose disk was replaced: nothing durable, and possibly
