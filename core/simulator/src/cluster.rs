@@ -580,6 +580,21 @@ impl Cluster {
             .map(|i| i.purge_generation)
     }
 
+    /// The message expiry (µs) of `group`'s topic in replica `r`'s
+    /// metadata: `Some(0)` when its messages never expire.
+    pub(crate) fn metadata_message_expiry_us(&self, r: u8, group: GroupId) -> Option<u64> {
+        let shard0 = self.nodes[usize::from(r)].shards.as_ref()?.first()?;
+        let host = shard0.metadata()?;
+        host.state()
+            .partition_groups()
+            .iter()
+            .find(|i| i.group == group)
+            .map(|i| match i.config.message_expiry {
+                metadata::MessageExpiry::After { micros } => micros,
+                metadata::MessageExpiry::ServerDefault | metadata::MessageExpiry::Never => 0,
+            })
+    }
+
     /// The purge generation replica `r`'s copy of `group` applied.
     pub(crate) fn applied_purge_generation(&self, r: u8, group: GroupId) -> Option<u64> {
         self.shard(r, group)?

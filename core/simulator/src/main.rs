@@ -50,6 +50,9 @@ struct Args {
     /// Topic deletes in the workload.
     #[arg(long)]
     deletes: bool,
+    /// Topics that expire their messages (retention) in the workload.
+    #[arg(long)]
+    retention: bool,
 }
 
 fn main() -> ExitCode {
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
     options.exceed_f = args.exceed_f;
     options.purges = args.purges;
     options.deletes = args.deletes;
+    options.retention = args.retention;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

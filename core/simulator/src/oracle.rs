@@ -58,6 +58,9 @@ pub enum Property {
     PurgedValueRead,
     /// A replica's or a partition's `invariants()` failed after a step.
     Invariant,
+    /// A message is gone from a converged log although retention could
+    /// not have removed it yet (or its topic expires nothing).
+    RemovedBeforeExpiry,
 }
 
 impl Property {
@@ -80,6 +83,7 @@ impl Property {
             Self::Panicked => "panicked",
             Self::PurgedValueRead => "purged-value-read",
             Self::Invariant => "invariant",
+            Self::RemovedBeforeExpiry => "removed-before-expiry",
         }
     }
 }
@@ -171,6 +175,9 @@ struct Sent {
     /// A purge of its group applied after it landed: it must never be
     /// read again.
     purged: bool,
+    /// The tick it was first sent: the primary stamps it no earlier, so
+    /// retention removes it no earlier than its topic's expiry after this.
+    sent_tick: u64,
 }
 
 /// What reads of one consumer's stored offset may return. A write is a
@@ -214,8 +221,8 @@ pub(crate) struct Oracle {
 }
 
 impl Oracle {
-    /// A batch `tag` of `messages` messages was sent to `group`.
-    pub(crate) fn produced(&mut self, tag: u64, group: GroupId, messages: u32) {
+    /// A batch `tag` of `messages` messages was sent to `group` at `tick`.
+    pub(crate) fn produced(&mut self, tag: u64, group: GroupId, messages: u32, tick: u64) {
         self.sent.insert(
             tag,
             Sent {
@@ -224,6 +231,7 @@ impl Oracle {
                 fate: Fate::Pending,
                 confirmed_base: None,
                 purged: false,
+                sent_tick: tick,
             },
         );
     }
@@ -433,18 +441,54 @@ impl Oracle {
     /// The whole log of `group` on a converged replica: dense from 0,
     /// agreeing with every observation, every acknowledged batch present,
     /// every batch whole or absent, nothing refused present.
+    ///
+    /// `expired_before`: when the group's topic expires messages, the tick
+    /// before which a batch must have been sent for retention to have
+    /// removed it by now. The log may then start past 0, and an
+    /// acknowledged batch may be missing, but only a batch sent before
+    /// that tick and not at or above the log's start; every offset ever
+    /// served below the start must be such a batch's.
     pub(crate) fn final_log(
         &mut self,
         group: GroupId,
         messages: &[(u64, Vec<u8>)],
+        expired_before: Option<u64>,
     ) -> Result<(), Violation> {
-        if let Some(&(first, _)) = messages.first()
-            && first != 0
-        {
-            return Err(Violation::new(
-                Property::OffsetsNotDense,
-                format!("group {}: the log starts at offset {first}, not 0", group.0),
-            ));
+        let start = messages.first().map(|&(first, _)| first);
+        match expired_before {
+            None => {
+                if let Some(first) = start
+                    && first != 0
+                {
+                    return Err(Violation::new(
+                        Property::OffsetsNotDense,
+                        format!("group {}: the log starts at offset {first}, not 0", group.0),
+                    ));
+                }
+            }
+            Some(before) => {
+                // An empty log of an expiring group: every sealed segment
+                // went and the active one is empty.
+                let start = start.unwrap_or(u64::MAX);
+                let gone = self
+                    .at_offset
+                    .get(&group)
+                    .map(|m| m.range(..start))
+                    .into_iter()
+                    .flatten();
+                for (&offset, &(tag, index)) in gone {
+                    let sent = self.sent.get(&tag).map(|s| s.sent_tick);
+                    if sent.is_none_or(|t| t >= before) {
+                        return Err(Violation::new(
+                            Property::RemovedBeforeExpiry,
+                            format!(
+                                "group {}: offset {offset} (batch {tag} message {index}, sent at tick {sent:?}) is gone; the log starts at {start}, and only batches sent before tick {before} may have expired",
+                                group.0
+                            ),
+                        ));
+                    }
+                }
+            }
         }
         self.polled(group, messages)?;
         let mut seen: BTreeMap<u64, Vec<(u32, u64)>> = BTreeMap::new();
@@ -459,7 +503,13 @@ impl Oracle {
             .filter(|(_, s)| s.group == group && !s.purged)
         {
             let parts = seen.get(tag);
+            let expired = expired_before.is_some_and(|before| {
+                s.sent_tick < before
+                    && s.confirmed_base
+                        .is_none_or(|base| start.is_none_or(|first| base < first))
+            });
             match (s.fate, parts) {
+                (Fate::Acknowledged, None) if expired => {}
                 (Fate::Acknowledged, None) => {
                     return Err(Violation::new(
                         Property::AcknowledgedLost,
@@ -589,8 +639,8 @@ mod tests {
     #[test]
     fn given_two_values_at_one_offset_when_observed_should_report_it() {
         let mut o = Oracle::default();
-        o.produced(1, g(5), 2);
-        o.produced(2, g(5), 2);
+        o.produced(1, g(5), 2, 0);
+        o.produced(2, g(5), 2, 0);
         o.polled(g(5), &log(1, 2, 0)).unwrap();
         let v = o.polled(g(5), &log(2, 2, 0)).unwrap_err();
         assert_eq!(v.property, Property::TwoValuesAtOffset);
@@ -599,7 +649,7 @@ mod tests {
     #[test]
     fn given_one_value_at_two_offsets_when_observed_should_report_it() {
         let mut o = Oracle::default();
-        o.produced(1, g(5), 2);
+        o.produced(1, g(5), 2, 0);
         o.polled(g(5), &log(1, 2, 0)).unwrap();
         let v = o.polled(g(5), &log(1, 2, 2)).unwrap_err();
         assert_eq!(v.property, Property::ValueAtTwoOffsets);
@@ -609,26 +659,26 @@ mod tests {
     fn given_confirmed_base_when_served_elsewhere_should_report_it_either_order() {
         // Acknowledged first, served at another offset later.
         let mut o = Oracle::default();
-        o.produced(1, g(5), 2);
-        o.produced(2, g(5), 1);
+        o.produced(1, g(5), 2, 0);
+        o.produced(2, g(5), 1, 0);
         o.acknowledged(1, Some(1)).unwrap();
         o.polled(g(5), &log(2, 1, 0)).unwrap();
         o.polled(g(5), &log(1, 2, 1)).unwrap();
         assert_eq!(o.confirmed(), 1);
         let mut o = Oracle::default();
-        o.produced(1, g(5), 2);
+        o.produced(1, g(5), 2, 0);
         o.acknowledged(1, Some(3)).unwrap();
         let v = o.polled(g(5), &log(1, 2, 0)).unwrap_err();
         assert_eq!(v.property, Property::NotAtConfirmedOffset);
         // Served first, acknowledged at another base later.
         let mut o = Oracle::default();
-        o.produced(1, g(5), 2);
+        o.produced(1, g(5), 2, 0);
         o.polled(g(5), &log(1, 2, 0)).unwrap();
         let v = o.acknowledged(1, Some(4)).unwrap_err();
         assert_eq!(v.property, Property::NotAtConfirmedOffset);
         // No base named: nothing to check beyond the rest.
         let mut o = Oracle::default();
-        o.produced(1, g(5), 2);
+        o.produced(1, g(5), 2, 0);
         o.polled(g(5), &log(1, 2, 7)).unwrap();
         o.acknowledged(1, None).unwrap();
         assert_eq!(o.confirmed(), 0);
@@ -637,7 +687,7 @@ mod tests {
     #[test]
     fn given_gap_when_polled_should_report_offsets_not_dense() {
         let mut o = Oracle::default();
-        o.produced(1, g(5), 3);
+        o.produced(1, g(5), 3, 0);
         let mut l = log(1, 3, 0);
         l.remove(1);
         assert_eq!(
@@ -649,17 +699,17 @@ mod tests {
     #[test]
     fn given_acknowledged_batch_missing_when_final_log_checked_should_report_it_lost() {
         let mut o = Oracle::default();
-        o.produced(1, g(5), 2);
-        o.produced(2, g(5), 2);
+        o.produced(1, g(5), 2, 0);
+        o.produced(2, g(5), 2, 0);
         o.settle(1, Fate::Unknown);
         o.settle(2, Fate::Acknowledged);
         // An unknown batch may be absent; the acknowledged one is there.
-        o.final_log(g(5), &log(2, 2, 0)).unwrap();
+        o.final_log(g(5), &log(2, 2, 0), None).unwrap();
         let mut o2 = Oracle::default();
-        o2.produced(1, g(5), 2);
+        o2.produced(1, g(5), 2, 0);
         o2.settle(1, Fate::Acknowledged);
         assert_eq!(
-            o2.final_log(g(5), &[]).unwrap_err().property,
+            o2.final_log(g(5), &[], None).unwrap_err().property,
             Property::AcknowledgedLost
         );
     }
@@ -667,10 +717,10 @@ mod tests {
     #[test]
     fn given_refused_batch_present_when_final_log_checked_should_report_it() {
         let mut o = Oracle::default();
-        o.produced(1, g(5), 2);
+        o.produced(1, g(5), 2, 0);
         o.settle(1, Fate::NeverApplied);
         assert_eq!(
-            o.final_log(g(5), &log(1, 2, 0)).unwrap_err().property,
+            o.final_log(g(5), &log(1, 2, 0), None).unwrap_err().property,
             Property::RefusedButApplied
         );
     }
@@ -678,13 +728,65 @@ mod tests {
     #[test]
     fn given_half_a_batch_when_final_log_checked_should_report_it_torn() {
         let mut o = Oracle::default();
-        o.produced(1, g(5), 3);
+        o.produced(1, g(5), 3, 0);
         o.settle(1, Fate::Unknown);
         let mut l = log(1, 3, 0);
         l.pop();
         assert_eq!(
-            o.final_log(g(5), &l).unwrap_err().property,
+            o.final_log(g(5), &l, None).unwrap_err().property,
             Property::BatchTorn
+        );
+    }
+
+    #[test]
+    fn given_an_expiring_group_when_final_log_starts_late_should_allow_only_expired_batches_gone() {
+        // Batch 1 (offsets 0–1) sent at tick 5, batch 2 (2–3) at tick 50,
+        // both acknowledged at their bases and served once.
+        let setup = || {
+            let mut o = Oracle::default();
+            o.produced(1, g(5), 2, 5);
+            o.produced(2, g(5), 2, 50);
+            o.acknowledged(1, Some(0)).unwrap();
+            o.acknowledged(2, Some(2)).unwrap();
+            o.polled(g(5), &log(1, 2, 0)).unwrap();
+            o.polled(g(5), &log(2, 2, 2)).unwrap();
+            o
+        };
+        // Batch 1 expired (sent before tick 10): the log may start at 2.
+        setup().final_log(g(5), &log(2, 2, 2), Some(10)).unwrap();
+        // Nothing expired yet: the same log lost batch 1.
+        assert_eq!(
+            setup()
+                .final_log(g(5), &log(2, 2, 2), Some(5))
+                .unwrap_err()
+                .property,
+            Property::RemovedBeforeExpiry
+        );
+        // A topic that expires nothing: the log must start at 0.
+        assert_eq!(
+            setup()
+                .final_log(g(5), &log(2, 2, 2), None)
+                .unwrap_err()
+                .property,
+            Property::OffsetsNotDense
+        );
+        // Everything removed while batch 2 is too young for it.
+        assert_eq!(
+            setup().final_log(g(5), &[], Some(10)).unwrap_err().property,
+            Property::RemovedBeforeExpiry
+        );
+        // An acknowledged batch never served, confirmed at or past the
+        // start, is lost however old it is.
+        let mut o = Oracle::default();
+        o.produced(1, g(5), 2, 5);
+        o.produced(2, g(5), 2, 5);
+        o.acknowledged(1, Some(0)).unwrap();
+        o.acknowledged(2, Some(2)).unwrap();
+        assert_eq!(
+            o.final_log(g(5), &log(1, 2, 0), Some(10))
+                .unwrap_err()
+                .property,
+            Property::AcknowledgedLost
         );
     }
 

@@ -8,7 +8,7 @@ use common::{GroupId, METADATA_GROUP};
 use consensus::vsr::{Prng, Status};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::cluster::{Cluster, ClusterError, TICK};
+use crate::cluster::{Cluster, ClusterError, Messages, TICK};
 use crate::faults::{FaultPlan, FaultStats};
 use crate::oracle::{Fate, Oracle, Property, Violation};
 use crate::profile::FaultProfile;
@@ -56,6 +56,10 @@ pub struct Options {
     /// groups are held quiet first, and must be gone from every replica
     /// once converged.
     pub deletes: bool,
+    /// Two topics in four expire their messages after 3 s of virtual time,
+    /// so retention removes sealed segments while the workload runs; the
+    /// final checks allow an expired prefix to be gone.
+    pub retention: bool,
 }
 
 impl Options {
@@ -74,6 +78,7 @@ impl Options {
             exceed_f: false,
             purges: false,
             deletes: false,
+            retention: false,
         }
     }
 
@@ -138,6 +143,9 @@ pub struct Summary {
     pub purges: u64,
     /// Topics deleted.
     pub topic_deletes: u32,
+    /// Messages retention had removed from the front of the expiring
+    /// topics' logs by the end (on every replica).
+    pub expired: u64,
     /// Polls answered.
     pub polls: u64,
     /// Calls and metadata ops sent (retries included).
@@ -224,7 +232,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} expired={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -237,6 +245,7 @@ impl fmt::Display for Summary {
             self.deletes_acknowledged,
             self.purges,
             self.topic_deletes,
+            self.expired,
             self.produces_unknown,
             self.polls,
             self.messages,
@@ -303,6 +312,7 @@ impl fmt::Display for Failure {
                 (o.exceed_f, " --exceed-f"),
                 (o.purges, " --purges"),
                 (o.deletes, " --deletes"),
+                (o.retention, " --retention"),
             ]
             .iter()
             .filter(|(on, _)| *on)
@@ -430,6 +440,8 @@ struct Run {
     ticks_run: u64,
     /// A run past f whose groups did not converge after healing.
     stalled: bool,
+    /// Messages retention removed everywhere, counted by the final checks.
+    expired: u64,
 }
 
 enum Stop {
@@ -692,9 +704,21 @@ impl Run {
         self.cluster.flush_all()?;
         let groups = self.cluster.metadata_groups(0).unwrap_or_default();
         let diverge = |detail: String| Violation::new(Property::ReplicasDiverge, detail);
+        let now_us = u64::try_from(self.cluster.clock.now().as_micros()).unwrap_or(u64::MAX);
+        let tick_us = u64::try_from(TICK.as_micros()).unwrap_or(1).max(1);
         for &group in &groups {
-            let mut reference: Option<Vec<(u64, Vec<u8>)>> = None;
-            let mut files_reference: Option<Vec<(String, Vec<u8>)>> = None;
+            // A topic that expires messages: each replica's retention runs
+            // on its own ticks, so each may have removed a different
+            // prefix; they must agree from the latest start on.
+            let expired_before = self
+                .cluster
+                .metadata_message_expiry_us(0, group)
+                .filter(|&expiry| expiry > 0)
+                // Retention removes a segment once its newest stamp plus
+                // the expiry is at most the time, and a batch is stamped
+                // no earlier than the tick it was sent.
+                .map(|expiry| now_us.saturating_sub(expiry) / tick_us + 1);
+            let mut held = Vec::new();
             for r in 0..self.cluster.replica_count {
                 let messages = self
                     .cluster
@@ -703,12 +727,31 @@ impl Run {
                         diverge(format!("group {} on replica {r} unreadable: {e}", group.0))
                     })?
                     .unwrap_or_default();
-                self.oracle.final_log(group, &messages)?;
+                self.oracle.final_log(group, &messages, expired_before)?;
+                let files = committed_files(self.cluster.segment_files(r, group))
+                    .map_err(|e| diverge(format!("group {} on replica {r}: {e}", group.0)))?;
+                held.push((messages, files));
+            }
+            let (from_offset, from_base) = if expired_before.is_some() {
+                common_start(&held)
+            } else {
+                (0, 0)
+            };
+            self.expired += held
+                .iter()
+                .filter_map(|(m, _)| m.first().map(|(o, _)| *o))
+                .min()
+                .unwrap_or(0);
+            let mut reference: Option<Vec<(u64, Vec<u8>)>> = None;
+            let mut files_reference: Option<Vec<(String, Vec<u8>)>> = None;
+            for (r, (mut messages, mut files)) in held.into_iter().enumerate() {
+                messages.retain(|(offset, _)| *offset >= from_offset);
+                files.retain(|(name, _)| file_base(name).is_some_and(|b| b >= from_base));
                 match &reference {
                     None => reference = Some(messages),
                     Some(m) if *m != messages => {
                         return Err(Stop::Violation(diverge(format!(
-                            "group {}: replica {r} holds {} messages, replica 0 {}",
+                            "group {}: replica {r} holds {} messages from offset {from_offset}, replica 0 {}",
                             group.0,
                             messages.len(),
                             m.len()
@@ -716,8 +759,6 @@ impl Run {
                     }
                     Some(_) => {}
                 }
-                let files = committed_files(self.cluster.segment_files(r, group))
-                    .map_err(|e| diverge(format!("group {} on replica {r}: {e}", group.0)))?;
                 match &files_reference {
                     None => files_reference = Some(files),
                     Some(f) if *f != files => {
@@ -813,6 +854,28 @@ impl Run {
 /// with the next append — a state-transfer install plants it at once, a
 /// running partition rotates lazily — so an empty trailing pair holds
 /// nothing to compare; an empty file anywhere else is a hole.
+/// Where replicas whose retention removed different prefixes must agree
+/// from: the latest first offset and the latest first segment base among
+/// them.
+fn common_start(held: &[(Messages, Vec<(String, Vec<u8>)>)]) -> (u64, u64) {
+    let from_offset = held
+        .iter()
+        .filter_map(|(m, _)| m.first().map(|(o, _)| *o))
+        .max()
+        .unwrap_or(0);
+    let from_base = held
+        .iter()
+        .filter_map(|(_, f)| f.iter().filter_map(|(n, _)| file_base(n)).min())
+        .max()
+        .unwrap_or(0);
+    (from_offset, from_base)
+}
+
+/// The base offset a segment file is named by (`{base:020}.log`).
+fn file_base(name: &str) -> Option<u64> {
+    name.split_once('.')?.0.parse().ok()
+}
+
 fn committed_files(mut files: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec<u8>)>, String> {
     let last_stem = files
         .iter()
@@ -865,12 +928,14 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
             options.profile.persisted_only() || options.exceed_f,
             options.purges,
             options.deletes,
+            options.retention,
         ),
         oracle: Oracle::default(),
         monitor: Monitor::default(),
         order_prng: Prng::new(seed ^ 0x0DE7_0003),
         ticks_run: 0,
         stalled: false,
+        expired: 0,
     };
     tracing::info!(seed, profile = %options.profile, replicas = options.replicas, shards = options.shards, ticks = options.ticks, "simulation starts");
     // A panic in shard, partition or consensus code (an assertion on its
@@ -927,6 +992,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         read_backs: run.cluster.read_backs(),
         slow_disks: run.cluster.slow_disks(),
         stalled: run.stalled,
+        expired: run.expired,
         superblock: run.cluster.superblock_writes(),
         frames: run.cluster.net.counts(),
         ticks_run: run.ticks_run,

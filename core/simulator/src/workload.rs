@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{ConsumerKind, GroupId, Offset};
 use consensus::vsr::Prng;
 use futures::channel::oneshot;
-use metadata::{Durability, Identifier, MetadataOp, Outcome, Refusal, TopicConfig};
+use metadata::{Durability, Identifier, MessageExpiry, MetadataOp, Outcome, Refusal, TopicConfig};
 use partitions::{PollRequest, PollingStrategy};
 use shard::{Answer, Call, CallError, MetaError};
 use storage::batch::BatchBuilder;
@@ -40,6 +40,10 @@ const PURGE_ONE_IN: u64 = 120;
 const DELETE_ONE_IN: u64 = 300;
 /// Topics created in all, deleted ones included.
 const TOPICS_CREATED_MAX: u32 = 12;
+/// With retention on, how old a message of an expiring topic may grow
+/// (3 s of virtual time, 300 ticks): a default run seals and expires
+/// segments many times over.
+pub(crate) const MESSAGE_EXPIRY_US: u64 = 3_000_000;
 
 /// What a client holds a topic's groups quiet for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +207,8 @@ pub(crate) struct Workload {
     deletes: bool,
     /// Draws for deletes alone.
     delete_prng: Prng,
+    /// Some topics expire their messages (`--retention`).
+    retention: bool,
     /// Each topic's groups, by topic number (`t{n}`).
     topic_groups: Vec<Vec<GroupId>>,
     /// Groups a purge or delete holds: no client sends to them until the
@@ -238,6 +244,7 @@ impl Workload {
         persisted_only: bool,
         purges: bool,
         deletes: bool,
+        retention: bool,
     ) -> Self {
         let mut prng = Prng::new(seed ^ 0xC11E_0007);
         let clients = (0..clients)
@@ -262,6 +269,7 @@ impl Workload {
             purge_prng: Prng::new(seed ^ 0x9E12_6E00),
             deletes,
             delete_prng: Prng::new(seed ^ 0xDE1E_7E00),
+            retention,
             topic_groups: Vec::new(),
             held: BTreeMap::new(),
             topic_action_waiting: None,
@@ -408,7 +416,7 @@ impl Workload {
                     if !issue_new {
                         continue;
                     }
-                    match self.next_request(i, oracle) {
+                    match self.next_request(i, tick, oracle) {
                         Some(r) => (r, 0),
                         None => continue,
                     }
@@ -514,7 +522,7 @@ impl Workload {
     }
 
     /// Picks the next request of client `i`.
-    fn next_request(&mut self, i: usize, oracle: &mut Oracle) -> Option<Request> {
+    fn next_request(&mut self, i: usize, tick: u64, oracle: &mut Oracle) -> Option<Request> {
         if !self.stream_created {
             if i != 0 || self.meta_busy {
                 return None;
@@ -580,7 +588,7 @@ impl Workload {
                         b"",
                     );
                 }
-                oracle.produced(tag, group, messages);
+                oracle.produced(tag, group, messages, tick);
                 Some(Request::Produce {
                     group,
                     tag,
@@ -639,6 +647,15 @@ impl Workload {
                 Durability::Replicated
             } else {
                 Durability::Persisted
+            },
+            // Two topics in four expire, one of each durability when both
+            // are in play.
+            message_expiry: if self.retention && matches!(n % 4, 1 | 2) {
+                MessageExpiry::After {
+                    micros: MESSAGE_EXPIRY_US,
+                }
+            } else {
+                MessageExpiry::ServerDefault
             },
             ..TopicConfig::default()
         };
