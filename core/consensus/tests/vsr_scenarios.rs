@@ -370,6 +370,63 @@ fn given_pristine_members_when_the_others_restart_at_once_should_report_and_let_
     }
 }
 
+/// The survivor of a double crash: two of three replicas restart at once
+/// while the third, a backup that applied everything it acknowledged,
+/// never crashed. It runs view changes alone (the restarted ones are out
+/// of every quorum) and sends no report, so without the rule above the
+/// census would wait for it for ever; with it, it starts waiting in place
+/// and reports its applied state, and the census keeps every
+/// acknowledged request.
+#[test]
+fn given_a_lone_survivor_in_a_view_change_when_the_others_restarted_should_report_and_let_the_census_start()
+ {
+    let mut config = quiet(47, 3);
+    config.requests_per_client = 40;
+    config.down_ticks_max = 0;
+    let mut s = sim(config);
+    assert!(
+        s.run_until(10_000, |s| s.acknowledged().len() >= 10)
+            .unwrap()
+    );
+    // Let everything prepared commit and apply everywhere first.
+    let settled = s
+        .run_until(10_000, |s| {
+            (0..3).all(|r| {
+                s.replica(r)
+                    .is_some_and(|x| x.op() == x.commit_min() && x.commit_min() > 0)
+            })
+        })
+        .unwrap();
+    assert!(settled, "the replicas never settled");
+    let primary = (0..3u8)
+        .find(|&r| s.replica(r).is_some_and(|x| x.is_primary()))
+        .expect("a primary");
+    let survivor = (0..3u8).find(|&r| r != primary).unwrap();
+    let acked = s.acknowledged().len();
+    for r in (0..3u8).filter(|&r| r != survivor) {
+        s.crash(r);
+    }
+    for r in (0..3u8).filter(|&r| r != survivor) {
+        s.restart(r).unwrap();
+    }
+    let serving = s
+        .run_until(20_000, |s| {
+            (0..3).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
+        })
+        .unwrap();
+    assert!(serving, "the group waited on its survivor");
+    assert_eq!(
+        (0..3)
+            .filter(|r| s.replica(*r).unwrap().census_views_started() > 0)
+            .count(),
+        1,
+        "one census view"
+    );
+    converge(&mut s);
+    assert!(s.acknowledged().len() >= acked);
+    assert_eq!(s.acknowledged().len(), 2 * 40);
+}
+
 /// The other side of the rule above: a pristine member that hears a
 /// report from one restarted replica while another member never
 /// restarted keeps its vote, which that member needs to form a view (the

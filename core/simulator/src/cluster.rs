@@ -580,6 +580,12 @@ impl Cluster {
             .map(|i| i.purge_generation)
     }
 
+    /// Replica `r`'s metadata state (`None` while it is down).
+    pub(crate) fn metadata_state(&self, r: u8) -> Option<metadata::MetadataState> {
+        let shard0 = self.nodes[usize::from(r)].shards.as_ref()?.first()?;
+        Some(shard0.metadata()?.state().clone())
+    }
+
     /// The message expiry (µs) of `group`'s topic in replica `r`'s
     /// metadata: `Some(0)` when its messages never expire.
     pub(crate) fn metadata_message_expiry_us(&self, r: u8, group: GroupId) -> Option<u64> {

@@ -704,6 +704,19 @@ impl Run {
         self.cluster.flush_all()?;
         let groups = self.cluster.metadata_groups(0).unwrap_or_default();
         let diverge = |detail: String| Violation::new(Property::ReplicasDiverge, detail);
+        // Group 0 applied the same op everywhere (convergence): the whole
+        // metadata state must be equal too, however each replica got there
+        // (its own log, a snapshot transfer, a reboot from a snapshot).
+        let reference = self.cluster.metadata_state(0);
+        for r in 1..self.cluster.replica_count {
+            let here = self.cluster.metadata_state(r);
+            if here != reference {
+                return Err(Stop::Violation(diverge(format!(
+                    "metadata state of replica {r} differs from replica 0's: {}",
+                    describe_state_difference(reference.as_ref(), here.as_ref())
+                ))));
+            }
+        }
         let now_us = u64::try_from(self.cluster.clock.now().as_micros()).unwrap_or(u64::MAX);
         let tick_us = u64::try_from(TICK.as_micros()).unwrap_or(1).max(1);
         for &group in &groups {
@@ -854,10 +867,33 @@ impl Run {
 /// with the next append — a state-transfer install plants it at once, a
 /// running partition rotates lazily — so an empty trailing pair holds
 /// nothing to compare; an empty file anywhere else is a hole.
+/// A replica's segment files of one group: `(name, bytes)`.
+type SegmentFiles = Vec<(String, Vec<u8>)>;
+
+/// The first field in which two metadata states differ, for a report.
+fn describe_state_difference(
+    a: Option<&metadata::MetadataState>,
+    b: Option<&metadata::MetadataState>,
+) -> String {
+    let (a, b) = (format!("{a:?}"), format!("{b:?}"));
+    let at = a
+        .bytes()
+        .zip(b.bytes())
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
+    let from = at.saturating_sub(120);
+    let window = |s: &str| {
+        s.get(from..(at + 120).min(s.len()))
+            .unwrap_or("")
+            .to_owned()
+    };
+    format!("replica 0 …{}… vs …{}…", window(&a), window(&b))
+}
+
 /// Where replicas whose retention removed different prefixes must agree
 /// from: the latest first offset and the latest first segment base among
 /// them.
-fn common_start(held: &[(Messages, Vec<(String, Vec<u8>)>)]) -> (u64, u64) {
+fn common_start(held: &[(Messages, SegmentFiles)]) -> (u64, u64) {
     let from_offset = held
         .iter()
         .filter_map(|(m, _)| m.first().map(|(o, _)| *o))

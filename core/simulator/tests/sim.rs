@@ -675,6 +675,20 @@ fn regression_blackout_19700042_purge_of_a_group_stuck_in_the_census_gap() {
     }
 }
 
+/// Mixed seed 21200260 with purges and deletes, found by the first sweep
+/// with the census fix above: group 4's replica 0, created late while
+/// isolated, held a report of replica 2 from its restart long after
+/// replica 2 had adopted a view, counted it with replica 1's fresh one and
+/// began waiting; replica 2, the one member that never restarted, then ran
+/// view changes alone with op 3 applied and sent no report. A report is
+/// now dropped when its sender sends a frame only a replica that is not
+/// waiting sends, and a member in a view change that holds nothing past
+/// what it applied reports like a pristine one.
+#[test]
+fn regression_purges_21200260_lone_member_in_a_view_change_joins_the_census() {
+    clean(&lifecycle(21_200_260, FaultProfile::Mixed, 2_000, true));
+}
+
 /// Mixed seeds 20002303 and 20001999 with purges and deletes: a consumer
 /// offset acknowledged and then lost. A purge recorded its applied points
 /// with the core's client table while the core had already committed

@@ -25,18 +25,23 @@
 //! report's incarnation with a StartView, so each peer adopts it under the
 //! ordinary rule (barrier `D`) and catches up by repair or state transfer.
 //!
-//! **A pristine member.** A replica that created the group after the
-//! others had moved it on (it lagged on the metadata plane) holds nothing
-//! and never restarted: it is `Normal` in view 0, or running view changes
-//! alone, and sends no report, so a census of the others would wait for
-//! it for ever. Such a replica — nothing journaled, nothing applied, no
-//! view waiting to be persisted — that holds fresh reports from so many
-//! others that the rest, itself included, cannot complete a view change
-//! restarts in place: it becomes exactly what a reboot from its superblock
-//! would give, which a crash could have made it at any moment, and a
-//! reboot of a replica that holds nothing forgets nothing. From then on it
-//! reports like any restarted replica. While enough non-reporting replicas
-//! remain to form a view it keeps its vote, which one of them may need.
+//! **A member that never restarted.** A replica that created the group
+//! after the others had moved it on (it lagged on the metadata plane), or
+//! the one survivor of a view change whose other voters then restarted,
+//! sends no report: it runs view changes alone (a `Normal` one times out
+//! into them), and a census of the others would wait for it for ever.
+//! Such a replica — in a view change, not transferring, nothing journaled
+//! or known committed past what it applied, no view waiting to be
+//! persisted — that
+//! holds fresh reports from so many others that the rest, itself
+//! included, cannot complete a view change starts waiting in place
+//! ([`Replica::restart_in_place`]) and reports its applied state. The
+//! census needs every report to hold everything its sender acknowledged,
+//! and not to change while it counts: this replica acknowledged nothing
+//! past its applied state, and a waiting replica applies nothing before
+//! it adopts a view. Its vote could not have formed a view, so giving it
+//! up costs nothing; while enough non-reporting replicas remain to form
+//! one, it keeps it.
 //!
 //! What is lost: ops committed above `D` — durable on no replica. Every
 //! replica computes the same candidate from the same reports (a waiting
@@ -78,6 +83,16 @@ impl CensusBook {
             answered_at: vec![None; usize::from(replica_count)],
         }
     }
+
+    /// Peer `from` sent a frame only a replica that is not waiting sends:
+    /// a report held from it no longer describes it. Dropped, not barred:
+    /// a frame delayed from before the peer's reboot may arrive after its
+    /// new report, and the peer's next probe carries the report again.
+    pub(super) fn void(&mut self, from: u8) {
+        if let Some(heard) = self.heard.get_mut(usize::from(from)) {
+            *heard = None;
+        }
+    }
 }
 
 impl Replica {
@@ -115,7 +130,7 @@ impl Replica {
             return;
         }
         let waiting = self.census_report().is_some();
-        if !waiting && !self.is_pristine() {
+        if !waiting && !self.remembers_only_applied() {
             return;
         }
         if self.census.heard.len() != usize::from(self.config.replica_count) {
@@ -132,7 +147,7 @@ impl Replica {
             at_tick: ticks,
         });
         if !waiting {
-            if !self.pristine_member_should_report(view) {
+            if !self.member_should_report() {
                 return;
             }
             self.restart_in_place();
@@ -157,33 +172,33 @@ impl Replica {
         self.maybe_start_census_view();
     }
 
-    /// Nothing journaled, nothing applied, no view waiting to be persisted,
-    /// not already probing: a reboot from the superblock would forget
-    /// nothing, so this replica may become one ([`Replica::restart_in_place`]).
-    fn is_pristine(&self) -> bool {
-        self.status != Status::Recovering
+    /// In a view change (a `Normal` replica has a view that works, or will
+    /// time out into one), not transferring, nothing journaled or known
+    /// committed past what it applied, and no view waiting to be
+    /// persisted: everything it ever acknowledged is in its applied state,
+    /// which is what a waiting replica reports, so it may become one
+    /// ([`Replica::restart_in_place`]).
+    fn remembers_only_applied(&self) -> bool {
+        self.status == Status::ViewChange
             && self.recovering.is_none()
-            && self.op() == 0
-            && self.commit_min == 0
+            && !self.transferring
+            && self.op() == self.commit_min
             && self.view == self.durable_view
             && self.log_view == self.durable_log_view
     }
 
-    /// Whether a pristine member that just heard a report (in a frame of
-    /// `view`) should restart in place and report too: the census waits
-    /// for every member, and a member that holds nothing but never
-    /// restarted (it created the group after the others moved on) would
-    /// otherwise never report. It does so only when the replicas it did
-    /// not hear from recently, itself included, are too few to complete a
-    /// view change: then its vote cannot help any view form, and giving
-    /// it up costs nothing. With enough of them left it keeps its vote,
-    /// since a member that never restarted may need it to form a view
-    /// that answers the waiting ones. A primary that will answer the
-    /// prober keeps its role.
-    fn pristine_member_should_report(&self, view: u32) -> bool {
-        if self.is_primary() && self.log_view == self.view && view <= self.view {
-            return false;
-        }
+    /// Whether a member that never restarted and holds nothing past what
+    /// it applied, having just heard a report, should start waiting and
+    /// report too: the census waits for every member, and one that did
+    /// not restart (it created the group after the others moved on, or it
+    /// was the one survivor of a view change the restarted ones left
+    /// behind) would otherwise never report. It does so only when the
+    /// replicas it did not hear from recently, itself included, are too
+    /// few to complete a view change: then its vote cannot help any view
+    /// form, and giving it up costs nothing. With enough of them left it
+    /// keeps its vote, which a member that never restarted may need to
+    /// form a view that answers the waiting ones.
+    fn member_should_report(&self) -> bool {
         let window = self.census_window_ticks();
         let me = usize::from(self.config.replica);
         let heard = self

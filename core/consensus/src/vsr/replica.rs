@@ -631,12 +631,14 @@ impl Replica {
         self.send_request_start_view(None);
     }
 
-    /// Becomes what a reboot from this replica's durable state would give
-    /// ([`Replica::restart`]), in place. Only sound when the reboot would
-    /// forget nothing: the caller checks that nothing is journaled or
-    /// applied and that no view is waiting to be persisted (census.rs,
-    /// "A pristine member"). The driver's queue, the PRNG, the tick count,
-    /// the client table and the census reports heard carry over.
+    /// Starts waiting for a view as a restarted replica does
+    /// ([`Replica::restart`]), in place and keeping its applied state: the
+    /// durable view and log view, the applied op and identity, a fresh
+    /// incarnation. Only sound when nothing was acknowledged past the
+    /// applied state and no view is waiting to be persisted (the caller
+    /// checks; census.rs, "A member that never restarted"). The driver's
+    /// queue, the PRNG, the tick count, the client table and the census
+    /// reports heard carry over.
     pub(super) fn restart_in_place(&mut self) {
         let durable = DurableState {
             view: self.durable_view,
@@ -939,6 +941,22 @@ impl Replica {
         let view = frame.view;
         if let Some(bound) = self.recovering.as_mut().and_then(|r| r.rejoin.as_mut()) {
             bound.heard(from, view);
+        }
+        // A replica that is waiting for the census sends nothing but its
+        // probes, each with its report: any of these frames shows that its
+        // sender stopped waiting, so a report held from it is stale.
+        let stops_waiting = match &frame.message {
+            Message::Prepare(_)
+            | Message::PrepareOk { .. }
+            | Message::Commit { .. }
+            | Message::StartViewChange
+            | Message::DoViewChange(_)
+            | Message::StartView(_) => true,
+            Message::RequestStartView { census, .. } => census.is_none(),
+            _ => false,
+        };
+        if stops_waiting {
+            self.census.void(from);
         }
         match frame.message {
             Message::Prepare(p) => self.on_prepare(from, view, p),
