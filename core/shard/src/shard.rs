@@ -1925,9 +1925,18 @@ impl<E: Env> Shard<E> {
             if reply.operation == OPERATION_REGISTER {
                 match reply.status {
                     ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
-                        g.session = Session::Open {
-                            session: reply.session.max(reply.op),
+                        // The session the table holds, which a Register
+                        // retried before the session was used answers with
+                        // the existing one (older than the retry's op).
+                        // Taking the op there made every request refused as
+                        // from an unknown session, and the Register retried
+                        // for ever (mixed 21300169).
+                        let session = if reply.session != 0 {
+                            reply.session
+                        } else {
+                            reply.op
                         };
+                        g.session = Session::Open { session };
                         opened.push(group);
                     }
                     ReplyStatus::NoSession | ReplyStatus::Fenced => g.session = Session::Closed,

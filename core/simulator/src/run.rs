@@ -648,9 +648,10 @@ impl Run {
                 let committed = c.metadata_purge_generation(r, group).unwrap_or(0);
                 if p.purge_generation() < committed {
                     return Err(not(format!(
-                        "group {} on replica {r}: purge generation {} applied, {committed} committed by group 0",
+                        "group {} on replica {r}: purge generation {} applied, {committed} committed by group 0; {}",
                         group.0,
-                        p.purge_generation()
+                        p.purge_generation(),
+                        self.describe_group(group)
                     )));
                 }
                 let here = (v.commit_min(), p.offset_frontier());
@@ -743,23 +744,30 @@ impl Run {
                 self.oracle.final_log(group, &messages, expired_before)?;
                 let files = committed_files(self.cluster.segment_files(r, group))
                     .map_err(|e| diverge(format!("group {} on replica {r}: {e}", group.0)))?;
-                held.push((messages, files));
+                // Where this replica's log starts: its first message, or
+                // when retention removed every sealed segment and the
+                // active one is empty, the log's end.
+                let start = match messages.first() {
+                    Some((offset, _)) => *offset,
+                    None => self
+                        .cluster
+                        .shard(r, group)
+                        .and_then(|s| s.partition(group))
+                        .map_or(0, |p| p.log().next_offset()),
+                };
+                held.push((messages, files, start));
             }
-            let (from_offset, from_base) = if expired_before.is_some() {
+            let from_offset = if expired_before.is_some() {
                 common_start(&held)
             } else {
-                (0, 0)
+                0
             };
-            self.expired += held
-                .iter()
-                .filter_map(|(m, _)| m.first().map(|(o, _)| *o))
-                .min()
-                .unwrap_or(0);
+            self.expired += held.iter().map(|(_, _, start)| *start).min().unwrap_or(0);
             let mut reference: Option<Vec<(u64, Vec<u8>)>> = None;
             let mut files_reference: Option<Vec<(String, Vec<u8>)>> = None;
-            for (r, (mut messages, mut files)) in held.into_iter().enumerate() {
+            for (r, (mut messages, mut files, _)) in held.into_iter().enumerate() {
                 messages.retain(|(offset, _)| *offset >= from_offset);
-                files.retain(|(name, _)| file_base(name).is_some_and(|b| b >= from_base));
+                files.retain(|(name, _)| file_base(name).is_some_and(|b| b >= from_offset));
                 match &reference {
                     None => reference = Some(messages),
                     Some(m) if *m != messages => {
@@ -891,20 +899,12 @@ fn describe_state_difference(
 }
 
 /// Where replicas whose retention removed different prefixes must agree
-/// from: the latest first offset and the latest first segment base among
-/// them.
-fn common_start(held: &[(Messages, SegmentFiles)]) -> (u64, u64) {
-    let from_offset = held
-        .iter()
-        .filter_map(|(m, _)| m.first().map(|(o, _)| *o))
-        .max()
-        .unwrap_or(0);
-    let from_base = held
-        .iter()
-        .filter_map(|(_, f)| f.iter().filter_map(|(n, _)| file_base(n)).min())
-        .max()
-        .unwrap_or(0);
-    (from_offset, from_base)
+/// from: the latest start among them. Retention removes whole segments and
+/// every replica cuts segments at the same offsets, so that start is a
+/// segment base on every replica: messages and segment files compare from
+/// it.
+fn common_start(held: &[(Messages, SegmentFiles, u64)]) -> u64 {
+    held.iter().map(|(_, _, start)| *start).max().unwrap_or(0)
 }
 
 /// The base offset a segment file is named by (`{base:020}.log`).

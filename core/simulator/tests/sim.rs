@@ -689,6 +689,33 @@ fn regression_purges_21200260_lone_member_in_a_view_change_joins_the_census() {
     clean(&lifecycle(21_200_260, FaultProfile::Mixed, 2_000, true));
 }
 
+/// Seeds of the first sweep with `--retention --purges --deletes` (from
+/// 21,300,000), each a bug outside the simulator:
+/// - mixed 21300169: a group's primary re-proposed a committed purge for
+///   ever and never applied it. Its shard re-registered after a restart,
+///   and the client table, restored without cached replies, answered with
+///   the session it already held (registered, never used); the shard took
+///   the Register's op for its session instead, every request was refused
+///   as from an unknown session, and the Register was retried every 100
+///   ticks, 44 ops in all.
+/// - wipe 21300034: a new primary started its view with two uncommitted
+///   ops while both backups needed a transfer (the ops they lacked came
+///   before a purge and were no longer retained). It refused to serve one
+///   until those ops were committed again, which needed the backups.
+///   A primary now serves its applied state once it has applied all it
+///   knows committed.
+#[test]
+fn regression_retention_21300169_21300034_session_and_transfer_gate() {
+    for (seed, profile) in [
+        (21_300_169, FaultProfile::Mixed),
+        (21_300_034, FaultProfile::Wipe),
+    ] {
+        let mut o = lifecycle(seed, profile, 2_000, true);
+        o.retention = true;
+        clean(&o);
+    }
+}
+
 /// Mixed seeds 20002303 and 20001999 with purges and deletes: a consumer
 /// offset acknowledged and then lost. A purge recorded its applied points
 /// with the core's client table while the core had already committed

@@ -790,6 +790,19 @@ impl Replica {
             && self.commit_min >= self.view_start_op
     }
 
+    /// A primary whose applied state is everything it knows committed, not
+    /// transferring itself: it may serve a state transfer of that state.
+    /// Unlike [`Self::is_caught_up_primary`] the log it started its view
+    /// with need not be committed again: its applied state is committed
+    /// whatever happens to those ops, and the backups that would commit
+    /// them again may be the very ones waiting for this transfer (they
+    /// lack ops no peer retains). Requiring it deadlocked a group whose
+    /// primary started its view with two uncommitted ops while both backups
+    /// needed a transfer (wipe 21300034 with retention and purges).
+    pub fn serves_applied_state(&self) -> bool {
+        self.is_primary() && !self.transferring && self.commit_min == self.commit_max
+    }
+
     /// Whether this replica may vote and acknowledge (false while a
     /// restarted replica catches up).
     pub fn is_quorum_visible(&self) -> bool {

@@ -595,7 +595,8 @@ fn hash_failure(segment: &PlannedSegment, source: io::Error) -> PartitionTransfe
 /// What the serve gate (ST-S1) looks at, gathered from the partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeGateFacts {
-    /// `Replica::is_caught_up_primary`.
+    /// `Replica::serves_applied_state`: the primary, not transferring,
+    /// everything it knows committed applied.
     pub caught_up_primary: bool,
     /// The requester is this replica's view's primary, and this replica
     /// is a normal, quorum-visible backup with everything it knows
@@ -708,7 +709,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             }
         };
         ServeGateFacts {
-            caught_up_primary: self.replica.is_caught_up_primary(),
+            caught_up_primary: self.replica.serves_applied_state(),
             backup_serving_its_primary,
             dir_present,
             // The accessor, not the field: the field keeps the last request
