@@ -53,6 +53,9 @@ struct Args {
     /// Topics that expire their messages (retention) in the workload.
     #[arg(long)]
     retention: bool,
+    /// Consumer groups created, joined and left in the workload.
+    #[arg(long)]
+    consumer_groups: bool,
 }
 
 fn main() -> ExitCode {
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
     options.purges = args.purges;
     options.deletes = args.deletes;
     options.retention = args.retention;
+    options.consumer_groups = args.consumer_groups;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

@@ -61,6 +61,9 @@ pub enum Property {
     /// A message is gone from a converged log although retention could
     /// not have removed it yet (or its topic expires nothing).
     RemovedBeforeExpiry,
+    /// A session's consumer-group membership differs from what the
+    /// committed joins, leaves and session ends left.
+    MembershipWrong,
 }
 
 impl Property {
@@ -84,6 +87,7 @@ impl Property {
             Self::PurgedValueRead => "purged-value-read",
             Self::Invariant => "invariant",
             Self::RemovedBeforeExpiry => "removed-before-expiry",
+            Self::MembershipWrong => "membership-wrong",
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::faults::{FaultPlan, FaultStats};
 use crate::oracle::{Fate, Oracle, Property, Violation};
 use crate::profile::FaultProfile;
 use crate::trace::{Event, Trace};
-use crate::workload::{StepError, Workload, WorkloadStats};
+use crate::workload::{Mix, StepError, Workload, WorkloadStats};
 
 /// Ticks a run may spend converging after healing before it fails.
 const CONVERGE_TICKS_MAX: u64 = 4_000;
@@ -60,6 +60,10 @@ pub struct Options {
     /// so retention removes sealed segments while the workload runs; the
     /// final checks allow an expired prefix to be gone.
     pub retention: bool,
+    /// Clients create a topic's consumer group, join it, leave it and end
+    /// their sessions through group 0; once converged, every session's
+    /// membership must be what the committed ops left.
+    pub consumer_groups: bool,
 }
 
 impl Options {
@@ -79,6 +83,7 @@ impl Options {
             purges: false,
             deletes: false,
             retention: false,
+            consumer_groups: false,
         }
     }
 
@@ -146,6 +151,8 @@ pub struct Summary {
     /// Messages retention had removed from the front of the expiring
     /// topics' logs by the end (on every replica).
     pub expired: u64,
+    /// Consumer-group creates, joins, leaves and session ends committed.
+    pub membership_ops: u64,
     /// Polls answered.
     pub polls: u64,
     /// Calls and metadata ops sent (retries included).
@@ -232,7 +239,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} expired={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} expired={} memberships={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -246,6 +253,7 @@ impl fmt::Display for Summary {
             self.purges,
             self.topic_deletes,
             self.expired,
+            self.membership_ops,
             self.produces_unknown,
             self.polls,
             self.messages,
@@ -313,6 +321,7 @@ impl fmt::Display for Failure {
                 (o.purges, " --purges"),
                 (o.deletes, " --deletes"),
                 (o.retention, " --retention"),
+                (o.consumer_groups, " --consumer-groups"),
             ]
             .iter()
             .filter(|(on, _)| *on)
@@ -709,6 +718,9 @@ impl Run {
         // metadata state must be equal too, however each replica got there
         // (its own log, a snapshot transfer, a reboot from a snapshot).
         let reference = self.cluster.metadata_state(0);
+        if let Some(state) = &reference {
+            self.workload.check_membership(state)?;
+        }
         for r in 1..self.cluster.replica_count {
             let here = self.cluster.metadata_state(r);
             if here != reference {
@@ -962,9 +974,12 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
             options.clients,
             options.replicas,
             options.profile.persisted_only() || options.exceed_f,
-            options.purges,
-            options.deletes,
-            options.retention,
+            Mix {
+                purges: options.purges,
+                deletes: options.deletes,
+                retention: options.retention,
+                consumer_groups: options.consumer_groups,
+            },
         ),
         oracle: Oracle::default(),
         monitor: Monitor::default(),
@@ -1029,6 +1044,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         slow_disks: run.cluster.slow_disks(),
         stalled: run.stalled,
         expired: run.expired,
+        membership_ops: stats.membership_ops,
         superblock: run.cluster.superblock_writes(),
         frames: run.cluster.net.counts(),
         ticks_run: run.ticks_run,

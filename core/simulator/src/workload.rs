@@ -15,7 +15,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{ConsumerKind, GroupId, Offset};
 use consensus::vsr::Prng;
 use futures::channel::oneshot;
-use metadata::{Durability, Identifier, MessageExpiry, MetadataOp, Outcome, Refusal, TopicConfig};
+use metadata::{
+    Durability, Identifier, MessageExpiry, MetadataOp, MetadataState, Outcome, Refusal, SessionId,
+    TopicConfig,
+};
 use partitions::{PollRequest, PollingStrategy};
 use shard::{Answer, Call, CallError, MetaError};
 use storage::batch::BatchBuilder;
@@ -40,6 +43,9 @@ const PURGE_ONE_IN: u64 = 120;
 const DELETE_ONE_IN: u64 = 300;
 /// Topics created in all, deleted ones included.
 const TOPICS_CREATED_MAX: u32 = 12;
+/// With consumer groups on, one new request in this many is a membership
+/// op (create a topic's group, join it, leave it, or end the session).
+const MEMBERSHIP_ONE_IN: u64 = 30;
 /// With retention on, how old a message of an expiring topic may grow
 /// (3 s of virtual time, 300 ticks): a default run seals and expires
 /// segments many times over.
@@ -50,6 +56,20 @@ pub(crate) const MESSAGE_EXPIRY_US: u64 = 3_000_000;
 enum TopicAction {
     Purge,
     Delete,
+}
+
+/// The opt-in parts of the workload (each draws from its own PRNG, so a
+/// run without one keeps its schedule).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Mix {
+    /// Topic purges.
+    pub purges: bool,
+    /// Topic deletes.
+    pub deletes: bool,
+    /// Topics that expire their messages.
+    pub retention: bool,
+    /// Consumer groups created, joined and left.
+    pub consumer_groups: bool,
 }
 
 /// What a workload step ran into.
@@ -137,6 +157,22 @@ fn meta_name(op: &MetadataOp) -> String {
         MetadataOp::CreateTopic { name, .. } => format!("create-topic {name}"),
         MetadataOp::PurgeTopic { topic, .. } => format!("purge-topic {topic:?}"),
         MetadataOp::DeleteTopic { topic, .. } => format!("delete-topic {topic:?}"),
+        MetadataOp::CreateConsumerGroup { topic, name, .. } => {
+            format!("create-consumer-group {name} in {topic:?}")
+        }
+        MetadataOp::JoinConsumerGroup {
+            topic,
+            group,
+            session,
+            ..
+        } => format!("join {group:?} in {topic:?} as session {}", session.0),
+        MetadataOp::LeaveConsumerGroup {
+            topic,
+            group,
+            session,
+            ..
+        } => format!("leave {group:?} in {topic:?} as session {}", session.0),
+        MetadataOp::EndSession { session } => format!("end session {}", session.0),
         _ => "other".into(),
     }
 }
@@ -184,6 +220,8 @@ pub(crate) struct WorkloadStats {
     pub purges: u64,
     /// Topics deleted.
     pub topic_deletes: u32,
+    /// Consumer-group creates, joins, leaves and session ends committed.
+    pub membership_ops: u64,
 }
 
 /// The clients and what they know of the cluster.
@@ -209,6 +247,15 @@ pub(crate) struct Workload {
     delete_prng: Prng,
     /// Some topics expire their messages (`--retention`).
     retention: bool,
+    /// Consumer groups are created, joined and left (`--consumer-groups`).
+    consumer_groups: bool,
+    /// Draws for membership ops alone.
+    member_prng: Prng,
+    /// Topics (by number) whose consumer group `cg{n}` exists.
+    groups_created: BTreeSet<usize>,
+    /// The topic whose group each client's session is a member of, as the
+    /// committed ops say.
+    joined: BTreeMap<u8, usize>,
     /// Each topic's groups, by topic number (`t{n}`).
     topic_groups: Vec<Vec<GroupId>>,
     /// Groups a purge or delete holds: no client sends to them until the
@@ -224,6 +271,21 @@ pub(crate) struct Workload {
     /// delete yet still names them).
     deleted_groups: BTreeSet<GroupId>,
     pub(crate) stats: WorkloadStats,
+}
+
+/// The topic number of a name `t{n}`.
+fn topic_number(name: &str) -> Option<usize> {
+    name.strip_prefix('t')?.parse().ok()
+}
+
+/// The client whose session this is.
+fn client_of(session: SessionId) -> Option<u8> {
+    u8::try_from(session.0.checked_sub(1)?).ok()
+}
+
+/// The session a client joins consumer groups as.
+fn session_of(client: u8) -> SessionId {
+    SessionId(u64::from(client) + 1)
 }
 
 fn consumer_of(client: u8) -> u32 {
@@ -242,10 +304,14 @@ impl Workload {
         clients: u8,
         replica_count: u8,
         persisted_only: bool,
-        purges: bool,
-        deletes: bool,
-        retention: bool,
+        mix: Mix,
     ) -> Self {
+        let Mix {
+            purges,
+            deletes,
+            retention,
+            consumer_groups,
+        } = mix;
         let mut prng = Prng::new(seed ^ 0xC11E_0007);
         let clients = (0..clients)
             .map(|id| Client {
@@ -270,6 +336,10 @@ impl Workload {
             deletes,
             delete_prng: Prng::new(seed ^ 0xDE1E_7E00),
             retention,
+            consumer_groups,
+            member_prng: Prng::new(seed ^ 0xC6_0000_0001),
+            groups_created: BTreeSet::new(),
+            joined: BTreeMap::new(),
             topic_groups: Vec::new(),
             held: BTreeMap::new(),
             topic_action_waiting: None,
@@ -544,6 +614,14 @@ impl Workload {
             (None, true) => return None,
             (None, false) => {}
         }
+        if self.consumer_groups
+            && !self.meta_busy
+            && self.topic_action_waiting.is_none()
+            && self.member_prng.below_inclusive(MEMBERSHIP_ONE_IN - 1) == 0
+            && let Some(request) = self.membership_request(i)
+        {
+            return Some(request);
+        }
         let roll = self.prng.below_inclusive(99);
         let group = self.groups[self.prng.below_inclusive(self.groups.len() as u64 - 1) as usize];
         if self.held.contains_key(&group) {
@@ -633,6 +711,95 @@ impl Workload {
                 consumer: key(roll >= 96),
             }),
         }
+    }
+
+    /// Client `i`'s next membership op: a member leaves its group or ends
+    /// its session; a client in no group creates a live topic's group, or
+    /// joins it once it exists.
+    fn membership_request(&mut self, i: usize) -> Option<Request> {
+        let client = self.clients[i].id;
+        let session = session_of(client);
+        let stream = Identifier::Name(STREAM.into());
+        let op = match self.joined.get(&client) {
+            Some(&n) => {
+                if self.member_prng.below_inclusive(1) == 0 {
+                    MetadataOp::LeaveConsumerGroup {
+                        stream,
+                        topic: Identifier::Name(format!("t{n}")),
+                        group: Identifier::Name(format!("cg{n}")),
+                        session,
+                    }
+                } else {
+                    MetadataOp::EndSession { session }
+                }
+            }
+            None => {
+                let live: Vec<usize> = (0..self.topic_groups.len())
+                    .filter(|&n| !self.topic_groups[n].is_empty())
+                    .collect();
+                if live.is_empty() {
+                    return None;
+                }
+                let n = live[self.member_prng.below_inclusive(live.len() as u64 - 1) as usize];
+                let topic = Identifier::Name(format!("t{n}"));
+                if self.groups_created.contains(&n) {
+                    MetadataOp::JoinConsumerGroup {
+                        stream,
+                        topic,
+                        group: Identifier::Name(format!("cg{n}")),
+                        session,
+                    }
+                } else {
+                    MetadataOp::CreateConsumerGroup {
+                        stream,
+                        topic,
+                        name: format!("cg{n}"),
+                    }
+                }
+            }
+        };
+        self.meta_busy = true;
+        Some(Request::Meta(op))
+    }
+
+    /// Membership as the committed ops left it, against `state` (a
+    /// converged replica's metadata): each client's session is a member of
+    /// exactly the group it last joined and did not leave since, and of no
+    /// other group the workload created.
+    pub(crate) fn check_membership(&self, state: &MetadataState) -> Result<(), Violation> {
+        let stream = Identifier::Name(STREAM.into());
+        for client in self.clients.iter().map(|c| c.id) {
+            for &n in &self.groups_created {
+                if self.topic_groups.get(n).is_none_or(Vec::is_empty) {
+                    continue;
+                }
+                let member = state
+                    .member_assignment(
+                        &stream,
+                        &Identifier::Name(format!("t{n}")),
+                        &Identifier::Name(format!("cg{n}")),
+                        session_of(client),
+                    )
+                    .is_some();
+                let expected = self.joined.get(&client) == Some(&n);
+                if member != expected {
+                    return Err(Violation::new(
+                        Property::MembershipWrong,
+                        format!(
+                            "session {} is {}a member of cg{n} in t{n}; the committed ops say it {}",
+                            session_of(client).0,
+                            if member { "" } else { "not " },
+                            if expected {
+                                "joined it"
+                            } else {
+                                "is not in it"
+                            }
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn create_topic_request(&mut self) -> Option<Request> {
@@ -769,7 +936,9 @@ impl Workload {
                     Err(MetaError::Refused(
                         Refusal::StreamNameAlreadyExists(_)
                         | Refusal::TopicNameAlreadyExists { .. }
-                        | Refusal::TopicNameNotFound { .. },
+                        | Refusal::TopicNameNotFound { .. }
+                        | Refusal::ConsumerGroupNameAlreadyExists { .. }
+                        | Refusal::ConsumerGroupMemberNotFound { .. },
                     )) if attempts > 1 => {
                         self.meta_done(&op, cluster);
                         Ok(Next::Done)
@@ -988,6 +1157,31 @@ impl Workload {
                         .collect(),
                 );
             }
+            MetadataOp::CreateConsumerGroup {
+                topic: Identifier::Name(name),
+                ..
+            } => {
+                self.stats.membership_ops += 1;
+                if let Some(n) = topic_number(name) {
+                    self.groups_created.insert(n);
+                }
+            }
+            MetadataOp::JoinConsumerGroup {
+                topic: Identifier::Name(name),
+                session,
+                ..
+            } => {
+                self.stats.membership_ops += 1;
+                if let (Some(n), Some(client)) = (topic_number(name), client_of(*session)) {
+                    self.joined.insert(client, n);
+                }
+            }
+            MetadataOp::LeaveConsumerGroup { session, .. } | MetadataOp::EndSession { session } => {
+                self.stats.membership_ops += 1;
+                if let Some(client) = client_of(*session) {
+                    self.joined.remove(&client);
+                }
+            }
             MetadataOp::DeleteTopic {
                 topic: Identifier::Name(name),
                 ..
@@ -1003,6 +1197,9 @@ impl Workload {
                 // the oracle's final checks cover the groups the metadata
                 // names, so they drop out there too.
                 let gone = std::mem::take(&mut self.topic_groups[n]);
+                // Its consumer group and every membership in it went too.
+                self.groups_created.remove(&n);
+                self.joined.retain(|_, joined| *joined != n);
                 self.groups.retain(|g| !gone.contains(g));
                 self.deleted_groups.extend(gone.iter().copied());
                 for g in &gone {
