@@ -692,13 +692,28 @@ impl Run {
                     Some(p) => {
                         let v = p.replica();
                         format!(
-                            "replica {r}: view {} status {:?} op {} commit {}/{} frontier {}",
+                            "replica {r}: view {} status {:?}{} op {} commit {}/{} frontier {}{}{}",
                             v.view(),
                             v.status(),
+                            if v.is_quorum_visible() {
+                                ""
+                            } else {
+                                " (out of quorum)"
+                            },
                             v.op(),
                             v.commit_min(),
                             v.commit_max(),
-                            p.offset_frontier()
+                            p.offset_frontier(),
+                            if p.state_transfer_needed().is_some() {
+                                " transfer-needed"
+                            } else {
+                                ""
+                            },
+                            if p.missing_history().is_some() {
+                                " missing-history"
+                            } else {
+                                ""
+                            },
                         )
                     }
                     None => format!("replica {r}: absent"),

@@ -729,11 +729,19 @@ fn regression_purges_21200260_lone_member_in_a_view_change_joins_the_census() {
 ///   until those ops were committed again, which needed the backups.
 ///   A primary now serves its applied state once it has applied all it
 ///   knows committed.
+/// - blackout 21400232 (from 21,400,000): after the third whole-cluster
+///   crash the census candidate had applied op 16 by a transfer that did
+///   not name its identity, so as the census view's primary it could
+///   chain nothing and abdicated; a backup it had answered still needed a
+///   transfer, the third still waited, and no view could form again. The
+///   census now prefers, among equal applied ops, a replica that knows
+///   the identity, and a report is fixed when its boot begins.
 #[test]
-fn regression_retention_21300169_21300034_session_and_transfer_gate() {
+fn regression_retention_21300169_21300034_21400232_session_transfer_gate_census_identity() {
     for (seed, profile) in [
         (21_300_169, FaultProfile::Mixed),
         (21_300_034, FaultProfile::Wipe),
+        (21_400_232, FaultProfile::Blackout),
     ] {
         let mut o = lifecycle(seed, profile, 2_000, true);
         o.retention = true;

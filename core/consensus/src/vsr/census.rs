@@ -19,7 +19,8 @@
 //! Applied ops are committed, and committed history is one chain, so the
 //! applied states are prefixes of one another and the longest one, `D`,
 //! holds everything any replica still holds. The replica with that longest
-//! state (the lowest index among equals) — and only it — starts a new view:
+//! state (among equals one that knows its identity, then the lowest index)
+//! — and only it — starts a new view:
 //! the lowest view above every reported view whose primary it is, with its
 //! applied state as the whole log (head `D`, commit `D`). It answers every
 //! report's incarnation with a StartView, so each peer adopts it under the
@@ -99,13 +100,12 @@ impl Replica {
     /// Probes carry a report while the census may still be needed: this
     /// replica restarted and adopted no view yet.
     pub(super) fn census_report(&self) -> Option<Census> {
-        let waiting = self.status == Status::Recovering
-            && self.recovering.is_some_and(|r| r.barrier.is_none());
-        waiting.then_some(Census {
-            log_view: self.log_view,
-            op: self.commit_min,
-            checksum: self.commit_min_checksum,
-        })
+        if self.status != Status::Recovering {
+            return None;
+        }
+        self.recovering
+            .filter(|r| r.barrier.is_none())
+            .map(|r| r.report)
     }
 
     /// How long a report counts: longer than the longest probe interval
@@ -230,7 +230,21 @@ impl Replica {
         }
         let window = self.census_window_ticks();
         let me = self.config.replica;
-        let mut best = (mine.op, me);
+        // Longest applied state first; among equals one whose identity is
+        // known (a primary that cannot name its applied op's identity can
+        // chain nothing to it and abdicates, and the group, with every
+        // other member waiting or short of the census barrier, waited for
+        // ever: blackout 21400232, whose candidate had applied op 16 by a
+        // transfer that did not name it); then the lowest index. Every
+        // replica ranks the same reports the same way.
+        let rank = |report: &Census, index: u8| {
+            (
+                report.op,
+                report.op == 0 || report.checksum != super::UNKNOWN_CHECKSUM,
+                std::cmp::Reverse(index),
+            )
+        };
+        let mut best = (rank(&mine, me), me);
         let mut highest_view = self.view.max(self.observed_newer_view);
         // Decide first; this runs every tick of every recovering group,
         // and only the candidate needs the list of incarnations to answer.
@@ -246,9 +260,9 @@ impl Replica {
                 return;
             };
             highest_view = highest_view.max(heard.view);
-            // Longest applied state first; among equals the lowest index.
-            if (heard.report.op, std::cmp::Reverse(index)) > (best.0, std::cmp::Reverse(best.1)) {
-                best = (heard.report.op, index);
+            let ranked = rank(&heard.report, index);
+            if ranked > best.0 {
+                best = (ranked, index);
             }
         }
         if best.1 != me {

@@ -305,6 +305,10 @@ pub(super) struct Recovery {
     /// For a replica that lost its superblock (its disk was replaced): the
     /// views its peers' frames carried since boot (see [`RejoinBound`]).
     pub rejoin: Option<RejoinBound>,
+    /// The census report of this boot, fixed when it began: what it
+    /// applied and that op's identity as known then (learning the identity
+    /// later must not change a report peers already ranked).
+    pub report: super::message::Census,
 }
 
 /// Bit 127 of a RequestStartView's incarnation: the prober rejoins after a
@@ -626,6 +630,11 @@ impl Replica {
             incarnation,
             barrier: None,
             rejoin: rejoin.then(RejoinBound::default),
+            report: super::message::Census {
+                log_view: self.log_view,
+                op: self.commit_min,
+                checksum: self.commit_min_checksum,
+            },
         });
         self.timers.request_start_view.start();
         self.send_request_start_view(None);
