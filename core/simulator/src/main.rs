@@ -56,6 +56,9 @@ struct Args {
     /// Consumer groups created, joined and left in the workload.
     #[arg(long)]
     consumer_groups: bool,
+    /// Whole-stream purges in the workload.
+    #[arg(long)]
+    stream_purges: bool,
 }
 
 fn main() -> ExitCode {
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
     options.deletes = args.deletes;
     options.retention = args.retention;
     options.consumer_groups = args.consumer_groups;
+    options.stream_purges = args.stream_purges;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

@@ -64,6 +64,10 @@ pub struct Options {
     /// their sessions through group 0; once converged, every session's
     /// membership must be what the committed ops left.
     pub consumer_groups: bool,
+    /// Now and then a purge of the whole stream (PURGE_STREAM through
+    /// group 0): every live topic's groups are held quiet until each has
+    /// applied its new generation, as for a topic purge.
+    pub stream_purges: bool,
 }
 
 impl Options {
@@ -84,6 +88,7 @@ impl Options {
             deletes: false,
             retention: false,
             consumer_groups: false,
+            stream_purges: false,
         }
     }
 
@@ -322,6 +327,7 @@ impl fmt::Display for Failure {
                 (o.deletes, " --deletes"),
                 (o.retention, " --retention"),
                 (o.consumer_groups, " --consumer-groups"),
+                (o.stream_purges, " --stream-purges"),
             ]
             .iter()
             .filter(|(on, _)| *on)
@@ -994,6 +1000,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
                 deletes: options.deletes,
                 retention: options.retention,
                 consumer_groups: options.consumer_groups,
+                stream_purges: options.stream_purges,
             },
         ),
         oracle: Oracle::default(),

@@ -41,6 +41,8 @@ const TOPICS_MAX: u32 = 4;
 const PURGE_ONE_IN: u64 = 120;
 /// With deletes on, one new request in this many deletes a topic.
 const DELETE_ONE_IN: u64 = 300;
+/// With stream purges on, one new request in this many purges the stream.
+const STREAM_PURGE_ONE_IN: u64 = 250;
 /// Topics created in all, deleted ones included.
 const TOPICS_CREATED_MAX: u32 = 12;
 /// With consumer groups on, one new request in this many is a membership
@@ -51,11 +53,13 @@ const MEMBERSHIP_ONE_IN: u64 = 30;
 /// segments many times over.
 pub(crate) const MESSAGE_EXPIRY_US: u64 = 3_000_000;
 
-/// What a client holds a topic's groups quiet for.
+/// What a client holds a topic's groups (or the stream's) quiet for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TopicAction {
     Purge,
     Delete,
+    /// A purge of the whole stream: every live topic's groups.
+    PurgeStream,
 }
 
 /// The opt-in parts of the workload (each draws from its own PRNG, so a
@@ -70,6 +74,8 @@ pub(crate) struct Mix {
     pub retention: bool,
     /// Consumer groups created, joined and left.
     pub consumer_groups: bool,
+    /// Whole-stream purges.
+    pub stream_purges: bool,
 }
 
 /// What a workload step ran into.
@@ -156,6 +162,7 @@ fn meta_name(op: &MetadataOp) -> String {
         MetadataOp::CreateStream { name, .. } => format!("create-stream {name}"),
         MetadataOp::CreateTopic { name, .. } => format!("create-topic {name}"),
         MetadataOp::PurgeTopic { topic, .. } => format!("purge-topic {topic:?}"),
+        MetadataOp::PurgeStream { stream } => format!("purge-stream {stream:?}"),
         MetadataOp::DeleteTopic { topic, .. } => format!("delete-topic {topic:?}"),
         MetadataOp::CreateConsumerGroup { topic, name, .. } => {
             format!("create-consumer-group {name} in {topic:?}")
@@ -251,6 +258,10 @@ pub(crate) struct Workload {
     consumer_groups: bool,
     /// Draws for membership ops alone.
     member_prng: Prng,
+    /// Whole-stream purges (`--stream-purges`).
+    stream_purges: bool,
+    /// Draws for stream purges alone.
+    stream_prng: Prng,
     /// Topics (by number) whose consumer group `cg{n}` exists.
     groups_created: BTreeSet<usize>,
     /// The topic whose group each client's session is a member of, as the
@@ -311,6 +322,7 @@ impl Workload {
             deletes,
             retention,
             consumer_groups,
+            stream_purges,
         } = mix;
         let mut prng = Prng::new(seed ^ 0xC11E_0007);
         let clients = (0..clients)
@@ -338,6 +350,8 @@ impl Workload {
             retention,
             consumer_groups,
             member_prng: Prng::new(seed ^ 0xC6_0000_0001),
+            stream_purges,
+            stream_prng: Prng::new(seed ^ 0x5E_0000_0002),
             groups_created: BTreeSet::new(),
             joined: BTreeMap::new(),
             topic_groups: Vec::new(),
@@ -370,7 +384,8 @@ impl Workload {
             if client != i {
                 return (None, false);
             }
-            if self.meta_busy || !self.quiet(&self.topic_groups[n]) {
+            let held: Vec<GroupId> = self.held.keys().copied().collect();
+            if self.meta_busy || !self.quiet(&held) {
                 return (None, true);
             }
             self.topic_action_waiting = None;
@@ -382,10 +397,24 @@ impl Workload {
             let op = match action {
                 TopicAction::Purge => MetadataOp::PurgeTopic { stream, topic },
                 TopicAction::Delete => MetadataOp::DeleteTopic { stream, topic },
+                TopicAction::PurgeStream => MetadataOp::PurgeStream { stream },
             };
             return (Some(Request::Meta(op)), true);
         }
         let idle = self.held.is_empty() && !self.meta_busy && !self.topic_groups.is_empty();
+        if self.stream_purges
+            && idle
+            && self.stream_prng.below_inclusive(STREAM_PURGE_ONE_IN - 1) == 0
+        {
+            for &g in self.topic_groups.iter().flatten() {
+                self.held.insert(g, None);
+            }
+            if self.held.is_empty() {
+                return (None, false);
+            }
+            self.topic_action_waiting = Some((i, 0, TopicAction::PurgeStream));
+            return (None, true);
+        }
         let action = if self.purges
             && idle
             && self.purge_prng.below_inclusive(PURGE_ONE_IN - 1) == 0
@@ -397,7 +426,7 @@ impl Workload {
             return (None, false);
         };
         let prng = match action {
-            TopicAction::Purge => &mut self.purge_prng,
+            TopicAction::Purge | TopicAction::PurgeStream => &mut self.purge_prng,
             TopicAction::Delete => &mut self.delete_prng,
         };
         let n = prng.below_inclusive(self.topic_groups.len() as u64 - 1) as usize;
@@ -1207,16 +1236,21 @@ impl Workload {
                 }
                 self.stats.topic_deletes += 1;
             }
-            MetadataOp::PurgeTopic {
-                topic: Identifier::Name(name),
-                ..
-            } => {
-                let n = name
-                    .strip_prefix('t')
-                    .and_then(|n| n.parse::<usize>().ok())
-                    .and_then(|n| self.topic_groups.get(n).cloned())
-                    .unwrap_or_default();
-                for g in n {
+            MetadataOp::PurgeTopic { .. } | MetadataOp::PurgeStream { .. } => {
+                let purged: Vec<GroupId> = match op {
+                    MetadataOp::PurgeTopic {
+                        topic: Identifier::Name(name),
+                        ..
+                    } => topic_number(name)
+                        .and_then(|n| self.topic_groups.get(n).cloned())
+                        .unwrap_or_default(),
+                    // Every topic's groups: the held ones, all live.
+                    MetadataOp::PurgeStream { .. } => {
+                        self.topic_groups.iter().flatten().copied().collect()
+                    }
+                    _ => Vec::new(),
+                };
+                for g in purged {
                     // The generation group 0 committed (the answering
                     // primary holds it; a later one may too), and at least
                     // one more than the last purge of the group.

@@ -659,8 +659,9 @@ fn retention_removes_only_expired_prefixes_and_replicas_agree_past_them() {
     assert!(expired > 1_000, "retention removed only {expired} messages");
 }
 
-/// Consumer groups joined and left (`--consumer-groups`, beside purges,
-/// deletes and retention): 8 seeds each under mixed, blackout and wipe,
+/// Consumer groups joined and left (`--consumer-groups`, beside topic and
+/// stream purges, deletes and retention): 8 seeds each under mixed,
+/// blackout and wipe,
 /// 3 × 2, 1,500 ticks. Once converged, every replica's whole metadata
 /// state is equal and every session is a member of exactly the group the
 /// committed joins, leaves and session ends left it in (with `leave`
@@ -678,6 +679,7 @@ fn consumer_group_membership_is_what_the_committed_ops_left() {
             let mut o = lifecycle(seed, profile, 1_500, true);
             o.retention = true;
             o.consumer_groups = true;
+            o.stream_purges = true;
             ops += clean(&o).membership_ops;
         }
     }
