@@ -751,6 +751,23 @@ fn regression_retention_21300169_21300034_21400232_session_transfer_gate_census_
     }
 }
 
+/// Mixed seeds 21600343 and 21600101 with every workload flag but stream
+/// purges: two more shapes of a member that never restarted while the
+/// other two did. In 21600343 it held op 8 journaled past its applied op
+/// 7, which both peers had applied (they reported 9): it may start
+/// waiting, since the census starts from a state holding op 8. In
+/// 21600101 it held op 10 journaled past every report (9 and 7) and had
+/// applied 9: it leads, starting a view with its own log.
+#[test]
+fn regression_members_21600343_21600101_member_with_a_journal_and_the_census() {
+    for seed in [21_600_343, 21_600_101] {
+        let mut o = lifecycle(seed, FaultProfile::Mixed, 2_000, true);
+        o.retention = true;
+        o.consumer_groups = true;
+        clean(&o);
+    }
+}
+
 /// Mixed seeds 20002303 and 20001999 with purges and deletes: a consumer
 /// offset acknowledged and then lost. A purge recorded its applied points
 /// with the core's client table while the core had already committed

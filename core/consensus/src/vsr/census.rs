@@ -31,18 +31,18 @@
 //! the one survivor of a view change whose other voters then restarted,
 //! sends no report: it runs view changes alone (a `Normal` one times out
 //! into them), and a census of the others would wait for it for ever.
-//! Such a replica — in a view change, not transferring, nothing journaled
-//! or known committed past what it applied, no view waiting to be
-//! persisted — that
-//! holds fresh reports from so many others that the rest, itself
-//! included, cannot complete a view change starts waiting in place
+//! Such a replica — in a view change, not transferring, no view waiting
+//! to be persisted — that holds fresh reports from so many others that
+//! the rest, itself included, cannot complete a view change, and holds
+//! nothing (journaled or known committed) past both its applied state
+//! and the longest applied state reported to it, starts waiting in place
 //! ([`Replica::restart_in_place`]) and reports its applied state. The
-//! census needs every report to hold everything its sender acknowledged,
-//! and not to change while it counts: this replica acknowledged nothing
-//! past its applied state, and a waiting replica applies nothing before
-//! it adopts a view. Its vote could not have formed a view, so giving it
-//! up costs nothing; while enough non-reporting replicas remain to form
-//! one, it keeps it.
+//! census starts from the longest report, which then holds every
+//! committed op this replica knows of; and no report changes while the
+//! census counts, since a waiting replica applies nothing before it
+//! adopts a view. Its vote could not have formed a view, so giving it up
+//! costs nothing; while enough non-reporting replicas remain to form one,
+//! it keeps it.
 //!
 //! What is lost: ops committed above `D` — durable on no replica. Every
 //! replica computes the same candidate from the same reports (a waiting
@@ -130,7 +130,7 @@ impl Replica {
             return;
         }
         let waiting = self.census_report().is_some();
-        if !waiting && !self.remembers_only_applied() {
+        if !waiting && !self.may_wait_in_place() {
             return;
         }
         if self.census.heard.len() != usize::from(self.config.replica_count) {
@@ -147,10 +147,12 @@ impl Replica {
             at_tick: ticks,
         });
         if !waiting {
-            if !self.member_should_report() {
+            if self.member_should_report() {
+                self.restart_in_place();
+            } else {
+                self.maybe_lead_census_as_member();
                 return;
             }
-            self.restart_in_place();
         }
         // Answer with ours, so the prober learns of us without waiting for
         // our next probe; once per probe interval per peer, so two waiting
@@ -173,44 +175,105 @@ impl Replica {
     }
 
     /// In a view change (a `Normal` replica has a view that works, or will
-    /// time out into one), not transferring, nothing journaled or known
-    /// committed past what it applied, and no view waiting to be
-    /// persisted: everything it ever acknowledged is in its applied state,
-    /// which is what a waiting replica reports, so it may become one
-    /// ([`Replica::restart_in_place`]).
-    fn remembers_only_applied(&self) -> bool {
+    /// time out into one), not transferring, and no view waiting to be
+    /// persisted: such a replica may start waiting in place
+    /// ([`Replica::restart_in_place`]) if what it holds is covered too
+    /// (see [`Self::member_should_report`]).
+    fn may_wait_in_place(&self) -> bool {
         self.status == Status::ViewChange
             && self.recovering.is_none()
             && !self.transferring
-            && self.op() == self.commit_min
             && self.view == self.durable_view
             && self.log_view == self.durable_log_view
     }
 
-    /// Whether a member that never restarted and holds nothing past what
-    /// it applied, having just heard a report, should start waiting and
-    /// report too: the census waits for every member, and one that did
-    /// not restart (it created the group after the others moved on, or it
-    /// was the one survivor of a view change the restarted ones left
-    /// behind) would otherwise never report. It does so only when the
-    /// replicas it did not hear from recently, itself included, are too
-    /// few to complete a view change: then its vote cannot help any view
-    /// form, and giving it up costs nothing. With enough of them left it
-    /// keeps its vote, which a member that never restarted may need to
-    /// form a view that answers the waiting ones.
+    /// Whether a member in a view change that never restarted, having just
+    /// heard a report, should start waiting and report too: the census
+    /// waits for every member, and one that did not restart (it created
+    /// the group after the others moved on, or it was the one survivor of
+    /// a view change the restarted ones left behind) would otherwise never
+    /// report. Two conditions. Nothing it holds may be lost: everything it
+    /// journaled or knows committed past its applied state is at or below
+    /// the longest applied state reported to it, which the census starts
+    /// from (an op there that committed is in that state, committed
+    /// history being one chain; one that did not may go). And its vote
+    /// must be useless: the replicas it did not hear from recently, itself
+    /// included, are too few to complete a view change. With enough of
+    /// them left it keeps its vote, which a member that never restarted
+    /// may need to form a view that answers the waiting ones.
     fn member_should_report(&self) -> bool {
         let window = self.census_window_ticks();
         let me = usize::from(self.config.replica);
-        let heard = self
+        let fresh = self
             .census
             .heard
             .iter()
             .enumerate()
-            .filter(|(index, slot)| {
-                *index != me && slot.is_some_and(|h| self.ticks.saturating_sub(h.at_tick) <= window)
-            })
-            .count();
-        usize::from(self.config.replica_count).saturating_sub(heard) < self.quorums.view_change
+            .filter_map(|(index, slot)| {
+                slot.filter(|h| index != me && self.ticks.saturating_sub(h.at_tick) <= window)
+            });
+        let (heard, longest) = fresh.fold((0usize, 0u64), |(n, longest), h| {
+            (n + 1, longest.max(h.report.op))
+        });
+        let covered = self.op() == self.commit_min || self.op() <= longest;
+        covered
+            && usize::from(self.config.replica_count).saturating_sub(heard)
+                < self.quorums.view_change
+    }
+
+    /// A member in a view change that never restarted and holds more than
+    /// any report (ops journaled past the longest applied state reported)
+    /// cannot start waiting without dropping them, and the census waits
+    /// for its report. When it holds a fresh report from every other
+    /// replica and has applied at least what each of them applied, it
+    /// leads instead: it starts the lowest view above every view it knows
+    /// of whose primary it is, with its own log, as a view change would
+    /// (mixed 21600101: a member with op 10 journaled, its peers waiting
+    /// with 9 and 7 applied). Nobody else remembers anything past its
+    /// reported applied state, each of which this member applied too, so
+    /// its log holds every op that any replica still holds, and no
+    /// committed op conflicts with the ops it journaled past them. Only it
+    /// can start this view: the waiting replicas hold no report from it.
+    fn maybe_lead_census_as_member(&mut self) {
+        let window = self.census_window_ticks();
+        let me = self.config.replica;
+        let mut highest_view = self.view.max(self.observed_newer_view);
+        let mut answers = Vec::new();
+        for (index, slot) in self.census.heard.iter().enumerate() {
+            let Ok(index) = u8::try_from(index) else {
+                return;
+            };
+            if index == me {
+                continue;
+            }
+            let Some(heard) = slot.filter(|h| self.ticks.saturating_sub(h.at_tick) <= window)
+            else {
+                return;
+            };
+            if heard.report.op > self.commit_min {
+                return;
+            }
+            highest_view = highest_view.max(heard.view);
+            answers.push((index, heard.incarnation));
+        }
+        let op_head = self.op();
+        if ((self.commit_max + 1)..=op_head).any(|op| self.journal.entry(op).is_none()) {
+            // A view starts only with every uncommitted body held.
+            return;
+        }
+        let Some(view) = self.next_view_led_by_me(highest_view) else {
+            return;
+        };
+        self.census_views_started += 1;
+        self.view = view;
+        self.census = CensusBook::default();
+        self.observed_newer_view = 0;
+        self.timers.request_start_view.stop();
+        self.start_view(op_head);
+        for (to, incarnation) in answers {
+            let sv = self.start_view_message(incarnation);
+            self.send(to, Message::StartView(sv));
+        }
     }
 
     /// Starts the census view if every other replica reported recently and

@@ -356,7 +356,7 @@ impl Replica {
         self.start_view(op_head);
     }
 
-    fn start_view(&mut self, op_head: u64) {
+    pub(super) fn start_view(&mut self, op_head: u64) {
         self.status = Status::Normal;
         // A new primary's commit point can trail ops an earlier primary
         // committed and acknowledged (the DVC quorum may not have heard of
