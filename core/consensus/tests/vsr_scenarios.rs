@@ -28,6 +28,31 @@ fn converge(s: &mut Simulation) {
     }
 }
 
+/// A quiet group of `n` for the whole-group restart tests: two clients of
+/// 40 requests each, and a crashed replica stays down until restarted.
+fn restart_sim(seed: u64, n: u8) -> Simulation {
+    let mut config = quiet(seed, n);
+    config.requests_per_client = 40;
+    config.down_ticks_max = 0;
+    sim(config)
+}
+
+/// Whether every replica of `0..n` is in the quorum again within 20,000
+/// ticks.
+fn all_serving(s: &mut Simulation, n: u8) -> bool {
+    s.run_until(20_000, |s| {
+        (0..n).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
+    })
+    .unwrap()
+}
+
+/// The replicas of `0..n` that started a view by census.
+fn census_starters(s: &Simulation, n: u8) -> Vec<u8> {
+    (0..n)
+        .filter(|r| s.replica(*r).is_some_and(|x| x.census_views_started() > 0))
+        .collect()
+}
+
 #[test]
 fn given_primary_crash_mid_pipeline_when_view_changes_should_keep_acknowledged_ops() {
     let mut s = sim(quiet(11, 3));
@@ -325,10 +350,7 @@ fn given_every_replica_restarted_at_once_when_all_report_should_serve_again_with
 #[test]
 fn given_pristine_members_when_the_others_restart_at_once_should_report_and_let_the_census_start() {
     for (n, pristine) in [(3u8, 0b100u32), (5, 0b11000)] {
-        let mut config = quiet(41 + u64::from(n), n);
-        config.requests_per_client = 40;
-        config.down_ticks_max = 0;
-        let mut s = sim(config);
+        let mut s = restart_sim(41 + u64::from(n), n);
         s.partition(pristine);
         assert!(
             s.run_until(10_000, |s| s.acknowledged().len() >= 10)
@@ -350,15 +372,11 @@ fn given_pristine_members_when_the_others_restart_at_once_should_report_and_let_
         for &r in &members {
             s.restart(r).unwrap();
         }
-        let serving = s
-            .run_until(20_000, |s| {
-                (0..n).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
-            })
-            .unwrap();
-        assert!(serving, "n={n}: the group waited on its pristine members");
-        let starters: Vec<u8> = (0..n)
-            .filter(|r| s.replica(*r).unwrap().census_views_started() > 0)
-            .collect();
+        assert!(
+            all_serving(&mut s, n),
+            "n={n}: the group waited on its pristine members"
+        );
+        let starters = census_starters(&s, n);
         assert_eq!(starters.len(), 1, "n={n}: one census view, by one replica");
         assert!(
             members.contains(&starters[0]),
@@ -380,10 +398,7 @@ fn given_pristine_members_when_the_others_restart_at_once_should_report_and_let_
 #[test]
 fn given_a_lone_survivor_in_a_view_change_when_the_others_restarted_should_report_and_let_the_census_start()
  {
-    let mut config = quiet(47, 3);
-    config.requests_per_client = 40;
-    config.down_ticks_max = 0;
-    let mut s = sim(config);
+    let mut s = restart_sim(47, 3);
     assert!(
         s.run_until(10_000, |s| s.acknowledged().len() >= 10)
             .unwrap()
@@ -409,19 +424,8 @@ fn given_a_lone_survivor_in_a_view_change_when_the_others_restarted_should_repor
     for r in (0..3u8).filter(|&r| r != survivor) {
         s.restart(r).unwrap();
     }
-    let serving = s
-        .run_until(20_000, |s| {
-            (0..3).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
-        })
-        .unwrap();
-    assert!(serving, "the group waited on its survivor");
-    assert_eq!(
-        (0..3)
-            .filter(|r| s.replica(*r).unwrap().census_views_started() > 0)
-            .count(),
-        1,
-        "one census view"
-    );
+    assert!(all_serving(&mut s, 3), "the group waited on its survivor");
+    assert_eq!(census_starters(&s, 3).len(), 1, "one census view");
     converge(&mut s);
     assert!(s.acknowledged().len() >= acked);
     assert_eq!(s.acknowledged().len(), 2 * 40);
@@ -434,10 +438,7 @@ fn given_a_lone_survivor_in_a_view_change_when_the_others_restarted_should_repor
 /// leave the group waiting for a census the live member never joins.
 #[test]
 fn given_a_pristine_member_and_one_restarted_replica_when_a_view_must_form_should_keep_its_vote() {
-    let mut config = quiet(45, 3);
-    config.requests_per_client = 40;
-    config.down_ticks_max = 0;
-    let mut s = sim(config);
+    let mut s = restart_sim(45, 3);
     s.partition(0b100);
     assert!(
         s.run_until(10_000, |s| s.acknowledged().len() >= 10)
@@ -449,17 +450,12 @@ fn given_a_pristine_member_and_one_restarted_replica_when_a_view_must_form_shoul
     s.crash(primary);
     s.heal_partition();
     s.restart(primary).unwrap();
-    let serving = s
-        .run_until(20_000, |s| {
-            (0..3).all(|r| s.replica(r).is_some_and(|x| x.is_quorum_visible()))
-        })
-        .unwrap();
     assert!(
-        serving,
+        all_serving(&mut s, 3),
         "the group did not form a view with its pristine member"
     );
     assert!(
-        (0..3).all(|r| s.replica(r).unwrap().census_views_started() == 0),
+        census_starters(&s, 3).is_empty(),
         "a view change, not a census, should have answered"
     );
     converge(&mut s);

@@ -505,17 +505,16 @@ fn given_empty_offer_when_installed_should_plant_a_frontier_segment_that_boots_a
     assert_eq!(p.stored_offset(ConsumerKind::Consumer, 1), Some(12));
 }
 
-#[test]
-fn given_offer_after_a_missed_purge_when_installed_should_reset_the_frontier_and_record_the_generation()
- {
-    let (mut f, source) = fixture(4);
-    // Only the first staged segment: [0, 4], frontier 5 below the local 15.
+/// An offer built after a purge this replica missed: only the first
+/// staged segment, [0, 4], its frontier 5 below the local 15, under purge
+/// generation 1. The other staged files are removed.
+fn offer_past_a_purge(f: &Fixture) -> InstallInput {
     for s in &f.staged[1..] {
         let (log, index) = s.staging_paths(&dir());
         block_on(f.fs.remove_file(&log)).unwrap();
         block_on(f.fs.remove_file(&index)).unwrap();
     }
-    let i = InstallInput {
+    InstallInput {
         staged: vec![f.staged[0].clone()],
         offsets_artifact: ConsumerOffsetsWire {
             purge_generation: 1,
@@ -525,8 +524,15 @@ fn given_offer_after_a_missed_purge_when_installed_should_reset_the_frontier_and
             dedup: vec![],
         }
         .encode(),
-        ..input(&f)
-    };
+        ..input(f)
+    }
+}
+
+#[test]
+fn given_offer_after_a_missed_purge_when_installed_should_reset_the_frontier_and_record_the_generation()
+ {
+    let (mut f, source) = fixture(4);
+    let i = offer_past_a_purge(&f);
     block_on(f.old.install_partition_state(i.clone())).unwrap();
     assert_eq!(f.old.purge_generation(), 1);
     assert_eq!(f.old.offset_frontier(), 5);
@@ -561,23 +567,7 @@ fn given_purge_generation_unwritable_when_installing_past_a_purge_should_converg
     let mut refused = 0;
     for nth in 1..=12 {
         let (mut f, source) = fixture(40 + nth);
-        for s in &f.staged[1..] {
-            let (log, index) = s.staging_paths(&dir());
-            block_on(f.fs.remove_file(&log)).unwrap();
-            block_on(f.fs.remove_file(&index)).unwrap();
-        }
-        let i = InstallInput {
-            staged: vec![f.staged[0].clone()],
-            offsets_artifact: ConsumerOffsetsWire {
-                purge_generation: 1,
-                next_offset: 5,
-                consumers: vec![],
-                groups: vec![],
-                dedup: vec![],
-            }
-            .encode(),
-            ..input(&f)
-        };
+        let i = offer_past_a_purge(&f);
         // Every attempt at one rename fails, so the retries cannot absorb
         // it; which rename it hits moves with `nth`.
         for k in 0..3 {

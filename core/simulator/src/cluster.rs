@@ -569,14 +569,20 @@ impl Cluster {
         )
     }
 
-    /// The purge generation replica `r`'s group 0 committed for `group`.
-    pub(crate) fn metadata_purge_generation(&self, r: u8, group: GroupId) -> Option<u64> {
+    /// What replica `r`'s metadata says of `group` (`None` while `r` is
+    /// down or names no such group).
+    fn metadata_group_info(&self, r: u8, group: GroupId) -> Option<metadata::PartitionGroupInfo> {
         let shard0 = self.nodes[usize::from(r)].shards.as_ref()?.first()?;
         let host = shard0.metadata()?;
         host.state()
             .partition_groups()
-            .iter()
+            .into_iter()
             .find(|i| i.group == group)
+    }
+
+    /// The purge generation replica `r`'s group 0 committed for `group`.
+    pub(crate) fn metadata_purge_generation(&self, r: u8, group: GroupId) -> Option<u64> {
+        self.metadata_group_info(r, group)
             .map(|i| i.purge_generation)
     }
 
@@ -589,12 +595,7 @@ impl Cluster {
     /// The message expiry (µs) of `group`'s topic in replica `r`'s
     /// metadata: `Some(0)` when its messages never expire.
     pub(crate) fn metadata_message_expiry_us(&self, r: u8, group: GroupId) -> Option<u64> {
-        let shard0 = self.nodes[usize::from(r)].shards.as_ref()?.first()?;
-        let host = shard0.metadata()?;
-        host.state()
-            .partition_groups()
-            .iter()
-            .find(|i| i.group == group)
+        self.metadata_group_info(r, group)
             .map(|i| match i.config.message_expiry {
                 metadata::MessageExpiry::After { micros } => micros,
                 metadata::MessageExpiry::ServerDefault | metadata::MessageExpiry::Never => 0,

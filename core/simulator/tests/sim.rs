@@ -579,13 +579,32 @@ fn lifecycle_runs(
     seeds: std::ops::Range<u64>,
     deletes: bool,
 ) -> Vec<Summary> {
+    lifecycle_runs_with(profiles, seeds, |o| o.deletes = deletes)
+}
+
+/// As [`lifecycle_runs`], with the options `extra` sets on top of purges.
+fn lifecycle_runs_with(
+    profiles: &[FaultProfile],
+    seeds: std::ops::Range<u64>,
+    extra: impl Fn(&mut Options),
+) -> Vec<Summary> {
     let mut runs = Vec::new();
     for &profile in profiles {
         for seed in seeds.clone() {
-            runs.push(clean(&lifecycle(seed, profile, 1_500, deletes)));
+            let mut o = lifecycle(seed, profile, 1_500, false);
+            extra(&mut o);
+            runs.push(clean(&o));
         }
     }
     runs
+}
+
+/// One seed of a regression found with purges, deletes and the options
+/// `extra` sets, 3 × 2, 2,000 ticks, required clean.
+fn lifecycle_regression(seed: u64, profile: FaultProfile, extra: impl Fn(&mut Options)) {
+    let mut o = lifecycle(seed, profile, 2_000, true);
+    extra(&mut o);
+    clean(&o);
 }
 
 /// Blackout seeds 19600030, 19600038 (and 25 more of 200 from 19,600,000)
@@ -642,20 +661,21 @@ fn topic_deletes_are_carried_out_everywhere_and_never_undone() {
 /// must agree byte for byte from the latest start among them.
 #[test]
 fn retention_removes_only_expired_prefixes_and_replicas_agree_past_them() {
-    let mut expired = 0;
-    for profile in [
-        FaultProfile::Mixed,
-        FaultProfile::Crash,
-        FaultProfile::Blackout,
-        FaultProfile::Wipe,
-        FaultProfile::Rot,
-    ] {
-        for seed in 2_200_000..2_200_008 {
-            let mut o = lifecycle(seed, profile, 1_500, true);
+    let runs = lifecycle_runs_with(
+        &[
+            FaultProfile::Mixed,
+            FaultProfile::Crash,
+            FaultProfile::Blackout,
+            FaultProfile::Wipe,
+            FaultProfile::Rot,
+        ],
+        2_200_000..2_200_008,
+        |o| {
+            o.deletes = true;
             o.retention = true;
-            expired += clean(&o).expired;
-        }
-    }
+        },
+    );
+    let expired: u64 = runs.iter().map(|s| s.expired).sum();
     assert!(expired > 1_000, "retention removed only {expired} messages");
 }
 
@@ -669,20 +689,21 @@ fn retention_removes_only_expired_prefixes_and_replicas_agree_past_them() {
 /// `membership-wrong`).
 #[test]
 fn consumer_group_membership_is_what_the_committed_ops_left() {
-    let mut ops = 0;
-    for profile in [
-        FaultProfile::Mixed,
-        FaultProfile::Blackout,
-        FaultProfile::Wipe,
-    ] {
-        for seed in 2_300_000..2_300_008 {
-            let mut o = lifecycle(seed, profile, 1_500, true);
+    let runs = lifecycle_runs_with(
+        &[
+            FaultProfile::Mixed,
+            FaultProfile::Blackout,
+            FaultProfile::Wipe,
+        ],
+        2_300_000..2_300_008,
+        |o| {
+            o.deletes = true;
             o.retention = true;
             o.consumer_groups = true;
             o.stream_purges = true;
-            ops += clean(&o).membership_ops;
-        }
-    }
+        },
+    );
+    let ops: u64 = runs.iter().map(|s| s.membership_ops).sum();
     assert!(ops > 100, "only {ops} membership ops committed");
 }
 
@@ -745,9 +766,7 @@ fn regression_retention_21300169_21300034_21400232_session_transfer_gate_census_
         (21_300_034, FaultProfile::Wipe),
         (21_400_232, FaultProfile::Blackout),
     ] {
-        let mut o = lifecycle(seed, profile, 2_000, true);
-        o.retention = true;
-        clean(&o);
+        lifecycle_regression(seed, profile, |o| o.retention = true);
     }
 }
 
@@ -761,10 +780,10 @@ fn regression_retention_21300169_21300034_21400232_session_transfer_gate_census_
 #[test]
 fn regression_members_21600343_21600101_member_with_a_journal_and_the_census() {
     for seed in [21_600_343, 21_600_101] {
-        let mut o = lifecycle(seed, FaultProfile::Mixed, 2_000, true);
-        o.retention = true;
-        o.consumer_groups = true;
-        clean(&o);
+        lifecycle_regression(seed, FaultProfile::Mixed, |o| {
+            o.retention = true;
+            o.consumer_groups = true;
+        });
     }
 }
 

@@ -108,6 +108,22 @@ impl Replica {
             .map(|r| r.report)
     }
 
+    /// Each other replica's index and its report if one was heard within
+    /// the freshness window, in index order.
+    fn others_reports(&self) -> impl Iterator<Item = (u8, Option<Heard>)> + '_ {
+        let window = self.census_window_ticks();
+        let me = self.config.replica;
+        self.census
+            .heard
+            .iter()
+            .enumerate()
+            .filter_map(move |(index, slot)| {
+                let index = u8::try_from(index).ok().filter(|i| *i != me)?;
+                let fresh = slot.filter(|h| self.ticks.saturating_sub(h.at_tick) <= window);
+                Some((index, fresh))
+            })
+    }
+
     /// How long a report counts: longer than the longest probe interval
     /// (backoff caps at 16 times the base, plus as much jitter).
     fn census_window_ticks(&self) -> u64 {
@@ -202,16 +218,7 @@ impl Replica {
     /// them left it keeps its vote, which a member that never restarted
     /// may need to form a view that answers the waiting ones.
     fn member_should_report(&self) -> bool {
-        let window = self.census_window_ticks();
-        let me = usize::from(self.config.replica);
-        let fresh = self
-            .census
-            .heard
-            .iter()
-            .enumerate()
-            .filter_map(|(index, slot)| {
-                slot.filter(|h| index != me && self.ticks.saturating_sub(h.at_tick) <= window)
-            });
+        let fresh = self.others_reports().filter_map(|(_, heard)| heard);
         let (heard, longest) = fresh.fold((0usize, 0u64), |(n, longest), h| {
             (n + 1, longest.max(h.report.op))
         });
@@ -235,19 +242,10 @@ impl Replica {
     /// committed op conflicts with the ops it journaled past them. Only it
     /// can start this view: the waiting replicas hold no report from it.
     fn maybe_lead_census_as_member(&mut self) {
-        let window = self.census_window_ticks();
-        let me = self.config.replica;
         let mut highest_view = self.view.max(self.observed_newer_view);
         let mut answers = Vec::new();
-        for (index, slot) in self.census.heard.iter().enumerate() {
-            let Ok(index) = u8::try_from(index) else {
-                return;
-            };
-            if index == me {
-                continue;
-            }
-            let Some(heard) = slot.filter(|h| self.ticks.saturating_sub(h.at_tick) <= window)
-            else {
+        for (index, heard) in self.others_reports() {
+            let Some(heard) = heard else {
                 return;
             };
             if heard.report.op > self.commit_min {
@@ -291,7 +289,6 @@ impl Replica {
         if self.ticks < settle {
             return;
         }
-        let window = self.census_window_ticks();
         let me = self.config.replica;
         // Longest applied state first; among equals one whose identity is
         // known (a primary that cannot name its applied op's identity can
@@ -311,15 +308,8 @@ impl Replica {
         let mut highest_view = self.view.max(self.observed_newer_view);
         // Decide first; this runs every tick of every recovering group,
         // and only the candidate needs the list of incarnations to answer.
-        for (index, slot) in self.census.heard.iter().enumerate() {
-            let Ok(index) = u8::try_from(index) else {
-                return;
-            };
-            if index == me {
-                continue;
-            }
-            let Some(heard) = slot.filter(|h| self.ticks.saturating_sub(h.at_tick) <= window)
-            else {
+        for (index, heard) in self.others_reports() {
+            let Some(heard) = heard else {
                 return;
             };
             highest_view = highest_view.max(heard.view);
@@ -336,14 +326,8 @@ impl Replica {
         };
         // Every other slot was checked fresh above.
         let answers: Vec<(u8, u128)> = self
-            .census
-            .heard
-            .iter()
-            .enumerate()
-            .filter_map(|(index, slot)| {
-                Some((u8::try_from(index).ok()?, slot.as_ref()?.incarnation))
-            })
-            .filter(|&(index, _)| index != me)
+            .others_reports()
+            .filter_map(|(index, heard)| Some((index, heard?.incarnation)))
             .collect();
         self.start_census_view(view);
         for (to, incarnation) in answers {
