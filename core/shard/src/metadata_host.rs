@@ -341,7 +341,7 @@ impl<E: Env> MetadataHost<E> {
                 match reply.status {
                     ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
                         self.session = Session::Open {
-                            session: reply.session.max(reply.op),
+                            session: crate::shard::registered_session(&reply),
                         };
                         opened = true;
                     }

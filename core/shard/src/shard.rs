@@ -348,6 +348,20 @@ pub type ShardPartition<E> =
 /// Replies the shard's partitions delivered, awaiting matching to calls.
 type ReplyQueue = Rc<RefCell<Vec<(GroupId, Reply)>>>;
 
+/// The session a committed Register opened: the one the client table
+/// holds, which for a Register retried before its session was used is
+/// the existing one, older than the retry's op. Taking the op there made
+/// every request after it refused as from an unknown session and the
+/// Register retried for ever (a partition group in mixed 21300169, group
+/// 0 in mixed 22005380).
+pub(crate) fn registered_session(reply: &Reply) -> u64 {
+    if reply.session != 0 {
+        reply.session
+    } else {
+        reply.op
+    }
+}
+
 /// The [`MessageBus`] a shard gives each of its partitions: frames leave
 /// as bytes through the environment, replies go to the shard's queue.
 pub struct ShardBus<E: Env> {
@@ -1925,18 +1939,9 @@ impl<E: Env> Shard<E> {
             if reply.operation == OPERATION_REGISTER {
                 match reply.status {
                     ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
-                        // The session the table holds, which a Register
-                        // retried before the session was used answers with
-                        // the existing one (older than the retry's op).
-                        // Taking the op there made every request refused as
-                        // from an unknown session, and the Register retried
-                        // for ever (mixed 21300169).
-                        let session = if reply.session != 0 {
-                            reply.session
-                        } else {
-                            reply.op
+                        g.session = Session::Open {
+                            session: registered_session(&reply),
                         };
-                        g.session = Session::Open { session };
                         opened.push(group);
                     }
                     ReplyStatus::NoSession | ReplyStatus::Fenced => g.session = Session::Closed,
@@ -2402,4 +2407,37 @@ fn partition_error(error: PartitionError) -> CallError {
 /// The directory of shard `shard` under a replica's data directory.
 pub fn shard_dir(data_dir: &Path, shard: ShardIndex) -> PathBuf {
     data_dir.join(format!("shard-{}", shard.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use consensus::vsr::{OPERATION_REGISTER, Reply, ReplyStatus};
+
+    use super::registered_session;
+
+    fn register_reply(op: u64, session: u64) -> Reply {
+        Reply {
+            client: 7,
+            request: 0,
+            op,
+            commit: op,
+            timestamp: 0,
+            operation: OPERATION_REGISTER,
+            status: ReplyStatus::Ok,
+            session,
+            result: 0,
+        }
+    }
+
+    #[test]
+    fn given_a_retried_register_answered_with_the_open_session_when_opening_should_take_that_session()
+     {
+        // A first Register at op 12 opened session 12.
+        assert_eq!(registered_session(&register_reply(12, 12)), 12);
+        // Retried at op 54 before the session was used: the table answers
+        // with session 12, which requests must carry.
+        assert_eq!(registered_session(&register_reply(54, 12)), 12);
+        // A reply without a session names its op.
+        assert_eq!(registered_session(&register_reply(9, 0)), 9);
+    }
 }

@@ -787,6 +787,20 @@ fn regression_members_21600343_21600101_member_with_a_journal_and_the_census() {
     }
 }
 
+/// Mixed seed 22005380 with every workload flag, from the 10,000-seed run
+/// at 22,000,000: the bug of 21300169 in group 0. A shard's metadata host
+/// took a retried Register's op for its session instead of the session
+/// the table held, so a stream purge was refused as from an unknown
+/// session, re-registered and retried until the run ended.
+#[test]
+fn regression_stream_purges_22005380_group_0_session_of_a_retried_register() {
+    lifecycle_regression(22_005_380, FaultProfile::Mixed, |o| {
+        o.retention = true;
+        o.consumer_groups = true;
+        o.stream_purges = true;
+    });
+}
+
 /// Mixed seeds 20002303 and 20001999 with purges and deletes: a consumer
 /// offset acknowledged and then lost. A purge recorded its applied points
 /// with the core's client table while the core had already committed

@@ -313,7 +313,9 @@ pub struct Reply {
     pub operation: u8,
     /// The outcome.
     pub status: ReplyStatus,
-    /// The session a Register created (its op); 0 otherwise.
+    /// The session a Register opened (its op), or for a Register retried
+    /// before its session was used, the one already open (an older op);
+    /// 0 otherwise.
     pub session: u64,
     /// What the state machine made of the op, set by the host when it
     /// applies it (a partition append: the batch's base offset); 0 until
