@@ -824,6 +824,7 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
     let open = ServeGateFacts {
         caught_up_primary: true,
         backup_serving_its_primary: false,
+        view_change_member_serving: false,
         dir_present: true,
         repairing: false,
         commit_max: 3,
@@ -884,6 +885,15 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
         }),
         U::RepairInProgress
     ));
+    // So does a caught-up member of a view change (no primary exists).
+    assert!(
+        check_serve_gate(ServeGateFacts {
+            caught_up_primary: false,
+            view_change_member_serving: true,
+            ..open
+        })
+        .is_ok()
+    );
     // An installed frontier makes an empty commit history legitimate.
     assert!(
         check_serve_gate(ServeGateFacts {

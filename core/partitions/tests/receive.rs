@@ -1184,30 +1184,36 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
     let TransferRequest::Descriptor { nonce, .. } = rx.arm(1) else {
         unreachable!()
     };
-    // Transient: flat base delay, nothing charged.
-    let step = block_on(rx.on_target(1, 0, &unavailable(nonce, true), &[], &facts));
-    assert!(matches!(
-        step,
-        ReceiveStep::Failed(ReceiveError::PeerUnavailable { transient: true })
-    ));
-    assert_eq!(rx.backoff().failures, 0);
-    assert_eq!(rx.backoff().refusals, 1);
-    assert_eq!(
-        rx.pending_rearm(),
-        Some(PendingRearm {
-            peer: 1,
-            after_ticks: 10
-        })
-    );
-    for _ in 0..9 {
-        assert_eq!(tick(&mut rx, &facts), None);
+    // Transient: flat base delay, nothing charged. Refused by the primary,
+    // the next attempt goes round to another replica (which may serve
+    // while no view forms); refused by that one, back to the primary.
+    let mut nonce = nonce;
+    for (refuser, next, refusals) in [(1, 0, 1), (0, 1, 2)] {
+        let step = block_on(rx.on_target(refuser, 0, &unavailable(nonce, true), &[], &facts));
+        assert!(matches!(
+            step,
+            ReceiveStep::Failed(ReceiveError::PeerUnavailable { transient: true })
+        ));
+        assert_eq!(rx.backoff().failures, 0);
+        assert_eq!(rx.backoff().refusals, refusals);
+        assert_eq!(
+            rx.pending_rearm(),
+            Some(PendingRearm {
+                peer: next,
+                after_ticks: 10
+            })
+        );
+        for _ in 0..9 {
+            assert_eq!(tick(&mut rx, &facts), None);
+        }
+        let Some(TransferRequest::Descriptor { peer, nonce: n }) = tick(&mut rx, &facts) else {
+            panic!("re-armed on the tenth tick");
+        };
+        assert_eq!(peer, next);
+        nonce = n;
     }
-    let Some(TransferRequest::Descriptor { peer: 1, nonce }) = tick(&mut rx, &facts) else {
-        panic!("re-armed on the tenth tick");
-    };
     // Faults: charged, rotated past the failed primary, doubling.
     let mut expected = 10;
-    let mut nonce = nonce;
     let mut peer = 1;
     for failures in 1..=12u32 {
         let step = block_on(rx.on_target(peer, 0, &unavailable(nonce, false), &[], &facts));

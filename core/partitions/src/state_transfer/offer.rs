@@ -603,6 +603,11 @@ pub struct ServeGateFacts {
     /// committed applied. A primary missing ops no peer retains can only
     /// be served by a backup: nobody else is its view's primary.
     pub backup_serving_its_primary: bool,
+    /// This replica is in a view change, quorum-visible, not transferring,
+    /// with everything it knows committed applied. While no view forms
+    /// there is no primary to serve, and the requester may be the vote the
+    /// view change needs (it cannot vote before it catches up).
+    pub view_change_member_serving: bool,
     /// The partition directory exists.
     pub dir_present: bool,
     /// A repair session is open, or the partition waits for a transfer of
@@ -619,7 +624,10 @@ pub struct ServeGateFacts {
 /// # Errors
 /// The first refusal that applies.
 pub fn check_serve_gate(facts: ServeGateFacts) -> Result<(), PartitionTransferUnavailable> {
-    if !facts.caught_up_primary && !facts.backup_serving_its_primary {
+    if !facts.caught_up_primary
+        && !facts.backup_serving_its_primary
+        && !facts.view_change_member_serving
+    {
         return Err(PartitionTransferUnavailable::NotCaughtUpPrimary);
     }
     if !facts.dir_present {
@@ -701,6 +709,17 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 && !r.is_transferring()
                 && r.commit_min() == r.commit_max()
         });
+        // Mixed 22008104: the only replica holding the group's state was
+        // in a view change no one else could vote in, the one it needed
+        // was short of its barrier and needed a transfer, and the third
+        // was waiting for a census; nobody was a primary to serve it.
+        let view_change_member_serving = requester.is_some_and(|requester| {
+            requester != r.replica()
+                && r.status() == consensus::vsr::Status::ViewChange
+                && r.is_quorum_visible()
+                && !r.is_transferring()
+                && r.commit_min() == r.commit_max()
+        });
         let dir_present = match self.fs.exists(&self.dir).await {
             Ok(present) => present,
             Err(error) => {
@@ -711,6 +730,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         ServeGateFacts {
             caught_up_primary: self.replica.serves_applied_state(),
             backup_serving_its_primary,
+            view_change_member_serving,
             dir_present,
             // The accessor, not the field: the field keeps the last request
             // after the core abandoned it.

@@ -896,11 +896,15 @@ impl<F: Fs> TransferReceiver<F> {
                     "state transfer keeps being refused"
                 );
             }
-            // Not charged; ask the primary if it is another replica (the
-            // refusal usually means the peer is not it). The primary itself
-            // can only be served by a backup: go round them, so one that
-            // cannot serve (it lags too) is not asked forever.
-            let next = if local.primary != local.replica {
+            // Not charged; ask the primary if it is another replica and
+            // not the one that refused (the refusal usually means the peer
+            // is not it). When the primary itself refused, or this replica
+            // is the primary, go round the others: a backup serves its
+            // primary, and a caught-up member of a view change serves
+            // anyone while no view forms, which a primary that never
+            // answers must not hide (mixed 22008104: the view's primary
+            // was waiting for a census, asked for ever).
+            let next = if local.primary != local.replica && local.primary != peer {
                 local.primary
             } else {
                 rotate_peer(local, peer)
