@@ -787,6 +787,22 @@ fn regression_members_21600343_21600101_member_with_a_journal_and_the_census() {
     }
 }
 
+/// Mixed seed 23000885 with every workload flag, from the 10,000-seed run
+/// at 23,000,000: the member in a view change had applied op 39 and
+/// journaled 40 and 41; one peer waited with 40 applied, the other with
+/// 33. Neither rule above applied (41 is past every report, and a peer
+/// had applied more than the member). Its op 40 is the one the peer
+/// applied (same identity), so the peer's state is a prefix of its log
+/// and it leads.
+#[test]
+fn regression_all_flags_23000885_member_leads_when_reports_prefix_its_log() {
+    lifecycle_regression(23_000_885, FaultProfile::Mixed, |o| {
+        o.retention = true;
+        o.consumer_groups = true;
+        o.stream_purges = true;
+    });
+}
+
 /// Mixed seed 22005380 with every workload flag, from the 10,000-seed run
 /// at 22,000,000: the bug of 21300169 in group 0. A shard's metadata host
 /// took a retried Register's op for its session instead of the session

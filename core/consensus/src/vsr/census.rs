@@ -108,6 +108,17 @@ impl Replica {
             .map(|r| r.report)
     }
 
+    /// Whether this replica's journal holds another op than `report`'s at
+    /// its op: `None` when it cannot tell (no entry there, or the report's
+    /// identity unknown), `Some(false)` when it holds the very op.
+    fn journal_disagrees_with(&self, report: &Census) -> Option<bool> {
+        if report.checksum == super::UNKNOWN_CHECKSUM {
+            return None;
+        }
+        let header = self.journal.header(report.op)?;
+        Some(header.checksum != report.checksum)
+    }
+
     /// Each other replica's index and its report if one was heard within
     /// the freshness window, in index order.
     fn others_reports(&self) -> impl Iterator<Item = (u8, Option<Heard>)> + '_ {
@@ -219,10 +230,18 @@ impl Replica {
     /// may need to form a view that answers the waiting ones.
     fn member_should_report(&self) -> bool {
         let fresh = self.others_reports().filter_map(|(_, heard)| heard);
-        let (heard, longest) = fresh.fold((0usize, 0u64), |(n, longest), h| {
-            (n + 1, longest.max(h.report.op))
+        let (heard, longest) = fresh.fold((0usize, None::<Census>), |(n, longest), h| {
+            let longer = longest.is_none_or(|l| h.report.op > l.op);
+            (n + 1, if longer { Some(h.report) } else { longest })
         });
-        let covered = self.op() == self.commit_min || self.op() <= longest;
+        // Covered: nothing past what it applied, or nothing past the
+        // longest report, or its entry at that report's op is another op
+        // than the one the reporter applied (committed): then that entry
+        // and every one chained above it never committed.
+        let covered = self.op() == self.commit_min
+            || longest.is_some_and(|l| {
+                self.op() <= l.op || self.journal_disagrees_with(&l) == Some(true)
+            });
         covered
             && usize::from(self.config.replica_count).saturating_sub(heard)
                 < self.quorums.view_change
@@ -232,8 +251,9 @@ impl Replica {
     /// any report (ops journaled past the longest applied state reported)
     /// cannot start waiting without dropping them, and the census waits
     /// for its report. When it holds a fresh report from every other
-    /// replica and has applied at least what each of them applied, it
-    /// leads instead: it starts the lowest view above every view it knows
+    /// replica and each reporter's applied state is a prefix of its log
+    /// (applied here too, or its last op journaled here with the same
+    /// identity: mixed 23000885), it leads instead: it starts the lowest view above every view it knows
     /// of whose primary it is, with its own log, as a view change would
     /// (mixed 21600101: a member with op 10 journaled, its peers waiting
     /// with 9 and 7 applied). Nobody else remembers anything past its
@@ -248,7 +268,12 @@ impl Replica {
             let Some(heard) = heard else {
                 return;
             };
-            if heard.report.op > self.commit_min {
+            // Its applied state must be a prefix of this log: applied here
+            // too, or the same op (by identity) journaled here, the log's
+            // entries being hash-chained down to what was applied.
+            if heard.report.op > self.commit_min
+                && self.journal_disagrees_with(&heard.report) != Some(false)
+            {
                 return;
             }
             highest_view = highest_view.max(heard.view);
