@@ -461,25 +461,33 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// Serves the applied state as a state-transfer offer (only a caught-up
     /// primary; [`Self::transfer_offer_to`] when the requester is known).
     pub fn transfer_offer(&self) -> Result<MetadataOffer, TransferError> {
-        self.offer_gated(self.replica.is_caught_up_primary())
+        self.offer_gated(self.replica.serves_applied_state())
     }
 
-    /// Serves the applied state as a state-transfer offer to `requester`:
-    /// a caught-up primary serves anyone; a backup serves its view's
-    /// primary when it is `Normal`, quorum-visible, not transferring itself
-    /// and has applied everything it knows committed. A primary missing
-    /// ops no peer retains can only be served by a backup: nobody else is
-    /// its view's primary (the partition plane's rule, ST-S1; replog-sim
-    /// mixed seed 950 on group 0).
+    /// Serves the applied state as a state-transfer offer to `requester`,
+    /// by the partition plane's rule (ST-S1, docs/state-transfer.md §2): a
+    /// primary with everything it knows committed applied serves anyone; a
+    /// backup serves its view's primary when it is `Normal`; a member of a
+    /// view change serves anyone — each quorum-visible, not transferring
+    /// itself, with everything it knows committed applied. A primary
+    /// missing ops no peer retains can only be served by a backup (mixed
+    /// seed 950 on group 0), and while no view forms there is no primary
+    /// at all (mixed 23004582: group 0's replica needing a transfer asked
+    /// a primary that could not serve, for ever).
     pub fn transfer_offer_to(&self, requester: u8) -> Result<MetadataOffer, TransferError> {
         let r = &self.replica;
-        let backup_serving_its_primary = requester != r.replica()
-            && r.primary_index(r.view()) == requester
-            && r.status() == consensus::vsr::Status::Normal
+        let settled = requester != r.replica()
             && r.is_quorum_visible()
             && !r.is_transferring()
             && r.commit_min() == r.commit_max();
-        self.offer_gated(r.is_caught_up_primary() || backup_serving_its_primary)
+        let backup_serving_its_primary = settled
+            && r.primary_index(r.view()) == requester
+            && r.status() == consensus::vsr::Status::Normal;
+        let view_change_member_serving =
+            settled && r.status() == consensus::vsr::Status::ViewChange;
+        self.offer_gated(
+            r.serves_applied_state() || backup_serving_its_primary || view_change_member_serving,
+        )
     }
 
     fn offer_gated(&self, may_serve: bool) -> Result<MetadataOffer, TransferError> {

@@ -665,12 +665,14 @@ impl MetadataTransfer {
         let base = self.config.repair_retry_ticks.max(1);
         let (next, after_ticks) = if error.transient() {
             self.backoff.refusals = self.backoff.refusals.saturating_add(1);
-            // The refusal usually means the peer is not the primary; the
-            // primary itself can only be served by a backup: go round them.
-            let next = if local.primary == local.replica {
-                rotate_peer(&local, peer)
-            } else {
+            // The refusal usually means the peer is not the primary. When
+            // the primary itself refused, or this replica is the primary,
+            // go round the others: a backup serves its primary, a member
+            // of a view change serves anyone (mixed 23004582).
+            let next = if local.primary != local.replica && local.primary != peer {
                 local.primary
+            } else {
+                rotate_peer(&local, peer)
             };
             (next, base)
         } else {
