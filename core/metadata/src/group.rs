@@ -476,18 +476,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// a primary that could not serve, for ever).
     pub fn transfer_offer_to(&self, requester: u8) -> Result<MetadataOffer, TransferError> {
         let r = &self.replica;
-        let settled = requester != r.replica()
-            && r.is_quorum_visible()
-            && !r.is_transferring()
-            && r.commit_min() == r.commit_max();
-        let backup_serving_its_primary = settled
-            && r.primary_index(r.view()) == requester
-            && r.status() == consensus::vsr::Status::Normal;
-        let view_change_member_serving =
-            settled && r.status() == consensus::vsr::Status::ViewChange;
-        self.offer_gated(
-            r.serves_applied_state() || backup_serving_its_primary || view_change_member_serving,
-        )
+        self.offer_gated(r.serves_applied_state() || r.serves_transfer_as_non_primary(requester))
     }
 
     fn offer_gated(&self, may_serve: bool) -> Result<MetadataOffer, TransferError> {

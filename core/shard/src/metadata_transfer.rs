@@ -66,7 +66,8 @@ use partitions::state_transfer::receive::STALL_ATTEMPTS_MAX_DEFAULT;
 use partitions::state_transfer::serve::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
 use partitions::state_transfer::{
     DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, LocalFacts, OfferHeaderRefusal, Outgoing, TransferBackoff,
-    TransferFrameError, TransferFrameExpect, check_offer_header, check_transfer_frame, rotate_peer,
+    TransferFrameError, TransferFrameExpect, check_offer_header, check_transfer_frame,
+    peer_after_refusal, rotate_peer,
 };
 use storage::fs::Fs;
 
@@ -665,15 +666,7 @@ impl MetadataTransfer {
         let base = self.config.repair_retry_ticks.max(1);
         let (next, after_ticks) = if error.transient() {
             self.backoff.refusals = self.backoff.refusals.saturating_add(1);
-            // The refusal usually means the peer is not the primary. When
-            // the primary itself refused, or this replica is the primary,
-            // go round the others: a backup serves its primary, a member
-            // of a view change serves anyone (mixed 23004582).
-            let next = if local.primary != local.replica && local.primary != peer {
-                local.primary
-            } else {
-                rotate_peer(&local, peer)
-            };
+            let next = peer_after_refusal(&local, peer);
             (next, base)
         } else {
             self.backoff.failures = self.backoff.failures.saturating_add(1);

@@ -599,6 +599,13 @@ fn lifecycle_runs_with(
     runs
 }
 
+/// Every opt-in part of the workload on top of purges and deletes.
+fn every_flag(o: &mut Options) {
+    o.retention = true;
+    o.consumer_groups = true;
+    o.stream_purges = true;
+}
+
 /// One seed of a regression found with purges, deletes and the options
 /// `extra` sets, 3 × 2, 2,000 ticks, required clean.
 fn lifecycle_regression(seed: u64, profile: FaultProfile, extra: impl Fn(&mut Options)) {
@@ -805,11 +812,7 @@ fn regression_members_21600343_21600101_member_with_a_journal_and_the_census() {
 #[test]
 fn regression_all_flags_23000885_23004582_23004981_census_group_0_serving_convergence() {
     for seed in [23_000_885, 23_004_582, 23_004_981] {
-        lifecycle_regression(seed, FaultProfile::Mixed, |o| {
-            o.retention = true;
-            o.consumer_groups = true;
-            o.stream_purges = true;
-        });
+        lifecycle_regression(seed, FaultProfile::Mixed, every_flag);
     }
 }
 
@@ -829,11 +832,7 @@ fn regression_all_flags_23000885_23004582_23004981_census_group_0_serving_conver
 #[test]
 fn regression_stream_purges_22005380_22008104_register_session_and_view_change_serving() {
     for seed in [22_005_380, 22_008_104] {
-        lifecycle_regression(seed, FaultProfile::Mixed, |o| {
-            o.retention = true;
-            o.consumer_groups = true;
-            o.stream_purges = true;
-        });
+        lifecycle_regression(seed, FaultProfile::Mixed, every_flag);
     }
 }
 

@@ -812,6 +812,23 @@ impl Replica {
         self.is_primary() && !self.transferring && self.commit_min == self.commit_max
     }
 
+    /// A replica other than `requester`, quorum-visible, not transferring,
+    /// with everything it knows committed applied, that may serve it a
+    /// state transfer without being a primary: as a `Normal` backup to its
+    /// view's primary (nobody else can serve a primary missing ops no peer
+    /// retains), or as a member of a view change to anyone (no primary
+    /// exists while no view forms, and the requester may be the vote the
+    /// view change needs: mixed 22008104). The rule of both planes.
+    pub fn serves_transfer_as_non_primary(&self, requester: u8) -> bool {
+        let settled = requester != self.config.replica
+            && self.is_quorum_visible()
+            && !self.transferring
+            && self.commit_min == self.commit_max;
+        let backup_to_its_primary =
+            self.status == Status::Normal && self.primary_index(self.view) == requester;
+        settled && (backup_to_its_primary || self.status == Status::ViewChange)
+    }
+
     /// Whether this replica may vote and acknowledge (false while a
     /// restarted replica catches up).
     pub fn is_quorum_visible(&self) -> bool {

@@ -59,7 +59,7 @@ pub use receive::{
     AcceptedDescriptor, AcceptedTransfer, DescriptorRefusal, IgnoreReason, LocalFacts,
     PendingArtifact, PendingRearm, Preparation, ReceiveError, ReceiveStep, ReceivedTransfer,
     ReceiverConfig, ReceiverStats, SessionStage, TransferArtifact, TransferBackoff,
-    TransferReceiver, TransferRequest, TransferSession, rotate_peer,
+    TransferReceiver, TransferRequest, TransferSession, peer_after_refusal, rotate_peer,
 };
 pub use serve::{
     ChunkAnswer, ChunkRefusal, ChunkRequest, OfferServer, OfferServerConfig, ServedChunk,

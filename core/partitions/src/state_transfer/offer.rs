@@ -701,25 +701,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The gate's inputs, as this partition sees them now.
     async fn serve_gate_facts(&self, requester: Option<u8>) -> ServeGateFacts {
         let r = &self.replica;
-        let backup_serving_its_primary = requester.is_some_and(|requester| {
-            requester != r.replica()
-                && r.primary_index(r.view()) == requester
-                && r.status() == consensus::vsr::Status::Normal
-                && r.is_quorum_visible()
-                && !r.is_transferring()
-                && r.commit_min() == r.commit_max()
-        });
-        // Mixed 22008104: the only replica holding the group's state was
-        // in a view change no one else could vote in, the one it needed
-        // was short of its barrier and needed a transfer, and the third
-        // was waiting for a census; nobody was a primary to serve it.
-        let view_change_member_serving = requester.is_some_and(|requester| {
-            requester != r.replica()
-                && r.status() == consensus::vsr::Status::ViewChange
-                && r.is_quorum_visible()
-                && !r.is_transferring()
-                && r.commit_min() == r.commit_max()
-        });
+        // One predicate covers both: a backup serves only its primary, a
+        // member of a view change anyone (Replica::serves_transfer_as_non_primary).
+        let non_primary = requester.is_some_and(|q| r.serves_transfer_as_non_primary(q));
+        let in_view_change = r.status() == consensus::vsr::Status::ViewChange;
+        let backup_serving_its_primary = non_primary && !in_view_change;
+        let view_change_member_serving = non_primary && in_view_change;
         let dir_present = match self.fs.exists(&self.dir).await {
             Ok(present) => present,
             Err(error) => {

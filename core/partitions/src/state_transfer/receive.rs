@@ -638,6 +638,21 @@ pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
     failed
 }
 
+/// The peer to ask after `refuser` refused for now (a transient refusal):
+/// the view's primary unless it is this replica or the one that refused,
+/// else the next replica around the ring. Going round after the primary's
+/// refusal matters when it will not serve for long (it waits for a
+/// census): a backup serves its primary, a member of a view change serves
+/// anyone, and asking the primary for ever hid them (mixed 22008104, and
+/// 23004582 on group 0).
+pub fn peer_after_refusal(local: &LocalFacts, refuser: u8) -> u8 {
+    if local.primary != local.replica && local.primary != refuser {
+        local.primary
+    } else {
+        rotate_peer(local, refuser)
+    }
+}
+
 /// The result of the last reuse scan, keyed by the manifest's segment
 /// digest, kept current as new segments are staged.
 #[derive(Debug, Clone)]
@@ -896,19 +911,8 @@ impl<F: Fs> TransferReceiver<F> {
                     "state transfer keeps being refused"
                 );
             }
-            // Not charged; ask the primary if it is another replica and
-            // not the one that refused (the refusal usually means the peer
-            // is not it). When the primary itself refused, or this replica
-            // is the primary, go round the others: a backup serves its
-            // primary, and a caught-up member of a view change serves
-            // anyone while no view forms, which a primary that never
-            // answers must not hide (mixed 22008104: the view's primary
-            // was waiting for a census, asked for ever).
-            let next = if local.primary != local.replica && local.primary != peer {
-                local.primary
-            } else {
-                rotate_peer(local, peer)
-            };
+            // Not charged.
+            let next = peer_after_refusal(local, peer);
             PendingRearm {
                 peer: next,
                 after_ticks: base,
