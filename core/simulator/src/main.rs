@@ -30,7 +30,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     shards: u16,
     /// Fault profile: none, network, reorder, partition, crash, disk,
-    /// mixed, wipe, rot.
+    /// mixed, wipe, rot, blackout.
     #[arg(long = "faults", default_value = "mixed")]
     profile: FaultProfile,
     /// Concurrent clients (1 to 16).
@@ -59,6 +59,10 @@ struct Args {
     /// Whole-stream purges in the workload.
     #[arg(long)]
     stream_purges: bool,
+    /// Whole-stream deletes in the workload (the stream and its topics
+    /// are then created again).
+    #[arg(long)]
+    stream_deletes: bool,
 }
 
 fn main() -> ExitCode {
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
     options.retention = args.retention;
     options.consumer_groups = args.consumer_groups;
     options.stream_purges = args.stream_purges;
+    options.stream_deletes = args.stream_deletes;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

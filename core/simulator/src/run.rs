@@ -68,6 +68,11 @@ pub struct Options {
     /// group 0): every live topic's groups are held quiet until each has
     /// applied its new generation, as for a topic purge.
     pub stream_purges: bool,
+    /// Now and then a delete of the whole stream (DELETE_STREAM through
+    /// group 0): every live topic's groups are held quiet first, every
+    /// replica must then drop them, and the workload creates the stream
+    /// and new topics again.
+    pub stream_deletes: bool,
 }
 
 impl Options {
@@ -89,6 +94,7 @@ impl Options {
             retention: false,
             consumer_groups: false,
             stream_purges: false,
+            stream_deletes: false,
         }
     }
 
@@ -151,8 +157,10 @@ pub struct Summary {
     pub deletes_acknowledged: u64,
     /// Topic purges seen applied, per partition group.
     pub purges: u64,
-    /// Topics deleted.
+    /// Topics deleted (by a topic delete or with their stream).
     pub topic_deletes: u32,
+    /// Streams deleted.
+    pub stream_deletes: u32,
     /// Messages retention had removed from the front of the expiring
     /// topics' logs by the end (on every replica).
     pub expired: u64,
@@ -244,7 +252,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} expired={} memberships={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} stream_deletes={} expired={} memberships={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -257,6 +265,7 @@ impl fmt::Display for Summary {
             self.deletes_acknowledged,
             self.purges,
             self.topic_deletes,
+            self.stream_deletes,
             self.expired,
             self.membership_ops,
             self.produces_unknown,
@@ -328,6 +337,7 @@ impl fmt::Display for Failure {
                 (o.retention, " --retention"),
                 (o.consumer_groups, " --consumer-groups"),
                 (o.stream_purges, " --stream-purges"),
+                (o.stream_deletes, " --stream-deletes"),
             ]
             .iter()
             .filter(|(on, _)| *on)
@@ -1012,6 +1022,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
                 retention: options.retention,
                 consumer_groups: options.consumer_groups,
                 stream_purges: options.stream_purges,
+                stream_deletes: options.stream_deletes,
             },
         ),
         oracle: Oracle::default(),
@@ -1065,6 +1076,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         deletes_acknowledged: stats.deletes_acknowledged,
         purges: stats.purges,
         topic_deletes: stats.topic_deletes,
+        stream_deletes: stats.stream_deletes,
         polls: stats.polls,
         calls: stats.calls,
         topics: stats.topics,

@@ -43,6 +43,9 @@ const PURGE_ONE_IN: u64 = 120;
 const DELETE_ONE_IN: u64 = 300;
 /// With stream purges on, one new request in this many purges the stream.
 const STREAM_PURGE_ONE_IN: u64 = 250;
+/// With stream deletes on, one new request in this many deletes the
+/// stream with every topic in it (the workload then creates it again).
+const STREAM_DELETE_ONE_IN: u64 = 400;
 /// Topics created in all, deleted ones included.
 const TOPICS_CREATED_MAX: u32 = 12;
 /// With consumer groups on, one new request in this many is a membership
@@ -60,6 +63,8 @@ enum TopicAction {
     Delete,
     /// A purge of the whole stream: every live topic's groups.
     PurgeStream,
+    /// A delete of the whole stream: every live topic goes.
+    DeleteStream,
 }
 
 /// The opt-in parts of the workload (each draws from its own PRNG, so a
@@ -76,6 +81,8 @@ pub(crate) struct Mix {
     pub consumer_groups: bool,
     /// Whole-stream purges.
     pub stream_purges: bool,
+    /// Whole-stream deletes.
+    pub stream_deletes: bool,
 }
 
 /// What a workload step ran into.
@@ -164,6 +171,7 @@ fn meta_name(op: &MetadataOp) -> String {
         MetadataOp::PurgeTopic { topic, .. } => format!("purge-topic {topic:?}"),
         MetadataOp::PurgeStream { stream } => format!("purge-stream {stream:?}"),
         MetadataOp::DeleteTopic { topic, .. } => format!("delete-topic {topic:?}"),
+        MetadataOp::DeleteStream { stream } => format!("delete-stream {stream:?}"),
         MetadataOp::CreateConsumerGroup { topic, name, .. } => {
             format!("create-consumer-group {name} in {topic:?}")
         }
@@ -227,6 +235,8 @@ pub(crate) struct WorkloadStats {
     pub purges: u64,
     /// Topics deleted.
     pub topic_deletes: u32,
+    /// Streams deleted (with every topic in them).
+    pub stream_deletes: u32,
     /// Consumer-group creates, joins, leaves and session ends committed.
     pub membership_ops: u64,
 }
@@ -262,6 +272,10 @@ pub(crate) struct Workload {
     stream_purges: bool,
     /// Draws for stream purges alone.
     stream_prng: Prng,
+    /// Whole-stream deletes (`--stream-deletes`).
+    stream_deletes: bool,
+    /// Draws for stream deletes alone.
+    stream_delete_prng: Prng,
     /// Topics (by number) whose consumer group `cg{n}` exists.
     groups_created: BTreeSet<usize>,
     /// The topic whose group each client's session is a member of, as the
@@ -323,6 +337,7 @@ impl Workload {
             retention,
             consumer_groups,
             stream_purges,
+            stream_deletes,
         } = mix;
         let mut prng = Prng::new(seed ^ 0xC11E_0007);
         let clients = (0..clients)
@@ -352,6 +367,8 @@ impl Workload {
             member_prng: Prng::new(seed ^ 0xC6_0000_0001),
             stream_purges,
             stream_prng: Prng::new(seed ^ 0x5E_0000_0002),
+            stream_deletes,
+            stream_delete_prng: Prng::new(seed ^ 0x5D_0000_0003),
             groups_created: BTreeSet::new(),
             joined: BTreeMap::new(),
             topic_groups: Vec::new(),
@@ -398,21 +415,35 @@ impl Workload {
                 TopicAction::Purge => MetadataOp::PurgeTopic { stream, topic },
                 TopicAction::Delete => MetadataOp::DeleteTopic { stream, topic },
                 TopicAction::PurgeStream => MetadataOp::PurgeStream { stream },
+                TopicAction::DeleteStream => MetadataOp::DeleteStream { stream },
             };
             return (Some(Request::Meta(op)), true);
         }
         let idle = self.held.is_empty() && !self.meta_busy && !self.topic_groups.is_empty();
-        if self.stream_purges
+        let whole_stream = if self.stream_purges
             && idle
             && self.stream_prng.below_inclusive(STREAM_PURGE_ONE_IN - 1) == 0
         {
+            Some(TopicAction::PurgeStream)
+        } else if self.stream_deletes
+            && idle
+            && self
+                .stream_delete_prng
+                .below_inclusive(STREAM_DELETE_ONE_IN - 1)
+                == 0
+        {
+            Some(TopicAction::DeleteStream)
+        } else {
+            None
+        };
+        if let Some(action) = whole_stream {
             for &g in self.topic_groups.iter().flatten() {
                 self.held.insert(g, None);
             }
             if self.held.is_empty() {
                 return (None, false);
             }
-            self.topic_action_waiting = Some((i, 0, TopicAction::PurgeStream));
+            self.topic_action_waiting = Some((i, 0, action));
             return (None, true);
         }
         let action = if self.purges
@@ -426,7 +457,9 @@ impl Workload {
             return (None, false);
         };
         let prng = match action {
-            TopicAction::Purge | TopicAction::PurgeStream => &mut self.purge_prng,
+            TopicAction::Purge | TopicAction::PurgeStream | TopicAction::DeleteStream => {
+                &mut self.purge_prng
+            }
             TopicAction::Delete => &mut self.delete_prng,
         };
         let n = prng.below_inclusive(self.topic_groups.len() as u64 - 1) as usize;
@@ -632,7 +665,8 @@ impl Workload {
                 created_at_us: 1,
             }));
         }
-        if self.stats.topics == 0 {
+        // No live topic: the first, or the first after a stream delete.
+        if self.stats.topics == self.stats.topic_deletes {
             return self.create_topic_request();
         }
         if self.groups.is_empty() {
@@ -966,6 +1000,7 @@ impl Workload {
                         Refusal::StreamNameAlreadyExists(_)
                         | Refusal::TopicNameAlreadyExists { .. }
                         | Refusal::TopicNameNotFound { .. }
+                        | Refusal::StreamNameNotFound(_)
                         | Refusal::ConsumerGroupNameAlreadyExists { .. }
                         | Refusal::ConsumerGroupMemberNotFound { .. },
                     )) if attempts > 1 => {
@@ -1235,6 +1270,21 @@ impl Workload {
                     self.held.remove(g);
                 }
                 self.stats.topic_deletes += 1;
+            }
+            MetadataOp::DeleteStream { .. } => {
+                // Every topic, its consumer group and every membership in
+                // it went with the stream; the next request creates both
+                // again (under new group ids).
+                for gone in &mut self.topic_groups {
+                    self.deleted_groups.extend(std::mem::take(gone));
+                }
+                self.groups.clear();
+                self.stats.topic_deletes = self.stats.topics;
+                self.groups_created.clear();
+                self.joined.clear();
+                self.held.clear();
+                self.stream_created = false;
+                self.stats.stream_deletes += 1;
             }
             MetadataOp::PurgeTopic { .. } | MetadataOp::PurgeStream { .. } => {
                 let purged: Vec<GroupId> = match op {
