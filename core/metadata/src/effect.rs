@@ -27,15 +27,30 @@ pub struct PartitionGroupConfig {
     pub segment_size_bytes: u64,
     /// When a replica acknowledges.
     pub durability: Durability,
+    /// This partition's share of the topic's size ceiling: the ceiling
+    /// divided by the topic's partition count, rounded up (0: no
+    /// ceiling). Retention keeps the partition's sealed segments within
+    /// it, so the topic stays within its ceiling plus one active segment
+    /// per partition.
+    pub retained_bytes_max: u64,
 }
 
-impl From<&TopicConfig> for PartitionGroupConfig {
-    fn from(c: &TopicConfig) -> Self {
+impl PartitionGroupConfig {
+    /// The settings of each partition of a topic with `config` and
+    /// `partitions` partitions.
+    pub fn of(config: &TopicConfig, partitions: usize) -> Self {
+        let retained_bytes_max = match config.max_topic_size {
+            MaxTopicSize::Bytes { bytes } => {
+                bytes.div_ceil(u64::try_from(partitions.max(1)).unwrap_or(u64::MAX))
+            }
+            MaxTopicSize::ServerDefault | MaxTopicSize::Unlimited => 0,
+        };
         Self {
-            message_expiry: c.message_expiry,
-            max_topic_size: c.max_topic_size,
-            segment_size_bytes: c.segment_size_bytes,
-            durability: c.durability,
+            message_expiry: config.message_expiry,
+            max_topic_size: config.max_topic_size,
+            segment_size_bytes: config.segment_size_bytes,
+            durability: config.durability,
+            retained_bytes_max,
         }
     }
 }
@@ -138,4 +153,34 @@ pub fn reconcile_effects(old: &MetadataState, new: &MetadataState) -> Vec<Partit
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_a_size_ceiling_when_split_over_partitions_should_round_each_share_up() {
+        let config = TopicConfig {
+            max_topic_size: MaxTopicSize::Bytes { bytes: 1_001 },
+            ..TopicConfig::default()
+        };
+        assert_eq!(
+            PartitionGroupConfig::of(&config, 1).retained_bytes_max,
+            1_001
+        );
+        assert_eq!(PartitionGroupConfig::of(&config, 2).retained_bytes_max, 501);
+        // A topic with no partitions yet still gets the whole ceiling.
+        assert_eq!(
+            PartitionGroupConfig::of(&config, 0).retained_bytes_max,
+            1_001
+        );
+        for none in [MaxTopicSize::ServerDefault, MaxTopicSize::Unlimited] {
+            let config = TopicConfig {
+                max_topic_size: none,
+                ..TopicConfig::default()
+            };
+            assert_eq!(PartitionGroupConfig::of(&config, 3).retained_bytes_max, 0);
+        }
+    }
 }

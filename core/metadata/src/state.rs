@@ -85,6 +85,28 @@ impl Topic {
         self.partitions.keys().copied().collect()
     }
 
+    /// The settings each of its partition groups runs with.
+    pub fn group_config(&self) -> PartitionGroupConfig {
+        PartitionGroupConfig::of(&self.config, self.partitions.len())
+    }
+
+    /// Reconfigures every partition group when their settings changed
+    /// from `before` (the topic's settings, or its partition count,
+    /// which divides the size ceiling).
+    fn reconfigure_if_changed(&self, before: PartitionGroupConfig) -> Vec<PartitionEffect> {
+        let config = self.group_config();
+        if config == before {
+            return Vec::new();
+        }
+        self.partitions
+            .values()
+            .map(|p| PartitionEffect::ReconfigurePartitionGroup {
+                group: p.group,
+                config,
+            })
+            .collect()
+    }
+
     /// The consumer group an identifier names.
     pub fn resolve_consumer_group(&self, id: &Identifier) -> Result<ConsumerGroupId, Refusal> {
         match id {
@@ -387,7 +409,7 @@ impl MetadataState {
                         partition: p.id,
                         incarnation: p.incarnation,
                         purge_generation: p.purge_generation,
-                        config: PartitionGroupConfig::from(&t.config),
+                        config: t.group_config(),
                     });
                 }
             }
@@ -498,18 +520,10 @@ impl MetadataState {
                     });
                 }
                 let tp = self.topic_mut(s, t);
+                let before = tp.group_config();
                 tp.name.clone_from(name);
                 tp.config = *config;
-                let cfg = PartitionGroupConfig::from(config);
-                let effects = tp
-                    .partitions
-                    .values()
-                    .map(|p| PartitionEffect::ReconfigurePartitionGroup {
-                        group: p.group,
-                        config: cfg,
-                    })
-                    .collect();
-                Ok(Applied::done(effects))
+                Ok(Applied::done(tp.reconfigure_if_changed(before)))
             }
             MetadataOp::DeleteTopic { stream, topic } => {
                 let (s, t) = self.resolve_topic(stream, topic)?;
@@ -559,12 +573,15 @@ impl MetadataState {
                         max: have,
                     });
                 }
+                let before = tp.group_config();
                 let mut effects = Vec::new();
                 for _ in 0..*count {
                     if let Some((_, p)) = tp.partitions.pop_last() {
                         effects.push(PartitionEffect::DeletePartitionGroup { group: p.group });
                     }
                 }
+                // The ceiling is now shared by fewer partitions.
+                effects.extend(tp.reconfigure_if_changed(before));
                 let ids = tp.partition_ids();
                 for g in tp.consumer_groups.values_mut() {
                     g.rebalance(&ids);
@@ -809,9 +826,10 @@ impl MetadataState {
     ) -> Vec<PartitionEffect> {
         let mut next_group = self.next_group;
         let tp = self.topic_mut(s, t);
-        let cfg = PartitionGroupConfig::from(&tp.config);
+        let before = tp.group_config();
+        let existing: Vec<GroupId> = tp.partitions.values().map(|p| p.group).collect();
         let first = tp.partitions.len() as u32;
-        let mut effects = Vec::with_capacity(count as usize);
+        let mut created = Vec::with_capacity(count as usize);
         for id in first..first + count {
             let group = GroupId(next_group);
             next_group += 1;
@@ -823,15 +841,29 @@ impl MetadataState {
                 purge_generation: 0,
             };
             tp.partitions.insert(p.id, p);
-            effects.push(PartitionEffect::CreatePartitionGroup {
+            created.push((group, p.id));
+        }
+        // The size ceiling is now shared by more partitions: the existing
+        // ones get their smaller share, the new ones start with it.
+        let cfg = tp.group_config();
+        let mut effects = Vec::with_capacity(existing.len() + created.len());
+        if cfg != before {
+            effects.extend(
+                existing
+                    .into_iter()
+                    .map(|group| PartitionEffect::ReconfigurePartitionGroup { group, config: cfg }),
+            );
+        }
+        effects.extend(created.into_iter().map(|(group, partition)| {
+            PartitionEffect::CreatePartitionGroup {
                 group,
                 stream: s,
                 topic: t,
-                partition: p.id,
+                partition,
                 incarnation: op.0,
                 config: cfg,
-            });
-        }
+            }
+        }));
         let ids = tp.partition_ids();
         for g in tp.consumer_groups.values_mut() {
             g.rebalance(&ids);

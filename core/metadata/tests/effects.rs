@@ -93,6 +93,13 @@ fn step() -> impl Strategy<Value = MetadataOp> {
                 } else {
                     metadata::Durability::Persisted
                 },
+                // A size ceiling is shared by the topic's partitions, so
+                // adding or deleting partitions reconfigures the others.
+                max_topic_size: if n == 0 {
+                    metadata::MaxTopicSize::Unlimited
+                } else {
+                    metadata::MaxTopicSize::Bytes { bytes: 1_000 }
+                },
                 ..metadata::TopicConfig::default()
             },
         }),
@@ -133,4 +140,78 @@ proptest! {
         fold(&mut moved, &reconcile_effects(from, last)).map_err(TestCaseError::fail)?;
         prop_assert_eq!(&moved, &plane);
     }
+}
+
+/// The partitions' shares of a size ceiling, from the effects of `ops`.
+fn shares(ops: Vec<MetadataOp>) -> Vec<Vec<(u64, &'static str, u64)>> {
+    let mut sm = Sm::default();
+    ops.into_iter()
+        .map(|op| {
+            let applied = sm.apply(op).unwrap();
+            applied
+                .effects
+                .iter()
+                .filter_map(|e| match e {
+                    PartitionEffect::CreatePartitionGroup { group, config, .. } => {
+                        Some((group.0, "create", config.retained_bytes_max))
+                    }
+                    PartitionEffect::ReconfigurePartitionGroup { group, config } => {
+                        Some((group.0, "reconfigure", config.retained_bytes_max))
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn given_a_topic_size_ceiling_when_partitions_come_and_go_should_reshare_it_among_them() {
+    let sized = |bytes| metadata::TopicConfig {
+        max_topic_size: metadata::MaxTopicSize::Bytes { bytes },
+        ..metadata::TopicConfig::default()
+    };
+    let update = |config| MetadataOp::UpdateTopic {
+        stream: metadata::Identifier::Name("s".into()),
+        topic: metadata::Identifier::Name("t".into()),
+        name: "t".into(),
+        config,
+    };
+    let effects = shares(vec![
+        create_stream("s"),
+        MetadataOp::CreateTopic {
+            stream: metadata::Identifier::Name("s".into()),
+            name: "t".into(),
+            partitions_count: 2,
+            config: sized(1_000),
+            created_at_us: 2_000,
+        },
+        MetadataOp::CreatePartitions {
+            stream: metadata::Identifier::Name("s".into()),
+            topic: metadata::Identifier::Name("t".into()),
+            count: 2,
+            created_at_us: 3_000,
+        },
+        MetadataOp::DeletePartitions {
+            stream: metadata::Identifier::Name("s".into()),
+            topic: metadata::Identifier::Name("t".into()),
+            count: 3,
+        },
+        // Nothing a partition runs with changes: no effect.
+        update(sized(1_000)),
+        update(metadata::TopicConfig::default()),
+    ]);
+    assert_eq!(effects[1], [(1, "create", 500), (2, "create", 500)]);
+    assert_eq!(
+        effects[2],
+        [
+            (1, "reconfigure", 250),
+            (2, "reconfigure", 250),
+            (3, "create", 250),
+            (4, "create", 250),
+        ]
+    );
+    assert_eq!(effects[3], [(1, "reconfigure", 1_000)]);
+    assert!(effects[4].is_empty());
+    assert_eq!(effects[5], [(1, "reconfigure", 0)]);
 }

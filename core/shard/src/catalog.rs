@@ -34,6 +34,10 @@ pub const SPEC_FILE: &str = "group.meta";
 const SPEC_SIBLING: &str = ".new";
 const SPEC_MAGIC: [u8; 4] = *b"RGS1";
 const SPEC_LEN: usize = 4 + 8 + 4 + 8 + 8 + 8 + 1 + 8;
+/// A spec with a size ceiling: `RGS1`'s fields, then the ceiling. A spec
+/// without one is still written as `RGS1`, byte for byte as before.
+const SPEC_MAGIC_SIZED: [u8; 4] = *b"RGS2";
+const SPEC_LEN_SIZED: usize = SPEC_LEN + 8;
 const DELETED_SUFFIX: &str = ".deleted";
 /// Nesting a group directory may have (consumers/, groups/); deeper trees
 /// are not ours and are left for an operator.
@@ -57,6 +61,9 @@ pub struct GroupSpec {
     pub enforce_fsync: bool,
     /// Messages older than this are removed by retention (µs; 0 = never).
     pub message_expiry_us: u64,
+    /// Retention keeps the sealed segments' bytes within this (0 = no
+    /// ceiling): the partition's share of its topic's size ceiling.
+    pub retained_bytes_max: u64,
     /// Created on a replica rejoining after its disk was replaced, by an
     /// op it may have acknowledged in its earlier life: the group starts
     /// under the restart rule from nothing (`PartitionConfig::rejoin`).
@@ -74,14 +81,27 @@ impl GroupSpec {
             messages_required_to_save: partitions::partition::MESSAGES_REQUIRED_TO_SAVE_DEFAULT,
             enforce_fsync: false,
             message_expiry_us: 0,
+            retained_bytes_max: 0,
             rejoin: false,
         }
     }
 
-    /// The spec file's bytes: magic, fields little-endian, xxh3-64 trailer.
+    /// Whether retention has anything to remove for this group: its
+    /// messages expire or its sealed segments have a size ceiling.
+    pub const fn retains(&self) -> bool {
+        self.message_expiry_us > 0 || self.retained_bytes_max > 0
+    }
+
+    /// The spec file's bytes: magic, fields little-endian, xxh3-64 trailer
+    /// (`RGS2` with the size ceiling last when there is one).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(SPEC_LEN);
-        out.extend_from_slice(&SPEC_MAGIC);
+        let sized = self.retained_bytes_max > 0;
+        let mut out = Vec::with_capacity(SPEC_LEN_SIZED + 8);
+        out.extend_from_slice(if sized {
+            &SPEC_MAGIC_SIZED
+        } else {
+            &SPEC_MAGIC
+        });
         out.extend_from_slice(&self.group.0.to_le_bytes());
         out.extend_from_slice(&self.partition_id.to_le_bytes());
         out.extend_from_slice(&self.incarnation.to_le_bytes());
@@ -89,6 +109,9 @@ impl GroupSpec {
         out.extend_from_slice(&self.messages_required_to_save.to_le_bytes());
         out.push(u8::from(self.enforce_fsync) | (u8::from(self.rejoin) << 1));
         out.extend_from_slice(&self.message_expiry_us.to_le_bytes());
+        if sized {
+            out.extend_from_slice(&self.retained_bytes_max.to_le_bytes());
+        }
         let sum = xxh3_64(&out);
         out.extend_from_slice(&sum.to_le_bytes());
         out
@@ -99,16 +122,32 @@ impl GroupSpec {
     /// # Errors
     /// [`SpecError`] for each way the bytes are not a spec.
     pub fn decode(bytes: &[u8]) -> Result<Self, SpecError> {
-        if bytes.len() != SPEC_LEN + 8 {
-            return Err(SpecError::Length { len: bytes.len() });
-        }
-        let (body, trailer) = bytes.split_at(SPEC_LEN);
+        let len = match bytes.len() {
+            n if n == SPEC_LEN + 8 => SPEC_LEN,
+            n if n == SPEC_LEN_SIZED + 8 => SPEC_LEN_SIZED,
+            len => return Err(SpecError::Length { len }),
+        };
+        let (body, trailer) = bytes.split_at(len);
         let stored = u64_at(trailer, 0);
         if stored != xxh3_64(body) {
             return Err(SpecError::Checksum);
         }
-        if body[..4] != SPEC_MAGIC {
+        let magic = if len == SPEC_LEN {
+            SPEC_MAGIC
+        } else {
+            SPEC_MAGIC_SIZED
+        };
+        if body[..4] != magic {
             return Err(SpecError::Magic);
+        }
+        let retained_bytes_max = if len == SPEC_LEN {
+            0
+        } else {
+            u64_at(body, SPEC_LEN)
+        };
+        // RGS2 exists to carry a ceiling; one of 0 is written as RGS1.
+        if len == SPEC_LEN_SIZED && retained_bytes_max == 0 {
+            return Err(SpecError::ZeroCeiling);
         }
         // Bit 0 enforce_fsync, bit 1 rejoin; any other bit is refused.
         let flags = body[40];
@@ -125,6 +164,7 @@ impl GroupSpec {
             messages_required_to_save: u64_at(body, 32),
             enforce_fsync,
             message_expiry_us: u64_at(body, 41),
+            retained_bytes_max,
             rejoin,
         };
         if spec.segment_size_bytes == 0 {
@@ -159,18 +199,24 @@ pub enum SpecError {
     },
     /// A segment size of zero.
     ZeroSegmentSize,
+    /// An `RGS2` spec whose size ceiling is 0.
+    ZeroCeiling,
 }
 
 impl std::fmt::Display for SpecError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Length { len } => {
-                write!(f, "group spec is {len} bytes, expected {}", SPEC_LEN + 8)
-            }
+            Self::Length { len } => write!(
+                f,
+                "group spec is {len} bytes, expected {} or {}",
+                SPEC_LEN + 8,
+                SPEC_LEN_SIZED + 8
+            ),
             Self::Checksum => write!(f, "group spec checksum mismatch"),
             Self::Magic => write!(f, "group spec has the wrong magic"),
             Self::Flag { value } => write!(f, "group spec fsync flag is {value}, not 0 or 1"),
             Self::ZeroSegmentSize => write!(f, "group spec has a segment size of 0"),
+            Self::ZeroCeiling => write!(f, "sized group spec (RGS2) has a size ceiling of 0"),
         }
     }
 }
@@ -250,7 +296,9 @@ pub async fn read_spec<F: Fs>(fs: &F, dir: &Path) -> io::Result<Option<GroupSpec
     let file = fs
         .open(&path, storage::fs::OpenOptions::read_only())
         .await?;
-    let bytes = file.read_to_end_bounded((SPEC_LEN + 8) as u64 + 1).await?;
+    let bytes = file
+        .read_to_end_bounded((SPEC_LEN_SIZED + 8) as u64 + 1)
+        .await?;
     GroupSpec::decode(&bytes).map(Some).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -272,6 +320,16 @@ pub async fn create<F: Fs>(fs: &F, root: &Path, spec: &GroupSpec) -> io::Result<
     fs.sync_dir(root).await?;
     replace_file_durably(fs, &dir.join(SPEC_FILE), spec.encode(), SPEC_SIBLING).await?;
     Ok(dir)
+}
+
+/// Replaces an existing group's spec durably (its topic's retention
+/// settings changed): a crash leaves the old spec or the new one whole.
+///
+/// # Errors
+/// The failing step's I/O error; the old spec is then still in place.
+pub async fn rewrite_spec<F: Fs>(fs: &F, root: &Path, spec: &GroupSpec) -> io::Result<()> {
+    let dir = group_dir(root, spec.group);
+    replace_file_durably(fs, &dir.join(SPEC_FILE), spec.encode(), SPEC_SIBLING).await
 }
 
 /// Deletes a group's directory: the rename to `.deleted` (made durable) is
@@ -347,13 +405,22 @@ mod tests {
             messages_required_to_save: 7,
             enforce_fsync: true,
             message_expiry_us: 99,
+            retained_bytes_max: 0,
             rejoin: false,
+        }
+    }
+
+    fn sized() -> GroupSpec {
+        GroupSpec {
+            retained_bytes_max: 12_288,
+            ..spec()
         }
     }
 
     #[test]
     fn given_spec_when_encoded_should_round_trip() {
         assert_eq!(GroupSpec::decode(&spec().encode()), Ok(spec()));
+        assert_eq!(GroupSpec::decode(&sized().encode()), Ok(sized()));
         for (enforce_fsync, rejoin) in [(false, false), (false, true), (true, true)] {
             let s = GroupSpec {
                 enforce_fsync,
@@ -378,15 +445,36 @@ mod tests {
 
     #[test]
     fn given_every_strict_prefix_or_flipped_bit_when_decoded_should_refuse() {
+        for bytes in [spec().encode(), sized().encode()] {
+            for len in 0..bytes.len() {
+                assert!(GroupSpec::decode(&bytes[..len]).is_err());
+            }
+            for bit in 0..bytes.len() * 8 {
+                let mut b = bytes.clone();
+                b[bit / 8] ^= 1 << (bit % 8);
+                assert!(GroupSpec::decode(&b).is_err(), "bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn given_a_spec_without_ceiling_when_encoded_should_keep_the_rgs1_bytes() {
         let bytes = spec().encode();
-        for len in 0..bytes.len() {
-            assert!(GroupSpec::decode(&bytes[..len]).is_err());
-        }
-        for bit in 0..bytes.len() * 8 {
-            let mut b = bytes.clone();
-            b[bit / 8] ^= 1 << (bit % 8);
-            assert!(GroupSpec::decode(&b).is_err(), "bit {bit}");
-        }
+        assert_eq!(&bytes[..4], b"RGS1");
+        assert_eq!(bytes.len(), SPEC_LEN + 8);
+        let bytes = sized().encode();
+        assert_eq!(&bytes[..4], b"RGS2");
+        assert_eq!(bytes.len(), SPEC_LEN_SIZED + 8);
+        assert_eq!(u64_at(&bytes, SPEC_LEN), 12_288);
+    }
+
+    #[test]
+    fn given_an_rgs2_spec_with_a_zero_ceiling_when_decoded_should_refuse() {
+        let mut bytes = sized().encode();
+        bytes[SPEC_LEN..SPEC_LEN_SIZED].fill(0);
+        let sum = xxh3_64(&bytes[..SPEC_LEN_SIZED]);
+        bytes[SPEC_LEN_SIZED..].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(GroupSpec::decode(&bytes), Err(SpecError::ZeroCeiling));
     }
 
     #[test]

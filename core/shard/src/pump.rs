@@ -73,6 +73,16 @@ pub enum Input {
         /// The committed generation.
         generation: u64,
     },
+    /// The group's topic changed its retention settings (the metadata
+    /// plane's effect).
+    Reconfigure {
+        /// The group.
+        group: GroupId,
+        /// Message expiry, µs (0 = never).
+        message_expiry_us: u64,
+        /// The sealed segments' size ceiling (0 = none).
+        retained_bytes_max: u64,
+    },
     /// A snapshot of the shard for an observer (the metrics endpoint).
     Snapshot {
         /// With or without the per-group entries.
@@ -122,6 +132,14 @@ impl<E: Env> Shard<E> {
             Input::Reconcile { live } => self.reconcile(&live).await,
             Input::PurgeCommitted { group, generation } => {
                 self.learn_purge_generation(group, generation);
+            }
+            Input::Reconfigure {
+                group,
+                message_expiry_us,
+                retained_bytes_max,
+            } => {
+                self.reconfigure_group(group, message_expiry_us, retained_bytes_max)
+                    .await;
             }
             Input::Snapshot { detail, reply } => reply.send(self.snapshot(detail)),
         }

@@ -542,12 +542,15 @@ impl<E: Env> Group<E> {
             tracing::warn!(group = id.0, %error, "tick failed");
         }
         if let Some(base) = retention
-            && self.spec.message_expiry_us > 0
+            && self.spec.retains()
             && self.partition.fenced().is_none()
             && !self.partition.installing()
         {
             let policy = RetentionPolicy {
-                max_age_us: Some(self.spec.message_expiry_us),
+                max_age_us: (self.spec.message_expiry_us > 0)
+                    .then_some(self.spec.message_expiry_us),
+                max_total_bytes: (self.spec.retained_bytes_max > 0)
+                    .then_some(self.spec.retained_bytes_max),
                 ..*base
             };
             if let Err(error) = self.partition.retention_pass(now_us, &policy).await {
@@ -2097,14 +2100,19 @@ impl<E: Env> Shard<E> {
                 self.route(group, Input::DeleteGroup { group, done }).await;
             }
             PartitionEffect::ReconfigurePartitionGroup { group, config } => {
-                // The spec on disk is written at creation; a changed topic
-                // (expiry, size, durability) is not carried into existing
-                // groups yet.
-                tracing::warn!(
-                    group = group.0,
-                    ?config,
-                    "partition group reconfiguration is not applied to existing groups yet"
-                );
+                // What an existing partition can take on: its retention.
+                // Segment size and durability are not in an Iggy update
+                // and stay what the group was created with.
+                let (message_expiry_us, retained_bytes_max) = retention_of(&config);
+                self.route(
+                    group,
+                    Input::Reconfigure {
+                        group,
+                        message_expiry_us,
+                        retained_bytes_max,
+                    },
+                )
+                .await;
             }
             PartitionEffect::PurgePartition { group, generation } => {
                 // Every replica's copy of the group learns the committed
@@ -2136,7 +2144,8 @@ impl<E: Env> Shard<E> {
                 Input::CreateGroup { .. }
                 | Input::DeleteGroup { .. }
                 | Input::Call(_)
-                | Input::PurgeCommitted { .. } => Box::pin(self.on_input(input)).await,
+                | Input::PurgeCommitted { .. }
+                | Input::Reconfigure { .. } => Box::pin(self.on_input(input)).await,
                 other => tracing::error!(?other, "not routable"),
             }
             return;
@@ -2223,11 +2232,63 @@ impl<E: Env> Shard<E> {
             }
         }
         for (group, spec) in mine {
-            if !self.groups.contains_key(&group)
-                && let Err(error) = self.create_group(spec).await
-            {
-                tracing::error!(group = group.0, %error, "reconcile create failed");
+            if !self.groups.contains_key(&group) {
+                if let Err(error) = self.create_group(spec).await {
+                    tracing::error!(group = group.0, %error, "reconcile create failed");
+                }
+            } else {
+                // A topic update this replica applied (or learned by a
+                // snapshot transfer) but whose effect did not reach the
+                // spec before a crash.
+                self.reconfigure_group(group, spec.message_expiry_us, spec.retained_bytes_max)
+                    .await;
             }
+        }
+    }
+
+    /// Gives a held group its topic's current retention settings and
+    /// records them in its spec. A failed rewrite is logged and the
+    /// settings still apply in memory: boot's reconciliation gives them
+    /// again from the committed metadata.
+    pub async fn reconfigure_group(
+        &mut self,
+        group: GroupId,
+        message_expiry_us: u64,
+        retained_bytes_max: u64,
+    ) {
+        let fs = self.env.fs().clone();
+        let root = self.config.dir.clone();
+        let Some(g) = touch(
+            &mut self.groups,
+            &mut self.touched,
+            self.settled_tick,
+            group,
+        ) else {
+            return;
+        };
+        if g.spec.message_expiry_us == message_expiry_us
+            && g.spec.retained_bytes_max == retained_bytes_max
+        {
+            return;
+        }
+        let spec = GroupSpec {
+            message_expiry_us,
+            retained_bytes_max,
+            ..g.spec
+        };
+        g.spec = spec;
+        match catalog::rewrite_spec(&fs, &root, &spec).await {
+            Ok(()) => tracing::info!(
+                group = group.0,
+                message_expiry_us,
+                retained_bytes_max,
+                "partition group retention reconfigured"
+            ),
+            Err(error) => tracing::warn!(
+                group = group.0,
+                %error,
+                "retention reconfigured in memory; the spec rewrite failed (boot reconciliation applies it again)"
+            ),
         }
     }
 }
@@ -2277,11 +2338,18 @@ pub fn spec_of(
         spec.segment_size_bytes = config.segment_size_bytes;
     }
     spec.enforce_fsync = config.durability == metadata::Durability::Persisted;
-    spec.message_expiry_us = match config.message_expiry {
+    (spec.message_expiry_us, spec.retained_bytes_max) = retention_of(config);
+    spec
+}
+
+/// The retention settings of a group with `config`: the message expiry
+/// (µs, 0 = never) and the sealed segments' size ceiling (0 = none).
+fn retention_of(config: &metadata::PartitionGroupConfig) -> (u64, u64) {
+    let expiry = match config.message_expiry {
         metadata::MessageExpiry::After { micros } => micros,
         metadata::MessageExpiry::ServerDefault | metadata::MessageExpiry::Never => 0,
     };
-    spec
+    (expiry, config.retained_bytes_max)
 }
 
 /// The group `id`, caught up on the ticks it was not visited for (through
@@ -2306,8 +2374,8 @@ fn touch<'a, E: Env>(
 /// The shard tick a group is next due at, after `settled` (the last tick
 /// whose due groups were all visited): the next one while it has work
 /// every tick needs (a running transfer, calls waiting for its session, a
-/// fence not yet reported), its retention tick when its topic expires
-/// messages, otherwise when the partition says
+/// fence not yet reported), its retention tick when its topic has a
+/// retention setting, otherwise when the partition says
 /// (`Partition::ticks_until_due`).
 fn next_visit<E: Env>(g: &Group<E>, tick_us: u64, settled: u64) -> u64 {
     let every_tick = !g.queued.is_empty()
@@ -2319,7 +2387,7 @@ fn next_visit<E: Env>(g: &Group<E>, tick_us: u64, settled: u64) -> u64 {
         g.partition.ticks_until_due(tick_us)
     };
     let mut at = g.counted_to.saturating_add(due_in);
-    if g.spec.message_expiry_us > 0 {
+    if g.spec.retains() {
         let next_pass = (g.counted_to / RETENTION_EVERY_TICKS + 1) * RETENTION_EVERY_TICKS;
         at = at.min(next_pass);
     }

@@ -258,3 +258,115 @@ fn given_a_purge_committed_while_a_partitions_primary_is_down_should_be_applied_
         );
     }
 }
+
+/// The bytes of `group`'s sealed segments on replica `r` (every log file
+/// but the newest), and the base offset of its oldest one.
+fn sealed_bytes_and_start(c: &Cluster, r: u8, group: GroupId) -> (u64, u64) {
+    let logs: Vec<(String, usize)> = c
+        .segment_files(r, group)
+        .into_iter()
+        .filter(|(name, _)| name.ends_with(".log"))
+        .map(|(name, bytes)| (name, bytes.len()))
+        .collect();
+    let start = logs
+        .first()
+        .and_then(|(name, _)| name.trim_end_matches(".log").parse().ok())
+        .unwrap_or(0);
+    let sealed = logs[..logs.len().saturating_sub(1)]
+        .iter()
+        .map(|(_, len)| *len as u64)
+        .sum();
+    (sealed, start)
+}
+
+/// Retention by size (Iggy's `max_topic_size`): the topic's ceiling is
+/// shared by its partitions, each replica's retention keeps every
+/// partition's sealed segments within its share, and an update of the
+/// topic reaches the existing partitions, on disk too (a restarted replica
+/// keeps it).
+#[test]
+fn given_a_topic_size_ceiling_when_partitions_fill_should_keep_each_within_its_share_and_follow_updates()
+ {
+    use metadata::{MaxTopicSize, MessageExpiry};
+    let mut c = Cluster::new(3, 2, 26, NetworkFaults::default());
+    c.run(100);
+    c.submit_metadata(MetadataOp::CreateStream {
+        name: "r".into(),
+        created_at_us: 1,
+    })
+    .unwrap();
+    let share = 8_192u64;
+    let sized = TopicConfig {
+        segment_size_bytes: 4_096,
+        max_topic_size: MaxTopicSize::Bytes { bytes: 2 * share },
+        ..TopicConfig::default()
+    };
+    c.submit_metadata(MetadataOp::CreateTopic {
+        stream: Identifier::Name("r".into()),
+        name: "t".into(),
+        partitions_count: 2,
+        config: sized,
+        created_at_us: 2,
+    })
+    .unwrap();
+    c.run(50);
+    let groups = expected_groups(&c, 0);
+    assert_eq!(groups.len(), 2);
+    for (i, g) in groups.iter().enumerate() {
+        for n in 0..80u64 {
+            c.call_until_done(
+                *g,
+                Call::Produce {
+                    batch: batch(1_000 * (i as u64 + 1) + n, 5),
+                },
+                2_000,
+            )
+            .unwrap();
+        }
+    }
+    // Past two retention passes on every replica.
+    c.run(250);
+    for g in &groups {
+        for r in 0..3 {
+            assert_eq!(c.spec_on_disk(r, *g).unwrap().retained_bytes_max, share);
+            let (sealed, start) = sealed_bytes_and_start(&c, r, *g);
+            assert!(
+                sealed <= share,
+                "replica {r} group {}: {sealed} sealed bytes over its share of {share}",
+                g.0
+            );
+            // It removed only what it had to: one more segment would
+            // have fitted under the share only past it.
+            assert!(sealed + 4_096 + 1_024 > share, "replica {r}: {sealed} kept");
+            assert!(start > 0, "replica {r} group {}: nothing removed", g.0);
+        }
+    }
+    // The topic's update reaches the existing groups, and survives a
+    // restart.
+    c.submit_metadata(MetadataOp::UpdateTopic {
+        stream: Identifier::Name("r".into()),
+        topic: Identifier::Name("t".into()),
+        name: "t".into(),
+        config: TopicConfig {
+            max_topic_size: MaxTopicSize::Unlimited,
+            message_expiry: MessageExpiry::After { micros: 7_000_000 },
+            ..sized
+        },
+    })
+    .unwrap();
+    c.run(20);
+    c.crash(1, CrashMode::KeepAll);
+    c.restart_reconciled(1);
+    c.run(20);
+    for g in &groups {
+        for r in 0..3 {
+            let spec = c.spec_on_disk(r, *g).unwrap();
+            assert_eq!(
+                (spec.retained_bytes_max, spec.message_expiry_us),
+                (0, 7_000_000),
+                "replica {r} group {}",
+                g.0
+            );
+        }
+    }
+}

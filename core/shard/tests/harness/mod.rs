@@ -409,6 +409,15 @@ impl Cluster {
         out
     }
 
+    /// The spec `group.meta` of `group` holds on replica `r`'s disk.
+    pub fn spec_on_disk(&self, r: u8, group: GroupId) -> Option<GroupSpec> {
+        let dir = shard::catalog::group_dir(
+            &shard_dir(&data_dir(), ShardIndex(self.shard_of(group))),
+            group,
+        );
+        block_on(shard::catalog::read_spec(&self.fss[usize::from(r)], &dir)).unwrap()
+    }
+
     pub fn flush_all(&mut self) {
         for row in &mut self.nodes {
             for node in row.iter_mut().flatten() {
