@@ -2375,7 +2375,8 @@ fn touch<'a, E: Env>(
 /// whose due groups were all visited): the next one while it has work
 /// every tick needs (a running transfer, calls waiting for its session, a
 /// fence not yet reported), its retention tick when its topic has a
-/// retention setting, otherwise when the partition says
+/// retention setting, its purge retry while it owes a committed purge,
+/// otherwise when the partition says
 /// (`Partition::ticks_until_due`).
 fn next_visit<E: Env>(g: &Group<E>, tick_us: u64, settled: u64) -> u64 {
     let every_tick = !g.queued.is_empty()
@@ -2387,6 +2388,18 @@ fn next_visit<E: Env>(g: &Group<E>, tick_us: u64, settled: u64) -> u64 {
         g.partition.ticks_until_due(tick_us)
     };
     let mut at = g.counted_to.saturating_add(due_in);
+    // A committed purge the partition has not applied: its primary
+    // proposes it on a visit (`propose_missing_purge`), and a group with
+    // no timers of its own (a single replica's) would never be visited.
+    if g.driver
+        .committed_purge_generation()
+        .is_some_and(|committed| committed > g.partition.purge_generation())
+    {
+        let retry = g.purge_proposed.map_or(g.counted_to + 1, |(_, proposed)| {
+            proposed + PURGE_RETRY_TICKS
+        });
+        at = at.min(retry);
+    }
     if g.spec.retains() {
         let next_pass = (g.counted_to / RETENTION_EVERY_TICKS + 1) * RETENTION_EVERY_TICKS;
         at = at.min(next_pass);

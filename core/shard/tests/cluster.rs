@@ -1063,3 +1063,32 @@ fn given_the_primary_of_every_group_killed_when_the_survivors_change_views_shoul
         }
     }
 }
+
+/// A single replica's group owing a committed purge (the effect's call was
+/// lost: the process died before the owning shard took it, and boot's
+/// reconciliation told the group the committed generation). Nothing else
+/// makes a lone replica's group due, so the shard must visit it to propose
+/// the purge (before the fix it never was: replog-sim `--replicas 1
+/// --purges`, 139 of 300 mixed seeds from 24,100,000 ended with a purge
+/// committed by group 0 and never applied).
+#[test]
+fn given_a_single_replica_group_owing_a_committed_purge_when_idle_should_propose_and_apply_it() {
+    let mut c = Cluster::new(1, 2, 41, NetworkFaults::default());
+    let g = group(3);
+    c.create_everywhere(g);
+    c.run(20);
+    c.call_until_done(g, Call::Produce { batch: batch(1, 4) }, 200)
+        .unwrap();
+    c.run(20);
+    let node = c.node(0, g);
+    assert_eq!(node.partition(g).unwrap().purge_generation(), 0);
+    node.learn_purge_generation(g, 1);
+    c.run(150);
+    let p = c.node(0, g).partition(g).unwrap();
+    assert_eq!(
+        p.purge_generation(),
+        1,
+        "the committed purge was never applied"
+    );
+    assert_eq!(p.log().next_offset(), 0, "the purge erased the log");
+}
