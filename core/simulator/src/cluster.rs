@@ -587,6 +587,33 @@ impl Cluster {
     }
 
     /// Replica `r`'s metadata state (`None` while it is down).
+    /// The partition groups of topic `topic` in stream `stream` as replica
+    /// `r`'s metadata names them (`None` while `r` is down or has not
+    /// applied the topic's create).
+    pub(crate) fn metadata_topic_groups(
+        &self,
+        r: u8,
+        stream: &str,
+        topic: &str,
+    ) -> Option<Vec<GroupId>> {
+        let shard0 = self.nodes[usize::from(r)].shards.as_ref()?.first()?;
+        let state = shard0.metadata()?.state();
+        let (s, t) = state
+            .resolve_topic(
+                &metadata::Identifier::Name(stream.into()),
+                &metadata::Identifier::Name(topic.into()),
+            )
+            .ok()?;
+        Some(
+            state
+                .partition_groups()
+                .iter()
+                .filter(|i| i.stream == s && i.topic == t)
+                .map(|i| i.group)
+                .collect(),
+        )
+    }
+
     pub(crate) fn metadata_state(&self, r: u8) -> Option<metadata::MetadataState> {
         let shard0 = self.nodes[usize::from(r)].shards.as_ref()?.first()?;
         Some(shard0.metadata()?.state().clone())

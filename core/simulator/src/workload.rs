@@ -283,6 +283,10 @@ pub(crate) struct Workload {
     joined: BTreeMap<u8, usize>,
     /// Each topic's groups, by topic number (`t{n}`).
     topic_groups: Vec<Vec<GroupId>>,
+    /// Topics whose create was answered while no replica's metadata
+    /// showed them (a single replica that crashed right after answering):
+    /// their groups are looked up again until some replica names them.
+    unresolved_topics: BTreeSet<usize>,
     /// Groups a purge or delete holds: no client sends to them until the
     /// purge is seen applied (`Some(generation)` once group 0 committed
     /// it) or the delete answered.
@@ -372,6 +376,7 @@ impl Workload {
             groups_created: BTreeSet::new(),
             joined: BTreeMap::new(),
             topic_groups: Vec::new(),
+            unresolved_topics: BTreeSet::new(),
             held: BTreeMap::new(),
             topic_action_waiting: None,
             purge_targets: BTreeMap::new(),
@@ -505,6 +510,33 @@ impl Workload {
         }
     }
 
+    /// The groups of topic `name`, as the first replica whose metadata
+    /// has applied its create names them.
+    fn named_topic_groups(&self, cluster: &Cluster, name: &str) -> Option<Vec<GroupId>> {
+        (0..cluster.replica_count).find_map(|r| cluster.metadata_topic_groups(r, STREAM, name))
+    }
+
+    /// Learns the groups of the topics no replica showed when their
+    /// create was answered, once one does: they join the groups clients
+    /// write to, and the topic's purges and deletes then hold them.
+    fn resolve_topics(&mut self, cluster: &Cluster) {
+        if self.unresolved_topics.is_empty() {
+            return;
+        }
+        for n in self.unresolved_topics.clone() {
+            let Some(groups) = self.named_topic_groups(cluster, &format!("t{n}")) else {
+                continue;
+            };
+            self.unresolved_topics.remove(&n);
+            for g in &groups {
+                if !self.groups.contains(g) && !self.deleted_groups.contains(g) {
+                    self.groups.push(*g);
+                }
+            }
+            self.topic_groups[n] = groups;
+        }
+    }
+
     /// The partition groups the workload knows of.
     pub(crate) fn groups(&self) -> &[GroupId] {
         &self.groups
@@ -531,6 +563,7 @@ impl Workload {
         issue_new: bool,
     ) -> Result<(), StepError> {
         let tick = cluster.tick();
+        self.resolve_topics(cluster);
         self.watch_purges(cluster, oracle, trace);
         for i in 0..self.clients.len() {
             self.take_answer(i, tick, cluster, oracle, trace)?;
@@ -1197,9 +1230,8 @@ impl Workload {
         self.meta_busy = false;
         match op {
             MetadataOp::CreateStream { .. } => self.stream_created = true,
-            MetadataOp::CreateTopic { .. } => {
+            MetadataOp::CreateTopic { name, .. } => {
                 self.stats.topics += 1;
-                let before: BTreeSet<GroupId> = self.groups.iter().copied().collect();
                 // The answering primary applied the op: its metadata names
                 // every group so far. Any replica that has applied it does.
                 for r in 0..cluster.replica_count {
@@ -1210,16 +1242,18 @@ impl Workload {
                         }
                     }
                 }
-                // Topics are created one at a time: the new groups are
-                // this topic's (none, if no replica showed them: it is
-                // then never purged).
-                self.topic_groups.push(
-                    self.groups
-                        .iter()
-                        .copied()
-                        .filter(|g| !before.contains(g))
-                        .collect(),
-                );
+                // This topic's groups, as a replica that applied its create
+                // names them; looked up again later if none shows them
+                // now (the groups new since the last create may include
+                // an earlier topic's that were not visible then).
+                let n = self.topic_groups.len();
+                match self.named_topic_groups(cluster, name) {
+                    Some(groups) => self.topic_groups.push(groups),
+                    None => {
+                        self.topic_groups.push(Vec::new());
+                        self.unresolved_topics.insert(n);
+                    }
+                }
             }
             MetadataOp::CreateConsumerGroup {
                 topic: Identifier::Name(name),
@@ -1261,6 +1295,7 @@ impl Workload {
                 // the oracle's final checks cover the groups the metadata
                 // names, so they drop out there too.
                 let gone = std::mem::take(&mut self.topic_groups[n]);
+                self.unresolved_topics.remove(&n);
                 // Its consumer group and every membership in it went too.
                 self.groups_created.remove(&n);
                 self.joined.retain(|_, joined| *joined != n);
@@ -1279,6 +1314,7 @@ impl Workload {
                     self.deleted_groups.extend(std::mem::take(gone));
                 }
                 self.groups.clear();
+                self.unresolved_topics.clear();
                 self.stats.topic_deletes = self.stats.topics;
                 self.groups_created.clear();
                 self.joined.clear();
