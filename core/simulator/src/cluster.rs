@@ -580,6 +580,13 @@ impl Cluster {
             .find(|i| i.group == group)
     }
 
+    /// The share of its topic's size ceiling replica `r`'s metadata gives
+    /// `group` (`Some(0)`: no ceiling).
+    pub(crate) fn metadata_retained_bytes_max(&self, r: u8, group: GroupId) -> Option<u64> {
+        self.metadata_group_info(r, group)
+            .map(|i| i.config.retained_bytes_max)
+    }
+
     /// The purge generation replica `r`'s group 0 committed for `group`.
     pub(crate) fn metadata_purge_generation(&self, r: u8, group: GroupId) -> Option<u64> {
         self.metadata_group_info(r, group)

@@ -63,6 +63,9 @@ struct Args {
     /// are then created again).
     #[arg(long)]
     stream_deletes: bool,
+    /// Topics with a size ceiling (retention by size) in the workload.
+    #[arg(long)]
+    size_retention: bool,
 }
 
 fn main() -> ExitCode {
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
     options.consumer_groups = args.consumer_groups;
     options.stream_purges = args.stream_purges;
     options.stream_deletes = args.stream_deletes;
+    options.size_retention = args.size_retention;
     match run(&options) {
         Ok(summary) => {
             println!("{summary}");

@@ -13,7 +13,9 @@ use crate::faults::{FaultPlan, FaultStats};
 use crate::oracle::{Fate, Oracle, Property, Violation};
 use crate::profile::FaultProfile;
 use crate::trace::{Event, Trace};
-use crate::workload::{Mix, StepError, Workload, WorkloadStats};
+use crate::workload::{
+    BATCH_BYTES_MAX, Mix, StepError, TOPIC_SEGMENT_SIZE_BYTES, Workload, WorkloadStats,
+};
 
 /// Ticks a run may spend converging after healing before it fails.
 const CONVERGE_TICKS_MAX: u64 = 4_000;
@@ -73,6 +75,11 @@ pub struct Options {
     /// replica must then drop them, and the workload creates the stream
     /// and new topics again.
     pub stream_deletes: bool,
+    /// Two topics in four (of both durabilities) have a size ceiling, so
+    /// retention removes sealed segments by size; the final checks allow
+    /// any prefix to be gone, and require each replica to keep what the
+    /// ceiling leaves (its share, less one segment).
+    pub size_retention: bool,
 }
 
 impl Options {
@@ -95,6 +102,7 @@ impl Options {
             consumer_groups: false,
             stream_purges: false,
             stream_deletes: false,
+            size_retention: false,
         }
     }
 
@@ -338,6 +346,7 @@ impl fmt::Display for Failure {
                 (o.consumer_groups, " --consumer-groups"),
                 (o.stream_purges, " --stream-purges"),
                 (o.stream_deletes, " --stream-deletes"),
+                (o.size_retention, " --size-retention"),
             ]
             .iter()
             .filter(|(on, _)| *on)
@@ -786,6 +795,17 @@ impl Run {
                 // the expiry is at most the time, and a batch is stamped
                 // no earlier than the tick it was sent.
                 .map(|expiry| now_us.saturating_sub(expiry) / tick_us + 1);
+            // A topic with a size ceiling: any prefix may be gone, by
+            // each replica's own passes.
+            let share = self
+                .cluster
+                .metadata_retained_bytes_max(0, group)
+                .unwrap_or(0);
+            let expired_before = if share > 0 {
+                Some(u64::MAX)
+            } else {
+                expired_before
+            };
             let mut held = Vec::new();
             for r in 0..self.cluster.replica_count {
                 let messages = self
@@ -798,6 +818,9 @@ impl Run {
                 self.oracle.final_log(group, &messages, expired_before)?;
                 let files = committed_files(self.cluster.segment_files(r, group))
                     .map_err(|e| diverge(format!("group {} on replica {r}: {e}", group.0)))?;
+                if share > 0 {
+                    kept_within_share(group, r, &files, share)?;
+                }
                 // Where this replica's log starts: its first message, or
                 // when retention removed every sealed segment and the
                 // active one is empty, the log's end.
@@ -957,6 +980,40 @@ fn describe_state_difference(
 /// every replica cuts segments at the same offsets, so that start is a
 /// segment base on every replica: messages and segment files compare from
 /// it.
+/// Retention by size removes the oldest sealed segments only while the
+/// sealed ones exceed the group's share, so once it removed any, what it
+/// kept sealed plus the last one it removed (at most a segment and a
+/// batch) exceeds the share. Segments only grow after that (a boot may
+/// drop an empty active segment and write to the last sealed one again),
+/// so every log byte held counts: anything less removed too much.
+fn kept_within_share(
+    group: GroupId,
+    r: u8,
+    files: &[(String, Vec<u8>)],
+    share: u64,
+) -> Result<(), Violation> {
+    let logs: Vec<(u64, u64)> = files
+        .iter()
+        .filter(|(name, _)| name.ends_with(".log"))
+        .filter_map(|(name, bytes)| Some((file_base(name)?, bytes.len() as u64)))
+        .collect();
+    let Some(&(start, _)) = logs.first() else {
+        return Ok(());
+    };
+    let held: u64 = logs.iter().map(|(_, len)| len).sum();
+    let removed_any = start > 0;
+    if removed_any && held + TOPIC_SEGMENT_SIZE_BYTES + BATCH_BYTES_MAX <= share {
+        return Err(Violation::new(
+            Property::RemovedBeforeExpiry,
+            format!(
+                "group {}: replica {r} holds {held} log bytes from offset {start}, far below its share of {share}: retention by size removed more than it had to",
+                group.0
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn common_start(held: &[(Messages, SegmentFiles, u64)]) -> u64 {
     held.iter().map(|(_, _, start)| *start).max().unwrap_or(0)
 }
@@ -1023,6 +1080,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
                 consumer_groups: options.consumer_groups,
                 stream_purges: options.stream_purges,
                 stream_deletes: options.stream_deletes,
+                size_retention: options.size_retention,
             },
         ),
         oracle: Oracle::default(),

@@ -16,8 +16,8 @@ use common::{ConsumerKind, GroupId, Offset};
 use consensus::vsr::Prng;
 use futures::channel::oneshot;
 use metadata::{
-    Durability, Identifier, MessageExpiry, MetadataOp, MetadataState, Outcome, Refusal, SessionId,
-    TopicConfig,
+    Durability, Identifier, MaxTopicSize, MessageExpiry, MetadataOp, MetadataState, Outcome,
+    Refusal, SessionId, TopicConfig,
 };
 use partitions::{PollRequest, PollingStrategy};
 use shard::{Answer, Call, CallError, MetaError};
@@ -55,6 +55,16 @@ const MEMBERSHIP_ONE_IN: u64 = 30;
 /// (3 s of virtual time, 300 ticks): a default run seals and expires
 /// segments many times over.
 pub(crate) const MESSAGE_EXPIRY_US: u64 = 3_000_000;
+/// With size retention on, the size ceiling of a sized topic: 12 KiB for
+/// each of its two partitions, three segments' worth, so a default run
+/// removes sealed segments by size many times over.
+pub(crate) const TOPIC_SIZE_MAX_BYTES: u64 = 2 * 12_288;
+/// The most a segment can hold past its rotation size: one batch of the
+/// workload (at most 5 messages of at most about 330 payload bytes each,
+/// with their headers).
+pub(crate) const BATCH_BYTES_MAX: u64 = 2_048;
+/// Segment size of the simulated topics (exported for the final checks).
+pub(crate) const TOPIC_SEGMENT_SIZE_BYTES: u64 = SEGMENT_SIZE_BYTES;
 
 /// What a client holds a topic's groups (or the stream's) quiet for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +93,8 @@ pub(crate) struct Mix {
     pub stream_purges: bool,
     /// Whole-stream deletes.
     pub stream_deletes: bool,
+    /// Topics with a size ceiling.
+    pub size_retention: bool,
 }
 
 /// What a workload step ran into.
@@ -264,6 +276,8 @@ pub(crate) struct Workload {
     delete_prng: Prng,
     /// Some topics expire their messages (`--retention`).
     retention: bool,
+    /// Some topics have a size ceiling (`--size-retention`).
+    size_retention: bool,
     /// Consumer groups are created, joined and left (`--consumer-groups`).
     consumer_groups: bool,
     /// Draws for membership ops alone.
@@ -342,6 +356,7 @@ impl Workload {
             consumer_groups,
             stream_purges,
             stream_deletes,
+            size_retention,
         } = mix;
         let mut prng = Prng::new(seed ^ 0xC11E_0007);
         let clients = (0..clients)
@@ -367,6 +382,7 @@ impl Workload {
             deletes,
             delete_prng: Prng::new(seed ^ 0xDE1E_7E00),
             retention,
+            size_retention,
             consumer_groups,
             member_prng: Prng::new(seed ^ 0xC6_0000_0001),
             stream_purges,
@@ -919,6 +935,15 @@ impl Workload {
                 }
             } else {
                 MessageExpiry::ServerDefault
+            },
+            // The other two in four (one of each durability) keep their
+            // partitions within a share of a size ceiling.
+            max_topic_size: if self.size_retention && matches!(n % 4, 0 | 3) {
+                MaxTopicSize::Bytes {
+                    bytes: TOPIC_SIZE_MAX_BYTES,
+                }
+            } else {
+                MaxTopicSize::ServerDefault
             },
             ..TopicConfig::default()
         };
