@@ -77,7 +77,7 @@ pub use store::{
 };
 pub use topic_config::{
     CompressionAlgorithm, Durability, MaxTopicSize, MessageExpiry, SEGMENT_SIZE_BYTES_DEFAULT,
-    TopicConfig,
+    TopicConfig, TopicPatch,
 };
 pub use user::{
     HashParams, PASSWORD_HASH_LEN_MAX, PasswordError, PasswordHash, ROOT_USER, User, UserId,

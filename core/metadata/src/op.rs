@@ -9,7 +9,7 @@
 
 use crate::consumer_group::SessionId;
 use crate::identifier::Identifier;
-use crate::topic_config::TopicConfig;
+use crate::topic_config::{TopicConfig, TopicPatch};
 use crate::user::PasswordHash;
 
 /// One metadata operation.
@@ -62,6 +62,18 @@ pub enum MetadataOp {
         name: String,
         /// The new settings.
         config: TopicConfig,
+    },
+    /// UPDATE_TOPIC (304) as Iggy 0.11 sends it: rename, and change only
+    /// the settings the request names.
+    PatchTopic {
+        /// The stream.
+        stream: Identifier,
+        /// The topic.
+        topic: Identifier,
+        /// The new name.
+        name: String,
+        /// The settings to change.
+        patch: TopicPatch,
     },
     /// DELETE_TOPIC (303).
     DeleteTopic {
@@ -177,6 +189,7 @@ impl MetadataOp {
             Self::PurgeStream { .. } => "purge_stream",
             Self::CreateTopic { .. } => "create_topic",
             Self::UpdateTopic { .. } => "update_topic",
+            Self::PatchTopic { .. } => "patch_topic",
             Self::DeleteTopic { .. } => "delete_topic",
             Self::PurgeTopic { .. } => "purge_topic",
             Self::CreatePartitions { .. } => "create_partitions",

@@ -20,7 +20,7 @@ use crate::identifier::{Identifier, NAME_LEN_MAX};
 use crate::op::MetadataOp;
 use crate::state::PARTITIONS_PER_TOPIC_MAX;
 use crate::topic_config::{
-    CompressionAlgorithm, Durability, MaxTopicSize, MessageExpiry, TopicConfig,
+    CompressionAlgorithm, Durability, MaxTopicSize, MessageExpiry, TopicConfig, TopicPatch,
 };
 use crate::user::{PASSWORD_HASH_LEN_MAX, PasswordHash};
 
@@ -45,6 +45,14 @@ const TAG_END_SESSION: u8 = 15;
 const TAG_CREATE_USER: u8 = 16;
 const TAG_DELETE_USER: u8 = 17;
 const TAG_CHANGE_PASSWORD: u8 = 18;
+const TAG_PATCH_TOPIC: u8 = 19;
+
+/// Which settings a topic patch carries (each present one follows in bit
+/// order).
+const PATCH_COMPRESSION: u8 = 1;
+const PATCH_MESSAGE_EXPIRY: u8 = 1 << 1;
+const PATCH_MAX_TOPIC_SIZE: u8 = 1 << 2;
+const PATCH_ALL: u8 = PATCH_COMPRESSION | PATCH_MESSAGE_EXPIRY | PATCH_MAX_TOPIC_SIZE;
 
 const IDENT_NUMERIC: u8 = 1;
 const IDENT_NAME: u8 = 2;
@@ -98,6 +106,8 @@ pub enum OpDecodeError {
     },
     /// A password hash that is not an Argon2 PHC string.
     HashNotPhc,
+    /// A topic patch naming a setting no patch has.
+    UnknownPatchBits(u8),
 }
 
 impl fmt::Display for OpDecodeError {
@@ -123,6 +133,7 @@ impl fmt::Display for OpDecodeError {
                 "password hash length {len} outside 1..={PASSWORD_HASH_LEN_MAX}"
             ),
             Self::HashNotPhc => f.write_str("password hash is not an Argon2 PHC string"),
+            Self::UnknownPatchBits(b) => write!(f, "topic patch names unknown settings {b:#04x}"),
         }
     }
 }
@@ -230,6 +241,31 @@ impl Writer {
         self.u8(c.durability.to_wire());
         Ok(())
     }
+    pub(crate) fn patch(&mut self, p: &TopicPatch) {
+        let mask = if p.compression.is_some() {
+            PATCH_COMPRESSION
+        } else {
+            0
+        } | if p.message_expiry.is_some() {
+            PATCH_MESSAGE_EXPIRY
+        } else {
+            0
+        } | if p.max_topic_size.is_some() {
+            PATCH_MAX_TOPIC_SIZE
+        } else {
+            0
+        };
+        self.u8(mask);
+        if let Some(c) = p.compression {
+            self.u8(c.to_wire());
+        }
+        if let Some(e) = p.message_expiry {
+            self.u64(e.to_wire());
+        }
+        if let Some(m) = p.max_topic_size {
+            self.u64(m.to_wire());
+        }
+    }
     pub(crate) fn hash(&mut self, h: &PasswordHash) {
         // A `PasswordHash` is 1..=512 bytes by construction.
         let bytes = h.as_str().as_bytes();
@@ -317,6 +353,33 @@ impl<'a> Reader<'a> {
             durability,
         })
     }
+    pub(crate) fn patch(&mut self) -> Result<TopicPatch, OpDecodeError> {
+        let mask = self.u8("patch settings")?;
+        if mask & !PATCH_ALL != 0 {
+            return Err(OpDecodeError::UnknownPatchBits(mask));
+        }
+        let compression = if mask & PATCH_COMPRESSION != 0 {
+            let c = self.u8("compression")?;
+            Some(CompressionAlgorithm::from_wire(c).ok_or(OpDecodeError::UnknownCompression(c))?)
+        } else {
+            None
+        };
+        let message_expiry = if mask & PATCH_MESSAGE_EXPIRY != 0 {
+            Some(MessageExpiry::from_wire(self.u64("message_expiry")?))
+        } else {
+            None
+        };
+        let max_topic_size = if mask & PATCH_MAX_TOPIC_SIZE != 0 {
+            Some(MaxTopicSize::from_wire(self.u64("max_topic_size")?))
+        } else {
+            None
+        };
+        Ok(TopicPatch {
+            compression,
+            message_expiry,
+            max_topic_size,
+        })
+    }
     pub(crate) fn hash(&mut self) -> Result<PasswordHash, OpDecodeError> {
         let len = self.u16("password_hash")?;
         if len == 0 || usize::from(len) > PASSWORD_HASH_LEN_MAX {
@@ -386,6 +449,18 @@ impl MetadataOp {
                 w.ident("topic", topic)?;
                 w.name("topic name", name)?;
                 w.config(config)?;
+            }
+            Self::PatchTopic {
+                stream,
+                topic,
+                name,
+                patch,
+            } => {
+                w.u8(TAG_PATCH_TOPIC);
+                w.ident("stream", stream)?;
+                w.ident("topic", topic)?;
+                w.name("topic name", name)?;
+                w.patch(patch);
             }
             Self::DeleteTopic { stream, topic } => {
                 w.u8(TAG_DELETE_TOPIC);
@@ -525,6 +600,12 @@ impl MetadataOp {
                 topic: r.ident("topic")?,
                 name: r.name("topic name")?,
                 config: r.config()?,
+            },
+            TAG_PATCH_TOPIC => Self::PatchTopic {
+                stream: r.ident("stream")?,
+                topic: r.ident("topic")?,
+                name: r.name("topic name")?,
+                patch: r.patch()?,
             },
             TAG_DELETE_TOPIC => Self::DeleteTopic {
                 stream: r.ident("stream")?,

@@ -509,22 +509,13 @@ impl MetadataState {
                 topic,
                 name,
                 config,
-            } => {
-                check_name(NameKind::Topic, name)?;
-                check_config(config)?;
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                if self.streams[&s].topic_name_taken(name, Some(t)) {
-                    return Err(Refusal::TopicNameAlreadyExists {
-                        topic: name.clone(),
-                        stream: s,
-                    });
-                }
-                let tp = self.topic_mut(s, t);
-                let before = tp.group_config();
-                tp.name.clone_from(name);
-                tp.config = *config;
-                Ok(Applied::done(tp.reconfigure_if_changed(before)))
-            }
+            } => self.update_topic(stream, topic, name, |_| *config),
+            MetadataOp::PatchTopic {
+                stream,
+                topic,
+                name,
+                patch,
+            } => self.update_topic(stream, topic, name, |current| patch.apply_to(current)),
             MetadataOp::DeleteTopic { stream, topic } => {
                 let (s, t) = self.resolve_topic(stream, topic)?;
                 let st = self.streams.get_mut(&s).expect("resolved");
@@ -812,6 +803,33 @@ impl MetadataState {
             });
         }
         Ok(())
+    }
+
+    /// Renames a topic and gives it the settings `config` makes of its
+    /// current ones; every partition group is reconfigured if what it
+    /// runs with changed.
+    fn update_topic(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+        name: &str,
+        config: impl FnOnce(&TopicConfig) -> TopicConfig,
+    ) -> Result<Applied, Refusal> {
+        check_name(NameKind::Topic, name)?;
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let config = config(&self.streams[&s].topics[&t].config);
+        check_config(&config)?;
+        if self.streams[&s].topic_name_taken(name, Some(t)) {
+            return Err(Refusal::TopicNameAlreadyExists {
+                topic: name.to_owned(),
+                stream: s,
+            });
+        }
+        let tp = self.topic_mut(s, t);
+        let before = tp.group_config();
+        name.clone_into(&mut tp.name);
+        tp.config = config;
+        Ok(Applied::done(tp.reconfigure_if_changed(before)))
     }
 
     /// Appends `count` partitions (validated by the caller) and rebalances

@@ -152,6 +152,31 @@ impl fmt::Display for Durability {
     }
 }
 
+/// What an Iggy 0.11 topic update changes: the updatable settings it
+/// names. A setting it leaves out keeps its current value (an update
+/// patches the topic's options, it does not replace them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct TopicPatch {
+    /// The compression algorithm reported to clients.
+    pub compression: Option<CompressionAlgorithm>,
+    /// When messages expire.
+    pub message_expiry: Option<MessageExpiry>,
+    /// The topic's size ceiling.
+    pub max_topic_size: Option<MaxTopicSize>,
+}
+
+impl TopicPatch {
+    /// `config` with the named settings replaced.
+    pub fn apply_to(&self, config: &TopicConfig) -> TopicConfig {
+        TopicConfig {
+            compression: self.compression.unwrap_or(config.compression),
+            message_expiry: self.message_expiry.unwrap_or(config.message_expiry),
+            max_topic_size: self.max_topic_size.unwrap_or(config.max_topic_size),
+            ..*config
+        }
+    }
+}
+
 /// A topic's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TopicConfig {

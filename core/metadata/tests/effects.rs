@@ -215,3 +215,63 @@ fn given_a_topic_size_ceiling_when_partitions_come_and_go_should_reshare_it_amon
     assert!(effects[4].is_empty());
     assert_eq!(effects[5], [(1, "reconfigure", 0)]);
 }
+
+/// An Iggy 0.11 update names only the settings it changes: the others keep
+/// their values (a rename alone changes no setting and reconfigures
+/// nothing), and a patch of the size ceiling reshares it.
+#[test]
+fn given_a_topic_patch_when_applied_should_change_only_the_named_settings() {
+    use metadata::{Durability, MaxTopicSize, MessageExpiry, TopicConfig, TopicPatch};
+    let created = TopicConfig {
+        message_expiry: MessageExpiry::After { micros: 60_000_000 },
+        max_topic_size: MaxTopicSize::Bytes { bytes: 1_000 },
+        segment_size_bytes: 4_096,
+        durability: Durability::Persisted,
+        ..TopicConfig::default()
+    };
+    let s = || metadata::Identifier::Name("s".into());
+    let patch = |name: &str, patch| MetadataOp::PatchTopic {
+        stream: s(),
+        topic: metadata::Identifier::Numeric(0),
+        name: name.into(),
+        patch,
+    };
+    let mut sm = Sm::default();
+    sm.apply(create_stream("s")).unwrap();
+    sm.apply(MetadataOp::CreateTopic {
+        stream: s(),
+        name: "t".into(),
+        partitions_count: 2,
+        config: created,
+        created_at_us: 2_000,
+    })
+    .unwrap();
+    let config = |sm: &Sm| {
+        sm.state
+            .partition_groups()
+            .first()
+            .map(|i| i.config)
+            .unwrap()
+    };
+    let renamed = sm.apply(patch("renamed", TopicPatch::default())).unwrap();
+    assert!(renamed.effects.is_empty(), "a rename reconfigures nothing");
+    assert_eq!(config(&sm), metadata::PartitionGroupConfig::of(&created, 2));
+    let expiry = MessageExpiry::After { micros: 5_000_000 };
+    let sized = sm
+        .apply(patch(
+            "renamed",
+            TopicPatch {
+                message_expiry: Some(expiry),
+                max_topic_size: Some(MaxTopicSize::Bytes { bytes: 4_000 }),
+                ..TopicPatch::default()
+            },
+        ))
+        .unwrap();
+    assert_eq!(sized.effects.len(), 2, "both partitions reconfigured");
+    let now = config(&sm);
+    assert_eq!(now.message_expiry, expiry);
+    assert_eq!(now.retained_bytes_max, 2_000);
+    // What the patch did not name is what the topic was created with.
+    assert_eq!(now.segment_size_bytes, 4_096);
+    assert_eq!(now.durability, Durability::Persisted);
+}

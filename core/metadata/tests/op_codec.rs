@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use metadata::{
     CompressionAlgorithm, Durability, Identifier, MaxTopicSize, MessageExpiry, MetadataOp,
-    OpDecodeError, OpEncodeError, SessionId, TopicConfig,
+    OpDecodeError, OpEncodeError, SessionId, TopicConfig, TopicPatch,
 };
 use proptest::prelude::*;
 
@@ -55,6 +55,25 @@ fn config() -> impl Strategy<Value = TopicConfig> {
         })
 }
 
+fn patch() -> impl Strategy<Value = TopicPatch> {
+    (
+        proptest::option::of(any::<bool>()),
+        proptest::option::of(any::<u64>()),
+        proptest::option::of(any::<u64>()),
+    )
+        .prop_map(|(gz, e, m)| TopicPatch {
+            compression: gz.map(|gz| {
+                if gz {
+                    CompressionAlgorithm::Gzip
+                } else {
+                    CompressionAlgorithm::None
+                }
+            }),
+            message_expiry: e.map(MessageExpiry::from_wire),
+            max_topic_size: m.map(MaxTopicSize::from_wire),
+        })
+}
+
 fn op() -> impl Strategy<Value = MetadataOp> {
     let count = 0u32..=1000;
     prop_oneof![
@@ -80,6 +99,14 @@ fn op() -> impl Strategy<Value = MetadataOp> {
                 topic,
                 name,
                 config,
+            }
+        }),
+        (ident(), ident(), name(), patch()).prop_map(|(stream, topic, name, patch)| {
+            MetadataOp::PatchTopic {
+                stream,
+                topic,
+                name,
+                patch,
             }
         }),
         (ident(), ident()).prop_map(|(stream, topic)| MetadataOp::DeleteTopic { stream, topic }),
@@ -213,7 +240,23 @@ fn given_each_malformed_field_when_decoded_should_refuse_with_its_own_error() {
         (vec![2, 1], OpDecodeError::UnknownVersion(2)),
         (vec![1], OpDecodeError::Truncated { field: "tag" }),
         (vec![1, 0], OpDecodeError::UnknownTag(0)),
-        (vec![1, 19], OpDecodeError::UnknownTag(19)),
+        (vec![1, 20], OpDecodeError::UnknownTag(20)),
+        // A patch of topic 1 in stream 1, renamed "t", naming a setting
+        // no patch has.
+        (
+            vec![1, 19, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1, b't', 0b1000],
+            OpDecodeError::UnknownPatchBits(0b1000),
+        ),
+        (
+            vec![1, 19, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1, b't', 0b1, 7],
+            OpDecodeError::UnknownCompression(7),
+        ),
+        (
+            vec![1, 19, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1, b't', 0b10, 1, 2],
+            OpDecodeError::Truncated {
+                field: "message_expiry",
+            },
+        ),
         (
             vec![1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             OpDecodeError::EmptyName {

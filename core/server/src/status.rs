@@ -169,6 +169,7 @@ impl From<&BackendError> for ErrorCode {
             B::NotGroupMember => Self::ConsumerGroupMemberNotFound,
             B::PartitionNotOwned(_) => Self::ConsumerGroupPartitionNotOwned,
             B::InvalidOption(_) => Self::InvalidOptionValue,
+            B::UnsupportedOptionKey(_) => Self::UnsupportedOptionKey,
             B::NotCommitted => Self::TransientNotCommitted,
             B::NoPrimary => Self::TransientNotAccepted,
             B::Unsupported => Self::FeatureUnavailable,

@@ -377,3 +377,56 @@ fn given_two_hundred_idle_partitions_when_their_descriptors_are_counted_should_h
     drop(client);
     server.stop();
 }
+
+/// The SDK's `update_topic` patches: a setting the update leaves out keeps
+/// its value (a rename alone changes nothing else), the named ones change
+/// (and reach the partitions' retention), and a setting fixed at creation
+/// is refused by name (4041) instead of being ignored.
+#[test]
+fn given_a_topic_when_updated_with_some_settings_should_keep_the_others_and_refuse_fixed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Replog::start(dir.path());
+    runtime().block_on(bounded("topic update", async {
+        let client = logged_in(server.addr).await;
+        client.create_stream("upd").await.unwrap();
+        let stream = Identifier::named("upd").unwrap();
+        let expiry = IggyExpiry::from_str("1h").unwrap();
+        let options = TopicCreateOptions {
+            partitions_count: Some(2),
+            message_expiry: Some(expiry),
+            max_topic_size: Some(MaxTopicSize::from_str("10MB").unwrap()),
+            ..TopicCreateOptions::default()
+        };
+        client.create_topic(&stream, "t", &options).await.unwrap();
+        let topic = Identifier::named("t").unwrap();
+        let bigger = MaxTopicSize::from_str("20MB").unwrap();
+        let resize = TopicUpdateOptions {
+            max_topic_size: Some(bigger),
+            ..TopicUpdateOptions::default()
+        };
+        client
+            .update_topic(&stream, &topic, "t", &resize)
+            .await
+            .unwrap();
+        let t = client.get_topic(&stream, &topic).await.unwrap().unwrap();
+        assert_eq!((t.message_expiry, t.max_topic_size), (expiry, bigger));
+        client
+            .update_topic(&stream, &topic, "renamed", &TopicUpdateOptions::default())
+            .await
+            .unwrap();
+        let renamed = Identifier::named("renamed").unwrap();
+        let t = client.get_topic(&stream, &renamed).await.unwrap().unwrap();
+        assert_eq!(t.name, "renamed");
+        assert_eq!((t.message_expiry, t.max_topic_size), (expiry, bigger));
+        let fixed = TopicUpdateOptions {
+            raw: [("segment_size".to_owned(), "1048576".to_owned())].into(),
+            ..TopicUpdateOptions::default()
+        };
+        let err = client
+            .update_topic(&stream, &renamed, "renamed", &fixed)
+            .await
+            .unwrap_err();
+        assert_eq!(err.as_code(), 4041, "{err:?}");
+    }));
+    server.stop();
+}

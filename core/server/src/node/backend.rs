@@ -506,13 +506,13 @@ impl Backend for NodeBackend {
     }
 
     async fn update_topic(&mut self, caller: Caller, request: &UpdateTopic) -> BackendResult<()> {
-        // UPDATE_TOPIC carries the whole settings (what it omits is the
-        // default), as CREATE_TOPIC does.
-        let op = MetadataOp::UpdateTopic {
+        // Iggy 0.11's UPDATE_TOPIC patches: a setting it does not name
+        // keeps its value, and only the updatable ones may be named.
+        let op = MetadataOp::PatchTopic {
             stream: meta_id(&request.topic.stream),
             topic: meta_id(&request.topic.topic),
             name: request.name.as_str().to_owned(),
-            config: topic_config(&request.options, &self.topic_defaults)?,
+            patch: topic_patch(&request.options)?,
         };
         self.submit(caller, op).await.map(drop)
     }
@@ -1219,6 +1219,37 @@ fn topic_config(options: &Options, defaults: &TopicConfig) -> BackendResult<Topi
         }
     }
     Ok(config)
+}
+
+/// The settings an UPDATE_TOPIC names: `compression_algorithm`,
+/// `message_expiry` and `max_topic_size` (Iggy 0.11's updatable keys);
+/// any other key is refused by name rather than ignored.
+fn topic_patch(options: &Options) -> BackendResult<metadata::TopicPatch> {
+    let mut patch = metadata::TopicPatch::default();
+    for e in &options.entries {
+        let bad = || BackendError::InvalidOption(format!("{} has an unusable value", e.key));
+        match e.key.as_str() {
+            "compression_algorithm" => {
+                patch.compression = Some(match option_text(e).as_deref() {
+                    Some("none") => metadata::CompressionAlgorithm::None,
+                    Some("gzip") => metadata::CompressionAlgorithm::Gzip,
+                    _ => return Err(bad()),
+                });
+            }
+            "message_expiry" => {
+                patch.message_expiry = Some(metadata::MessageExpiry::from_wire(
+                    option_u64(e).ok_or_else(bad)?,
+                ));
+            }
+            "max_topic_size" => {
+                patch.max_topic_size = Some(metadata::MaxTopicSize::from_wire(
+                    option_u64(e).ok_or_else(bad)?,
+                ));
+            }
+            key => return Err(BackendError::UnsupportedOptionKey(key.to_owned())),
+        }
+    }
+    Ok(patch)
 }
 
 /// Option value kinds (the user-header kinds).

@@ -87,6 +87,9 @@ pub enum BackendError {
     PartitionNotOwned(PartitionId),
     /// An option's key or value is not accepted.
     InvalidOption(String),
+    /// An option key this request cannot carry (an update naming a setting
+    /// fixed at creation).
+    UnsupportedOptionKey(String),
     /// Accepted but not committed yet; retrying on this connection is safe.
     NotCommitted,
     /// The group has no primary right now.
@@ -130,6 +133,9 @@ impl fmt::Display for BackendError {
                 write!(f, "partition {} is not assigned to the caller", p.0)
             }
             Self::InvalidOption(why) => write!(f, "invalid option: {why}"),
+            Self::UnsupportedOptionKey(key) => {
+                write!(f, "option {key:?} cannot be set by this request")
+            }
             Self::NotCommitted => f.write_str("not committed yet"),
             Self::NoPrimary => f.write_str("the group has no primary right now"),
             Self::Unsupported => f.write_str("not implemented"),

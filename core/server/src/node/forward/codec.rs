@@ -676,6 +676,10 @@ fn put_error(o: &mut Out, e: &BackendError) {
             o.u8(19);
             o.text(s);
         }
+        B::UnsupportedOptionKey(s) => {
+            o.u8(20);
+            o.text(s);
+        }
     }
 }
 
@@ -701,6 +705,7 @@ fn get_error(i: &mut In<'_>) -> Result<BackendError, CodecError> {
         17 => B::NoPrimary,
         18 => B::Unsupported,
         19 => B::LocalFault(i.text("fault")?),
+        20 => B::UnsupportedOptionKey(i.text("option key")?),
         tag => {
             return Err(CodecError::UnknownTag {
                 field: "error",
@@ -795,6 +800,7 @@ mod tests {
             B::NoPrimary,
             B::Unsupported,
             B::LocalFault("disk".into()),
+            B::UnsupportedOptionKey("segment_size".into()),
         ];
         let answers = vec![
             Answer::Committed {
