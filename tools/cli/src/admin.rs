@@ -11,6 +11,24 @@ use testkit::connection::Connection;
 use crate::{CliError, DurabilityArg, OffsetCommand, OffsetTarget, StreamCommand, TopicCommand};
 use crate::{connect_to, failed, identifier};
 
+/// A `--message-expiry` value, as the SDK parses one.
+fn expiry_arg(text: Option<&str>) -> Result<Option<IggyExpiry>, CliError> {
+    text.map(|t| {
+        t.parse()
+            .map_err(|e| CliError(format!("--message-expiry {t:?}: {e}")))
+    })
+    .transpose()
+}
+
+/// A `--max-size` value, as the SDK parses one.
+fn size_arg(text: Option<&str>) -> Result<Option<MaxTopicSize>, CliError> {
+    text.map(|t| {
+        t.parse()
+            .map_err(|e| CliError(format!("--max-size {t:?}: {e}")))
+    })
+    .transpose()
+}
+
 /// `stream create|list|delete`.
 pub async fn stream(
     client: &IggyClient,
@@ -66,6 +84,8 @@ pub async fn topic(
             name,
             partitions,
             durability,
+            message_expiry,
+            max_size,
         } => {
             let stream_id = identifier("stream", stream)?;
             let options = TopicCreateOptions {
@@ -74,6 +94,8 @@ pub async fn topic(
                     DurabilityArg::Replicated => Durability::Replicated,
                     DurabilityArg::Persisted => Durability::Persisted,
                 },
+                message_expiry: expiry_arg(message_expiry.as_deref())?,
+                max_topic_size: size_arg(max_size.as_deref())?,
                 ..TopicCreateOptions::default()
             };
             let t = client
@@ -93,6 +115,39 @@ pub async fn topic(
                 t.partitions_count
             );
         }
+        TopicCommand::Update {
+            stream,
+            topic,
+            name,
+            message_expiry,
+            max_size,
+        } => {
+            let stream_id = identifier("stream", stream)?;
+            let topic_id = identifier("topic", topic)?;
+            let what = format!("updating topic {topic:?} of stream {stream:?}");
+            // The request always carries a name: keep the current one
+            // unless a new one is given.
+            let current = client
+                .get_topic(&stream_id, &topic_id)
+                .await
+                .map_err(|e| failed(addr, &what, &e))?
+                .ok_or_else(|| {
+                    CliError(format!(
+                        "topic {topic:?} of stream {stream:?} does not exist"
+                    ))
+                })?;
+            let name = name.clone().unwrap_or(current.name);
+            let options = TopicUpdateOptions {
+                message_expiry: expiry_arg(message_expiry.as_deref())?,
+                max_topic_size: size_arg(max_size.as_deref())?,
+                ..TopicUpdateOptions::default()
+            };
+            client
+                .update_topic(&stream_id, &topic_id, &name, &options)
+                .await
+                .map_err(|e| failed(addr, &what, &e))?;
+            emitln!("updated topic {name} of stream {stream}");
+        }
         TopicCommand::List { stream } => {
             let stream_id = identifier("stream", stream)?;
             let topics = client.get_topics(&stream_id).await.map_err(|e| {
@@ -102,7 +157,15 @@ pub async fn topic(
                     &e,
                 )
             })?;
-            let mut rows = vec![row(["id", "name", "partitions", "messages", "size"])];
+            let mut rows = vec![row([
+                "id",
+                "name",
+                "partitions",
+                "messages",
+                "size",
+                "expiry",
+                "max size",
+            ])];
             for t in topics {
                 rows.push(row([
                     t.id.to_string(),
@@ -110,6 +173,8 @@ pub async fn topic(
                     t.partitions_count.to_string(),
                     t.messages_count.to_string(),
                     t.size.as_bytes_u64().to_string(),
+                    t.message_expiry.to_string(),
+                    t.max_topic_size.to_string(),
                 ]));
             }
             emit!("{}", table(&rows));

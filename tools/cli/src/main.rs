@@ -105,6 +105,31 @@ pub enum TopicCommand {
         /// each reply).
         #[arg(long, value_enum, default_value_t = DurabilityArg::Replicated)]
         durability: DurabilityArg,
+        /// How long messages are kept: a duration (`1h`, `7days`),
+        /// `unlimited`, or `server_default`.
+        #[arg(long)]
+        message_expiry: Option<String>,
+        /// The topic's size ceiling, shared by its partitions: a size
+        /// (`10GB`), `unlimited`, or `server_default`.
+        #[arg(long)]
+        max_size: Option<String>,
+    },
+    /// Change a topic's name, message expiry or size ceiling; what is not
+    /// given keeps its value.
+    Update {
+        /// The stream (name or numeric id).
+        stream: String,
+        /// The topic (name or numeric id).
+        topic: String,
+        /// A new name.
+        #[arg(long)]
+        name: Option<String>,
+        /// How long messages are kept (as for `create`).
+        #[arg(long)]
+        message_expiry: Option<String>,
+        /// The topic's size ceiling (as for `create`).
+        #[arg(long)]
+        max_size: Option<String>,
     },
     /// List a stream's topics.
     List {

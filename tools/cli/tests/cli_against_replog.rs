@@ -334,3 +334,72 @@ fn given_replog_when_the_cli_round_trips_streams_messages_and_offsets_should_rea
     let err = fails(addr, &["status"]);
     assert!(err.contains("could not connect to"), "{err}");
 }
+
+/// A topic's expiry and size ceiling are set at creation, shown by `topic
+/// list`, and changed by `topic update`, which keeps what it is not given
+/// (the name too); a value the SDK cannot parse is a usage error.
+#[test]
+fn given_a_topic_with_retention_when_updated_should_change_only_what_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Replog::start(&dir.path().join("data")).unwrap();
+    let addr = server.addr;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cli(addr, &["stream", "create", "logs"], "")
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "no login within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ok(
+        addr,
+        &[
+            "topic",
+            "create",
+            "logs",
+            "app",
+            "--message-expiry",
+            "1h",
+            "--max-size",
+            "10MB",
+        ],
+        "",
+    );
+    let row = |listing: String| {
+        listing
+            .lines()
+            .find(|l| l.contains(" app ") || l.contains(" web "))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let created = row(ok(addr, &["topic", "list", "logs"], ""));
+    assert!(
+        created.contains("1h") && created.contains("10.00 MB"),
+        "{created}"
+    );
+    ok(
+        addr,
+        &["topic", "update", "logs", "app", "--max-size", "20MB"],
+        "",
+    );
+    let resized = row(ok(addr, &["topic", "list", "logs"], ""));
+    assert!(
+        resized.contains(" app ") && resized.contains("1h") && resized.contains("20.00 MB"),
+        "{resized}"
+    );
+    ok(
+        addr,
+        &["topic", "update", "logs", "app", "--name", "web"],
+        "",
+    );
+    let renamed = row(ok(addr, &["topic", "list", "logs"], ""));
+    assert!(
+        renamed.contains(" web ") && renamed.contains("1h") && renamed.contains("20.00 MB"),
+        "{renamed}"
+    );
+    let err = fails(
+        addr,
+        &["topic", "update", "logs", "web", "--message-expiry", "soon"],
+    );
+    assert!(err.contains("--message-expiry"), "{err}");
+}
