@@ -427,6 +427,17 @@ fn given_a_topic_when_updated_with_some_settings_should_keep_the_others_and_refu
             .await
             .unwrap_err();
         assert_eq!(err.as_code(), 4041, "{err:?}");
+        // No stream option is updatable: a key is refused, the rename
+        // does not happen.
+        let keyed = StreamUpdateOptions {
+            raw: [("colour".to_owned(), "blue".to_owned())].into(),
+        };
+        let err = client
+            .update_stream(&stream, "moved", &keyed)
+            .await
+            .unwrap_err();
+        assert_eq!(err.as_code(), 4041, "{err:?}");
+        assert!(client.get_stream(&stream).await.unwrap().is_some());
     }));
     server.stop();
 }

@@ -491,6 +491,11 @@ impl Backend for NodeBackend {
     }
 
     async fn update_stream(&mut self, caller: Caller, request: &UpdateStream) -> BackendResult<()> {
+        // Iggy 0.11 defines no updatable stream option: any key is refused
+        // by name rather than ignored.
+        if let Some(e) = request.options.entries.first() {
+            return Err(BackendError::UnsupportedOptionKey(e.key.clone()));
+        }
         let op = MetadataOp::UpdateStream {
             stream: meta_id(&request.stream),
             name: request.name.as_str().to_owned(),
