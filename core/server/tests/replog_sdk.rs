@@ -441,3 +441,69 @@ fn given_a_topic_when_updated_with_some_settings_should_keep_the_others_and_refu
     }));
     server.stop();
 }
+
+/// A topic's size ceiling is carried out by the server: with 4 KiB
+/// segments and a 16 KiB ceiling on one partition, about 60 KiB sent
+/// leaves the oldest segments removed within a few retention passes (one
+/// a second), what is left within the ceiling plus the active segment,
+/// and the newest messages all still there.
+#[test]
+fn given_a_topic_size_ceiling_when_exceeded_should_remove_the_oldest_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Replog::start(dir.path());
+    runtime().block_on(bounded("retention by size", async {
+        let client = logged_in(server.addr).await;
+        client.create_stream("cap").await.unwrap();
+        let options = TopicCreateOptions {
+            partitions_count: Some(1),
+            segment_size: Some(IggyByteSize::from(4_096u64)),
+            max_topic_size: Some(MaxTopicSize::from_str("16KB").unwrap()),
+            ..TopicCreateOptions::default()
+        };
+        let stream = Identifier::named("cap").unwrap();
+        client.create_topic(&stream, "t", &options).await.unwrap();
+        let texts: Vec<String> = (0..600).map(|i| format!("{i:0>90}")).collect();
+        for chunk in texts.chunks(10) {
+            sdk_flows::send_texts(&client, "cap", "t", 0, chunk).await;
+        }
+        let first = || async {
+            client
+                .poll_messages(
+                    &stream,
+                    &Identifier::named("t").unwrap(),
+                    Some(0),
+                    &Consumer::new(Identifier::numeric(7).unwrap()),
+                    &PollingStrategy::first(),
+                    1,
+                    false,
+                )
+                .await
+                .unwrap()
+                .messages
+                .first()
+                .map(|m| m.header.offset)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while first().await == Some(0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nothing removed within 20 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        let t = client
+            .get_topic(&stream, &Identifier::named("t").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            t.size.as_bytes_u64() <= 16_384 + 4_096 + 2_048,
+            "{} bytes kept",
+            t.size.as_bytes_u64()
+        );
+        let tail = sdk_flows::poll_texts(&client, "cap", "t", 0, 590, 10).await;
+        assert_eq!(tail.len(), 10);
+        assert_eq!(tail[9], (599, texts[599].clone()));
+    }));
+    server.stop();
+}
