@@ -2290,6 +2290,7 @@ impl<E: Env> Shard<E> {
                 "retention reconfigured in memory; the spec rewrite failed (boot reconciliation applies it again)"
             ),
         }
+        self.reschedule_touched();
     }
 }
 
