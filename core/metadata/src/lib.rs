@@ -72,8 +72,8 @@ pub use state::{
     Stream, TOPICS_PER_STREAM_MAX, Topic, USERS_MAX,
 };
 pub use store::{
-    BootReport, MetadataStore, OpOrigin, SIBLING_SUFFIX, SNAPSHOT_EVERY_OPS_DEFAULT, SNAPSHOT_FILE,
-    StoreConfig, StoreError, WAL_FILE,
+    BootReport, DAMAGED_PREFIX, MetadataStore, OpOrigin, SIBLING_SUFFIX,
+    SNAPSHOT_EVERY_OPS_DEFAULT, SNAPSHOT_FILE, StoreConfig, StoreError, WAL_FILE,
 };
 pub use topic_config::{
     CompressionAlgorithm, Durability, MaxTopicSize, MessageExpiry, SEGMENT_SIZE_BYTES_DEFAULT,

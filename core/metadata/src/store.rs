@@ -53,6 +53,9 @@ use crate::state::{Applied, ApplyError, MetadataState};
 pub const WAL_FILE: &str = "metadata.wal";
 /// The snapshot's file name.
 pub const SNAPSHOT_FILE: &str = "metadata.snapshot";
+/// Where [`MetadataStore::set_aside`] moves damaged files
+/// (`damaged.<n>`).
+pub const DAMAGED_PREFIX: &str = "damaged.";
 /// The suffix of a sibling being written.
 pub const SIBLING_SUFFIX: &str = ".tmp";
 /// Default ops between snapshots.
@@ -166,6 +169,22 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+impl StoreError {
+    /// Whether boot failed on damaged bytes at rest (a flipped bit or a
+    /// lost write inside the WAL, a snapshot that does not decode), not on
+    /// a failing call: a replica with peers can set the files aside and
+    /// take the state from them instead ([`MetadataStore::set_aside`]).
+    pub fn is_damage_at_rest(&self) -> bool {
+        matches!(
+            self,
+            Self::Wal(WalError::InteriorCorruption { .. } | WalError::TornTailTooLarge { .. })
+                | Self::Snapshot { .. }
+                | Self::WalEntryUndecodable { .. }
+                | Self::WalGap { .. }
+        )
+    }
+}
+
 impl From<WalError> for StoreError {
     fn from(e: WalError) -> Self {
         Self::Wal(e)
@@ -255,6 +274,54 @@ impl<F: Fs> MetadataStore<F> {
             "metadata store booted"
         );
         Ok((store, report))
+    }
+
+    /// Moves the WAL and the snapshot of the store in `dir` into a new
+    /// `damaged.<n>` directory beside them (evidence for an operator;
+    /// nothing reads them again), durably: the next open finds an empty
+    /// store. Returns the directory.
+    ///
+    /// # Errors
+    /// The failing step's I/O error (what was moved before it stays moved,
+    /// so a retry finishes the job).
+    pub async fn set_aside(fs: &F, dir: &Path) -> Result<PathBuf, StoreError> {
+        let mut n = 0u32;
+        let aside = loop {
+            let candidate = dir.join(format!("{DAMAGED_PREFIX}{n}"));
+            if !fs
+                .exists(&candidate)
+                .await
+                .map_err(io_err("probe", &candidate))?
+            {
+                break candidate;
+            }
+            n = n.checked_add(1).ok_or_else(|| StoreError::Io {
+                step: "name a damaged directory",
+                path: candidate.clone(),
+                source: io::Error::other("every damaged.<n> name is taken"),
+            })?;
+        };
+        fs.create_dir_all(&aside)
+            .await
+            .map_err(io_err("create directory", &aside))?;
+        fs.sync_dir(dir)
+            .await
+            .map_err(io_err("sync directory", dir))?;
+        for name in [WAL_FILE, SNAPSHOT_FILE] {
+            let from = dir.join(name);
+            if fs.exists(&from).await.map_err(io_err("probe", &from))? {
+                fs.rename(&from, &aside.join(name))
+                    .await
+                    .map_err(io_err("move aside", &from))?;
+            }
+        }
+        fs.sync_dir(&aside)
+            .await
+            .map_err(io_err("sync directory", &aside))?;
+        fs.sync_dir(dir)
+            .await
+            .map_err(io_err("sync directory", dir))?;
+        Ok(aside)
     }
 
     async fn create_dir(fs: &F, dir: &Path) -> Result<(), StoreError> {

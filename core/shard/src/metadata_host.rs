@@ -153,6 +153,10 @@ pub struct MetadataHost<E: Env> {
     next_request: u64,
     queued: VecDeque<(MetadataOp, u32, MetaReplyTx)>,
     in_flight: BTreeMap<u64, MetaReplyTx>,
+    /// Boot found the store damaged at rest and set it aside: group 0
+    /// restarted from nothing, and the partition groups on disk are
+    /// reconciled with the metadata only once it has caught up.
+    recovering_from_damage: bool,
 }
 
 const QUEUED_MAX: usize = 1024;
@@ -175,16 +179,30 @@ impl<E: Env> MetadataHost<E> {
     ) -> Result<Self, String> {
         let cluster = transfer.cluster;
         let fs = env.fs().clone();
-        let (store, report) = MetadataStore::open(
-            &fs,
-            dir,
-            StoreConfig {
-                cluster,
-                ..StoreConfig::default()
-            },
-        )
-        .await
-        .map_err(|e| format!("metadata store in {}: {e}", dir.display()))?;
+        let config = StoreConfig {
+            cluster,
+            ..StoreConfig::default()
+        };
+        let mut recovering_from_damage = false;
+        let (store, report) = match MetadataStore::open(&fs, dir, config).await {
+            Ok(opened) => opened,
+            // With peers, damaged bytes at rest are repaired like a lost
+            // journal: group 0 restarts under the restart rule from
+            // nothing and takes the state from its peers (repair or a
+            // snapshot transfer). A single replica has nobody to take it
+            // from, so boot is refused with the damage named.
+            Err(error) if error.is_damage_at_rest() && vsr.replica_count > 1 => {
+                let aside = MetadataStore::set_aside(&fs, dir)
+                    .await
+                    .map_err(|e| format!("metadata store in {}: {e}", dir.display()))?;
+                tracing::error!(dir = %dir.display(), aside = %aside.display(), %error, "metadata store damaged at rest: set aside, repairing from the peers");
+                recovering_from_damage = true;
+                MetadataStore::open(&fs, dir, config)
+                    .await
+                    .map_err(|e| format!("metadata store in {}: {e}", dir.display()))?
+            }
+            Err(error) => return Err(format!("metadata store in {}: {error}", dir.display())),
+        };
         tracing::info!(dir = %dir.display(), ?report, "metadata store open");
         let replies = Rc::new(RefCell::new(Vec::new()));
         let bus = MetaBus {
@@ -204,7 +222,32 @@ impl<E: Env> MetadataHost<E> {
             next_request: 1,
             queued: VecDeque::new(),
             in_flight: BTreeMap::new(),
+            recovering_from_damage,
         })
+    }
+
+    /// Whether group 0 restarted from nothing after its store was found
+    /// damaged and has not caught up yet: its state is behind what the
+    /// shards hold, so nothing may be deleted for not being named in it.
+    pub fn recovering_from_damage(&self) -> bool {
+        self.recovering_from_damage
+    }
+
+    /// Ends the damage recovery once group 0 here has applied everything
+    /// its view knows committed (the primary's commit point, which covers
+    /// every op it applied before the damage). Returns whether it ended now.
+    pub(crate) fn finish_damage_recovery(&mut self) -> bool {
+        let replica = self.group.replica();
+        let caught_up = self.recovering_from_damage
+            && replica.status() == consensus::vsr::Status::Normal
+            && replica.is_quorum_visible()
+            && replica.commit_min() == replica.commit_max()
+            && self.group.state().applied().0 == replica.commit_min()
+            && self.group.state_transfer_needed().is_none();
+        if caught_up {
+            self.recovering_from_damage = false;
+        }
+        caught_up
     }
 
     /// The applied state.

@@ -2041,6 +2041,13 @@ impl<E: Env> Shard<E> {
             };
             host.pump(client, tick).await;
             let opened = host.settle(client);
+            if host.finish_damage_recovery() {
+                tracing::info!(
+                    applied = host.state().applied().0,
+                    "group 0 caught up after its damaged store: reconciling partition groups"
+                );
+                self.reconcile_partitions().await;
+            }
             self.note_rejoined().await;
             let Some(host) = self.metadata.as_mut() else {
                 return;
@@ -2170,6 +2177,13 @@ impl<E: Env> Shard<E> {
         let Some(host) = self.metadata.as_ref() else {
             return;
         };
+        if host.recovering_from_damage() {
+            // Done when group 0 has caught up (after_metadata_input).
+            tracing::warn!(
+                "partition groups not reconciled until group 0 has repaired its damaged store from the peers"
+            );
+            return;
+        }
         let live: Vec<GroupSpec> = host
             .state()
             .partition_groups()

@@ -370,3 +370,89 @@ fn given_a_topic_size_ceiling_when_partitions_fill_should_keep_each_within_its_s
         }
     }
 }
+
+/// The path of replica `r`'s metadata WAL.
+fn metadata_wal(r: u8) -> std::path::PathBuf {
+    let _ = r;
+    shard::shard_dir(&harness::data_dir(), shard::ShardIndex(0))
+        .join(shard::METADATA_DIR)
+        .join(metadata::WAL_FILE)
+}
+
+/// A bit flipped inside group 0's WAL on one replica of three (found at
+/// boot as interior damage): the replica sets the store aside, restarts
+/// group 0 from nothing and takes the state from its peers, and deletes
+/// none of its partition groups meanwhile (its metadata names none of
+/// them until it has caught up). A single replica with the same damage
+/// refuses to boot, naming it.
+#[test]
+fn given_a_flipped_bit_in_one_replicas_metadata_wal_when_rebooted_should_repair_from_peers_and_keep_its_groups()
+ {
+    let mut c = Cluster::new(3, 2, 27, NetworkFaults::default());
+    c.run(100);
+    let groups = create_topic(&mut c, "rot", 3, 50);
+    for g in &groups {
+        c.call_until_done(
+            *g,
+            Call::Produce {
+                batch: batch(g.0, 3),
+            },
+            2_000,
+        )
+        .unwrap();
+    }
+    c.run(50);
+    let victim = 2u8;
+    c.crash(victim, CrashMode::KeepAll);
+    let wal = metadata_wal(victim);
+    let fs = &c.fss[usize::from(victim)];
+    let len = fs.contents(&wal).unwrap().len() as u64;
+    assert!(len > 600, "the WAL holds several ops ({len} bytes)");
+    // Inside the first entry's body: a later entry still verifies.
+    fs.rot_byte(&wal, 300, 0x10).unwrap();
+    c.restart_reconciled(victim);
+    let aside = wal
+        .parent()
+        .unwrap()
+        .join(format!("{}0", metadata::DAMAGED_PREFIX))
+        .join(metadata::WAL_FILE);
+    assert!(
+        c.fss[usize::from(victim)].contents(&aside).is_ok(),
+        "the damaged WAL is kept aside"
+    );
+    assert!(
+        c.nodes[usize::from(victim)][0]
+            .as_ref()
+            .unwrap()
+            .metadata()
+            .unwrap()
+            .recovering_from_damage()
+    );
+    assert_eq!(
+        partition_groups(&c, victim),
+        groups,
+        "groups kept while group 0 repairs"
+    );
+    c.run(400);
+    assert_eq!(expected_groups(&c, victim), groups, "group 0 caught up");
+    assert_eq!(partition_groups(&c, victim), groups);
+    let node = c.nodes[usize::from(victim)][0].as_ref().unwrap();
+    assert!(!node.metadata().unwrap().recovering_from_damage());
+    // It counts again: with the third replica down, a new op commits
+    // only with it.
+    c.crash(1, CrashMode::KeepAll);
+    c.submit_metadata(MetadataOp::CreateStream {
+        name: "after".into(),
+        created_at_us: 9,
+    })
+    .unwrap();
+    c.restart_reconciled(1);
+
+    let mut single = Cluster::new(1, 1, 28, NetworkFaults::default());
+    single.run(20);
+    create_topic(&mut single, "rot", 1, 20);
+    single.crash(0, CrashMode::KeepAll);
+    single.fss[0].rot_byte(&metadata_wal(0), 300, 0x10).unwrap();
+    let refused = single.try_boot(0, 0).err().expect("boot refused");
+    assert!(refused.to_string().contains("metadata"), "{refused}");
+}
