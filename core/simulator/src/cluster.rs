@@ -692,6 +692,11 @@ impl Cluster {
     }
 
     /// The directory of `group` on every replica's disk.
+    /// Group 0's directory (its store and superblock) on every replica.
+    pub(crate) fn metadata_dir(&self) -> PathBuf {
+        shard_dir(&data_dir(), ShardIndex(0)).join(shard::METADATA_DIR)
+    }
+
     pub(crate) fn group_dir(&self, group: GroupId) -> PathBuf {
         shard::catalog::group_dir(
             &shard_dir(&data_dir(), shard_of(group, self.shard_count)),

@@ -417,12 +417,14 @@ impl FaultPlan {
     }
 
     /// Flips one bit of a replica's committed data within the budget: in
-    /// a sealed segment (two draws in six), the active segment, a
+    /// a sealed segment (one draw in six), the active segment, a
     /// consumer-offset record, a small record of the group (its slot in
     /// one copy of the shard's superblock table, at most one copy per
-    /// group; a client-table slot), or a sealed
+    /// group; a client-table slot), a sealed
     /// segment's index (which the scrub checks against its log and
-    /// rewrites). Half the time the replica is down when it happens
+    /// rewrites), or group 0's WAL or snapshot (a sealed segment when the
+    /// replica has neither yet; boot sets a damaged store aside and
+    /// repairs it from the peers). Half the time the replica is down when it happens
     /// (killed first, restarted 20–300 ticks later), so its boot meets the
     /// damage; otherwise a read, the scrub or a later boot does.
     fn rot(&mut self, cluster: &mut Cluster, trace: &mut Trace, tick: u64) {
@@ -500,11 +502,26 @@ impl FaultPlan {
             }
         }
         let kind = self.pick(6);
+        // Group 0's WAL (its first half, so the damage is mostly interior:
+        // a later entry still verifies) or its snapshot.
+        let mut metadata = Vec::new();
+        if kind == 5 {
+            let dir = cluster.metadata_dir();
+            for (name, half) in [(metadata::WAL_FILE, true), (metadata::SNAPSHOT_FILE, false)] {
+                let path = dir.join(name);
+                let len = cluster.fs(r).contents(&path).map_or(0, |b| b.len());
+                let len = if half { len / 2 } else { len };
+                if len > 0 {
+                    metadata.push((common::METADATA_GROUP, path, 0, len));
+                }
+            }
+        }
         let candidates = match kind {
             0 if !active.is_empty() => &active,
             1 if !records.is_empty() => &records,
             2 if !small.is_empty() => &small,
             3 if !indexes.is_empty() => &indexes,
+            5 if !metadata.is_empty() => &metadata,
             _ => &sealed,
         };
         if candidates.is_empty() {
