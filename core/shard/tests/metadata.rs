@@ -453,6 +453,8 @@ fn given_a_flipped_bit_in_one_replicas_metadata_wal_when_rebooted_should_repair_
     create_topic(&mut single, "rot", 1, 20);
     single.crash(0, CrashMode::KeepAll);
     single.fss[0].rot_byte(&metadata_wal(0), 300, 0x10).unwrap();
-    let refused = single.try_boot(0, 0).err().expect("boot refused");
+    let Err(refused) = single.try_boot(0, 0) else {
+        panic!("a single replica booted over a damaged metadata WAL");
+    };
     assert!(refused.to_string().contains("metadata"), "{refused}");
 }
