@@ -72,7 +72,7 @@ pub use state::{
     Stream, TOPICS_PER_STREAM_MAX, Topic, USERS_MAX,
 };
 pub use store::{
-    BootReport, DAMAGED_PREFIX, MetadataStore, OpOrigin, SIBLING_SUFFIX,
+    BootReport, DAMAGE_RECOVERY_FILE, DAMAGED_PREFIX, MetadataStore, OpOrigin, SIBLING_SUFFIX,
     SNAPSHOT_EVERY_OPS_DEFAULT, SNAPSHOT_FILE, StoreConfig, StoreError, WAL_FILE,
 };
 pub use topic_config::{

@@ -56,6 +56,10 @@ pub const SNAPSHOT_FILE: &str = "metadata.snapshot";
 /// Where [`MetadataStore::set_aside`] moves damaged files
 /// (`damaged.<n>`).
 pub const DAMAGED_PREFIX: &str = "damaged.";
+/// Present (durably) from before a damaged store is set aside until the
+/// shard has caught up and reconciled its partition groups: a reboot in
+/// between must still not delete groups the empty state does not name.
+pub const DAMAGE_RECOVERY_FILE: &str = "damage.recovering";
 /// The suffix of a sibling being written.
 pub const SIBLING_SUFFIX: &str = ".tmp";
 /// Default ops between snapshots.
@@ -285,6 +289,10 @@ impl<F: Fs> MetadataStore<F> {
     /// The failing step's I/O error (what was moved before it stays moved,
     /// so a retry finishes the job).
     pub async fn set_aside(fs: &F, dir: &Path) -> Result<PathBuf, StoreError> {
+        let marker = dir.join(DAMAGE_RECOVERY_FILE);
+        replace_file_durably(fs, &marker, Vec::new(), SIBLING_SUFFIX)
+            .await
+            .map_err(io_err("record the damage recovery", &marker))?;
         let mut n = 0u32;
         let aside = loop {
             let candidate = dir.join(format!("{DAMAGED_PREFIX}{n}"));
@@ -322,6 +330,31 @@ impl<F: Fs> MetadataStore<F> {
             .await
             .map_err(io_err("sync directory", dir))?;
         Ok(aside)
+    }
+
+    /// Whether a damage recovery set up by [`Self::set_aside`] has not
+    /// been ended ([`Self::end_damage_recovery`]).
+    ///
+    /// # Errors
+    /// The probe's I/O error.
+    pub async fn damage_recovery_pending(fs: &F, dir: &Path) -> Result<bool, StoreError> {
+        let marker = dir.join(DAMAGE_RECOVERY_FILE);
+        fs.exists(&marker).await.map_err(io_err("probe", &marker))
+    }
+
+    /// Ends a damage recovery durably (the marker removed, the directory
+    /// synced).
+    ///
+    /// # Errors
+    /// The failing step's I/O error (the recovery then stays pending).
+    pub async fn end_damage_recovery(fs: &F, dir: &Path) -> Result<(), StoreError> {
+        let marker = dir.join(DAMAGE_RECOVERY_FILE);
+        fs.remove_file(&marker)
+            .await
+            .map_err(io_err("remove", &marker))?;
+        fs.sync_dir(dir)
+            .await
+            .map_err(io_err("sync directory", dir))
     }
 
     async fn create_dir(fs: &F, dir: &Path) -> Result<(), StoreError> {

@@ -156,7 +156,7 @@ pub struct MetadataHost<E: Env> {
     /// Boot found the store damaged at rest and set it aside: group 0
     /// restarted from nothing, and the partition groups on disk are
     /// reconciled with the metadata only once it has caught up.
-    recovering_from_damage: bool,
+    pub(crate) recovering_from_damage: bool,
 }
 
 const QUEUED_MAX: usize = 1024;
@@ -183,7 +183,12 @@ impl<E: Env> MetadataHost<E> {
             cluster,
             ..StoreConfig::default()
         };
-        let mut recovering_from_damage = false;
+        let failed = |e: metadata::StoreError| format!("metadata store in {}: {e}", dir.display());
+        // A recovery a reboot interrupted goes on.
+        let mut recovering_from_damage = vsr.replica_count > 1
+            && MetadataStore::damage_recovery_pending(&fs, dir)
+                .await
+                .map_err(failed)?;
         let (store, report) = match MetadataStore::open(&fs, dir, config).await {
             Ok(opened) => opened,
             // With peers, damaged bytes at rest are repaired like a lost
@@ -192,16 +197,14 @@ impl<E: Env> MetadataHost<E> {
             // snapshot transfer). A single replica has nobody to take it
             // from, so boot is refused with the damage named.
             Err(error) if error.is_damage_at_rest() && vsr.replica_count > 1 => {
-                let aside = MetadataStore::set_aside(&fs, dir)
-                    .await
-                    .map_err(|e| format!("metadata store in {}: {e}", dir.display()))?;
+                let aside = MetadataStore::set_aside(&fs, dir).await.map_err(failed)?;
                 tracing::error!(dir = %dir.display(), aside = %aside.display(), %error, "metadata store damaged at rest: set aside, repairing from the peers");
                 recovering_from_damage = true;
                 MetadataStore::open(&fs, dir, config)
                     .await
-                    .map_err(|e| format!("metadata store in {}: {e}", dir.display()))?
+                    .map_err(failed)?
             }
-            Err(error) => return Err(format!("metadata store in {}: {error}", dir.display())),
+            Err(error) => return Err(failed(error)),
         };
         tracing::info!(dir = %dir.display(), ?report, "metadata store open");
         let replies = Rc::new(RefCell::new(Vec::new()));
@@ -233,21 +236,27 @@ impl<E: Env> MetadataHost<E> {
         self.recovering_from_damage
     }
 
-    /// Ends the damage recovery once group 0 here has applied everything
-    /// its view knows committed (the primary's commit point, which covers
-    /// every op it applied before the damage). Returns whether it ended now.
-    pub(crate) fn finish_damage_recovery(&mut self) -> bool {
+    /// Whether a damage recovery can end: group 0 here has applied
+    /// everything its view knows committed (the primary's commit point,
+    /// which covers every op it applied before the damage).
+    pub(crate) fn damage_recovery_caught_up(&self) -> bool {
         let replica = self.group.replica();
-        let caught_up = self.recovering_from_damage
+        self.recovering_from_damage
             && replica.status() == consensus::vsr::Status::Normal
             && replica.is_quorum_visible()
             && replica.commit_min() == replica.commit_max()
             && self.group.state().applied().0 == replica.commit_min()
-            && self.group.state_transfer_needed().is_none();
-        if caught_up {
-            self.recovering_from_damage = false;
+            && self.group.state_transfer_needed().is_none()
+    }
+
+    /// Ends the damage recovery (the caller cleared the flag and
+    /// reconciled the partition groups): its marker goes, durably. A failed removal is logged; the
+    /// next boot then defers its reconciliation once more, which is safe.
+    pub(crate) async fn end_damage_recovery(&mut self) {
+        let store = self.group.store();
+        if let Err(error) = MetadataStore::end_damage_recovery(store.fs(), store.dir()).await {
+            tracing::warn!(%error, "damage recovery marker not removed");
         }
-        caught_up
     }
 
     /// The applied state.

@@ -2041,12 +2041,16 @@ impl<E: Env> Shard<E> {
             };
             host.pump(client, tick).await;
             let opened = host.settle(client);
-            if host.finish_damage_recovery() {
+            if host.damage_recovery_caught_up() {
                 tracing::info!(
                     applied = host.state().applied().0,
                     "group 0 caught up after its damaged store: reconciling partition groups"
                 );
+                host.recovering_from_damage = false;
                 self.reconcile_partitions().await;
+                if let Some(host) = self.metadata.as_mut() {
+                    host.end_damage_recovery().await;
+                }
             }
             self.note_rejoined().await;
             let Some(host) = self.metadata.as_mut() else {

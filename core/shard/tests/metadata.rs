@@ -433,7 +433,21 @@ fn given_a_flipped_bit_in_one_replicas_metadata_wal_when_rebooted_should_repair_
         groups,
         "groups kept while group 0 repairs"
     );
+    // A reboot before it caught up finds an empty store and goes on
+    // recovering (the marker is durable): still nothing deleted.
+    let marker = wal.parent().unwrap().join(metadata::DAMAGE_RECOVERY_FILE);
+    c.crash(victim, CrashMode::DropAll);
+    c.restart_reconciled(victim);
+    assert_eq!(
+        partition_groups(&c, victim),
+        groups,
+        "groups kept after a reboot mid-recovery"
+    );
     c.run(400);
+    assert!(
+        c.fss[usize::from(victim)].contents(&marker).is_err(),
+        "the recovery marker is removed once caught up"
+    );
     assert_eq!(expected_groups(&c, victim), groups, "group 0 caught up");
     assert_eq!(partition_groups(&c, victim), groups);
     let node = c.nodes[usize::from(victim)][0].as_ref().unwrap();
