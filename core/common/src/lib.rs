@@ -10,10 +10,13 @@
 
 pub mod admin;
 mod ids;
+mod prng;
+pub mod simnet;
 mod size;
 
 pub use ids::{
     ConsumerKind, GroupId, METADATA_GROUP, NamespaceError, Offset, Op, PartitionId, ReplicaId,
     StreamId, TopicId,
 };
+pub use prng::Prng;
 pub use size::{GIB, KIB, MIB, format_bytes};

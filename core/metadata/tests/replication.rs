@@ -12,8 +12,9 @@ use std::path::Path;
 use std::rc::Rc;
 
 use ::common::METADATA_GROUP;
+use ::common::Prng;
 use common::*;
-use consensus::vsr::{Config, Frame, Prng, RequestOutcome, Status, TimeoutConfig};
+use consensus::vsr::{Config, Frame, RequestOutcome, Status, TimeoutConfig};
 use futures::executor::block_on;
 use journal::FileSuperblock;
 use metadata::{

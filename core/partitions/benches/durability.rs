@@ -80,12 +80,12 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use ::common::simnet::NetworkFaults;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome};
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use journal::{FileSuperblock, SuperblockError, SuperblockStore, VsrState};
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
-    PartitionConfig,
+    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, Partition, PartitionConfig,
 };
 use storage::BatchBuilder;
 use storage::fs::{CountingFs, FsCounts, RealFs};

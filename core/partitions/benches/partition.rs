@@ -37,6 +37,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
 use compio::buf::{BufResult, IoBuf};
 use compio::io::{AsyncReadAt, AsyncWriteAtExt};
@@ -44,8 +45,8 @@ use consensus::vsr::{Config, RequestOutcome};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use journal::MemSuperblock;
 use partitions::{
-    ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
-    PollRequest, PollingStrategy,
+    ClientOp, ClientRequest, InMemoryNetwork, Partition, PartitionConfig, PollRequest,
+    PollingStrategy,
 };
 use storage::BatchBuilder;
 use storage::fs::RealFs;

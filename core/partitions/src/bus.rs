@@ -3,16 +3,17 @@
 //! A [`Partition`](crate::Partition) never opens a socket: it hands frames
 //! for its peers and replies for its clients to a [`MessageBus`]. The shard
 //! implements it over its replica connections; tests use
-//! [`InMemoryNetwork`], which mirrors the fault model of
-//! `consensus::vsr::harness` (seeded drop, duplication and delay, so frames
-//! also arrive out of order) and is driven by ticks, never by wall time.
+//! [`InMemoryNetwork`], a view of the workspace's simulated network
+//! (`common::simnet`: seeded drop, duplication and delay, so frames also
+//! arrive out of order), driven by ticks, never by wall time.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use consensus::vsr::{Frame, Prng, Reply};
+use common::Prng;
+use common::simnet::{LinkDraw, NetworkFaults, SimNet};
+use consensus::vsr::{Frame, Reply};
 
 /// Where a partition's outputs go. Sending never blocks and never fails:
 /// the bus may drop a frame (VSR retransmits) but must not reorder what it
@@ -28,15 +29,11 @@ pub trait MessageBus {
     fn send_wire_to_replica(&self, to: u8, frame: Bytes);
 }
 
-/// Fault knobs of an [`InMemoryNetwork`] (per-mille chances, tick delays).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct NetworkFaults {
-    /// Chance a frame is dropped.
-    pub drop_per_mille: u64,
-    /// Chance a frame is delivered twice.
-    pub duplicate_per_mille: u64,
-    /// Largest extra delivery delay in ticks (delays reorder frames).
-    pub delay_ticks_max: u64,
+/// What the in-memory wire carries: a decoded frame, or an encoded one.
+#[derive(Debug, Clone)]
+enum Carried {
+    Frame(Frame),
+    Wire(Bytes),
 }
 
 #[derive(Debug)]
@@ -44,18 +41,15 @@ struct NetworkState {
     prng: Prng,
     faults: NetworkFaults,
     now: u64,
-    /// (due tick, sequence) → (destination, frame): a deterministic queue.
-    in_flight: BTreeMap<(u64, u64), (u8, Frame)>,
-    /// The same for encoded frames: (destination, sender, bytes).
-    wire_in_flight: BTreeMap<(u64, u64), (u8, u8, Bytes)>,
-    sequence: u64,
+    net: SimNet<Carried>,
+    /// Encoded frames that came due, as `(destination, sender, bytes)`,
+    /// until [`InMemoryNetwork::take_wire`] takes them.
+    wire_due: Vec<(u8, u8, Bytes)>,
     replies: Vec<Vec<Reply>>,
-    frames_sent: u64,
-    frames_dropped: u64,
-    isolated: Option<u8>,
 }
 
-/// A seeded in-memory network between the replicas of one group.
+/// A seeded in-memory network between the replicas of one group: a view
+/// of the workspace's [`SimNet`] whose faults at 0 cost no draw.
 #[derive(Debug, Clone)]
 pub struct InMemoryNetwork {
     state: Rc<RefCell<NetworkState>>,
@@ -76,13 +70,9 @@ impl InMemoryNetwork {
                 prng: Prng::new(seed),
                 faults,
                 now: 0,
-                in_flight: BTreeMap::new(),
-                wire_in_flight: BTreeMap::new(),
-                sequence: 0,
+                net: SimNet::new(),
+                wire_due: Vec::new(),
                 replies: vec![Vec::new(); usize::from(replicas)],
-                frames_sent: 0,
-                frames_dropped: 0,
-                isolated: None,
             })),
         }
     }
@@ -103,7 +93,11 @@ impl InMemoryNetwork {
     /// Cuts replica `replica` off (every frame to or from it is dropped),
     /// or heals the cut with `None`.
     pub fn isolate(&self, replica: Option<u8>) {
-        self.state.borrow_mut().isolated = replica;
+        let mut s = self.state.borrow_mut();
+        s.net.heal();
+        if let Some(r) = replica {
+            s.net.set_isolated(r, true);
+        }
     }
 
     /// Advances one tick and returns the frames due now, in a deterministic
@@ -112,26 +106,22 @@ impl InMemoryNetwork {
         let mut s = self.state.borrow_mut();
         s.now += 1;
         let now = s.now;
-        let due: Vec<(u64, u64)> = s.in_flight.range(..(now + 1, 0)).map(|(k, _)| *k).collect();
-        due.into_iter()
-            .filter_map(|k| s.in_flight.remove(&k))
-            .collect()
+        let mut frames = Vec::new();
+        // A cut stops new sends only; what is on the wire arrives.
+        for (from, to, carried) in s.net.take_due(now, false) {
+            match carried {
+                Carried::Frame(frame) => frames.push((to, frame)),
+                Carried::Wire(bytes) => s.wire_due.push((to, from, bytes)),
+            }
+        }
+        frames
     }
 
     /// The encoded frames due by the current tick (advanced by
     /// [`Self::tick`]), in a deterministic order, as `(destination, sender,
     /// frame)`.
     pub fn take_wire(&self) -> Vec<(u8, u8, Bytes)> {
-        let mut s = self.state.borrow_mut();
-        let now = s.now;
-        let due: Vec<(u64, u64)> = s
-            .wire_in_flight
-            .range(..(now + 1, 0))
-            .map(|(k, _)| *k)
-            .collect();
-        due.into_iter()
-            .filter_map(|k| s.wire_in_flight.remove(&k))
-            .collect()
+        std::mem::take(&mut self.state.borrow_mut().wire_due)
     }
 
     /// The replies replica `replica` delivered to clients since the last
@@ -147,58 +137,31 @@ impl InMemoryNetwork {
     /// Whether no frame is in flight.
     pub fn is_idle(&self) -> bool {
         let s = self.state.borrow();
-        s.in_flight.is_empty() && s.wire_in_flight.is_empty()
+        s.net.in_flight() == 0 && s.wire_due.is_empty()
     }
 
     /// Frames sent and frames dropped so far.
     pub fn counts(&self) -> (u64, u64) {
-        let s = self.state.borrow();
-        (s.frames_sent, s.frames_dropped)
+        self.state.borrow().net.counts()
     }
 }
 
 impl NetworkState {
-    /// The fault draw for one frame from `from` to `to`: the due keys of
-    /// its copies (none when dropped).
-    fn schedule(&mut self, from: u8, to: u8) -> Vec<(u64, u64)> {
-        self.frames_sent += 1;
-        let f = self.faults;
-        let cut = self.isolated.is_some_and(|r| r == to || r == from);
-        if cut || (f.drop_per_mille > 0 && self.prng.chance(f.drop_per_mille, 1000)) {
-            self.frames_dropped += 1;
-            return Vec::new();
-        }
-        let copies = if f.duplicate_per_mille > 0 && self.prng.chance(f.duplicate_per_mille, 1000) {
-            2
-        } else {
-            1
-        };
-        (0..copies)
-            .map(|_| {
-                let delay = 1 + self.prng.below_inclusive(f.delay_ticks_max);
-                self.sequence += 1;
-                (self.now + delay, self.sequence)
-            })
-            .collect()
-    }
-
-    fn enqueue(&mut self, to: u8, frame: Frame) {
-        for key in self.schedule(frame.replica, to) {
-            self.in_flight.insert(key, (to, frame.clone()));
-        }
-    }
-
-    fn enqueue_wire(&mut self, from: u8, to: u8, frame: Bytes) {
-        for key in self.schedule(from, to) {
-            self.wire_in_flight.insert(key, (to, from, frame.clone()));
-        }
+    fn send(&mut self, from: u8, to: u8, carried: Carried) {
+        let draw = LinkDraw::when_set(self.faults);
+        let now = self.now;
+        self.net
+            .send(now, &mut self.prng, &draw, (from, to), carried);
     }
 }
 
 impl MessageBus for InMemoryBus {
     fn send_to_replica(&self, to: u8, frame: Frame) {
         debug_assert_ne!(to, self.replica, "a replica never sends to itself");
-        self.state.borrow_mut().enqueue(to, frame);
+        let from = frame.replica;
+        self.state
+            .borrow_mut()
+            .send(from, to, Carried::Frame(frame));
     }
 
     fn send_to_client(&self, reply: Reply) {
@@ -212,7 +175,7 @@ impl MessageBus for InMemoryBus {
         debug_assert_ne!(to, self.replica, "a replica never sends to itself");
         self.state
             .borrow_mut()
-            .enqueue_wire(self.replica, to, frame);
+            .send(self.replica, to, Carried::Wire(frame));
     }
 }
 

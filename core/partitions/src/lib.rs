@@ -34,7 +34,7 @@ pub mod retention;
 pub mod scrub;
 pub mod state_transfer;
 
-pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus, NetworkFaults};
+pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus};
 pub use flush::FlushOutcome;
 pub use offset_storage::{
     OffsetRecord, OffsetRecordError, PURGE_GENERATION_FILE, PurgeGeneration, StoredOffsets,

@@ -11,13 +11,13 @@
 
 mod common;
 
+use ::common::simnet::NetworkFaults;
 use common::{batch, config, dir, fresh_fs};
 use consensus::vsr::{OPERATION_APPEND, Reply, ReplyStatus, RequestOutcome};
 use futures::executor::block_on;
 use journal::FileSuperblock;
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition, PollRequest,
-    PollingStrategy,
+    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, Partition, PollRequest, PollingStrategy,
 };
 use storage::fs::{CrashMode, SimFs};
 

@@ -8,13 +8,14 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome, TimeoutConfig};
 use futures::executor::block_on;
 use journal::MemSuperblock;
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
-    PartitionConfig, PartitionError, PollRequest, PollingStrategy,
+    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, Partition, PartitionConfig,
+    PartitionError, PollRequest, PollingStrategy,
 };
 use storage::batch::BatchBuilder;
 use storage::fs::{FileKind, Fs, SimFs};

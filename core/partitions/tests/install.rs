@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ::common::ConsumerKind;
+use ::common::simnet::NetworkFaults;
 use common::{Node, dir, fresh_fs};
 use consensus::vsr::Config;
 use futures::executor::block_on;
@@ -19,9 +20,7 @@ use journal::FileSuperblock;
 use partitions::state_transfer::{
     ConsumerOffsetsWire, INSTALL_MARKER_FILE, InstallInput, PartitionInstallError, StagedSegment,
 };
-use partitions::{
-    InMemoryNetwork, NetworkFaults, Partition, PartitionConfig, PollRequest, PollingStrategy,
-};
+use partitions::{InMemoryNetwork, Partition, PartitionConfig, PollRequest, PollingStrategy};
 use storage::fs::{EACCES, EIO, ENOSPC, FaultKind, FileKind, Fs, OpenOptions, SimFs};
 
 type P = Partition<partitions::InMemoryBus, FileSuperblock<SimFs>, SimFs>;

@@ -14,6 +14,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use ::common::ConsumerKind;
+use ::common::simnet::NetworkFaults;
 use common::{Node, config, dir, fresh_fs, open};
 use consensus::state_manifest::decode_manifest;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
@@ -25,9 +26,7 @@ use partitions::state_transfer::{
     HashRound, OfferBuilder, OfferServer, OfferServerConfig, PartitionOffer,
     PartitionTransferUnavailable as U, Planned, SegmentLoadError,
 };
-use partitions::{
-    ClientOp, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig, RetentionPolicy,
-};
+use partitions::{ClientOp, InMemoryNetwork, Partition, PartitionConfig, RetentionPolicy};
 use storage::BatchBuilder;
 use storage::fs::{EIO, FaultKind, Fs, SimFs};
 

@@ -507,7 +507,7 @@ fn given_frontier_above_surviving_segments_when_booted_should_refuse() {
     let f = block_on(fs.open(&log, storage::OpenOptions::read_write())).unwrap();
     block_on(storage::FsFile::set_len(&f, 0)).unwrap();
     block_on(storage::FsFile::sync_all(&f)).unwrap();
-    let net = partitions::InMemoryNetwork::new(1, 1, partitions::NetworkFaults::default());
+    let net = partitions::InMemoryNetwork::new(1, 1, ::common::simnet::NetworkFaults::default());
     let res = block_on(partitions::Partition::open(
         config(),
         fs.clone(),

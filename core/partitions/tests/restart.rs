@@ -9,10 +9,11 @@
 //! lacks, it reports the state transfer it needs and serves nothing new.
 #![allow(clippy::unwrap_used)]
 
+use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
-use partitions::{ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition};
+use partitions::{ClientOp, ClientRequest, InMemoryNetwork, Partition};
 
 mod harness;
 use harness::*;

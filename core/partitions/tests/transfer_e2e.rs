@@ -24,6 +24,7 @@
 
 use std::time::Instant;
 
+use ::common::simnet::NetworkFaults;
 use bytes::Bytes;
 use common::ConsumerKind;
 use consensus::header::{
@@ -35,7 +36,7 @@ use partitions::state_transfer::{
     BuildBudget, TransferArtifact, TransferDriver, TransferDriverConfig, TransferEvent,
     TransferFrameError, TransferSlots,
 };
-use partitions::{NetworkFaults, PollRequest, PollingStrategy, RetentionPolicy};
+use partitions::{PollRequest, PollingStrategy, RetentionPolicy};
 use storage::fs::{EIO, FaultKind, Fs};
 
 mod harness;

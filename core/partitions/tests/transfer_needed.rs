@@ -10,15 +10,14 @@
 
 use std::path::PathBuf;
 
+use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
 use futures::executor::block_on;
 use journal::FileSuperblock;
 use partitions::state_transfer::{
     BuildBudget, OfferServer, OfferServerConfig, PartitionTransferUnavailable, TRANSFER_NEEDED_FILE,
 };
-use partitions::{
-    InMemoryNetwork, NetworkFaults, Partition, PollError, PollRequest, PollingStrategy,
-};
+use partitions::{InMemoryNetwork, Partition, PollError, PollRequest, PollingStrategy};
 use storage::fs::Fs;
 
 mod harness;

@@ -41,6 +41,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ::common::ConsumerKind;
+use ::common::simnet::NetworkFaults;
 use common::{Node, config, dir, fresh_fs, open};
 use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
@@ -52,9 +53,7 @@ use partitions::state_transfer::{
     OfferServer, OfferServerConfig, PartitionTransferUnavailable, ReceiveStep, ReceivedTransfer,
     ReceiverConfig, SpillConfig, TransferReceiver, TransferRequest,
 };
-use partitions::{
-    ClientOp, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
-};
+use partitions::{ClientOp, InMemoryBus, InMemoryNetwork, Partition, PartitionConfig};
 use storage::BatchBuilder;
 use storage::batch::BATCH_HEADER_SIZE;
 use storage::fs::{CountingFs, SimFs};

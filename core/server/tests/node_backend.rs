@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use ::common::simnet::NetworkFaults;
 use bytes::BytesMut;
 use common::ReplicaId;
 use consensus::header::HEADER_SIZE;
@@ -33,7 +34,6 @@ use iggy_binary_protocol::{
     AckLevel as WireAck, ClientVersionInfo, IGGY_PROTOCOL_VERSION, WireConsumer, WireEncode,
     WireIdentifier, WireName, WireOptions, WirePartitioning, WirePollingStrategy,
 };
-use partitions::NetworkFaults;
 use server::node::backend::{NodeBackend, ensure_root_user};
 use server::node::handle::ShardHandles;
 use server::protocol::Name;

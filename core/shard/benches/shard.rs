@@ -18,15 +18,14 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use ::common::simnet::NetworkFaults;
 use common::{GroupId, ReplicaId};
 use consensus::vsr::{Config, RequestOutcome};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures::channel::oneshot;
 use futures::executor::block_on;
 use journal::MemSuperblock;
-use partitions::{
-    ClientOp, ClientRequest, InMemoryNetwork, NetworkFaults, Partition, PartitionConfig,
-};
+use partitions::{ClientOp, ClientRequest, InMemoryNetwork, Partition, PartitionConfig};
 use shard::testing::{TestClock, TestEnv, TestNet};
 use shard::{Answer, Call, Envelope, GroupSpec, Shard, ShardConfig, ShardIndex};
 use storage::BatchBuilder;

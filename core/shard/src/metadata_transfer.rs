@@ -52,6 +52,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use common::METADATA_GROUP;
+use common::Prng;
 use consensus::chunk::{ArtifactProgress, ChunkProgress, append_chunk, next_pending_chunk};
 use consensus::header::{
     CommandHeader, HEADER_SIZE, RequestStateChunkHeader, RequestStateTransferHeader,
@@ -59,7 +60,7 @@ use consensus::header::{
 };
 use consensus::state_manifest::{ManifestError, StateArtifact, artifact_kind, decode_manifest};
 use consensus::verify_state_artifact;
-use consensus::vsr::{Prng, Replica};
+use consensus::vsr::Replica;
 use journal::SuperblockStore;
 use metadata::{MetadataBus, MetadataGroup, TransferError};
 use partitions::state_transfer::receive::STALL_ATTEMPTS_MAX_DEFAULT;

@@ -3,15 +3,15 @@
 //!
 //! Nothing here reads the wall clock or the OS: time moves only when a
 //! test calls [`TestClock::advance`], frames move only when it calls
-//! [`TestNet::deliver`], so a seed replays a run exactly. The network's
-//! fault model is the partition harness's (seeded drop, duplication and
-//! delay, isolation of one replica), keyed by shard index, so a frame sent
-//! by shard `s` of one replica reaches shard `s` of another. The simulator
+//! [`TestNet::deliver`], so a seed replays a run exactly. The network is
+//! the workspace's one simulated network (`common::simnet`: seeded drop,
+//! duplication and delay, isolation), carrying a shard index, so a frame
+//! sent by shard `s` of one replica reaches shard `s` of another. The simulator
 //! adds per-link faults and one-way cuts on top (splits, asymmetric
 //! partitions), set and healed by the driver.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -19,9 +19,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::ReplicaId;
-use consensus::vsr::Prng;
-use partitions::NetworkFaults;
+use common::simnet::{Fate, LinkDraw, NetworkFaults, SimNet};
+use common::{Prng, ReplicaId};
 use storage::fs::SimFs;
 
 use crate::env::{Env, LocalFuture, Sent};
@@ -99,27 +98,14 @@ struct NetState {
     prng: Prng,
     faults: NetworkFaults,
     now_tick: u64,
-    sequence: u64,
-    in_flight: BTreeMap<(u64, u64), Packet>,
-    isolated: BTreeSet<u8>,
-    /// Directed links `(from, to)` that carry nothing.
-    cut: BTreeSet<(u8, u8)>,
+    net: SimNet<(ShardIndex, Bytes)>,
     /// Per-link fault mixes that replace `faults` on that link.
     link_faults: BTreeMap<(u8, u8), NetworkFaults>,
-    sent: u64,
-    dropped: u64,
-    duplicated: u64,
 }
 
-impl NetState {
-    fn blocked(&self, from: ReplicaId, to: ReplicaId) -> bool {
-        self.isolated.contains(&from.0)
-            || self.isolated.contains(&to.0)
-            || self.cut.contains(&(from.0, to.0))
-    }
-}
-
-/// A seeded network between the shards of a cluster.
+/// A seeded network between the shards of a cluster: a view of the
+/// workspace's [`SimNet`] that draws every fault (even at 0) and loses a
+/// frame whose link is cut while it is on the wire.
 #[derive(Debug, Clone)]
 pub struct TestNet {
     state: Rc<RefCell<NetState>>,
@@ -133,14 +119,8 @@ impl TestNet {
                 prng: Prng::new(seed),
                 faults,
                 now_tick: 0,
-                sequence: 0,
-                in_flight: BTreeMap::new(),
-                isolated: BTreeSet::new(),
-                cut: BTreeSet::new(),
+                net: SimNet::new(),
                 link_faults: BTreeMap::new(),
-                sent: 0,
-                dropped: 0,
-                duplicated: 0,
             })),
         }
     }
@@ -152,23 +132,16 @@ impl TestNet {
 
     /// Cuts `replica` off (frames to and from it are dropped) or heals it.
     pub fn set_isolated(&self, replica: ReplicaId, isolated: bool) {
-        let mut s = self.state.borrow_mut();
-        if isolated {
-            s.isolated.insert(replica.0);
-        } else {
-            s.isolated.remove(&replica.0);
-        }
+        self.state
+            .borrow_mut()
+            .net
+            .set_isolated(replica.0, isolated);
     }
 
     /// Cuts the directed link `from → to` (frames on it are dropped, the
     /// other direction is untouched) or restores it.
     pub fn set_link_cut(&self, from: ReplicaId, to: ReplicaId, cut: bool) {
-        let mut s = self.state.borrow_mut();
-        if cut {
-            s.cut.insert((from.0, to.0));
-        } else {
-            s.cut.remove(&(from.0, to.0));
-        }
+        self.state.borrow_mut().net.set_link_cut(from.0, to.0, cut);
     }
 
     /// Gives the directed link `from → to` its own fault mix, or (with
@@ -185,79 +158,62 @@ impl TestNet {
     /// network-wide mix to `faults`. Frames already in flight stay.
     pub fn heal(&self, faults: NetworkFaults) {
         let mut s = self.state.borrow_mut();
-        s.isolated.clear();
-        s.cut.clear();
+        s.net.heal();
         s.link_faults.clear();
         s.faults = faults;
     }
 
     /// Frames queued and not yet delivered.
     pub fn in_flight(&self) -> usize {
-        self.state.borrow().in_flight.len()
+        self.state.borrow().net.in_flight()
     }
 
     /// Advances the network by one tick and returns the frames due, in a
-    /// deterministic order.
+    /// deterministic order. A cut made while a frame was on the wire
+    /// loses it too.
     pub fn deliver(&self) -> Vec<Packet> {
         let mut s = self.state.borrow_mut();
         s.now_tick += 1;
         let now = s.now_tick;
-        let due: Vec<(u64, u64)> = s.in_flight.range(..(now + 1, 0)).map(|(k, _)| *k).collect();
-        let mut out = Vec::with_capacity(due.len());
-        for key in due {
-            let Some(p) = s.in_flight.remove(&key) else {
-                continue;
-            };
-            // A cut made while the frame was on the wire loses it too.
-            if s.blocked(p.from, p.to) {
-                s.dropped += 1;
-            } else {
-                out.push(p);
-            }
-        }
-        out
+        s.net
+            .take_due(now, true)
+            .into_iter()
+            .map(|(from, to, (shard, bytes))| Packet {
+                from: ReplicaId(from),
+                to: ReplicaId(to),
+                shard,
+                bytes,
+            })
+            .collect()
     }
 
     /// Frames sent and dropped so far.
     pub fn counts(&self) -> (u64, u64) {
-        let s = self.state.borrow();
-        (s.sent, s.dropped)
+        self.state.borrow().net.counts()
     }
 
     /// Frames the network delivered twice so far.
     pub fn duplicated(&self) -> u64 {
-        self.state.borrow().duplicated
+        self.state.borrow().net.duplicated()
     }
 
     fn send(&self, packet: Packet) -> Sent {
         let mut s = self.state.borrow_mut();
-        s.sent += 1;
-        if s.blocked(packet.from, packet.to) {
-            s.dropped += 1;
-            return Sent::Dropped;
+        let link = (packet.from.0, packet.to.0);
+        let faults = s.link_faults.get(&link).copied().unwrap_or(s.faults);
+        let now = s.now_tick;
+        let NetState { prng, net, .. } = &mut *s;
+        match net.send(
+            now,
+            prng,
+            &LinkDraw::always(faults),
+            link,
+            (packet.shard, packet.bytes),
+        ) {
+            Fate::Blocked => Sent::Dropped,
+            // Lost on the wire: the sender cannot tell.
+            Fate::Lost | Fate::Queued { .. } => Sent::Queued,
         }
-        let faults = s
-            .link_faults
-            .get(&(packet.from.0, packet.to.0))
-            .copied()
-            .unwrap_or(s.faults);
-        if s.prng.chance(faults.drop_per_mille, 1000) {
-            s.dropped += 1;
-            return Sent::Queued;
-        }
-        let copies = if s.prng.chance(faults.duplicate_per_mille, 1000) {
-            s.duplicated += 1;
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let delay = 1 + s.prng.below_inclusive(faults.delay_ticks_max);
-            s.sequence += 1;
-            let key = (s.now_tick + delay, s.sequence);
-            s.in_flight.insert(key, packet.clone());
-        }
-        Sent::Queued
     }
 }
 

@@ -4,10 +4,11 @@
 
 mod harness;
 
+use ::common::simnet::NetworkFaults;
 use common::{ConsumerKind, GroupId, Offset, ReplicaId};
 use futures::executor::block_on;
 use harness::{Cluster, batch};
-use partitions::{NetworkFaults, PollRequest, PollingStrategy};
+use partitions::{PollRequest, PollingStrategy};
 use shard::{Answer, Call, CallError};
 use storage::fs::{CrashMode, Fs};
 

@@ -7,10 +7,10 @@ mod harness;
 
 use std::collections::BTreeSet;
 
+use ::common::simnet::NetworkFaults;
 use common::GroupId;
 use futures::executor::block_on;
 use harness::Cluster;
-use partitions::NetworkFaults;
 use storage::fs::{CrashMode, Fs};
 
 fn group(n: u64) -> GroupId {

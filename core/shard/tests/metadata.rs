@@ -8,10 +8,10 @@ mod harness;
 
 use std::collections::BTreeSet;
 
+use ::common::simnet::NetworkFaults;
 use common::GroupId;
 use harness::{Cluster, batch};
 use metadata::{Identifier, MetadataOp, Outcome, TopicConfig};
-use partitions::NetworkFaults;
 use shard::{Answer, Call, MetaError};
 use storage::fs::CrashMode;
 

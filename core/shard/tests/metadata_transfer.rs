@@ -12,13 +12,13 @@ mod harness;
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 
+use ::common::simnet::NetworkFaults;
 use common::{GroupId, METADATA_GROUP, ReplicaId};
 use consensus::header::{CommandHeader, decode_frame, encode_frame};
 use consensus::state_manifest::{decode_manifest, encode_manifest};
 use futures::executor::block_on;
 use harness::{CLUSTER, Cluster, data_dir};
 use metadata::{Identifier, MetadataOp, MetadataStore, StoreConfig, TopicConfig, encode_snapshot};
-use partitions::NetworkFaults;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use shard::testing::{Packet, TestEnv};

@@ -13,13 +13,14 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::simnet::NetworkFaults;
 use common::{ConsumerKind, GroupId, METADATA_GROUP, ReplicaId};
 use consensus::vsr::TimeoutConfig;
 use futures::channel::{mpsc, oneshot};
 use metadata::{MetadataOp, Outcome};
 use partitions::RETAINED_BYTES_MAX_DEFAULT;
 use partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP;
-use partitions::{NetworkFaults, PollRequest, PollingStrategy};
+use partitions::{PollRequest, PollingStrategy};
 use shard::testing::{TestClock, TestEnv, TestNet};
 use shard::{
     Answer, Call, CallError, Envelope, Input, MetaCall, MetaError, Shard, ShardConfig, ShardIndex,

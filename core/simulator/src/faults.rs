@@ -14,9 +14,10 @@
 //! Network faults (loss, duplication, delay, partitions) lose no durable
 //! state and are not counted.
 
+use common::Prng;
+use common::simnet::NetworkFaults;
 use common::{GroupId, METADATA_GROUP, ReplicaId};
-use consensus::vsr::{Prng, Status};
-use partitions::NetworkFaults;
+use consensus::vsr::Status;
 use storage::fs::{CrashMode, EIO, ENOSPC, FaultKind};
 
 use crate::cluster::{Cluster, ClusterError};

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use partitions::NetworkFaults;
+use common::simnet::NetworkFaults;
 
 /// The fault classes a run injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

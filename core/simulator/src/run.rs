@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use common::Prng;
 use common::{GroupId, METADATA_GROUP};
-use consensus::vsr::{Prng, Status};
+use consensus::vsr::Status;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::cluster::{Cluster, ClusterError, Messages, TICK};

@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use common::Prng;
 use common::{ConsumerKind, GroupId, Offset};
-use consensus::vsr::Prng;
 use futures::channel::oneshot;
 use metadata::{
     Durability, Identifier, MaxTopicSize, MessageExpiry, MetadataOp, MetadataState, Outcome,

@@ -14,11 +14,11 @@
 //! `STORAGE_CRASH_SEED` runs a single seed (to replay a failure).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::path::Path;
 
-use common::{Rng, batch, read_all};
+use common::Prng;
 use futures::executor::block_on;
 use storage::batch::BatchHeader;
 use storage::fs::{Fs, FsFile, OpenOptions, SimFs};
@@ -26,17 +26,18 @@ use storage::index::{IndexEntry, IndexPolicy, decode_entries};
 use storage::segment::index_file_name;
 use storage::segment::log_file_name;
 use storage::{LogConfig, SegmentedLog};
+use support::{batch, read_all};
 
 const DEFAULT_SEEDS: u64 = 500;
 const ROUNDS: u32 = 3;
 
-fn config_for(rng: &mut Rng) -> LogConfig {
+fn config_for(rng: &mut Prng) -> LogConfig {
     LogConfig {
         segment_size_bytes: 2_048 + rng.below(12_000),
         index: IndexPolicy {
             stride_bytes: 256 + rng.below(3_000),
         },
-        fsync: rng.chance(25),
+        fsync: rng.chance(25, 100),
         ..LogConfig::default()
     }
 }
@@ -153,7 +154,7 @@ fn locate(log: &SegmentedLog<SimFs>, appended: &[Vec<u8>], j: usize) -> (u64, u6
 fn run_seed(seed: u64) {
     block_on(async {
         let fs = SimFs::new(seed);
-        let mut rng = Rng(seed ^ 0xA5A5_5A5A_0F0F_F0F0);
+        let mut rng = Prng::new(seed ^ 0xA5A5_5A5A_0F0F_F0F0);
         let config = config_for(&mut rng);
         let dir = Path::new("/data/p0");
         fs.create_dir_all(dir.parent().unwrap()).await.unwrap();
@@ -177,7 +178,7 @@ fn run_seed(seed: u64) {
             }
             // Sometimes the power goes out mid-round, at an arbitrary call:
             // inside an append, a rotation, a sync or a retention step.
-            let power_cut = rng.chance(30);
+            let power_cut = rng.chance(30, 100);
             if power_cut {
                 fs.cut_power_after(rng.below(150));
             }
@@ -215,14 +216,14 @@ fn run_seed(seed: u64) {
                 if config.fsync {
                     synced = appended.len();
                 }
-                if rng.chance(20) {
+                if rng.chance(20, 100) {
                     if let Err(e) = log.sync().await {
                         assert!(power_cut, "seed {seed}: sync failed without a fault: {e}");
                         break;
                     }
                     synced = appended.len();
                 }
-                if rng.chance(15) {
+                if rng.chance(15, 100) {
                     // A log lets its handles go only with nothing unsynced:
                     // everything appended is then claimed durable, which
                     // the crash below checks.
@@ -233,14 +234,14 @@ fn run_seed(seed: u64) {
                     }
                     if released {
                         synced = appended.len();
-                        if !power_cut && rng.chance(30) {
+                        if !power_cut && rng.chance(30, 100) {
                             // Reads reopen what they need, the active
                             // segment included.
                             assert_eq!(read_all(&log).await, appended, "seed {seed}");
                         }
                     }
                 }
-                if rng.chance(3) && !appended.is_empty() {
+                if rng.chance(3, 100) && !appended.is_empty() {
                     // Truncation at a batch boundary: the model loses its
                     // suffix. Interrupted, the log may keep any prefix that
                     // is at least the cut.
@@ -261,7 +262,7 @@ fn run_seed(seed: u64) {
                         }
                     }
                 }
-                if rng.chance(5) {
+                if rng.chance(5, 100) {
                     match log.remove_oldest_sealed().await {
                         Ok(Some(gone)) => {
                             // Retention: the model forgets the removed batches.
@@ -290,7 +291,7 @@ fn run_seed(seed: u64) {
             drop(log);
             fs.crash();
             // Sometimes the power goes out again during recovery itself.
-            if rng.chance(30) {
+            if rng.chance(30, 100) {
                 fs.cut_power_after(rng.below(40));
                 let interrupted = SegmentedLog::open(fs.clone(), dir, config, 0).await;
                 drop(interrupted);

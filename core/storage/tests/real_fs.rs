@@ -2,15 +2,15 @@
 //! temporary directory.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::io::Write;
 
-use common::{batch, read_all};
 use storage::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions, RealFs};
 use storage::index::IndexPolicy;
 use storage::segment::{WalkStop, log_file_name};
 use storage::{LogConfig, SegmentedLog};
+use support::{batch, read_all};
 
 fn config(fsync: bool, preallocate: bool) -> LogConfig {
     LogConfig {

@@ -1,17 +1,17 @@
 //! Named recovery and fault scenarios on the simulated filesystem.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 
-use common::{batch, read_all};
 use futures::executor::block_on;
 use storage::batch::BatchError;
 use storage::fs::{BufResult, CrashMode, EIO, ENOSPC, FaultKind, Fs, FsFile, OpenOptions, SimFs};
 use storage::index::IndexPolicy;
 use storage::segment::{WalkStop, index_file_name, log_file_name};
 use storage::{LogConfig, RecoveryError, SegmentedLog, StorageError};
+use support::{batch, read_all};
 
 const DIR: &str = "/data/p";
 

@@ -34,8 +34,10 @@ use super::message::{
 use super::replica::{
     Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status, Topology,
 };
-use super::timeout::{Prng, TimeoutConfig};
+use super::timeout::TimeoutConfig;
 use crate::client_table::ClientTable;
+use common::Prng;
+use common::simnet::{LinkDraw, SimNet};
 
 /// Knobs of one simulation run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,14 +260,6 @@ pub struct Node {
     spill_from: u64,
 }
 
-#[derive(Debug, Clone)]
-struct Packet {
-    at: u64,
-    seq: u64,
-    to: u8,
-    frame: Frame,
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Outstanding {
     request: u64,
@@ -289,11 +283,10 @@ pub struct Simulation {
     prng: Prng,
     /// The replicas.
     pub nodes: Vec<Node>,
-    packets: Vec<Packet>,
-    seq: u64,
+    /// Frames in flight, on the workspace's one simulated network.
+    net: SimNet<Frame>,
     tick: u64,
-    /// Bit `r` set: replica `r` is on side B of a partition.
-    partition_side: u32,
+    /// Whether the cluster is split in two now.
     partitioned: bool,
     faults: bool,
     clients: Vec<Client>,
@@ -348,10 +341,8 @@ impl Simulation {
             faults: true,
             prng,
             nodes,
-            packets: Vec::new(),
-            seq: 0,
+            net: SimNet::new(),
             tick: 0,
-            partition_side: 0,
             partitioned: false,
             clients,
             replies: Vec::new(),
@@ -475,22 +466,15 @@ impl Simulation {
     /// Cut the cluster in two: replicas with their bit in `side_b` on one
     /// side, the rest on the other.
     pub fn partition(&mut self, side_b: u32) {
+        self.net.heal();
+        self.net.split(self.config.replica_count, side_b);
         self.partitioned = true;
-        self.partition_side = side_b;
     }
 
     /// Remove any partition.
     pub fn heal_partition(&mut self) {
+        self.net.heal();
         self.partitioned = false;
-        self.partition_side = 0;
-    }
-
-    fn connected(&self, a: u8, b: u8) -> bool {
-        if !self.partitioned {
-            return true;
-        }
-        let side = |r: u8| self.partition_side & (1u32 << r) != 0;
-        side(a) == side(b)
     }
 
     /// Crash replica `r`: its journal and everything in flight to it are
@@ -625,27 +609,16 @@ impl Simulation {
     }
 
     fn deliver(&mut self) -> Result<(), SimFailure> {
-        let now = self.tick;
-        let mut due: Vec<Packet> = Vec::new();
-        self.packets.retain(|p| {
-            if p.at <= now {
-                due.push(p.clone());
-                false
-            } else {
-                true
-            }
-        });
-        due.sort_by_key(|p| (p.at, p.seq));
-        for p in due {
-            let to = p.to;
+        // A split stops new sends only; what is on the wire arrives.
+        for (_, to, frame) in self.net.take_due(self.tick, false) {
             if self.trace {
                 eprintln!(
                     "t{} {}->{} v{} {:?}",
                     self.tick,
-                    p.frame.replica,
+                    frame.replica,
                     to,
-                    p.frame.view,
-                    trace_message(&p.frame.message)
+                    frame.view,
+                    trace_message(&frame.message)
                 );
             }
             let Some(replica) = self.replica_mut(to) else {
@@ -653,7 +626,7 @@ impl Simulation {
             };
             // Bad input is refused by the core with a typed error; in this
             // network every frame is well-formed, so an error is a bug.
-            if let Err(e) = replica.on_frame(p.frame) {
+            if let Err(e) = replica.on_frame(frame) {
                 return self.failure_here(format!("replica {to} refused a frame: {e}"));
             }
             self.drain(to)?;
@@ -662,7 +635,7 @@ impl Simulation {
     }
 
     fn send_frame(&mut self, from: u8, to: u8, frame: Frame) {
-        if !self.connected(from, to) {
+        if self.net.blocked(from, to) {
             return;
         }
         // Every frame crosses the wire codec, as between real replicas: a
@@ -684,34 +657,21 @@ impl Simulation {
         }
         assert_eq!(carried, Ok(expected), "the wire codec changed a frame");
         let frame = carried.unwrap_or(frame);
-        if self.faults && self.prng.chance(self.config.drop_per_mille, 1000) {
-            return;
-        }
-        let copies = if self.faults && self.prng.chance(self.config.duplicate_per_mille, 1000) {
-            2
-        } else {
-            1
+        // With random faults off nothing is drawn for them, and the long
+        // delay is drawn only when enabled, so v1 configurations replay
+        // the random stream they were found with.
+        let faults = self.faults;
+        let draw = LinkDraw {
+            drop_per_mille: faults.then_some(self.config.drop_per_mille),
+            duplicate_per_mille: faults.then_some(self.config.duplicate_per_mille),
+            delay_extra_max: self.config.delay_ticks_max.saturating_sub(1),
+            long_delay: (faults && self.config.long_delay_per_mille > 0).then_some((
+                self.config.long_delay_per_mille,
+                self.config.long_delay_ticks_max,
+            )),
         };
-        for _ in 0..copies {
-            let mut delay = 1 + self
-                .prng
-                .below_inclusive(self.config.delay_ticks_max.saturating_sub(1));
-            // Drawn only when enabled, so v1 configurations replay the
-            // random stream they were found with.
-            if self.faults
-                && self.config.long_delay_per_mille > 0
-                && self.prng.chance(self.config.long_delay_per_mille, 1000)
-            {
-                delay += self.prng.below_inclusive(self.config.long_delay_ticks_max);
-            }
-            self.seq += 1;
-            self.packets.push(Packet {
-                at: self.tick + delay,
-                seq: self.seq,
-                to,
-                frame: frame.clone(),
-            });
-        }
+        self.net
+            .send(self.tick, &mut self.prng, &draw, (from, to), frame);
     }
 
     /// Carry out everything replica `r` produced.

@@ -52,4 +52,4 @@ pub use replica::{
     Action, AppliedState, Config, DurableState, Effect, FrameError, OP_MAX, Replica,
     RequestOutcome, Status, Topology, VIEW_MAX,
 };
-pub use timeout::{Prng, TimeoutConfig};
+pub use timeout::TimeoutConfig;

@@ -35,8 +35,9 @@ use super::message::{
     Request, body_checksum,
 };
 use super::pipeline::Pipeline;
-use super::timeout::{Prng, Timeout, TimeoutConfig};
+use super::timeout::{Timeout, TimeoutConfig};
 use crate::client_table::{ClientTable, RequestCheck};
+use common::Prng;
 
 /// Replicas in one group at most (one bit each in a `u32` ack set).
 pub const REPLICAS_MAX: u8 = 32;

@@ -7,6 +7,8 @@
 //! and group, so two replicas that timed out together do not keep
 //! colliding, and a run is still reproducible from its seed.
 
+use common::Prng;
+
 /// Default tick counts (reference §8.4; one tick is 10 ms in production).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimeoutConfig {
@@ -65,56 +67,6 @@ impl TimeoutConfig {
             repair_ticks: s(d.repair_ticks),
             state_transfer_ticks: s(d.state_transfer_ticks),
         }
-    }
-}
-
-/// xoshiro256+ seeded through splitmix64: small, fast, reproducible.
-#[derive(Debug, Clone)]
-pub struct Prng {
-    s: [u64; 4],
-}
-
-impl Prng {
-    /// A generator whose whole stream is determined by `seed`.
-    pub fn new(seed: u64) -> Self {
-        let mut x = seed;
-        let mut next = || {
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
-        Self {
-            s: [next(), next(), next(), next()],
-        }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        let result = self.s[0].wrapping_add(self.s[3]);
-        let t = self.s[1] << 17;
-        self.s[2] ^= self.s[0];
-        self.s[3] ^= self.s[1];
-        self.s[1] ^= self.s[2];
-        self.s[0] ^= self.s[3];
-        self.s[2] ^= t;
-        self.s[3] = self.s[3].rotate_left(45);
-        result
-    }
-
-    /// Uniform in `0..=max` (slightly biased for huge `max`; fine for
-    /// jitter and fault injection).
-    pub fn below_inclusive(&mut self, max: u64) -> u64 {
-        if max == u64::MAX {
-            return self.next_u64();
-        }
-        self.next_u64() % (max + 1)
-    }
-
-    /// True with probability `numerator / denominator`.
-    pub fn chance(&mut self, numerator: u64, denominator: u64) -> bool {
-        denominator != 0 && self.next_u64() % denominator < numerator
     }
 }
 
@@ -211,16 +163,6 @@ impl Timeout {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn given_same_seed_when_drawn_should_repeat_stream() {
-        let mut a = Prng::new(7);
-        let mut b = Prng::new(7);
-        for _ in 0..100 {
-            assert_eq!(a.next_u64(), b.next_u64());
-        }
-        assert_ne!(Prng::new(7).next_u64(), Prng::new(8).next_u64());
-    }
 
     #[test]
     fn given_started_timer_when_ticked_should_fire_once_at_deadline() {

@@ -5,11 +5,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use ::common::simnet::NetworkFaults;
 use consensus::vsr::RequestOutcome;
 use journal::MemSuperblock;
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
-    PartitionConfig,
+    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, Partition, PartitionConfig,
 };
 use storage::fs::RealFs;
 

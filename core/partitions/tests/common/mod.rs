@@ -4,13 +4,14 @@
 
 use std::path::{Path, PathBuf};
 
+use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome};
 use futures::executor::block_on;
 use journal::SuperblockStore;
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, NetworkFaults, Partition,
-    PartitionConfig, PollRequest, Polled, PollingStrategy,
+    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, Partition, PartitionConfig, PollRequest,
+    Polled, PollingStrategy,
 };
 use storage::batch::BatchBuilder;
 use storage::fs::{Fs, SimFs};

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
 use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome, TimeoutConfig};
@@ -21,8 +22,8 @@ use partitions::state_transfer::{
     TransferEvent, TransferReceiver, TransferRequest, TransferSlots,
 };
 use partitions::{
-    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, MessageBus, NetworkFaults, Partition,
-    PartitionConfig, PartitionError, PollRequest, PollingStrategy,
+    ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, MessageBus, Partition, PartitionConfig,
+    PartitionError, PollRequest, PollingStrategy,
 };
 use storage::batch::BatchBuilder;
 use storage::fs::{FileKind, Fs, SimFs};

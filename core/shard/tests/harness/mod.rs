@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 
+use ::common::simnet::NetworkFaults;
 use common::{GroupId, ReplicaId};
 use consensus::vsr::TimeoutConfig;
 use futures::channel::oneshot;
 use futures::executor::block_on;
 use metadata::{MetadataOp, Outcome};
-use partitions::NetworkFaults;
 use shard::testing::{TestClock, TestEnv, TestNet};
 use shard::{
     Answer, Call, CallError, Envelope, GroupSpec, Input, MetaCall, MetaError, Shard, ShardConfig,

@@ -31,6 +31,7 @@ use std::path::{Component, Path};
 use std::rc::Rc;
 use std::time::Duration;
 
+use common::Prng;
 use compio::buf::{BufResult, IoBuf};
 
 use super::{DirEntry, EIO, FileKind, Fs, FsFile, Metadata, OpenOptions, errno_error};
@@ -171,34 +172,11 @@ impl MetaOp {
     }
 }
 
-/// SplitMix64: tiny, fast, and good enough to pick crash outcomes.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform-ish in `0..n` (n > 0).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn coin(&mut self) -> bool {
-        self.next() & 1 == 1
-    }
-}
-
 const ROOT: u64 = 0;
 
 #[derive(Debug)]
 struct State {
-    rng: Rng,
+    rng: Prng,
     inodes: BTreeMap<u64, Inode>,
     next_ino: u64,
     pending_meta: Vec<MetaOp>,
@@ -404,7 +382,7 @@ impl State {
                 1 => vec![OpFate::Keep; f.pending.len()],
                 2 => {
                     let cut = self.rng.below(n + 1);
-                    let tear = self.rng.next();
+                    let tear = self.rng.next_u64();
                     (0..n)
                         .map(|i| match i.cmp(&cut) {
                             std::cmp::Ordering::Less => OpFate::Keep,
@@ -496,7 +474,7 @@ impl SimFs {
         inodes.insert(ROOT, Inode::Dir(DirNode::default()));
         Self {
             state: Rc::new(RefCell::new(State {
-                rng: Rng(seed),
+                rng: Prng::new(seed),
                 inodes,
                 next_ino: ROOT + 1,
                 pending_meta: Vec::new(),

@@ -42,11 +42,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::Prng;
 use common::ReplicaId;
 use compio::buf::BufResult;
 use compio::io::AsyncReadExt;
 use consensus::header::HEADER_SIZE;
-use consensus::vsr::timeout::Prng;
 use futures::channel::{mpsc, oneshot};
 use futures::{SinkExt, StreamExt};
 use shard::{Inbox, Input};

@@ -1,30 +1,9 @@
-//! Helpers shared by the integration tests: a seeded generator, batch
-//! builders, and a full read-back of a log.
+//! Helpers shared by the integration tests: batch builders and a full
+//! read-back of a log.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use storage::fs::Fs;
 use storage::{BatchBuilder, SegmentedLog};
-
-/// SplitMix64, so every test input follows from its seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// A stamped batch of `count` messages with `payload_len`-byte payloads.
 pub fn batch(base_offset: u64, base_timestamp: u64, count: u32, payload_len: usize) -> Vec<u8> {
