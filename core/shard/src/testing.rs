@@ -30,7 +30,9 @@ use crate::placement::ShardIndex;
 #[derive(Debug, Default)]
 pub struct TestClock {
     now: Cell<Duration>,
-    waiting: RefCell<Vec<(Duration, Waker)>>,
+    /// The timer heap: (deadline, arming order) → the sleeper to wake.
+    waiting: RefCell<BTreeMap<(Duration, u64), Waker>>,
+    armed: Cell<u64>,
 }
 
 impl TestClock {
@@ -48,13 +50,18 @@ impl TestClock {
     pub fn advance(&self, by: Duration) {
         let now = self.now.get() + by;
         self.now.set(now);
-        let due: Vec<Waker> = {
-            let mut waiting = self.waiting.borrow_mut();
-            let (due, later): (Vec<_>, Vec<_>) = waiting.drain(..).partition(|(at, _)| *at <= now);
-            *waiting = later;
-            due.into_iter().map(|(_, w)| w).collect()
-        };
-        for waker in due {
+        // Woken in deadline order, ties in the order they were armed.
+        loop {
+            let due = {
+                let mut waiting = self.waiting.borrow_mut();
+                match waiting.first_key_value() {
+                    Some((&(at, _), _)) if at <= now => waiting.pop_first(),
+                    _ => None,
+                }
+            };
+            let Some((_, waker)) = due else {
+                break;
+            };
             waker.wake();
         }
     }
@@ -72,10 +79,12 @@ impl Future for Sleep {
         if self.clock.now() >= self.deadline {
             return Poll::Ready(());
         }
+        let armed = self.clock.armed.get();
+        self.clock.armed.set(armed + 1);
         self.clock
             .waiting
             .borrow_mut()
-            .push((self.deadline, cx.waker().clone()));
+            .insert((self.deadline, armed), cx.waker().clone());
         Poll::Pending
     }
 }

@@ -8,7 +8,9 @@
 //! partition groups with the committed metadata, as the server does.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -28,7 +30,7 @@ use shard::{
 };
 use storage::fs::{CrashMode, FileKind, Fs, SimFs};
 
-use crate::exec::{Stalled, run_now};
+use crate::exec::{Executor, Stalled, run_now};
 use crate::trace::Trace;
 
 /// The tick period every shard runs with.
@@ -93,6 +95,20 @@ struct Node {
     inboxes: Vec<mpsc::Receiver<Input>>,
 }
 
+/// One shard's part of a step, run side by side with the others'.
+type StepTask<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+/// Every live shard as `(replica, shard index, shard)`, in that order.
+fn live_shards(nodes: &mut [Node]) -> impl Iterator<Item = (u8, u16, &mut Shard<TestEnv>)> {
+    nodes.iter_mut().enumerate().flat_map(|(r, node)| {
+        node.shards
+            .iter_mut()
+            .flatten()
+            .enumerate()
+            .map(move |(s, shard)| (r as u8, s as u16, shard))
+    })
+}
+
 /// A replica's message log, for the convergence checks.
 pub(crate) type Messages = Vec<(u64, Vec<u8>)>;
 
@@ -103,6 +119,8 @@ pub(crate) struct Cluster {
     pub(crate) clock: Rc<TestClock>,
     pub(crate) net: TestNet,
     nodes: Vec<Node>,
+    /// Runs each step's shard tasks side by side, choosing by the seed.
+    executor: Executor,
     seed: u64,
     boots: u64,
     /// Transfers installed by shards that have since crashed.
@@ -197,6 +215,7 @@ impl Cluster {
             clock: TestClock::new(),
             net: TestNet::new(seed ^ 0x0E7_0E7, faults),
             nodes,
+            executor: Executor::new(seed ^ 0xE8EC_0000_0000_0001),
             seed,
             boots: 0,
             installs_retired: 0,
@@ -440,6 +459,11 @@ impl Cluster {
     /// Whether this run's disks are slow: every sync suspends, so the
     /// groups a shard runs side by side interleave around their syncs and
     /// the superblock table's batches carry several records.
+    /// How often a step's shard tasks interleaved at a suspension.
+    pub(crate) fn task_switches(&self) -> u64 {
+        self.executor.switches()
+    }
+
     pub(crate) fn slow_disks(&self) -> bool {
         slow_disks(self.seed)
     }
@@ -474,42 +498,57 @@ impl Cluster {
                 .or_default()
                 .push((from, packet.bytes));
         }
-        for ((to, s), frames) in by_shard {
-            let Some(shard) = self.shard_mut(to, s) else {
-                continue;
-            };
-            // A refusal is counted by the shard and changes nothing.
-            let _ = run_now("frames", shard.on_frames(frames))?;
-        }
-        self.drain_inboxes()
-    }
-
-    /// Ticks every live shard in `order` (pairs of replica and shard).
-    pub(crate) fn tick_shards(&mut self, order: &[(u8, u16)]) -> Result<(), ClusterError> {
-        for &(r, s) in order {
-            if let Some(shard) = self.shard_mut(r, s) {
-                run_now("a tick", shard.on_tick())?;
+        let mut tasks: Vec<StepTask<'_>> = Vec::with_capacity(by_shard.len());
+        for (r, s, shard) in live_shards(&mut self.nodes) {
+            if let Some(frames) = by_shard.remove(&(r, s)) {
+                // A refusal is counted by the shard and changes nothing.
+                tasks.push(Box::pin(async move {
+                    let _ = shard.on_frames(frames).await;
+                }));
             }
         }
+        self.executor.run_side_by_side("frames", tasks)?;
         self.drain_inboxes()
     }
 
-    /// Serves what shards handed their siblings, until nothing is left.
+    /// Ticks every live shard side by side, `order` (pairs of replica and
+    /// shard) giving the tasks' places.
+    pub(crate) fn tick_shards(&mut self, order: &[(u8, u16)]) -> Result<(), ClusterError> {
+        let mut live: BTreeMap<(u8, u16), &mut Shard<TestEnv>> = live_shards(&mut self.nodes)
+            .map(|(r, s, shard)| ((r, s), shard))
+            .collect();
+        let mut tasks: Vec<StepTask<'_>> = Vec::with_capacity(order.len());
+        for key in order {
+            if let Some(shard) = live.remove(key) {
+                tasks.push(Box::pin(shard.on_tick()));
+            }
+        }
+        self.executor.run_side_by_side("a tick", tasks)?;
+        self.drain_inboxes()
+    }
+
+    /// Serves what shards handed their siblings, every shard's inbox side
+    /// by side, until nothing is left.
     pub(crate) fn drain_inboxes(&mut self) -> Result<(), ClusterError> {
         for _ in 0..DRAIN_ROUNDS_MAX {
-            let mut served = false;
+            let mut tasks: Vec<Pin<Box<dyn Future<Output = bool> + '_>>> = Vec::new();
             for node in &mut self.nodes {
                 let Some(shards) = node.shards.as_mut() else {
                     continue;
                 };
                 for (shard, inbox) in shards.iter_mut().zip(node.inboxes.iter_mut()) {
-                    while let Ok(input) = inbox.try_recv() {
-                        served = true;
-                        run_now("a sibling input", shard.on_input(input))?;
-                    }
+                    tasks.push(Box::pin(async move {
+                        let mut served = false;
+                        while let Ok(input) = inbox.try_recv() {
+                            served = true;
+                            shard.on_input(input).await;
+                        }
+                        served
+                    }));
                 }
             }
-            if !served {
+            let served = self.executor.run_side_by_side("a sibling input", tasks)?;
+            if !served.contains(&true) {
                 return Ok(());
             }
         }

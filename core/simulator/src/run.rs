@@ -195,6 +195,9 @@ pub struct Summary {
     pub read_backs: u64,
     /// Whether the disks were slow (every sync suspends once).
     pub slow_disks: bool,
+    /// How often the executor switched between a step's shard tasks while
+    /// one was suspended (shards interleaving at their syncs).
+    pub task_switches: u64,
     /// A run marked to exceed f whose groups did not converge after
     /// healing (only safety was checked to the end).
     pub stalled: bool,
@@ -261,7 +264,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} stream_deletes={} expired={} memberships={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} stream_deletes={} expired={} memberships={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} task_switches={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -295,6 +298,7 @@ impl fmt::Display for Summary {
             self.metadata_transfers,
             self.read_backs,
             u8::from(self.slow_disks),
+            self.task_switches,
             self.faults.beyond_f,
             u8::from(self.stalled),
             self.superblock.0,
@@ -1146,6 +1150,7 @@ pub fn run(options: &Options) -> Result<Summary, SimError> {
         metadata_transfers: run.cluster.metadata_installs(),
         read_backs: run.cluster.read_backs(),
         slow_disks: run.cluster.slow_disks(),
+        task_switches: run.cluster.task_switches(),
         stalled: run.stalled,
         expired: run.expired,
         membership_ops: stats.membership_ops,
