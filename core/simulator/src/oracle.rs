@@ -64,6 +64,10 @@ pub enum Property {
     /// A session's consumer-group membership differs from what the
     /// committed joins, leaves and session ends left.
     MembershipWrong,
+    /// A poll by timestamp started anywhere but at a batch stamped at or
+    /// after the time asked, or a poll's batches' timestamps went
+    /// backwards.
+    TimestampWrong,
 }
 
 impl Property {
@@ -88,6 +92,7 @@ impl Property {
             Self::Invariant => "invariant",
             Self::RemovedBeforeExpiry => "removed-before-expiry",
             Self::MembershipWrong => "membership-wrong",
+            Self::TimestampWrong => "timestamp-wrong",
         }
     }
 }

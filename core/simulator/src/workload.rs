@@ -22,6 +22,7 @@ use metadata::{
 use partitions::{PollRequest, PollingStrategy};
 use shard::{Answer, Call, CallError, MetaError};
 use storage::batch::BatchBuilder;
+use storage::{BatchView, Integrity};
 
 use crate::cluster::{Cluster, ClusterError};
 use crate::oracle::{Consumer, Fate, Oracle, Property, StoreOutcome, Violation, payload};
@@ -787,10 +788,15 @@ impl Workload {
             }
             55..=79 => {
                 let highest = oracle.highest_offset(group).unwrap_or(0);
-                let strategy = match self.prng.below_inclusive(3) {
+                let strategy = match self.prng.below_inclusive(4) {
                     0 => PollingStrategy::Offset(self.prng.below_inclusive(highest + 1)),
                     1 => PollingStrategy::First,
                     2 => PollingStrategy::Last,
+                    // Any moment of the run so far: primaries stamp
+                    // batches with their clock, the run's virtual time.
+                    3 => PollingStrategy::Timestamp(
+                        self.prng.below_inclusive(tick.saturating_mul(TICK_US)),
+                    ),
                     _ => PollingStrategy::Next,
                 };
                 Some(Request::Poll {
@@ -1150,6 +1156,7 @@ impl Workload {
                             ));
                         }
                         oracle.polled(group, &messages)?;
+                        check_timestamps(group, request.strategy, &polled)?;
                         Ok(Next::Done)
                     }
                     Ok(other) => Err(Violation::new(
@@ -1432,4 +1439,109 @@ enum Next {
         attempts: u32,
         at: Option<u8>,
     },
+}
+
+/// Microseconds per tick of the run's clock.
+const TICK_US: u64 = 10_000;
+
+/// A poll's batches carry non-decreasing timestamps (primaries stamp them
+/// so), and a poll by timestamp starts at a batch's first message, stamped
+/// at or after the time asked.
+fn check_timestamps(
+    group: GroupId,
+    strategy: PollingStrategy,
+    polled: &partitions::Polled,
+) -> Result<(), Violation> {
+    let wrong = |detail: String| {
+        Err(Violation::new(
+            Property::TimestampWrong,
+            format!("group {}: {detail}", group.0),
+        ))
+    };
+    let mut headers = Vec::with_capacity(polled.batches.len());
+    for bytes in &polled.batches {
+        match BatchView::decode_exact(bytes, Integrity::LayoutOnly, u64::MAX) {
+            Ok(view) => headers.push(*view.header()),
+            Err(e) => return wrong(format!("a polled batch did not decode: {e}")),
+        }
+    }
+    for pair in headers.windows(2) {
+        if pair[1].base_timestamp < pair[0].base_timestamp {
+            return wrong(format!(
+                "batch at {} stamped {} after batch at {} stamped {}",
+                pair[1].base_offset,
+                pair[1].base_timestamp,
+                pair[0].base_offset,
+                pair[0].base_timestamp
+            ));
+        }
+    }
+    let PollingStrategy::Timestamp(asked) = strategy else {
+        return Ok(());
+    };
+    if polled.is_empty() {
+        return Ok(());
+    }
+    match headers.first() {
+        Some(h) if h.base_offset == polled.first_offset && h.base_timestamp >= asked => Ok(()),
+        Some(h) => wrong(format!(
+            "a poll from timestamp {asked} started at offset {} in the batch at {} stamped {}",
+            polled.first_offset, h.base_offset, h.base_timestamp
+        )),
+        None => wrong(format!(
+            "a poll from timestamp {asked} claimed {} messages and held no batch",
+            polled.count
+        )),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// A stamped batch of `count` messages at `base_offset`.
+    fn batch(base_offset: u64, count: u32, stamped: u64) -> Bytes {
+        let mut b = BatchBuilder::new(1);
+        for i in 0..count {
+            b.push(u128::from(i) + 1, i, b"m", b"");
+        }
+        let mut bytes = b.build();
+        storage::batch::stamp(&mut bytes, 0, base_offset, stamped, u64::MAX).unwrap();
+        Bytes::from(bytes)
+    }
+
+    fn polled(batches: Vec<Bytes>, first_offset: u64, last_offset: u64) -> partitions::Polled {
+        partitions::Polled {
+            batches,
+            first_offset,
+            last_offset,
+            count: last_offset - first_offset + 1,
+        }
+    }
+
+    #[test]
+    fn given_a_poll_from_a_batch_stamped_at_or_after_the_time_when_checked_should_pass() {
+        let p = polled(vec![batch(4, 2, 500), batch(6, 1, 700)], 4, 6);
+        check_timestamps(GroupId(1), PollingStrategy::Timestamp(500), &p).unwrap();
+        check_timestamps(GroupId(1), PollingStrategy::First, &p).unwrap();
+    }
+
+    #[test]
+    fn given_a_poll_from_an_earlier_batch_or_mid_batch_when_checked_should_fail() {
+        let early = polled(vec![batch(4, 2, 400), batch(6, 1, 700)], 4, 6);
+        let mid = polled(vec![batch(4, 2, 500)], 5, 5);
+        for p in [early, mid] {
+            let v = check_timestamps(GroupId(1), PollingStrategy::Timestamp(450), &p).unwrap_err();
+            assert_eq!(v.property, Property::TimestampWrong);
+        }
+    }
+
+    #[test]
+    fn given_batches_stamped_backwards_when_checked_should_fail_for_any_strategy() {
+        let p = polled(vec![batch(4, 1, 700), batch(5, 1, 600)], 4, 5);
+        let v = check_timestamps(GroupId(1), PollingStrategy::Offset(4), &p).unwrap_err();
+        assert_eq!(v.property, Property::TimestampWrong);
+    }
 }
