@@ -48,8 +48,8 @@ fn seed_4181_transfer_source_at_the_floor_is_served() {
 }
 
 /// Seeds of the current mix (`SimConfig::for_seed`) that ended "no
-/// convergence after healing" in the sweep of 10,000,000..10,100,000
-/// (issue 15 item 10): every replica Normal at the same op, a client never
+/// convergence after healing" in the sweep of 10,000,000..10,100,000:
+/// every replica Normal at the same op, a client never
 /// answered. In each a primary had installed a state transfer at its own
 /// head without the op's identity (the offer carries none) and refused
 /// every request as `Unavailable`, because every proposal chains to that

@@ -7,8 +7,8 @@
 //! - [`superblock_table`]: the same records for every partition group of a
 //!   shard in two shared files, written in batches.
 //! - [`prepare_journal`]: the partition plane's in-memory journal of
-//!   prepares not yet flushed to segments, with a repair ring of recently
-//!   flushed ones.
+//!   applied prepares not yet flushed to segments (repair is served from
+//!   the VSR replica's own journal and from segments, not from here).
 //! - [`wal`]: the metadata plane's durable, append-only log of prepares.
 //!
 //! All file I/O goes through `storage::fs::Fs`, so every durable step can

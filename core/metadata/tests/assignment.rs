@@ -3,14 +3,14 @@
 //! counts within one, and members that stay keep what their quota allows.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ::common::{PartitionId, StreamId, TopicId};
-use common::*;
+use common::{PartitionId, StreamId, TopicId};
 use metadata::{ConsumerGroupId, MetadataOp, SessionId};
 use proptest::prelude::*;
+use support::*;
 
 #[derive(Debug, Clone)]
 enum Step {

@@ -5,16 +5,16 @@
 //! first's partition plane to the second's.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 
-use ::common::GroupId;
-use common::*;
+use common::GroupId;
 use metadata::{
     MetadataOp, MetadataState, PartitionEffect, PartitionGroupConfig, SessionId, reconcile_effects,
 };
 use proptest::prelude::*;
+use support::*;
 
 /// What the partition plane holds: group → (purge generation, settings).
 type Plane = BTreeMap<GroupId, (u64, PartitionGroupConfig)>;

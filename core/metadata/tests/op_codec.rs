@@ -3,14 +3,14 @@
 //! hostile bytes never panic (property tests).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
-use common::*;
 use metadata::{
     CompressionAlgorithm, Durability, Identifier, MaxTopicSize, MessageExpiry, MetadataOp,
     OpDecodeError, OpEncodeError, SessionId, TopicConfig, TopicPatch,
 };
 use proptest::prelude::*;
+use support::*;
 
 fn name() -> impl Strategy<Value = String> {
     prop_oneof![

@@ -3,13 +3,13 @@
 //! assignments, routing, purge generations, login.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
-use ::common::{GroupId, PartitionId, StreamId, TopicId};
-use common::*;
+use common::{GroupId, PartitionId, StreamId, TopicId};
 use metadata::{
     ConsumerGroupId, Identifier, MetadataOp, PartitionStats, Refusal, SessionId, UserId,
 };
+use support::*;
 
 /// Partition `g` holds `g * 100` bytes and `g` messages.
 fn stats(g: GroupId) -> PartitionStats {

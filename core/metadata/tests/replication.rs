@@ -4,16 +4,15 @@
 //! purge, with the client retrying at the new primary, takes effect once.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::rc::Rc;
 
-use ::common::METADATA_GROUP;
-use ::common::Prng;
-use common::*;
+use common::METADATA_GROUP;
+use common::Prng;
 use consensus::vsr::{Config, Frame, RequestOutcome, Status, TimeoutConfig};
 use futures::executor::block_on;
 use journal::FileSuperblock;
@@ -22,6 +21,7 @@ use metadata::{
     MetadataStore, PartitionEffect, StoreConfig,
 };
 use storage::fs::{CrashMode, SimFs};
+use support::*;
 
 #[derive(Default)]
 struct NetState {
@@ -497,7 +497,7 @@ fn given_a_view_change_in_the_middle_of_create_topic_when_retried_should_create_
     }
     assert_eq!(effects[0], effects[1]);
     assert_eq!(effects[1], effects[2]);
-    let s = &c.groups[0].state().streams()[&::common::StreamId(0)];
+    let s = &c.groups[0].state().streams()[&common::StreamId(0)];
     assert_eq!(s.topics.len(), 2);
 }
 
@@ -939,7 +939,7 @@ fn given_the_primary_cannot_make_an_op_durable_when_it_commits_should_not_answer
     c.reboot(p);
     c.settle();
     for r in 0..3 {
-        let s = &c.groups[r].state().streams()[&::common::StreamId(0)];
+        let s = &c.groups[r].state().streams()[&common::StreamId(0)];
         assert_eq!(s.topics.len(), 1, "replica {r}");
     }
     assert_eq!(c.effects[0], c.effects[1]);

@@ -4,15 +4,15 @@
 //! hostile bodies never panic.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
-use common::*;
 use consensus::le_cursor::push_trailer;
 use metadata::{
     MetadataOp, MetadataState, SNAPSHOT_MAGIC, SessionId, SnapshotDecodeError, decode_snapshot,
     encode_snapshot,
 };
 use proptest::prelude::*;
+use support::*;
 
 fn rich_state() -> MetadataState {
     let mut sm = Sm::default();

@@ -3,14 +3,14 @@
 //! every refusal).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
-use ::common::{GroupId, Op, PartitionId, StreamId, TopicId};
-use common::*;
+use common::{GroupId, Op, PartitionId, StreamId, TopicId};
 use metadata::{
     ApplyError, Durability, Identifier, MessageExpiry, MetadataOp, MetadataState, Outcome,
     PartitionEffect, ROOT_USER, SessionId, TopicConfig, UserId,
 };
+use support::*;
 
 fn created_groups(effects: &[PartitionEffect]) -> Vec<(GroupId, u32, u64)> {
     effects

@@ -5,18 +5,18 @@
 //! interrupted commit would have made; never anything else.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 
-use ::common::Op;
-use common::*;
+use common::Op;
 use futures::executor::block_on;
 use metadata::{
     MetadataOp, MetadataState, MetadataStore, OpOrigin, SNAPSHOT_FILE, StoreConfig, StoreError,
     WAL_FILE,
 };
 use storage::fs::{CrashMode, Fs, SimFs};
+use support::*;
 
 fn dir() -> PathBuf {
     PathBuf::from("/data/metadata")

@@ -80,7 +80,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use ::common::simnet::NetworkFaults;
+use common::simnet::NetworkFaults;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome};
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use journal::{FileSuperblock, SuperblockError, SuperblockStore, VsrState};

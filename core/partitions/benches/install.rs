@@ -1,5 +1,5 @@
-//! How long a state-transfer install holds its shard (issue 15 item 9,
-//! docs/state-transfer.md §8.7), on the real filesystem.
+//! How long a state-transfer install holds its shard
+//! (docs/state-transfer.md §8.7), on the real filesystem.
 //!
 //! A one-replica source partition holds `INSTALL_BENCH_SEGMENTS` (default
 //! 2,000) one-batch segments. Each round copies its segment files into a

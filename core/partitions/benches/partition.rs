@@ -37,8 +37,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use compio::buf::{BufResult, IoBuf};
 use compio::io::{AsyncReadAt, AsyncWriteAtExt};
 use consensus::vsr::{Config, RequestOutcome};

@@ -50,9 +50,11 @@
 //! store what they stored before; a purge re-applied runs again only if
 //! `purge.gen` shows it unfinished (see `purge.rs`). When the peers no
 //! longer retain the ops after the applied point, repair concludes
-//! `FloorRefused` and the core asks for a state transfer; this build has
-//! none wired, so the replica stays lagging and invisible and reports it
-//! ([`Partition::state_transfer_needed`]). A record with a frontier but no
+//! `FloorRefused` and the core asks for a state transfer: the partition
+//! records the need ([`Partition::state_transfer_needed`]) and its transfer
+//! driver (`state_transfer`, run by the shard) pulls the state from a
+//! peer; until the install lands the replica stays lagging and invisible.
+//! A record with a frontier but no
 //! applied point (written before it existed) is refused with
 //! [`BootError::RestartNeedsStateTransfer`].
 //!
@@ -162,12 +164,7 @@ impl PartitionConfig {
             size_required_to_save_bytes: SIZE_REQUIRED_TO_SAVE_BYTES_DEFAULT,
             enforce_fsync: false,
             log: LogConfig::default(),
-            // The replica's own journal retains applied prepares for
-            // repair; a second ring here would only double the memory.
-            journal: JournalLimits {
-                ring_entries_max: 0,
-                ..JournalLimits::default()
-            },
+            journal: JournalLimits::default(),
             vsr,
             rejoin: false,
             record_interval_us: RECORD_INTERVAL_US_DEFAULT,
@@ -573,9 +570,9 @@ pub(crate) struct AppliedPoint {
 }
 
 /// A state transfer the VSR core asked for (`Effect::StartStateTransfer`,
-/// after repair concluded `FloorRefused`). State transfer is not wired in
-/// this build: the replica stays lagging and serves nothing new until it
-/// is.
+/// after repair concluded `FloorRefused`), for the transfer driver
+/// (`state_transfer`) to carry out; the replica stays lagging and serves
+/// nothing new until the install lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateTransferNeeded {
     /// The replica to transfer from.
@@ -619,7 +616,8 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// The last offset recovered at boot: re-applied batches at or below
     /// it are already on disk (cleared by a purge).
     pub(crate) recovered_durable_offset: Option<u64>,
-    /// Set only by a state-transfer install (not implemented here).
+    /// The frontier of the last state-transfer install (offers report it;
+    /// a purge clears it).
     pub(crate) installed_frontier: Option<u64>,
     /// The last journaled op and the offset after it (see `flush.rs`).
     pub(crate) journaled_point: AppliedPoint,

@@ -9,10 +9,9 @@
 //! A three-replica group does the same across a whole-group power loss.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
-use ::common::simnet::NetworkFaults;
-use common::{batch, config, dir, fresh_fs};
+use common::simnet::NetworkFaults;
 use consensus::vsr::{OPERATION_APPEND, Reply, ReplyStatus, RequestOutcome};
 use futures::executor::block_on;
 use journal::FileSuperblock;
@@ -20,6 +19,7 @@ use partitions::{
     ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, Partition, PollRequest, PollingStrategy,
 };
 use storage::fs::{CrashMode, SimFs};
+use support::{batch, config, dir, fresh_fs};
 
 type Single = Partition<InMemoryBus, FileSuperblock<SimFs>, SimFs>;
 
@@ -61,7 +61,7 @@ fn reply_to(net: &InMemoryNetwork, request: u64) -> Option<Reply> {
 /// Every message's (offset, payload) in the partition.
 fn messages(p: &Single) -> Vec<(u64, String)> {
     let polled = block_on(p.poll(&PollRequest {
-        consumer: (::common::ConsumerKind::Consumer, 1),
+        consumer: (common::ConsumerKind::Consumer, 1),
         strategy: PollingStrategy::First,
         count: u32::MAX,
         auto_commit: false,

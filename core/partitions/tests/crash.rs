@@ -14,12 +14,11 @@
 //! - the partition keeps working (produce and poll once more).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::path::PathBuf;
 
-use ::common::ConsumerKind;
-use common::{Node, config, dir, fresh_fs, offsets, open};
+use common::ConsumerKind;
 use futures::executor::block_on;
 use journal::FileSuperblock;
 use partitions::{
@@ -27,6 +26,7 @@ use partitions::{
     offset_replacement_id, read_purge_generation,
 };
 use storage::fs::{CrashMode, FileKind, Fs, SimFs};
+use support::{Node, config, dir, fresh_fs, offsets, open};
 
 type FileNode = Node<FileSuperblock<SimFs>>;
 
@@ -424,7 +424,7 @@ fn given_crash_at_every_step_of_an_fsync_produce_when_acknowledged_should_surviv
             // Acknowledged means a reply reached the client, whatever the
             // partition reported afterwards.
             let request = node.next_request;
-            submit(node, ClientOp::Append(common::batch(50, 4)));
+            submit(node, ClientOp::Append(support::batch(50, 4)));
             node.net
                 .take_replies(0)
                 .iter()
@@ -464,7 +464,7 @@ fn given_killed_process_without_fsync_when_rebooted_should_keep_every_acknowledg
 
     let mut rebooted = boot_with(&fs, lazy);
     let polled = rebooted.poll(PollingStrategy::Offset(0), 1_000);
-    let got = common::contents(&polled);
+    let got = support::contents(&polled);
     let want: Vec<(u64, Vec<u8>)> = (0..acknowledged)
         .flat_map(|tag| (0..4u32).map(move |i| (tag * 4 + u64::from(i), payload(tag, i))))
         .collect();
@@ -472,7 +472,7 @@ fn given_killed_process_without_fsync_when_rebooted_should_keep_every_acknowledg
     rebooted.produce(99, 2);
     let next = rebooted.poll(PollingStrategy::Offset(acknowledged * 4), 10);
     assert_eq!(
-        common::contents(&next),
+        support::contents(&next),
         vec![(48, payload(99, 0)), (49, payload(99, 1))]
     );
 }

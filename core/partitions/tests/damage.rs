@@ -274,12 +274,12 @@ fn given_power_cut_at_every_step_of_setting_damaged_segments_aside_when_rebooted
     assert!(completed, "the damaged boot never completed");
 }
 
-/// A flipped bit in one replica's sealed index file (G4, index rot): the
-/// scrub derives the entries from the log it verifies, finds the file (or,
-/// rotted while the replica was down, the entries boot loaded from it)
-/// different, and rewrites both from the log; the files agree with the
-/// peers' again and every offset is served. Before the check, nothing read
-/// a sealed index against its log.
+/// A flipped bit in one replica's sealed index file (the simulator's index
+/// rot): the scrub derives the entries from the log it verifies, finds the file
+/// (or, rotted while the replica was down, the entries boot loaded from it)
+/// different, and rewrites both from the log; the files agree with the peers'
+/// again and every offset is served. Before the check, nothing read a sealed
+/// index against its log.
 #[test]
 fn given_a_bit_flipped_in_a_sealed_segments_index_when_scrubbed_should_rewrite_it_from_the_log() {
     for (seed, while_down) in [(41u64, false), (42, true)] {

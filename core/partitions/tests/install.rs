@@ -6,14 +6,13 @@
 //! the right error and converges, or fences.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ::common::ConsumerKind;
-use ::common::simnet::NetworkFaults;
-use common::{Node, dir, fresh_fs};
+use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use consensus::vsr::Config;
 use futures::executor::block_on;
 use journal::FileSuperblock;
@@ -22,6 +21,7 @@ use partitions::state_transfer::{
 };
 use partitions::{InMemoryNetwork, Partition, PartitionConfig, PollRequest, PollingStrategy};
 use storage::fs::{EACCES, EIO, ENOSPC, FaultKind, FileKind, Fs, OpenOptions, SimFs};
+use support::{Node, dir, fresh_fs};
 
 type P = Partition<partitions::InMemoryBus, FileSuperblock<SimFs>, SimFs>;
 
@@ -89,7 +89,7 @@ fn messages(p: &P) -> Vec<(u64, Vec<u8>)> {
         auto_commit: false,
     }))
     .unwrap();
-    common::contents(&polled)
+    support::contents(&polled)
 }
 
 /// Every file under `root`, with its content, sorted.

@@ -4,12 +4,11 @@
 //! then serves the peer's messages and offsets and keeps minting.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use ::common::ConsumerKind;
-use common::{Node, config, contents, dir, fresh_fs, open};
+use common::ConsumerKind;
 use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
@@ -21,6 +20,7 @@ use partitions::state_transfer::{
 };
 use partitions::{ClientOp, ClientRequest, PollingStrategy};
 use storage::fs::SimFs;
+use support::{Node, config, contents, dir, fresh_fs, open};
 
 const ME: u8 = 2;
 
@@ -190,7 +190,7 @@ fn given_pulled_transfer_when_installed_should_serve_the_peers_messages_and_offs
         &mut node,
         session,
         1,
-        ClientOp::Append(common::batch(900, 2)),
+        ClientOp::Append(support::batch(900, 2)),
     );
     let got = contents(&node.poll(PollingStrategy::Offset(96), 10));
     assert_eq!(got.iter().map(|m| m.0).collect::<Vec<_>>(), vec![96, 97]);

@@ -5,17 +5,16 @@
 //! nonce.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod common;
 mod harness;
+mod support;
 
 use std::cell::Cell;
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use ::common::ConsumerKind;
-use ::common::simnet::NetworkFaults;
-use common::{Node, config, dir, fresh_fs, open};
+use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use consensus::state_manifest::decode_manifest;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
 use consensus::{ArtifactProgress, append_chunk, artifact_kind, next_pending_chunk};
@@ -29,6 +28,7 @@ use partitions::state_transfer::{
 use partitions::{ClientOp, InMemoryNetwork, Partition, PartitionConfig, RetentionPolicy};
 use storage::BatchBuilder;
 use storage::fs::{EIO, FaultKind, Fs, SimFs};
+use support::{Node, config, dir, fresh_fs, open};
 
 const SEGMENT_BYTES: u64 = 64 * 1024;
 

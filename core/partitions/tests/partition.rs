@@ -3,10 +3,9 @@
 //! consumer offsets, dedup, purge, retention and boot.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
-use ::common::ConsumerKind;
-use common::{batch, config, contents, dir, fresh_fs, offsets, open};
+use common::ConsumerKind;
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use journal::MemSuperblock;
@@ -15,6 +14,7 @@ use partitions::{
     read_purge_generation,
 };
 use storage::fs::{Fs, SimFs};
+use support::{batch, config, contents, dir, fresh_fs, offsets, open};
 
 const CONSUMER: ConsumerKind = ConsumerKind::Consumer;
 const GROUP: ConsumerKind = ConsumerKind::ConsumerGroup;
@@ -383,7 +383,7 @@ fn given_purge_when_applied_should_restart_offsets_and_record_generation() {
     assert_eq!(offsets(&node.poll(PollingStrategy::First, 10)), vec![0, 1]);
 }
 
-fn retention_node(fs: &SimFs) -> common::Node<MemSuperblock> {
+fn retention_node(fs: &SimFs) -> support::Node<MemSuperblock> {
     let mut cfg = config();
     cfg.log.segment_size_bytes = 1024;
     cfg.messages_required_to_save = 1;
@@ -507,7 +507,7 @@ fn given_frontier_above_surviving_segments_when_booted_should_refuse() {
     let f = block_on(fs.open(&log, storage::OpenOptions::read_write())).unwrap();
     block_on(storage::FsFile::set_len(&f, 0)).unwrap();
     block_on(storage::FsFile::sync_all(&f)).unwrap();
-    let net = partitions::InMemoryNetwork::new(1, 1, ::common::simnet::NetworkFaults::default());
+    let net = partitions::InMemoryNetwork::new(1, 1, common::simnet::NetworkFaults::default());
     let res = block_on(partitions::Partition::open(
         config(),
         fs.clone(),

@@ -5,15 +5,14 @@
 //! reuse of staged files, backoff, and a crash at every step of a spill.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ::common::ConsumerKind;
 use bytes::Bytes;
-use common::{Node, config, dir, fresh_fs, open};
+use common::ConsumerKind;
 use consensus::header::StateTransferTargetHeader;
 use consensus::state_manifest::encode_manifest;
 use consensus::{ChunkProgress, ChunkRejection, StateArtifact, artifact_kind};
@@ -29,6 +28,7 @@ use partitions::state_transfer::{
 use partitions::{ClientOp, PartitionConfig, PollingStrategy};
 use storage::BatchBuilder;
 use storage::fs::{Fs, SimFs};
+use support::{Node, config, dir, fresh_fs, open};
 
 /// The receiver's replica index in every test; the servers are 0 and 1.
 const ME: u8 = 2;
@@ -1320,7 +1320,7 @@ fn boot(fs: &SimFs) -> FileNode {
 }
 
 fn poll_all<S: SuperblockStore>(node: &Node<S>) -> Vec<(u64, Vec<u8>)> {
-    common::contents(&node.poll(PollingStrategy::Offset(0), 1_000))
+    support::contents(&node.poll(PollingStrategy::Offset(0), 1_000))
 }
 
 #[test]
@@ -1888,7 +1888,7 @@ fn given_window_when_cut_at_90_percent_and_stalled_should_resume_from_the_last_s
     );
 }
 
-// ----- issue 15 item 3: peer-controlled values at their extremes ---------
+// ----- peer-controlled values at their extremes ---------
 
 fn nonce_of(request: &TransferRequest) -> u128 {
     match request {

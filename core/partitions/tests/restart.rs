@@ -9,8 +9,8 @@
 //! lacks, it reports the state transfer it needs and serves nothing new.
 #![allow(clippy::unwrap_used)]
 
-use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use partitions::{ClientOp, ClientRequest, InMemoryNetwork, Partition};

@@ -24,9 +24,9 @@
 
 use std::time::Instant;
 
-use ::common::simnet::NetworkFaults;
 use bytes::Bytes;
 use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use consensus::header::{
     CommandHeader, FrameHeader, HeaderError, RequestStateTransferHeader, StateChunkHeader,
     encode_frame,

@@ -10,8 +10,8 @@
 
 use std::path::PathBuf;
 
-use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use futures::executor::block_on;
 use journal::FileSuperblock;
 use partitions::state_transfer::{

@@ -34,15 +34,14 @@
 //! ```
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod common;
+mod support;
 
 use std::cell::Cell;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ::common::ConsumerKind;
-use ::common::simnet::NetworkFaults;
-use common::{Node, config, dir, fresh_fs, open};
+use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
 use futures::executor::block_on;
@@ -57,6 +56,7 @@ use partitions::{ClientOp, InMemoryBus, InMemoryNetwork, Partition, PartitionCon
 use storage::BatchBuilder;
 use storage::batch::BATCH_HEADER_SIZE;
 use storage::fs::{CountingFs, SimFs};
+use support::{Node, config, dir, fresh_fs, open};
 use xxhash_rust::xxh3::xxh3_64;
 
 const ME: u8 = 2;

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ::common::simnet::NetworkFaults;
 use bytes::BytesMut;
 use common::ReplicaId;
+use common::simnet::NetworkFaults;
 use consensus::header::HEADER_SIZE;
 use consensus::vsr::TimeoutConfig;
 use futures::channel::oneshot;

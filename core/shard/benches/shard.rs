@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use ::common::simnet::NetworkFaults;
+use common::simnet::NetworkFaults;
 use common::{GroupId, ReplicaId};
 use consensus::vsr::{Config, RequestOutcome};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};

@@ -4,7 +4,7 @@
 
 mod harness;
 
-use ::common::simnet::NetworkFaults;
+use common::simnet::NetworkFaults;
 use common::{ConsumerKind, GroupId, Offset, ReplicaId};
 use futures::executor::block_on;
 use harness::{Cluster, batch};

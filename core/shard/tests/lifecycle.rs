@@ -7,8 +7,8 @@ mod harness;
 
 use std::collections::BTreeSet;
 
-use ::common::simnet::NetworkFaults;
 use common::GroupId;
+use common::simnet::NetworkFaults;
 use futures::executor::block_on;
 use harness::Cluster;
 use storage::fs::{CrashMode, Fs};

@@ -8,8 +8,8 @@ mod harness;
 
 use std::collections::BTreeSet;
 
-use ::common::simnet::NetworkFaults;
 use common::GroupId;
+use common::simnet::NetworkFaults;
 use harness::{Cluster, batch};
 use metadata::{Identifier, MetadataOp, Outcome, TopicConfig};
 use shard::{Answer, Call, MetaError};

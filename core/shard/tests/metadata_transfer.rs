@@ -12,7 +12,7 @@ mod harness;
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 
-use ::common::simnet::NetworkFaults;
+use common::simnet::NetworkFaults;
 use common::{GroupId, METADATA_GROUP, ReplicaId};
 use consensus::header::{CommandHeader, decode_frame, encode_frame};
 use consensus::state_manifest::{decode_manifest, encode_manifest};

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ::common::simnet::NetworkFaults;
+use common::simnet::NetworkFaults;
 use consensus::vsr::RequestOutcome;
 use journal::MemSuperblock;
 use partitions::{

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome, TimeoutConfig};
 use futures::executor::block_on;

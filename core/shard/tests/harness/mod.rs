@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 
-use ::common::simnet::NetworkFaults;
+use common::simnet::NetworkFaults;
 use common::{GroupId, ReplicaId};
 use consensus::vsr::TimeoutConfig;
 use futures::channel::oneshot;

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ::common::simnet::NetworkFaults;
 use common::ConsumerKind;
+use common::simnet::NetworkFaults;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome};
 use futures::executor::block_on;
 use journal::SuperblockStore;
