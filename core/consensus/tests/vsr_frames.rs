@@ -83,6 +83,25 @@ fn given_prepare_with_flipped_body_bit_should_refuse_without_journaling() {
 }
 
 #[test]
+fn given_prepare_whose_header_names_another_group_should_refuse_as_wrong_group() {
+    let mut r = replica();
+    // A well-formed prepare of group 7 inside a frame addressed to group 0.
+    let mut p = prepare(1);
+    p.header.group = 7;
+    p.header.checksum = p.header.compute_checksum();
+    assert_eq!(
+        r.on_frame(frame(Message::Prepare(p.clone()))),
+        Err(FrameError::WrongGroup { group: 7 })
+    );
+    assert_eq!(
+        r.on_frame(frame(Message::RepairPrepare(p))),
+        Err(FrameError::WrongGroup { group: 7 })
+    );
+    assert!(r.journal_entry(1).is_none());
+    unchanged(&r);
+}
+
+#[test]
 fn given_numbers_beyond_any_log_should_refuse_before_acting() {
     let mut r = replica();
     let huge = Message::Commit {

@@ -257,9 +257,16 @@ impl Replica {
     }
 
     pub(super) fn on_repair_prepare(&mut self, prepare: Prepare) -> Result<(), FrameError> {
-        if !prepare.verify() || prepare.header.group != self.config.group {
+        // The frame's group was checked; the prepare's own header names
+        // its group too, under the checksum.
+        if !prepare.verify() {
             return Err(FrameError::BadChecksum {
                 op: prepare.header.op,
+            });
+        }
+        if prepare.header.group != self.config.group {
+            return Err(FrameError::WrongGroup {
+                group: prepare.header.group,
             });
         }
         let op = prepare.header.op;

@@ -1302,9 +1302,16 @@ impl Replica {
     }
 
     fn on_prepare(&mut self, from: u8, view: u32, prepare: Prepare) -> Result<(), FrameError> {
-        if !prepare.verify() || prepare.header.group != self.config.group {
+        // The frame's group was checked; the prepare's own header names
+        // its group too, under the checksum.
+        if !prepare.verify() {
             return Err(FrameError::BadChecksum {
                 op: prepare.header.op,
+            });
+        }
+        if prepare.header.group != self.config.group {
+            return Err(FrameError::WrongGroup {
+                group: prepare.header.group,
             });
         }
         if view > self.view {
