@@ -320,3 +320,37 @@ fn given_power_cut_at_every_step_when_replacing_a_file_should_leave_old_or_new_c
         }
     }
 }
+
+/// Polls `future` with a no-op waker until ready; returns how many polls
+/// came back pending.
+fn pendings<F: std::future::Future>(future: F) -> u32 {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut pending = 0;
+    while future.as_mut().poll(&mut cx).is_pending() {
+        pending += 1;
+        assert!(pending < 100, "a sync never completed");
+    }
+    pending
+}
+
+#[test]
+fn given_slow_syncs_when_synced_should_suspend_one_to_four_times_and_fast_ones_never() {
+    let fs = SimFs::new(9);
+    let f = block_on(write_file(&fs, "/a", b"x"));
+    assert_eq!(pendings(f.sync_all()), 0);
+    assert_eq!(pendings(fs.sync_dir(p("/"))), 0);
+    fs.set_slow_syncs(true);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..64 {
+        let n = pendings(f.sync_data());
+        assert!((1..=4).contains(&n), "a slow sync suspended {n} times");
+        seen.insert(n);
+        let n = pendings(fs.sync_dir(p("/")));
+        assert!(
+            (1..=4).contains(&n),
+            "a slow directory sync suspended {n} times"
+        );
+    }
+    assert!(seen.len() > 1, "every slow sync took as long: {seen:?}");
+}

@@ -191,9 +191,21 @@ struct State {
     power_cut_at: Option<u64>,
     /// `yield_now` returns `Pending` once, as on a real runtime.
     yielding: bool,
-    /// Every sync suspends once before it completes, as a real disk's
-    /// does: other tasks of the caller's executor run meanwhile.
+    /// Every sync suspends 1 to [`SLOW_SYNC_SUSPENDS_MAX`] times (drawn)
+    /// before it completes, as a real disk's takes its time: other tasks
+    /// of the caller's executor run meanwhile, more of them the longer
+    /// the sync.
     slow_syncs: bool,
+}
+
+/// The most times one slow sync suspends.
+const SLOW_SYNC_SUSPENDS_MAX: u64 = 4;
+
+/// Suspends `times` times, waking itself each time.
+async fn suspend(times: u64) {
+    for _ in 0..times {
+        super::YieldNow::default().await;
+    }
 }
 
 /// The simulated filesystem. Cloning shares the same state (`Rc`), so a
@@ -238,6 +250,16 @@ fn write_into(content: &mut Vec<u8>, pos: u64, data: &[u8]) {
 }
 
 impl State {
+    /// How many times the next sync suspends: none on a fast disk (and no
+    /// draw), 1 to [`SLOW_SYNC_SUSPENDS_MAX`] on a slow one.
+    fn sync_suspends(&mut self) -> u64 {
+        if self.slow_syncs {
+            1 + self.rng.below(SLOW_SYNC_SUSPENDS_MAX)
+        } else {
+            0
+        }
+    }
+
     fn tick(&mut self, kind: FaultKind) -> Option<Fault> {
         self.total_calls += 1;
         if self.power_cut_at.is_some_and(|at| self.total_calls > at) {
@@ -539,9 +561,10 @@ impl SimFs {
         self.state.borrow_mut().yielding = yielding;
     }
 
-    /// Makes every sync (file or directory) return `Pending` once (waking
-    /// itself) before it completes, so that concurrent callers interleave
-    /// around their syncs as on a real disk; off by default.
+    /// Makes every sync (file or directory) return `Pending` 1 to 4 times
+    /// (drawn from the seed; waking itself each time) before it completes,
+    /// so that concurrent callers interleave around their syncs as on a
+    /// real disk; off by default.
     pub fn set_slow_syncs(&self, slow: bool) {
         self.state.borrow_mut().slow_syncs = slow;
     }
@@ -779,9 +802,9 @@ impl Fs for SimFs {
     }
 
     async fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        if self.state.borrow().slow_syncs {
-            super::YieldNow::default().await;
-        }
+        // Drawn first: no borrow of the state may live across the await.
+        let times = self.state.borrow_mut().sync_suspends();
+        suspend(times).await;
         self.check(FaultKind::Sync)?;
         let mut s = self.state.borrow_mut();
         let dir = s.resolve(path)?;
@@ -815,9 +838,9 @@ impl Fs for SimFs {
 
 impl SimFile {
     async fn suspend_if_slow(&self) {
-        if self.state.borrow().slow_syncs {
-            super::YieldNow::default().await;
-        }
+        // Drawn first: no borrow of the state may live across the await.
+        let times = self.state.borrow_mut().sync_suspends();
+        suspend(times).await;
     }
 
     fn live(&self) -> io::Result<()> {
