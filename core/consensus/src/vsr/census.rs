@@ -97,6 +97,20 @@ impl CensusBook {
 }
 
 impl Replica {
+    /// This replica entered a view as `Normal` (it started one, or adopted
+    /// a StartView): every report it holds may be stale. Its view has a
+    /// `Normal` primary, which answers each waiting peer's probe, so a
+    /// reporter may adopt this view (and journal and acknowledge ops in
+    /// it) without ever sending this replica a frame that voids its
+    /// report. Kept, such a report let a member that later fell into a
+    /// view change lead a census from it, below ops the reporter had
+    /// since acknowledged, and drop ops a quorum had committed (mixed
+    /// 33006971: the reporter had acknowledged op 74, the census started
+    /// at 73). Reports heard from here on were sent in this view or later.
+    pub(super) fn forget_census_reports(&mut self) {
+        self.census = CensusBook::default();
+    }
+
     /// Probes carry a report while the census may still be needed: this
     /// replica restarted and adopted no view yet.
     pub(super) fn census_report(&self) -> Option<Census> {

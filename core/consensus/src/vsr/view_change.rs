@@ -358,6 +358,7 @@ impl Replica {
 
     pub(super) fn start_view(&mut self, op_head: u64) {
         self.status = Status::Normal;
+        self.forget_census_reports();
         // A new primary's commit point can trail ops an earlier primary
         // committed and acknowledged (the DVC quorum may not have heard of
         // the commit): until it commits its whole starting log again, its
@@ -466,6 +467,7 @@ impl Replica {
         self.view = view;
         self.log_view = view;
         self.status = Status::Normal;
+        self.forget_census_reports();
         self.reset_view_change_state();
         self.pipeline.clear();
         if self.observed_newer_view <= view {
