@@ -3,8 +3,8 @@
 
 use bytes::Bytes;
 use consensus::vsr::{
-    Config, DoViewChange, Frame, FrameError, Message, OP_MAX, Prepare, PrepareHeader, Replica,
-    StartView, SuffixSlot, body_checksum,
+    Config, DoViewChange, Frame, FrameError, Message, OP_MAX, Prepare, PrepareHeader,
+    PrepareIgnored, Replica, StartView, SuffixSlot, body_checksum,
 };
 
 fn replica() -> Replica {
@@ -99,6 +99,46 @@ fn given_prepare_whose_header_names_another_group_should_refuse_as_wrong_group()
     );
     assert!(r.journal_entry(1).is_none());
     unchanged(&r);
+}
+
+/// The counts of every reason, in `PrepareIgnored::ALL` order.
+fn ignored(r: &Replica) -> Vec<u64> {
+    PrepareIgnored::ALL
+        .iter()
+        .map(|reason| r.prepares_ignored(*reason))
+        .collect()
+}
+
+#[test]
+fn given_prepares_a_backup_must_not_take_should_count_each_by_its_reason() {
+    let mut r = replica();
+    let from = |replica: u8, view: u32, p: Prepare| Frame {
+        group: 0,
+        replica,
+        view,
+        message: Message::Prepare(p),
+    };
+    // From replica 2, which is not view 0's primary.
+    r.on_frame(from(2, 0, prepare(1))).unwrap();
+    assert_eq!(ignored(&r), [0, 0, 0, 1, 0, 0]);
+    assert!(r.journal_entry(1).is_none());
+    // Of view 1, which this replica has not heard of yet.
+    r.on_frame(from(0, 1, prepare(1))).unwrap();
+    assert_eq!(ignored(&r), [1, 0, 0, 1, 0, 0]);
+    // In view 1's view change, a prepare of view 1 and one of view 0.
+    let mut svc = frame(Message::StartViewChange);
+    svc.view = 1;
+    r.on_frame(svc).unwrap();
+    assert_eq!(r.view(), 1);
+    r.on_frame(from(2, 1, prepare(1))).unwrap();
+    r.on_frame(from(0, 0, prepare(1))).unwrap();
+    assert_eq!(ignored(&r), [1, 1, 1, 1, 0, 0]);
+    assert!(r.journal_entry(1).is_none());
+    // The taken one is counted nowhere.
+    let mut taken = Replica::new(Config::new(1, 3, 0));
+    taken.on_frame(from(0, 0, prepare(1))).unwrap();
+    assert!(taken.journal_entry(1).is_some());
+    assert_eq!(ignored(&taken), [0; 6]);
 }
 
 #[test]

@@ -49,7 +49,7 @@ pub use message::{
 pub use pipeline::PIPELINE_PREPARE_QUEUE_MAX;
 pub use repair::{REPAIR_CHUNK_MAX, UNKNOWN_CHECKSUM};
 pub use replica::{
-    Action, AppliedState, Config, DurableState, Effect, FrameError, OP_MAX, Replica,
-    RequestOutcome, Status, Topology, VIEW_MAX,
+    Action, AppliedState, Config, DurableState, Effect, FrameError, OP_MAX, PrepareIgnored,
+    Replica, RequestOutcome, Status, Topology, VIEW_MAX,
 };
 pub use timeout::TimeoutConfig;

@@ -276,6 +276,42 @@ impl fmt::Display for FrameError {
 
 impl std::error::Error for FrameError {}
 
+/// Why a well-formed prepare from a peer changed nothing here. Counted per
+/// reason ([`Replica::prepares_ignored`]), so a replica that never
+/// journals what its primary sends says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrepareIgnored {
+    /// It belongs to a newer view: this replica asks for that view first.
+    NewerView,
+    /// It belongs to an older view.
+    StaleView,
+    /// This replica is not `Normal` (a view change or a restart).
+    NotNormal,
+    /// Its sender is neither the view's primary nor, in a chain, this
+    /// replica's predecessor.
+    NotFromAuthority,
+    /// This replica is the view's primary: it makes the view's prepares.
+    OwnView,
+    /// A state transfer is installing here.
+    Transferring,
+}
+
+impl PrepareIgnored {
+    /// Every reason, in the order they are tested.
+    pub const ALL: [Self; 6] = [
+        Self::NewerView,
+        Self::StaleView,
+        Self::NotNormal,
+        Self::NotFromAuthority,
+        Self::OwnView,
+        Self::Transferring,
+    ];
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// What happened to a client request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestOutcome {
@@ -511,6 +547,8 @@ pub struct Replica {
     pub(super) transferring: bool,
     pub(super) census: super::census::CensusBook,
     pub(super) census_views_started: u64,
+    /// Prepares that changed nothing, per [`PrepareIgnored`] reason.
+    prepares_ignored: [u64; PrepareIgnored::ALL.len()],
     pub(super) read_checks: super::read_check::ReadChecks,
     held: Vec<(u8, Frame)>,
     actions: Vec<Action>,
@@ -568,6 +606,7 @@ impl Replica {
             transferring: false,
             census: super::census::CensusBook::default(),
             census_views_started: 0,
+            prepares_ignored: [0; PrepareIgnored::ALL.len()],
             read_checks: super::read_check::ReadChecks::default(),
             held: Vec::new(),
             actions: Vec::new(),
@@ -665,6 +704,7 @@ impl Replica {
         fresh.last_timestamp = self.last_timestamp;
         fresh.observed_newer_view = self.observed_newer_view;
         fresh.census_views_started = self.census_views_started;
+        fresh.prepares_ignored = self.prepares_ignored;
         fresh.client_table = std::mem::replace(
             &mut self.client_table,
             ClientTable::new(self.config.clients_max),
@@ -691,6 +731,12 @@ impl Replica {
     /// one bounds the view by it and calls [`Replica::restart`]).
     pub fn restart_rejoining(config: Config, durable: DurableState, applied: AppliedState) -> Self {
         Self::restart_probing(config, durable, applied, true)
+    }
+
+    /// Prepares from peers that changed nothing here for `reason`, since
+    /// this replica was made (a restart in place keeps the counts).
+    pub fn prepares_ignored(&self, reason: PrepareIgnored) -> u64 {
+        self.prepares_ignored[reason.index()]
     }
 
     /// How many times this replica started a view by census after every
@@ -1314,23 +1360,11 @@ impl Replica {
                 group: prepare.header.group,
             });
         }
-        if view > self.view {
-            self.note_newer_view(view);
-            return Ok(());
-        }
-        // In a chain the predecessor forwards what it journaled in this
-        // view, which is this view's log, so it carries the primary's
-        // authority as much as the primary's own send does.
-        let predecessor =
-            (self.config.replica + self.config.replica_count - 1) % self.config.replica_count;
-        let from_authority = from == self.primary_index(view)
-            || (self.config.topology == Topology::Chain && from == predecessor);
-        if view < self.view
-            || self.status != Status::Normal
-            || !from_authority
-            || self.primary_index(view) == self.config.replica
-            || self.transferring
-        {
+        if let Some(reason) = self.prepare_ignored(from, view) {
+            self.prepares_ignored[reason.index()] += 1;
+            if reason == PrepareIgnored::NewerView {
+                self.note_newer_view(view);
+            }
             return Ok(());
         }
         self.timers.normal_heartbeat.start_jittered(&mut self.prng);
@@ -1360,6 +1394,33 @@ impl Replica {
         self.advance_commit_max(commit);
         self.after_journal_change();
         Ok(())
+    }
+
+    /// Why a verified prepare of view `view` from `from` changes nothing
+    /// here, if it does not.
+    fn prepare_ignored(&self, from: u8, view: u32) -> Option<PrepareIgnored> {
+        // In a chain the predecessor forwards what it journaled in this
+        // view, which is this view's log, so it carries the primary's
+        // authority as much as the primary's own send does.
+        let predecessor =
+            (self.config.replica + self.config.replica_count - 1) % self.config.replica_count;
+        let from_authority = from == self.primary_index(view)
+            || (self.config.topology == Topology::Chain && from == predecessor);
+        if view > self.view {
+            Some(PrepareIgnored::NewerView)
+        } else if view < self.view {
+            Some(PrepareIgnored::StaleView)
+        } else if self.status != Status::Normal {
+            Some(PrepareIgnored::NotNormal)
+        } else if !from_authority {
+            Some(PrepareIgnored::NotFromAuthority)
+        } else if self.primary_index(view) == self.config.replica {
+            Some(PrepareIgnored::OwnView)
+        } else if self.transferring {
+            Some(PrepareIgnored::Transferring)
+        } else {
+            None
+        }
     }
 
     /// A backup acknowledges a prepare it already applied. A new primary
