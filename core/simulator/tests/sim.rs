@@ -954,3 +954,19 @@ fn regression_purges_20002303_20001999_store_after_a_purge_taken_for_a_duplicate
 fn regression_purges_20000993_install_could_not_record_the_purge_generation() {
     clean(&lifecycle(20_000_993, FaultProfile::Mixed, 2_000, true));
 }
+
+/// Mixed seed 33006971 with every flag (1 of 10,000 from 33,000,000 on
+/// 74a5bf9): a member in a view change counted a census report that had
+/// outlived its sender's wait, led a census view below an op the sender
+/// had since acknowledged, and lost an acknowledged produce. A replica now
+/// forgets its reports when it enters a view. The seed's schedule moved
+/// with later commits; `consensus/tests/vsr_census.rs` drives the same
+/// order of frames and holds the bug.
+#[test]
+fn regression_mixed_33006971_census_led_from_a_report_that_outlived_its_wait() {
+    lifecycle_regression(33_006_971, FaultProfile::Mixed, |o| {
+        every_flag(o);
+        o.stream_deletes = true;
+        o.size_retention = true;
+    });
+}
