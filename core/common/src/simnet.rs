@@ -221,11 +221,6 @@ impl<P: Clone> SimNet<P> {
         self.in_flight.len()
     }
 
-    /// Drops every frame in flight (a harness that forgets its wire).
-    pub fn clear_in_flight(&mut self) {
-        self.in_flight.clear();
-    }
-
     /// Frames sent and dropped so far (blocked or lost).
     pub fn counts(&self) -> (u64, u64) {
         (self.sent, self.dropped)

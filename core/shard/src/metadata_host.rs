@@ -156,7 +156,7 @@ pub struct MetadataHost<E: Env> {
     /// Boot found the store damaged at rest and set it aside: group 0
     /// restarted from nothing, and the partition groups on disk are
     /// reconciled with the metadata only once it has caught up.
-    pub(crate) recovering_from_damage: bool,
+    recovering_from_damage: bool,
 }
 
 const QUEUED_MAX: usize = 1024;
@@ -249,9 +249,16 @@ impl<E: Env> MetadataHost<E> {
             && self.group.state_transfer_needed().is_none()
     }
 
-    /// Ends the damage recovery (the caller cleared the flag and
-    /// reconciled the partition groups): its marker goes, durably. A failed removal is logged; the
-    /// next boot then defers its reconciliation once more, which is safe.
+    /// Group 0 has caught up after its damaged store: reconciliation of
+    /// the partition groups may run (the marker stays until
+    /// [`Self::end_damage_recovery`]).
+    pub(crate) fn stop_deferring_reconciliation(&mut self) {
+        self.recovering_from_damage = false;
+    }
+
+    /// Ends the damage recovery once the partition groups are reconciled:
+    /// its marker goes, durably. A failed removal is logged; the next boot
+    /// then defers its reconciliation once more, which is safe.
     pub(crate) async fn end_damage_recovery(&mut self) {
         let store = self.group.store();
         if let Err(error) = MetadataStore::end_damage_recovery(store.fs(), store.dir()).await {

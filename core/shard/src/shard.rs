@@ -2046,7 +2046,7 @@ impl<E: Env> Shard<E> {
                     applied = host.state().applied().0,
                     "group 0 caught up after its damaged store: reconciling partition groups"
                 );
-                host.recovering_from_damage = false;
+                host.stop_deferring_reconciliation();
                 self.reconcile_partitions().await;
                 if let Some(host) = self.metadata.as_mut() {
                     host.end_damage_recovery().await;
