@@ -1,6 +1,6 @@
 //! The simulated network every deterministic test drives: one model of a
 //! link's faults and one queue of frames in flight, shared by the
-//! consensus harness (`consensus::vsr::harness`), the partition tests'
+//! consensus harness (the `vsr_harness` crate), the partition tests'
 //! `InMemoryNetwork` and the shard's `TestNet` (and through it the
 //! simulator), each of which is a thin view that chooses its payload and
 //! its fault mix.

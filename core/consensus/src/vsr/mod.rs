@@ -6,7 +6,8 @@
 //! [`Replica::take_actions`], are frames to send, replies to clients and
 //! [`Effect`]s (persist the superblock state, journal, apply, start a state
 //! transfer). No clock, socket or file lives here, so one thread can drive
-//! a whole cluster deterministically ([`harness`]).
+//! a whole cluster deterministically (the `vsr_harness` crate does, for
+//! the tests and benchmarks).
 //!
 //! - [`message`]: the typed VSR messages.
 //! - [`replica`]: state, inputs and outputs, normal operation.
@@ -19,7 +20,6 @@
 //! - [`journal`]: the in-memory, hash-chain-verified log.
 //! - [`pipeline`]: the primary's bounded queue of uncommitted prepares.
 //! - [`timeout`]: tick timers with backoff and the seeded PRNG.
-//! - [`harness`]: a deterministic in-memory cluster with fault injection.
 //! - [`wire`]: the one codec between [`Frame`]s and the bytes between
 //!   replicas.
 //!
@@ -27,7 +27,6 @@
 //! `docs/consensus.md`.
 
 mod census;
-pub mod harness;
 mod invariants;
 pub mod journal;
 pub mod merge;

@@ -5,8 +5,8 @@
 #![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
-use consensus::vsr::harness::{SimConfig, Simulation};
 use consensus::vsr::{OPERATION_APPEND, OPERATION_REGISTER, Request, RequestOutcome, Status};
+use vsr_harness::{SimConfig, Simulation};
 
 fn quiet(seed: u64, n: u8) -> SimConfig {
     let mut c = SimConfig::quiet(seed, n);

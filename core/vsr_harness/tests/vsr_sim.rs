@@ -7,7 +7,7 @@
 //! repair retention, runs a faulty phase, heals, and checks convergence.
 #![allow(clippy::unwrap_used)]
 
-use consensus::vsr::harness::{SimConfig, run_seed, trace_seed};
+use vsr_harness::{SimConfig, run_seed, trace_seed};
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -70,13 +70,13 @@ fn fingerprint(
     config: SimConfig,
 ) -> Result<
     (
-        consensus::vsr::harness::SimReport,
-        Vec<consensus::vsr::harness::AppliedOp>,
+        vsr_harness::SimReport,
+        Vec<vsr_harness::AppliedOp>,
         Vec<String>,
     ),
     String,
 > {
-    use consensus::vsr::harness::Simulation;
+    use vsr_harness::Simulation;
     let mut s = Simulation::new(config.clone());
     s.run_for(config.fault_ticks).map_err(|f| f.to_string())?;
     s.heal_and_converge(config.heal_ticks_max)

@@ -14,12 +14,12 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use consensus::vsr::harness::{SimConfig, Simulation};
 use consensus::vsr::{
     Action, Config, Effect, Frame, OPERATION_APPEND, OPERATION_REGISTER, Replica, Request,
     RequestOutcome, Topology,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use vsr_harness::{SimConfig, Simulation};
 
 struct Cluster {
     replicas: Vec<Replica>,

@@ -20,24 +20,26 @@
 //! makes (`set_commit_floor`, `set_sequence`, `clear_pipeline`,
 //! `advance_commit_max`, `finish_state_transfer`).
 //!
-//! The simulator crate is meant to reuse this module.
+//! It lives in its own dev-only crate so the production library carries
+//! none of it; the whole-system simulator (`core/simulator`) drives the
+//! real shards instead.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use bytes::Bytes;
 
-use super::journal::Retained;
-use super::message::{
-    Frame, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Reply, ReplyStatus, Request,
-};
-use super::replica::{
-    Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status, Topology,
-};
-use super::timeout::TimeoutConfig;
-use crate::client_table::ClientTable;
 use common::Prng;
 use common::simnet::{LinkDraw, SimNet};
+use consensus::client_table::ClientTable;
+use consensus::vsr::journal::Retained;
+use consensus::vsr::message::{
+    Frame, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Reply, ReplyStatus, Request,
+};
+use consensus::vsr::replica::{
+    Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status, Topology,
+};
+use consensus::vsr::timeout::TimeoutConfig;
 
 /// Knobs of one simulation run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -641,17 +643,18 @@ impl Simulation {
         // Every frame crosses the wire codec, as between real replicas: a
         // message the core emits that the codec cannot carry unchanged is
         // a bug the simulation must surface.
-        let expect = super::wire::Expect {
+        let expect = consensus::vsr::wire::Expect {
             cluster: 0,
-            size_max: crate::header::FRAME_SIZE_MAX_DEFAULT,
+            size_max: consensus::header::FRAME_SIZE_MAX_DEFAULT,
             peer: Some(from),
         };
-        let carried = super::wire::decode(&super::wire::encode(0, &frame), &expect);
+        let carried =
+            consensus::vsr::wire::decode(&consensus::vsr::wire::encode(0, &frame), &expect);
         // A prepare travels with one view, the frame's (the header field
         // no checksum covers, restamped on retransmission).
         let mut expected = frame.clone();
-        if let super::message::Message::Prepare(p) | super::message::Message::RepairPrepare(p) =
-            &mut expected.message
+        if let consensus::vsr::message::Message::Prepare(p)
+        | consensus::vsr::message::Message::RepairPrepare(p) = &mut expected.message
         {
             p.header.view = expected.view;
         }
@@ -847,7 +850,7 @@ impl Simulation {
         let commit_op = source.commit_min();
         let table = source.client_table().export();
         let checksum = if self.config.transfer_without_checksum {
-            super::UNKNOWN_CHECKSUM
+            consensus::vsr::UNKNOWN_CHECKSUM
         } else {
             source.commit_min_checksum()
         };
@@ -1144,8 +1147,8 @@ impl Simulation {
     }
 }
 
-fn trace_message(m: &super::message::Message) -> String {
-    use super::message::Message;
+fn trace_message(m: &consensus::vsr::message::Message) -> String {
+    use consensus::vsr::message::Message;
     match m {
         Message::Prepare(p) => format!("Prepare op{} commit{}", p.header.op, p.header.commit),
         Message::RepairPrepare(p) => format!("RepairPrepare op{}", p.header.op),

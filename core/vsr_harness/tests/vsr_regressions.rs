@@ -3,7 +3,7 @@
 //! (`SimConfig::for_seed_v1` for the first sweep).
 #![allow(clippy::unwrap_used)]
 
-use consensus::vsr::harness::{SimConfig, run_config};
+use vsr_harness::{SimConfig, run_config};
 
 fn must_pass(seed: u64) {
     if let Err(failure) = run_config(SimConfig::for_seed_v1(seed)) {
@@ -109,7 +109,7 @@ fn caught_up_primary_has_applied_everything_ever_committed() {
     for seed in 0..60 {
         let config = SimConfig::for_seed(seed);
         let n = config.replica_count;
-        let mut s = consensus::vsr::harness::Simulation::new(config);
+        let mut s = vsr_harness::Simulation::new(config);
         let mut committed_max = 0;
         let mut stale = None;
         let done = s
