@@ -3,8 +3,8 @@
 
 use bytes::Bytes;
 use consensus::vsr::{
-    Config, DoViewChange, Frame, FrameError, Message, OP_MAX, Prepare, PrepareHeader,
-    PrepareIgnored, Replica, StartView, SuffixSlot, body_checksum,
+    AppliedState, Config, DoViewChange, DurableState, Frame, FrameError, Handled, Ignored, Message,
+    OP_MAX, Prepare, PrepareHeader, Replica, StartView, SuffixSlot, body_checksum,
 };
 
 fn replica() -> Replica {
@@ -101,44 +101,167 @@ fn given_prepare_whose_header_names_another_group_should_refuse_as_wrong_group()
     unchanged(&r);
 }
 
-/// The counts of every reason, in `PrepareIgnored::ALL` order.
+/// The counts of the reasons a prepare can be ignored for, in order:
+/// newer view, stale view, not normal, not from authority, own view,
+/// transferring.
 fn ignored(r: &Replica) -> Vec<u64> {
-    PrepareIgnored::ALL
-        .iter()
-        .map(|reason| r.prepares_ignored(*reason))
-        .collect()
+    [
+        Ignored::NewerView,
+        Ignored::StaleView,
+        Ignored::NotNormal,
+        Ignored::NotFromAuthority,
+        Ignored::OwnView,
+        Ignored::Transferring,
+    ]
+    .iter()
+    .map(|reason| r.frames_ignored(*reason))
+    .collect()
+}
+
+fn from(replica: u8, view: u32, message: Message) -> Frame {
+    Frame {
+        group: 0,
+        replica,
+        view,
+        message,
+    }
 }
 
 #[test]
 fn given_prepares_a_backup_must_not_take_should_count_each_by_its_reason() {
     let mut r = replica();
-    let from = |replica: u8, view: u32, p: Prepare| Frame {
-        group: 0,
-        replica,
-        view,
-        message: Message::Prepare(p),
-    };
+    let prepare_from =
+        |replica: u8, view: u32, p: Prepare| from(replica, view, Message::Prepare(p));
     // From replica 2, which is not view 0's primary.
-    r.on_frame(from(2, 0, prepare(1))).unwrap();
+    assert_eq!(
+        r.on_frame(prepare_from(2, 0, prepare(1))),
+        Ok(Handled::Ignored(Ignored::NotFromAuthority))
+    );
     assert_eq!(ignored(&r), [0, 0, 0, 1, 0, 0]);
     assert!(r.journal_entry(1).is_none());
     // Of view 1, which this replica has not heard of yet.
-    r.on_frame(from(0, 1, prepare(1))).unwrap();
+    r.on_frame(prepare_from(0, 1, prepare(1))).unwrap();
     assert_eq!(ignored(&r), [1, 0, 0, 1, 0, 0]);
     // In view 1's view change, a prepare of view 1 and one of view 0.
     let mut svc = frame(Message::StartViewChange);
     svc.view = 1;
-    r.on_frame(svc).unwrap();
+    assert_eq!(r.on_frame(svc), Ok(Handled::Taken));
     assert_eq!(r.view(), 1);
-    r.on_frame(from(2, 1, prepare(1))).unwrap();
-    r.on_frame(from(0, 0, prepare(1))).unwrap();
+    r.on_frame(prepare_from(2, 1, prepare(1))).unwrap();
+    r.on_frame(prepare_from(0, 0, prepare(1))).unwrap();
     assert_eq!(ignored(&r), [1, 1, 1, 1, 0, 0]);
     assert!(r.journal_entry(1).is_none());
     // The taken one is counted nowhere.
     let mut taken = Replica::new(Config::new(1, 3, 0));
-    taken.on_frame(from(0, 0, prepare(1))).unwrap();
+    assert_eq!(
+        taken.on_frame(prepare_from(0, 0, prepare(1))),
+        Ok(Handled::Taken)
+    );
     assert!(taken.journal_entry(1).is_some());
-    assert_eq!(ignored(&taken), [0; 6]);
+    assert!(Ignored::ALL.iter().all(|x| taken.frames_ignored(*x) == 0));
+}
+
+#[test]
+fn given_frames_a_replica_must_not_act_on_should_name_each_reason() {
+    // Replica 1 of 3, a backup in view 0 (replica 0 leads it).
+    let mut backup = replica();
+    let cases = [
+        (
+            from(
+                2,
+                0,
+                Message::PrepareOk {
+                    op: 1,
+                    prepare_checksum: 0,
+                },
+            ),
+            Ignored::NotPrimary,
+        ),
+        (from(0, 0, Message::Pong { round: 1 }), Ignored::NotPrimary),
+        (
+            from(
+                2,
+                0,
+                Message::Commit {
+                    commit: 0,
+                    commit_checksum: 0,
+                    timestamp_monotonic: 1,
+                },
+            ),
+            Ignored::NotFromAuthority,
+        ),
+        (
+            from(2, 0, Message::Ping { round: 1 }),
+            Ignored::NotFromAuthority,
+        ),
+        (
+            from(2, 0, Message::RepairDone { nonce: 7, op: 0 }),
+            Ignored::NoSuchRepair,
+        ),
+        (
+            from(
+                2,
+                0,
+                Message::RangeEvicted {
+                    nonce: 7,
+                    retained_from: 1,
+                },
+            ),
+            Ignored::NoSuchRepair,
+        ),
+        (from(2, 0, Message::StartViewChange), Ignored::AlreadyInView),
+        (
+            from(
+                2,
+                0,
+                Message::RequestStartView {
+                    incarnation: 5,
+                    census: None,
+                },
+            ),
+            Ignored::NotPrimary,
+        ),
+        (
+            from(0, 0, Message::RepairPrepare(prepare(0))),
+            Ignored::AlreadyHeld,
+        ),
+    ];
+    for (frame, reason) in cases {
+        let name = frame.message.name();
+        let before = backup.frames_ignored(reason);
+        assert_eq!(
+            backup.on_frame(frame),
+            Ok(Handled::Ignored(reason)),
+            "{name}"
+        );
+        assert_eq!(backup.frames_ignored(reason), before + 1, "{name}");
+        unchanged(&backup);
+    }
+
+    // A restarted replica is quorum-invisible, and a StartView that does
+    // not answer its own probe changes nothing.
+    let durable = DurableState {
+        view: 0,
+        log_view: 0,
+        commit: 0,
+    };
+    let mut restarted = Replica::restart(Config::new(1, 3, 0), durable, AppliedState::default());
+    assert_eq!(
+        restarted.on_frame(from(2, 1, Message::StartViewChange)),
+        Ok(Handled::Ignored(Ignored::Invisible))
+    );
+    let sv = StartView {
+        incarnation: 3,
+        op: 0,
+        commit: 0,
+        suffix: Vec::new(),
+    };
+    assert_eq!(
+        restarted.on_frame(from(0, 0, Message::StartView(sv))),
+        Ok(Handled::Ignored(Ignored::NotOurProbe))
+    );
+    assert_eq!(restarted.frames_ignored(Ignored::Invisible), 1);
+    assert_eq!(restarted.frames_ignored(Ignored::NotOurProbe), 1);
 }
 
 #[test]

@@ -48,7 +48,7 @@ use bytes::Bytes;
 use common::Op;
 use consensus::vsr::{
     Action, AppliedState, Config as VsrConfig, DurableState as VsrDurable, Effect, Frame,
-    FrameError, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request,
+    FrameError, Handled, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request,
     RequestOutcome,
 };
 use journal::{DurableState, SuperblockError, SuperblockStore, VsrState};
@@ -588,9 +588,13 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// A frame from a peer.
     pub async fn on_frame(&mut self, frame: Frame) -> Result<(), GroupError> {
         self.check_fenced()?;
+        let (from, view, message) = (frame.replica, frame.view, frame.message.name());
         let res = self.replica.on_frame(frame);
+        if let Ok(Handled::Ignored(reason)) = res {
+            tracing::trace!(group = 0, from, view, message, %reason, "frame ignored");
+        }
         self.drive().await?;
-        res.map_err(GroupError::Frame)
+        res.map(|_| ()).map_err(GroupError::Frame)
     }
 
     /// One tick of the driver's clock.

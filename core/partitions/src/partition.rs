@@ -75,8 +75,8 @@ use consensus::DedupWatermark;
 use consensus::client_table::ClientTableError;
 use consensus::vsr::{
     Action, AppliedState, Config as VsrConfig, DurableState as VsrDurable, Effect, Frame,
-    FrameError, Message, OPERATION_REGISTER, Prepare, Replica, Reply, ReplyStatus, Request,
-    RequestOutcome,
+    FrameError, Handled, Ignored, Message, OPERATION_REGISTER, Prepare, Replica, Reply,
+    ReplyStatus, Request, RequestOutcome,
 };
 use journal::{
     DurableState, EntryStats, JournalEntry, JournalError, JournalLimits, PrepareJournal,
@@ -1560,11 +1560,23 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if self.quorum_withheld() && matches!(frame.message, Message::DoViewChange(_)) {
             // A vote for a view this replica would lead: it must not lead
             // while history it claims is missing.
+            self.replica.count_ignored(Ignored::HistoryMissing);
             return Ok(());
         }
+        let (from, view, message) = (frame.replica, frame.view, frame.message.name());
         let res = self.replica.on_frame(frame);
+        if let Ok(Handled::Ignored(reason)) = res {
+            tracing::trace!(
+                group = self.replica.group(),
+                from,
+                view,
+                message,
+                %reason,
+                "frame ignored"
+            );
+        }
         self.drive().await?;
-        res.map_err(PartitionError::Frame)
+        res.map(|_| ()).map_err(PartitionError::Frame)
     }
 
     /// Fences a read that arrived now: the read may be served from this

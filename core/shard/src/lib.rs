@@ -45,4 +45,4 @@ pub use shard::{
     FrameRefusal, GroupError, METADATA_DIR, Shard, ShardBus, ShardConfig, ShardPartition,
     ShardStats, TICK_DEFAULT, shard_dir,
 };
-pub use snapshot::{ShardSnapshot, SnapshotDetail, SnapshotReply};
+pub use snapshot::{IgnoredTotals, ShardSnapshot, SnapshotDetail, SnapshotReply};

@@ -54,8 +54,8 @@ use crate::placement::{ShardIndex, shard_of};
 use crate::pump::{Inbox, Input};
 use crate::rejoin::{self, Rejoin};
 use crate::snapshot::{
-    DurationBuckets, GroupSnapshot, PartitionSnapshot, PartitionTotals, ShardSnapshot,
-    SnapshotDetail, TransferProgress, TransferTotals, consensus_of,
+    DurationBuckets, GroupSnapshot, IgnoredTotals, PartitionSnapshot, PartitionTotals,
+    ShardSnapshot, SnapshotDetail, TransferProgress, TransferTotals, consensus_of,
 };
 
 /// Default tick period.
@@ -643,6 +643,8 @@ pub struct Shard<E: Env> {
     /// The transfer counters of deleted groups (the shard's sums stay
     /// monotonic).
     transfer_retired: TransferTotals,
+    /// Ignored frames of the groups deleted since boot.
+    ignored_retired: IgnoredTotals,
     retention: RetentionPolicy,
     /// The group the next tick's scrub starts after.
     scrub_after: GroupId,
@@ -706,6 +708,7 @@ impl<E: Env> Shard<E> {
             tick: 0,
             stats: ShardStats::default(),
             transfer_retired: TransferTotals::default(),
+            ignored_retired: IgnoredTotals::default(),
             retention: RetentionPolicy::default(),
             scrub_after: GroupId(0),
             handles_after: GroupId(0),
@@ -903,8 +906,10 @@ impl<E: Env> Shard<E> {
     pub fn snapshot(&self, detail: SnapshotDetail) -> ShardSnapshot {
         let mut totals = PartitionTotals::default();
         let mut transfer = self.transfer_retired;
+        let mut ignored = self.ignored_retired;
         let mut groups = Vec::new();
         if let Some(host) = self.metadata.as_ref() {
+            ignored.add(host.replica());
             groups.push(GroupSnapshot {
                 group: METADATA_GROUP,
                 consensus: consensus_of(host.replica()),
@@ -921,6 +926,7 @@ impl<E: Env> Shard<E> {
             totals.fenced += u64::from(fenced);
             totals.read_back_bodies += g.partition.read_backs().1;
             add_transfer_totals(&mut transfer, &g.driver);
+            ignored.add(g.partition.replica());
             let progress = transfer_progress(&g.driver);
             totals.transferring += u64::from(progress.is_some());
             if detail == SnapshotDetail::Groups {
@@ -942,6 +948,7 @@ impl<E: Env> Shard<E> {
             partition_groups: self.groups.len() as u64,
             totals,
             transfer,
+            ignored,
             groups,
         }
     }
@@ -1012,6 +1019,7 @@ impl<E: Env> Shard<E> {
         self.schedule.remove(&(removed.due_at, group));
         removed.driver.release(&mut self.slots);
         add_transfer_totals(&mut self.transfer_retired, &removed.driver);
+        self.ignored_retired.add(removed.partition.replica());
         for (_, reply) in removed.queued.drain(..) {
             let _ = reply.send(Err(CallError::UnknownGroup { group }));
         }

@@ -14,7 +14,7 @@ use std::fmt;
 use std::time::Duration;
 
 use common::{GroupId, Offset, Op, ReplicaId};
-use consensus::vsr::Status;
+use consensus::vsr::{Ignored, Replica, Status};
 use partitions::PartitionStats;
 
 use crate::placement::ShardIndex;
@@ -42,9 +42,39 @@ pub struct ShardSnapshot {
     pub totals: PartitionTotals,
     /// Transfer counters over the shard's groups, deleted ones included.
     pub transfer: TransferTotals,
+    /// Frames from peers the shard's groups (group 0 included) took no
+    /// action on, by reason, deleted groups included.
+    pub ignored: IgnoredTotals,
     /// Per group (group 0 first where hosted); partition groups only with
     /// [`SnapshotDetail::Groups`].
     pub groups: Vec<GroupSnapshot>,
+}
+
+/// Frames from peers that changed nothing, per [`Ignored`] reason, summed
+/// over a shard's groups. Monotonic: a deleted group's counts stay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IgnoredTotals([u64; Ignored::ALL.len()]);
+
+impl IgnoredTotals {
+    /// Adds a replica's counts.
+    pub fn add(&mut self, replica: &Replica) {
+        for (sum, reason) in self.0.iter_mut().zip(Ignored::ALL) {
+            *sum += replica.frames_ignored(reason);
+        }
+    }
+
+    /// The count for one reason.
+    pub fn get(&self, reason: Ignored) -> u64 {
+        Ignored::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.0[i])
+    }
+
+    /// Every reason with its count, in [`Ignored::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (Ignored, u64)> + '_ {
+        Ignored::ALL.into_iter().zip(self.0.iter().copied())
+    }
 }
 
 /// Sums over a shard's partitions.

@@ -753,6 +753,40 @@ mod hostile {
     }
 
     #[test]
+    fn given_a_well_formed_frame_that_changes_nothing_should_count_it_by_reason() {
+        let mut c = cluster();
+        let g = group(1);
+        let before = fingerprint(&c, 0);
+        let late = wire::encode(
+            harness::CLUSTER,
+            &Frame {
+                group: g.0,
+                replica: 1,
+                view: 0,
+                message: Message::RepairDone {
+                    nonce: 0x5eed,
+                    op: 0,
+                },
+            },
+        );
+        let node = c.node(0, g);
+        let ignored = |node: &shard::Shard<shard::testing::TestEnv>| {
+            node.snapshot(shard::SnapshotDetail::Totals)
+                .ignored
+                .get(consensus::vsr::Ignored::NoSuchRepair)
+        };
+        let counted_before = ignored(node);
+        let refused_before: u64 = node.stats().frames_refused.values().sum();
+        block_on(node.on_frame(ReplicaId(1), late)).unwrap();
+        assert_eq!(ignored(node), counted_before + 1);
+        assert_eq!(
+            node.stats().frames_refused.values().sum::<u64>(),
+            refused_before
+        );
+        assert_eq!(fingerprint(&c, 0), before);
+    }
+
+    #[test]
     fn given_each_kind_of_bad_frame_when_received_should_refuse_it_typed_and_count_it() {
         let mut c = cluster();
         let good = valid_commit_frame(group(1), 1);

@@ -48,7 +48,7 @@ pub use message::{
 pub use pipeline::PIPELINE_PREPARE_QUEUE_MAX;
 pub use repair::{REPAIR_CHUNK_MAX, UNKNOWN_CHECKSUM};
 pub use replica::{
-    Action, AppliedState, Config, DurableState, Effect, FrameError, OP_MAX, PrepareIgnored,
+    Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored, OP_MAX,
     Replica, RequestOutcome, Status, Topology, VIEW_MAX,
 };
 pub use timeout::TimeoutConfig;

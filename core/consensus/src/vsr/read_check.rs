@@ -32,7 +32,7 @@
 //! again every `commit_message_ticks`.
 
 use super::message::Message;
-use super::replica::{Replica, Status};
+use super::replica::{Handled, Ignored, Replica, Status};
 
 /// A primary's read-check rounds. Round numbers grow for the replica's
 /// whole life (never reused across views), so a Pong names exactly the
@@ -142,36 +142,43 @@ impl Replica {
 
     /// A backup: vouch for the Ping's view if it is ours and we follow its
     /// primary. A deposed primary's Ping is answered with the newer view.
-    pub(super) fn on_ping(&mut self, from: u8, view: u32, round: u64) {
+    pub(super) fn on_ping(&mut self, from: u8, view: u32, round: u64) -> Handled {
         if view > self.view {
             self.note_newer_view(view);
-            return;
+            return Handled::Ignored(Ignored::NewerView);
         }
         if view < self.view {
             if self.is_primary() {
                 let sv = self.start_view_message(0);
                 self.send(from, Message::StartView(sv));
+                return Handled::Taken;
             }
-            return;
+            return Handled::Ignored(Ignored::StaleView);
         }
         // A replica still recovering (a replaced disk above all) may hold
         // a view older than one it voted in before; it vouches for
         // nothing until a primary has told it the view.
-        if self.status != Status::Normal
-            || self.recovering.is_some()
-            || from != self.primary_index(view)
-            || from == self.config.replica
-        {
-            return;
+        if self.recovering.is_some() {
+            return Handled::Ignored(Ignored::Invisible);
+        }
+        if self.status != Status::Normal {
+            return Handled::Ignored(Ignored::NotNormal);
+        }
+        if from != self.primary_index(view) || from == self.config.replica {
+            return Handled::Ignored(Ignored::NotFromAuthority);
         }
         self.send(from, Message::Pong { round });
+        Handled::Taken
     }
 
     /// The primary: count a backup's echo, confirm what enough backups
     /// have echoed, and send the next wanted round.
-    pub(super) fn on_pong(&mut self, from: u8, view: u32, round: u64) {
-        if view != self.view || !self.is_primary() {
-            return;
+    pub(super) fn on_pong(&mut self, from: u8, view: u32, round: u64) -> Handled {
+        if let Some(reason) = self.other_view(view) {
+            return Handled::Ignored(reason);
+        }
+        if !self.is_primary() {
+            return Handled::Ignored(Ignored::NotPrimary);
         }
         let needed = self.read_echoes_needed();
         let count = usize::from(self.config.replica_count);
@@ -183,11 +190,11 @@ impl Replica {
         // A Pong can only echo a round this replica sent.
         let round = round.min(checks.sent);
         let Some(slot) = checks.echoed.get_mut(usize::from(from)) else {
-            return;
+            return Handled::Taken;
         };
         *slot = (*slot).max(round);
         if needed == 0 {
-            return;
+            return Handled::Taken;
         }
         let mut echoes = checks.echoed.clone();
         echoes.sort_unstable_by(|a, b| b.cmp(a));
@@ -196,5 +203,6 @@ impl Replica {
             checks.confirmed = confirmed;
             self.send_read_round_if_free();
         }
+        Handled::Taken
     }
 }

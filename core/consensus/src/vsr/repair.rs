@@ -16,7 +16,7 @@
 
 use super::journal::Retained;
 use super::message::{Message, Prepare};
-use super::replica::{Effect, FrameError, RepairSession, Replica, Status};
+use super::replica::{Effect, FrameError, Handled, Ignored, RepairSession, Replica, Status};
 
 /// Prepares served per RequestPrepares.
 pub const REPAIR_CHUNK_MAX: u64 = 128;
@@ -151,12 +151,12 @@ impl Replica {
         nonce: u128,
         from_op: u64,
         to_op: u64,
-    ) -> Result<(), FrameError> {
+    ) -> Result<Handled, FrameError> {
         if from_op == 0 || from_op > to_op {
             return Err(FrameError::BadRange { from_op, to_op });
         }
         if self.transferring {
-            return Ok(());
+            return Ok(Handled::Ignored(Ignored::Transferring));
         }
         let retained_from = self.journal.retained_from();
         let start = from_op.max(retained_from);
@@ -182,14 +182,14 @@ impl Replica {
                 from_op: start,
                 slice,
             });
-            return Ok(());
+            return Ok(Handled::Taken);
         }
         let held = slice.into_iter().map(|r| match r {
             Retained::Held(p) => Some(p),
             Retained::Spilled(_) => None,
         });
         self.answer_request_prepares(from, nonce, start, held);
-        Ok(())
+        Ok(Handled::Taken)
     }
 
     /// Answers a RequestPrepares slice that needed bodies read back
@@ -256,7 +256,7 @@ impl Replica {
         self.send(to, Message::RepairDone { nonce, op: last });
     }
 
-    pub(super) fn on_repair_prepare(&mut self, prepare: Prepare) -> Result<(), FrameError> {
+    pub(super) fn on_repair_prepare(&mut self, prepare: Prepare) -> Result<Handled, FrameError> {
         // The frame's group was checked; the prepare's own header names
         // its group too, under the checksum.
         if !prepare.verify() {
@@ -270,18 +270,22 @@ impl Replica {
             });
         }
         let op = prepare.header.op;
-        if self.transferring || op <= self.commit_min || self.journal.entry(op).is_some() {
-            return Ok(());
+        if self.transferring {
+            return Ok(Handled::Ignored(Ignored::Transferring));
+        }
+        if op <= self.commit_min || self.journal.entry(op).is_some() {
+            return Ok(Handled::Ignored(Ignored::AlreadyHeld));
         }
         if self.repair_buffer.len() >= REPAIR_BUFFER_MAX && !self.repair_buffer.contains_key(&op) {
-            return Ok(());
+            return Ok(Handled::Ignored(Ignored::RepairBufferFull));
         }
         self.repair_buffer.insert(op, prepare);
         let inserted = self
             .journal
             .absorb(&mut self.repair_buffer, self.commit_min);
         if inserted.is_empty() {
-            return Ok(());
+            // Buffered until the ops below it arrive.
+            return Ok(Handled::Taken);
         }
         for op in inserted {
             self.repaired_total += 1;
@@ -291,15 +295,15 @@ impl Replica {
             }
         }
         self.after_journal_change();
-        Ok(())
+        Ok(Handled::Taken)
     }
 
-    pub(super) fn on_repair_done(&mut self, from: u8, nonce: u128, _op: u64) {
+    pub(super) fn on_repair_done(&mut self, from: u8, nonce: u128, _op: u64) -> Handled {
         let Some(session) = self.repair else {
-            return;
+            return Handled::Ignored(Ignored::NoSuchRepair);
         };
         if session.nonce != nonce || session.peer != from {
-            return;
+            return Handled::Ignored(Ignored::NoSuchRepair);
         }
         self.repair = None;
         self.timers.repair.stop();
@@ -310,14 +314,21 @@ impl Replica {
             self.repair_tried |= 1u32 << from;
         }
         self.maybe_repair();
+        Handled::Taken
     }
 
-    pub(super) fn on_range_evicted(&mut self, from: u8, nonce: u128, retained_from: u64) {
+    pub(super) fn on_range_evicted(
+        &mut self,
+        from: u8,
+        nonce: u128,
+        retained_from: u64,
+    ) -> Handled {
         match self.repair {
             Some(s) if s.nonce == nonce && s.peer == from => {
                 self.repair_evicted.insert(from, retained_from);
+                Handled::Taken
             }
-            _ => {}
+            _ => Handled::Ignored(Ignored::NoSuchRepair),
         }
     }
 

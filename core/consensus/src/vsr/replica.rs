@@ -276,39 +276,127 @@ impl fmt::Display for FrameError {
 
 impl std::error::Error for FrameError {}
 
-/// Why a well-formed prepare from a peer changed nothing here. Counted per
-/// reason ([`Replica::prepares_ignored`]), so a replica that never
-/// journals what its primary sends says why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PrepareIgnored {
-    /// It belongs to a newer view: this replica asks for that view first.
+/// Why a well-formed frame from a peer changed nothing here. Each handler
+/// names its case; the replica counts them per reason
+/// ([`Replica::frames_ignored`]) and [`Replica::on_frame`] returns it, so a
+/// replica that never journals, votes or answers says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Ignored {
+    /// It belongs to a newer view than this replica's (which most
+    /// handlers then ask for).
     NewerView,
     /// It belongs to an older view.
     StaleView,
     /// This replica is not `Normal` (a view change or a restart).
     NotNormal,
-    /// Its sender is neither the view's primary nor, in a chain, this
-    /// replica's predecessor.
+    /// Its sender is not the replica whose word counts here (the view's
+    /// primary, or in a chain this replica's predecessor).
     NotFromAuthority,
-    /// This replica is the view's primary: it makes the view's prepares.
+    /// This replica is the view's primary: it makes the view's prepares
+    /// and heartbeats itself.
     OwnView,
+    /// Only the view's primary takes it, and this replica is not that.
+    NotPrimary,
     /// A state transfer is installing here.
     Transferring,
+    /// This replica restarted and is quorum-invisible: it votes in no view
+    /// change until a primary's answer to its own probe brings it back
+    /// (docs/consensus.md §4).
+    Invisible,
+    /// A StartView that answers another boot's probe, or names a view
+    /// below the one `f + 1` peers reported after a disk replacement.
+    NotOurProbe,
+    /// A StartView or StartViewChange of the view this replica is already
+    /// `Normal` in as a backup.
+    AlreadyInView,
+    /// A StartView whose log ends below what this replica applied.
+    BehindApplied,
+    /// A repair answer for a session this replica is not running (another
+    /// nonce or peer: a late answer).
+    NoSuchRepair,
+    /// A repaired prepare this replica already applied or journals.
+    AlreadyHeld,
+    /// A repaired prepare that does not fit the bounded repair buffer.
+    RepairBufferFull,
+    /// Set by the partition driver, not the core: a vote for a view this
+    /// replica would lead, withheld while it holds its history as missing.
+    HistoryMissing,
 }
 
-impl PrepareIgnored {
-    /// Every reason, in the order they are tested.
-    pub const ALL: [Self; 6] = [
+impl Ignored {
+    /// Every reason, in declaration order.
+    pub const ALL: [Self; 15] = [
         Self::NewerView,
         Self::StaleView,
         Self::NotNormal,
         Self::NotFromAuthority,
         Self::OwnView,
+        Self::NotPrimary,
         Self::Transferring,
+        Self::Invisible,
+        Self::NotOurProbe,
+        Self::AlreadyInView,
+        Self::BehindApplied,
+        Self::NoSuchRepair,
+        Self::AlreadyHeld,
+        Self::RepairBufferFull,
+        Self::HistoryMissing,
     ];
 
     const fn index(self) -> usize {
         self as usize
+    }
+
+    /// A stable snake_case name, for log fields and metric labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NewerView => "newer_view",
+            Self::StaleView => "stale_view",
+            Self::NotNormal => "not_normal",
+            Self::NotFromAuthority => "not_from_authority",
+            Self::OwnView => "own_view",
+            Self::NotPrimary => "not_primary",
+            Self::Transferring => "transferring",
+            Self::Invisible => "invisible",
+            Self::NotOurProbe => "not_our_probe",
+            Self::AlreadyInView => "already_in_view",
+            Self::BehindApplied => "behind_applied",
+            Self::NoSuchRepair => "no_such_repair",
+            Self::AlreadyHeld => "already_held",
+            Self::RepairBufferFull => "repair_buffer_full",
+            Self::HistoryMissing => "history_missing",
+        }
+    }
+}
+
+impl fmt::Display for Ignored {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a well-formed frame from a peer did here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// It was taken: it changed this replica's state or was answered.
+    Taken,
+    /// It changed nothing, for this reason.
+    Ignored(Ignored),
+}
+
+impl Handled {
+    /// The reason, when the frame changed nothing.
+    pub const fn ignored(self) -> Option<Ignored> {
+        match self {
+            Self::Taken => None,
+            Self::Ignored(reason) => Some(reason),
+        }
+    }
+}
+
+impl From<Option<Ignored>> for Handled {
+    fn from(reason: Option<Ignored>) -> Self {
+        reason.map_or(Self::Taken, Self::Ignored)
     }
 }
 
@@ -547,8 +635,8 @@ pub struct Replica {
     pub(super) transferring: bool,
     pub(super) census: super::census::CensusBook,
     pub(super) census_views_started: u64,
-    /// Prepares that changed nothing, per [`PrepareIgnored`] reason.
-    prepares_ignored: [u64; PrepareIgnored::ALL.len()],
+    /// Frames from peers that changed nothing, per [`Ignored`] reason.
+    frames_ignored: [u64; Ignored::ALL.len()],
     pub(super) read_checks: super::read_check::ReadChecks,
     held: Vec<(u8, Frame)>,
     actions: Vec<Action>,
@@ -606,7 +694,7 @@ impl Replica {
             transferring: false,
             census: super::census::CensusBook::default(),
             census_views_started: 0,
-            prepares_ignored: [0; PrepareIgnored::ALL.len()],
+            frames_ignored: [0; Ignored::ALL.len()],
             read_checks: super::read_check::ReadChecks::default(),
             held: Vec::new(),
             actions: Vec::new(),
@@ -704,7 +792,7 @@ impl Replica {
         fresh.last_timestamp = self.last_timestamp;
         fresh.observed_newer_view = self.observed_newer_view;
         fresh.census_views_started = self.census_views_started;
-        fresh.prepares_ignored = self.prepares_ignored;
+        fresh.frames_ignored = self.frames_ignored;
         fresh.client_table = std::mem::replace(
             &mut self.client_table,
             ClientTable::new(self.config.clients_max),
@@ -733,10 +821,16 @@ impl Replica {
         Self::restart_probing(config, durable, applied, true)
     }
 
-    /// Prepares from peers that changed nothing here for `reason`, since
+    /// Frames from peers that changed nothing here for `reason`, since
     /// this replica was made (a restart in place keeps the counts).
-    pub fn prepares_ignored(&self, reason: PrepareIgnored) -> u64 {
-        self.prepares_ignored[reason.index()]
+    pub fn frames_ignored(&self, reason: Ignored) -> u64 {
+        self.frames_ignored[reason.index()]
+    }
+
+    /// Counts a frame the driver above the core chose not to hand it
+    /// (see [`Ignored::HistoryMissing`]).
+    pub fn count_ignored(&mut self, reason: Ignored) {
+        self.frames_ignored[reason.index()] += 1;
     }
 
     /// How many times this replica started a view by census after every
@@ -1013,7 +1107,7 @@ impl Replica {
     // ----- inputs ----------------------------------------------------------
 
     /// Handle one decoded frame from a peer.
-    pub fn on_frame(&mut self, frame: Frame) -> Result<(), FrameError> {
+    pub fn on_frame(&mut self, frame: Frame) -> Result<Handled, FrameError> {
         if frame.group != self.config.group {
             return Err(FrameError::WrongGroup { group: frame.group });
         }
@@ -1044,65 +1138,51 @@ impl Replica {
         if stops_waiting {
             self.census.void(from);
         }
-        match frame.message {
-            Message::Prepare(p) => self.on_prepare(from, view, p),
+        let handled = match frame.message {
+            Message::Prepare(p) => self.on_prepare(from, view, p)?,
             Message::PrepareOk {
                 op,
                 prepare_checksum,
-            } => {
-                self.on_prepare_ok(from, view, op, prepare_checksum);
-                Ok(())
-            }
+            } => self.on_prepare_ok(from, view, op, prepare_checksum),
             Message::Commit {
                 commit,
                 commit_checksum,
                 timestamp_monotonic,
-            } => {
-                self.on_commit(from, view, commit, commit_checksum, timestamp_monotonic);
-                Ok(())
-            }
-            Message::StartViewChange => {
-                self.on_start_view_change(from, view);
-                Ok(())
-            }
-            Message::DoViewChange(dvc) => self.on_do_view_change(from, view, dvc),
-            Message::StartView(sv) => self.on_start_view(from, view, sv),
+            } => self.on_commit(from, view, commit, commit_checksum, timestamp_monotonic),
+            Message::StartViewChange => self.on_start_view_change(from, view),
+            Message::DoViewChange(dvc) => self.on_do_view_change(from, view, dvc)?,
+            Message::StartView(sv) => self.on_start_view(from, view, sv)?,
             Message::RequestStartView {
                 incarnation,
                 census,
             } => {
+                let reported = census.is_some();
                 if let Some(report) = census {
                     self.on_census_report(from, view, incarnation, report);
                 }
-                self.on_request_start_view(from, view, incarnation);
-                Ok(())
+                let answered = self.on_request_start_view(from, view, incarnation);
+                // A report is always taken (it is recorded or voids an
+                // older one), whatever the probe itself did.
+                if reported { Handled::Taken } else { answered }
             }
             Message::RequestPrepares {
                 nonce,
                 from_op,
                 to_op,
-            } => self.on_request_prepares(from, nonce, from_op, to_op),
-            Message::RepairPrepare(p) => self.on_repair_prepare(p),
-            Message::RepairDone { nonce, op } => {
-                self.on_repair_done(from, nonce, op);
-                Ok(())
-            }
+            } => self.on_request_prepares(from, nonce, from_op, to_op)?,
+            Message::RepairPrepare(p) => self.on_repair_prepare(p)?,
+            Message::RepairDone { nonce, op } => self.on_repair_done(from, nonce, op),
             Message::RangeEvicted {
                 nonce,
                 retained_from,
-            } => {
-                self.on_range_evicted(from, nonce, retained_from);
-                Ok(())
-            }
-            Message::Ping { round } => {
-                self.on_ping(from, view, round);
-                Ok(())
-            }
-            Message::Pong { round } => {
-                self.on_pong(from, view, round);
-                Ok(())
-            }
+            } => self.on_range_evicted(from, nonce, retained_from),
+            Message::Ping { round } => self.on_ping(from, view, round),
+            Message::Pong { round } => self.on_pong(from, view, round),
+        };
+        if let Handled::Ignored(reason) = handled {
+            self.count_ignored(reason);
         }
+        Ok(handled)
     }
 
     /// Count one tick: fire due timers, in a fixed order.
@@ -1347,7 +1427,7 @@ impl Replica {
         }
     }
 
-    fn on_prepare(&mut self, from: u8, view: u32, prepare: Prepare) -> Result<(), FrameError> {
+    fn on_prepare(&mut self, from: u8, view: u32, prepare: Prepare) -> Result<Handled, FrameError> {
         // The frame's group was checked; the prepare's own header names
         // its group too, under the checksum.
         if !prepare.verify() {
@@ -1361,11 +1441,10 @@ impl Replica {
             });
         }
         if let Some(reason) = self.prepare_ignored(from, view) {
-            self.prepares_ignored[reason.index()] += 1;
-            if reason == PrepareIgnored::NewerView {
+            if reason == Ignored::NewerView {
                 self.note_newer_view(view);
             }
-            return Ok(());
+            return Ok(Handled::Ignored(reason));
         }
         self.timers.normal_heartbeat.start_jittered(&mut self.prng);
         self.last_timestamp = self.last_timestamp.max(prepare.header.timestamp);
@@ -1393,12 +1472,12 @@ impl Replica {
         }
         self.advance_commit_max(commit);
         self.after_journal_change();
-        Ok(())
+        Ok(Handled::Taken)
     }
 
     /// Why a verified prepare of view `view` from `from` changes nothing
     /// here, if it does not.
-    fn prepare_ignored(&self, from: u8, view: u32) -> Option<PrepareIgnored> {
+    fn prepare_ignored(&self, from: u8, view: u32) -> Option<Ignored> {
         // In a chain the predecessor forwards what it journaled in this
         // view, which is this view's log, so it carries the primary's
         // authority as much as the primary's own send does.
@@ -1407,17 +1486,17 @@ impl Replica {
         let from_authority = from == self.primary_index(view)
             || (self.config.topology == Topology::Chain && from == predecessor);
         if view > self.view {
-            Some(PrepareIgnored::NewerView)
+            Some(Ignored::NewerView)
         } else if view < self.view {
-            Some(PrepareIgnored::StaleView)
+            Some(Ignored::StaleView)
         } else if self.status != Status::Normal {
-            Some(PrepareIgnored::NotNormal)
+            Some(Ignored::NotNormal)
         } else if !from_authority {
-            Some(PrepareIgnored::NotFromAuthority)
+            Some(Ignored::NotFromAuthority)
         } else if self.primary_index(view) == self.config.replica {
-            Some(PrepareIgnored::OwnView)
+            Some(Ignored::OwnView)
         } else if self.transferring {
-            Some(PrepareIgnored::Transferring)
+            Some(Ignored::Transferring)
         } else {
             None
         }
@@ -1511,12 +1590,29 @@ impl Replica {
         );
     }
 
-    fn on_prepare_ok(&mut self, from: u8, view: u32, op: u64, checksum: u128) {
-        if view != self.view || !self.is_primary() || self.transferring {
-            return;
+    fn on_prepare_ok(&mut self, from: u8, view: u32, op: u64, checksum: u128) -> Handled {
+        if let Some(reason) = self.other_view(view) {
+            return Handled::Ignored(reason);
+        }
+        if !self.is_primary() {
+            return Handled::Ignored(Ignored::NotPrimary);
+        }
+        if self.transferring {
+            return Handled::Ignored(Ignored::Transferring);
         }
         if self.pipeline.ack(from, op, checksum) {
             self.try_commit();
+        }
+        Handled::Taken
+    }
+
+    /// The reason a frame of `view` is ignored for not being of this
+    /// replica's view, when it is not.
+    pub(super) fn other_view(&self, view: u32) -> Option<Ignored> {
+        match view.cmp(&self.view) {
+            std::cmp::Ordering::Greater => Some(Ignored::NewerView),
+            std::cmp::Ordering::Less => Some(Ignored::StaleView),
+            std::cmp::Ordering::Equal => None,
         }
     }
 
@@ -1622,24 +1718,35 @@ impl Replica {
         }
     }
 
-    fn on_commit(&mut self, from: u8, view: u32, commit: u64, checksum: u128, timestamp: u64) {
+    fn on_commit(
+        &mut self,
+        from: u8,
+        view: u32,
+        commit: u64,
+        checksum: u128,
+        timestamp: u64,
+    ) -> Handled {
         if view > self.view {
             self.note_newer_view(view);
-            return;
+            return Handled::Ignored(Ignored::NewerView);
         }
         if view < self.view {
             if self.is_primary() {
                 // A deposed primary is still heartbeating: tell it the view.
                 let sv = self.start_view_message(0);
                 self.send(from, Message::StartView(sv));
+                return Handled::Taken;
             }
-            return;
+            return Handled::Ignored(Ignored::StaleView);
         }
-        if self.status != Status::Normal
-            || from != self.primary_index(view)
-            || self.primary_index(view) == self.config.replica
-        {
-            return;
+        if self.status != Status::Normal {
+            return Handled::Ignored(Ignored::NotNormal);
+        }
+        if self.primary_index(view) == self.config.replica {
+            return Handled::Ignored(Ignored::OwnView);
+        }
+        if from != self.primary_index(view) {
+            return Handled::Ignored(Ignored::NotFromAuthority);
         }
         if timestamp > self.heartbeat_seen {
             self.heartbeat_seen = timestamp;
@@ -1654,6 +1761,7 @@ impl Replica {
         }
         self.advance_commit_max(commit);
         self.after_journal_change();
+        Handled::Taken
     }
 
     fn on_commit_message_timeout(&mut self) {

@@ -18,7 +18,7 @@
 
 use super::merge::{DVC_HEADERS_MAX, MergedLog, merge};
 use super::message::{DoViewChange, Message, PrepareHeader, StartView, SuffixSlot};
-use super::replica::{Effect, FrameError, REJOIN_PROBE, Replica, Status};
+use super::replica::{Effect, FrameError, Handled, Ignored, REJOIN_PROBE, Replica, Status};
 
 impl Replica {
     /// Remember a view newer than ours seen on traffic we dropped, and
@@ -119,10 +119,14 @@ impl Replica {
         self.check_svc_quorum();
     }
 
-    pub(super) fn on_start_view_change(&mut self, from: u8, view: u32) {
+    pub(super) fn on_start_view_change(&mut self, from: u8, view: u32) -> Handled {
         if self.recovering.is_some() || view < self.view {
             self.note_newer_view(view);
-            return;
+            return Handled::Ignored(if self.recovering.is_some() {
+                Ignored::Invisible
+            } else {
+                Ignored::StaleView
+            });
         }
         if view > self.view {
             self.start_view_change(view);
@@ -132,11 +136,13 @@ impl Replica {
                 // The sender missed our StartView.
                 let sv = self.start_view_message(0);
                 self.send(from, Message::StartView(sv));
+                return Handled::Taken;
             }
-            return;
+            return Handled::Ignored(Ignored::AlreadyInView);
         }
         self.svc_from |= 1u32 << from;
         self.check_svc_quorum();
+        Handled::Taken
     }
 
     fn check_svc_quorum(&mut self) {
@@ -267,22 +273,26 @@ impl Replica {
         from: u8,
         view: u32,
         dvc: DoViewChange,
-    ) -> Result<(), FrameError> {
+    ) -> Result<Handled, FrameError> {
         Self::validate_do_view_change(view, &dvc)?;
         if self.recovering.is_some() || view < self.view {
             self.note_newer_view(view);
-            return Ok(());
+            return Ok(Handled::Ignored(if self.recovering.is_some() {
+                Ignored::Invisible
+            } else {
+                Ignored::StaleView
+            }));
         }
         if view > self.view {
             self.start_view_change(view);
         }
         if self.primary_index(view) != self.config.replica {
-            return Ok(());
+            return Ok(Handled::Ignored(Ignored::NotPrimary));
         }
         if self.status == Status::Normal {
             let sv = self.start_view_message(0);
             self.send(from, Message::StartView(sv));
-            return Ok(());
+            return Ok(Handled::Taken);
         }
         let slot = usize::from(from);
         if self.dvcs[slot].is_none() {
@@ -294,7 +304,7 @@ impl Replica {
             self.dvc_sent = true;
         }
         self.try_merge();
-        Ok(())
+        Ok(Handled::Taken)
     }
 
     fn try_merge(&mut self) {
@@ -438,16 +448,19 @@ impl Replica {
         from: u8,
         view: u32,
         sv: StartView,
-    ) -> Result<(), FrameError> {
+    ) -> Result<Handled, FrameError> {
         Self::validate_start_view(&sv)?;
         if from != self.primary_index(view) {
-            return Ok(());
+            return Ok(Handled::Ignored(Ignored::NotFromAuthority));
         }
         if let Some(recovery) = self.recovering {
             // Only an answer to our own probe tells us a head at least as
             // high as anything we acknowledged before the restart.
-            if sv.incarnation != recovery.incarnation || view < self.view {
-                return Ok(());
+            if sv.incarnation != recovery.incarnation {
+                return Ok(Handled::Ignored(Ignored::NotOurProbe));
+            }
+            if view < self.view {
+                return Ok(Handled::Ignored(Ignored::StaleView));
             }
             // Without a superblock, only f + 1 peers' views bound ours.
             if let Some(bound) = recovery.rejoin {
@@ -455,14 +468,16 @@ impl Replica {
                 let n = usize::from(self.config.replica_count);
                 let quorum = (n / 2 + 1).min(n - 1);
                 if bound.lowest_view(quorum).is_none_or(|lowest| view < lowest) {
-                    return Ok(());
+                    return Ok(Handled::Ignored(Ignored::NotOurProbe));
                 }
             }
-        } else if view < self.view || (view == self.view && self.status == Status::Normal) {
-            return Ok(());
+        } else if view < self.view {
+            return Ok(Handled::Ignored(Ignored::StaleView));
+        } else if view == self.view && self.status == Status::Normal {
+            return Ok(Handled::Ignored(Ignored::AlreadyInView));
         }
         if sv.op < self.commit_min {
-            return Ok(());
+            return Ok(Handled::Ignored(Ignored::BehindApplied));
         }
         self.view = view;
         self.log_view = view;
@@ -496,19 +511,25 @@ impl Replica {
         self.repair_tried = 0;
         self.enter_normal_timers();
         self.after_journal_change();
-        Ok(())
+        Ok(Handled::Taken)
     }
 
-    pub(super) fn on_request_start_view(&mut self, from: u8, view: u32, incarnation: u128) {
+    pub(super) fn on_request_start_view(
+        &mut self,
+        from: u8,
+        view: u32,
+        incarnation: u128,
+    ) -> Handled {
         if view > self.view {
             self.note_newer_view(view);
-            return;
+            return Handled::Ignored(Ignored::NewerView);
         }
         if self.is_primary() && self.log_view == self.view {
             let sv = self.start_view_message(incarnation);
             self.send(from, Message::StartView(sv));
-            return;
+            return Handled::Taken;
         }
+        let mut handled = Handled::Ignored(Ignored::NotPrimary);
         if incarnation & REJOIN_PROBE != 0
             && self.status == Status::Normal
             && self.recovering.is_none()
@@ -523,6 +544,7 @@ impl Replica {
                     census: None,
                 },
             );
+            handled = Handled::Taken;
         }
         if from == self.primary_index(self.view)
             && view == self.view
@@ -531,7 +553,9 @@ impl Replica {
         {
             // Our primary restarted (or was deposed): it will not lead.
             self.start_view_change(self.view.saturating_add(1));
+            handled = Handled::Taken;
         }
+        handled
     }
 
     pub(super) fn on_start_view_change_timeout(&mut self) {

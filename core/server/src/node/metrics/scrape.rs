@@ -373,6 +373,29 @@ impl SnapshotCollector {
             Counter,
             refused,
         )?;
+        // Only the reasons that happened: fifteen rows per shard of zeros
+        // would bury the ones that matter.
+        let ignored = self.live().flat_map(|s| {
+            s.ignored
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(move |(reason, n)| {
+                    (
+                        ShardReason {
+                            shard: s.shard.0,
+                            reason: reason.name(),
+                        },
+                        n,
+                    )
+                })
+        });
+        family(
+            e,
+            "replog_shard_frames_ignored",
+            "Well-formed replica frames the shard's groups took no action on, by reason",
+            Counter,
+            ignored,
+        )?;
         let mut metric = e.encode_descriptor(
             "replog_transfer_duration_seconds",
             "State transfers installed, from first armed to installed",
@@ -525,5 +548,54 @@ impl Collector for SnapshotCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         self.shard_families(&mut encoder)?;
         self.group_families(&mut encoder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use consensus::vsr::{Config, Frame, Ignored, Message, Replica};
+    use shard::{IgnoredTotals, ShardIndex};
+
+    #[test]
+    fn given_ignored_frames_when_encoded_should_list_only_the_reasons_that_happened() {
+        // A backup told of a repair it never asked for, twice.
+        let mut replica = Replica::new(Config::new(1, 3, 4));
+        for _ in 0..2 {
+            let late = Frame {
+                group: 4,
+                replica: 2,
+                view: 0,
+                message: Message::RepairDone { nonce: 9, op: 0 },
+            };
+            let handled = replica.on_frame(late).unwrap();
+            assert_eq!(handled.ignored(), Some(Ignored::NoSuchRepair));
+        }
+        let mut ignored = IgnoredTotals::default();
+        ignored.add(&replica);
+        let snapshot = ShardSnapshot {
+            shard: ShardIndex(1),
+            stats: shard::ShardStats::default(),
+            partition_groups: 0,
+            totals: shard::snapshot::PartitionTotals::default(),
+            transfer: shard::snapshot::TransferTotals::default(),
+            ignored,
+            groups: Vec::new(),
+        };
+        let mut out = String::new();
+        let collected = Collected {
+            shards: vec![None, Some(snapshot)],
+            names: BTreeMap::new(),
+        };
+        encode(&mut out, collected).unwrap();
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("replog_shard_frames_ignored_total"))
+            .collect();
+        assert_eq!(
+            rows,
+            ["replog_shard_frames_ignored_total{shard=\"1\",reason=\"no_such_repair\"} 2"]
+        );
     }
 }
