@@ -93,7 +93,7 @@ impl ChunkProgress for ArtifactProgress {
 
 /// The next chunk a receiver should ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkRequest {
+pub struct PendingChunk {
     /// Index of the artifact in the manifest.
     pub artifact: u32,
     /// Byte offset within the artifact.
@@ -110,12 +110,12 @@ pub struct ChunkRequest {
 pub fn next_pending_chunk<P: ChunkProgress>(
     artifacts: &[P],
     chunk_len_max: u32,
-) -> Option<ChunkRequest> {
+) -> Option<PendingChunk> {
     let index = first_incomplete(artifacts)?;
     let progress = &artifacts[index];
     let remaining = progress.declared_len() - progress.received_len();
     let len = remaining.min(u64::from(chunk_len_max.max(1)));
-    Some(ChunkRequest {
+    Some(PendingChunk {
         // Lossless: manifests hold at most 2^16 entries.
         artifact: index as u32,
         offset: progress.received_len(),
@@ -345,7 +345,7 @@ mod tests {
         assert!(progress[0].complete());
         assert_eq!(
             next_pending_chunk(&progress, 100),
-            Some(ChunkRequest {
+            Some(PendingChunk {
                 artifact: 1,
                 offset: 0,
                 len: 5

@@ -22,7 +22,7 @@ pub mod state_manifest;
 pub mod vsr;
 
 pub use chunk::{
-    AcceptedChunk, ArtifactProgress, ChunkProgress, ChunkRejection, ChunkRequest, append_chunk,
+    AcceptedChunk, ArtifactProgress, ChunkProgress, ChunkRejection, PendingChunk, append_chunk,
     check_chunk, next_pending_chunk,
 };
 pub use dedup::DedupWatermark;

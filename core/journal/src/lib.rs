@@ -28,7 +28,7 @@ pub use prepare_journal::{
     EntryStats, JournalEntry, JournalError, JournalInfo, JournalLimits, PrepareJournal,
 };
 pub use superblock::{
-    DurableState, FileSuperblock, MemSuperblock, SlotError, SuperblockError, SuperblockStore,
+    FileSuperblock, MemSuperblock, SlotError, Superblock, SuperblockError, SuperblockStore,
     VsrState,
 };
 pub use superblock_table::{SuperblockTable, TABLE_NAMES, TableKey, TableStats, TableSuperblock};

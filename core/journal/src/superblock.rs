@@ -595,12 +595,12 @@ impl<F: Fs> SuperblockStore for FileSuperblock<F> {
 /// operations the planes need: persist a view before acting in it, and move
 /// the offset frontier — up only, except by a recorded purge.
 #[derive(Debug)]
-pub struct DurableState<S> {
+pub struct Superblock<S> {
     store: S,
     durable: VsrState,
 }
 
-impl<S: SuperblockStore> DurableState<S> {
+impl<S: SuperblockStore> Superblock<S> {
     /// Opens the store. A group that never wrote a record starts from
     /// `initial` (its identity fields set, everything else 0), which is
     /// written at once so that "no record" cannot recur once acted on.

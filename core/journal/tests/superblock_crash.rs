@@ -5,7 +5,7 @@
 
 use futures::executor::block_on;
 use journal::superblock::SLOT_NAMES;
-use journal::{DurableState, FileSuperblock, SuperblockError, SuperblockStore, VsrState};
+use journal::{FileSuperblock, Superblock, SuperblockError, SuperblockStore, VsrState};
 use std::path::{Path, PathBuf};
 use storage::fs::{CrashMode, EACCES, EIO, ENOSPC, FaultKind, Fs, SimFs};
 
@@ -216,7 +216,7 @@ fn given_durable_state_when_frontier_advanced_or_reset_should_never_lower_except
     let fs = fresh(3);
     block_on(async {
         let store = FileSuperblock::new(fs.clone(), &dir());
-        let mut d = DurableState::open(store, state(0)).await.unwrap();
+        let mut d = Superblock::open(store, state(0)).await.unwrap();
         assert_eq!(d.advance_offset_frontier(500).await.unwrap(), 500);
         assert_eq!(d.advance_offset_frontier(200).await.unwrap(), 500);
         d.persist_view(4, 3, 77).await.unwrap();
@@ -237,7 +237,7 @@ fn given_fresh_group_when_opened_should_write_initial_record_at_once() {
     let fs = fresh(3);
     block_on(async {
         let store = FileSuperblock::new(fs.clone(), &dir());
-        DurableState::open(store, state(0)).await.unwrap();
+        Superblock::open(store, state(0)).await.unwrap();
     });
     fs.crash_with(CrashMode::DropAll);
     assert_eq!(read(&fs).unwrap(), Some(state(0)));
@@ -248,7 +248,7 @@ fn given_failed_frontier_write_when_reported_should_keep_durable_value() {
     let fs = fresh(3);
     block_on(async {
         let store = FileSuperblock::new(fs.clone(), &dir());
-        let mut d = DurableState::open(store, state(0)).await.unwrap();
+        let mut d = Superblock::open(store, state(0)).await.unwrap();
         d.advance_offset_frontier(10).await.unwrap();
         fs.fail_nth(FaultKind::Write, 1, ENOSPC);
         assert!(d.advance_offset_frontier(20).await.is_err());
@@ -267,14 +267,14 @@ fn given_crash_during_record_applied_when_rebooted_should_read_old_or_new_triple
                 let fs = fresh(seed * 977 + f as u64);
                 block_on(async {
                     let store = FileSuperblock::new(fs.clone(), &dir());
-                    let mut d = DurableState::open(store, state(0)).await.unwrap();
+                    let mut d = Superblock::open(store, state(0)).await.unwrap();
                     d.persist_view(3, 3, 80).await.unwrap();
                     d.record_applied(old.0, old.1, old.2).await.unwrap();
                 });
                 let returned = block_on(async {
                     let mut store = FileSuperblock::new(fs.clone(), &dir());
                     store.read_latest().await.unwrap();
-                    let mut d = DurableState::open(store, state(0)).await.unwrap();
+                    let mut d = Superblock::open(store, state(0)).await.unwrap();
                     fault(&fs);
                     d.record_applied(new.0, new.1, new.2).await.is_ok()
                 });
@@ -300,7 +300,7 @@ fn given_applied_point_when_recorded_lower_should_keep_it_and_reset_should_move_
     let fs = fresh(5);
     block_on(async {
         let store = FileSuperblock::new(fs.clone(), &dir());
-        let mut d = DurableState::open(store, state(0)).await.unwrap();
+        let mut d = Superblock::open(store, state(0)).await.unwrap();
         d.record_applied(50, 0x50, 500).await.unwrap();
         d.record_applied(30, 0x30, 300).await.unwrap();
         d.record_applied(50, 0x51, 600).await.unwrap();

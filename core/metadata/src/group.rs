@@ -6,7 +6,7 @@
 //! ([`MetadataGroup::register`], [`MetadataGroup::submit`]). The core's
 //! actions are carried out at once:
 //!
-//! - `PersistState` → the superblock (`journal::DurableState`), then
+//! - `PersistState` → the superblock (`journal::Superblock`), then
 //!   [`Replica::on_persisted`] with the values written; a failed write is
 //!   retried on the next tick while the core keeps holding its sends;
 //! - `Apply` → [`MetadataStore::commit`]: the op is appended to the
@@ -47,11 +47,10 @@ use std::fmt;
 use bytes::Bytes;
 use common::Op;
 use consensus::vsr::{
-    Action, AppliedState, Config as VsrConfig, DurableState as VsrDurable, Effect, Frame,
-    FrameError, Handled, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request,
-    RequestOutcome,
+    Action, AppliedState, Config as VsrConfig, DurableState, Effect, Frame, FrameError, Handled,
+    OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request, RequestOutcome,
 };
-use journal::{DurableState, SuperblockError, SuperblockStore, VsrState};
+use journal::{Superblock, SuperblockError, SuperblockStore, VsrState};
 use storage::fs::Fs;
 
 use consensus::state_manifest::{StateArtifact, artifact_kind};
@@ -236,7 +235,7 @@ impl std::error::Error for TransferError {}
 pub struct MetadataGroup<F: Fs, S: SuperblockStore, B: MetadataBus> {
     replica: Replica,
     store: MetadataStore<F>,
-    durable: DurableState<S>,
+    durable: Superblock<S>,
     bus: B,
     effects: Vec<CommittedEffect>,
     outcomes: VecDeque<(u64, Result<Outcome, Refusal>)>,
@@ -305,7 +304,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             .await
             .map_err(GroupError::Superblock)?
             .is_none();
-        let durable = DurableState::open(superblock, initial)
+        let durable = Superblock::open(superblock, initial)
             .await
             .map_err(GroupError::Superblock)?;
         let sb = *durable.state();
@@ -325,7 +324,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             if applied != Op(0) && identity == 0 {
                 return Err(GroupError::AppliedIdentityUnknown { applied });
             }
-            let durable_state = VsrDurable {
+            let durable_state = DurableState {
                 view: sb.view,
                 log_view: sb.log_view,
                 commit: sb.commit_max.max(applied.0),

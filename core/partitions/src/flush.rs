@@ -34,7 +34,7 @@
 //! Once those segments are synced, the superblock may record that op as
 //! the applied point (`checkpoint_op`, `checkpoint_checksum`) together with
 //! the offset frontier after it, in one write
-//! ([`journal::DurableState::record_applied`]). A restarted replica of a
+//! ([`journal::Superblock::record_applied`]). A restarted replica of a
 //! group resumes applying after that op and repairs the rest from its
 //! peers (see `partition.rs`, "Restart with peers").
 //!

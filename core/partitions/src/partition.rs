@@ -4,7 +4,7 @@
 //! The VSR [`Replica`] is the group's consensus; the partition feeds it
 //! frames, ticks and client requests and carries out its actions:
 //!
-//! - `PersistState` → [`DurableState::persist_view`], then
+//! - `PersistState` → [`Superblock::persist_view`], then
 //!   [`Replica::on_persisted`] with exactly the values written (a failed
 //!   write is retried on the next tick; until then the core keeps holding
 //!   its sends);
@@ -74,12 +74,12 @@ use common::ConsumerKind;
 use consensus::DedupWatermark;
 use consensus::client_table::ClientTableError;
 use consensus::vsr::{
-    Action, AppliedState, Config as VsrConfig, DurableState as VsrDurable, Effect, Frame,
-    FrameError, Handled, Ignored, Message, OPERATION_REGISTER, Prepare, Replica, Reply,
-    ReplyStatus, Request, RequestOutcome,
+    Action, AppliedState, Config as VsrConfig, DurableState, Effect, Frame, FrameError, Handled,
+    Ignored, Message, OPERATION_REGISTER, Prepare, Replica, Reply, ReplyStatus, Request,
+    RequestOutcome,
 };
 use journal::{
-    DurableState, EntryStats, JournalEntry, JournalError, JournalLimits, PrepareJournal,
+    EntryStats, JournalEntry, JournalError, JournalLimits, PrepareJournal, Superblock,
     SuperblockError, SuperblockStore, VsrState,
 };
 use storage::batch::{BatchHeader, Integrity};
@@ -601,7 +601,7 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) fs: F,
     pub(crate) dir: PathBuf,
     pub(crate) bus: B,
-    pub(crate) durable: DurableState<S>,
+    pub(crate) durable: Superblock<S>,
     pub(crate) replica: Replica,
     pub(crate) log: SegmentedLog<F>,
     pub(crate) journal: PrepareJournal,
@@ -758,7 +758,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             checkpoint_checksum: 0,
             offset_frontier: 0,
         };
-        let durable = DurableState::open(store, initial)
+        let durable = Superblock::open(store, initial)
             .await
             .map_err(BootError::Superblock)?;
         let sb = *durable.state();
@@ -979,7 +979,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let mut replica = if fresh && !rejoining {
             Replica::new(config.vsr)
         } else {
-            let vsr_durable = VsrDurable {
+            let vsr_durable = DurableState {
                 view: sb.view,
                 log_view: sb.log_view,
                 commit: sb.commit_max,

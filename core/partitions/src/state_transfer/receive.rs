@@ -697,10 +697,10 @@ impl ChunkWindow {
 /// at most `chunk_len_max` bytes.
 fn request_at<P: ChunkProgress>(
     artifacts: &[P],
-    cursor: consensus::ChunkRequest,
+    cursor: consensus::PendingChunk,
     frontier: Option<(u32, u64)>,
     chunk_len_max: u32,
-) -> Option<consensus::ChunkRequest> {
+) -> Option<consensus::PendingChunk> {
     let (mut artifact, mut offset) = frontier
         .filter(|&f| f > (cursor.artifact, cursor.offset))
         .unwrap_or((cursor.artifact, cursor.offset));
@@ -710,7 +710,7 @@ fn request_at<P: ChunkProgress>(
         let offset_here = offset.max(progress.received_len());
         if !progress.complete() && offset_here < declared {
             let len = (declared - offset_here).min(u64::from(chunk_len_max.max(1)));
-            return Some(consensus::ChunkRequest {
+            return Some(consensus::PendingChunk {
                 artifact,
                 offset: offset_here,
                 // Lossless: bounded by chunk_len_max.
