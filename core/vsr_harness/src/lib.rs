@@ -36,10 +36,10 @@ use consensus::vsr::journal::Retained;
 use consensus::vsr::message::{
     Frame, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Reply, ReplyStatus, Request,
 };
-use consensus::vsr::replica::{
+use consensus::vsr::timeout::TimeoutConfig;
+use consensus::vsr::{
     Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status, Topology,
 };
-use consensus::vsr::timeout::TimeoutConfig;
 
 /// Knobs of one simulation run.
 #[derive(Debug, Clone, PartialEq, Eq)]

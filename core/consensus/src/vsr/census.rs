@@ -53,8 +53,9 @@
 //! a longer applied state, and starting without it could reuse op numbers
 //! it applied (a fork). See docs/consensus.md §4, "Whole-group restart".
 
+use super::io::Status;
 use super::message::{Census, Message};
-use super::replica::{Replica, Status};
+use super::replica::Replica;
 
 /// What one peer reported, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,7 +381,7 @@ impl Replica {
         let n = u32::from(self.config.replica_count);
         (1..=n)
             .filter_map(|step| above.checked_add(step))
-            .filter(|v| *v <= super::replica::VIEW_MAX)
+            .filter(|v| *v <= super::io::VIEW_MAX)
             .find(|v| self.primary_index(*v) == self.config.replica)
     }
 
@@ -390,7 +391,7 @@ impl Replica {
         self.journal
             .install_log(&[], self.commit_min, self.commit_min);
         if before > self.commit_min {
-            self.effect(super::replica::Effect::TruncateJournal {
+            self.effect(super::io::Effect::TruncateJournal {
                 from_op: self.commit_min + 1,
             });
         }

@@ -10,8 +10,9 @@
 
 use std::fmt;
 
+use super::io::Status;
 use super::journal::Journal;
-use super::replica::{Replica, Status};
+use super::replica::Replica;
 
 /// A broken invariant: which one, and the values that break it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,9 @@
 //! the tests and benchmarks).
 //!
 //! - [`message`]: the typed VSR messages.
-//! - [`replica`]: state, inputs and outputs, normal operation.
+//! - `io`: the vocabulary between a replica and its driver (configuration,
+//!   durable state, actions and effects, what an input answers).
+//! - [`replica`]: state, inputs, normal operation.
 //! - `view_change`: StartViewChange / DoViewChange / StartView, probes.
 //! - `census`: the whole-group restart (every replica restarted at once).
 //! - [`merge`]: the DoViewChange merge rule and quorums.
@@ -28,6 +30,7 @@
 
 mod census;
 mod invariants;
+mod io;
 pub mod journal;
 pub mod merge;
 pub mod message;
@@ -40,6 +43,10 @@ mod view_change;
 pub mod wire;
 
 pub use invariants::InvariantViolation;
+pub use io::{
+    Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored, OP_MAX,
+    REPLICAS_MAX, RequestOutcome, Status, Topology, VIEW_MAX,
+};
 pub use merge::{DVC_HEADERS_MAX, MergeStall, MergedLog, Quorums};
 pub use message::{
     Census, DoViewChange, Frame, Message, OPERATION_APPEND, OPERATION_REGISTER, Prepare,
@@ -47,8 +54,5 @@ pub use message::{
 };
 pub use pipeline::PIPELINE_PREPARE_QUEUE_MAX;
 pub use repair::{REPAIR_CHUNK_MAX, UNKNOWN_CHECKSUM};
-pub use replica::{
-    Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored, OP_MAX,
-    Replica, RequestOutcome, Status, Topology, VIEW_MAX,
-};
+pub use replica::Replica;
 pub use timeout::TimeoutConfig;

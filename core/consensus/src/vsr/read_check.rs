@@ -31,8 +31,9 @@
 //! outstanding one is confirmed. A round whose Pongs are lost is sent
 //! again every `commit_message_ticks`.
 
+use super::io::{Handled, Ignored, Status};
 use super::message::Message;
-use super::replica::{Handled, Ignored, Replica, Status};
+use super::replica::Replica;
 
 /// A primary's read-check rounds. Round numbers grow for the replica's
 /// whole life (never reused across views), so a Pong names exactly the

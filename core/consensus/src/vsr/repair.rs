@@ -14,9 +14,10 @@
 //! `advance_commit_max` and `finish_state_transfer`; until then the replica
 //! acknowledges nothing and applies nothing.
 
+use super::io::{Effect, FrameError, Handled, Ignored, Status};
 use super::journal::Retained;
 use super::message::{Message, Prepare};
-use super::replica::{Effect, FrameError, Handled, Ignored, RepairSession, Replica, Status};
+use super::replica::{RepairSession, Replica};
 
 /// Prepares served per RequestPrepares.
 pub const REPAIR_CHUNK_MAX: u64 = 128;

@@ -16,9 +16,10 @@
 //! with RequestStartView and adopts the StartView that echoes its
 //! incarnation, whose head becomes its barrier.
 
+use super::io::{Effect, FrameError, Handled, Ignored, Status};
 use super::merge::{DVC_HEADERS_MAX, MergedLog, merge};
 use super::message::{DoViewChange, Message, PrepareHeader, StartView, SuffixSlot};
-use super::replica::{Effect, FrameError, Handled, Ignored, REJOIN_PROBE, Replica, Status};
+use super::replica::{REJOIN_PROBE, Replica};
 
 impl Replica {
     /// Remember a view newer than ours seen on traffic we dropped, and
