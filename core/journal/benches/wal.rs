@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use journal::MetadataWal;
-use journal::wal::build_prepare;
+use journal::build_prepare;
 use storage::fs::RealFs;
 
 const GROUP: u64 = 16;

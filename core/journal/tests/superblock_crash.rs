@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use futures::executor::block_on;
-use journal::superblock::SLOT_NAMES;
+use journal::SLOT_NAMES;
 use journal::{FileSuperblock, Superblock, SuperblockError, SuperblockStore, VsrState};
 use std::path::{Path, PathBuf};
 use storage::fs::{CrashMode, EACCES, EIO, ENOSPC, FaultKind, Fs, SimFs};

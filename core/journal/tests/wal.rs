@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use futures::executor::block_on;
-use journal::wal::build_prepare;
+use journal::build_prepare;
 use journal::{MetadataWal, WalError};
 use std::path::{Path, PathBuf};
 use storage::fs::{CrashMode, EIO, FaultKind, Fs, SimFs};

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use common::{METADATA_GROUP, Op};
 use consensus::header::{CommandHeader, FrameHeader, PrepareHeader, decode_frame, encode_frame};
 use consensus::vsr::OPERATION_APPEND;
-use journal::wal::WAL_ENTRY_SIZE_MAX;
+use journal::WAL_ENTRY_SIZE_MAX;
 use journal::{MetadataWal, WalError};
 use storage::fs::{Fs, FsFile, OpenOptions, replace_file_durably};
 
@@ -81,7 +81,7 @@ impl Default for StoreConfig {
         Self {
             cluster: 0,
             snapshot_every_ops: SNAPSHOT_EVERY_OPS_DEFAULT,
-            wal_slots: journal::wal::WAL_SLOTS_DEFAULT,
+            wal_slots: journal::WAL_SLOTS_DEFAULT,
         }
     }
 }

@@ -1065,7 +1065,7 @@ impl<E: Env> Shard<E> {
                 source,
             }
         };
-        let names = journal::superblock::SLOT_NAMES.map(|n| dir.join(n));
+        let names = journal::SLOT_NAMES.map(|n| dir.join(n));
         let mut present = false;
         for path in &names {
             present |= fs.exists(path).await.map_err(io("superblock adoption"))?;

@@ -220,7 +220,7 @@ fn given_a_group_with_its_own_superblock_when_booted_at_every_power_cut_should_a
         assert!(node.superblock_records().contains(&group(1)), "cut {cut}");
         let dir = shard::shard_dir(&harness::data_dir(), shard::ShardIndex(0))
             .join(format!("g-{:020}", group(1).0));
-        for name in journal::superblock::SLOT_NAMES {
+        for name in journal::SLOT_NAMES {
             assert!(
                 !block_on(c.fss[0].exists(&dir.join(name))).unwrap(),
                 "cut {cut}: {name} left behind"

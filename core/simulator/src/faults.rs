@@ -492,7 +492,7 @@ impl FaultPlan {
                     for name in journal::TABLE_NAMES {
                         let path = shard_dir.join(name);
                         let bytes = cluster.fs(r).contents(&path).unwrap_or_default();
-                        let slot = journal::superblock_table::TABLE_SLOT_LEN;
+                        let slot = journal::TABLE_SLOT_LEN;
                         for (i, record) in bytes.chunks_exact(slot).enumerate() {
                             if record[8..16] == group.0.to_le_bytes() {
                                 small.push((group, path.clone(), i * slot, slot));
