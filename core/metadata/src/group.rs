@@ -616,14 +616,17 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     }
 
     /// Asserts the driver's invariants (after every input in debug builds):
-    /// the store applied exactly what the core applied, and the state's
-    /// own invariants hold.
+    /// the core's own, the store applied exactly what the core applied,
+    /// and the state's own invariants hold.
     ///
     /// # Panics
     /// If an invariant does not hold: a bug in this crate or the core.
     pub fn invariants(&self) {
         if self.fenced {
             return;
+        }
+        if let Err(violation) = self.replica.invariants() {
+            panic!("group 0's replica broke an invariant: {violation}");
         }
         assert_eq!(
             self.store.applied().0,

@@ -1412,8 +1412,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// its offset frontier are not past what was applied, that no op past
     /// the applied one was applied into the log, and that no committed
     /// consumer offset names an offset past both the applied end and the
-    /// log's end. The simulator
-    /// checks every partition after every step.
+    /// log's end. The simulator checks every partition after every step,
+    /// and a debug build after every input that reached the core.
     pub fn invariants(&self) -> Result<(), consensus::vsr::InvariantViolation> {
         self.replica.invariants()?;
         // A partition whose history is missing (an install under way, or
@@ -1821,6 +1821,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         for reply in self.pending_replies.drain(..) {
             self.bus.send_to_client(reply);
+        }
+        if cfg!(debug_assertions)
+            && let Err(violation) = self.invariants()
+        {
+            // A bug here or in the core, never bad input: a debug build
+            // stops at the step that broke it.
+            panic!("partition invariant broken after an input: {violation}");
         }
         Ok(())
     }
