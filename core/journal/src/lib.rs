@@ -21,8 +21,8 @@ mod superblock_table;
 mod wal;
 
 pub use clean_stop::{
-    CLEAN_STOP_FILE, CLEAN_STOPS_FILE, CLEAN_STOPS_MAX, CleanStop, record_clean_stop, record_clean_stops,
-    take_clean_stop, take_clean_stops,
+    CLEAN_STOP_FILE, CLEAN_STOPS_FILE, CLEAN_STOPS_MAX, CleanStop, record_clean_stop,
+    record_clean_stops, take_clean_stop, take_clean_stops,
 };
 pub use prepare_journal::{
     EntryStats, JournalEntry, JournalError, JournalInfo, JournalLimits, PrepareJournal,

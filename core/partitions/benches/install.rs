@@ -82,14 +82,9 @@ fn stage(src: &BenchPartition, dir: &Path) -> InstallInput {
         };
         let (log, index) = seg.staging_paths(dir);
         for (from, to) in [
+            (src.dir().join(storage::log_file_name(s.start_offset)), log),
             (
-                src.dir()
-                    .join(storage::segment::log_file_name(s.start_offset)),
-                log,
-            ),
-            (
-                src.dir()
-                    .join(storage::segment::index_file_name(s.start_offset)),
+                src.dir().join(storage::index_file_name(s.start_offset)),
                 index,
             ),
         ] {

@@ -108,7 +108,7 @@ fn bench_offer(c: &mut Criterion) {
         .filter(|s| !s.is_empty())
         .map(|s| {
             (
-                dir.join(storage::segment::log_file_name(s.start_offset)),
+                dir.join(storage::log_file_name(s.start_offset)),
                 s.size_bytes,
             )
         })

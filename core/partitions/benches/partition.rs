@@ -87,7 +87,7 @@ fn stamped(batches: &[Vec<u8>]) -> Vec<Vec<u8>> {
         .map(|(i, b)| {
             let mut b = b.clone();
             let i = i as u64;
-            storage::batch::stamp(
+            storage::stamp(
                 &mut b,
                 1,
                 i * u64::from(MESSAGES_PER_BATCH),
@@ -162,7 +162,7 @@ async fn raw_append(path: &Path, batches: &[Vec<u8>], fsync: bool) -> Duration {
 }
 
 async fn partition_produce(dir: &Path, batches: &[Vec<u8>], fsync: bool) -> Duration {
-    let (mut p, session) = open(dir, config(fsync, storage::log::SEGMENT_SIZE_BYTES_DEFAULT)).await;
+    let (mut p, session) = open(dir, config(fsync, storage::SEGMENT_SIZE_BYTES_DEFAULT)).await;
     let owned: Vec<Vec<u8>> = batches.to_vec();
     let start = Instant::now();
     for (i, b) in owned.into_iter().enumerate() {
@@ -292,7 +292,7 @@ fn bench_poll(c: &mut Criterion) {
         assert!(p.log().segments().count() >= 2, "first segment not sealed");
         (p, sealed)
     });
-    let seg_path = dir.join(storage::segment::log_file_name(0));
+    let seg_path = dir.join(storage::log_file_name(0));
     let mut g = c.benchmark_group("poll_sealed");
     g.throughput(Throughput::Bytes(sealed.size_bytes));
     g.sample_size(10);

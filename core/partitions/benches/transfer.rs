@@ -310,7 +310,7 @@ fn main() {
         .filter(|s| !s.is_empty())
         .map(|s| {
             (
-                dir.join(storage::segment::log_file_name(s.start_offset)),
+                dir.join(storage::log_file_name(s.start_offset)),
                 s.size_bytes,
             )
         })

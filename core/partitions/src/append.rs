@@ -25,8 +25,8 @@
 use bytes::Bytes;
 use consensus::vsr::Prepare;
 use journal::SuperblockStore;
-use storage::batch::{BatchView, Integrity, stamp};
 use storage::fs::Fs;
+use storage::{BatchView, Integrity, stamp};
 
 use crate::bus::MessageBus;
 use crate::ops::{OpDecodeError, PartitionOp};
@@ -78,7 +78,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let PartitionOp::Append(batch) = op else {
             return Ok(());
         };
-        let header = storage::batch::BatchHeader::decode(&batch, self.config.log.batch_length_max)
+        let header = storage::BatchHeader::decode(&batch, self.config.log.batch_length_max)
             .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
         if header.partition_id != u64::from(self.config.partition_id) {
             return Err(PartitionError::PrepareWrongPartition {

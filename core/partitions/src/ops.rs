@@ -22,7 +22,7 @@ use std::fmt;
 use bytes::Bytes;
 use common::ConsumerKind;
 use consensus::vsr::{OPERATION_APPEND, OPERATION_REGISTER};
-use storage::batch::{BatchError, BatchView, Integrity};
+use storage::{BatchError, BatchView, Integrity};
 
 /// `operation` of a consumer-offset store.
 pub const OPERATION_STORE_OFFSET: u8 = 4;
@@ -283,7 +283,7 @@ impl PartitionOp {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use storage::batch::{BATCH_LENGTH_MAX_DEFAULT, BatchBuilder};
+    use storage::{BATCH_LENGTH_MAX_DEFAULT, BatchBuilder};
 
     fn small_ops() -> Vec<PartitionOp> {
         vec![

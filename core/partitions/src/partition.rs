@@ -82,10 +82,10 @@ use journal::{
     EntryStats, JournalEntry, JournalError, JournalLimits, PrepareJournal, Superblock,
     SuperblockError, SuperblockStore, VsrState,
 };
-use storage::batch::{BatchHeader, Integrity};
-use storage::error::{RecoveryError, StorageError};
 use storage::fs::Fs;
-use storage::log::{LogConfig, SegmentedLog};
+use storage::{BatchHeader, Integrity};
+use storage::{LogConfig, SegmentedLog};
+use storage::{RecoveryError, StorageError};
 
 use crate::bus::MessageBus;
 use crate::client_sessions::ClientTableSlots;
@@ -2169,7 +2169,7 @@ async fn set_aside_and_reopen<F: Fs>(
     dir: &Path,
     config: LogConfig,
     record: MissingHistory,
-) -> Result<(SegmentedLog<F>, storage::recovery::RecoveryReport), BootError> {
+) -> Result<(SegmentedLog<F>, storage::RecoveryReport), BootError> {
     crate::state_transfer::missing::set_aside_damaged_history(fs, dir, record, true)
         .await
         .map_err(|source| {

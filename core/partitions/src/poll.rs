@@ -26,9 +26,9 @@ use std::fmt;
 use bytes::Bytes;
 use common::ConsumerKind;
 use journal::SuperblockStore;
-use storage::batch::{BatchHeader, BatchView, Integrity, MessageView};
-use storage::error::StorageError;
+use storage::StorageError;
 use storage::fs::Fs;
+use storage::{BatchHeader, BatchView, Integrity, MessageView};
 
 use crate::bus::MessageBus;
 use crate::partition::Partition;

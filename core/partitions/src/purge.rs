@@ -45,9 +45,9 @@ use std::io;
 
 use consensus::vsr::PrepareHeader;
 use journal::SuperblockStore;
+use storage::SegmentedLog;
 use storage::fs::{FileKind, Fs};
-use storage::log::SegmentedLog;
-use storage::segment::{SegmentFileName, parse_file_name};
+use storage::{SegmentFileName, parse_file_name};
 
 use crate::bus::MessageBus;
 use crate::offset_storage::{PurgeGeneration, persist_purge_generation};

@@ -23,8 +23,8 @@
 //! `&mut self` is the write lock: no flush or apply interleaves.
 
 use journal::SuperblockStore;
+use storage::SegmentMeta;
 use storage::fs::Fs;
-use storage::segment::SegmentMeta;
 
 use crate::bus::MessageBus;
 use crate::partition::{Partition, PartitionError};

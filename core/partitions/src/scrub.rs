@@ -24,9 +24,9 @@
 //! and reads seek by it.
 
 use journal::SuperblockStore;
+use storage::ReadBatches;
 use storage::fs::Fs;
-use storage::index::{IndexEntry, encode_entries};
-use storage::segment::ReadBatches;
+use storage::{IndexEntry, encode_entries};
 
 use crate::bus::MessageBus;
 use crate::partition::Partition;

@@ -17,7 +17,7 @@ use partitions::{
     ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, Partition, PartitionConfig,
     PartitionError, PollRequest, PollingStrategy,
 };
-use storage::batch::BatchBuilder;
+use storage::BatchBuilder;
 use storage::fs::{FileKind, Fs, SimFs};
 
 type Replica = Partition<InMemoryBus, MemSuperblock, SimFs>;

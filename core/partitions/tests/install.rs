@@ -492,10 +492,10 @@ fn given_empty_offer_when_installed_should_plant_a_frontier_segment_that_boots_a
     drop(f.old);
     f.fs.crash_with(storage::fs::CrashMode::DropAll);
     // Storage recovery alone reads the empty segment as the frontier.
-    let report = block_on(storage::recovery::recover_partition(
+    let report = block_on(storage::recover_partition(
         &f.fs,
         &dir(),
-        storage::log::LogConfig::default().recovery(),
+        storage::LogConfig::default().recovery(),
     ))
     .unwrap();
     assert_eq!(report.next_offset(), Some(40));

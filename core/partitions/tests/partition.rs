@@ -56,12 +56,9 @@ fn given_produced_batches_when_polled_by_every_strategy_should_return_committed_
     assert!(node.poll(PollingStrategy::First, 0).is_empty());
     // Base offsets and timestamps were stamped by the primary.
     let p = node.poll(PollingStrategy::Offset(30), 1);
-    let view = storage::batch::BatchView::decode_exact(
-        &p.batches[0],
-        storage::Integrity::Verify,
-        u64::MAX,
-    )
-    .unwrap();
+    let view =
+        storage::BatchView::decode_exact(&p.batches[0], storage::Integrity::Verify, u64::MAX)
+            .unwrap();
     assert_eq!(view.header().base_offset, 30);
     assert_eq!(view.header().base_timestamp, timestamps[3]);
     assert_eq!(view.header().partition_id, 3);
@@ -415,7 +412,7 @@ fn given_retention_by_size_when_run_should_remove_oldest_sealed_within_budget() 
         node.partition.stats().messages_count,
         before.messages_count - (segs[2].start_offset - segs[0].start_offset)
     );
-    assert!(!block_on(fs.exists(&dir().join(storage::segment::log_file_name(0)))).unwrap());
+    assert!(!block_on(fs.exists(&dir().join(storage::log_file_name(0)))).unwrap());
     // Polls below the first offset start at it.
     let p = node.poll(PollingStrategy::Offset(0), 1);
     assert_eq!(offsets(&p), vec![segs[2].start_offset]);
@@ -503,7 +500,7 @@ fn given_frontier_above_surviving_segments_when_booted_should_refuse() {
     let store = node.partition.superblock().clone();
     drop(node);
     // Synced data vanished under a frontier that recorded it: cut the log.
-    let log = dir().join(storage::segment::log_file_name(0));
+    let log = dir().join(storage::log_file_name(0));
     let f = block_on(fs.open(&log, storage::OpenOptions::read_write())).unwrap();
     block_on(storage::FsFile::set_len(&f, 0)).unwrap();
     block_on(storage::FsFile::sync_all(&f)).unwrap();

@@ -92,7 +92,7 @@ impl Peer {
             .segments()
             .filter(|s| !s.is_empty())
             .map(|s| {
-                let path = dir().join(storage::segment::log_file_name(s.start_offset));
+                let path = dir().join(storage::log_file_name(s.start_offset));
                 (s.start_offset, self.fs.contents(&path).unwrap())
             })
             .collect()
@@ -628,7 +628,7 @@ fn stamped(base: u64, count: u32, timestamp: u64) -> Vec<u8> {
         b.push(u128::from(i) + 1, 0, &[base as u8; 200], b"");
     }
     let mut bytes = b.build();
-    storage::batch::stamp(&mut bytes, 3, base, timestamp, u64::MAX).unwrap();
+    storage::stamp(&mut bytes, 3, base, timestamp, u64::MAX).unwrap();
     bytes
 }
 
@@ -2194,7 +2194,7 @@ fn given_primary_missing_its_own_segment_when_pulled_should_refuse_as_fault_and_
         let mut broken = Peer::new(95, 64 * 1024, 10, 16, 1024);
         let mut healthy = Peer::new(95, 64 * 1024, 10, 16, 1024);
         let (base, bytes) = broken.segment_logs()[1].clone();
-        let path = dir().join(storage::segment::log_file_name(base));
+        let path = dir().join(storage::log_file_name(base));
         if truncate {
             let f = block_on(
                 broken

@@ -53,8 +53,8 @@ use partitions::state_transfer::{
     ReceiverConfig, SpillConfig, TransferReceiver, TransferRequest,
 };
 use partitions::{ClientOp, InMemoryBus, InMemoryNetwork, Partition, PartitionConfig};
+use storage::BATCH_HEADER_SIZE;
 use storage::BatchBuilder;
-use storage::batch::BATCH_HEADER_SIZE;
 use storage::fs::{CountingFs, SimFs};
 use support::{Node, config, dir, fresh_fs, open};
 use xxhash_rust::xxh3::xxh3_64;
@@ -392,7 +392,7 @@ fn drive(
 /// The peer's first segment: its base offset and the xxh3 of its bytes.
 fn first_segment(fs: &SimFs, node: &Node<MemSuperblock>) -> (u64, u64, u64) {
     let s = node.partition.log().segments().next().unwrap();
-    let path = dir().join(storage::segment::log_file_name(s.start_offset));
+    let path = dir().join(storage::log_file_name(s.start_offset));
     let bytes = fs.contents(&path).unwrap();
     (s.start_offset, bytes.len() as u64, xxh3_64(&bytes))
 }

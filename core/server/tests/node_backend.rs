@@ -41,8 +41,8 @@ use server::protocol::records::{ClusterMetadata, ClusterNode, MemberId, NodeRole
 use server::session::{ErrorClass, Output, Session, SessionConfig};
 use shard::testing::{TestClock, TestEnv, TestNet};
 use shard::{Shard, ShardConfig, ShardIndex, shard_dir};
-use storage::batch::{BatchHeader, BatchView, Integrity};
 use storage::fs::{Fs, SimFs};
+use storage::{BatchHeader, BatchView, Integrity};
 
 const TICK: Duration = Duration::from_millis(10);
 const CLUSTER: u128 = 0xB4;

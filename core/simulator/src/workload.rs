@@ -21,7 +21,7 @@ use metadata::{
 };
 use partitions::{PollRequest, PollingStrategy};
 use shard::{Answer, Call, CallError, MetaError};
-use storage::batch::BatchBuilder;
+use storage::BatchBuilder;
 use storage::{BatchView, Integrity};
 
 use crate::cluster::{Cluster, ClusterError};
@@ -1508,7 +1508,7 @@ mod tests {
             b.push(u128::from(i) + 1, i, b"m", b"");
         }
         let mut bytes = b.build();
-        storage::batch::stamp(&mut bytes, 0, base_offset, stamped, u64::MAX).unwrap();
+        storage::stamp(&mut bytes, 0, base_offset, stamped, u64::MAX).unwrap();
         Bytes::from(bytes)
     }
 

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use compio::buf::{BufResult, IoBuf};
 use compio::io::{AsyncReadAt, AsyncWriteAtExt};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use storage::batch::Integrity;
+use storage::Integrity;
 use storage::fs::RealFs;
 use storage::{BatchBuilder, LogConfig, SegmentedLog};
 
@@ -95,7 +95,7 @@ fn batches() -> Vec<Vec<u8>> {
     (0..count as u64)
         .map(|i| {
             let mut b = one.clone();
-            storage::batch::stamp(
+            storage::stamp(
                 &mut b,
                 1,
                 i * u64::from(MESSAGES_PER_BATCH),
@@ -282,11 +282,7 @@ fn bench_read(c: &mut Criterion) {
             }
             log.rotate().await.expect("seal");
             let sealed = *log.segments().next().expect("segment");
-            (
-                log,
-                dir.join(storage::segment::log_file_name(0)),
-                sealed.size_bytes,
-            )
+            (log, dir.join(storage::log_file_name(0)), sealed.size_bytes)
         });
         assert_eq!(seg_size, bytes);
         let mut buf = Vec::with_capacity(READ_CHUNK_BYTES as usize + 64 * 1024);

@@ -133,17 +133,6 @@ impl<F: FsFile> IndexWriter<F> {
         Self { file, cursor }
     }
 
-    /// Appends one entry (positional write at the cursor).
-    pub async fn append(&mut self, entry: &IndexEntry) -> io::Result<()> {
-        let BufResult(res, _) = self
-            .file
-            .write_all_at(entry.encode().to_vec(), self.cursor)
-            .await;
-        res?;
-        self.cursor += INDEX_ENTRY_SIZE as u64;
-        Ok(())
-    }
-
     /// Appends several entries with one positional write.
     pub async fn append_all(&mut self, entries: &[IndexEntry]) -> io::Result<()> {
         if entries.is_empty() {
@@ -168,11 +157,6 @@ impl<F: FsFile> IndexWriter<F> {
     /// fdatasync of the index file.
     pub async fn sync(&self) -> io::Result<()> {
         self.file.sync_data().await
-    }
-
-    /// The file being written.
-    pub fn file(&self) -> &F {
-        &self.file
     }
 }
 

@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use storage::BatchBuilder;
-use storage::batch::{BATCH_LENGTH_MAX_DEFAULT, BatchView, Integrity, stamp};
+use storage::{BATCH_LENGTH_MAX_DEFAULT, BatchView, Integrity, stamp};
 
 type Message = (u128, u32, Vec<u8>, Vec<u8>);
 

@@ -20,11 +20,11 @@ use std::path::Path;
 
 use common::Prng;
 use futures::executor::block_on;
-use storage::batch::BatchHeader;
+use storage::BatchHeader;
 use storage::fs::{Fs, FsFile, OpenOptions, SimFs};
-use storage::index::{IndexEntry, IndexPolicy, decode_entries};
-use storage::segment::index_file_name;
-use storage::segment::log_file_name;
+use storage::index_file_name;
+use storage::log_file_name;
+use storage::{IndexEntry, IndexPolicy, decode_entries};
 use storage::{LogConfig, SegmentedLog};
 use support::{batch, read_all};
 

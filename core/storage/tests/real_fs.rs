@@ -6,10 +6,10 @@ mod support;
 
 use std::io::Write;
 
+use storage::IndexPolicy;
 use storage::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions, RealFs};
-use storage::index::IndexPolicy;
-use storage::segment::{WalkStop, log_file_name};
 use storage::{LogConfig, SegmentedLog};
+use storage::{WalkStop, log_file_name};
 use support::{batch, read_all};
 
 fn config(fsync: bool, preallocate: bool) -> LogConfig {

@@ -6,11 +6,11 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use futures::executor::block_on;
-use storage::batch::BatchError;
+use storage::BatchError;
+use storage::IndexPolicy;
 use storage::fs::{BufResult, CrashMode, EIO, ENOSPC, FaultKind, Fs, FsFile, OpenOptions, SimFs};
-use storage::index::IndexPolicy;
-use storage::segment::{WalkStop, index_file_name, log_file_name};
 use storage::{LogConfig, RecoveryError, SegmentedLog, StorageError};
+use storage::{WalkStop, index_file_name, log_file_name};
 use support::{batch, read_all};
 
 const DIR: &str = "/data/p";
@@ -399,7 +399,7 @@ fn given_index_entry_past_the_log_when_recovered_should_drop_it() {
             .open(&dir().join(index_file_name(0)), OpenOptions::read_write())
             .await
             .unwrap();
-        let bogus = storage::index::IndexEntry {
+        let bogus = storage::IndexEntry {
             offset: 99,
             timestamp: 99,
             position: size + 4096,
@@ -801,7 +801,7 @@ async fn recover_each(
     fs: &SimFs,
     metas: &[storage::SegmentMeta],
     skip: Option<usize>,
-) -> Vec<(storage::recovery::RecoveredSegment, bool)> {
+) -> Vec<(storage::RecoveredSegment, bool)> {
     let mut out = Vec::new();
     for (i, meta) in metas.iter().enumerate() {
         if Some(i) == skip {

@@ -88,10 +88,10 @@ use std::time::Duration;
 
 use common::ConsumerKind;
 use journal::SuperblockStore;
+use storage::SegmentedLog;
 use storage::fs::{FileKind, Fs, FsFile, replace_file_durably};
-use storage::log::SegmentedLog;
-use storage::recovery::{RecoveredSegment, recover_segment};
-use storage::segment::{SegmentFileName, index_file_name, log_file_name, parse_file_name};
+use storage::{RecoveredSegment, recover_segment};
+use storage::{SegmentFileName, index_file_name, log_file_name, parse_file_name};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::errors::{PartitionInstallError, PartitionInstallOutcome};

@@ -47,7 +47,7 @@ use consensus::state_manifest::{STATE_MANIFEST_ENTRIES_MAX, encode_manifest};
 use consensus::{StateArtifact, StateArtifactHasher, artifact_kind};
 use journal::SuperblockStore;
 use storage::fs::{Fs, FsFile, OpenOptions};
-use storage::segment::log_file_name;
+use storage::log_file_name;
 
 use super::errors::{
     PartitionTransferUnavailable, SegmentLoadError, validate_consumer_offset_transfer_count,

@@ -27,9 +27,9 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use consensus::{StateArtifact, StateArtifactHasher, artifact_kind};
+use storage::encode_entries;
 use storage::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions};
-use storage::index::encode_entries;
-use storage::segment::{STAGING_SUFFIX, index_file_name, log_file_name};
+use storage::{STAGING_SUFFIX, index_file_name, log_file_name};
 
 use super::errors::SpillError;
 use super::walk::{SegmentWalkStats, SegmentWalker};

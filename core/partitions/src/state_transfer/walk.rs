@@ -16,11 +16,11 @@
 
 use std::fmt;
 
-use storage::batch::{
+use storage::{
     BATCH_HEADER_SIZE, BATCH_LENGTH_MAX_DEFAULT, BatchError, BatchHeader, BatchStream, BatchView,
     Integrity,
 };
-use storage::index::{INDEX_STRIDE_BYTES_DEFAULT, IndexEntry, encode_entries};
+use storage::{INDEX_STRIDE_BYTES_DEFAULT, IndexEntry, encode_entries};
 
 /// What a complete walk derived about a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,7 +316,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use storage::BatchBuilder;
-    use storage::index::decode_entries;
+    use storage::decode_entries;
 
     /// A stamped batch of `count` messages of `size` bytes at `base`.
     fn batch(base: u64, count: u32, size: usize, timestamp: u64) -> Vec<u8> {
@@ -330,7 +330,7 @@ mod tests {
             );
         }
         let mut bytes = b.build();
-        storage::batch::stamp(&mut bytes, 1, base, timestamp, u64::MAX).unwrap();
+        storage::stamp(&mut bytes, 1, base, timestamp, u64::MAX).unwrap();
         bytes
     }
 
@@ -413,7 +413,7 @@ mod tests {
             b.push(u128::from(i) + 1, 0, b"x", b"");
         }
         let mut bytes = b.build();
-        assert!(storage::batch::stamp(&mut bytes, 1, u64::MAX - 1, 1, u64::MAX).is_err());
+        assert!(storage::stamp(&mut bytes, 1, u64::MAX - 1, 1, u64::MAX).is_err());
         // Forged in place past the stamper, the walk refuses it too.
         bytes[8..16].copy_from_slice(&(u64::MAX - 1).to_le_bytes());
         assert!(matches!(

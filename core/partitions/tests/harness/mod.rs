@@ -25,7 +25,7 @@ use partitions::{
     ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, MessageBus, Partition, PartitionConfig,
     PartitionError, PollRequest, PollingStrategy,
 };
-use storage::batch::BatchBuilder;
+use storage::BatchBuilder;
 use storage::fs::{FileKind, Fs, SimFs};
 
 pub type Replica = Partition<InMemoryBus, FileSuperblock<SimFs>, SimFs>;

@@ -13,7 +13,7 @@ use partitions::{
     ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, Partition, PartitionConfig, PollRequest,
     Polled, PollingStrategy,
 };
-use storage::batch::BatchBuilder;
+use storage::BatchBuilder;
 use storage::fs::{Fs, SimFs};
 
 /// The partition directory used by the tests.

@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 use common::Offset;
-use storage::batch::{BATCH_LENGTH_MAX_DEFAULT, BatchBuilder, BatchError, BatchView, Integrity};
+use storage::{BATCH_LENGTH_MAX_DEFAULT, BatchBuilder, BatchError, BatchView, Integrity};
 
 /// The messages of `batch` at offsets `from..from + max`, as a batch of
 /// their own; the batch itself (not copied) when it is all selected; `None`

@@ -15,7 +15,7 @@ use super::primitives::{Name, Options};
 use bytes::Bytes;
 use common::{Offset, PartitionId, StreamId, TopicId};
 use std::num::NonZeroU64;
-use storage::batch::{BATCH_LENGTH_MAX_DEFAULT, BatchError, BatchView, Integrity};
+use storage::{BATCH_LENGTH_MAX_DEFAULT, BatchError, BatchView, Integrity};
 
 /// A user's numeric id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

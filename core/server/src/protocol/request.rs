@@ -12,7 +12,7 @@ use super::primitives::{
 };
 use bytes::Bytes;
 use common::PartitionId;
-use storage::batch::{BATCH_LENGTH_MAX_DEFAULT, BatchView, Integrity};
+use storage::{BATCH_LENGTH_MAX_DEFAULT, BatchView, Integrity};
 
 /// A topic, named by its stream and itself.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

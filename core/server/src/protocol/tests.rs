@@ -28,7 +28,7 @@ use iggy_binary_protocol::{
 };
 use proptest::prelude::*;
 use std::num::NonZeroU64;
-use storage::batch::BatchBuilder;
+use storage::BatchBuilder;
 
 const CLIENT: u128 = 0x0123_4567_89ab_cdef_0011_2233_4455_6677;
 const SESSION: u64 = 42;

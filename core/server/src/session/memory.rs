@@ -394,7 +394,7 @@ impl Backend for MemoryBackend {
             .ok_or(BackendError::PartitionNotFound(p))?;
         let base = partition.next_offset;
         let mut batch = r.batch.to_vec();
-        let h = storage::batch::stamp(&mut batch, u64::from(p.0), base, now, u64::MAX)
+        let h = storage::stamp(&mut batch, u64::from(p.0), base, now, u64::MAX)
             .map_err(|e| BackendError::LocalFault(e.to_string()))?;
         partition.next_offset = h.next_offset();
         partition.batches.push(Bytes::from(batch));

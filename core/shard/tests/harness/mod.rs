@@ -18,7 +18,7 @@ use shard::{
     Answer, Call, CallError, Envelope, GroupSpec, Input, MetaCall, MetaError, Shard, ShardConfig,
     ShardIndex, shard_dir, shard_of,
 };
-use storage::batch::BatchBuilder;
+use storage::BatchBuilder;
 use storage::fs::{FileKind, Fs, SimFs};
 
 pub const TICK: Duration = Duration::from_millis(10);
