@@ -4,50 +4,52 @@
 //! the message bus ([`MessageBus`]), the superblock store and the
 //! filesystem. By file:
 //!
-//! - [`partition`]: the struct, its configuration and errors, boot, the
+//! - `partition`: the struct, its configuration and errors, boot, the
 //!   driver loop that carries out the VSR core's actions, counters;
-//! - [`ops`]: the replicated operations and their fail-closed codec;
+//! - `ops`: the replicated operations and their fail-closed codec;
 //! - `append`: validation and stamping on the primary, the base-offset
 //!   check on backups;
-//! - [`flush`]: the committed journal prefix to segments;
-//! - [`poll`]: polls by every strategy over segments and journal;
-//! - [`offsets`]: consumer offsets (live maps, durable records);
+//! - `flush`: the committed journal prefix to segments;
+//! - `poll`: polls by every strategy over segments and journal;
+//! - `offsets`: consumer offsets (live maps, durable records);
 //! - `purge`: the purge op and its crash-ordered durable steps;
-//! - [`retention`]: age- and size-based removal of sealed segments;
-//! - [`bus`]: the bus trait and an in-memory network for tests;
-//! - [`offset_storage`]: consumer-offset files and `purge.gen` on disk;
-//! - [`client_sessions`]: the client table on disk, so dedup survives a
+//! - `retention`: age- and size-based removal of sealed segments;
+//! - `bus`: the bus trait and an in-memory network for tests;
+//! - `offset_storage`: consumer-offset files and `purge.gen` on disk;
+//! - `client_sessions`: the client table on disk, so dedup survives a
 //!   restart.
 
 mod append;
-pub mod bus;
-pub mod client_sessions;
-pub mod flush;
-pub mod offset_storage;
-pub mod offsets;
-pub mod ops;
-pub mod partition;
-pub mod poll;
+mod bus;
+mod client_sessions;
+mod flush;
+mod offset_storage;
+mod offsets;
+mod ops;
+mod partition;
+mod poll;
 mod purge;
-pub mod retained;
-pub mod retention;
-pub mod scrub;
+mod retained;
+mod retention;
+mod scrub;
 pub mod state_transfer;
 
 pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus};
+pub use client_sessions::CLIENT_TABLE_FILES;
 pub use flush::FlushOutcome;
 pub use offset_storage::{
-    OffsetRecord, OffsetRecordError, PURGE_GENERATION_FILE, PurgeGeneration, StoredOffsets,
-    commit_offset_replacement, delete_persisted_offset, discard_offset_replacement,
-    load_offsets_dir, offset_replacement_id, persist_purge_generation, read_purge_generation,
-    stage_offset_replacement,
+    OFFSET_RECORD_LEN, OffsetRecord, OffsetRecordError, PURGE_GENERATION_FILE, PurgeGeneration,
+    REPLACEMENT_SUFFIX, StoredOffsets, commit_offset_replacement, delete_persisted_offset,
+    discard_offset_replacement, load_offsets_dir, offset_replacement_id, persist_purge_generation,
+    read_purge_generation, stage_offset_replacement,
 };
 pub use offsets::{AppliedBy, ConsumerOffsets, DurableOffset, DurableOffsets};
 pub use ops::{OpDecodeError, PartitionOp};
 pub use partition::{
-    BootError, ClientOp, ClientRequest, INTERNAL_CLIENT, Partition, PartitionConfig,
-    PartitionError, PartitionStats, RECORD_INTERVAL_US_DEFAULT, StateTransferNeeded,
+    BootError, ClientOp, ClientRequest, INTERNAL_CLIENT, MESSAGES_REQUIRED_TO_SAVE_DEFAULT,
+    Partition, PartitionConfig, PartitionError, PartitionStats, RECORD_INTERVAL_US_DEFAULT,
+    StateTransferNeeded,
 };
 pub use poll::{PollError, PollRequest, Polled, PollingStrategy};
-pub use retained::{RETAINED_BYTES_MAX_DEFAULT, RetainedBudget};
+pub use retained::{READ_BACK_BYTES_PER_SLICE_DEFAULT, RETAINED_BYTES_MAX_DEFAULT, RetainedBudget};
 pub use retention::{RetentionOutcome, RetentionPolicy};

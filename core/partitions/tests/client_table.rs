@@ -186,7 +186,7 @@ fn given_a_restarted_single_replica_when_the_client_table_slot_is_damaged_should
     fs.crash_with(CrashMode::DropAll);
     // Flip a bit in both slots: neither verifies, so nothing is restored
     // and the old session is unknown (never a wrong answer).
-    for name in partitions::client_sessions::CLIENT_TABLE_FILES {
+    for name in partitions::CLIENT_TABLE_FILES {
         let path = dir().join(name);
         fs.rot_byte(&path, 40, 0x01).unwrap();
     }

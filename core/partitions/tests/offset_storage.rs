@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use futures::executor::block_on;
-use partitions::offset_storage::{OFFSET_RECORD_LEN, REPLACEMENT_SUFFIX};
+use partitions::{OFFSET_RECORD_LEN, REPLACEMENT_SUFFIX};
 use partitions::{
     OffsetRecord, OffsetRecordError, PurgeGeneration, commit_offset_replacement,
     delete_persisted_offset, discard_offset_replacement, load_offsets_dir, offset_replacement_id,

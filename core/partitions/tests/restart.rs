@@ -344,7 +344,7 @@ fn given_a_few_ops_below_the_op_bound_when_ticks_pass_the_interval_should_record
     let mut c = Cluster::new(0x7155, 1024);
     c.produce(3);
     c.converge();
-    let interval_ticks = partitions::partition::RECORD_INTERVAL_US_DEFAULT / TICK_US;
+    let interval_ticks = partitions::RECORD_INTERVAL_US_DEFAULT / TICK_US;
     for _ in 0..interval_ticks + 2 {
         c.step();
     }

@@ -46,7 +46,7 @@ use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
 use futures::executor::block_on;
 use journal::MemSuperblock;
-use partitions::state_transfer::offer::OFFER_READ_CHUNK_BYTES;
+use partitions::state_transfer::OFFER_READ_CHUNK_BYTES;
 use partitions::state_transfer::{
     BuildBudget, BuildClock, ChunkAnswer, ChunkRequest, DRIVER_LOAD_BLOCKS_PER_CALL, LocalFacts,
     OfferServer, OfferServerConfig, PartitionTransferUnavailable, ReceiveStep, ReceivedTransfer,

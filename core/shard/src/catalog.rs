@@ -78,7 +78,7 @@ impl GroupSpec {
             partition_id,
             incarnation: 0,
             segment_size_bytes: storage::LogConfig::default().segment_size_bytes,
-            messages_required_to_save: partitions::partition::MESSAGES_REQUIRED_TO_SAVE_DEFAULT,
+            messages_required_to_save: partitions::MESSAGES_REQUIRED_TO_SAVE_DEFAULT,
             enforce_fsync: false,
             message_expiry_us: 0,
             retained_bytes_max: 0,

@@ -63,13 +63,13 @@ use consensus::verify_state_artifact;
 use consensus::vsr::Replica;
 use journal::SuperblockStore;
 use metadata::{MetadataBus, MetadataGroup, TransferError};
-use partitions::state_transfer::receive::STALL_ATTEMPTS_MAX_DEFAULT;
-use partitions::state_transfer::serve::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
+use partitions::state_transfer::STALL_ATTEMPTS_MAX_DEFAULT;
 use partitions::state_transfer::{
     DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, LocalFacts, OfferHeaderRefusal, Outgoing, TransferBackoff,
     TransferFrameError, TransferFrameExpect, check_offer_header, check_transfer_frame,
     peer_after_refusal, rotate_peer,
 };
+use partitions::state_transfer::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
 use storage::fs::Fs;
 
 /// Ceiling on a transferred metadata snapshot. The state's own ceilings

@@ -161,7 +161,7 @@ impl ShardConfig {
             rejoin: false,
             install_file_ops_per_step: partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP,
             retained_bytes_max: partitions::RETAINED_BYTES_MAX_DEFAULT,
-            read_back_bytes_per_slice: partitions::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
+            read_back_bytes_per_slice: partitions::READ_BACK_BYTES_PER_SLICE_DEFAULT,
         }
     }
 }

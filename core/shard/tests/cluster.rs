@@ -399,7 +399,7 @@ fn given_spilled_batches_purged_and_their_offsets_reused_when_a_backup_repairs_s
         29,
         NetworkFaults::default(),
         0,
-        partitions::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
+        partitions::READ_BACK_BYTES_PER_SLICE_DEFAULT,
     );
     let g = group(0);
     c.create_everywhere(g);

@@ -477,7 +477,7 @@ impl FaultPlan {
                 for (path, len) in cluster.offset_records(r, group) {
                     records.push((group, path, 0, len));
                 }
-                for name in &partitions::client_sessions::CLIENT_TABLE_FILES {
+                for name in &partitions::CLIENT_TABLE_FILES {
                     let path = dir.join(name);
                     let len = cluster.fs(r).contents(&path).map_or(0, |b| b.len());
                     if len > 0 {

@@ -2,38 +2,38 @@
 //! retained range pulls from the group's caught-up primary, and how it is
 //! checked.
 //!
-//! - [`wire`]: the consumer-offsets artifact ("ICO2", decoding "ICO1").
-//! - [`walk`]: validation of a received segment artifact, incremental so it
+//! - `wire`: the consumer-offsets artifact ("ICO2", decoding "ICO1").
+//! - `walk`: validation of a received segment artifact, incremental so it
 //!   can run chunk by chunk as bytes arrive.
-//! - [`errors`]: the refusal and failure taxonomy, each error saying
+//! - `errors`: the refusal and failure taxonomy, each error saying
 //!   whether retrying can help.
-//! - [`offer`]: the serving side's offer: gate, plan, budgeted and
+//! - `offer`: the serving side's offer: gate, plan, budgeted and
 //!   memoized checksum rounds, the offsets artifact.
-//! - [`serve`]: the offer cache per requester and nonce, chunk answers,
+//! - `serve`: the offer cache per requester and nonce, chunk answers,
 //!   idle expiry.
-//! - [`receive`]: the receiver's pull session, descriptor checks, stall
+//! - `receive`: the receiver's pull session, descriptor checks, stall
 //!   handling, reuse of staged files, re-arm backoff.
-//! - [`spill`]: streaming a segment artifact to its staging files, resume
+//! - `spill`: streaming a segment artifact to its staging files, resume
 //!   from the last synced byte, adoption of staged files.
-//! - [`install`]: the crash-safe install, its converge and the fence.
-//! - [`missing`]: the durable record that history below the frontier is
+//! - `install`: the crash-safe install, its converge and the fence.
+//! - `missing`: the durable record that history below the frontier is
 //!   missing after a converge, until an install clears it.
-//! - [`driver`]: what a shard calls per partition: frames in and out on the
+//! - `driver`: what a shard calls per partition: frames in and out on the
 //!   consensus header, ticks, arming, admission, install and the fence.
 //!
 //! `docs/state-transfer.md` describes the protocol, the install's durable
 //! orderings and where this goes past the reference.
 
-pub mod driver;
-pub mod errors;
-pub mod install;
-pub mod missing;
-pub mod offer;
-pub mod receive;
-pub mod serve;
-pub mod spill;
-pub mod walk;
-pub mod wire;
+pub(crate) mod driver;
+pub(crate) mod errors;
+pub(crate) mod install;
+pub(crate) mod missing;
+pub(crate) mod offer;
+pub(crate) mod receive;
+pub(crate) mod serve;
+pub(crate) mod spill;
+pub(crate) mod walk;
+pub(crate) mod wire;
 
 pub use driver::{
     CheckedTransferFrame, DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DRIVER_LOAD_BLOCKS_PER_CALL,
@@ -51,18 +51,20 @@ pub use install::{
 };
 pub use missing::{MissingHistory, TRANSFER_NEEDED_FILE};
 pub use offer::{
-    BuildBudget, BuildClock, HashRound, HashedPlan, MonotonicClock, OfferBuilder, OfferPlan,
-    OfferedArtifact, OfferedSegment, PartitionOffer, Planned, PlannedSegment, SegmentIdentity,
-    ServeGateFacts, check_serve_gate, snapshot_offset_tables,
+    BuildBudget, BuildClock, HashRound, HashedPlan, MonotonicClock, OFFER_READ_CHUNK_BYTES,
+    OfferBuilder, OfferPlan, OfferedArtifact, OfferedSegment, PartitionOffer, Planned,
+    PlannedSegment, SegmentIdentity, ServeGateFacts, check_serve_gate, snapshot_offset_tables,
 };
 pub use receive::{
     AcceptedDescriptor, AcceptedTransfer, DescriptorRefusal, IgnoreReason, LocalFacts,
     PendingArtifact, PendingRearm, Preparation, ReceiveError, ReceiveStep, ReceivedTransfer,
-    ReceiverConfig, ReceiverStats, SessionStage, TransferArtifact, TransferBackoff,
-    TransferReceiver, TransferRequest, TransferSession, peer_after_refusal, rotate_peer,
+    ReceiverConfig, ReceiverStats, STALL_ATTEMPTS_MAX_DEFAULT, SessionStage, TransferArtifact,
+    TransferBackoff, TransferReceiver, TransferRequest, TransferSession, peer_after_refusal,
+    rotate_peer,
 };
 pub use serve::{
-    ChunkAnswer, ChunkRefusal, ChunkRequest, OfferServer, OfferServerConfig, ServedChunk,
+    ChunkAnswer, ChunkRefusal, ChunkRequest, OfferServer, OfferServerConfig,
+    REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT, ServedChunk,
     load_verified_segment_artifact,
 };
 pub use spill::{

@@ -88,7 +88,7 @@ impl Cluster {
             faults,
             metadata_retention_ops,
             partitions::RETAINED_BYTES_MAX_DEFAULT,
-            partitions::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
+            partitions::READ_BACK_BYTES_PER_SLICE_DEFAULT,
         )
     }
 
