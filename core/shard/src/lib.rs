@@ -11,19 +11,19 @@
 //!   bus, the filesystem). The server implements it over compio, the
 //!   simulator over its deterministic executor, [`testing`] for tests.
 //! - [`shard_of`] places a group on a shard, the same on every replica.
-//! - [`catalog`] is the on-disk list of groups and its crash-safe create
+//! - `catalog` is the on-disk list of groups and its crash-safe create
 //!   and delete.
-//! - [`metadata_transfer`] pulls and serves group 0's snapshot over the
+//! - `metadata_transfer` pulls and serves group 0's snapshot over the
 //!   chunk protocol when a replica fell behind every peer's retention.
 //!
 //! docs/architecture.md describes the layers and the path of a frame and
 //! a client request through them.
 
 mod call;
-pub mod catalog;
+mod catalog;
 mod env;
 mod metadata_host;
-pub mod metadata_transfer;
+mod metadata_transfer;
 mod placement;
 pub mod pump;
 pub mod rejoin;
@@ -32,12 +32,12 @@ pub mod snapshot;
 pub mod testing;
 
 pub use call::{Answer, Call, CallError, Envelope, ReplyTx};
-pub use catalog::GroupSpec;
+pub use catalog::{GroupSpec, group_dir, read_spec};
 pub use env::{Env, LocalFuture, Sent};
 pub use metadata_host::{MetaCall, MetaError, MetaQuery, MetaReplyTx, MetadataHost};
 pub use metadata_transfer::{
-    MetadataDescriptorRefusal, MetadataReceiveError, MetadataTransfer, MetadataTransferConfig,
-    MetadataTransferStats,
+    METADATA_SNAPSHOT_LEN_MAX, MetadataDescriptorRefusal, MetadataReceiveError, MetadataTransfer,
+    MetadataTransferConfig, MetadataTransferStats,
 };
 pub use placement::{ShardIndex, shard_of};
 pub use pump::{Inbox, Input, inbox};

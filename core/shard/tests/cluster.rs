@@ -497,7 +497,7 @@ fn given_every_replica_stopped_cleanly_when_rebooted_should_resume_every_group_f
             .map(group)
             .find(|g| c.shard_of(*g) == 0)
             .unwrap();
-        let gdir = shard::catalog::group_dir(&dir, g);
+        let gdir = shard::group_dir(&dir, g);
         assert!(!block_on(fs.exists(&gdir.join(journal::CLEAN_STOP_FILE))).unwrap());
         c.crash(r, CrashMode::KeepAll);
     }

@@ -308,7 +308,7 @@ fn given_hostile_group_0_transfer_frames_when_received_should_refuse_typed_and_c
                 && t.available
             {
                 let mut entries = decode_manifest(body).unwrap();
-                entries[0].len = shard::metadata_transfer::METADATA_SNAPSHOT_LEN_MAX + 1;
+                entries[0].len = shard::METADATA_SNAPSHOT_LEN_MAX + 1;
                 *body = encode_manifest(&entries);
             }
         });

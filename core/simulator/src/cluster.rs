@@ -738,7 +738,7 @@ impl Cluster {
     }
 
     pub(crate) fn group_dir(&self, group: GroupId) -> PathBuf {
-        shard::catalog::group_dir(
+        shard::group_dir(
             &shard_dir(&data_dir(), shard_of(group, self.shard_count)),
             group,
         )
@@ -775,7 +775,7 @@ impl Cluster {
     /// by name, with their bytes.
     pub(crate) fn segment_files(&self, r: u8, group: GroupId) -> Vec<(String, Vec<u8>)> {
         let fs = &self.nodes[usize::from(r)].fs;
-        let dir = shard::catalog::group_dir(
+        let dir = shard::group_dir(
             &shard_dir(&data_dir(), shard_of(group, self.shard_count)),
             group,
         );

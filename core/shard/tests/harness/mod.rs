@@ -393,7 +393,7 @@ impl Cluster {
     /// (segment logs and indexes only).
     pub fn segment_files(&self, r: u8, group: GroupId) -> Vec<(String, Vec<u8>)> {
         let fs = &self.fss[usize::from(r)];
-        let dir = shard::catalog::group_dir(
+        let dir = shard::group_dir(
             &shard_dir(&data_dir(), ShardIndex(self.shard_of(group))),
             group,
         );
@@ -411,11 +411,11 @@ impl Cluster {
 
     /// The spec `group.meta` of `group` holds on replica `r`'s disk.
     pub fn spec_on_disk(&self, r: u8, group: GroupId) -> Option<GroupSpec> {
-        let dir = shard::catalog::group_dir(
+        let dir = shard::group_dir(
             &shard_dir(&data_dir(), ShardIndex(self.shard_of(group))),
             group,
         );
-        block_on(shard::catalog::read_spec(&self.fss[usize::from(r)], &dir)).unwrap()
+        block_on(shard::read_spec(&self.fss[usize::from(r)], &dir)).unwrap()
     }
 
     pub fn flush_all(&mut self) {
