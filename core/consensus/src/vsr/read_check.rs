@@ -144,17 +144,8 @@ impl Replica {
     /// A backup: vouch for the Ping's view if it is ours and we follow its
     /// primary. A deposed primary's Ping is answered with the newer view.
     pub(super) fn on_ping(&mut self, from: u8, view: u32, round: u64) -> Handled {
-        if view > self.view {
-            self.note_newer_view(view);
-            return Handled::Ignored(Ignored::NewerView);
-        }
-        if view < self.view {
-            if self.is_primary() {
-                let sv = self.start_view_message(0);
-                self.send(from, Message::StartView(sv));
-                return Handled::Taken;
-            }
-            return Handled::Ignored(Ignored::StaleView);
+        if let Some(handled) = self.heard_other_view(from, view) {
+            return handled;
         }
         // A replica still recovering (a replaced disk above all) may hold
         // a view older than one it voted in before; it vouches for

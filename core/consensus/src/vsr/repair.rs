@@ -258,18 +258,7 @@ impl Replica {
     }
 
     pub(super) fn on_repair_prepare(&mut self, prepare: Prepare) -> Result<Handled, FrameError> {
-        // The frame's group was checked; the prepare's own header names
-        // its group too, under the checksum.
-        if !prepare.verify() {
-            return Err(FrameError::BadChecksum {
-                op: prepare.header.op,
-            });
-        }
-        if prepare.header.group != self.config.group {
-            return Err(FrameError::WrongGroup {
-                group: prepare.header.group,
-            });
-        }
+        self.check_prepare(&prepare)?;
         let op = prepare.header.op;
         if self.transferring {
             return Ok(Handled::Ignored(Ignored::Transferring));

@@ -1051,18 +1051,7 @@ impl Replica {
     }
 
     fn on_prepare(&mut self, from: u8, view: u32, prepare: Prepare) -> Result<Handled, FrameError> {
-        // The frame's group was checked; the prepare's own header names
-        // its group too, under the checksum.
-        if !prepare.verify() {
-            return Err(FrameError::BadChecksum {
-                op: prepare.header.op,
-            });
-        }
-        if prepare.header.group != self.config.group {
-            return Err(FrameError::WrongGroup {
-                group: prepare.header.group,
-            });
-        }
+        self.check_prepare(&prepare)?;
         if let Some(reason) = self.prepare_ignored(from, view) {
             if reason == Ignored::NewerView {
                 self.note_newer_view(view);
@@ -1096,6 +1085,23 @@ impl Replica {
         self.advance_commit_max(commit);
         self.after_journal_change();
         Ok(Handled::Taken)
+    }
+
+    /// A prepare's own checksums, and its header's group: the frame's
+    /// group was checked, and the prepare names its group too, under the
+    /// checksum.
+    pub(super) fn check_prepare(&self, prepare: &Prepare) -> Result<(), FrameError> {
+        if !prepare.verify() {
+            return Err(FrameError::BadChecksum {
+                op: prepare.header.op,
+            });
+        }
+        if prepare.header.group != self.config.group {
+            return Err(FrameError::WrongGroup {
+                group: prepare.header.group,
+            });
+        }
+        Ok(())
     }
 
     /// Why a verified prepare of view `view` from `from` changes nothing
@@ -1229,6 +1235,25 @@ impl Replica {
         Handled::Taken
     }
 
+    /// What a Commit or Ping of another view comes to: a newer view is
+    /// asked for; a deposed primary still heartbeating or checking reads
+    /// is told the view when this replica leads it. `None` for this view.
+    pub(super) fn heard_other_view(&mut self, from: u8, view: u32) -> Option<Handled> {
+        if view > self.view {
+            self.note_newer_view(view);
+            return Some(Handled::Ignored(Ignored::NewerView));
+        }
+        if view < self.view {
+            if self.is_primary() {
+                let sv = self.start_view_message(0);
+                self.send(from, Message::StartView(sv));
+                return Some(Handled::Taken);
+            }
+            return Some(Handled::Ignored(Ignored::StaleView));
+        }
+        None
+    }
+
     /// The reason a frame of `view` is ignored for not being of this
     /// replica's view, when it is not.
     pub(super) fn other_view(&self, view: u32) -> Option<Ignored> {
@@ -1349,18 +1374,8 @@ impl Replica {
         checksum: u128,
         timestamp: u64,
     ) -> Handled {
-        if view > self.view {
-            self.note_newer_view(view);
-            return Handled::Ignored(Ignored::NewerView);
-        }
-        if view < self.view {
-            if self.is_primary() {
-                // A deposed primary is still heartbeating: tell it the view.
-                let sv = self.start_view_message(0);
-                self.send(from, Message::StartView(sv));
-                return Handled::Taken;
-            }
-            return Handled::Ignored(Ignored::StaleView);
+        if let Some(handled) = self.heard_other_view(from, view) {
+            return handled;
         }
         if self.status != Status::Normal {
             return Handled::Ignored(Ignored::NotNormal);
