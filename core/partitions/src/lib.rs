@@ -7,6 +7,8 @@
 //! - `partition`: the struct, its configuration and errors, boot, the
 //!   driver loop that carries out the VSR core's actions, counters;
 //! - `ops`: the replicated operations and their fail-closed codec;
+//! - `boot`: [`Partition::open`] as named steps and the pure choice of
+//!   where the VSR core resumes;
 //! - `append`: validation and stamping on the primary, the base-offset
 //!   check on backups;
 //! - `flush`: the committed journal prefix to segments;
@@ -20,6 +22,7 @@
 //!   restart.
 
 mod append;
+mod boot;
 mod bus;
 mod client_sessions;
 mod flush;
