@@ -315,8 +315,6 @@ pub fn check_chain(metas: &[SegmentMeta]) -> Result<(), RecoveryError> {
     Ok(())
 }
 
-/// Reads the whole batch at `position` and checks it fully, plus that it
-/// carries `entry`'s offset and timestamp.
 /// The header of the batch `entry` names, when one with the entry's offset
 /// and timestamp starts at its position and fits in the file.
 async fn entry_names_batch<F: FsFile>(
@@ -342,6 +340,8 @@ async fn entry_names_batch<F: FsFile>(
     Ok((named && fits).then_some(header))
 }
 
+/// Whether the batch `entry` names is whole and verifies: read at its
+/// position and checked fully, carrying the entry's offset and timestamp.
 async fn entry_points_at_valid_batch<F: FsFile>(
     file: &F,
     entry: &IndexEntry,
@@ -357,6 +357,125 @@ async fn entry_points_at_valid_batch<F: FsFile>(
     Ok(BatchView::decode_exact(&bytes, Integrity::Verify, batch_length_max).is_ok())
 }
 
+/// The stored index of the segment at `start`, bounded by what the log
+/// could possibly hold (each entry names a distinct batch of at least 256
+/// bytes), with the file's length; empty without an index file.
+async fn read_stored_index<F: Fs>(
+    fs: &F,
+    index_path: &Path,
+    has_index: bool,
+    file_len: u64,
+) -> Result<(Vec<IndexEntry>, u64), RecoveryError> {
+    if !has_index {
+        return Ok((Vec::new(), 0));
+    }
+    let index = fs
+        .open(index_path, OpenOptions::read_only())
+        .await
+        .map_err(|e| RecoveryError::io("open", index_path, e))?;
+    let stored_len = index
+        .len()
+        .await
+        .map_err(|e| RecoveryError::io("stat", index_path, e))?;
+    let cap = (file_len / BATCH_HEADER_SIZE as u64 + 1) * INDEX_ENTRY_SIZE as u64;
+    let read_len = stored_len.min(cap) as usize;
+    let bytes = index
+        .read_exact_at(read_len, 0)
+        .await
+        .map_err(|e| RecoveryError::io("read", index_path, e))?;
+    Ok((decode_entries(&bytes), stored_len))
+}
+
+/// How many of `stored` form the longest well-formed prefix: the first at
+/// byte 0 with the segment's start offset, strictly increasing after that,
+/// every one inside the file.
+fn well_formed_prefix(stored: &[IndexEntry], start: u64, file_len: u64) -> usize {
+    let mut sane = 0;
+    for (i, e) in stored.iter().enumerate() {
+        let ok = if i == 0 {
+            e.position == 0 && e.offset == start
+        } else {
+            let p = &stored[i - 1];
+            e.position > p.position && e.offset > p.offset
+        };
+        if !ok || e.position >= file_len {
+            break;
+        }
+        sane = i + 1;
+    }
+    sane
+}
+
+/// Whether the first batch carries entry 0's offset and timestamp: a lost
+/// (zero-filled) first entry under a surviving later one would otherwise
+/// pass as "offset 0 at position 0" in a segment starting at 0. Later
+/// zeroed or torn entries fail the increasing-position check.
+async fn first_entry_names_first_batch<F: FsFile>(
+    log: &F,
+    log_path: &Path,
+    first: &IndexEntry,
+    batch_length_max: u64,
+) -> Result<bool, RecoveryError> {
+    match log.read_exact_at(BATCH_HEADER_SIZE, 0).await {
+        Ok(bytes) => Ok(BatchHeader::decode(&bytes, batch_length_max)
+            .is_ok_and(|h| h.base_offset == first.offset && h.base_timestamp == first.timestamp)),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(RecoveryError::io("read", log_path, e)),
+    }
+}
+
+/// The last segment's index was never synced (only a seal syncs one), and
+/// a crash keeps its unsynced entry writes in any combination, a torn one
+/// included: an entry can be wrong under a later one that survived whole,
+/// which the increasing check may not see (a position torn from 660 to 148
+/// still increases). Each entry must name its batch, or the entries from
+/// it on are not trusted: how many of the first `sane` do. Sealed
+/// segments' indexes were synced before the next segment existed.
+async fn entries_naming_their_batches<F: FsFile>(
+    log: &F,
+    log_path: &Path,
+    stored: &[IndexEntry],
+    sane: usize,
+    file_len: u64,
+    batch_length_max: u64,
+) -> Result<usize, RecoveryError> {
+    for (k, entry) in stored.iter().enumerate().take(sane).skip(1) {
+        let named = entry_names_batch(log, entry, file_len, batch_length_max)
+            .await
+            .map_err(|e| RecoveryError::io("read", log_path, e))?;
+        if named.is_none() {
+            return Ok(k);
+        }
+    }
+    Ok(sane)
+}
+
+/// How many of the first `sane` entries to keep: up to the last one that
+/// still points at a valid batch, where the walk starts. Entries after it
+/// are ahead of the log (index written, log write lost) or damaged.
+async fn trusted_prefix<F: FsFile>(
+    log: &F,
+    log_path: &Path,
+    stored: &[IndexEntry],
+    sane: usize,
+    file_len: u64,
+    batch_length_max: u64,
+) -> Result<usize, RecoveryError> {
+    for k in (0..sane).rev() {
+        let ok = entry_points_at_valid_batch(log, &stored[k], file_len, batch_length_max)
+            .await
+            .map_err(|e| RecoveryError::io("read", log_path, e))?;
+        if ok {
+            return Ok(k + 1);
+        }
+    }
+    Ok(0)
+}
+
+/// Plans the recovery of the segment at `start`: which of its stored index
+/// entries to trust, then a verifying walk of its batches from the last
+/// trusted one to the first that fails, deriving the index entries and
+/// the segment's metadata on the way.
 async fn plan_segment<F: Fs>(
     fs: &F,
     dir: &Path,
@@ -375,94 +494,28 @@ async fn plan_segment<F: Fs>(
         .len()
         .await
         .map_err(|e| RecoveryError::io("stat", &log_path, e))?;
+    let batch_length_max = config.batch_length_max;
 
-    // The stored index, bounded by what the log could possibly hold: each
-    // entry names a distinct batch of at least 256 bytes.
-    let mut stored = Vec::new();
-    let mut stored_len = 0u64;
-    if has_index {
-        let index = fs
-            .open(&index_path, OpenOptions::read_only())
-            .await
-            .map_err(|e| RecoveryError::io("open", &index_path, e))?;
-        stored_len = index
-            .len()
-            .await
-            .map_err(|e| RecoveryError::io("stat", &index_path, e))?;
-        let cap = (file_len / BATCH_HEADER_SIZE as u64 + 1) * INDEX_ENTRY_SIZE as u64;
-        let read_len = stored_len.min(cap) as usize;
-        let bytes = index
-            .read_exact_at(read_len, 0)
-            .await
-            .map_err(|e| RecoveryError::io("read", &index_path, e))?;
-        stored = decode_entries(&bytes);
+    let (stored, stored_len) = read_stored_index(fs, &index_path, has_index, file_len).await?;
+    let mut sane = well_formed_prefix(&stored, start, file_len);
+    if sane > 0
+        && !first_entry_names_first_batch(&log, &log_path, &stored[0], batch_length_max).await?
+    {
+        sane = 0;
     }
-
-    // The longest prefix of entries that is well formed: first at byte 0
-    // with the segment's start offset, strictly increasing after that.
-    let mut sane = 0;
-    for (i, e) in stored.iter().enumerate() {
-        let ok = if i == 0 {
-            e.position == 0 && e.offset == start
-        } else {
-            let p = &stored[i - 1];
-            e.position > p.position && e.offset > p.offset
-        };
-        if !ok || e.position >= file_len {
-            break;
-        }
-        sane = i + 1;
-    }
-
-    // Entry 0 must also name the first batch's offset and timestamp: a
-    // lost (zero-filled) first entry under a surviving later one would
-    // otherwise pass as "offset 0 at position 0" in a segment starting at 0.
-    // Later zeroed or torn entries fail the increasing-position check.
-    if sane > 0 {
-        let first_ok = match log.read_exact_at(BATCH_HEADER_SIZE, 0).await {
-            Ok(bytes) => BatchHeader::decode(&bytes, config.batch_length_max).is_ok_and(|h| {
-                h.base_offset == stored[0].offset && h.base_timestamp == stored[0].timestamp
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => false,
-            Err(e) => return Err(RecoveryError::io("read", &log_path, e)),
-        };
-        if !first_ok {
-            sane = 0;
-        }
-    }
-
-    // The last segment's index was never synced (only a seal syncs one),
-    // and a crash keeps its unsynced entry writes in any combination, a
-    // torn one included: an entry can be wrong under a later one that
-    // survived whole, which the increasing check above may not see (a
-    // position torn from 660 to 148 still increases). Each entry must
-    // name its batch, or the entries from it on are not trusted. Sealed
-    // segments' indexes were synced before the next segment existed.
     if last {
-        for (k, entry) in stored.iter().enumerate().take(sane).skip(1) {
-            let named = entry_names_batch(&log, entry, file_len, config.batch_length_max)
-                .await
-                .map_err(|e| RecoveryError::io("read", &log_path, e))?;
-            if named.is_none() {
-                sane = k;
-                break;
-            }
-        }
+        sane = entries_naming_their_batches(
+            &log,
+            &log_path,
+            &stored,
+            sane,
+            file_len,
+            batch_length_max,
+        )
+        .await?;
     }
-
-    // The last entry that still points at a valid batch is where the walk
-    // starts; entries after it are ahead of the log (index written, log
-    // write lost) or damaged.
-    let mut trusted = 0;
-    for k in (0..sane).rev() {
-        let ok = entry_points_at_valid_batch(&log, &stored[k], file_len, config.batch_length_max)
-            .await
-            .map_err(|e| RecoveryError::io("read", &log_path, e))?;
-        if ok {
-            trusted = k + 1;
-            break;
-        }
-    }
+    let trusted =
+        trusted_prefix(&log, &log_path, &stored, sane, file_len, batch_length_max).await?;
     let mut index: Vec<IndexEntry> = stored[..trusted].to_vec();
     let (walk_from, expected) = match index.last() {
         Some(e) => (e.position, e.offset),
