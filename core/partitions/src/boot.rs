@@ -238,7 +238,7 @@ fn initial_state(config: &PartitionConfig) -> VsrState {
 /// replacement sibling (swept; the record itself is whole either way), an
 /// interrupted install (converged to an empty partition at the recorded
 /// frontier, or dropped if that frontier never became durable:
-/// state_transfer/install.rs), and the transfer-needed record a converge
+/// state_transfer/install/marker.rs), and the transfer-needed record a converge
 /// wrote (returned; honoured by the caller).
 async fn recover_records<F: Fs>(
     fs: &F,

@@ -314,7 +314,7 @@ pub enum PartitionError {
         reason: String,
     },
     /// A state-transfer install is in flight (it runs in steps between the
-    /// shard's ticks, `state_transfer/install.rs`): the partition takes no
+    /// shard's ticks, `state_transfer/install/`): the partition takes no
     /// input until it ends. Transient.
     InstallInProgress {
         /// The partition directory.
@@ -668,7 +668,7 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) auto_commits: RefCell<AutoCommits>,
     pub(crate) fenced: Option<String>,
     /// The state-transfer install in flight, carried out a bounded number
-    /// of file operations per call (`state_transfer/install.rs`). While it
+    /// of file operations per call (`state_transfer/install/`). While it
     /// is set the partition refuses every input: its log is being swapped
     /// on disk under the one in memory.
     pub(crate) install: Option<Box<crate::state_transfer::install::InstallJob<F>>>,

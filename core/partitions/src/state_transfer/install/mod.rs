@@ -1,5 +1,7 @@
 //! The receiving replica's install of a transferred partition state
-//! (issue F6, SPEC §7 ST-I1..I5).
+//! (SPEC §7 ST-I1..I5). By file: `check` (the check phase), `marker` (the
+//! install marker and boot's recovery of an interrupted install), `fence`
+//! (the converge and the fence), and here the install's steps.
 //!
 //! The input is what the receive side left behind: validated segment
 //! artifacts staged as `{base:020}.log.staging` + `{base:020}.index.staging`
@@ -89,28 +91,31 @@ use std::time::Duration;
 use common::ConsumerKind;
 use journal::SuperblockStore;
 use storage::SegmentedLog;
-use storage::fs::{FileKind, Fs, FsFile, replace_file_durably};
+use storage::fs::{FileKind, Fs, replace_file_durably};
 use storage::{RecoveredSegment, recover_segment};
 use storage::{SegmentFileName, index_file_name, log_file_name, parse_file_name};
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::errors::{PartitionInstallError, PartitionInstallOutcome};
 use super::missing::{MissingHistory, clear_missing_history, write_missing_history};
 use super::receive::ReceivedTransfer;
 use super::spill::StagedSegmentMeta;
-use super::wire::ConsumerOffsetsWire;
 use crate::bus::MessageBus;
 use crate::offset_storage::{
     PURGE_GENERATION_FILE, PurgeGeneration, REPLACEMENT_SUFFIX, commit_offset_replacement,
-    delete_persisted_offset, discard_offset_replacement, persist_purge_generation,
-    stage_offset_replacement,
+    delete_persisted_offset, persist_purge_generation,
 };
 use crate::partition::{AppliedPoint, Partition};
 
-/// File in the partition directory naming an install in flight.
-pub const INSTALL_MARKER_FILE: &str = "install.pending";
-const MARKER_MAGIC: &[u8; 4] = b"RIM1";
-const MARKER_LEN: usize = 4 + 8 + 16 + 8 + 8;
+mod check;
+mod fence;
+mod marker;
+
+use check::CheckedInstall;
+pub use fence::fence_partition;
+pub use marker::INSTALL_MARKER_FILE;
+use marker::InstallMarker;
+pub(crate) use marker::recover_interrupted_install;
+
 const STAGING_SUFFIX: &str = ".staging";
 /// Attempts per offset-file mutation (staging a sibling, unlinking).
 const OFFSET_IO_ATTEMPTS: u32 = 3;
@@ -189,71 +194,6 @@ impl InstallInput {
             offsets_artifact: received.offsets_bytes.clone(),
         }
     }
-}
-
-/// The record of an install in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct InstallMarker {
-    pub commit_op: u64,
-    pub checksum: u128,
-    pub frontier: u64,
-}
-
-impl InstallMarker {
-    fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(MARKER_LEN);
-        out.extend_from_slice(MARKER_MAGIC);
-        out.extend_from_slice(&self.commit_op.to_le_bytes());
-        out.extend_from_slice(&self.checksum.to_le_bytes());
-        out.extend_from_slice(&self.frontier.to_le_bytes());
-        let sum = xxh3_64(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
-        out
-    }
-
-    fn decode(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() != MARKER_LEN || &bytes[..4] != MARKER_MAGIC {
-            return None;
-        }
-        let u64_at = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        if u64_at(MARKER_LEN - 8) != xxh3_64(&bytes[..MARKER_LEN - 8]) {
-            return None;
-        }
-        let mut checksum = [0u8; 16];
-        checksum.copy_from_slice(&bytes[12..28]);
-        Some(Self {
-            commit_op: u64_at(4),
-            checksum: u128::from_le_bytes(checksum),
-            frontier: u64_at(28),
-        })
-    }
-}
-
-/// One consumer-offset file the install will write.
-#[derive(Debug, Clone)]
-struct PlannedOffsetWrite {
-    kind: ConsumerKind,
-    id: u32,
-    path: PathBuf,
-    value: u64,
-}
-
-/// An install that passed the check phase.
-struct CheckedInstall {
-    commit_op: u64,
-    checksum: u128,
-    wire: ConsumerOffsetsWire,
-    staged: Vec<StagedSegment>,
-    frontier: u64,
-    purge_advances: bool,
-    planned: Vec<PlannedOffsetWrite>,
-    /// The directory's segment and staging files when it was checked
-    /// ([`segment_files`]); nothing else changes them until the swap.
-    existing: Vec<PathBuf>,
 }
 
 /// Filesystem calls an install makes per call of
@@ -428,116 +368,6 @@ async fn remove_if_present<F: Fs>(fs: &F, path: &Path) -> io::Result<()> {
     }
 }
 
-/// Moves every `.log`, `.index` and `.staging` file of `dir` into
-/// `<dir>.fenced.<n>` (the first `n` in `0..1000` whose directory
-/// `create_dir` could create, so an earlier fence is never merged into),
-/// then syncs the target, `dir` and their parent. The superblock, the
-/// install marker, `purge.gen` and the offsets stay: the superblock is the
-/// group's only durable view and frontier, and a rebuild over this
-/// directory reads it. Returns the target directory.
-///
-/// The fenced files are evidence for an operator; nothing reads them again
-/// (recovery only looks at files directly in `dir`).
-///
-/// # Errors
-/// The underlying I/O error. The files may then be split between the two
-/// directories; the caller leaves the partition fenced and rebuilds
-/// nothing over it.
-pub async fn fence_partition<F: Fs>(fs: &F, dir: &Path) -> io::Result<PathBuf> {
-    let mut target = None;
-    for n in 0..1000 {
-        let mut name = dir.as_os_str().to_os_string();
-        name.push(format!(".fenced.{n}"));
-        let candidate = PathBuf::from(name);
-        match fs.create_dir(&candidate).await {
-            Ok(()) => {
-                target = Some(candidate);
-                break;
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let Some(target) = target else {
-        return Err(io::Error::other(
-            "a thousand fenced copies of this partition already exist",
-        ));
-    };
-    for path in segment_files(fs, dir).await? {
-        let Some(name) = path.file_name() else {
-            continue;
-        };
-        fs.rename(&path, &target.join(name)).await?;
-    }
-    // The target's entries, the source's removals, and the target's own
-    // name in the parent: without all three a crash could leave a moved
-    // file linked in neither directory.
-    fs.sync_dir(&target).await?;
-    fs.sync_dir(dir).await?;
-    if let Some(parent) = dir.parent() {
-        fs.sync_dir(parent).await?;
-    }
-    tracing::error!(dir = %dir.display(), target = %target.display(), "partition segment files fenced");
-    Ok(target)
-}
-
-/// Boot step for an install a crash interrupted. Reads the marker; when it
-/// matches the superblock's applied point and frontier (the install got
-/// past its frontier record), every segment, staging and offset file is
-/// removed and the directory synced, so the open that follows plants an
-/// empty segment at the frontier: an empty, honestly lagging partition,
-/// which the transfer-needed record ([`super::missing`]), written before
-/// the marker goes, keeps lagging across reboots until an install.
-/// When it does not match, the superblock write never landed and the old
-/// state stands. Either way the marker is removed last. Returns whether the
-/// directory was converged.
-///
-/// An unreadable marker is treated as matching: the superblock frontier is
-/// then kept, and nothing whose completeness is unknown is served.
-pub(crate) async fn recover_interrupted_install<F: Fs>(
-    fs: &F,
-    dir: &Path,
-    applied: (u64, u128, u64),
-) -> io::Result<bool> {
-    let path = dir.join(INSTALL_MARKER_FILE);
-    let mut sibling = path.as_os_str().to_os_string();
-    sibling.push(REPLACEMENT_SUFFIX);
-    remove_if_present(fs, Path::new(&sibling)).await?;
-    let bytes = match fs.open(&path, storage::fs::OpenOptions::read_only()).await {
-        Ok(file) => file.read_to_end_bounded(MARKER_LEN as u64 + 1).await?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    let marker = InstallMarker::decode(&bytes);
-    let in_flight = marker.is_none_or(|m| (m.commit_op, m.checksum, m.frontier) == applied);
-    if in_flight {
-        tracing::warn!(dir = %dir.display(), frontier = applied.2, op = applied.0, "an install was interrupted after recording its frontier: converging to an empty partition");
-        for file in segment_files(fs, dir).await? {
-            remove_if_present(fs, &file).await?;
-        }
-        fs.sync_dir(dir).await?;
-        crate::offsets::ConsumerOffsets::new(dir)
-            .clear_all(fs)
-            .await?;
-        // Before the marker goes: once it is gone, only this record says
-        // that nothing below the frontier is held here.
-        super::missing::write_missing_history(
-            fs,
-            dir,
-            super::missing::MissingHistory {
-                commit_op: applied.0,
-                frontier: applied.2,
-            },
-        )
-        .await?;
-    } else {
-        tracing::warn!(dir = %dir.display(), "an install was interrupted before recording its frontier: the old state stands");
-    }
-    fs.remove_file(&path).await?;
-    fs.sync_dir(dir).await?;
-    Ok(in_flight)
-}
-
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Installs a transferred partition state in one call (see the module
     /// documentation for the phases and their durable order):
@@ -692,241 +522,6 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// of a session.
     pub fn hold_state_transfer(&mut self) {
         self.replica.hold_state_transfer();
-    }
-
-    /// Quarantines this partition's segment files (see [`fence_partition`])
-    /// and fences it in memory. For the caller after `ConvergeFailed`.
-    ///
-    /// # Errors
-    /// The quarantine's I/O error; the partition stays fenced either way.
-    pub async fn fence_segment_files(&mut self, reason: &str) -> io::Result<PathBuf> {
-        self.fenced.get_or_insert_with(|| reason.to_owned());
-        fence_partition(&self.fs, &self.dir).await
-    }
-
-    /// ST-I1: every refusal, in an order that reads nothing it need not.
-    async fn check_install(
-        &self,
-        input: InstallInput,
-    ) -> Result<CheckedInstall, PartitionInstallError> {
-        if let Some(reason) = &self.fenced {
-            return Err(PartitionInstallError::Fenced {
-                reason: reason.clone(),
-            });
-        }
-        let InstallInput {
-            commit_op,
-            commit_checksum,
-            mut staged,
-            offsets_artifact,
-        } = input;
-        // Below the applied point the install would rewind applied ops;
-        // below an op this replica acknowledged it would erase a journaled
-        // op whose ack may be part of the quorum that committed it (the
-        // install clears the journal above its op). The reference bounds
-        // by `commit_max` instead, which also refuses every offer the group
-        // committed past during the pull: under steady load a pull never
-        // lands. Ops committed above the offer that this replica never
-        // acknowledged are not lost by erasing them here: a quorum holds
-        // them without this replica, and journal repair brings them back.
-        // Peer-supplied: every later step computes the op after it.
-        if commit_op > consensus::vsr::OP_MAX {
-            return Err(PartitionInstallError::OpOutOfRange {
-                commit_op,
-                max: consensus::vsr::OP_MAX,
-            });
-        }
-        let local_commit = self
-            .replica
-            .commit_min()
-            .max(self.replica.acknowledged_max());
-        if commit_op < local_commit {
-            return Err(PartitionInstallError::StaleTransfer {
-                commit_op,
-                commit_min: local_commit,
-            });
-        }
-        let wire = ConsumerOffsetsWire::decode(&offsets_artifact)?;
-        // An offer from before a purge this replica applied would bring
-        // back purged data. One from before a purge only the metadata
-        // plane committed would not: the partition's purge op, once
-        // proposed, comes after the offer's op and is applied by repair.
-        // Refusing it (as this did) deadlocks a group whose purge cannot
-        // commit without the replicas that need the transfer.
-        let local_generation = self.applied_purge_generation;
-        if wire.purge_generation < local_generation {
-            return Err(PartitionInstallError::PurgeGenerationBehind {
-                offered: wire.purge_generation,
-                local: local_generation,
-            });
-        }
-        // A purge this replica never applied is the one legitimate way the
-        // offset space moves down. `applied_purge_generation` is safe to
-        // compare here: a purge's first durable step resets the superblock
-        // frontier to 0, so a replica that crashed before recording
-        // `purge.gen` already has a local frontier of 0 and the rewind
-        // guard below has nothing to protect.
-        let purge_advances = wire.purge_generation > self.applied_purge_generation;
-        let local_next = self.applied_next_offset.max(self.durable_offset_frontier());
-        let frontier = wire.next_offset;
-        if !purge_advances && frontier < local_next {
-            return Err(PartitionInstallError::OfferRewindsDurableData {
-                offer_next_offset: frontier,
-                local_next_offset: local_next,
-            });
-        }
-        staged.sort_unstable_by_key(|s| s.start_offset);
-        for s in &staged {
-            // A staged segment holds at least one message.
-            if s.end_offset < s.start_offset {
-                return Err(PartitionInstallError::SegmentSetHole {
-                    previous_end: s.end_offset,
-                    next_start: s.start_offset,
-                });
-            }
-        }
-        for pair in staged.windows(2) {
-            if pair[1].start_offset == pair[0].start_offset {
-                return Err(PartitionInstallError::DuplicateSegment {
-                    start_offset: pair[1].start_offset,
-                });
-            }
-            if Some(pair[1].start_offset) != pair[0].end_offset.checked_add(1) {
-                return Err(PartitionInstallError::SegmentSetHole {
-                    previous_end: pair[0].end_offset,
-                    next_start: pair[1].start_offset,
-                });
-            }
-        }
-        // The chain must end exactly where the frontier starts: below it
-        // would leave offsets no segment holds under an active segment the
-        // storage could not name, above it would contradict the artifact.
-        if let Some(last) = staged.last()
-            && last.end_offset.checked_add(1) != Some(frontier)
-        {
-            return Err(PartitionInstallError::SegmentSetHole {
-                previous_end: last.end_offset,
-                next_start: frontier,
-            });
-        }
-        // One listing, not a call per file: a chain of thousands of
-        // segments is checked without thousands of round trips. The swap
-        // reuses it.
-        let existing = segment_files(&self.fs, &self.dir)
-            .await
-            .map_err(swap_io(&self.dir))?;
-        let present: HashSet<&Path> = existing.iter().map(PathBuf::as_path).collect();
-        for s in &staged {
-            let (log, index) = s.staging_paths(&self.dir);
-            for path in [log, index] {
-                if !present.contains(path.as_path()) {
-                    return Err(PartitionInstallError::SwapIo {
-                        source: io::Error::new(io::ErrorKind::NotFound, "staged file missing"),
-                        path,
-                    });
-                }
-            }
-        }
-        let mut scratch = self.replica.client_table().clone();
-        scratch
-            .install(&wire.dedup)
-            .map_err(PartitionInstallError::Dedup)?;
-        // Offsets point at a consumed message, so at most the installed
-        // end; with nothing ever minted there is nothing to point at.
-        let last = frontier.checked_sub(1);
-        let mut planned = Vec::with_capacity(wire.consumers.len() + wire.groups.len());
-        for (kind, entries) in [
-            (ConsumerKind::Consumer, &wire.consumers),
-            (ConsumerKind::ConsumerGroup, &wire.groups),
-        ] {
-            let dir = self.offsets.dir(kind);
-            planned.extend(entries.iter().filter_map(|&(id, offset)| {
-                last.map(|last| PlannedOffsetWrite {
-                    kind,
-                    id,
-                    path: dir.join(id.to_string()),
-                    value: offset.min(last),
-                })
-            }));
-        }
-        Ok(CheckedInstall {
-            commit_op,
-            checksum: commit_checksum,
-            wire,
-            staged,
-            frontier,
-            purge_advances,
-            planned,
-            existing,
-        })
-    }
-
-    /// Writes and data-syncs every planned offset as an ignored sibling,
-    /// before anything destructive. Sequential on purpose: the filesystem
-    /// calls of one partition run on its shard's single reactor (and the
-    /// simulator's), so overlapping them buys queue depth, not wall time,
-    /// while a fixed order keeps fault injection and crash points
-    /// reproducible. Each file is retried with backoff.
-    async fn stage_offset_writes(
-        &self,
-        planned: &[PlannedOffsetWrite],
-    ) -> Result<(), PartitionInstallError> {
-        let mut created_dirs = false;
-        for kind in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup] {
-            if !planned.iter().any(|w| w.kind == kind) {
-                continue;
-            }
-            let dir = self.offsets.dir(kind);
-            let create = async {
-                if !self.fs.exists(&dir).await? {
-                    self.fs.create_dir_all(&dir).await?;
-                    created_dirs = true;
-                }
-                Ok::<(), io::Error>(())
-            };
-            create
-                .await
-                .map_err(|source| PartitionInstallError::OffsetPersistence {
-                    path: dir.clone(),
-                    source,
-                })?;
-        }
-        if created_dirs {
-            // The new directories' names, before files in them count.
-            let root = self.dir.join("offsets");
-            for d in [root.as_path(), self.dir.as_path()] {
-                self.fs.sync_dir(d).await.map_err(|source| {
-                    PartitionInstallError::OffsetPersistence {
-                        path: d.to_path_buf(),
-                        source,
-                    }
-                })?;
-            }
-        }
-        for write in planned {
-            let staged = with_retry(&self.fs, &write.path, || {
-                stage_offset_replacement(
-                    &self.fs,
-                    &write.path,
-                    crate::offset_storage::OffsetRecord::settled(write.value),
-                )
-            })
-            .await;
-            if let Err(source) = staged {
-                self.discard_offset_writes(planned).await;
-                return Err(PartitionInstallError::OffsetPersistence {
-                    path: write.path.clone(),
-                    source,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    async fn discard_offset_writes(&self, planned: &[PlannedOffsetWrite]) {
-        for write in planned {
-            discard_offset_replacement(&self.fs, &write.path).await;
-        }
     }
 
     /// ST-I2: the marker, then the frontier and applied point in one
@@ -1339,75 +934,5 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 self.missing_history_clear_pending = true;
             }
         }
-    }
-
-    /// The install's last step; a failure only means a reboot converges.
-    async fn remove_install_marker(&self) {
-        let path = self.dir.join(INSTALL_MARKER_FILE);
-        let removed = async {
-            remove_if_present(&self.fs, &path).await?;
-            self.fs.sync_dir(&self.dir).await
-        };
-        if let Err(error) = removed.await {
-            tracing::warn!(path = %path.display(), %error, "could not remove the install marker; a reboot converges this partition to empty");
-        }
-    }
-
-    /// ST-I5: disk and memory to an empty partition at the frontier, with
-    /// no offsets and no dedup, applied at the install's op (the
-    /// superblock already says so), so its next offset and its op numbers
-    /// agree with the group's. It is honestly lagging: it holds none of the
-    /// history below the frontier, so the core stays in its transfer
-    /// (quorum-invisible, `state_transfer_needed` still reported when it
-    /// was) and the driver pulls again; if the core's transfer timer runs
-    /// out first, it repairs the tail above the installed op as usual.
-    async fn converge_after_failed_install(&mut self, checked: &CheckedInstall) -> io::Result<()> {
-        let dir = self.dir.clone();
-        let fs = self.fs.clone();
-        // Whatever the failure left: the old chain, a prefix of the new
-        // one, staging files. Only the directory knows.
-        for path in segment_files(&fs, &dir).await? {
-            remove_if_present(&fs, &path).await?;
-        }
-        fs.sync_dir(&dir).await?;
-        let (log, _) = SegmentedLog::open(fs.clone(), &dir, self.config.log, checked.frontier)
-            .await
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        self.replace_log(log);
-        self.offsets.clear_all(&fs).await?;
-        self.journal.clear_all(checked.commit_op + 1);
-        self.messages_count = 0;
-        self.size_bytes = 0;
-        self.applied_last_timestamp = 0;
-        // Watermarks of data this replica no longer holds could swallow a
-        // replay; at-least-once until the next install.
-        if let Err(error) = self.replica.client_table_mut().install(&[]) {
-            tracing::warn!(%error, "could not clear the dedup table on converge");
-        }
-        self.lift_to_installed_point(checked, None, false);
-        self.record_missing_history(checked).await;
-        if let Err(error) = self.drive().await {
-            tracing::warn!(dir = %self.dir.display(), %error, "driving the core after a converge failed");
-        }
-        tracing::warn!(dir = %dir.display(), frontier = checked.frontier, "partition converged to empty after a failed install");
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::InstallMarker;
-
-    #[test]
-    fn marker_round_trips_and_rejects_rot() {
-        let m = InstallMarker {
-            commit_op: 7,
-            checksum: 0xfeed,
-            frontier: 42,
-        };
-        let mut bytes = m.encode();
-        assert_eq!(InstallMarker::decode(&bytes), Some(m));
-        bytes[5] ^= 1;
-        assert_eq!(InstallMarker::decode(&bytes), None);
     }
 }
