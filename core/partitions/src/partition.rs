@@ -75,7 +75,8 @@ use consensus::DedupWatermark;
 use consensus::client_table::ClientTableError;
 use consensus::vsr::{
     Action, Config as VsrConfig, Effect, Frame, FrameError, Handled, Ignored, Message,
-    OPERATION_REGISTER, Prepare, Replica, Reply, ReplyStatus, Request, RequestOutcome,
+    OPERATION_REGISTER, Prepare, PrepareHeader, Replica, Reply, ReplyStatus, Request,
+    RequestOutcome,
 };
 use journal::{
     EntryStats, JournalEntry, JournalError, JournalLimits, PrepareJournal, Superblock,
@@ -1427,82 +1428,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             self.config.log.batch_length_max,
         )
         .map_err(PartitionError::InvalidOp)?;
-        let mut stats = EntryStats::default();
-        let mut frame = Bytes::new();
         if h.client != INTERNAL_CLIENT {
             self.clients_dirty = true;
         }
-        match op {
-            PartitionOp::Append(batch) => {
-                // A duplicate (a request ordered twice across a view
-                // change) still occupies its offsets: the primary minted
-                // every later offset after it, so skipping it would leave
-                // a hole. That batch is stored twice (at-least-once).
-                if duplicate {
-                    tracing::warn!(
-                        op = h.op,
-                        client = h.client,
-                        request = h.request,
-                        "storing a batch ordered twice"
-                    );
-                }
-                let header = BatchHeader::decode(&batch, self.config.log.batch_length_max)
-                    .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
-                if header.base_offset != self.applied_next_offset {
-                    return Err(PartitionError::ApplyOffsetMismatch {
-                        op: h.op,
-                        expected: self.applied_next_offset,
-                        actual: header.base_offset,
-                    });
-                }
-                if !duplicate {
-                    // The reply's result, cached and recorded with it, so a
-                    // retry answered from the table gets the same offsets.
-                    self.reply_results.push((h.op, header.base_offset));
-                    self.replica.client_table_mut().set_result(
-                        h.client,
-                        h.request,
-                        h.op,
-                        header.base_offset,
-                    );
-                }
-                self.applied_next_offset = header.next_offset();
-                self.applied_last_timestamp =
-                    self.applied_last_timestamp.max(header.base_timestamp);
-                match self.recovered_durable_offset {
-                    // Re-applied after a restart and already in the
-                    // recovered segments (its base offset was checked
-                    // above): counted at boot, never written again.
-                    Some(end) if header.base_offset <= end => {
-                        if header.last_offset() > end {
-                            return Err(PartitionError::ReplayStraddlesRecoveredEnd {
-                                op: h.op,
-                                base_offset: header.base_offset,
-                                last_offset: header.last_offset(),
-                                recovered_end: end,
-                            });
-                        }
-                        if self.config.vsr.replica_count > 1 {
-                            self.retained.flushed(
-                                &mut self.replica,
-                                h.op,
-                                header.base_offset,
-                                batch.len() as u64,
-                            );
-                        }
-                    }
-                    _ => {
-                        stats = EntryStats {
-                            messages: header.message_count,
-                            base_offset: header.base_offset,
-                            timestamp: header.base_timestamp,
-                        };
-                        self.messages_count += u64::from(header.message_count);
-                        self.size_bytes += batch.len() as u64;
-                        frame = batch;
-                    }
-                }
-            }
+        let (stats, frame) = match op {
+            PartitionOp::Append(batch) => self.apply_append(&h, batch, duplicate)?,
             PartitionOp::StoreOffset {
                 kind,
                 id,
@@ -1513,6 +1443,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     self.apply_store(kind, id, offset, auto_commit, h.op)
                         .await?;
                 }
+                (EntryStats::default(), Bytes::new())
             }
             PartitionOp::DeleteOffset { kind, id } => {
                 if !duplicate {
@@ -1522,6 +1453,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                         .await
                         .map_err(|source| PartitionError::OffsetIo { kind, id, source })?;
                 }
+                (EntryStats::default(), Bytes::new())
             }
             PartitionOp::Purge { generation } => {
                 // Gated by generation alone (never by `duplicate`), which
@@ -1529,9 +1461,101 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 if generation > self.applied_purge_generation {
                     return self.apply_purge(&h, generation).await;
                 }
+                (EntryStats::default(), Bytes::new())
             }
-            PartitionOp::Register => {}
+            PartitionOp::Register => (EntryStats::default(), Bytes::new()),
+        };
+        self.journal_applied(&h, frame, stats).await
+    }
+
+    /// Applies an append: checks that it starts where the applied log
+    /// ends, records the reply's result, and returns the journal entry's
+    /// stats and frame (none for a batch already in the segments recovered
+    /// at boot).
+    fn apply_append(
+        &mut self,
+        h: &PrepareHeader,
+        batch: Bytes,
+        duplicate: bool,
+    ) -> Result<(EntryStats, Bytes), PartitionError> {
+        // A duplicate (a request ordered twice across a view change) still
+        // occupies its offsets: the primary minted every later offset after
+        // it, so skipping it would leave a hole. That batch is stored twice
+        // (at-least-once).
+        if duplicate {
+            tracing::warn!(
+                op = h.op,
+                client = h.client,
+                request = h.request,
+                "storing a batch ordered twice"
+            );
         }
+        let header = BatchHeader::decode(&batch, self.config.log.batch_length_max)
+            .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
+        if header.base_offset != self.applied_next_offset {
+            return Err(PartitionError::ApplyOffsetMismatch {
+                op: h.op,
+                expected: self.applied_next_offset,
+                actual: header.base_offset,
+            });
+        }
+        if !duplicate {
+            // The reply's result, cached and recorded with it, so a retry
+            // answered from the table gets the same offsets.
+            self.reply_results.push((h.op, header.base_offset));
+            self.replica.client_table_mut().set_result(
+                h.client,
+                h.request,
+                h.op,
+                header.base_offset,
+            );
+        }
+        self.applied_next_offset = header.next_offset();
+        self.applied_last_timestamp = self.applied_last_timestamp.max(header.base_timestamp);
+        match self.recovered_durable_offset {
+            // Re-applied after a restart and already in the recovered
+            // segments (its base offset was checked above): counted at
+            // boot, never written again.
+            Some(end) if header.base_offset <= end => {
+                if header.last_offset() > end {
+                    return Err(PartitionError::ReplayStraddlesRecoveredEnd {
+                        op: h.op,
+                        base_offset: header.base_offset,
+                        last_offset: header.last_offset(),
+                        recovered_end: end,
+                    });
+                }
+                if self.config.vsr.replica_count > 1 {
+                    self.retained.flushed(
+                        &mut self.replica,
+                        h.op,
+                        header.base_offset,
+                        batch.len() as u64,
+                    );
+                }
+                Ok((EntryStats::default(), Bytes::new()))
+            }
+            _ => {
+                self.messages_count += u64::from(header.message_count);
+                self.size_bytes += batch.len() as u64;
+                let stats = EntryStats {
+                    messages: header.message_count,
+                    base_offset: header.base_offset,
+                    timestamp: header.base_timestamp,
+                };
+                Ok((stats, batch))
+            }
+        }
+    }
+
+    /// Journals an applied op (flushing first when the journal is full)
+    /// and moves the journaled point to it.
+    async fn journal_applied(
+        &mut self,
+        h: &PrepareHeader,
+        frame: Bytes,
+        stats: EntryStats,
+    ) -> Result<(), PartitionError> {
         let entry = JournalEntry {
             op: h.op,
             checksum: h.checksum,
