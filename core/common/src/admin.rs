@@ -7,6 +7,8 @@
 //! present before anything is allocated, reserved bytes must be zero, and
 //! unknown enum values are refused.
 
+use crate::le_cursor::{LeCursor, Truncated};
+
 /// The command code of `REPLOG_STATUS`. The Iggy 0.11.0 protocol ends its
 /// codes at 606; a code the SDK does not know travels as a non-replicated
 /// request with the code at header offset 196, which is how the SDK's
@@ -256,7 +258,7 @@ impl ReplicaStatus {
     /// # Errors
     /// [`StatusError`] naming the first field that does not hold.
     pub fn decode(bytes: &[u8]) -> Result<Self, StatusError> {
-        let mut r = Reader { bytes, at: 0 };
+        let mut r = Reader::new(bytes);
         if r.take(4)? != STATUS_MAGIC {
             return Err(StatusError::BadMagic);
         }
@@ -272,7 +274,7 @@ impl ReplicaStatus {
         let mut roster = Vec::with_capacity(roster_count);
         for _ in 0..roster_count {
             let id = r.u8()?;
-            let len_at = r.at;
+            let len_at = r.at();
             let len = usize::from(r.u8()?);
             if len > ADDRESS_MAX {
                 return Err(StatusError::BadField {
@@ -280,7 +282,7 @@ impl ReplicaStatus {
                     offset: len_at,
                 });
             }
-            let text_at = r.at;
+            let text_at = r.at();
             let text = std::str::from_utf8(r.take(len)?).map_err(|_| StatusError::BadField {
                 field: "address",
                 offset: text_at,
@@ -381,12 +383,12 @@ fn decode_group(r: &mut Reader<'_>) -> Result<GroupStatus, StatusError> {
     let topic = r.u32()?;
     let partition = r.u32()?;
     let shard = r.u16()?;
-    let state_at = r.at;
+    let state_at = r.at();
     let state = GroupState::from_code(r.u8()?).ok_or(StatusError::BadField {
         field: "status",
         offset: state_at,
     })?;
-    let flags_at = r.at;
+    let flags_at = r.at();
     let flags = r.u8()?;
     if flags & !FLAGS_KNOWN != 0 || (flags & FLAG_FENCED != 0 && flags & FLAG_PARTITION == 0) {
         return Err(StatusError::BadField {
@@ -436,51 +438,57 @@ fn decode_group(r: &mut Reader<'_>) -> Result<GroupStatus, StatusError> {
     })
 }
 
+/// The record's cursor, which also knows where it is, so that an error can
+/// name the byte its field starts at.
 struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+    len: usize,
+    cursor: LeCursor<'a>,
 }
 
 impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Self {
+            len: bytes.len(),
+            cursor: LeCursor::new(bytes),
+        }
+    }
+
+    /// Where the next field starts. A failed read consumes nothing, so
+    /// after one this is where the missing field starts.
+    fn at(&self) -> usize {
+        self.len - self.left()
+    }
+
     fn left(&self) -> usize {
-        self.bytes.len() - self.at
+        self.cursor.remaining().len()
+    }
+
+    fn truncated(&self) -> StatusError {
+        StatusError::Truncated { offset: self.at() }
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], StatusError> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&end| end <= self.bytes.len())
-            .ok_or(StatusError::Truncated { offset: self.at })?;
-        let out = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(out)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], StatusError> {
-        let mut out = [0; N];
-        out.copy_from_slice(self.take(N)?);
-        Ok(out)
+        self.cursor.take(n).map_err(|Truncated| self.truncated())
     }
 
     fn u8(&mut self) -> Result<u8, StatusError> {
-        Ok(self.array::<1>()?[0])
+        self.cursor.u8().map_err(|Truncated| self.truncated())
     }
 
     fn u16(&mut self) -> Result<u16, StatusError> {
-        Ok(u16::from_le_bytes(self.array()?))
+        self.cursor.u16().map_err(|Truncated| self.truncated())
     }
 
     fn u32(&mut self) -> Result<u32, StatusError> {
-        Ok(u32::from_le_bytes(self.array()?))
+        self.cursor.u32().map_err(|Truncated| self.truncated())
     }
 
     fn u64(&mut self) -> Result<u64, StatusError> {
-        Ok(u64::from_le_bytes(self.array()?))
+        self.cursor.u64().map_err(|Truncated| self.truncated())
     }
 
     fn zeros(&mut self, field: &'static str, n: usize) -> Result<(), StatusError> {
-        let offset = self.at;
+        let offset = self.at();
         if self.take(n)?.iter().any(|&b| b != 0) {
             return Err(StatusError::BadField { field, offset });
         }

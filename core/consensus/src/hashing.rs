@@ -5,8 +5,11 @@
 //! server hashing a multi-GiB segment in slices between reactor yields can
 //! keep the partial state as a memo, read the checksum of the prefix hashed
 //! so far, and later extend it when the active segment grows.
+//!
+//! [`push_trailer`] and [`split_verified_trailer`] close an encoding with
+//! the checksum of everything before it: the manifest, the transfer
+//! artifacts and several disk records end that way.
 
-use crate::state_manifest::StateArtifact;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 /// One-shot xxh3-64 (seed 0) of `bytes`.
@@ -14,13 +17,32 @@ pub fn state_artifact_checksum(bytes: &[u8]) -> u64 {
     xxh3_64(bytes)
 }
 
-/// True iff `bytes` has exactly the entry's declared length and checksum.
+/// Length of the xxh3-64 trailer that closes a checksummed encoding.
+pub const TRAILER_LEN: usize = 8;
+
+/// Splits the trailing little-endian xxh3-64 off `bytes`, checks it against
+/// every byte before it, and returns that content.
 ///
-/// This proves only that the bytes arrived as offered; the receiving plane
-/// still validates their format before installing them.
-pub fn verify_state_artifact(entry: &StateArtifact, bytes: &[u8]) -> bool {
-    u64::try_from(bytes.len()).is_ok_and(|len| len == entry.len)
-        && state_artifact_checksum(bytes) == entry.checksum
+/// The two failures are distinct: `Err(None)` means the input is shorter
+/// than the trailer itself (codecs report it as truncated), and
+/// `Err(Some((expected, actual)))` means the stored trailer `expected`
+/// differs from the checksum `actual` of the content.
+pub fn split_verified_trailer(bytes: &[u8]) -> Result<&[u8], Option<(u64, u64)>> {
+    let Some((content, trailer)) = bytes.split_last_chunk::<TRAILER_LEN>() else {
+        return Err(None);
+    };
+    let expected = u64::from_le_bytes(*trailer);
+    let actual = state_artifact_checksum(content);
+    if expected != actual {
+        return Err(Some((expected, actual)));
+    }
+    Ok(content)
+}
+
+/// Appends the xxh3-64 trailer over everything already in `out`.
+pub fn push_trailer(out: &mut Vec<u8>) {
+    let checksum = state_artifact_checksum(out);
+    out.extend_from_slice(&checksum.to_le_bytes());
 }
 
 /// Streaming xxh3-64 (seed 0). Any split of the same bytes into `update`
@@ -76,7 +98,6 @@ impl StateArtifactHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state_manifest::artifact_kind;
     use proptest::prelude::*;
 
     #[test]
@@ -99,19 +120,41 @@ mod tests {
     }
 
     #[test]
-    fn given_artifact_when_verified_should_check_length_and_checksum() {
-        let bytes = b"segment bytes".to_vec();
-        let entry = StateArtifact::for_bytes(artifact_kind::SEGMENT_LOG, 7, &bytes);
-        assert!(verify_state_artifact(&entry, &bytes));
-        assert!(!verify_state_artifact(&entry, &bytes[..bytes.len() - 1]));
-        let mut flipped = bytes.clone();
-        flipped[0] ^= 1;
-        assert!(!verify_state_artifact(&entry, &flipped));
-        let longer = StateArtifact {
-            len: entry.len + 1,
-            ..entry
-        };
-        assert!(!verify_state_artifact(&longer, &bytes));
+    fn given_valid_trailer_when_split_should_return_content() {
+        let mut bytes = b"manifest body".to_vec();
+        push_trailer(&mut bytes);
+        assert_eq!(split_verified_trailer(&bytes), Ok(&b"manifest body"[..]));
+    }
+
+    #[test]
+    fn given_empty_content_with_trailer_when_split_should_return_empty() {
+        let mut bytes = Vec::new();
+        push_trailer(&mut bytes);
+        assert_eq!(split_verified_trailer(&bytes), Ok(&[][..]));
+    }
+
+    #[test]
+    fn given_fewer_than_eight_bytes_when_split_should_report_too_short() {
+        for len in 0..TRAILER_LEN {
+            let bytes = vec![0u8; len];
+            assert_eq!(split_verified_trailer(&bytes), Err(None));
+        }
+    }
+
+    #[test]
+    fn given_any_flipped_bit_when_split_should_report_mismatch() {
+        let mut bytes = b"abc".to_vec();
+        push_trailer(&mut bytes);
+        for bit in 0..bytes.len() * 8 {
+            let mut flipped = bytes.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            let stored = u64::from_le_bytes(flipped[3..].try_into().expect("8 bytes"));
+            let actual = state_artifact_checksum(&flipped[..3]);
+            assert_eq!(
+                split_verified_trailer(&flipped),
+                Err(Some((stored, actual)))
+            );
+        }
     }
 
     proptest! {

@@ -1,9 +1,9 @@
 //! replog's consensus crate: the wire primitives every plane rests on and
 //! the sans-IO Viewstamped Replication replica.
 //!
-//! - [`le_cursor`]: a forward-only little-endian reader and the xxh3 trailer
-//!   check shared by the manifest and the transfer artifacts.
-//! - [`hashing`]: xxh3-64 artifact checksums, streaming and one-shot.
+//! - [`hashing`]: xxh3-64 artifact checksums, streaming and one-shot, and
+//!   the checksum trailer shared by the manifest and the transfer artifacts
+//!   (their fields are read with `common::le_cursor`).
 //! - [`state_manifest`]: the "ISM1" list of artifacts a state-transfer offer
 //!   consists of.
 //! - [`chunk`]: the receiver's cursor over a manifest — which artifact and
@@ -17,7 +17,6 @@ pub mod client_table;
 pub mod dedup;
 pub mod hashing;
 pub mod header;
-pub mod le_cursor;
 pub mod state_manifest;
 pub mod vsr;
 
@@ -26,5 +25,5 @@ pub use chunk::{
     check_chunk, next_pending_chunk,
 };
 pub use dedup::DedupWatermark;
-pub use hashing::{StateArtifactHasher, state_artifact_checksum, verify_state_artifact};
-pub use state_manifest::{StateArtifact, artifact_kind};
+pub use hashing::{StateArtifactHasher, state_artifact_checksum};
+pub use state_manifest::{StateArtifact, artifact_kind, verify_state_artifact};

@@ -14,8 +14,8 @@
 //! `entry_len` lets a later version append per-entry fields: a decoder reads
 //! the 25 bytes it knows and skips the rest of each entry.
 
-use crate::hashing::state_artifact_checksum;
-use crate::le_cursor::{LeCursor, Truncated, push_trailer, split_verified_trailer};
+use crate::hashing::{push_trailer, split_verified_trailer, state_artifact_checksum};
+use common::le_cursor::{LeCursor, Truncated};
 use std::fmt;
 
 /// The artifact kinds, pinned on the wire: never reorder or reuse a value.
@@ -62,6 +62,15 @@ impl StateArtifact {
             checksum: state_artifact_checksum(bytes),
         }
     }
+}
+
+/// True iff `bytes` has exactly the entry's declared length and checksum.
+///
+/// This proves only that the bytes arrived as offered; the receiving plane
+/// still validates their format before installing them.
+pub fn verify_state_artifact(entry: &StateArtifact, bytes: &[u8]) -> bool {
+    u64::try_from(bytes.len()).is_ok_and(|len| len == entry.len)
+        && state_artifact_checksum(bytes) == entry.checksum
 }
 
 /// Why a manifest failed to decode. Nothing is trusted from a manifest
@@ -221,6 +230,22 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Vec<StateArtifact>, ManifestError
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn given_artifact_when_verified_should_check_length_and_checksum() {
+        let bytes = b"segment bytes".to_vec();
+        let entry = StateArtifact::for_bytes(artifact_kind::SEGMENT_LOG, 7, &bytes);
+        assert!(verify_state_artifact(&entry, &bytes));
+        assert!(!verify_state_artifact(&entry, &bytes[..bytes.len() - 1]));
+        let mut flipped = bytes.clone();
+        flipped[0] ^= 1;
+        assert!(!verify_state_artifact(&entry, &flipped));
+        let longer = StateArtifact {
+            len: entry.len + 1,
+            ..entry
+        };
+        assert!(!verify_state_artifact(&longer, &bytes));
+    }
 
     fn sample() -> Vec<StateArtifact> {
         vec![

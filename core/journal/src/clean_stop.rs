@@ -32,7 +32,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use consensus::le_cursor::{LeCursor, push_trailer, split_verified_trailer};
+use common::le_cursor::LeCursor;
+use consensus::hashing::{push_trailer, split_verified_trailer};
 use storage::fs::{Fs, FsFile, OpenOptions, replace_file_durably};
 
 /// The record's file name in a group's directory.

@@ -52,7 +52,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use consensus::le_cursor::{LeCursor, Truncated};
+use common::le_cursor::{LeCursor, Truncated};
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;
 

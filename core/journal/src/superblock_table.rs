@@ -78,6 +78,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+use common::le_cursor::{u16_at, u32_at, u64_at};
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -146,41 +147,35 @@ fn encode_slot(key: TableKey, sequence: u64, state: &VsrState) -> [u8; TABLE_SLO
     b
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-
 /// Reads one slot; `bytes` shorter than a slot (a torn extension of the
 /// file) is corrupt unless it is all zeros.
 fn decode_slot(bytes: &[u8]) -> SlotRead {
     if bytes.iter().all(|b| *b == 0) {
         return SlotRead::Zero;
     }
-    if bytes.len() != TABLE_SLOT_LEN {
+    let Ok(slot) = <&[u8; TABLE_SLOT_LEN]>::try_from(bytes) else {
+        return SlotRead::Corrupt;
+    };
+    if u64_at(slot, CHECKSUM_AT) != xxh3_64(&slot[..CHECKSUM_AT]) {
         return SlotRead::Corrupt;
     }
-    if u64_at(bytes, CHECKSUM_AT) != xxh3_64(&bytes[..CHECKSUM_AT]) {
-        return SlotRead::Corrupt;
-    }
-    let magic = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    let len = usize::from(u16::from_le_bytes([bytes[6], bytes[7]]));
+    let magic = u32_at(slot, 0);
+    let version = u16_at(slot, 4);
+    let len = usize::from(u16_at(slot, 6));
     if magic != TABLE_MAGIC || version != TABLE_VERSION || len > PAYLOAD_LEN_MAX {
         return SlotRead::Corrupt;
     }
     // Padding after the payload is zero in every record this code writes.
-    if bytes[PAYLOAD_AT + len..CHECKSUM_AT].iter().any(|b| *b != 0) {
+    if slot[PAYLOAD_AT + len..CHECKSUM_AT].iter().any(|b| *b != 0) {
         return SlotRead::Corrupt;
     }
-    match VsrState::decode(&bytes[PAYLOAD_AT..PAYLOAD_AT + len]) {
+    match VsrState::decode(&slot[PAYLOAD_AT..PAYLOAD_AT + len]) {
         Ok(state) => SlotRead::Valid {
             key: TableKey {
-                group: u64_at(bytes, 8),
-                incarnation: u64_at(bytes, 16),
+                group: u64_at(slot, 8),
+                incarnation: u64_at(slot, 16),
             },
-            sequence: u64_at(bytes, 24),
+            sequence: u64_at(slot, 24),
             state,
         },
         Err(_) => SlotRead::Corrupt,

@@ -9,8 +9,9 @@
 
 use std::fmt;
 
+use common::le_cursor::LeCursor;
 use consensus::DedupWatermark;
-use consensus::le_cursor::{LeCursor, push_trailer, split_verified_trailer};
+use consensus::hashing::{push_trailer, split_verified_trailer};
 
 /// `"RMC1"` as a little-endian u32.
 pub const CLIENT_TABLE_MAGIC: u32 = u32::from_le_bytes(*b"RMC1");

@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use consensus::le_cursor::LeCursor;
+use common::le_cursor::LeCursor;
 
 use crate::consumer_group::SessionId;
 use crate::identifier::{Identifier, NAME_LEN_MAX};

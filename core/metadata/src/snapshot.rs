@@ -16,8 +16,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use common::le_cursor::LeCursor;
 use common::{GroupId, Op, PartitionId, StreamId, TopicId};
-use consensus::le_cursor::{LeCursor, push_trailer, split_verified_trailer};
+use consensus::hashing::{push_trailer, split_verified_trailer};
 
 use crate::consumer_group::{ConsumerGroup, ConsumerGroupId, Member, MemberId, SessionId};
 use crate::op_codec::{OpDecodeError, Reader, Writer};

@@ -38,6 +38,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use common::le_cursor::{LeCursor, Truncated};
 use consensus::DedupWatermark;
 use consensus::client_table::SessionRecord;
 use consensus::vsr::{Reply, ReplyStatus};
@@ -191,21 +192,24 @@ impl RecordedTable {
     /// # Errors
     /// [`ClientTableFileError`] saying what is wrong.
     pub fn decode(bytes: &[u8], capacity: usize) -> Result<Self, ClientTableFileError> {
-        let mut at = Cursor { bytes, at: 0 };
         let truncated = |needed: u64| ClientTableFileError::Truncated {
             len: bytes.len(),
             needed,
         };
+        let header_truncated = |Truncated| truncated(HEADER_LEN as u64);
+        // The whole header is checked for first, so a short slot is
+        // reported as truncated even when its magic is already wrong.
         if bytes.len() < HEADER_LEN {
             return Err(truncated(HEADER_LEN as u64));
         }
-        if at.take::<4>() != *MAGIC {
+        let mut at = LeCursor::new(bytes);
+        if at.take(MAGIC.len()).map_err(header_truncated)? != MAGIC {
             return Err(ClientTableFileError::BadMagic);
         }
-        let op = u64::from_le_bytes(at.take());
-        let checksum = u128::from_le_bytes(at.take());
-        let next_offset = u64::from_le_bytes(at.take());
-        let count = u32::from_le_bytes(at.take());
+        let op = at.u64().map_err(header_truncated)?;
+        let checksum = at.u128().map_err(header_truncated)?;
+        let next_offset = at.u64().map_err(header_truncated)?;
+        let count = at.u32().map_err(header_truncated)?;
         if count as usize > capacity {
             return Err(ClientTableFileError::TooManySessions { count, capacity });
         }
@@ -221,22 +225,26 @@ impl RecordedTable {
         if u64::from_le_bytes(sum) != xxh3_64(&bytes[..used]) {
             return Err(ClientTableFileError::Checksum);
         }
+        // The length was checked against the count, so no read below can
+        // run short; if one did, it would be reported as this truncation.
+        let short = |Truncated| truncated(needed);
         let mut sessions = Vec::with_capacity(count as usize);
         for index in 0..count as usize {
-            let client = u128::from_le_bytes(at.take());
-            let session = u64::from_le_bytes(at.take());
-            let user_id = u32::from_le_bytes(at.take());
-            let watermark = u64::from_le_bytes(at.take());
-            let latest_commit = u64::from_le_bytes(at.take());
-            let committed_window = u128::from_le_bytes(at.take());
-            let flag = at.take::<1>()[0];
-            let request = u64::from_le_bytes(at.take());
-            let reply_op = u64::from_le_bytes(at.take());
-            let commit = u64::from_le_bytes(at.take());
-            let timestamp = u64::from_le_bytes(at.take());
-            let [operation, status] = at.take::<2>();
-            let reply_session = u64::from_le_bytes(at.take());
-            let result = u64::from_le_bytes(at.take());
+            let client = at.u128().map_err(short)?;
+            let session = at.u64().map_err(short)?;
+            let user_id = at.u32().map_err(short)?;
+            let watermark = at.u64().map_err(short)?;
+            let latest_commit = at.u64().map_err(short)?;
+            let committed_window = at.u128().map_err(short)?;
+            let flag = at.u8().map_err(short)?;
+            let request = at.u64().map_err(short)?;
+            let reply_op = at.u64().map_err(short)?;
+            let commit = at.u64().map_err(short)?;
+            let timestamp = at.u64().map_err(short)?;
+            let operation = at.u8().map_err(short)?;
+            let status = at.u8().map_err(short)?;
+            let reply_session = at.u64().map_err(short)?;
+            let result = at.u64().map_err(short)?;
             let reply = match (flag, status_from(status)) {
                 (1, Some(status)) => Some(Reply {
                     client,
@@ -278,21 +286,6 @@ impl RecordedTable {
             next_offset,
             sessions,
         })
-    }
-}
-
-/// Reads fixed-size fields from bytes whose length was checked first.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl Cursor<'_> {
-    fn take<const N: usize>(&mut self) -> [u8; N] {
-        let mut out = [0u8; N];
-        out.copy_from_slice(&self.bytes[self.at..self.at + N]);
-        self.at += N;
-        out
     }
 }
 

@@ -21,6 +21,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use common::ConsumerKind;
+use common::le_cursor::{u32_at, u64_at};
 use consensus::vsr::{OPERATION_APPEND, OPERATION_REGISTER};
 use storage::{BatchError, BatchView, Integrity};
 
@@ -152,27 +153,14 @@ fn kind_from(byte: u8) -> Result<ConsumerKind, OpDecodeError> {
     }
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut v = [0u8; 4];
-    v.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(v)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(v)
-}
-
-fn check_len(operation: u8, body: &[u8], expected: usize) -> Result<(), OpDecodeError> {
-    if body.len() != expected {
-        return Err(OpDecodeError::BadLength {
-            operation,
-            expected,
-            actual: body.len(),
-        });
-    }
-    Ok(())
+/// The body as exactly `N` bytes, or `BadLength`: the fields are then read
+/// at fixed offsets of an array that is known to hold them.
+fn fixed_body<const N: usize>(operation: u8, body: &[u8]) -> Result<&[u8; N], OpDecodeError> {
+    body.try_into().map_err(|_| OpDecodeError::BadLength {
+        operation,
+        expected: N,
+        actual: body.len(),
+    })
 }
 
 fn check_zero(body: &[u8], range: std::ops::Range<usize>) -> Result<(), OpDecodeError> {
@@ -240,38 +228,38 @@ impl PartitionOp {
                 Ok(Self::Append(body.clone()))
             }
             OPERATION_STORE_OFFSET => {
-                check_len(operation, body, STORE_OFFSET_BODY_LEN)?;
-                let kind = kind_from(body[0])?;
-                let auto_commit = match body[1] {
+                let b = fixed_body::<STORE_OFFSET_BODY_LEN>(operation, body)?;
+                let kind = kind_from(b[0])?;
+                let auto_commit = match b[1] {
                     0 => false,
                     1 => true,
                     flag => return Err(OpDecodeError::BadFlag { flag }),
                 };
-                check_zero(body, 2..4)?;
+                check_zero(b, 2..4)?;
                 Ok(Self::StoreOffset {
                     kind,
-                    id: u32_at(body, 4),
-                    offset: u64_at(body, 8),
+                    id: u32_at(b, 4),
+                    offset: u64_at(b, 8),
                     auto_commit,
                 })
             }
             OPERATION_DELETE_OFFSET => {
-                check_len(operation, body, DELETE_OFFSET_BODY_LEN)?;
-                let kind = kind_from(body[0])?;
-                check_zero(body, 1..4)?;
+                let b = fixed_body::<DELETE_OFFSET_BODY_LEN>(operation, body)?;
+                let kind = kind_from(b[0])?;
+                check_zero(b, 1..4)?;
                 Ok(Self::DeleteOffset {
                     kind,
-                    id: u32_at(body, 4),
+                    id: u32_at(b, 4),
                 })
             }
             OPERATION_PURGE => {
-                check_len(operation, body, PURGE_BODY_LEN)?;
+                let b = fixed_body::<PURGE_BODY_LEN>(operation, body)?;
                 Ok(Self::Purge {
-                    generation: u64_at(body, 0),
+                    generation: u64_at(b, 0),
                 })
             }
             OPERATION_REGISTER => {
-                check_len(operation, body, 0)?;
+                fixed_body::<0>(operation, body)?;
                 Ok(Self::Register)
             }
             operation => Err(OpDecodeError::UnknownOperation { operation }),

@@ -26,6 +26,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use common::GroupId;
+use common::le_cursor::{u32_at, u64_at};
 use storage::fs::{FileKind, Fs, FsFile, replace_file_durably};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -122,48 +123,50 @@ impl GroupSpec {
     /// # Errors
     /// [`SpecError`] for each way the bytes are not a spec.
     pub fn decode(bytes: &[u8]) -> Result<Self, SpecError> {
-        let len = match bytes.len() {
-            n if n == SPEC_LEN + 8 => SPEC_LEN,
-            n if n == SPEC_LEN_SIZED + 8 => SPEC_LEN_SIZED,
-            len => return Err(SpecError::Length { len }),
+        let length = SpecError::Length { len: bytes.len() };
+        let sized = match bytes.len() {
+            n if n == SPEC_LEN + 8 => false,
+            n if n == SPEC_LEN_SIZED + 8 => true,
+            _ => return Err(length),
         };
-        let (body, trailer) = bytes.split_at(len);
-        let stored = u64_at(trailer, 0);
-        if stored != xxh3_64(body) {
+        // Either length starts with the RGS1 fields and ends with the
+        // trailer; RGS2's ceiling sits between them.
+        let (Some(fields), Some((body, trailer))) = (
+            bytes.first_chunk::<SPEC_LEN>(),
+            bytes.split_last_chunk::<8>(),
+        ) else {
+            return Err(length);
+        };
+        if u64::from_le_bytes(*trailer) != xxh3_64(body) {
             return Err(SpecError::Checksum);
         }
-        let magic = if len == SPEC_LEN {
-            SPEC_MAGIC
-        } else {
-            SPEC_MAGIC_SIZED
-        };
-        if body[..4] != magic {
+        let magic = if sized { SPEC_MAGIC_SIZED } else { SPEC_MAGIC };
+        if fields[..4] != magic {
             return Err(SpecError::Magic);
         }
-        let retained_bytes_max = if len == SPEC_LEN {
-            0
-        } else {
-            u64_at(body, SPEC_LEN)
+        let retained_bytes_max = match body.last_chunk::<8>() {
+            Some(ceiling) if sized => u64::from_le_bytes(*ceiling),
+            _ => 0,
         };
         // RGS2 exists to carry a ceiling; one of 0 is written as RGS1.
-        if len == SPEC_LEN_SIZED && retained_bytes_max == 0 {
+        if sized && retained_bytes_max == 0 {
             return Err(SpecError::ZeroCeiling);
         }
         // Bit 0 enforce_fsync, bit 1 rejoin; any other bit is refused.
-        let flags = body[40];
+        let flags = fields[40];
         if flags & !0b11 != 0 {
             return Err(SpecError::Flag { value: flags });
         }
         let enforce_fsync = flags & 1 != 0;
         let rejoin = flags & 0b10 != 0;
         let spec = Self {
-            group: GroupId(u64_at(body, 4)),
-            partition_id: u32::from_le_bytes([body[12], body[13], body[14], body[15]]),
-            incarnation: u64_at(body, 16),
-            segment_size_bytes: u64_at(body, 24),
-            messages_required_to_save: u64_at(body, 32),
+            group: GroupId(u64_at(fields, 4)),
+            partition_id: u32_at(fields, 12),
+            incarnation: u64_at(fields, 16),
+            segment_size_bytes: u64_at(fields, 24),
+            messages_required_to_save: u64_at(fields, 32),
             enforce_fsync,
-            message_expiry_us: u64_at(body, 41),
+            message_expiry_us: u64_at(fields, 41),
             retained_bytes_max,
             rejoin,
         };
@@ -172,12 +175,6 @@ impl GroupSpec {
         }
         Ok(spec)
     }
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut le = [0u8; 8];
-    le.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(le)
 }
 
 /// Why a `group.meta` file is refused.
@@ -465,7 +462,7 @@ mod tests {
         let bytes = sized().encode();
         assert_eq!(&bytes[..4], b"RGS2");
         assert_eq!(bytes.len(), SPEC_LEN_SIZED + 8);
-        assert_eq!(u64_at(&bytes, SPEC_LEN), 12_288);
+        assert_eq!(&bytes[SPEC_LEN..SPEC_LEN_SIZED], &12_288u64.to_le_bytes());
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 use std::fmt;
 
+use common::le_cursor::{u32_at, u64_at, u128_at};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 mod stream;
@@ -245,22 +246,11 @@ pub enum Integrity {
     LayoutOnly,
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut v = [0u8; 4];
-    v.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(v)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(v)
-}
-
-fn u128_at(b: &[u8], at: usize) -> u128 {
-    let mut v = [0u8; 16];
-    v.copy_from_slice(&b[at..at + 16]);
-    u128::from_le_bytes(v)
+/// The message frame header at `pos`, if it ends by `end` (and within
+/// `bytes`): fields are then read at fixed offsets of an array that holds
+/// them.
+fn frame_header_at(bytes: &[u8], pos: usize, end: usize) -> Option<&[u8; MESSAGE_HEADER_SIZE]> {
+    bytes.get(pos..end)?.first_chunk()
 }
 
 fn put_u64(b: &mut [u8], at: usize, v: u64) {
@@ -295,20 +285,20 @@ impl BatchHeader {
     /// `256 <= batch_length <= batch_length_max`, reserved bytes zero,
     /// nonzero count, no offset overflow. Does not look at the frames.
     pub fn decode(bytes: &[u8], batch_length_max: u64) -> Result<Self, BatchError> {
-        if bytes.len() < BATCH_HEADER_SIZE {
+        let Some(head) = bytes.first_chunk::<BATCH_HEADER_SIZE>() else {
             return Err(BatchError::Truncated {
                 needed: BATCH_HEADER_SIZE as u64,
                 available: bytes.len() as u64,
             });
-        }
+        };
         let h = Self {
-            partition_id: u64_at(bytes, PARTITION_ID),
-            base_offset: u64_at(bytes, BASE_OFFSET),
-            base_timestamp: u64_at(bytes, BASE_TIMESTAMP),
-            origin_timestamp: u64_at(bytes, ORIGIN_TIMESTAMP),
-            batch_length: u64_at(bytes, BATCH_LENGTH),
-            batch_checksum: u64_at(bytes, BATCH_CHECKSUM),
-            message_count: u32_at(bytes, MESSAGE_COUNT),
+            partition_id: u64_at(head, PARTITION_ID),
+            base_offset: u64_at(head, BASE_OFFSET),
+            base_timestamp: u64_at(head, BASE_TIMESTAMP),
+            origin_timestamp: u64_at(head, ORIGIN_TIMESTAMP),
+            batch_length: u64_at(head, BATCH_LENGTH),
+            batch_checksum: u64_at(head, BATCH_CHECKSUM),
+            message_count: u32_at(head, MESSAGE_COUNT),
         };
         if h.batch_length < BATCH_HEADER_SIZE as u64 {
             return Err(BatchError::LengthBelowHeader {
@@ -321,10 +311,7 @@ impl BatchHeader {
                 max: batch_length_max,
             });
         }
-        if let Some(i) = bytes[RESERVED..BATCH_HEADER_SIZE]
-            .iter()
-            .position(|&b| b != 0)
-        {
+        if let Some(i) = head[RESERVED..].iter().position(|&b| b != 0) {
             return Err(BatchError::HeaderReservedNonZero { at: RESERVED + i });
         }
         if h.message_count == 0 {
@@ -428,11 +415,12 @@ pub struct BatchView<'a> {
 }
 
 /// Walks the frames of `body` (the bytes after the header), calling `f` on
-/// each frame's start and end. Checks tiling, reserved bytes and deltas.
+/// each frame's header and whole bytes. Checks tiling, reserved bytes and
+/// deltas.
 fn walk_frames(
     header: &BatchHeader,
     bytes: &[u8],
-    mut f: impl FnMut(u32, &[u8]) -> Result<(), BatchError>,
+    mut f: impl FnMut(u32, &[u8; MESSAGE_HEADER_SIZE], &[u8]) -> Result<(), BatchError>,
 ) -> Result<(), BatchError> {
     let len = usize::try_from(header.batch_length).unwrap_or(usize::MAX);
     let mut pos = BATCH_HEADER_SIZE;
@@ -455,14 +443,13 @@ fn walk_frames(
             });
         }
         let header_end = pos + MESSAGE_HEADER_SIZE;
-        if header_end > len {
+        let Some(fh) = frame_header_at(bytes, pos, len) else {
             return Err(BatchError::FrameOverrun {
                 message_index,
                 frame_end: header_end as u64,
                 batch_length: header.batch_length,
             });
-        }
-        let fh = &bytes[pos..header_end];
+        };
         // The 8 reserved bytes as one word: this runs for every message of
         // every batch validated (a byte-wise scan was 4% of produce in the
         // shard's flame graph, docs/benchmarks.md).
@@ -488,7 +475,7 @@ fn walk_frames(
             });
         }
         let end = pos + MESSAGE_HEADER_SIZE + body as usize;
-        f(message_index, &bytes[pos..end])?;
+        f(message_index, fh, &bytes[pos..end])?;
         pos = end;
         index += 1;
     }
@@ -505,9 +492,8 @@ fn walk_frames(
 /// first frame that does not fit).
 fn count_remaining(bytes: &[u8], mut pos: usize, len: usize) -> u64 {
     let mut n = 0;
-    while pos + MESSAGE_HEADER_SIZE <= len {
-        let body = u32_at(bytes, pos + MSG_PAYLOAD_LEN) as usize
-            + u32_at(bytes, pos + MSG_USER_HEADERS_LEN) as usize;
+    while let Some(fh) = frame_header_at(bytes, pos, len) {
+        let body = u32_at(fh, MSG_PAYLOAD_LEN) as usize + u32_at(fh, MSG_USER_HEADERS_LEN) as usize;
         pos = pos.saturating_add(MESSAGE_HEADER_SIZE + body);
         if pos > len {
             break;
@@ -536,11 +522,11 @@ impl<'a> BatchView<'a> {
         let len = header.batch_length as usize;
         let bytes = &bytes[..len];
         match integrity {
-            Integrity::LayoutOnly => walk_frames(&header, bytes, |_, _| Ok(()))?,
+            Integrity::LayoutOnly => walk_frames(&header, bytes, |_, _, _| Ok(()))?,
             Integrity::Verify => {
                 let mut state = ChecksumFeed::new(header.checksum_state());
-                walk_frames(&header, bytes, |i, frame| {
-                    let stored = u64_at(frame, MSG_CHECKSUM);
+                walk_frames(&header, bytes, |i, fh, frame| {
+                    let stored = u64_at(fh, MSG_CHECKSUM);
                     let computed = xxh3_64(&frame[MSG_ID..]);
                     if stored != computed {
                         return Err(BatchError::MessageChecksum {
@@ -616,7 +602,7 @@ impl<'a> Iterator for Messages<'a> {
     fn next(&mut self) -> Option<MessageView<'a>> {
         // The batch was validated, so every frame fits; `get` keeps this
         // panic-free even so.
-        let fh = self.bytes.get(self.pos..self.pos + MESSAGE_HEADER_SIZE)?;
+        let fh = frame_header_at(self.bytes, self.pos, self.bytes.len())?;
         let payload_len = u32_at(fh, MSG_PAYLOAD_LEN) as usize;
         let headers_len = u32_at(fh, MSG_USER_HEADERS_LEN) as usize;
         let body = self.pos + MESSAGE_HEADER_SIZE;
@@ -742,11 +728,11 @@ impl BatchBuilder {
         };
         let mut state = header.checksum_state();
         let mut pos = 0;
-        while pos < self.frames.len() {
-            let frame = &self.frames[pos..];
-            state.update(&frame[..8]);
-            let body = u32_at(frame, MSG_PAYLOAD_LEN) as usize
-                + u32_at(frame, MSG_USER_HEADERS_LEN) as usize;
+        // Every pushed frame is whole, so this walks them all.
+        while let Some(fh) = frame_header_at(&self.frames, pos, self.frames.len()) {
+            state.update(&fh[MSG_CHECKSUM..MSG_ID]);
+            let body =
+                u32_at(fh, MSG_PAYLOAD_LEN) as usize + u32_at(fh, MSG_USER_HEADERS_LEN) as usize;
             pos += MESSAGE_HEADER_SIZE + body;
         }
         let mut out = Vec::with_capacity(batch_length as usize);

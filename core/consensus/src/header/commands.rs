@@ -1,12 +1,12 @@
 //! The command-specific area (bytes 128..256) of each header this codec
-//! handles, with the field rules each command's decode enforces.
+//! handles: each header's layout, declared once, and the field rules each
+//! command's decode enforces after the layout's reserved-byte check.
 
+use super::layout::{Bytes, HasLayout, TAIL, header_layout};
 use super::{
-    Command, HEADER_SIZE, HeaderError, check_headers_body, decode_prepare_entry, put, u32_at,
-    u64_at, u128_at, zero,
+    Command, HEADER_SIZE, HeaderError, VIEW_OFFSET, check_headers_body, decode_prepare_entry, zero,
 };
-
-type Bytes = [u8; HEADER_SIZE];
+use common::le_cursor::u32_at;
 
 fn invalid(command: Command, reason: &'static str) -> HeaderError {
     HeaderError::Invalid { command, reason }
@@ -39,21 +39,21 @@ pub const OPERATION_REGISTER: u8 = 1;
 /// Operation code of a non-replicated (read) request.
 pub const OPERATION_NON_REPLICATED: u8 = 2;
 
+header_layout!(RequestHeader over TAIL => {
+    client: u128 @ 128,
+    request_checksum: u128 @ 144,
+    timestamp: u64 @ 160,
+    request: u64 @ 168,
+    operation: u8 @ 176,
+    session: u64 @ 184,
+    user_id: u32 @ 192,
+    legacy_command: u32 @ 196,
+});
+
 impl RequestHeader {
     fn read(b: &Bytes) -> Result<Self, HeaderError> {
-        zero(b, 177..184)?;
-        zero(b, 200..256)?;
-        let h = Self {
-            client: u128_at(b, 128),
-            request_checksum: u128_at(b, 144),
-            timestamp: u64_at(b, 160),
-            request: u64_at(b, 168),
-            operation: b[176],
-            session: u64_at(b, 184),
-            user_id: u32_at(b, 192),
-            legacy_command: u32_at(b, 196),
-        };
         let c = Command::Request;
+        let h = Self::decode_fields(b, c)?;
         if h.client == 0 {
             return Err(invalid(c, "client id 0 is reserved"));
         }
@@ -75,17 +75,6 @@ impl RequestHeader {
             return Err(HeaderError::NonzeroReserved { offset: 196 });
         }
         Ok(h)
-    }
-
-    fn write(&self, b: &mut Bytes) {
-        put(b, 128, &self.client.to_le_bytes());
-        put(b, 144, &self.request_checksum.to_le_bytes());
-        put(b, 160, &self.timestamp.to_le_bytes());
-        put(b, 168, &self.request.to_le_bytes());
-        b[176] = self.operation;
-        put(b, 184, &self.session.to_le_bytes());
-        put(b, 192, &self.user_id.to_le_bytes());
-        put(b, 196, &self.legacy_command.to_le_bytes());
     }
 }
 
@@ -112,35 +101,17 @@ pub struct ReplyHeader {
     pub status: u32,
 }
 
-impl ReplyHeader {
-    fn read(b: &Bytes) -> Result<Self, HeaderError> {
-        zero(b, 209..216)?;
-        zero(b, 220..256)?;
-        Ok(Self {
-            request_checksum: u128_at(b, 128),
-            context: u128_at(b, 144),
-            client: u128_at(b, 160),
-            op: u64_at(b, 176),
-            commit: u64_at(b, 184),
-            timestamp: u64_at(b, 192),
-            request: u64_at(b, 200),
-            operation: b[208],
-            status: u32_at(b, 216),
-        })
-    }
-
-    fn write(&self, b: &mut Bytes) {
-        put(b, 128, &self.request_checksum.to_le_bytes());
-        put(b, 144, &self.context.to_le_bytes());
-        put(b, 160, &self.client.to_le_bytes());
-        put(b, 176, &self.op.to_le_bytes());
-        put(b, 184, &self.commit.to_le_bytes());
-        put(b, 192, &self.timestamp.to_le_bytes());
-        put(b, 200, &self.request.to_le_bytes());
-        b[208] = self.operation;
-        put(b, 216, &self.status.to_le_bytes());
-    }
-}
+header_layout!(ReplyHeader over TAIL => {
+    request_checksum: u128 @ 128,
+    context: u128 @ 144,
+    client: u128 @ 160,
+    op: u64 @ 176,
+    commit: u64 @ 184,
+    timestamp: u64 @ 192,
+    request: u64 @ 200,
+    operation: u8 @ 208,
+    status: u32 @ 216,
+});
 
 /// A prepare (also the layout of RepairPrepare and of the headers in a
 /// view-change suffix).
@@ -168,22 +139,22 @@ pub struct PrepareHeader {
     pub user_id: u32,
 }
 
+header_layout!(PrepareHeader over TAIL => {
+    client: u128 @ 128,
+    parent: u128 @ 144,
+    request_checksum: u128 @ 160,
+    op: u64 @ 176,
+    commit: u64 @ 184,
+    timestamp: u64 @ 192,
+    request: u64 @ 200,
+    operation: u8 @ 208,
+    group: u64 @ 216,
+    user_id: u32 @ 224,
+});
+
 impl PrepareHeader {
     fn read(b: &Bytes, command: Command) -> Result<Self, HeaderError> {
-        zero(b, 209..216)?;
-        zero(b, 228..256)?;
-        let h = Self {
-            client: u128_at(b, 128),
-            parent: u128_at(b, 144),
-            request_checksum: u128_at(b, 160),
-            op: u64_at(b, 176),
-            commit: u64_at(b, 184),
-            timestamp: u64_at(b, 192),
-            request: u64_at(b, 200),
-            operation: b[208],
-            group: u64_at(b, 216),
-            user_id: u32_at(b, 224),
-        };
+        let h = Self::decode_fields(b, command)?;
         if h.op == 0 {
             return Err(invalid(command, "op 0 is never prepared"));
         }
@@ -191,19 +162,6 @@ impl PrepareHeader {
             return Err(invalid(command, "a prepare's commit must be below its op"));
         }
         Ok(h)
-    }
-
-    fn write(&self, b: &mut Bytes) {
-        put(b, 128, &self.client.to_le_bytes());
-        put(b, 144, &self.parent.to_le_bytes());
-        put(b, 160, &self.request_checksum.to_le_bytes());
-        put(b, 176, &self.op.to_le_bytes());
-        put(b, 184, &self.commit.to_le_bytes());
-        put(b, 192, &self.timestamp.to_le_bytes());
-        put(b, 200, &self.request.to_le_bytes());
-        b[208] = self.operation;
-        put(b, 216, &self.group.to_le_bytes());
-        put(b, 224, &self.user_id.to_le_bytes());
     }
 }
 
@@ -228,35 +186,24 @@ pub struct PrepareOkHeader {
     pub group: u64,
 }
 
+header_layout!(PrepareOkHeader over TAIL => {
+    parent: u128 @ 128,
+    prepare_checksum: u128 @ 144,
+    op: u64 @ 160,
+    commit: u64 @ 168,
+    timestamp: u64 @ 176,
+    request: u64 @ 184,
+    operation: u8 @ 192,
+    group: u64 @ 200,
+});
+
 impl PrepareOkHeader {
     fn read(b: &Bytes) -> Result<Self, HeaderError> {
-        zero(b, 193..200)?;
-        zero(b, 208..256)?;
-        let h = Self {
-            parent: u128_at(b, 128),
-            prepare_checksum: u128_at(b, 144),
-            op: u64_at(b, 160),
-            commit: u64_at(b, 168),
-            timestamp: u64_at(b, 176),
-            request: u64_at(b, 184),
-            operation: b[192],
-            group: u64_at(b, 200),
-        };
+        let h = Self::decode_fields(b, Command::PrepareOk)?;
         if h.op == 0 {
             return Err(invalid(Command::PrepareOk, "op 0 is never prepared"));
         }
         Ok(h)
-    }
-
-    fn write(&self, b: &mut Bytes) {
-        put(b, 128, &self.parent.to_le_bytes());
-        put(b, 144, &self.prepare_checksum.to_le_bytes());
-        put(b, 160, &self.op.to_le_bytes());
-        put(b, 168, &self.commit.to_le_bytes());
-        put(b, 176, &self.timestamp.to_le_bytes());
-        put(b, 184, &self.request.to_le_bytes());
-        b[192] = self.operation;
-        put(b, 200, &self.group.to_le_bytes());
     }
 }
 
@@ -276,26 +223,13 @@ pub struct CommitHeader {
     pub group: u64,
 }
 
-impl CommitHeader {
-    fn read(b: &Bytes) -> Result<Self, HeaderError> {
-        zero(b, 176..256)?;
-        Ok(Self {
-            commit_checksum: u128_at(b, 128),
-            timestamp_monotonic: u64_at(b, 144),
-            commit: u64_at(b, 152),
-            checkpoint_op: u64_at(b, 160),
-            group: u64_at(b, 168),
-        })
-    }
-
-    fn write(&self, b: &mut Bytes) {
-        put(b, 128, &self.commit_checksum.to_le_bytes());
-        put(b, 144, &self.timestamp_monotonic.to_le_bytes());
-        put(b, 152, &self.commit.to_le_bytes());
-        put(b, 160, &self.checkpoint_op.to_le_bytes());
-        put(b, 168, &self.group.to_le_bytes());
-    }
-}
+header_layout!(CommitHeader over TAIL => {
+    commit_checksum: u128 @ 128,
+    timestamp_monotonic: u64 @ 144,
+    commit: u64 @ 152,
+    checkpoint_op: u64 @ 160,
+    group: u64 @ 168,
+});
 
 /// A vote to leave the current view. Header-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -303,6 +237,10 @@ pub struct StartViewChangeHeader {
     /// The consensus group.
     pub group: u64,
 }
+
+header_layout!(StartViewChangeHeader over TAIL => {
+    group: u64 @ 128,
+});
 
 /// A replica's log suffix for the new view's primary. The body holds up to
 /// 128 prepare headers, highest op first.
@@ -322,6 +260,15 @@ pub struct DoViewChangeHeader {
     pub present_bitset: u128,
 }
 
+header_layout!(DoViewChangeHeader over TAIL => {
+    op: u64 @ 128,
+    commit: u64 @ 136,
+    group: u64 @ 144,
+    log_view: u32 @ 152,
+    nack_bitset: u128 @ 224,
+    present_bitset: u128 @ 240,
+});
+
 /// The new primary's announcement of a view. The body optionally holds the
 /// log suffix, as in DoViewChange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -335,6 +282,13 @@ pub struct StartViewHeader {
     /// Echo of a prober's incarnation (0 when unsolicited).
     pub incarnation: u128,
 }
+
+header_layout!(StartViewHeader over TAIL => {
+    op: u64 @ 128,
+    commit: u64 @ 136,
+    group: u64 @ 144,
+    incarnation: u128 @ 240,
+});
 
 /// A recovering replica's probe for the current view. Header-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -354,6 +308,50 @@ pub struct RequestStartViewHeader {
     pub census_log_view: u32,
 }
 
+header_layout!(RequestStartViewHeader over TAIL => {
+    group: u64 @ 128,
+    census_op: u64 @ 136,
+    census_checksum: u128 @ 144,
+    census_log_view: u32 @ 160,
+    census: bool @ 164,
+    incarnation: u128 @ 240,
+});
+
+/// The census fields' bytes, which a probe without a census leaves zero
+/// (a unit test holds this to the layout above).
+const CENSUS_BYTES: std::ops::Range<usize> = 136..164;
+
+// The census fields mean something only under the census flag, so this
+// header wraps its declared layout: without a census they are written as
+// zeros whatever the struct holds, and a decode refuses them nonzero; and
+// its flag byte is refused with a reason of its own.
+impl RequestStartViewHeader {
+    fn read(b: &Bytes, command: Command) -> Result<Self, HeaderError> {
+        Self::check_reserved(b)?;
+        if Self::LAYOUT.has_bad_flag(b) {
+            return Err(invalid(command, "census flag is neither 0 nor 1"));
+        }
+        let h = Self::read_fields(b);
+        if !h.census {
+            zero(b, CENSUS_BYTES)?;
+        }
+        Ok(h)
+    }
+
+    fn write(&self, b: &mut Bytes) {
+        let sent = if self.census {
+            *self
+        } else {
+            Self {
+                group: self.group,
+                incarnation: self.incarnation,
+                ..Self::default()
+            }
+        };
+        sent.write_fields(b);
+    }
+}
+
 /// A request for prepares `from_op..=to_op`. Header-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RequestPreparesHeader {
@@ -367,6 +365,13 @@ pub struct RequestPreparesHeader {
     pub group: u64,
 }
 
+header_layout!(RequestPreparesHeader over TAIL => {
+    nonce: u128 @ 128,
+    from_op: u64 @ 144,
+    to_op: u64 @ 152,
+    group: u64 @ 160,
+});
+
 /// RepairDone (the last op served) and RangeEvicted (the oldest op the
 /// peer still retains) share this layout. Header-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -379,6 +384,12 @@ pub struct RepairRangeHeader {
     pub group: u64,
 }
 
+header_layout!(RepairRangeHeader over TAIL => {
+    nonce: u128 @ 128,
+    op: u64 @ 144,
+    group: u64 @ 152,
+});
+
 /// Ping (the primary asks its backups to vouch for its view before it
 /// serves a read) and Pong (a backup's answer) share this layout.
 /// Header-only; the prefix view is the sender's view.
@@ -389,6 +400,11 @@ pub struct PingHeader {
     /// The primary's read-check round; a Pong echoes its Ping's.
     pub round: u64,
 }
+
+header_layout!(PingHeader over TAIL => {
+    group: u64 @ 128,
+    round: u64 @ 136,
+});
 
 /// A request for prepare headers `from_op..=to_op`, at most 128 of them.
 /// Header-only.
@@ -404,6 +420,13 @@ pub struct RequestHeadersHeader {
     pub group: u64,
 }
 
+header_layout!(RequestHeadersHeader over TAIL => {
+    nonce: u128 @ 128,
+    from_op: u64 @ 144,
+    to_op: u64 @ 152,
+    group: u64 @ 160,
+});
+
 /// A run of prepare headers; the body holds them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HeadersHeader {
@@ -413,6 +436,11 @@ pub struct HeadersHeader {
     pub group: u64,
 }
 
+header_layout!(HeadersHeader over TAIL => {
+    nonce: u128 @ 128,
+    group: u64 @ 144,
+});
+
 /// A request for a state-transfer offer. Header-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RequestStateTransferHeader {
@@ -421,6 +449,11 @@ pub struct RequestStateTransferHeader {
     /// The consensus group.
     pub group: u64,
 }
+
+header_layout!(RequestStateTransferHeader over TAIL => {
+    nonce: u128 @ 128,
+    group: u64 @ 144,
+});
 
 /// A state-transfer offer, or a refusal. When available, the body is the
 /// encoded state manifest; a refusal is header-only.
@@ -440,6 +473,15 @@ pub struct StateTransferTargetHeader {
     pub commit_max: u64,
 }
 
+header_layout!(StateTransferTargetHeader over TAIL => {
+    nonce: u128 @ 128,
+    commit_op: u64 @ 144,
+    group: u64 @ 152,
+    available: bool @ 160,
+    unavailable_transient: bool @ 161,
+    commit_max: u64 @ 168,
+});
+
 /// A request for `len` bytes of artifact `artifact` at `offset`.
 /// Header-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -456,6 +498,14 @@ pub struct RequestStateChunkHeader {
     pub artifact: u32,
 }
 
+header_layout!(RequestStateChunkHeader over TAIL => {
+    nonce: u128 @ 128,
+    offset: u64 @ 144,
+    group: u64 @ 152,
+    len: u32 @ 160,
+    artifact: u32 @ 164,
+});
+
 /// One chunk of an artifact; the body is the payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StateChunkHeader {
@@ -468,6 +518,13 @@ pub struct StateChunkHeader {
     /// The artifact's manifest index.
     pub artifact: u32,
 }
+
+header_layout!(StateChunkHeader over TAIL => {
+    nonce: u128 @ 128,
+    offset: u64 @ 144,
+    group: u64 @ 152,
+    artifact: u32 @ 160,
+});
 
 /// The command-specific fields of a header, by command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -584,28 +641,17 @@ impl CommandHeader {
     pub(super) fn read_tail(command: Command, b: &Bytes) -> Result<Self, HeaderError> {
         Ok(match command {
             Command::Request => Self::Request(RequestHeader::read(b)?),
-            Command::Reply => Self::Reply(ReplyHeader::read(b)?),
+            Command::Reply => Self::Reply(ReplyHeader::decode_fields(b, command)?),
             Command::Prepare => Self::Prepare(PrepareHeader::read(b, command)?),
             Command::RepairPrepare => Self::RepairPrepare(PrepareHeader::read(b, command)?),
             Command::PrepareOk => Self::PrepareOk(PrepareOkHeader::read(b)?),
-            Command::Commit => Self::Commit(CommitHeader::read(b)?),
+            Command::Commit => Self::Commit(CommitHeader::decode_fields(b, command)?),
             Command::StartViewChange => {
-                zero(b, 136..256)?;
-                Self::StartViewChange(StartViewChangeHeader {
-                    group: u64_at(b, 128),
-                })
+                Self::StartViewChange(StartViewChangeHeader::decode_fields(b, command)?)
             }
             Command::DoViewChange => {
-                zero(b, 156..224)?;
-                let h = DoViewChangeHeader {
-                    op: u64_at(b, 128),
-                    commit: u64_at(b, 136),
-                    group: u64_at(b, 144),
-                    log_view: u32_at(b, 152),
-                    nack_bitset: u128_at(b, 224),
-                    present_bitset: u128_at(b, 240),
-                };
-                if h.log_view > u32_at(b, 52) {
+                let h = DoViewChangeHeader::decode_fields(b, command)?;
+                if h.log_view > u32_at(b, VIEW_OFFSET) {
                     return Err(invalid(command, "log_view is ahead of view"));
                 }
                 if h.commit > h.op {
@@ -614,57 +660,24 @@ impl CommandHeader {
                 Self::DoViewChange(h)
             }
             Command::StartView => {
-                zero(b, 152..240)?;
-                let h = StartViewHeader {
-                    op: u64_at(b, 128),
-                    commit: u64_at(b, 136),
-                    group: u64_at(b, 144),
-                    incarnation: u128_at(b, 240),
-                };
+                let h = StartViewHeader::decode_fields(b, command)?;
                 if h.commit > h.op {
                     return Err(invalid(command, "commit is ahead of op"));
                 }
                 Self::StartView(h)
             }
             Command::RequestStartView => {
-                zero(b, 165..240)?;
-                let census = match b[164] {
-                    0 => {
-                        zero(b, 136..164)?;
-                        false
-                    }
-                    1 => true,
-                    _ => return Err(invalid(command, "census flag is neither 0 nor 1")),
-                };
-                Self::RequestStartView(RequestStartViewHeader {
-                    group: u64_at(b, 128),
-                    incarnation: u128_at(b, 240),
-                    census,
-                    census_op: u64_at(b, 136),
-                    census_checksum: u128_at(b, 144),
-                    census_log_view: u32_at(b, 160),
-                })
+                Self::RequestStartView(RequestStartViewHeader::read(b, command)?)
             }
             Command::RequestPrepares => {
-                zero(b, 168..256)?;
-                let h = RequestPreparesHeader {
-                    nonce: u128_at(b, 128),
-                    from_op: u64_at(b, 144),
-                    to_op: u64_at(b, 152),
-                    group: u64_at(b, 160),
-                };
+                let h = RequestPreparesHeader::decode_fields(b, command)?;
                 if h.from_op == 0 || h.from_op > h.to_op {
                     return Err(invalid(command, "the range must satisfy 1 <= from <= to"));
                 }
                 Self::RequestPrepares(h)
             }
             Command::RepairDone | Command::RangeEvicted => {
-                zero(b, 160..256)?;
-                let h = RepairRangeHeader {
-                    nonce: u128_at(b, 128),
-                    op: u64_at(b, 144),
-                    group: u64_at(b, 152),
-                };
+                let h = RepairRangeHeader::decode_fields(b, command)?;
                 if command == Command::RepairDone {
                     Self::RepairDone(h)
                 } else {
@@ -672,11 +685,7 @@ impl CommandHeader {
                 }
             }
             Command::Ping | Command::Pong => {
-                zero(b, 144..256)?;
-                let h = PingHeader {
-                    group: u64_at(b, 128),
-                    round: u64_at(b, 136),
-                };
+                let h = PingHeader::decode_fields(b, command)?;
                 if h.round == 0 {
                     return Err(invalid(command, "read-check rounds start at 1"));
                 }
@@ -687,13 +696,7 @@ impl CommandHeader {
                 }
             }
             Command::RequestHeaders => {
-                zero(b, 168..256)?;
-                let h = RequestHeadersHeader {
-                    nonce: u128_at(b, 128),
-                    from_op: u64_at(b, 144),
-                    to_op: u64_at(b, 152),
-                    group: u64_at(b, 160),
-                };
+                let h = RequestHeadersHeader::decode_fields(b, command)?;
                 if h.from_op == 0 || h.from_op > h.to_op {
                     return Err(invalid(command, "the range must satisfy 1 <= from <= to"));
                 }
@@ -702,36 +705,12 @@ impl CommandHeader {
                 }
                 Self::RequestHeaders(h)
             }
-            Command::Headers => {
-                zero(b, 152..256)?;
-                Self::Headers(HeadersHeader {
-                    nonce: u128_at(b, 128),
-                    group: u64_at(b, 144),
-                })
-            }
+            Command::Headers => Self::Headers(HeadersHeader::decode_fields(b, command)?),
             Command::RequestStateTransfer => {
-                zero(b, 152..256)?;
-                Self::RequestStateTransfer(RequestStateTransferHeader {
-                    nonce: u128_at(b, 128),
-                    group: u64_at(b, 144),
-                })
+                Self::RequestStateTransfer(RequestStateTransferHeader::decode_fields(b, command)?)
             }
             Command::StateTransferTarget => {
-                zero(b, 162..168)?;
-                zero(b, 176..256)?;
-                let flag = |at: usize| match b[at] {
-                    0 => Ok(false),
-                    1 => Ok(true),
-                    _ => Err(invalid(command, "a flag byte must be 0 or 1")),
-                };
-                let h = StateTransferTargetHeader {
-                    nonce: u128_at(b, 128),
-                    commit_op: u64_at(b, 144),
-                    group: u64_at(b, 152),
-                    available: flag(160)?,
-                    unavailable_transient: flag(161)?,
-                    commit_max: u64_at(b, 168),
-                };
+                let h = StateTransferTargetHeader::decode_fields(b, command)?;
                 if h.available && h.unavailable_transient {
                     return Err(invalid(command, "an offer cannot also be a refusal"));
                 }
@@ -741,14 +720,7 @@ impl CommandHeader {
                 Self::StateTransferTarget(h)
             }
             Command::RequestStateChunk => {
-                zero(b, 168..256)?;
-                let h = RequestStateChunkHeader {
-                    nonce: u128_at(b, 128),
-                    offset: u64_at(b, 144),
-                    group: u64_at(b, 152),
-                    len: u32_at(b, 160),
-                    artifact: u32_at(b, 164),
-                };
+                let h = RequestStateChunkHeader::decode_fields(b, command)?;
                 if h.len == 0 {
                     return Err(invalid(
                         command,
@@ -757,101 +729,31 @@ impl CommandHeader {
                 }
                 Self::RequestStateChunk(h)
             }
-            Command::StateChunk => {
-                zero(b, 164..256)?;
-                Self::StateChunk(StateChunkHeader {
-                    nonce: u128_at(b, 128),
-                    offset: u64_at(b, 144),
-                    group: u64_at(b, 152),
-                    artifact: u32_at(b, 160),
-                })
-            }
+            Command::StateChunk => Self::StateChunk(StateChunkHeader::decode_fields(b, command)?),
             other => return Err(HeaderError::UnsupportedCommand { command: other }),
         })
     }
 
     pub(super) fn write_tail(&self, b: &mut Bytes) {
         match self {
-            Self::Request(h) => h.write(b),
-            Self::Reply(h) => h.write(b),
-            Self::Prepare(h) | Self::RepairPrepare(h) => h.write(b),
-            Self::PrepareOk(h) => h.write(b),
-            Self::Commit(h) => h.write(b),
-            Self::StartViewChange(h) => put(b, 128, &h.group.to_le_bytes()),
-            Self::DoViewChange(h) => {
-                put(b, 128, &h.op.to_le_bytes());
-                put(b, 136, &h.commit.to_le_bytes());
-                put(b, 144, &h.group.to_le_bytes());
-                put(b, 152, &h.log_view.to_le_bytes());
-                put(b, 224, &h.nack_bitset.to_le_bytes());
-                put(b, 240, &h.present_bitset.to_le_bytes());
-            }
-            Self::StartView(h) => {
-                put(b, 128, &h.op.to_le_bytes());
-                put(b, 136, &h.commit.to_le_bytes());
-                put(b, 144, &h.group.to_le_bytes());
-                put(b, 240, &h.incarnation.to_le_bytes());
-            }
-            Self::RequestStartView(h) => {
-                put(b, 128, &h.group.to_le_bytes());
-                if h.census {
-                    put(b, 136, &h.census_op.to_le_bytes());
-                    put(b, 144, &h.census_checksum.to_le_bytes());
-                    put(b, 160, &h.census_log_view.to_le_bytes());
-                    put(b, 164, &[1]);
-                }
-                put(b, 240, &h.incarnation.to_le_bytes());
-            }
-            Self::RequestPrepares(h) => {
-                put(b, 128, &h.nonce.to_le_bytes());
-                put(b, 144, &h.from_op.to_le_bytes());
-                put(b, 152, &h.to_op.to_le_bytes());
-                put(b, 160, &h.group.to_le_bytes());
-            }
-            Self::RepairDone(h) | Self::RangeEvicted(h) => {
-                put(b, 128, &h.nonce.to_le_bytes());
-                put(b, 144, &h.op.to_le_bytes());
-                put(b, 152, &h.group.to_le_bytes());
-            }
-            Self::Ping(h) | Self::Pong(h) => {
-                put(b, 128, &h.group.to_le_bytes());
-                put(b, 136, &h.round.to_le_bytes());
-            }
-            Self::RequestHeaders(h) => {
-                put(b, 128, &h.nonce.to_le_bytes());
-                put(b, 144, &h.from_op.to_le_bytes());
-                put(b, 152, &h.to_op.to_le_bytes());
-                put(b, 160, &h.group.to_le_bytes());
-            }
-            Self::Headers(h) => {
-                put(b, 128, &h.nonce.to_le_bytes());
-                put(b, 144, &h.group.to_le_bytes());
-            }
-            Self::RequestStateTransfer(h) => {
-                put(b, 128, &h.nonce.to_le_bytes());
-                put(b, 144, &h.group.to_le_bytes());
-            }
-            Self::StateTransferTarget(h) => {
-                put(b, 128, &h.nonce.to_le_bytes());
-                put(b, 144, &h.commit_op.to_le_bytes());
-                put(b, 152, &h.group.to_le_bytes());
-                b[160] = u8::from(h.available);
-                b[161] = u8::from(h.unavailable_transient);
-                put(b, 168, &h.commit_max.to_le_bytes());
-            }
-            Self::RequestStateChunk(h) => {
-                put(b, 128, &h.nonce.to_le_bytes());
-                put(b, 144, &h.offset.to_le_bytes());
-                put(b, 152, &h.group.to_le_bytes());
-                put(b, 160, &h.len.to_le_bytes());
-                put(b, 164, &h.artifact.to_le_bytes());
-            }
-            Self::StateChunk(h) => {
-                put(b, 128, &h.nonce.to_le_bytes());
-                put(b, 144, &h.offset.to_le_bytes());
-                put(b, 152, &h.group.to_le_bytes());
-                put(b, 160, &h.artifact.to_le_bytes());
-            }
+            Self::Request(h) => h.write_fields(b),
+            Self::Reply(h) => h.write_fields(b),
+            Self::Prepare(h) | Self::RepairPrepare(h) => h.write_fields(b),
+            Self::PrepareOk(h) => h.write_fields(b),
+            Self::Commit(h) => h.write_fields(b),
+            Self::StartViewChange(h) => h.write_fields(b),
+            Self::DoViewChange(h) => h.write_fields(b),
+            Self::StartView(h) => h.write_fields(b),
+            Self::RequestStartView(h) => h.write(b),
+            Self::RequestPrepares(h) => h.write_fields(b),
+            Self::RepairDone(h) | Self::RangeEvicted(h) => h.write_fields(b),
+            Self::Ping(h) | Self::Pong(h) => h.write_fields(b),
+            Self::RequestHeaders(h) => h.write_fields(b),
+            Self::Headers(h) => h.write_fields(b),
+            Self::RequestStateTransfer(h) => h.write_fields(b),
+            Self::StateTransferTarget(h) => h.write_fields(b),
+            Self::RequestStateChunk(h) => h.write_fields(b),
+            Self::StateChunk(h) => h.write_fields(b),
         }
     }
 
@@ -899,4 +801,32 @@ fn check_prepare_headers(body: &[u8]) -> Result<(), HeaderError> {
         decode_prepare_entry(&b)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_census_fields_when_the_flag_is_cleared_should_drop_exactly_the_census_bytes() {
+        let with = RequestStartViewHeader {
+            group: u64::MAX,
+            incarnation: u128::MAX,
+            census: true,
+            census_op: u64::MAX,
+            census_checksum: u128::MAX,
+            census_log_view: u32::MAX,
+        };
+        let without = RequestStartViewHeader {
+            census: false,
+            ..with
+        };
+        let (mut a, mut b) = ([0u8; HEADER_SIZE], [0u8; HEADER_SIZE]);
+        with.write(&mut a);
+        without.write(&mut b);
+        let differ: Vec<usize> = (0..HEADER_SIZE).filter(|&i| a[i] != b[i]).collect();
+        let flag = 164;
+        let expected: Vec<usize> = CENSUS_BYTES.chain(flag..flag + 1).collect();
+        assert_eq!(differ, expected);
+    }
 }

@@ -3,7 +3,9 @@
 //!
 //! The layout is the reference's (a 128-byte common prefix, then a
 //! command-specific 128-byte area), written here explicitly little-endian
-//! field by field rather than by casting a struct in host order.
+//! field by field rather than by casting a struct in host order. Each
+//! header declares its fields and their offsets once (`layout`); its read,
+//! its write and its reserved bytes come from that declaration.
 //!
 //! Integrity, by command:
 //! - **sealed control frames** (everything but Request, Reply and the two
@@ -27,6 +29,7 @@
 
 mod commands;
 mod error;
+mod layout;
 
 pub use commands::{
     CommandHeader, CommitHeader, DoViewChangeHeader, HeadersHeader, OPERATION_NON_REPLICATED,
@@ -37,6 +40,8 @@ pub use commands::{
 };
 pub use error::HeaderError;
 
+use common::le_cursor::{u32_at, u128_at};
+use layout::{Bytes, HasLayout, header_layout};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Every header is exactly this long.
@@ -46,7 +51,9 @@ pub const FRAME_SIZE_MAX_DEFAULT: u32 = 64 * 1024 * 1024;
 /// The most prepare headers a DoViewChange, StartView or Headers body holds.
 pub const HEADERS_PER_FRAME_MAX: usize = 128;
 
+const CHECKSUM_OFFSET: usize = 0;
 const SIZE_OFFSET: usize = 48;
+const VIEW_OFFSET: usize = 52;
 const COMMAND_OFFSET: usize = 60;
 
 /// The `size` field of a frame whose first bytes are `prefix`, once its
@@ -62,7 +69,31 @@ pub fn peek_size(prefix: &[u8]) -> Option<u32> {
 pub fn peek_command(prefix: &[u8]) -> Option<u8> {
     prefix.get(COMMAND_OFFSET).copied()
 }
-const COMMON_RESERVED: std::ops::Range<usize> = 62..128;
+
+/// The common prefix (bytes 0..128) as stored: a [`FrameHeader`] less its
+/// command-specific fields, with the release the codec requires to be 0.
+#[derive(Debug, Clone, Copy)]
+struct Prefix {
+    checksum: u128,
+    checksum_body: u128,
+    cluster: u128,
+    size: u32,
+    view: u32,
+    release: u32,
+    command: u8,
+    replica: u8,
+}
+
+header_layout!(Prefix over 0..128 => {
+    checksum: u128 @ CHECKSUM_OFFSET,
+    checksum_body: u128 @ 16,
+    cluster: u128 @ 32,
+    size: u32 @ SIZE_OFFSET,
+    view: u32 @ VIEW_OFFSET,
+    release: u32 @ 56,
+    command: u8 @ COMMAND_OFFSET,
+    replica: u8 @ 61,
+});
 
 /// The command byte. Codes 0–29 are the reference's; 30 and 31 add the
 /// header-only repair exchange this codec also needs.
@@ -250,7 +281,7 @@ pub fn frame_seal(header: &[u8; HEADER_SIZE]) -> u128 {
 pub fn prepare_identity(header: &[u8; HEADER_SIZE]) -> u128 {
     let mut copy = *header;
     copy[..16].fill(0);
-    copy[52..56].fill(0);
+    copy[VIEW_OFFSET..VIEW_OFFSET + 4].fill(0);
     checksum128(&copy)
 }
 
@@ -259,14 +290,17 @@ impl FrameHeader {
     /// given (nothing recomputed).
     pub fn to_bytes(&self) -> [u8; HEADER_SIZE] {
         let mut b = [0u8; HEADER_SIZE];
-        b[0..16].copy_from_slice(&self.checksum.to_le_bytes());
-        b[16..32].copy_from_slice(&self.checksum_body.to_le_bytes());
-        b[32..48].copy_from_slice(&self.cluster.to_le_bytes());
-        b[48..52].copy_from_slice(&self.size.to_le_bytes());
-        b[52..56].copy_from_slice(&self.view.to_le_bytes());
-        // 56..60: release, always 0.
-        b[COMMAND_OFFSET] = self.command.command() as u8;
-        b[61] = self.replica;
+        let prefix = Prefix {
+            checksum: self.checksum,
+            checksum_body: self.checksum_body,
+            cluster: self.cluster,
+            size: self.size,
+            view: self.view,
+            release: 0,
+            command: self.command.command() as u8,
+            replica: self.replica,
+        };
+        prefix.write_fields(&mut b);
         self.command.write_tail(&mut b);
         b
     }
@@ -275,19 +309,24 @@ impl FrameHeader {
     /// not check `size` against a buffer or any checksum; [`decode_frame`]
     /// does both.
     pub fn from_bytes(b: &[u8; HEADER_SIZE]) -> Result<Self, HeaderError> {
+        // The command first, then the release, then the reserved bytes
+        // (docs/formats.md §4.5): a frame of another release may well use
+        // bytes this one reserves, and should be refused for its release.
         let command = read_command(b)?;
-        let release = u32_at(b, 56);
-        if release != 0 {
-            return Err(HeaderError::UnsupportedRelease { release });
+        let prefix = Prefix::read_fields(b);
+        if prefix.release != 0 {
+            return Err(HeaderError::UnsupportedRelease {
+                release: prefix.release,
+            });
         }
-        zero(b, COMMON_RESERVED)?;
+        Prefix::check_reserved(b)?;
         Ok(Self {
-            checksum: u128_at(b, 0),
-            checksum_body: u128_at(b, 16),
-            cluster: u128_at(b, 32),
-            size: u32_at(b, SIZE_OFFSET),
-            view: u32_at(b, 52),
-            replica: b[61],
+            checksum: prefix.checksum,
+            checksum_body: prefix.checksum_body,
+            cluster: prefix.cluster,
+            size: prefix.size,
+            view: prefix.view,
+            replica: prefix.replica,
             command: CommandHeader::read_tail(command, b)?,
         })
     }
@@ -355,7 +394,7 @@ pub fn decode_frame(frame: &[u8], size_max: u32) -> Result<Frame<'_>, HeaderErro
         });
     }
     let command = read_command(head)?;
-    let stored = u128_at(head, 0);
+    let stored = u128_at(head, CHECKSUM_OFFSET);
     // The seal is checked before any other field is believed.
     match command.integrity() {
         Integrity::Sealed => check_checksum(stored, frame_seal(head), seal_mismatch)?,
@@ -390,7 +429,7 @@ pub fn restamp_prepare_view(frame: &mut [u8], view: u32) -> Result<(), HeaderErr
             reason: "only prepares can be restamped",
         });
     }
-    frame[52..56].copy_from_slice(&view.to_le_bytes());
+    frame[VIEW_OFFSET..VIEW_OFFSET + 4].copy_from_slice(&view.to_le_bytes());
     Ok(())
 }
 
@@ -481,35 +520,14 @@ fn check_checksum(
     }
 }
 
-/// Fails on the first nonzero byte of a reserved range.
-fn zero(b: &[u8; HEADER_SIZE], range: std::ops::Range<usize>) -> Result<(), HeaderError> {
+/// Fails on the first nonzero byte of `range`, a run of bytes a field rule
+/// requires to be zero (reserved bytes proper come from the layouts).
+fn zero(b: &Bytes, range: std::ops::Range<usize>) -> Result<(), HeaderError> {
     let start = range.start;
     match b[range].iter().position(|&x| x != 0) {
         None => Ok(()),
         Some(i) => Err(HeaderError::NonzeroReserved { offset: start + i }),
     }
-}
-
-fn u32_at(b: &[u8; HEADER_SIZE], at: usize) -> u32 {
-    let mut x = [0u8; 4];
-    x.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(x)
-}
-
-fn u64_at(b: &[u8; HEADER_SIZE], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(x)
-}
-
-fn u128_at(b: &[u8; HEADER_SIZE], at: usize) -> u128 {
-    let mut x = [0u8; 16];
-    x.copy_from_slice(&b[at..at + 16]);
-    u128::from_le_bytes(x)
-}
-
-fn put(b: &mut [u8; HEADER_SIZE], at: usize, bytes: &[u8]) {
-    b[at..at + bytes.len()].copy_from_slice(bytes);
 }
 
 #[cfg(test)]

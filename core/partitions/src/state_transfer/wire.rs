@@ -30,8 +30,9 @@
 
 use std::fmt;
 
+use common::le_cursor::{LeCursor, Truncated};
 use consensus::DedupWatermark;
-use consensus::le_cursor::{LeCursor, Truncated, push_trailer, split_verified_trailer};
+use consensus::hashing::{push_trailer, split_verified_trailer};
 
 /// Magic of the current layout.
 pub const CONSUMER_OFFSETS_MAGIC: [u8; 4] = *b"ICO2";

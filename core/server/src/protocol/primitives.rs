@@ -5,8 +5,8 @@
 //! closed: a value outside its range is an error, never a default.
 
 use super::error::{NameField, PayloadError};
+use common::le_cursor::LeCursor;
 use common::{ConsumerKind, Offset, PartitionId};
-use consensus::le_cursor::LeCursor;
 
 /// The most bytes a name (and a string identifier) may have.
 pub const NAME_LEN_MAX: usize = 255;

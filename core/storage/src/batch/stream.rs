@@ -21,12 +21,12 @@
 
 use std::fmt;
 
+use common::le_cursor::{u32_at, u64_at};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use super::{
     BATCH_HEADER_SIZE, BatchError, BatchHeader, ChecksumFeed, Integrity, MESSAGE_HEADER_SIZE,
     MSG_CHECKSUM, MSG_ID, MSG_OFFSET_DELTA, MSG_PAYLOAD_LEN, MSG_RESERVED, MSG_USER_HEADERS_LEN,
-    u32_at, u64_at,
 };
 
 /// Validates one batch fed in pieces; see the module documentation.

@@ -27,7 +27,7 @@
 use std::fmt;
 
 use common::ReplicaId;
-use consensus::le_cursor::LeCursor;
+use common::le_cursor::LeCursor;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Bytes of an encoded [`Hello`].

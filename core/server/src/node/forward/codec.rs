@@ -16,8 +16,8 @@
 //! [`CodecError`].
 
 use bytes::Bytes;
+use common::le_cursor::{LeCursor, Truncated};
 use common::{ConsumerKind, GroupId, Offset, Op, PartitionId, StreamId, TopicId};
-use consensus::le_cursor::LeCursor;
 use metadata::{ConsumerGroupId, MetadataOp, Outcome, UserId};
 use partitions::{PartitionStats, PollRequest, Polled, PollingStrategy};
 use shard::{Answer, Call};
@@ -107,8 +107,8 @@ impl std::fmt::Display for CodecError {
 
 impl std::error::Error for CodecError {}
 
-impl From<consensus::le_cursor::Truncated> for CodecError {
-    fn from(_: consensus::le_cursor::Truncated) -> Self {
+impl From<Truncated> for CodecError {
+    fn from(_: Truncated) -> Self {
         Self::Truncated
     }
 }

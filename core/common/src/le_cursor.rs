@@ -1,11 +1,14 @@
-//! A forward-only little-endian reader over a byte slice, and the xxh3-64
-//! trailer check that the manifest and the transfer artifacts end with.
+//! Little-endian decoding for every replog codec: [`LeCursor`], a
+//! forward-only reader for formats laid out field after field, and
+//! [`u16_at`]…[`u128_at`], readers at fixed offsets of a fixed-size record.
 //!
-//! Every wire and disk decoder in replog reads through [`LeCursor`]: it
-//! never panics on short input (each read returns [`Truncated`] instead),
-//! and [`LeCursor::remaining`] lets a codec insist that nothing is left over.
+//! The cursor never panics on short input: each read returns [`Truncated`]
+//! instead, and [`LeCursor::remaining`] lets a codec insist that nothing is
+//! left over. The fixed-offset readers take an array, not a slice, so the
+//! length check happens once, where the caller turns its bytes into an
+//! array (`first_chunk`, `try_into`); after that only a wrong offset
+//! constant can make them panic, never the bytes read.
 
-use crate::hashing::state_artifact_checksum;
 use std::fmt;
 
 /// Fewer bytes remained than a read asked for.
@@ -79,35 +82,46 @@ impl<'a> LeCursor<'a> {
     }
 }
 
-/// Length of the xxh3-64 trailer that closes a checksummed encoding.
-pub const TRAILER_LEN: usize = 8;
-
-/// Splits the trailing little-endian xxh3-64 off `bytes`, checks it against
-/// every byte before it, and returns that content.
+/// The `W` bytes at `at` of `record`.
 ///
-/// The two failures are distinct: `Err(None)` means the input is shorter
-/// than the trailer itself (codecs report it as truncated), and
-/// `Err(Some((expected, actual)))` means the stored trailer `expected`
-/// differs from the checksum `actual` of the content.
-pub fn split_verified_trailer(bytes: &[u8]) -> Result<&[u8], Option<(u64, u64)>> {
-    let Some(content_len) = bytes.len().checked_sub(TRAILER_LEN) else {
-        return Err(None);
-    };
-    let (content, trailer) = bytes.split_at(content_len);
-    let mut stored = [0u8; TRAILER_LEN];
-    stored.copy_from_slice(trailer);
-    let expected = u64::from_le_bytes(stored);
-    let actual = state_artifact_checksum(content);
-    if expected != actual {
-        return Err(Some((expected, actual)));
-    }
-    Ok(content)
+/// # Panics
+/// If `at + W` passes the end of the record: a wrong offset constant.
+fn bytes_at<const W: usize, const N: usize>(record: &[u8; N], at: usize) -> [u8; W] {
+    let mut out = [0u8; W];
+    out.copy_from_slice(&record[at..at + W]);
+    out
 }
 
-/// Appends the xxh3-64 trailer over everything already in `out`.
-pub fn push_trailer(out: &mut Vec<u8>) {
-    let checksum = state_artifact_checksum(out);
-    out.extend_from_slice(&checksum.to_le_bytes());
+/// The little-endian `u16` at byte `at` of a fixed-size record.
+///
+/// # Panics
+/// If the field passes the end of the record (a wrong offset constant).
+pub fn u16_at<const N: usize>(record: &[u8; N], at: usize) -> u16 {
+    u16::from_le_bytes(bytes_at(record, at))
+}
+
+/// The little-endian `u32` at byte `at` of a fixed-size record.
+///
+/// # Panics
+/// If the field passes the end of the record (a wrong offset constant).
+pub fn u32_at<const N: usize>(record: &[u8; N], at: usize) -> u32 {
+    u32::from_le_bytes(bytes_at(record, at))
+}
+
+/// The little-endian `u64` at byte `at` of a fixed-size record.
+///
+/// # Panics
+/// If the field passes the end of the record (a wrong offset constant).
+pub fn u64_at<const N: usize>(record: &[u8; N], at: usize) -> u64 {
+    u64::from_le_bytes(bytes_at(record, at))
+}
+
+/// The little-endian `u128` at byte `at` of a fixed-size record.
+///
+/// # Panics
+/// If the field passes the end of the record (a wrong offset constant).
+pub fn u128_at<const N: usize>(record: &[u8; N], at: usize) -> u128 {
+    u128::from_le_bytes(bytes_at(record, at))
 }
 
 #[cfg(test)]
@@ -144,40 +158,27 @@ mod tests {
     }
 
     #[test]
-    fn given_valid_trailer_when_split_should_return_content() {
-        let mut bytes = b"manifest body".to_vec();
-        push_trailer(&mut bytes);
-        assert_eq!(split_verified_trailer(&bytes), Ok(&b"manifest body"[..]));
+    fn given_a_fixed_record_when_read_at_offsets_should_match_the_cursor() {
+        let mut record = [0u8; 31];
+        record[1..3].copy_from_slice(&0xBEEFu16.to_le_bytes());
+        record[3..7].copy_from_slice(&0x0102_0304u32.to_le_bytes());
+        record[7..15].copy_from_slice(&(u64::MAX - 1).to_le_bytes());
+        record[15..31].copy_from_slice(&(u128::MAX / 3).to_le_bytes());
+        assert_eq!(u16_at(&record, 1), 0xBEEF);
+        assert_eq!(u32_at(&record, 3), 0x0102_0304);
+        assert_eq!(u64_at(&record, 7), u64::MAX - 1);
+        assert_eq!(u128_at(&record, 15), u128::MAX / 3);
+        let mut c = LeCursor::new(&record[1..]);
+        assert_eq!(c.u16(), Ok(0xBEEF));
+        assert_eq!(c.u32(), Ok(0x0102_0304));
+        assert_eq!(c.u64(), Ok(u64::MAX - 1));
+        assert_eq!(c.u128(), Ok(u128::MAX / 3));
     }
 
     #[test]
-    fn given_empty_content_with_trailer_when_split_should_return_empty() {
-        let mut bytes = Vec::new();
-        push_trailer(&mut bytes);
-        assert_eq!(split_verified_trailer(&bytes), Ok(&[][..]));
-    }
-
-    #[test]
-    fn given_fewer_than_eight_bytes_when_split_should_report_too_short() {
-        for len in 0..TRAILER_LEN {
-            let bytes = vec![0u8; len];
-            assert_eq!(split_verified_trailer(&bytes), Err(None));
-        }
-    }
-
-    #[test]
-    fn given_any_flipped_bit_when_split_should_report_mismatch() {
-        let mut bytes = b"abc".to_vec();
-        push_trailer(&mut bytes);
-        for bit in 0..bytes.len() * 8 {
-            let mut flipped = bytes.clone();
-            flipped[bit / 8] ^= 1 << (bit % 8);
-            let stored = u64::from_le_bytes(flipped[3..].try_into().expect("8 bytes"));
-            let actual = state_artifact_checksum(&flipped[..3]);
-            assert_eq!(
-                split_verified_trailer(&flipped),
-                Err(Some((stored, actual)))
-            );
-        }
+    #[should_panic]
+    fn given_an_offset_past_the_record_when_read_should_panic() {
+        let record = [0u8; 8];
+        let _ = u64_at(&record, 1);
     }
 }
