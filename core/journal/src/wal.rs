@@ -32,7 +32,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use consensus::header::{
-    CommandHeader, FrameHeader, HEADER_SIZE, HeaderError, PrepareHeader, decode_frame,
+    CommandHeader, FrameHeader, HEADER_SIZE, HeaderError, PrepareCommand, decode_frame,
 };
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 
@@ -201,7 +201,7 @@ struct Slot {
 fn parse_prepare(frame: &[u8]) -> Result<(u64, u128, u128), EntryDamage> {
     let decoded = decode_frame(frame, WAL_ENTRY_SIZE_MAX).map_err(EntryDamage::Frame)?;
     match decoded.header.command {
-        CommandHeader::Prepare(PrepareHeader { op, parent, .. }) => {
+        CommandHeader::Prepare(PrepareCommand { op, parent, .. }) => {
             Ok((op, decoded.header.checksum, parent))
         }
         _ => Err(EntryDamage::NotAPrepare),
@@ -503,7 +503,7 @@ pub fn build_prepare(op: u64, parent: u128, group: u64, body: &[u8]) -> Vec<u8> 
         size: 0,
         view: 0,
         replica: 0,
-        command: CommandHeader::Prepare(PrepareHeader {
+        command: CommandHeader::Prepare(PrepareCommand {
             client: 1,
             parent,
             request_checksum: 0,

@@ -37,7 +37,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use common::{METADATA_GROUP, Op};
-use consensus::header::{CommandHeader, FrameHeader, PrepareHeader, decode_frame, encode_frame};
+use consensus::header::{CommandHeader, FrameHeader, PrepareCommand, decode_frame, encode_frame};
 use consensus::vsr::OPERATION_APPEND;
 use journal::WAL_ENTRY_SIZE_MAX;
 use journal::{MetadataWal, WalError};
@@ -565,7 +565,7 @@ impl<F: Fs> MetadataStore<F> {
             size: 0,
             view: 0,
             replica: 0,
-            command: CommandHeader::Prepare(PrepareHeader {
+            command: CommandHeader::Prepare(PrepareCommand {
                 client: origin.client,
                 parent: self.parent,
                 request_checksum: origin.identity,

@@ -113,10 +113,12 @@ header_layout!(ReplyHeader over TAIL => {
     status: u32 @ 216,
 });
 
-/// A prepare (also the layout of RepairPrepare and of the headers in a
-/// view-change suffix).
+/// A prepare's command-specific fields (also the layout of RepairPrepare
+/// and of the headers in a view-change suffix). The whole header as the
+/// replica core sees it, identity and view included, is
+/// `vsr::PrepareHeader`; `vsr::wire` converts between the two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PrepareHeader {
+pub struct PrepareCommand {
     /// The client whose request this is.
     pub client: u128,
     /// The identity of the previous op's prepare (the hash chain).
@@ -139,7 +141,7 @@ pub struct PrepareHeader {
     pub user_id: u32,
 }
 
-header_layout!(PrepareHeader over TAIL => {
+header_layout!(PrepareCommand over TAIL => {
     client: u128 @ 128,
     parent: u128 @ 144,
     request_checksum: u128 @ 160,
@@ -152,7 +154,7 @@ header_layout!(PrepareHeader over TAIL => {
     user_id: u32 @ 224,
 });
 
-impl PrepareHeader {
+impl PrepareCommand {
     fn read(b: &Bytes, command: Command) -> Result<Self, HeaderError> {
         let h = Self::decode_fields(b, command)?;
         if h.op == 0 {
@@ -534,9 +536,9 @@ pub enum CommandHeader {
     /// Command 8.
     Reply(ReplyHeader),
     /// Command 6.
-    Prepare(PrepareHeader),
+    Prepare(PrepareCommand),
     /// Command 19: a prepare served by repair.
-    RepairPrepare(PrepareHeader),
+    RepairPrepare(PrepareCommand),
     /// Command 7.
     PrepareOk(PrepareOkHeader),
     /// Command 9.
@@ -642,8 +644,8 @@ impl CommandHeader {
         Ok(match command {
             Command::Request => Self::Request(RequestHeader::read(b)?),
             Command::Reply => Self::Reply(ReplyHeader::decode_fields(b, command)?),
-            Command::Prepare => Self::Prepare(PrepareHeader::read(b, command)?),
-            Command::RepairPrepare => Self::RepairPrepare(PrepareHeader::read(b, command)?),
+            Command::Prepare => Self::Prepare(PrepareCommand::read(b, command)?),
+            Command::RepairPrepare => Self::RepairPrepare(PrepareCommand::read(b, command)?),
             Command::PrepareOk => Self::PrepareOk(PrepareOkHeader::read(b)?),
             Command::Commit => Self::Commit(CommitHeader::decode_fields(b, command)?),
             Command::StartViewChange => {

@@ -33,10 +33,10 @@ mod layout;
 
 pub use commands::{
     CommandHeader, CommitHeader, DoViewChangeHeader, HeadersHeader, OPERATION_NON_REPLICATED,
-    OPERATION_REGISTER, PingHeader, PrepareHeader, PrepareOkHeader, RepairRangeHeader, ReplyHeader,
-    RequestHeader, RequestHeadersHeader, RequestPreparesHeader, RequestStartViewHeader,
-    RequestStateChunkHeader, RequestStateTransferHeader, StartViewChangeHeader, StartViewHeader,
-    StateChunkHeader, StateTransferTargetHeader,
+    OPERATION_REGISTER, PingHeader, PrepareCommand, PrepareOkHeader, RepairRangeHeader,
+    ReplyHeader, RequestHeader, RequestHeadersHeader, RequestPreparesHeader,
+    RequestStartViewHeader, RequestStateChunkHeader, RequestStateTransferHeader,
+    StartViewChangeHeader, StartViewHeader, StateChunkHeader, StateTransferTargetHeader,
 };
 pub use error::HeaderError;
 
@@ -247,9 +247,10 @@ pub struct FrameHeader {
     pub command: CommandHeader,
 }
 
-/// A decoded frame: the header and the body it describes.
+/// A frame decoded from bytes: the header and the body slice it describes
+/// (the typed, owned frame a replica takes is `vsr::Frame`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame<'a> {
+pub struct DecodedFrame<'a> {
     /// The header.
     pub header: FrameHeader,
     /// The bytes after the header (`size - 256` of them).
@@ -367,7 +368,7 @@ pub fn encode_frame(header: &FrameHeader, body: &[u8]) -> Vec<u8> {
 
 /// Decodes and verifies one whole frame. `frame` must be exactly `size`
 /// bytes long; `size_max` is the configured ceiling on a frame.
-pub fn decode_frame(frame: &[u8], size_max: u32) -> Result<Frame<'_>, HeaderError> {
+pub fn decode_frame(frame: &[u8], size_max: u32) -> Result<DecodedFrame<'_>, HeaderError> {
     let Some(head) = frame.first_chunk::<HEADER_SIZE>() else {
         return Err(HeaderError::TooShort { len: frame.len() });
     };
@@ -413,7 +414,7 @@ pub fn decode_frame(frame: &[u8], size_max: u32) -> Result<Frame<'_>, HeaderErro
     };
     check_checksum(stored_body, expected_body, body_mismatch)?;
     header.command.check_body(body)?;
-    Ok(Frame { header, body })
+    Ok(DecodedFrame { header, body })
 }
 
 /// Rewrites the view of an encoded prepare in place (a retransmission in a

@@ -20,7 +20,7 @@ fn frame(view: u32, command: CommandHeader) -> FrameHeader {
 fn prepare_header(op: u64) -> FrameHeader {
     let h = frame(
         3,
-        CommandHeader::Prepare(PrepareHeader {
+        CommandHeader::Prepare(PrepareCommand {
             client: 99,
             parent: 0x1234,
             request_checksum: 5,
@@ -733,7 +733,7 @@ fn given_field_rule_violations_when_decoded_should_reject() {
         invalid_reason(&encode(i, &zero_round, b""));
     }
     // Prepare: op 0, commit not below op.
-    let p = |f: fn(&mut PrepareHeader)| {
+    let p = |f: fn(&mut PrepareCommand)| {
         move |c: &mut CommandHeader| {
             if let CommandHeader::Prepare(h) = c {
                 f(h)
@@ -867,9 +867,9 @@ fn given_blank_slot_in_suffix_when_decoded_should_accept_only_operation_zero() {
     let (header, _) = samples().swap_remove(7);
     let blank = frame(
         0,
-        CommandHeader::Prepare(PrepareHeader {
+        CommandHeader::Prepare(PrepareCommand {
             op: 8,
-            ..PrepareHeader::default()
+            ..PrepareCommand::default()
         }),
     );
     let body = encode_prepare_headers(&[prepare_header(9), blank]);
@@ -887,7 +887,7 @@ fn given_blank_slot_in_suffix_when_decoded_should_accept_only_operation_zero() {
     ));
 }
 
-fn any_prepare() -> impl Strategy<Value = PrepareHeader> {
+fn any_prepare() -> impl Strategy<Value = PrepareCommand> {
     (
         any::<u128>(),
         any::<u128>(),
@@ -911,7 +911,7 @@ fn any_prepare() -> impl Strategy<Value = PrepareHeader> {
                 group,
                 user_id,
             )| {
-                PrepareHeader {
+                PrepareCommand {
                     client,
                     parent,
                     request_checksum,

@@ -421,8 +421,8 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
     }
 }
 
-fn prepare_tail(h: &PrepareHeader) -> header::PrepareHeader {
-    header::PrepareHeader {
+fn prepare_tail(h: &PrepareHeader) -> header::PrepareCommand {
+    header::PrepareCommand {
         client: h.client,
         parent: h.parent,
         request_checksum: h.request_checksum,
@@ -438,7 +438,7 @@ fn prepare_tail(h: &PrepareHeader) -> header::PrepareHeader {
 
 /// The core's header from a wire header whose identity (and body
 /// checksum, where a body travels) the header codec verified.
-fn core_header(frame: &FrameHeader, tail: &header::PrepareHeader) -> PrepareHeader {
+fn core_header(frame: &FrameHeader, tail: &header::PrepareCommand) -> PrepareHeader {
     let mut h = PrepareHeader {
         checksum: 0,
         checksum_body: frame.checksum_body,
@@ -458,7 +458,7 @@ fn core_header(frame: &FrameHeader, tail: &header::PrepareHeader) -> PrepareHead
     h
 }
 
-fn prepare_of(frame: &FrameHeader, tail: &header::PrepareHeader, body: &[u8]) -> Prepare {
+fn prepare_of(frame: &FrameHeader, tail: &header::PrepareCommand, body: &[u8]) -> Prepare {
     let mut header = core_header(frame, tail);
     // The wire leaves `checksum_body` zero for an empty body; the core's
     // identity binds the body through its own checksum of it.
@@ -485,9 +485,9 @@ fn encode_suffix(
         let (tail, checksum_body, view, blank) = match slot {
             SuffixSlot::Header(h) => (prepare_tail(&h), h.checksum_body, h.view, false),
             SuffixSlot::Blank => (
-                header::PrepareHeader {
+                header::PrepareCommand {
                     op,
-                    ..header::PrepareHeader::default()
+                    ..header::PrepareCommand::default()
                 },
                 0,
                 0,
