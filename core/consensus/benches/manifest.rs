@@ -1,9 +1,7 @@
 //! Manifest encode and decode at the 65,536-entry ceiling.
 
 use consensus::StateArtifact;
-use consensus::state_manifest::{
-    STATE_MANIFEST_ENTRIES_MAX, artifact_kind, decode_manifest, encode_manifest,
-};
+use consensus::{STATE_MANIFEST_ENTRIES_MAX, artifact_kind, decode_manifest, encode_manifest};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::dedup::DedupWatermark;
-use crate::vsr::message::Reply;
+use crate::vsr::Reply;
 
 /// Default number of client sessions a group keeps.
 pub const CLIENTS_TABLE_MAX: usize = 8192;
@@ -374,7 +374,7 @@ impl ClientTable {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::vsr::message::ReplyStatus;
+    use crate::vsr::ReplyStatus;
 
     fn reply(client: u128, request: u64, op: u64) -> Reply {
         Reply {

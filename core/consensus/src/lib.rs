@@ -12,18 +12,24 @@
 //! - [`header`]: the 256-byte consensus frame header codec.
 //! - [`vsr`]: the replica core (normal operation, view change, repair).
 
-pub mod chunk;
-pub mod client_table;
-pub mod dedup;
-pub mod hashing;
+mod chunk;
+mod client_table;
+mod dedup;
+mod hashing;
 pub mod header;
-pub mod state_manifest;
+mod state_manifest;
 pub mod vsr;
 
 pub use chunk::{
     AcceptedChunk, ArtifactProgress, ChunkProgress, ChunkRejection, PendingChunk, append_chunk,
     check_chunk, next_pending_chunk,
 };
+pub use client_table::{ClientTable, ClientTableError, RequestCheck, SessionRecord};
 pub use dedup::DedupWatermark;
-pub use hashing::{StateArtifactHasher, state_artifact_checksum};
-pub use state_manifest::{StateArtifact, artifact_kind, verify_state_artifact};
+pub use hashing::{
+    StateArtifactHasher, TRAILER_LEN, push_trailer, split_verified_trailer, state_artifact_checksum,
+};
+pub use state_manifest::{
+    ManifestError, STATE_MANIFEST_ENTRIES_MAX, StateArtifact, artifact_kind, decode_manifest,
+    encode_manifest, verify_state_artifact,
+};

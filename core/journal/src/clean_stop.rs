@@ -33,7 +33,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use common::le_cursor::LeCursor;
-use consensus::hashing::{push_trailer, split_verified_trailer};
+use consensus::{push_trailer, split_verified_trailer};
 use storage::fs::{Fs, FsFile, OpenOptions, replace_file_durably};
 
 /// The record's file name in a group's directory.

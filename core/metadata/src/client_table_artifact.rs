@@ -11,7 +11,7 @@ use std::fmt;
 
 use common::le_cursor::LeCursor;
 use consensus::DedupWatermark;
-use consensus::hashing::{push_trailer, split_verified_trailer};
+use consensus::{push_trailer, split_verified_trailer};
 
 /// `"RMC1"` as a little-endian u32.
 pub const CLIENT_TABLE_MAGIC: u32 = u32::from_le_bytes(*b"RMC1");

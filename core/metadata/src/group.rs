@@ -53,8 +53,8 @@ use consensus::vsr::{
 use journal::{Superblock, SuperblockError, SuperblockStore, VsrState};
 use storage::fs::Fs;
 
-use consensus::state_manifest::{StateArtifact, artifact_kind};
 use consensus::verify_state_artifact;
+use consensus::{StateArtifact, artifact_kind};
 
 use crate::client_table_artifact::{
     ClientTableDecodeError, decode_client_table, encode_client_table,
@@ -740,8 +740,8 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                         let read = slice
                             .into_iter()
                             .map(|slot| match slot {
-                                consensus::vsr::journal::Retained::Held(p) => Some(p),
-                                consensus::vsr::journal::Retained::Spilled(_) => None,
+                                consensus::vsr::Retained::Held(p) => Some(p),
+                                consensus::vsr::Retained::Spilled(_) => None,
                             })
                             .collect();
                         self.replica.serve_read_back(to, nonce, from_op, read);

@@ -18,7 +18,7 @@ use std::fmt;
 
 use common::le_cursor::LeCursor;
 use common::{GroupId, Op, PartitionId, StreamId, TopicId};
-use consensus::hashing::{push_trailer, split_verified_trailer};
+use consensus::{push_trailer, split_verified_trailer};
 
 use crate::consumer_group::{ConsumerGroup, ConsumerGroupId, Member, MemberId, SessionId};
 use crate::op_codec::{OpDecodeError, Reader, Writer};

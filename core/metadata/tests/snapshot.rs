@@ -6,7 +6,7 @@
 
 mod support;
 
-use consensus::hashing::push_trailer;
+use consensus::push_trailer;
 use metadata::{
     MetadataOp, MetadataState, SNAPSHOT_MAGIC, SessionId, SnapshotDecodeError, decode_snapshot,
     encode_snapshot,

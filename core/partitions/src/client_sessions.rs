@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use common::le_cursor::{LeCursor, Truncated};
 use consensus::DedupWatermark;
-use consensus::client_table::SessionRecord;
+use consensus::SessionRecord;
 use consensus::vsr::{Reply, ReplyStatus};
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;

@@ -71,8 +71,8 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use common::ConsumerKind;
+use consensus::ClientTableError;
 use consensus::DedupWatermark;
-use consensus::client_table::ClientTableError;
 use consensus::vsr::{
     Action, Config as VsrConfig, Effect, Frame, FrameError, Handled, Ignored, Message,
     OPERATION_REGISTER, Prepare, PrepareHeader, Replica, Reply, ReplyStatus, Request,

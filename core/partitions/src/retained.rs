@@ -40,8 +40,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use consensus::vsr::journal::{Retained, Spilled};
 use consensus::vsr::{Prepare, Replica};
+use consensus::vsr::{Retained, Spilled};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 

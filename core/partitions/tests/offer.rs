@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::ConsumerKind;
 use common::simnet::NetworkFaults;
-use consensus::state_manifest::decode_manifest;
+use consensus::decode_manifest;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
 use consensus::{ArtifactProgress, append_chunk, artifact_kind, next_pending_chunk};
 use futures::executor::block_on;
@@ -1068,7 +1068,7 @@ fn given_large_segment_when_served_should_load_it_a_read_at_a_time_and_verify_be
 /// builds.
 #[test]
 fn given_chain_longer_than_a_manifest_when_offer_asked_should_refuse_manifest_too_large() {
-    use consensus::state_manifest::STATE_MANIFEST_ENTRIES_MAX;
+    use consensus::STATE_MANIFEST_ENTRIES_MAX;
     let fs = fresh_fs(77);
     let mut c = config();
     // Every batch seals its segment.

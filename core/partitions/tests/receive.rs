@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::ConsumerKind;
+use consensus::encode_manifest;
 use consensus::header::StateTransferTargetHeader;
-use consensus::state_manifest::encode_manifest;
 use consensus::{ChunkProgress, ChunkRejection, StateArtifact, artifact_kind};
 use futures::executor::block_on;
 use journal::{FileSuperblock, MemSuperblock, SuperblockStore};
@@ -2433,7 +2433,7 @@ fn given_maximal_manifest_of_staged_files_when_swept_should_keep_exactly_the_kee
     use std::collections::HashSet;
     let fs = fresh_fs(99);
     block_on(fs.create_dir_all(&dir())).unwrap();
-    let entries = consensus::state_manifest::STATE_MANIFEST_ENTRIES_MAX as u64;
+    let entries = consensus::STATE_MANIFEST_ENTRIES_MAX as u64;
     let mut keep = HashSet::new();
     block_on(async {
         for base in 0..entries {

@@ -53,14 +53,14 @@ use std::fmt;
 use bytes::Bytes;
 use common::METADATA_GROUP;
 use common::Prng;
-use consensus::chunk::{ArtifactProgress, ChunkProgress, append_chunk, next_pending_chunk};
 use consensus::header::{
     CommandHeader, HEADER_SIZE, RequestStateChunkHeader, RequestStateTransferHeader,
     StateChunkHeader, StateTransferTargetHeader,
 };
-use consensus::state_manifest::{ManifestError, StateArtifact, artifact_kind, decode_manifest};
 use consensus::verify_state_artifact;
 use consensus::vsr::Replica;
+use consensus::{ArtifactProgress, ChunkProgress, append_chunk, next_pending_chunk};
+use consensus::{ManifestError, StateArtifact, artifact_kind, decode_manifest};
 use journal::SuperblockStore;
 use metadata::{MetadataBus, MetadataGroup, TransferError};
 use partitions::state_transfer::STALL_ATTEMPTS_MAX_DEFAULT;
@@ -712,8 +712,7 @@ impl MetadataTransfer {
         match offer {
             Ok(offer) => {
                 self.stats.offers_served += 1;
-                let manifest =
-                    Bytes::from(consensus::state_manifest::encode_manifest(&offer.manifest));
+                let manifest = Bytes::from(consensus::encode_manifest(&offer.manifest));
                 let bytes: u64 = offer.manifest.iter().map(|a| a.len).sum();
                 tracing::info!(
                     group = METADATA_GROUP.0,

@@ -22,7 +22,7 @@ use std::io;
 use std::path::Path;
 
 use common::Op;
-use consensus::hashing::{push_trailer, split_verified_trailer};
+use consensus::{push_trailer, split_verified_trailer};
 use storage::fs::{Fs, FsFile, OpenOptions, replace_file_durably};
 
 /// The marker's file name in the shard-0 directory.

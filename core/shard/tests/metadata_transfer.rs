@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use common::simnet::NetworkFaults;
 use common::{GroupId, METADATA_GROUP, ReplicaId};
 use consensus::header::{CommandHeader, decode_frame, encode_frame};
-use consensus::state_manifest::{decode_manifest, encode_manifest};
+use consensus::{decode_manifest, encode_manifest};
 use futures::executor::block_on;
 use harness::{CLUSTER, Cluster, data_dir};
 use metadata::{Identifier, MetadataOp, MetadataStore, StoreConfig, TopicConfig, encode_snapshot};
@@ -343,7 +343,7 @@ fn given_hostile_group_0_transfer_frames_when_received_should_refuse_typed_and_c
         matches!(
             error,
             MetadataReceiveError::Descriptor(MetadataDescriptorRefusal::Manifest(
-                consensus::state_manifest::ManifestError::TooManyEntries { .. }
+                consensus::ManifestError::TooManyEntries { .. }
             ))
         ),
         "{error:?}"

@@ -31,14 +31,14 @@ use bytes::Bytes;
 
 use common::Prng;
 use common::simnet::{LinkDraw, SimNet};
-use consensus::client_table::ClientTable;
-use consensus::vsr::journal::Retained;
-use consensus::vsr::message::{
-    Frame, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Reply, ReplyStatus, Request,
-};
-use consensus::vsr::timeout::TimeoutConfig;
+use consensus::ClientTable;
+use consensus::vsr::Retained;
+use consensus::vsr::TimeoutConfig;
 use consensus::vsr::{
     Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status, Topology,
+};
+use consensus::vsr::{
+    Frame, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Reply, ReplyStatus, Request,
 };
 
 /// Knobs of one simulation run.
@@ -653,8 +653,8 @@ impl Simulation {
         // A prepare travels with one view, the frame's (the header field
         // no checksum covers, restamped on retransmission).
         let mut expected = frame.clone();
-        if let consensus::vsr::message::Message::Prepare(p)
-        | consensus::vsr::message::Message::RepairPrepare(p) = &mut expected.message
+        if let consensus::vsr::Message::Prepare(p) | consensus::vsr::Message::RepairPrepare(p) =
+            &mut expected.message
         {
             p.header.view = expected.view;
         }
@@ -1147,8 +1147,8 @@ impl Simulation {
     }
 }
 
-fn trace_message(m: &consensus::vsr::message::Message) -> String {
-    use consensus::vsr::message::Message;
+fn trace_message(m: &consensus::vsr::Message) -> String {
+    use consensus::vsr::Message;
     match m {
         Message::Prepare(p) => format!("Prepare op{} commit{}", p.header.op, p.header.commit),
         Message::RepairPrepare(p) => format!("RepairPrepare op{}", p.header.op),

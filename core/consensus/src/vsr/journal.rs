@@ -143,7 +143,8 @@ impl Journal {
     }
 
     /// Applied ops whose bodies are spilled.
-    pub fn spilled_count(&self) -> usize {
+    #[cfg(test)]
+    fn spilled_count(&self) -> usize {
         self.spilled.len()
     }
 
@@ -367,18 +368,6 @@ impl Journal {
         if self.anchor.is_some_and(|(a, _)| a <= floor) {
             self.anchor = None;
         }
-    }
-
-    /// Held prepares in `from..=to`, at most `max` of them.
-    pub fn range(&self, from: u64, to: u64, max: usize) -> Vec<Prepare> {
-        if from > to {
-            return Vec::new();
-        }
-        self.entries
-            .range(from..=to)
-            .take(max)
-            .map(|(_, p)| p.clone())
-            .collect()
     }
 
     /// Retained ops in `from..=to`, held or spilled, in op order, at most

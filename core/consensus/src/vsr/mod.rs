@@ -9,19 +9,19 @@
 //! a whole cluster deterministically (the `vsr_harness` crate does, for
 //! the tests and benchmarks).
 //!
-//! - [`message`]: the typed VSR messages.
+//! - `message`: the typed VSR messages.
 //! - `io`: the vocabulary between a replica and its driver (configuration,
 //!   durable state, actions and effects, what an input answers).
-//! - [`replica`]: state, inputs, normal operation.
+//! - `replica`: state, inputs, normal operation.
 //! - `view_change`: StartViewChange / DoViewChange / StartView, probes.
 //! - `census`: the whole-group restart (every replica restarted at once).
-//! - [`merge`]: the DoViewChange merge rule and quorums.
+//! - `merge`: the DoViewChange merge rule and quorums.
 //! - `read_check`: a primary confirms it still leads its view before it
 //!   serves a read (Ping / Pong).
 //! - `repair`: journal repair, the repair floor and state-transfer hooks.
-//! - [`journal`]: the in-memory, hash-chain-verified log.
-//! - [`pipeline`]: the primary's bounded queue of uncommitted prepares.
-//! - [`timeout`]: tick timers with backoff and the seeded PRNG.
+//! - `journal`: the in-memory, hash-chain-verified log.
+//! - `pipeline`: the primary's bounded queue of uncommitted prepares.
+//! - `timeout`: tick timers with backoff and the seeded PRNG.
 //! - [`wire`]: the one codec between [`Frame`]s and the bytes between
 //!   replicas.
 //!
@@ -31,14 +31,14 @@
 mod census;
 mod invariants;
 mod io;
-pub mod journal;
-pub mod merge;
-pub mod message;
-pub mod pipeline;
+mod journal;
+mod merge;
+mod message;
+mod pipeline;
 mod read_check;
 mod repair;
-pub mod replica;
-pub mod timeout;
+mod replica;
+mod timeout;
 mod view_change;
 pub mod wire;
 
@@ -47,6 +47,7 @@ pub use io::{
     Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored, OP_MAX,
     REPLICAS_MAX, RequestOutcome, Status, Topology, VIEW_MAX,
 };
+pub use journal::{Retained, Spilled};
 pub use merge::{DVC_HEADERS_MAX, MergeStall, MergedLog, Quorums};
 pub use message::{
     Census, DoViewChange, Frame, Message, OPERATION_APPEND, OPERATION_REGISTER, Prepare,

@@ -102,13 +102,6 @@ impl Timeout {
         self.remaining_ticks = Some(self.after_ticks.max(1) + jitter);
     }
 
-    /// Re-arm a running timer from full; a stopped timer stays stopped.
-    pub fn reset(&mut self) {
-        if self.remaining_ticks.is_some() {
-            self.start();
-        }
-    }
-
     /// Disarm.
     pub fn stop(&mut self) {
         self.remaining_ticks = None;

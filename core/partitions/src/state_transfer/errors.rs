@@ -276,7 +276,7 @@ pub enum PartitionInstallError {
         source: io::Error,
     },
     /// The offer's dedup slice does not fit this replica's client table.
-    Dedup(consensus::client_table::ClientTableError),
+    Dedup(consensus::ClientTableError),
     /// An install is already in flight on this partition; it ends first.
     AlreadyInstalling,
     /// No install is in flight to carry on.

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::ConsumerKind;
-use consensus::state_manifest::{STATE_MANIFEST_ENTRIES_MAX, encode_manifest};
+use consensus::{STATE_MANIFEST_ENTRIES_MAX, encode_manifest};
 use consensus::{StateArtifact, StateArtifactHasher, artifact_kind};
 use journal::SuperblockStore;
 use storage::fs::{Fs, FsFile, OpenOptions};

@@ -33,10 +33,10 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use common::Prng;
-use consensus::chunk::{ChunkProgress, ChunkRejection, check_chunk};
 use consensus::header::StateTransferTargetHeader;
-use consensus::state_manifest::{ManifestError, decode_manifest};
 use consensus::{ArtifactProgress, StateArtifact, append_chunk, artifact_kind, next_pending_chunk};
+use consensus::{ChunkProgress, ChunkRejection, check_chunk};
+use consensus::{ManifestError, decode_manifest};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 

@@ -32,7 +32,7 @@ use std::fmt;
 
 use common::le_cursor::{LeCursor, Truncated};
 use consensus::DedupWatermark;
-use consensus::hashing::{push_trailer, split_verified_trailer};
+use consensus::{push_trailer, split_verified_trailer};
 
 /// Magic of the current layout.
 pub const CONSUMER_OFFSETS_MAGIC: [u8; 4] = *b"ICO2";

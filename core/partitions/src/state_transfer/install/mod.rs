@@ -555,7 +555,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // The offer's client table under the new point, before the record
         // boot matches it against (client_sessions.rs). Its sessions are
         // the ones `install` makes of the watermarks (no cached replies).
-        let mut table = consensus::client_table::ClientTable::new(self.config.vsr.clients_max);
+        let mut table = consensus::ClientTable::new(self.config.vsr.clients_max);
         table
             .install(&checked.wire.dedup)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
