@@ -27,6 +27,7 @@ mod metadata_transfer;
 mod placement;
 pub mod pump;
 pub mod rejoin;
+mod session;
 mod shard;
 pub mod snapshot;
 pub mod testing;

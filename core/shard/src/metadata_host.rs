@@ -25,6 +25,7 @@ use metadata::{
 
 use crate::env::{Env, Sent};
 use crate::metadata_transfer::{MetadataTransfer, MetadataTransferConfig};
+use crate::session::{Session, SessionStep};
 
 /// What a metadata call answers.
 pub type MetaReplyTx = oneshot::Sender<Result<Outcome, MetaError>>;
@@ -131,18 +132,6 @@ impl<E: Env> MetadataBus for MetaBus<E> {
 /// The hosted group type.
 pub type HostedGroup<E> = MetadataGroup<<E as Env>::Fs, FileSuperblock<<E as Env>::Fs>, MetaBus<E>>;
 
-#[derive(Debug, Default)]
-enum Session {
-    #[default]
-    Closed,
-    Registering {
-        since_tick: u64,
-    },
-    Open {
-        session: u64,
-    },
-}
-
 /// Group 0 and the shard's client session with it.
 pub struct MetadataHost<E: Env> {
     pub(crate) group: HostedGroup<E>,
@@ -160,7 +149,6 @@ pub struct MetadataHost<E: Env> {
 }
 
 const QUEUED_MAX: usize = 1024;
-const REGISTER_RETRY_TICKS: u64 = 100;
 
 impl<E: Env> MetadataHost<E> {
     /// Opens group 0 in `dir` (its store and superblock), with its
@@ -335,14 +323,10 @@ impl<E: Env> MetadataHost<E> {
             }
             return;
         }
-        let session = match self.session {
-            Session::Open { session } => session,
-            Session::Registering { since_tick }
-                if tick.saturating_sub(since_tick) < REGISTER_RETRY_TICKS =>
-            {
-                return;
-            }
-            Session::Closed | Session::Registering { .. } => {
+        let session = match self.session.step(tick) {
+            SessionStep::Submit(session) => session,
+            SessionStep::Wait => return,
+            SessionStep::Register => {
                 match self.group.register(client, 0).await {
                     Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
                         self.session = Session::Registering { since_tick: tick };
@@ -397,15 +381,7 @@ impl<E: Env> MetadataHost<E> {
                 continue;
             }
             if reply.operation == OPERATION_REGISTER {
-                match reply.status {
-                    ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
-                        self.session = Session::Open {
-                            session: crate::shard::registered_session(&reply),
-                        };
-                        opened = true;
-                    }
-                    ReplyStatus::NoSession | ReplyStatus::Fenced => self.session = Session::Closed,
-                }
+                opened |= self.session.on_register_reply(&reply);
                 continue;
             }
             let Some(tx) = self.in_flight.remove(&reply.request) else {

@@ -53,6 +53,7 @@ use crate::metadata_transfer::MetadataTransferConfig;
 use crate::placement::{ShardIndex, shard_of};
 use crate::pump::{Inbox, Input};
 use crate::rejoin::{self, Rejoin};
+use crate::session::{Session, SessionStep};
 use crate::snapshot::{
     DurationBuckets, GroupSnapshot, IgnoredTotals, PartitionSnapshot, PartitionTotals,
     ShardSnapshot, SnapshotDetail, TransferProgress, TransferTotals, consensus_of,
@@ -64,8 +65,6 @@ pub const TICK_DEFAULT: Duration = Duration::from_millis(10);
 const RETENTION_EVERY_TICKS: u64 = 100;
 /// Calls a group queues while its session is being opened.
 const QUEUED_CALLS_MAX: usize = 4096;
-/// Ticks a session registration may take before it is sent again.
-const REGISTER_RETRY_TICKS: u64 = 100;
 /// How long a primary waits for a purge it proposed to apply before it
 /// proposes it again.
 const PURGE_RETRY_TICKS: u64 = 100;
@@ -348,20 +347,6 @@ pub type ShardPartition<E> =
 /// Replies the shard's partitions delivered, awaiting matching to calls.
 type ReplyQueue = Rc<RefCell<Vec<(GroupId, Reply)>>>;
 
-/// The session a committed Register opened: the one the client table
-/// holds, which for a Register retried before its session was used is
-/// the existing one, older than the retry's op. Taking the op there made
-/// every request after it refused as from an unknown session and the
-/// Register retried for ever (a partition group in mixed 21300169, group
-/// 0 in mixed 22005380).
-pub(crate) fn registered_session(reply: &Reply) -> u64 {
-    if reply.session != 0 {
-        reply.session
-    } else {
-        reply.op
-    }
-}
-
 /// The [`MessageBus`] a shard gives each of its partitions: frames leave
 /// as bytes through the environment, replies go to the shard's queue.
 pub struct ShardBus<E: Env> {
@@ -395,24 +380,6 @@ impl<E: Env> MessageBus for ShardBus<E> {
     fn send_wire_to_replica(&self, to: u8, frame: Bytes) {
         self.send(to, frame);
     }
-}
-
-/// The shard's VSR client session with one group.
-#[derive(Debug, Default)]
-enum Session {
-    /// None opened yet.
-    #[default]
-    Closed,
-    /// A Register is in flight (request 0), sent at this tick.
-    Registering {
-        /// The tick it was sent.
-        since_tick: u64,
-    },
-    /// Open: the session number is the Register's op.
-    Open {
-        /// The session.
-        session: u64,
-    },
 }
 
 /// A replicated call waiting for its commit.
@@ -1838,14 +1805,10 @@ impl<E: Env> Shard<E> {
             }
             return;
         }
-        let session = match g.session {
-            Session::Open { session } => session,
-            Session::Registering { since_tick }
-                if tick.saturating_sub(since_tick) < REGISTER_RETRY_TICKS =>
-            {
-                return;
-            }
-            Session::Closed | Session::Registering { .. } => {
+        let session = match g.session.step(tick) {
+            SessionStep::Submit(session) => session,
+            SessionStep::Wait => return,
+            SessionStep::Register => {
                 let request = ClientRequest {
                     client,
                     session: 0,
@@ -1948,14 +1911,8 @@ impl<E: Env> Shard<E> {
                 continue;
             };
             if reply.operation == OPERATION_REGISTER {
-                match reply.status {
-                    ReplyStatus::Ok | ReplyStatus::AlreadyApplied => {
-                        g.session = Session::Open {
-                            session: registered_session(&reply),
-                        };
-                        opened.push(group);
-                    }
-                    ReplyStatus::NoSession | ReplyStatus::Fenced => g.session = Session::Closed,
+                if g.session.on_register_reply(&reply) {
+                    opened.push(group);
                 }
                 continue;
             }
@@ -2515,37 +2472,4 @@ fn partition_error(error: PartitionError) -> CallError {
 /// The directory of shard `shard` under a replica's data directory.
 pub fn shard_dir(data_dir: &Path, shard: ShardIndex) -> PathBuf {
     data_dir.join(format!("shard-{}", shard.0))
-}
-
-#[cfg(test)]
-mod tests {
-    use consensus::vsr::{OPERATION_REGISTER, Reply, ReplyStatus};
-
-    use super::registered_session;
-
-    fn register_reply(op: u64, session: u64) -> Reply {
-        Reply {
-            client: 7,
-            request: 0,
-            op,
-            commit: op,
-            timestamp: 0,
-            operation: OPERATION_REGISTER,
-            status: ReplyStatus::Ok,
-            session,
-            result: 0,
-        }
-    }
-
-    #[test]
-    fn given_a_retried_register_answered_with_the_open_session_when_opening_should_take_that_session()
-     {
-        // A first Register at op 12 opened session 12.
-        assert_eq!(registered_session(&register_reply(12, 12)), 12);
-        // Retried at op 54 before the session was used: the table answers
-        // with session 12, which requests must carry.
-        assert_eq!(registered_session(&register_reply(54, 12)), 12);
-        // A reply without a session names its op.
-        assert_eq!(registered_session(&register_reply(9, 0)), 9);
-    }
 }
