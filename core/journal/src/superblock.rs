@@ -53,6 +53,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use common::le_cursor::{LeCursor, Truncated};
+use consensus::vsr::Replica;
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -658,6 +659,21 @@ impl<S: SuperblockStore> Superblock<S> {
             ..self.durable
         };
         self.write(next).await
+    }
+
+    /// Makes `replica`'s current view, log view and commit bound durable,
+    /// then tells it the write finished with exactly those values
+    /// ([`Replica::on_persisted`]): what a driver does to retry a failed
+    /// `PersistState`, when the core may have moved on since.
+    pub async fn persist_replica_view(
+        &mut self,
+        replica: &mut Replica,
+    ) -> Result<(), SuperblockError> {
+        let (view, log_view) = (replica.view(), replica.log_view());
+        self.persist_view(view, log_view, replica.commit_max())
+            .await?;
+        replica.on_persisted(view, log_view);
+        Ok(())
     }
 
     /// Records the offset frontier as an advance: the durable value becomes

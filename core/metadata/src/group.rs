@@ -681,18 +681,11 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     }
 
     async fn persist(&mut self) {
-        let (view, log_view, commit) = (
-            self.replica.view(),
-            self.replica.log_view(),
-            self.replica.commit_max(),
-        );
-        match self.durable.persist_view(view, log_view, commit).await {
-            Ok(()) => {
-                self.persist_failed = false;
-                self.replica.on_persisted(view, log_view);
-            }
+        match self.durable.persist_replica_view(&mut self.replica).await {
+            Ok(()) => self.persist_failed = false,
             Err(error) => {
                 // Sends stay held by the core; retried on the next tick.
+                let (view, log_view) = (self.replica.view(), self.replica.log_view());
                 tracing::warn!(%error, view, log_view, "metadata superblock write failed");
                 self.persist_failed = true;
             }

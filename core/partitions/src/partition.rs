@@ -1291,17 +1291,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     }
 
     async fn retry_persist(&mut self) {
-        let (view, log_view, commit) = (
-            self.replica.view(),
-            self.replica.log_view(),
-            self.replica.commit_max(),
-        );
-        match self.durable.persist_view(view, log_view, commit).await {
-            Ok(()) => {
-                self.persist_failed = false;
-                self.replica.on_persisted(view, log_view);
+        match self.durable.persist_replica_view(&mut self.replica).await {
+            Ok(()) => self.persist_failed = false,
+            Err(error) => {
+                tracing::warn!(%error, view = self.replica.view(), "superblock write failed again");
             }
-            Err(error) => tracing::warn!(%error, view, "superblock write failed again"),
         }
     }
 
