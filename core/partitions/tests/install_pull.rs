@@ -4,35 +4,23 @@
 //! then serves the peer's messages and offsets and keeps minting.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod pump;
 mod support;
 
-use std::time::Duration;
-
 use common::ConsumerKind;
-use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use journal::MemSuperblock;
 use partitions::state_transfer::{
-    BuildBudget, BuildClock, ChunkAnswer, ChunkRequest, InstallInput, LocalFacts, OfferServer,
-    OfferServerConfig, ReceiveStep, ReceivedTransfer, ReceiverConfig, TransferReceiver,
-    TransferRequest,
+    BuildBudget, InstallInput, LocalFacts, OfferServer, OfferServerConfig, ReceivedTransfer,
+    ReceiverConfig, TransferReceiver,
 };
 use partitions::{ClientOp, ClientRequest, PollingStrategy};
+use pump::{Hooks, Serving, complete, pump};
 use storage::fs::SimFs;
 use support::{Node, config, contents, dir, fresh_fs, open};
 
 const ME: u8 = 2;
-
-struct NoClock;
-
-impl BuildClock for NoClock {
-    fn now(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn observe_hashed(&self, _bytes: u64) {}
-}
 
 /// Pulls everything `server` offers for `peer` into `rx`.
 fn pull(
@@ -49,64 +37,14 @@ fn pull(
         commit_max: 0,
         purge_generation: 0,
     };
-    let mut request = rx.arm(0);
-    loop {
-        let step = match request {
-            TransferRequest::Descriptor { nonce, .. } => {
-                let offer = block_on(server.on_request_state_transfer(
-                    &mut peer.partition,
-                    ME,
-                    nonce,
-                    &NoClock,
-                ))
-                .unwrap();
-                let header = StateTransferTargetHeader {
-                    nonce,
-                    commit_op: offer.commit_op(),
-                    group: 0,
-                    available: true,
-                    unavailable_transient: false,
-                    commit_max: peer.partition.replica().commit_max(),
-                };
-                let body = offer.encoded_manifest().to_vec();
-                block_on(rx.on_target(0, 0, &header, &body, &facts))
-            }
-            TransferRequest::Chunk {
-                nonce,
-                artifact,
-                offset,
-                len,
-                ..
-            } => {
-                let answer = block_on(server.on_request_state_chunk(
-                    peer_fs,
-                    ChunkRequest {
-                        requester: ME,
-                        nonce,
-                        artifact,
-                        offset,
-                        len,
-                    },
-                ));
-                let ChunkAnswer::Chunk(chunk) = answer else {
-                    panic!("peer did not serve: {answer:?}");
-                };
-                block_on(rx.on_chunk(
-                    0,
-                    nonce,
-                    chunk.artifact,
-                    chunk.offset,
-                    chunk.payload,
-                    &facts,
-                ))
-            }
-        };
-        match step {
-            ReceiveStep::Send(next) => request = next,
-            ReceiveStep::Complete(done) => return done,
-            other => panic!("transfer did not complete: {other:?}"),
-        }
-    }
+    let request = rx.arm(0);
+    let serving = Serving {
+        id: 0,
+        partition: &mut peer.partition,
+        fs: peer_fs,
+        server,
+    };
+    complete(pump(rx, serving, ME, request, &facts, &Hooks::default()))
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! reuse of staged files, backoff, and a crash at every step of a spill.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod pump;
 mod support;
 
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ use partitions::state_transfer::{
     walk_segment_payload,
 };
 use partitions::{ClientOp, PartitionConfig, PollingStrategy};
+use pump::{Ended, Hooks, Serving, complete, failed, pump};
 use storage::BatchBuilder;
 use storage::fs::{Fs, SimFs};
 use support::{Node, config, dir, fresh_fs, open};
@@ -168,106 +170,22 @@ fn staging_files(fs: &SimFs) -> Vec<String> {
     names
 }
 
-/// How a test interferes with the exchange.
-#[derive(Default)]
-struct Hooks<'a> {
-    /// Rewrites the manifest the receiver sees.
-    manifest: Option<&'a dyn Fn(Vec<StateArtifact>) -> Vec<StateArtifact>>,
-    /// Rewrites a chunk's payload.
-    chunk: Option<&'a dyn Fn(u32, u64, Bytes) -> Bytes>,
-    /// Stops before serving this request (the exchange is cut there).
-    cut: Option<&'a dyn Fn(&TransferRequest) -> bool>,
-    /// Header fields of the offer as the peer reports them.
-    view: u32,
-    commit_max_delta: i64,
-}
-
-/// How an exchange ended.
-enum Ended {
-    Step(ReceiveStep),
-    Cut(TransferRequest),
-}
-
 /// Serves `request` and every request that follows from `peer`.
 fn drive(
     rx: &mut TransferReceiver<SimFs>,
     peer: &mut Peer,
     peer_id: u8,
-    mut request: TransferRequest,
+    request: TransferRequest,
     facts: &LocalFacts,
     hooks: &Hooks<'_>,
 ) -> Ended {
-    loop {
-        if hooks.cut.is_some_and(|cut| cut(&request)) {
-            return Ended::Cut(request);
-        }
-        let step = match request {
-            TransferRequest::Descriptor { peer: to, nonce } => {
-                assert_eq!(to, peer_id);
-                let offer = block_on(peer.server.on_request_state_transfer(
-                    &mut peer.node.partition,
-                    ME,
-                    nonce,
-                    &NoClock,
-                ))
-                .unwrap();
-                let commit_max = peer.node.partition.replica().commit_max();
-                let header = StateTransferTargetHeader {
-                    nonce,
-                    commit_op: offer.commit_op(),
-                    group: 0,
-                    available: true,
-                    unavailable_transient: false,
-                    commit_max: commit_max.saturating_add_signed(hooks.commit_max_delta),
-                };
-                let body = match hooks.manifest {
-                    Some(rewrite) => encode_manifest(&rewrite(offer.manifest())),
-                    None => offer.encoded_manifest().to_vec(),
-                };
-                block_on(rx.on_target(peer_id, hooks.view, &header, &body, facts))
-            }
-            TransferRequest::Chunk {
-                peer: to,
-                nonce,
-                artifact,
-                offset,
-                len,
-            } => {
-                assert_eq!(to, peer_id);
-                let answer = block_on(peer.server.on_request_state_chunk(
-                    &peer.fs,
-                    ChunkRequest {
-                        requester: ME,
-                        nonce,
-                        artifact,
-                        offset,
-                        len,
-                    },
-                ));
-                let ChunkAnswer::Chunk(chunk) = answer else {
-                    panic!("peer did not serve {request:?}: {answer:?}");
-                };
-                let payload = match hooks.chunk {
-                    Some(rewrite) => rewrite(chunk.artifact, chunk.offset, chunk.payload),
-                    None => chunk.payload,
-                };
-                block_on(rx.on_chunk(peer_id, nonce, chunk.artifact, chunk.offset, payload, facts))
-            }
-        };
-        let mut step = step;
-        // Preparing an accepted offer (re-reading staged files) continues
-        // on ticks, one budget each.
-        let mut ticks = 0;
-        while matches!(step, ReceiveStep::Wait) {
-            ticks += 1;
-            assert!(ticks < 100_000, "preparation never finished");
-            step = block_on(rx.on_tick(facts));
-        }
-        match step {
-            ReceiveStep::Send(next) => request = next,
-            other => return Ended::Step(other),
-        }
-    }
+    let serving = Serving {
+        id: peer_id,
+        partition: &mut peer.node.partition,
+        fs: &peer.fs,
+        server: &mut peer.server,
+    };
+    pump(rx, serving, ME, request, facts, hooks)
 }
 
 /// One tick: the request it sends, `None` when it sends nothing.
@@ -276,22 +194,6 @@ fn tick(rx: &mut TransferReceiver<SimFs>, facts: &LocalFacts) -> Option<Transfer
         ReceiveStep::Send(request) => Some(request),
         ReceiveStep::Wait => None,
         other => panic!("tick: {other:?}"),
-    }
-}
-
-fn complete(ended: Ended) -> Box<ReceivedTransfer> {
-    match ended {
-        Ended::Step(ReceiveStep::Complete(done)) => done,
-        Ended::Step(other) => panic!("transfer did not complete: {other:?}"),
-        Ended::Cut(request) => panic!("cut at {request:?}"),
-    }
-}
-
-fn failed(ended: Ended) -> ReceiveError {
-    match ended {
-        Ended::Step(ReceiveStep::Failed(error)) => error,
-        Ended::Step(other) => panic!("transfer did not fail: {other:?}"),
-        Ended::Cut(request) => panic!("cut at {request:?}"),
     }
 }
 

@@ -5,21 +5,23 @@
 //! enabled) a state-transfer driver per replica fed by the bus and ticks.
 #![allow(clippy::unwrap_used, dead_code)]
 
+#[path = "../pump/mod.rs"]
+mod pump;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::ConsumerKind;
 use common::simnet::NetworkFaults;
-use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome, TimeoutConfig};
 use futures::executor::block_on;
 use journal::FileSuperblock;
 use partitions::StateTransferNeeded;
 use partitions::state_transfer::{
-    BuildBudget, BuildClock, ChunkAnswer, ChunkRequest, InstallInput, LocalFacts, OfferServer,
-    OfferServerConfig, ReceiveStep, ReceiverConfig, TransferDriver, TransferDriverConfig,
-    TransferEvent, TransferReceiver, TransferRequest, TransferSlots,
+    BuildBudget, BuildClock, InstallInput, LocalFacts, OfferServer, OfferServerConfig,
+    ReceiverConfig, TransferDriver, TransferDriverConfig, TransferEvent, TransferReceiver,
+    TransferSlots,
 };
 use partitions::{
     ClientOp, ClientRequest, InMemoryBus, InMemoryNetwork, MessageBus, Partition, PartitionConfig,
@@ -696,62 +698,19 @@ pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
     let to_fs = c.fss[usize::from(to)].clone();
     let from_fs = c.fss[usize::from(from)].clone();
     let mut rx = TransferReceiver::new(to_fs, &pdir(), ReceiverConfig::default(), 5);
-    let mut request = rx.arm(from);
-    let done = loop {
-        let step = match request {
-            TransferRequest::Descriptor { nonce, .. } => {
-                let peer = c.replicas[usize::from(from)].as_mut().unwrap();
-                let offer =
-                    block_on(server.on_request_state_transfer(peer, to, nonce, &FrozenClock))
-                        .unwrap();
-                let header = StateTransferTargetHeader {
-                    nonce,
-                    commit_op: offer.commit_op(),
-                    group: 0,
-                    available: true,
-                    unavailable_transient: false,
-                    commit_max: peer.replica().commit_max(),
-                };
-                let body = offer.encoded_manifest().to_vec();
-                let view = peer.replica().view();
-                block_on(rx.on_target(from, view, &header, &body, &facts))
-            }
-            TransferRequest::Chunk {
-                nonce,
-                artifact,
-                offset,
-                len,
-                ..
-            } => {
-                let answer = block_on(server.on_request_state_chunk(
-                    &from_fs,
-                    ChunkRequest {
-                        requester: to,
-                        nonce,
-                        artifact,
-                        offset,
-                        len,
-                    },
-                ));
-                let ChunkAnswer::Chunk(chunk) = answer else {
-                    panic!("peer did not serve: {answer:?}");
-                };
-                block_on(rx.on_chunk(
-                    from,
-                    nonce,
-                    chunk.artifact,
-                    chunk.offset,
-                    chunk.payload,
-                    &facts,
-                ))
-            }
-        };
-        match step {
-            ReceiveStep::Send(next) => request = next,
-            ReceiveStep::Complete(done) => break done,
-            other => panic!("transfer did not complete: {other:?}"),
-        }
+    let request = rx.arm(from);
+    let peer = c.replicas[usize::from(from)].as_mut().unwrap();
+    let hooks = pump::Hooks {
+        view: peer.replica().view(),
+        ..pump::Hooks::default()
     };
+    let serving = pump::Serving {
+        id: from,
+        partition: peer,
+        fs: &from_fs,
+        server: &mut server,
+    };
+    let done = pump::complete(pump::pump(&mut rx, serving, to, request, &facts, &hooks));
     // Nothing stepped since the offer was built: the server's applied op is
     // the offer's, and its identity is the one the hash chain continues from.
     let peer = c.replica(from).replica();
