@@ -10,6 +10,10 @@
 //! change the partition's live state; the install (ST-I1..I5) consumes a
 //! [`ReceivedTransfer`].
 //!
+//! By file: `descriptor` (the offer's check before anything is created),
+//! `prepare` (re-reading and reusing staged files), `window` (the chunk
+//! window), `backoff` (re-arm delays and the next peer); here the session.
+//!
 //! The session (reference §4.2–§4.3): a nonce from a seeded PRNG, one
 //! chunk in flight (or a window of [`ReceiverConfig::chunks_in_flight`],
 //! topped up by [`TransferReceiver::fill_window`], chunks arriving ahead of
@@ -34,22 +38,31 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use common::Prng;
 use consensus::header::StateTransferTargetHeader;
-use consensus::{ArtifactProgress, StateArtifact, append_chunk, artifact_kind, next_pending_chunk};
+use consensus::{ArtifactProgress, StateArtifact, append_chunk, next_pending_chunk};
 use consensus::{ChunkProgress, ChunkRejection, check_chunk};
-use consensus::{ManifestError, decode_manifest};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
-use super::driver::{OfferHeaderRefusal, check_offer_header};
 use super::errors::SpillError;
 use super::serve::{REPAIR_RETRY_TICKS_DEFAULT, STATE_CHUNK_LEN_MAX_DEFAULT};
 use super::spill::{
     PrefixRehash, ResumePoint, SegmentSpill, SpillConfig, StagedSegmentMeta,
-    segment_manifest_digest, staged_len_matches, sweep_staging_except,
+    segment_manifest_digest, sweep_staging_except,
 };
 use super::wire::{ConsumerOffsetsWire, ConsumerOffsetsWireError};
 use crate::bus::MessageBus;
 use crate::partition::Partition;
+
+mod backoff;
+mod descriptor;
+mod prepare;
+mod window;
+
+pub use backoff::{TransferBackoff, peer_after_refusal, rotate_peer};
+pub use descriptor::DescriptorRefusal;
+use descriptor::accept_descriptor;
+use prepare::{Candidate, ReuseScanMemo};
+use window::ChunkWindow;
 
 /// Default cap on one `SEGMENT_LOG` artifact: 1 GiB + 64 MiB.
 pub const SEGMENT_ARTIFACT_LEN_MAX_DEFAULT: u64 = (1 << 30) + (64 << 20);
@@ -250,15 +263,6 @@ pub struct AcceptedTransfer<H: storage::fs::FsFile> {
     pub artifacts: Vec<TransferArtifact<H>>,
 }
 
-/// Which staged file an accepted offer's preparation is re-reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Candidate {
-    /// A whole staged log, to adopt if it matches.
-    Adopt,
-    /// The synced prefix of an interrupted spill, to continue.
-    Resume,
-}
-
 /// An accepted offer whose staged files are being re-read (ST-R3 reuse,
 /// ST-B2 resume) in budgeted steps before the first chunk is requested.
 #[derive(Debug)]
@@ -334,110 +338,6 @@ pub struct PendingRearm {
     /// Ticks left.
     pub after_ticks: u64,
 }
-
-/// Why a descriptor was refused at accept. None leaves anything behind.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DescriptorRefusal {
-    /// The manifest did not decode.
-    Manifest(ManifestError),
-    /// An artifact kind this plane cannot install.
-    UnknownKind {
-        /// Manifest index.
-        index: usize,
-        /// The kind.
-        kind: u8,
-    },
-    /// A segment artifact past the cap.
-    SegmentTooLarge {
-        /// Manifest index.
-        index: usize,
-        /// Declared length.
-        len: u64,
-        /// The cap.
-        max: u64,
-    },
-    /// The offsets artifact past its cap.
-    OffsetsTooLarge {
-        /// Declared length.
-        len: u64,
-        /// The cap.
-        max: u64,
-    },
-    /// The offer's bytes in total past the cap (or past `u64`).
-    TotalTooLarge {
-        /// The cap.
-        max: u64,
-    },
-    /// The offsets artifact is missing, repeated, or not last.
-    OffsetsArtifactMisplaced {
-        /// How many the manifest lists.
-        count: usize,
-    },
-    /// A segment entry does not start above the previous one (two would
-    /// share a staging file name).
-    SegmentsNotAscending {
-        /// Manifest index.
-        index: usize,
-        /// The previous base offset.
-        previous: u64,
-        /// This entry's base offset.
-        frontier: u64,
-    },
-    /// A zero-length segment (empty segments are never offered).
-    EmptySegment {
-        /// Manifest index.
-        index: usize,
-    },
-    /// The offer's header is out of range or from a peer behind this
-    /// replica (the check group 0's receiver shares).
-    Header(OfferHeaderRefusal),
-}
-
-impl fmt::Display for DescriptorRefusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Manifest(e) => write!(f, "offer manifest does not decode: {e}"),
-            Self::UnknownKind { index, kind } => {
-                write!(
-                    f,
-                    "offer artifact {index} has kind {kind}, which a partition cannot install"
-                )
-            }
-            Self::SegmentTooLarge { index, len, max } => {
-                write!(
-                    f,
-                    "offer segment {index} declares {len} bytes, past the cap of {max}"
-                )
-            }
-            Self::OffsetsTooLarge { len, max } => write!(
-                f,
-                "offer offsets artifact declares {len} bytes, past the cap of {max}"
-            ),
-            Self::TotalTooLarge { max } => {
-                write!(
-                    f,
-                    "offer declares more bytes in total than the cap of {max}"
-                )
-            }
-            Self::OffsetsArtifactMisplaced { count } => write!(
-                f,
-                "offer lists {count} consumer-offsets artifacts; exactly one, last, is required"
-            ),
-            Self::SegmentsNotAscending {
-                index,
-                previous,
-                frontier,
-            } => write!(
-                f,
-                "offer segment {index} starts at {frontier}, not above the previous one at {previous}"
-            ),
-            Self::EmptySegment { index } => write!(f, "offer segment {index} is empty"),
-            Self::Header(r) => write!(f, "{r}"),
-        }
-    }
-}
-
-impl std::error::Error for DescriptorRefusal {}
 
 /// Why a transfer attempt failed. [`Self::transient`] says whether it is
 /// charged to the backoff.
@@ -594,132 +494,6 @@ pub struct ReceiverStats {
     pub rehashed_bytes: u64,
     /// Most staged bytes re-read in one call.
     pub rehashed_bytes_max_per_call: u64,
-}
-
-/// Consecutive-failure backoff (ST-R4).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TransferBackoff {
-    /// Charged failures since the last completed install.
-    pub failures: u32,
-    /// Transient refusals since the last completed install.
-    pub refusals: u32,
-}
-
-impl TransferBackoff {
-    /// The re-arm delay after the current count of failures:
-    /// `base × 2^min(failures, 10)`, saturating.
-    pub fn delay_ticks(&self, base_ticks: u64) -> u64 {
-        base_ticks
-            .max(1)
-            .saturating_mul(1 << self.failures.min(BACKOFF_EXPONENT_MAX))
-    }
-}
-
-/// The peer to try after `failed`: the view's primary if it is neither this
-/// replica nor the failed peer, otherwise the next replica around the ring
-/// past the failed one, skipping this replica.
-pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
-    if local.primary != local.replica && local.primary != failed {
-        return local.primary;
-    }
-    let n = local.replica_count.max(1);
-    let mut candidate = failed;
-    for _ in 0..n {
-        // `failed` is a peer id from a session; past the ring (or at
-        // u8::MAX, where `+ 1` overflowed) the ring starts over at 0.
-        candidate = match candidate.checked_add(1) {
-            Some(next) if next < n => next,
-            _ => 0,
-        };
-        if candidate != local.replica {
-            return candidate;
-        }
-    }
-    failed
-}
-
-/// The peer to ask after `refuser` refused for now (a transient refusal):
-/// the view's primary unless it is this replica or the one that refused,
-/// else the next replica around the ring. Going round after the primary's
-/// refusal matters when it will not serve for long (it waits for a
-/// census): a backup serves its primary, a member of a view change serves
-/// anyone, and asking the primary for ever hid them (mixed 22008104, and
-/// 23004582 on group 0).
-pub fn peer_after_refusal(local: &LocalFacts, refuser: u8) -> u8 {
-    if local.primary != local.replica && local.primary != refuser {
-        local.primary
-    } else {
-        rotate_peer(local, refuser)
-    }
-}
-
-/// The result of the last reuse scan, keyed by the manifest's segment
-/// digest, kept current as new segments are staged.
-#[derive(Debug, Clone)]
-struct ReuseScanMemo {
-    digest: u64,
-    adopted: BTreeMap<usize, StagedSegmentMeta>,
-}
-
-/// The chunk requests a fetching session has out, and the chunks that
-/// arrived ahead of the cursor.
-#[derive(Debug, Default)]
-struct ChunkWindow {
-    /// Where the next request starts, `(artifact, offset)`: the end of the
-    /// furthest request sent (never behind the cursor when used).
-    frontier: Option<(u32, u64)>,
-    /// Requests sent and not answered yet (approximate after a loss: the
-    /// stall re-request resets it).
-    in_flight: u32,
-    /// Chunks that arrived past the cursor but before the frontier, by
-    /// `(artifact, offset)`; at most `chunks_in_flight - 1` of them.
-    early: BTreeMap<(u32, u64), Bytes>,
-    /// Bytes held in `early`.
-    early_bytes: u64,
-}
-
-impl ChunkWindow {
-    /// The held chunk at the cursor `at`, if any; held chunks behind it
-    /// (which can never land) are dropped.
-    fn take_early(&mut self, at: (u32, u64)) -> Option<Bytes> {
-        let kept = self.early.split_off(&at);
-        for payload in std::mem::replace(&mut self.early, kept).into_values() {
-            self.early_bytes -= payload.len() as u64;
-        }
-        let payload = self.early.remove(&at)?;
-        self.early_bytes -= payload.len() as u64;
-        Some(payload)
-    }
-}
-
-/// The next request of a window: from `frontier` (or `cursor` when the
-/// frontier is behind it or unset), the first artifact not yet complete,
-/// at most `chunk_len_max` bytes.
-fn request_at<P: ChunkProgress>(
-    artifacts: &[P],
-    cursor: consensus::PendingChunk,
-    frontier: Option<(u32, u64)>,
-    chunk_len_max: u32,
-) -> Option<consensus::PendingChunk> {
-    let (mut artifact, mut offset) = frontier
-        .filter(|&f| f > (cursor.artifact, cursor.offset))
-        .unwrap_or((cursor.artifact, cursor.offset));
-    loop {
-        let progress = artifacts.get(artifact as usize)?;
-        let declared = progress.declared_len();
-        let offset_here = offset.max(progress.received_len());
-        if !progress.complete() && offset_here < declared {
-            let len = (declared - offset_here).min(u64::from(chunk_len_max.max(1)));
-            return Some(consensus::PendingChunk {
-                artifact,
-                offset: offset_here,
-                // Lossless: bounded by chunk_len_max.
-                len: len as u32,
-            });
-        }
-        artifact = artifact.checked_add(1)?;
-        offset = 0;
-    }
 }
 
 /// What landing one chunk did.
@@ -1051,148 +825,6 @@ impl<F: Fs> TransferReceiver<F> {
         self.prepare(local).await
     }
 
-    /// Starts preparing an accepted offer: a memo hit (the same segments
-    /// as the last scan, their files still there) adopts from the memo;
-    /// otherwise every staged log is a candidate for a re-read.
-    async fn begin_preparation(&mut self, descriptor: AcceptedDescriptor) -> Preparation<F::File> {
-        let digest = segment_manifest_digest(&descriptor.manifest);
-        let mut adopted = BTreeMap::new();
-        let mut memo_hit = false;
-        if let Some(memo) = self.reuse_memo.as_ref().filter(|m| m.digest == digest) {
-            // The memo proves the bytes were validated; only their presence
-            // needs checking (an install or a sweep may have removed them).
-            let mut intact = true;
-            for meta in memo.adopted.values() {
-                let log = self.fs.metadata(&meta.log_staging).await;
-                let index = self.fs.metadata(&meta.index_staging).await;
-                if !matches!(log, Ok(m) if m.len == meta.size_bytes) || index.is_err() {
-                    intact = false;
-                    break;
-                }
-            }
-            if intact {
-                adopted.clone_from(&memo.adopted);
-                memo_hit = true;
-            }
-        }
-        if !memo_hit {
-            self.reuse_memo = None;
-            self.stats.reuse_scans += 1;
-        }
-        Preparation {
-            descriptor,
-            digest,
-            memo_hit,
-            next_index: 0,
-            current: None,
-            adopted,
-            newly_adopted: 0,
-            keep: HashSet::new(),
-            resumed: None,
-        }
-    }
-
-    /// Continues the preparation by one budget of re-reading; once every
-    /// candidate is done, finishes it and requests the first chunk.
-    async fn prepare(&mut self, local: &LocalFacts) -> ReceiveStep {
-        let Some(session) = self.session.as_mut() else {
-            return ReceiveStep::Ignored(IgnoreReason::NoSession);
-        };
-        let SessionStage::Preparing(preparation) = &mut session.stage else {
-            return ReceiveStep::Wait;
-        };
-        let done = advance_preparation(
-            &self.fs,
-            &self.dir,
-            &self.config,
-            preparation,
-            self.resume,
-            &mut self.stats,
-        )
-        .await;
-        if !done {
-            return ReceiveStep::Wait;
-        }
-        let stage = std::mem::replace(&mut session.stage, SessionStage::AwaitingDescriptor);
-        let SessionStage::Preparing(preparation) = stage else {
-            return ReceiveStep::Wait;
-        };
-        let accepted = self.finish_preparation(*preparation).await;
-        tracing::info!(
-            staged = accepted
-                .artifacts
-                .iter()
-                .filter(|a| matches!(a, TransferArtifact::Staged(_)))
-                .count(),
-            resumed = self.stats.resumed_spills,
-            "state-transfer offer prepared"
-        );
-        let Some(session) = self.session.as_mut() else {
-            return ReceiveStep::Ignored(IgnoreReason::NoSession);
-        };
-        session.stage = SessionStage::Fetching(accepted);
-        session.idle_ticks = 0;
-        self.progress(local).await
-    }
-
-    /// Ends a preparation: one directory sync for every rewritten index
-    /// (if it fails no adoption stands: an index whose name a crash could
-    /// undo would be a missing rename source for the install), every
-    /// staging file that is neither adopted nor resumed swept, the memo
-    /// recorded, and the slots built.
-    async fn finish_preparation(
-        &mut self,
-        mut preparation: Preparation<F::File>,
-    ) -> AcceptedTransfer<F::File> {
-        if !preparation.memo_hit {
-            if preparation.newly_adopted > 0 && self.fs.sync_dir(&self.dir).await.is_err() {
-                preparation.adopted.clear();
-                preparation.keep = preparation
-                    .resumed
-                    .as_ref()
-                    .map(|(_, spill)| HashSet::from([spill.log_path().to_path_buf()]))
-                    .unwrap_or_default();
-            }
-            let swept = sweep_staging_except(&self.fs, &self.dir, &preparation.keep).await;
-            self.stats.adopted_segments += preparation.adopted.len() as u64;
-            tracing::debug!(
-                adopted = preparation.adopted.len(),
-                swept,
-                "staged-segment reuse scan"
-            );
-        }
-        self.reuse_memo = Some(ReuseScanMemo {
-            digest: preparation.digest,
-            adopted: preparation.adopted.clone(),
-        });
-        // Consumed, or for an entry this offer does not list (its file was
-        // just swept, and must not be built on later).
-        self.resume = None;
-        let mut resumed = preparation.resumed.take();
-        let mut artifacts = Vec::with_capacity(preparation.descriptor.manifest.len());
-        for (index, entry) in preparation.descriptor.manifest.iter().enumerate() {
-            if let Some(meta) = preparation.adopted.get(&index) {
-                artifacts.push(TransferArtifact::Staged(meta.clone()));
-            } else if entry.kind == artifact_kind::CONSUMER_OFFSETS {
-                artifacts.push(TransferArtifact::Pending(PendingArtifact::Offsets(
-                    ArtifactProgress::new(*entry),
-                )));
-            } else {
-                let spill = resumed
-                    .take_if(|(i, _)| *i == index)
-                    .map(|(_, spill)| Box::new(spill));
-                artifacts.push(TransferArtifact::Pending(PendingArtifact::Segment {
-                    entry: *entry,
-                    spill,
-                }));
-            }
-        }
-        AcceptedTransfer {
-            descriptor: preparation.descriptor,
-            artifacts,
-        }
-    }
-
     /// Handles a `StateChunk` from `from`.
     pub async fn on_chunk(
         &mut self,
@@ -1251,31 +883,6 @@ impl<F: Fs> TransferReceiver<F> {
             });
         }
         self.progress(local).await
-    }
-
-    /// Whether a chunk the cursor refused arrived ahead of it within the
-    /// window (requested, not yet due), so it is held until the bytes
-    /// before it land: bounded by `chunks_in_flight - 1` chunks of at most
-    /// `chunk_len_max_bytes`.
-    fn hold_early(
-        &self,
-        rejection: ChunkRejection,
-        artifact: u32,
-        offset: u64,
-        payload: &[u8],
-    ) -> bool {
-        let ahead = match rejection {
-            ChunkRejection::WrongOffset { expected, offset } => offset > expected,
-            ChunkRejection::NotCurrentArtifact { artifact, current } => artifact > current,
-            _ => false,
-        };
-        let window = self.config.chunks_in_flight.max(1);
-        ahead
-            && window > 1
-            && payload.len() <= self.config.chunk_len_max_bytes.max(1) as usize
-            && self.window.frontier.is_some_and(|f| (artifact, offset) < f)
-            && self.window.early.len() < (window - 1) as usize
-            && !self.window.early.contains_key(&(artifact, offset))
     }
 
     /// Lands one chunk the session's cursor accepts: through the spill (or
@@ -1398,46 +1005,6 @@ impl<F: Fs> TransferReceiver<F> {
         Landed::Accepted
     }
 
-    /// The requests that fill the window up to
-    /// [`ReceiverConfig::chunks_in_flight`] (none with the default of 1:
-    /// every step already returns the one request due). A driver pulling
-    /// with a window sends these after every step of a fetching session.
-    pub fn fill_window(&mut self) -> Vec<TransferRequest> {
-        let mut requests = Vec::new();
-        while let Some(request) = self.next_window_request() {
-            requests.push(request);
-        }
-        requests
-    }
-
-    /// The next request if the window has room: at the frontier, counted
-    /// as in flight.
-    fn next_window_request(&mut self) -> Option<TransferRequest> {
-        let session = self.session.as_ref()?;
-        let accepted = session.accepted()?;
-        if self.window.in_flight >= self.config.chunks_in_flight.max(1) {
-            return None;
-        }
-        let chunk_len_max = self.config.chunk_len_max_bytes;
-        let cursor = next_pending_chunk(&accepted.artifacts, chunk_len_max)?;
-        let next = request_at(
-            &accepted.artifacts,
-            cursor,
-            self.window.frontier,
-            chunk_len_max,
-        )?;
-        self.window.frontier = Some((next.artifact, next.offset + u64::from(next.len)));
-        self.window.in_flight += 1;
-        self.stats.chunk_requests += 1;
-        Some(TransferRequest::Chunk {
-            peer: session.peer,
-            nonce: session.nonce,
-            artifact: next.artifact,
-            offset: next.offset,
-            len: next.len,
-        })
-    }
-
     /// The progress funnel: the next chunk to request, or the completed
     /// transfer once every artifact is in.
     async fn progress(&mut self, local: &LocalFacts) -> ReceiveStep {
@@ -1519,107 +1086,6 @@ impl<F: Fs> TransferReceiver<F> {
     }
 }
 
-/// Advances a preparation by at most one budget of re-reading: finishes the candidate in hand, then picks the next manifest
-/// entry whose staged log has its exact length (adopt) or is the
-/// interrupted spill of `resume` (resume). Returns whether every entry was
-/// examined.
-async fn advance_preparation<F: Fs>(
-    fs: &F,
-    dir: &Path,
-    config: &ReceiverConfig,
-    preparation: &mut Preparation<F::File>,
-    resume: Option<ResumePoint>,
-    stats: &mut ReceiverStats,
-) -> bool {
-    let slice = config.spill.rehash_slice_bytes;
-    let mut budget = config.prepare_budget_bytes.max(1);
-    let mut spent_this_call = 0u64;
-    let done = loop {
-        if let Some((_, _, rehash)) = preparation.current.as_mut() {
-            if budget == 0 {
-                break false;
-            }
-            let before = rehash.rehashed_len_bytes();
-            let advanced = rehash.advance(fs, budget, slice).await;
-            let spent = rehash.rehashed_len_bytes() - before;
-            spent_this_call += spent;
-            budget = budget.saturating_sub(spent);
-            match advanced {
-                Ok(false) => break false,
-                Ok(true) => {}
-                Err(error) => {
-                    tracing::warn!(%error, "staged file unusable; it will be pulled");
-                    preparation.current = None;
-                    continue;
-                }
-            }
-            let Some((index, candidate, rehash)) = preparation.current.take() else {
-                continue;
-            };
-            let frontier = rehash.entry().frontier;
-            match candidate {
-                Candidate::Adopt => match rehash.adopt(fs).await {
-                    Ok(Some(meta)) => {
-                        preparation.keep.insert(meta.log_staging.clone());
-                        preparation.keep.insert(meta.index_staging.clone());
-                        preparation.adopted.insert(index, meta);
-                        preparation.newly_adopted += 1;
-                    }
-                    Ok(None) => {}
-                    Err(error) => {
-                        tracing::warn!(start_offset = frontier, %error, "cannot adopt staged segment");
-                    }
-                },
-                Candidate::Resume => match SegmentSpill::from_rehash(rehash, config.spill).await {
-                    Ok(spill) => {
-                        stats.resumed_spills += 1;
-                        stats.resumed_bytes += spill.received_len_bytes();
-                        tracing::info!(
-                            start_offset = frontier,
-                            resumed_bytes = spill.received_len_bytes(),
-                            "resuming an interrupted segment spill"
-                        );
-                        preparation.keep.insert(spill.log_path().to_path_buf());
-                        preparation.resumed = Some((index, spill));
-                    }
-                    Err(error) => {
-                        tracing::warn!(start_offset = frontier, %error, "cannot resume spill; pulling it whole");
-                    }
-                },
-            }
-            continue;
-        }
-        let index = preparation.next_index;
-        let Some(entry) = preparation.descriptor.manifest.get(index).copied() else {
-            break true;
-        };
-        preparation.next_index += 1;
-        if entry.kind != artifact_kind::SEGMENT_LOG || preparation.adopted.contains_key(&index) {
-            continue;
-        }
-        let opened = if !preparation.memo_hit && staged_len_matches(fs, dir, &entry).await {
-            PrefixRehash::open(fs, dir, entry, entry.len, false)
-                .await
-                .map(|r| (Candidate::Adopt, r))
-        } else if let Some(point) = resume.filter(|p| p.entry == entry) {
-            PrefixRehash::open(fs, dir, entry, point.synced_len_bytes, true)
-                .await
-                .map(|r| (Candidate::Resume, r))
-        } else {
-            continue;
-        };
-        match opened {
-            Ok((candidate, rehash)) => preparation.current = Some((index, candidate, rehash)),
-            Err(error) => {
-                tracing::warn!(start_offset = entry.frontier, %error, "staged file unreadable; it will be pulled");
-            }
-        }
-    };
-    stats.rehashed_bytes += spent_this_call;
-    stats.rehashed_bytes_max_per_call = stats.rehashed_bytes_max_per_call.max(spent_this_call);
-    done
-}
-
 /// Writes one accepted chunk of a segment through its spill (started on
 /// the first chunk); returns the bytes the walk now carries.
 async fn spill_chunk<F: Fs>(
@@ -1640,73 +1106,4 @@ async fn spill_chunk<F: Fs>(
     };
     active.append(payload).await?;
     Ok(active.carried_bytes() as u64)
-}
-
-/// Checks an offer's descriptor whole before anything is created (ST-R1).
-fn accept_descriptor(
-    view: u32,
-    header: &StateTransferTargetHeader,
-    body: &[u8],
-    local: &LocalFacts,
-    config: &ReceiverConfig,
-) -> Result<AcceptedDescriptor, DescriptorRefusal> {
-    check_offer_header(view, header, local).map_err(DescriptorRefusal::Header)?;
-    let manifest = decode_manifest(body).map_err(DescriptorRefusal::Manifest)?;
-    let mut total: u64 = 0;
-    let mut offsets_count = 0;
-    let mut previous: Option<u64> = None;
-    for (index, entry) in manifest.iter().enumerate() {
-        match entry.kind {
-            artifact_kind::SEGMENT_LOG => {
-                if entry.len > config.segment_artifact_len_max_bytes {
-                    return Err(DescriptorRefusal::SegmentTooLarge {
-                        index,
-                        len: entry.len,
-                        max: config.segment_artifact_len_max_bytes,
-                    });
-                }
-                if entry.len == 0 {
-                    return Err(DescriptorRefusal::EmptySegment { index });
-                }
-                if let Some(previous) = previous.filter(|&p| entry.frontier <= p) {
-                    return Err(DescriptorRefusal::SegmentsNotAscending {
-                        index,
-                        previous,
-                        frontier: entry.frontier,
-                    });
-                }
-                previous = Some(entry.frontier);
-            }
-            artifact_kind::CONSUMER_OFFSETS => {
-                if entry.len > OFFSETS_ARTIFACT_LEN_MAX {
-                    return Err(DescriptorRefusal::OffsetsTooLarge {
-                        len: entry.len,
-                        max: OFFSETS_ARTIFACT_LEN_MAX,
-                    });
-                }
-                offsets_count += 1;
-            }
-            kind => return Err(DescriptorRefusal::UnknownKind { index, kind }),
-        }
-        total = total
-            .checked_add(entry.len)
-            .filter(|&t| t <= TRANSFER_TOTAL_LEN_MAX)
-            .ok_or(DescriptorRefusal::TotalTooLarge {
-                max: TRANSFER_TOTAL_LEN_MAX,
-            })?;
-    }
-    let last_is_offsets = manifest
-        .last()
-        .is_some_and(|e| e.kind == artifact_kind::CONSUMER_OFFSETS);
-    if offsets_count != 1 || !last_is_offsets {
-        return Err(DescriptorRefusal::OffsetsArtifactMisplaced {
-            count: offsets_count,
-        });
-    }
-    Ok(AcceptedDescriptor {
-        commit_op: header.commit_op,
-        view,
-        commit_max: header.commit_max,
-        manifest,
-    })
 }
