@@ -407,8 +407,8 @@ impl Replica {
         self.commit_max = self.commit_min;
         self.view_start_op = self.commit_min;
         self.pipeline.clear();
-        self.repair = None;
-        self.repair_tried = 0;
+        self.repair.session = None;
+        self.repair.tried = 0;
         self.timers.request_start_view.stop();
         self.persist();
         self.enter_normal_timers();

@@ -14,6 +14,8 @@
 //! `advance_commit_max` and `finish_state_transfer`; until then the replica
 //! acknowledges nothing and applies nothing.
 
+use std::collections::BTreeMap;
+
 use super::io::{Effect, FrameError, Handled, Ignored, Status};
 use super::journal::Retained;
 use super::message::{Message, Prepare};
@@ -31,11 +33,29 @@ pub const UNKNOWN_CHECKSUM: u128 = 0;
 /// Unverified repaired prepares buffered while waiting for their anchor.
 const REPAIR_BUFFER_MAX: usize = 512;
 
+/// Journal repair's state: the session open with one peer, the repaired
+/// prepares waiting for the ops below them, which peers were tried since
+/// progress was last made, and where each peer said its retained range
+/// starts.
+#[derive(Debug, Clone, Default)]
+pub(super) struct RepairState {
+    /// The open session, if any.
+    pub session: Option<RepairSession>,
+    /// Repaired prepares not yet chained into the journal, by op.
+    pub buffer: BTreeMap<u64, Prepare>,
+    /// Peers tried without progress, one bit per replica.
+    pub tried: u32,
+    /// The first op each peer said it still retains (`RangeEvicted`).
+    pub evicted: BTreeMap<u8, u64>,
+    /// Prepares repaired since the replica was made (progress detection).
+    pub repaired_total: u64,
+}
+
 impl Replica {
     fn repair_target(&self) -> Option<u64> {
         match self.status {
             Status::Normal => Some(self.op()),
-            Status::ViewChange => self.pending_view.as_ref().map(|m| m.op_head),
+            Status::ViewChange => self.votes.pending_view.as_ref().map(|m| m.op_head),
             Status::Recovering => None,
         }
     }
@@ -43,15 +63,15 @@ impl Replica {
     /// Open a repair session if the journal has holes below its target and
     /// none is open.
     pub(super) fn maybe_repair(&mut self) {
-        if self.transferring || self.repair.is_some() {
+        if self.transferring || self.repair.session.is_some() {
             return;
         }
         let Some(target) = self.repair_target() else {
             return;
         };
         let Some(first) = self.journal.first_missing(self.commit_min, target) else {
-            self.repair_tried = 0;
-            self.repair_evicted.clear();
+            self.repair.tried = 0;
+            self.repair.evicted.clear();
             self.timers.repair.stop();
             return;
         };
@@ -63,12 +83,12 @@ impl Replica {
         match self.choose_repair_peer(last) {
             Some(peer) => {
                 let nonce = self.next_nonce();
-                self.repair = Some(RepairSession {
+                self.repair.session = Some(RepairSession {
                     nonce,
                     peer,
                     from_op,
                     to_op: last,
-                    mark: self.repaired_total,
+                    mark: self.repair.repaired_total,
                 });
                 self.send(
                     peer,
@@ -81,14 +101,14 @@ impl Replica {
                 self.timers.repair.start();
             }
             None => {
-                let refused = !self.repair_evicted.is_empty()
-                    && self.repair_evicted.values().all(|r| *r > first);
+                let refused = !self.repair.evicted.is_empty()
+                    && self.repair.evicted.values().all(|r| *r > first);
                 if refused {
                     self.conclude_floor_refused(target);
                 } else {
                     // Every peer tried without progress: wait, then go again.
-                    self.repair_tried = 0;
-                    self.repair_evicted.clear();
+                    self.repair.tried = 0;
+                    self.repair.evicted.clear();
                     if !self.timers.repair.running() {
                         self.timers.repair.start();
                     }
@@ -103,8 +123,13 @@ impl Replica {
     fn choose_repair_peer(&self, op: u64) -> Option<u8> {
         let n = self.config.replica_count;
         let me = self.config.replica;
-        let untried = |r: u8| r != me && self.repair_tried & (1u32 << r) == 0;
-        if let Some(holders) = self.pending_view.as_ref().and_then(|m| m.holders.get(&op)) {
+        let untried = |r: u8| r != me && self.repair.tried & (1u32 << r) == 0;
+        if let Some(holders) = self
+            .votes
+            .pending_view
+            .as_ref()
+            .and_then(|m| m.holders.get(&op))
+        {
             for r in 0..n {
                 if holders & (1u32 << r) != 0 && untried(r) {
                     return Some(r);
@@ -120,7 +145,8 @@ impl Replica {
 
     fn conclude_floor_refused(&mut self, target: u64) {
         let floor = self
-            .repair_evicted
+            .repair
+            .evicted
             .values()
             .min()
             .map_or(self.commit_min, |r| r.saturating_sub(1));
@@ -128,14 +154,15 @@ impl Replica {
         let peer = if primary != self.config.replica && self.status == Status::Normal {
             primary
         } else {
-            self.repair_evicted
+            self.repair
+                .evicted
                 .iter()
                 .max_by_key(|(_, r)| **r)
                 .map_or(primary, |(p, _)| *p)
         };
-        self.repair = None;
-        self.repair_tried = 0;
-        self.repair_evicted.clear();
+        self.repair.session = None;
+        self.repair.tried = 0;
+        self.repair.evicted.clear();
         self.timers.repair.stop();
         self.transferring = true;
         self.timers.state_transfer.start();
@@ -266,19 +293,19 @@ impl Replica {
         if op <= self.commit_min || self.journal.entry(op).is_some() {
             return Ok(Handled::Ignored(Ignored::AlreadyHeld));
         }
-        if self.repair_buffer.len() >= REPAIR_BUFFER_MAX && !self.repair_buffer.contains_key(&op) {
+        if self.repair.buffer.len() >= REPAIR_BUFFER_MAX && !self.repair.buffer.contains_key(&op) {
             return Ok(Handled::Ignored(Ignored::RepairBufferFull));
         }
-        self.repair_buffer.insert(op, prepare);
+        self.repair.buffer.insert(op, prepare);
         let inserted = self
             .journal
-            .absorb(&mut self.repair_buffer, self.commit_min);
+            .absorb(&mut self.repair.buffer, self.commit_min);
         if inserted.is_empty() {
             // Buffered until the ops below it arrive.
             return Ok(Handled::Taken);
         }
         for op in inserted {
-            self.repaired_total += 1;
+            self.repair.repaired_total += 1;
             if let Some(p) = self.journal.entry(op).cloned() {
                 self.last_timestamp = self.last_timestamp.max(p.header.timestamp);
                 self.effect(Effect::Journal { prepare: p });
@@ -289,19 +316,19 @@ impl Replica {
     }
 
     pub(super) fn on_repair_done(&mut self, from: u8, nonce: u128, _op: u64) -> Handled {
-        let Some(session) = self.repair else {
+        let Some(session) = self.repair.session else {
             return Handled::Ignored(Ignored::NoSuchRepair);
         };
         if session.nonce != nonce || session.peer != from {
             return Handled::Ignored(Ignored::NoSuchRepair);
         }
-        self.repair = None;
+        self.repair.session = None;
         self.timers.repair.stop();
-        if self.repaired_total > session.mark {
-            self.repair_tried = 0;
-            self.repair_evicted.clear();
+        if self.repair.repaired_total > session.mark {
+            self.repair.tried = 0;
+            self.repair.evicted.clear();
         } else {
-            self.repair_tried |= 1u32 << from;
+            self.repair.tried |= 1u32 << from;
         }
         self.maybe_repair();
         Handled::Taken
@@ -313,9 +340,9 @@ impl Replica {
         nonce: u128,
         retained_from: u64,
     ) -> Handled {
-        match self.repair {
+        match self.repair.session {
             Some(s) if s.nonce == nonce && s.peer == from => {
-                self.repair_evicted.insert(from, retained_from);
+                self.repair.evicted.insert(from, retained_from);
                 Handled::Taken
             }
             _ => Handled::Ignored(Ignored::NoSuchRepair),
@@ -323,9 +350,9 @@ impl Replica {
     }
 
     pub(super) fn on_repair_timeout(&mut self) {
-        if let Some(session) = self.repair.take() {
+        if let Some(session) = self.repair.session.take() {
             // A silent peer counts as tried.
-            self.repair_tried |= 1u32 << session.peer;
+            self.repair.tried |= 1u32 << session.peer;
         }
         self.maybe_repair();
     }
@@ -361,7 +388,7 @@ impl Replica {
         self.commit_min = floor;
         self.commit_min_checksum = checksum;
         self.journal.reset_floor(floor);
-        self.repair_buffer.retain(|op, _| *op > floor);
+        self.repair.buffer.retain(|op, _| *op > floor);
         self.advance_commit_max(floor);
         self.resolve_commit_min_checksum();
     }
@@ -435,7 +462,7 @@ impl Replica {
     pub fn hold_state_transfer(&mut self) {
         if !self.transferring {
             self.transferring = true;
-            self.repair = None;
+            self.repair.session = None;
             self.timers.repair.stop();
         }
         self.timers.state_transfer.start();
@@ -446,9 +473,9 @@ impl Replica {
     pub fn finish_state_transfer(&mut self) {
         self.transferring = false;
         self.timers.state_transfer.stop();
-        self.repair = None;
-        self.repair_tried = 0;
-        self.repair_evicted.clear();
+        self.repair.session = None;
+        self.repair.tried = 0;
+        self.repair.evicted.clear();
         self.after_journal_change();
     }
 }

@@ -25,17 +25,15 @@
 //! `Commit` heartbeat. View change lives in `view_change.rs`, repair and
 //! state-transfer hooks in `repair.rs`.
 
-use std::collections::BTreeMap;
-
 use super::io::{
     Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored, OP_MAX,
     REPLICAS_MAX, RequestOutcome, Status, Topology, VIEW_MAX,
 };
 use super::journal::{Inserted, Journal};
-use super::merge::{MergedLog, Quorums};
+use super::merge::Quorums;
 use super::message::{
-    DoViewChange, Frame, Message, OPERATION_REGISTER, Prepare, PrepareHeader, Reply, ReplyStatus,
-    Request, body_checksum,
+    Frame, Message, OPERATION_REGISTER, Prepare, PrepareHeader, Reply, ReplyStatus, Request,
+    body_checksum,
 };
 use super::pipeline::Pipeline;
 use super::timeout::{Timeout, TimeoutConfig};
@@ -237,10 +235,8 @@ pub struct Replica {
     /// Heartbeats this primary sent while it could not propose: the
     /// identity of `commit_min` unknown and nothing in its log naming it.
     pub(super) identity_unknown_heartbeats: u64,
-    pub(super) svc_from: u32,
-    pub(super) dvcs: Vec<Option<DoViewChange>>,
-    pub(super) dvc_sent: bool,
-    pub(super) pending_view: Option<MergedLog>,
+    /// The votes of the view change in progress (view_change.rs).
+    pub(super) votes: super::view_change::Votes,
     pub(super) recovering: Option<Recovery>,
     pub(super) observed_newer_view: u32,
     /// The newest view a normal-heartbeat timeout asked about instead of
@@ -249,11 +245,9 @@ pub struct Replica {
     /// probing from the view change it crashed in) cannot hold off an
     /// election for ever.
     pub(super) asked_newer_view: u32,
-    pub(super) repair: Option<RepairSession>,
-    pub(super) repair_buffer: BTreeMap<u64, Prepare>,
-    pub(super) repair_tried: u32,
-    pub(super) repair_evicted: BTreeMap<u8, u64>,
-    pub(super) repaired_total: u64,
+    /// Journal repair: the session, its buffer and what peers said
+    /// (repair.rs).
+    pub(super) repair: super::repair::RepairState,
     pub(super) nonce_counter: u64,
     pub(super) transferring: bool,
     pub(super) census: super::census::CensusBook,
@@ -301,18 +295,11 @@ impl Replica {
             heartbeat_counter: 0,
             heartbeat_seen: 0,
             identity_unknown_heartbeats: 0,
-            svc_from: 0,
-            dvcs: vec![None; usize::from(config.replica_count)],
-            dvc_sent: false,
-            pending_view: None,
+            votes: super::view_change::Votes::new(config.replica_count),
             recovering: None,
             observed_newer_view: 0,
             asked_newer_view: 0,
-            repair: None,
-            repair_buffer: BTreeMap::new(),
-            repair_tried: 0,
-            repair_evicted: BTreeMap::new(),
-            repaired_total: 0,
+            repair: super::repair::RepairState::default(),
             nonce_counter: 0,
             transferring: false,
             census: super::census::CensusBook::default(),
@@ -615,7 +602,7 @@ impl Replica {
     /// Whether a repair session (fetching missing headers or prepares from
     /// a peer) is open.
     pub fn is_repairing(&self) -> bool {
-        self.repair.is_some()
+        self.repair.session.is_some()
     }
 
     /// The superblock state this replica needs durable now.

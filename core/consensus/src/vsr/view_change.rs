@@ -21,6 +21,43 @@ use super::merge::{DVC_HEADERS_MAX, MergedLog, merge};
 use super::message::{DoViewChange, Message, PrepareHeader, StartView, SuffixSlot};
 use super::replica::{REJOIN_PROBE, Replica};
 
+/// The votes of one view change: who sent StartViewChange, the
+/// DoViewChange messages a candidate primary collected, whether this
+/// replica sent its own, and the merged log waiting to be persisted.
+#[derive(Debug, Clone)]
+pub(super) struct Votes {
+    /// StartViewChange senders, one bit per replica.
+    pub svc_from: u32,
+    /// DoViewChange messages by sender.
+    pub dvcs: Vec<Option<DoViewChange>>,
+    /// Whether this replica sent its DoViewChange.
+    pub dvc_sent: bool,
+    /// The merged log of a view this replica starts as primary, until its
+    /// view is durable.
+    pub pending_view: Option<MergedLog>,
+}
+
+impl Votes {
+    pub(super) fn new(replica_count: u8) -> Self {
+        Self {
+            svc_from: 0,
+            dvcs: vec![None; usize::from(replica_count)],
+            dvc_sent: false,
+            pending_view: None,
+        }
+    }
+
+    /// Forgets every vote (a view started or adopted, or a new one begun).
+    pub(super) fn reset(&mut self) {
+        self.svc_from = 0;
+        for d in self.dvcs.iter_mut() {
+            *d = None;
+        }
+        self.dvc_sent = false;
+        self.pending_view = None;
+    }
+}
+
 impl Replica {
     /// Remember a view newer than ours seen on traffic we dropped, and
     /// probe its primary (at most once per probe timeout).
@@ -84,12 +121,7 @@ impl Replica {
     }
 
     fn reset_view_change_state(&mut self) {
-        self.svc_from = 0;
-        for d in self.dvcs.iter_mut() {
-            *d = None;
-        }
-        self.dvc_sent = false;
-        self.pending_view = None;
+        self.votes.reset();
     }
 
     /// Enter view `view` as a candidate participant.
@@ -102,7 +134,7 @@ impl Replica {
         self.view = view;
         self.status = Status::ViewChange;
         self.reset_view_change_state();
-        self.svc_from = 1u32 << self.config.replica;
+        self.votes.svc_from = 1u32 << self.config.replica;
         self.pipeline.clear();
         if self.observed_newer_view <= view {
             self.observed_newer_view = 0;
@@ -141,16 +173,16 @@ impl Replica {
             }
             return Handled::Ignored(Ignored::AlreadyInView);
         }
-        self.svc_from |= 1u32 << from;
+        self.votes.svc_from |= 1u32 << from;
         self.check_svc_quorum();
         Handled::Taken
     }
 
     fn check_svc_quorum(&mut self) {
-        if self.status != Status::ViewChange || self.dvc_sent {
+        if self.status != Status::ViewChange || self.votes.dvc_sent {
             return;
         }
-        let others = (self.svc_from & !(1u32 << self.config.replica)).count_ones() as usize;
+        let others = (self.votes.svc_from & !(1u32 << self.config.replica)).count_ones() as usize;
         if others >= self.quorums.max_faulty() {
             self.send_do_view_change();
         }
@@ -209,12 +241,12 @@ impl Replica {
 
     fn send_do_view_change(&mut self) {
         let dvc = self.build_do_view_change();
-        self.dvc_sent = true;
+        self.votes.dvc_sent = true;
         let primary = self.primary_index(self.view);
         if primary == self.config.replica {
             let me = usize::from(self.config.replica);
-            if self.dvcs[me].is_none() {
-                self.dvcs[me] = Some(dvc);
+            if self.votes.dvcs[me].is_none() {
+                self.votes.dvcs[me] = Some(dvc);
             }
             self.try_merge();
         } else {
@@ -296,13 +328,13 @@ impl Replica {
             return Ok(Handled::Taken);
         }
         let slot = usize::from(from);
-        if self.dvcs[slot].is_none() {
-            self.dvcs[slot] = Some(dvc);
+        if self.votes.dvcs[slot].is_none() {
+            self.votes.dvcs[slot] = Some(dvc);
         }
         let me = usize::from(self.config.replica);
-        if self.dvcs[me].is_none() {
-            self.dvcs[me] = Some(self.build_do_view_change());
-            self.dvc_sent = true;
+        if self.votes.dvcs[me].is_none() {
+            self.votes.dvcs[me] = Some(self.build_do_view_change());
+            self.votes.dvc_sent = true;
         }
         self.try_merge();
         Ok(Handled::Taken)
@@ -312,11 +344,12 @@ impl Replica {
         if self.status != Status::ViewChange {
             return;
         }
-        if self.pending_view.is_some() {
+        if self.votes.pending_view.is_some() {
             self.try_start_view();
             return;
         }
         let votes: Vec<(u8, &DoViewChange)> = self
+            .votes
             .dvcs
             .iter()
             .enumerate()
@@ -343,16 +376,16 @@ impl Replica {
                 from_op: merged.op_head + 1,
             });
         }
-        self.repair = None;
-        self.repair_tried = 0;
-        self.pending_view = Some(merged);
+        self.repair.session = None;
+        self.repair.tried = 0;
+        self.votes.pending_view = Some(merged);
         self.try_start_view();
         self.maybe_repair();
     }
 
     /// Start the pending view once every uncommitted op's body is held.
     pub(super) fn try_start_view(&mut self) {
-        let Some(merged) = &self.pending_view else {
+        let Some(merged) = &self.votes.pending_view else {
             return;
         };
         if self.status != Status::ViewChange {
@@ -363,7 +396,7 @@ impl Replica {
         if (from..=op_head).any(|op| self.journal.entry(op).is_none()) {
             return;
         }
-        self.pending_view = None;
+        self.votes.pending_view = None;
         self.start_view(op_head);
     }
 
@@ -387,7 +420,7 @@ impl Replica {
             }
         }
         self.reset_view_change_state();
-        self.repair = None;
+        self.repair.session = None;
         self.enter_normal_timers();
         let sv = self.start_view_message(0);
         self.broadcast(Message::StartView(sv));
@@ -508,8 +541,8 @@ impl Replica {
         }
         self.timers.request_start_view.stop();
         self.heartbeat_seen = 0;
-        self.repair = None;
-        self.repair_tried = 0;
+        self.repair.session = None;
+        self.repair.tried = 0;
         self.enter_normal_timers();
         self.after_journal_change();
         Ok(Handled::Taken)
@@ -569,7 +602,10 @@ impl Replica {
 
     pub(super) fn on_do_view_change_timeout(&mut self) {
         let primary = self.primary_index(self.view);
-        if self.status != Status::ViewChange || !self.dvc_sent || primary == self.config.replica {
+        if self.status != Status::ViewChange
+            || !self.votes.dvc_sent
+            || primary == self.config.replica
+        {
             return;
         }
         self.timers.do_view_change.backoff(&mut self.prng);
