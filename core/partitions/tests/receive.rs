@@ -188,6 +188,12 @@ fn drive(
     pump(rx, serving, ME, request, facts, hooks)
 }
 
+/// Arms `rx` at peer 0 and pulls its whole offer, which must complete.
+fn pull_all(rx: &mut TransferReceiver<SimFs>, peer: &mut Peer) -> Box<ReceivedTransfer> {
+    let first = rx.arm(0);
+    complete(drive(rx, peer, 0, first, &local(), &Hooks::default()))
+}
+
 /// One tick: the request it sends, `None` when it sends nothing.
 fn tick(rx: &mut TransferReceiver<SimFs>, facts: &LocalFacts) -> Option<TransferRequest> {
     match block_on(rx.on_tick(facts)) {
@@ -229,15 +235,7 @@ fn given_multi_segment_peer_when_pulled_should_stage_byte_identical_logs_and_reb
     let before = live_files(&fs);
     let mut rx =
         TransferReceiver::new(fs.clone(), &dir(), receiver_config(16 * 1024, 32 * 1024), 7);
-    let first = rx.arm(0);
-    let done = complete(drive(
-        &mut rx,
-        &mut peer,
-        0,
-        first,
-        &local(),
-        &Hooks::default(),
-    ));
+    let done = pull_all(&mut rx, &mut peer);
     assert!(done.staged.len() >= 3, "{} segments", done.staged.len());
     assert_staged_match(&fs, &done, &peer);
     assert_eq!(done.offsets.consumers, vec![(1, 5), (9, 20)]);
@@ -276,15 +274,7 @@ fn given_64_mib_segment_when_streamed_should_hold_at_most_four_chunks() {
     let (fs, _node) = receiver_fs(4);
     let chunk = 256 * 1024;
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, 8 << 20), 9);
-    let first = rx.arm(0);
-    let done = complete(drive(
-        &mut rx,
-        &mut peer,
-        0,
-        first,
-        &local(),
-        &Hooks::default(),
-    ));
+    let done = pull_all(&mut rx, &mut peer);
     assert_staged_match(&fs, &done, &peer);
     let peak = rx.stats().peak_held_bytes;
     eprintln!(
@@ -310,15 +300,7 @@ fn given_batches_larger_than_a_chunk_when_streamed_should_hold_a_chunk_and_a_hea
     let (fs, _node) = receiver_fs(12);
     let chunk: u32 = 64 * 1024;
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, 1 << 20), 13);
-    let first = rx.arm(0);
-    let done = complete(drive(
-        &mut rx,
-        &mut peer,
-        0,
-        first,
-        &local(),
-        &Hooks::default(),
-    ));
+    let done = pull_all(&mut rx, &mut peer);
     // Byte-identical log, index as a fresh whole walk rebuilds it.
     assert_staged_match(&fs, &done, &peer);
     let peak = rx.stats().peak_held_bytes;
@@ -409,15 +391,7 @@ fn given_staged_files_from_an_earlier_attempt_when_offer_accepted_should_adopt_m
     let (fs, _node) = receiver_fs(8);
     let cfg = receiver_config(16 * 1024, 32 * 1024);
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), cfg, 13);
-    let first = rx.arm(0);
-    let done = complete(drive(
-        &mut rx,
-        &mut peer,
-        0,
-        first,
-        &local(),
-        &Hooks::default(),
-    ));
+    let done = pull_all(&mut rx, &mut peer);
     let segments = done.staged.len();
     // A stray, a staged log with one byte changed, an orphan index.
     let stray = dir().join("00000000000000999999.log.staging");
@@ -429,15 +403,7 @@ fn given_staged_files_from_an_earlier_attempt_when_offer_accepted_should_adopt_m
 
     // A fresh receiver (no memo): adopts all but the rotted one.
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), cfg, 14);
-    let first = rx.arm(0);
-    let again = complete(drive(
-        &mut rx,
-        &mut peer,
-        0,
-        first,
-        &local(),
-        &Hooks::default(),
-    ));
+    let again = pull_all(&mut rx, &mut peer);
     assert_eq!(rx.stats().adopted_segments, segments as u64 - 1);
     assert_eq!(rx.stats().reuse_scans, 1);
     let rotted_chunks = rotted.size_bytes.div_ceil(16 * 1024);
@@ -454,15 +420,7 @@ fn given_staged_files_from_an_earlier_attempt_when_offer_accepted_should_adopt_m
     assert_eq!(staging_files(&fs), expected, "strays swept");
 
     // The same segments offered again: the memo answers, no rescan.
-    let first = rx.arm(0);
-    let third = complete(drive(
-        &mut rx,
-        &mut peer,
-        0,
-        first,
-        &local(),
-        &Hooks::default(),
-    ));
+    let third = pull_all(&mut rx, &mut peer);
     assert_eq!(rx.stats().reuse_scans, 1);
     assert_eq!(third.staged, again.staged);
 }
@@ -737,166 +695,113 @@ fn refused_at_accept(seed: u64, facts: LocalFacts, hooks: &Hooks<'_>) -> Descrip
     }
 }
 
+/// A manifest rewrite and what its refusal at accept must be.
+type RefusalCase = (
+    &'static str,
+    fn(Vec<StateArtifact>) -> Vec<StateArtifact>,
+    fn(&DescriptorRefusal) -> bool,
+);
+
 #[test]
 fn given_manifest_past_caps_or_with_unknown_kinds_when_offered_should_refuse_at_accept() {
-    let big = |mut m: Vec<StateArtifact>| {
-        m[0].len = (1 << 30) + (64 << 20) + 1;
-        m
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&big),
-                ..Hooks::default()
-            }
+    let cases: [RefusalCase; 10] = [
+        (
+            "a segment past the cap",
+            |mut m| {
+                m[0].len = (1 << 30) + (64 << 20) + 1;
+                m
+            },
+            |r| matches!(r, DescriptorRefusal::SegmentTooLarge { index: 0, .. }),
         ),
-        DescriptorRefusal::SegmentTooLarge { index: 0, .. }
-    ));
-    let offsets = |mut m: Vec<StateArtifact>| {
-        m.last_mut().unwrap().len = (32 << 20) + 1;
-        m
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&offsets),
-                ..Hooks::default()
-            }
+        (
+            "an offsets artifact past the cap",
+            |mut m| {
+                m.last_mut().unwrap().len = (32 << 20) + 1;
+                m
+            },
+            |r| matches!(r, DescriptorRefusal::OffsetsTooLarge { .. }),
         ),
-        DescriptorRefusal::OffsetsTooLarge { .. }
-    ));
-    let total = |m: Vec<StateArtifact>| {
-        let last = *m.last().unwrap();
-        let mut out: Vec<StateArtifact> = (0..1_100u64)
-            .map(|i| StateArtifact {
-                kind: artifact_kind::SEGMENT_LOG,
-                frontier: i * 1_000,
-                len: 1 << 30,
-                checksum: 0,
-            })
-            .collect();
-        out.push(last);
-        out
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&total),
-                ..Hooks::default()
-            }
+        (
+            "a total past the cap",
+            |m| {
+                let last = *m.last().unwrap();
+                let mut out: Vec<StateArtifact> = (0..1_100u64)
+                    .map(|i| StateArtifact {
+                        kind: artifact_kind::SEGMENT_LOG,
+                        frontier: i * 1_000,
+                        len: 1 << 30,
+                        checksum: 0,
+                    })
+                    .collect();
+                out.push(last);
+                out
+            },
+            |r| matches!(r, DescriptorRefusal::TotalTooLarge { .. }),
         ),
-        DescriptorRefusal::TotalTooLarge { .. }
-    ));
-    let unknown = |mut m: Vec<StateArtifact>| {
-        m[1].kind = 7;
-        m
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&unknown),
-                ..Hooks::default()
-            }
+        (
+            "an unknown kind",
+            |mut m| {
+                m[1].kind = 7;
+                m
+            },
+            |r| matches!(r, DescriptorRefusal::UnknownKind { index: 1, kind: 7 }),
         ),
-        DescriptorRefusal::UnknownKind { index: 1, kind: 7 }
-    ));
-    let snapshot = |mut m: Vec<StateArtifact>| {
-        m[0].kind = artifact_kind::METADATA_SNAPSHOT;
-        m
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&snapshot),
-                ..Hooks::default()
-            }
+        (
+            "a metadata snapshot in a partition's offer",
+            |mut m| {
+                m[0].kind = artifact_kind::METADATA_SNAPSHOT;
+                m
+            },
+            |r| matches!(r, DescriptorRefusal::UnknownKind { index: 0, .. }),
         ),
-        DescriptorRefusal::UnknownKind { index: 0, .. }
-    ));
-    let missing = |mut m: Vec<StateArtifact>| {
-        m.pop();
-        m
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&missing),
-                ..Hooks::default()
-            }
+        (
+            "no offsets artifact",
+            |mut m| {
+                m.pop();
+                m
+            },
+            |r| matches!(r, DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 }),
         ),
-        DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 }
-    ));
-    let first = |mut m: Vec<StateArtifact>| {
-        m.rotate_right(1);
-        m
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&first),
-                ..Hooks::default()
-            }
+        (
+            "the offsets artifact first",
+            |mut m| {
+                m.rotate_right(1);
+                m
+            },
+            |r| matches!(r, DescriptorRefusal::OffsetsArtifactMisplaced { count: 1 }),
         ),
-        DescriptorRefusal::OffsetsArtifactMisplaced { count: 1 }
-    ));
-    let twice = |mut m: Vec<StateArtifact>| {
-        let last = *m.last().unwrap();
-        m.push(last);
-        m
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&twice),
-                ..Hooks::default()
-            }
+        (
+            "two offsets artifacts",
+            |mut m| {
+                let last = *m.last().unwrap();
+                m.push(last);
+                m
+            },
+            |r| matches!(r, DescriptorRefusal::OffsetsArtifactMisplaced { count: 2 }),
         ),
-        DescriptorRefusal::OffsetsArtifactMisplaced { count: 2 }
-    ));
-    // Two segments at one base offset would share a staging file.
-    let duplicate = |mut m: Vec<StateArtifact>| {
-        m[1].frontier = m[0].frontier;
-        m
-    };
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&duplicate),
-                ..Hooks::default()
-            }
+        (
+            // They would share a staging file.
+            "two segments at one base offset",
+            |mut m| {
+                m[1].frontier = m[0].frontier;
+                m
+            },
+            |r| matches!(r, DescriptorRefusal::SegmentsNotAscending { index: 1, .. }),
         ),
-        DescriptorRefusal::SegmentsNotAscending { index: 1, .. }
-    ));
-    let garbage = |_: Vec<StateArtifact>| Vec::new();
-    assert!(matches!(
-        refused_at_accept(
-            50,
-            local(),
-            &Hooks {
-                manifest: Some(&garbage),
-                ..Hooks::default()
-            }
+        (
+            "an empty manifest",
+            |_| Vec::new(),
+            |r| matches!(r, DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 }),
         ),
-        DescriptorRefusal::OffsetsArtifactMisplaced { count: 0 }
-    ));
+    ];
+    for (name, rewrite, expected) in cases {
+        let hooks = Hooks {
+            manifest: Some(&rewrite),
+            ..Hooks::default()
+        };
+        let refusal = refused_at_accept(50, local(), &hooks);
+        assert!(expected(&refusal), "{name}: {refusal:?}");
+    }
 }
 
 #[test]
@@ -1338,15 +1243,7 @@ fn given_staged_files_and_small_prepare_budget_when_offer_accepted_should_reread
     let (fs, _node) = receiver_fs(121);
     let cfg = receiver_config(32 * 1024, 64 * 1024);
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), cfg, 31);
-    let first = rx.arm(0);
-    let done = complete(drive(
-        &mut rx,
-        &mut peer,
-        0,
-        first,
-        &local(),
-        &Hooks::default(),
-    ));
+    let done = pull_all(&mut rx, &mut peer);
     let staged_bytes: u64 = done.staged.iter().map(|m| m.size_bytes).sum();
     assert!(staged_bytes > 512 * 1024, "{staged_bytes}");
 
