@@ -103,12 +103,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // A record in the directory is taken (removed) even when the
         // caller brought one: left behind, it could match a later crash's
         // superblock and vouch for acknowledgements made after this boot.
-        // Absent, it costs one lookup. A new partition has none to take.
-        let stop = if fresh && !rejoining {
-            None
-        } else if config.vsr.replica_count > 1
-            && !(sb.checkpoint_op == 0 && sb.offset_frontier != 0)
-        {
+        // Absent, it costs one lookup.
+        let stop = if takes_clean_stop(fresh, config.rejoin, config.vsr.replica_count, &sb) {
             let in_dir = journal::take_clean_stop(&fs, dir).await;
             clean_stop.or(in_dir)
         } else {
@@ -512,6 +508,17 @@ pub(crate) enum RestartPoint {
     Restart,
 }
 
+/// Whether boot takes a clean-stop record: exactly when [`restart_point`]
+/// weighs one, for a replica of a group resuming from a recorded applied
+/// point (a new partition has none, a single replica needs none, and a
+/// frontier that names no op is refused).
+fn takes_clean_stop(fresh: bool, rejoin: bool, replica_count: u8, sb: &VsrState) -> bool {
+    let rejoining = fresh && rejoin && replica_count > 1;
+    (!fresh || rejoining)
+        && replica_count > 1
+        && !(sb.checkpoint_op == 0 && sb.offset_frontier != 0)
+}
+
 /// Where the VSR core resumes, from what boot found. Pure, so every case
 /// is a row in a table test.
 ///
@@ -803,6 +810,18 @@ mod tests {
                 Ok(got) => assert_eq!(got, want, "{name}"),
                 Err(error) => panic!("{name}: {error}"),
             }
+            // Boot takes the record exactly when the choice weighs it.
+            let weighs = matches!(
+                want,
+                RestartPoint::Resume | RestartPoint::Rejoin | RestartPoint::Restart
+            );
+            let takes = takes_clean_stop(
+                facts.fresh,
+                facts.rejoin,
+                facts.replica_count,
+                &facts.superblock,
+            );
+            assert_eq!(takes, weighs, "{name}");
         }
     }
 
@@ -819,6 +838,7 @@ mod tests {
             ),
             "{got:?}"
         );
+        assert!(!takes_clean_stop(false, false, 3, &sb(1, 1, 5, 0, 40)));
         // A single replica does not need the applied point.
         let single = RestartFacts {
             replica_count: 1,
