@@ -29,8 +29,9 @@ use storage::fs::Fs;
 use storage::{BatchView, Integrity, stamp};
 
 use crate::bus::MessageBus;
+use crate::error::PartitionError;
 use crate::ops::{OpDecodeError, PartitionOp};
-use crate::partition::{Partition, PartitionError};
+use crate::partition::Partition;
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Validates a client's batch whole (layout and every checksum; bytes

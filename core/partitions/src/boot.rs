@@ -25,9 +25,10 @@ use storage::{LogConfig, RecoveryError, SegmentedLog};
 
 use crate::bus::MessageBus;
 use crate::client_sessions::{ClientTableSlots, RecordedTable};
+use crate::error::BootError;
 use crate::offset_storage::read_purge_generation;
 use crate::offsets::ConsumerOffsets;
-use crate::partition::{AppliedPoint, AutoCommits, BootError, Partition, PartitionConfig};
+use crate::partition::{AppliedPoint, AutoCommits, Partition, PartitionConfig};
 use crate::state_transfer::missing::MissingHistory;
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {

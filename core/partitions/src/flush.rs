@@ -69,7 +69,8 @@ use journal::SuperblockStore;
 use storage::fs::Fs;
 
 use crate::bus::MessageBus;
-use crate::partition::{Partition, PartitionError};
+use crate::error::PartitionError;
+use crate::partition::Partition;
 
 /// What a flush wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -7,6 +7,7 @@
 //! - `partition`: the struct, its configuration and errors, boot, the
 //!   driver loop that carries out the VSR core's actions, counters;
 //! - `ops`: the replicated operations and their fail-closed codec;
+//! - `error`: [`BootError`] and [`PartitionError`];
 //! - `boot`: [`Partition::open`] as named steps and the pure choice of
 //!   where the VSR core resumes;
 //! - `append`: validation and stamping on the primary, the base-offset
@@ -25,6 +26,7 @@ mod append;
 mod boot;
 mod bus;
 mod client_sessions;
+mod error;
 mod flush;
 mod offset_storage;
 mod offsets;
@@ -39,6 +41,7 @@ pub mod state_transfer;
 
 pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus};
 pub use client_sessions::CLIENT_TABLE_FILES;
+pub use error::{BootError, PartitionError};
 pub use flush::FlushOutcome;
 pub use offset_storage::{
     OFFSET_RECORD_LEN, OffsetRecord, OffsetRecordError, PURGE_GENERATION_FILE, PurgeGeneration,
@@ -49,9 +52,8 @@ pub use offset_storage::{
 pub use offsets::{AppliedBy, ConsumerOffsets, DurableOffset, DurableOffsets};
 pub use ops::{OpDecodeError, PartitionOp};
 pub use partition::{
-    BootError, ClientOp, ClientRequest, INTERNAL_CLIENT, MESSAGES_REQUIRED_TO_SAVE_DEFAULT,
-    Partition, PartitionConfig, PartitionError, PartitionStats, RECORD_INTERVAL_US_DEFAULT,
-    StateTransferNeeded,
+    ClientOp, ClientRequest, INTERNAL_CLIENT, MESSAGES_REQUIRED_TO_SAVE_DEFAULT, Partition,
+    PartitionConfig, PartitionStats, RECORD_INTERVAL_US_DEFAULT, StateTransferNeeded,
 };
 pub use poll::{PollError, PollRequest, Polled, PollingStrategy};
 pub use retained::{READ_BACK_BYTES_PER_SLICE_DEFAULT, RETAINED_BYTES_MAX_DEFAULT, RetainedBudget};

@@ -56,7 +56,7 @@
 //! peer; until the install lands the replica stays lagging and invisible.
 //! A record with a frontier but no
 //! applied point (written before it existed) is refused with
-//! [`BootError::RestartNeedsStateTransfer`].
+//! [`crate::BootError::RestartNeedsStateTransfer`].
 //!
 //! The client table is not durable: a restarted replica rebuilds only the
 //! sessions of the ops it re-applies. A request ordered twice whose first
@@ -66,7 +66,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -74,20 +73,20 @@ use common::ConsumerKind;
 use consensus::ClientTableError;
 use consensus::DedupWatermark;
 use consensus::vsr::{
-    Action, Config as VsrConfig, Effect, Frame, FrameError, Handled, Ignored, Message,
-    OPERATION_REGISTER, Prepare, PrepareHeader, Replica, Reply, ReplyStatus, Request,
-    RequestOutcome,
+    Action, Config as VsrConfig, Effect, Frame, Handled, Ignored, Message, OPERATION_REGISTER,
+    Prepare, PrepareHeader, Replica, Reply, ReplyStatus, Request, RequestOutcome,
 };
 use journal::{
     EntryStats, JournalEntry, JournalError, JournalLimits, PrepareJournal, Superblock,
-    SuperblockError, SuperblockStore,
+    SuperblockStore,
 };
+use storage::StorageError;
 use storage::fs::Fs;
 use storage::{BatchHeader, Integrity};
 use storage::{LogConfig, SegmentedLog};
-use storage::{RecoveryError, StorageError};
 
 use crate::bus::MessageBus;
+use crate::error::PartitionError;
 use crate::offsets::ConsumerOffsets;
 use crate::ops::{OpDecodeError, PartitionOp};
 use crate::state_transfer::missing::MissingHistory;
@@ -170,324 +169,6 @@ impl PartitionConfig {
         }
     }
 }
-
-/// Why a partition could not boot. Nothing was served.
-#[derive(Debug)]
-pub enum BootError {
-    /// The superblock could not be read or initialised.
-    Superblock(SuperblockError),
-    /// Segment recovery refused the directory (a hole, an I/O error…).
-    Recovery(RecoveryError),
-    /// `purge.gen` exists but cannot be read; booting with generation 0
-    /// could re-apply a purge over newer data.
-    PurgeGenerationUnreadable {
-        /// The partition directory.
-        dir: PathBuf,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// A client-table slot exists but could not be read (an I/O error;
-    /// a slot that does not verify is skipped instead).
-    ClientTableUnreadable {
-        /// The slot file.
-        path: PathBuf,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// The consumer-offset directories could not be loaded.
-    OffsetsUnreadable {
-        /// The partition directory.
-        dir: PathBuf,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// The superblock's frontier is above what the segments hold: data
-    /// that was synced before the frontier advanced is gone.
-    FrontierAheadOfLog {
-        /// The durable frontier.
-        frontier: u64,
-        /// The offset after the last recovered batch.
-        log_next_offset: u64,
-    },
-    /// A replica of a multi-replica group restarted with an offset frontier
-    /// but no recorded applied point (a superblock written before the
-    /// applied point was recorded): it can rejoin only through a state
-    /// transfer.
-    RestartNeedsStateTransfer {
-        /// The superblock's commit bound.
-        commit: u64,
-        /// The offset after the last recovered batch.
-        log_next_offset: u64,
-    },
-    /// Cutting the batches past the recorded applied point failed.
-    TruncateToAppliedPoint {
-        /// The partition directory.
-        dir: PathBuf,
-        /// The applied point's offset frontier.
-        frontier: u64,
-        /// The underlying error.
-        source: StorageError,
-    },
-    /// The superblock names an op (its commit bound or applied point) past
-    /// any op a real log reaches ([`consensus::vsr::OP_MAX`]): the core
-    /// would compute the op after it.
-    SuperblockOpOutOfRange {
-        /// The offending op.
-        op: u64,
-        /// The largest op accepted.
-        max: u64,
-    },
-}
-
-impl fmt::Display for BootError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Superblock(e) => write!(f, "partition superblock unusable: {e}"),
-            Self::Recovery(e) => write!(f, "partition segments could not be recovered: {e}"),
-            Self::PurgeGenerationUnreadable { dir, source } => write!(
-                f,
-                "purge generation in {} is unreadable: {source}",
-                dir.display()
-            ),
-            Self::OffsetsUnreadable { dir, source } => write!(
-                f,
-                "consumer offsets in {} could not be loaded: {source}",
-                dir.display()
-            ),
-            Self::ClientTableUnreadable { path, source } => write!(
-                f,
-                "client-table slot {} could not be read: {source}",
-                path.display()
-            ),
-            Self::TruncateToAppliedPoint {
-                dir,
-                frontier,
-                source,
-            } => write!(
-                f,
-                "could not cut {} at offset {frontier}, the recorded applied point: {source}",
-                dir.display()
-            ),
-            Self::FrontierAheadOfLog {
-                frontier,
-                log_next_offset,
-            } => write!(
-                f,
-                "the durable offset frontier {frontier} is above the recovered log end {log_next_offset}: synced data is missing"
-            ),
-            Self::RestartNeedsStateTransfer {
-                commit,
-                log_next_offset,
-            } => write!(
-                f,
-                "a replica with history (commit {commit}, log end {log_next_offset}) must rejoin its group by state transfer"
-            ),
-            Self::SuperblockOpOutOfRange { op, max } => {
-                write!(f, "the superblock names op {op}, past the largest op {max}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for BootError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Superblock(e) => Some(e),
-            Self::Recovery(e) => Some(e),
-            Self::PurgeGenerationUnreadable { source, .. }
-            | Self::OffsetsUnreadable { source, .. }
-            | Self::ClientTableUnreadable { source, .. } => Some(source),
-            Self::TruncateToAppliedPoint { source, .. } => Some(source),
-            Self::FrontierAheadOfLog { .. }
-            | Self::RestartNeedsStateTransfer { .. }
-            | Self::SuperblockOpOutOfRange { .. } => None,
-        }
-    }
-}
-
-/// Why a partition refused an input or could not carry out an op.
-#[derive(Debug)]
-pub enum PartitionError {
-    /// An earlier local failure fenced the partition; it serves nothing
-    /// until rebooted.
-    Fenced {
-        /// What fenced it.
-        reason: String,
-    },
-    /// A state-transfer install is in flight (it runs in steps between the
-    /// shard's ticks, `state_transfer/install/`): the partition takes no
-    /// input until it ends. Transient.
-    InstallInProgress {
-        /// The partition directory.
-        dir: PathBuf,
-    },
-    /// A client's batch or a peer's prepare body is not a valid op.
-    InvalidOp(OpDecodeError),
-    /// A prepare whose batch does not start at the offset this replica
-    /// expects after the op before it: refused (a gap repair refills),
-    /// never re-stamped.
-    PrepareOffsetMismatch {
-        /// The prepare's op.
-        op: u64,
-        /// The base offset the replica expected.
-        expected: u64,
-        /// The base offset the batch carries.
-        actual: u64,
-    },
-    /// A prepare whose batch names another partition.
-    PrepareWrongPartition {
-        /// The prepare's op.
-        op: u64,
-        /// The partition id in the batch.
-        partition_id: u64,
-    },
-    /// The VSR core refused a frame.
-    Frame(FrameError),
-    /// A store names an offset the partition has not committed yet.
-    StoreOffsetBeyondEnd {
-        /// The offset asked for.
-        offset: u64,
-        /// The next offset the partition will commit.
-        next_offset: u64,
-    },
-    /// A purge that does not advance the purge generation.
-    PurgeGenerationNotNewer {
-        /// The generation asked for.
-        generation: u64,
-        /// The generation in effect.
-        current: u64,
-    },
-    /// A committed batch does not continue the applied offsets (an
-    /// internal invariant; the partition is fenced).
-    ApplyOffsetMismatch {
-        /// The op.
-        op: u64,
-        /// The offset expected.
-        expected: u64,
-        /// The offset the batch carries.
-        actual: u64,
-    },
-    /// A committed batch re-applied after a restart straddles the end of
-    /// the log recovered at boot: part of it is on disk and part is not.
-    /// Flushes write whole batches, so this means the segments do not hold
-    /// what this group committed; the partition is fenced.
-    ReplayStraddlesRecoveredEnd {
-        /// The op.
-        op: u64,
-        /// The batch's first offset.
-        base_offset: u64,
-        /// The batch's last offset.
-        last_offset: u64,
-        /// The last offset recovered at boot.
-        recovered_end: u64,
-    },
-    /// The segment log failed.
-    Storage(StorageError),
-    /// The superblock write failed.
-    Superblock(SuperblockError),
-    /// The in-memory journal refused an entry.
-    Journal(JournalError),
-    /// A consumer-offset file could not be written or removed.
-    OffsetIo {
-        /// Consumer or group.
-        kind: ConsumerKind,
-        /// Its id.
-        id: u32,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// A purge step failed on disk.
-    PurgeIo {
-        /// Which step.
-        step: &'static str,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// The client table could not be recorded (`client_sessions.rs`).
-    ClientTableIo {
-        /// The partition directory.
-        dir: PathBuf,
-        /// The underlying error.
-        source: io::Error,
-    },
-}
-
-impl fmt::Display for PartitionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Fenced { reason } => write!(f, "partition is fenced: {reason}"),
-            Self::InstallInProgress { dir } => write!(
-                f,
-                "partition {} is installing a state transfer; try again shortly",
-                dir.display()
-            ),
-            Self::InvalidOp(e) => write!(f, "operation refused: {e}"),
-            Self::PrepareOffsetMismatch {
-                op,
-                expected,
-                actual,
-            } => write!(
-                f,
-                "prepare {op} starts at offset {actual} but this replica's next offset is {expected}"
-            ),
-            Self::PrepareWrongPartition { op, partition_id } => {
-                write!(
-                    f,
-                    "prepare {op} carries a batch of partition {partition_id}"
-                )
-            }
-            Self::Frame(e) => write!(f, "frame refused: {e}"),
-            Self::StoreOffsetBeyondEnd {
-                offset,
-                next_offset,
-            } => write!(
-                f,
-                "cannot store offset {offset}: the partition has committed only up to {next_offset}"
-            ),
-            Self::PurgeGenerationNotNewer {
-                generation,
-                current,
-            } => write!(
-                f,
-                "purge generation {generation} does not advance the current generation {current}"
-            ),
-            Self::ApplyOffsetMismatch {
-                op,
-                expected,
-                actual,
-            } => write!(
-                f,
-                "committed op {op} starts at offset {actual}, not at the applied end {expected}"
-            ),
-            Self::ReplayStraddlesRecoveredEnd {
-                op,
-                base_offset,
-                last_offset,
-                recovered_end,
-            } => write!(
-                f,
-                "re-applied op {op} holds offsets {base_offset}..={last_offset} but the log recovered at boot ends at {recovered_end}"
-            ),
-            Self::Storage(e) => write!(f, "segment log failed: {e}"),
-            Self::Superblock(e) => write!(f, "superblock write failed: {e}"),
-            Self::Journal(e) => write!(f, "journal refused an entry: {e}"),
-            Self::OffsetIo { kind, id, source } => {
-                write!(
-                    f,
-                    "offset of {kind:?} {id} could not be persisted: {source}"
-                )
-            }
-            Self::PurgeIo { step, source } => write!(f, "purge failed at {step}: {source}"),
-            Self::ClientTableIo { dir, source } => write!(
-                f,
-                "client table could not be recorded in {}: {source}",
-                dir.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for PartitionError {}
 
 /// A client request, before it becomes a prepare.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -50,8 +50,9 @@ use storage::fs::{FileKind, Fs};
 use storage::{SegmentFileName, parse_file_name};
 
 use crate::bus::MessageBus;
+use crate::error::PartitionError;
 use crate::offset_storage::{PurgeGeneration, persist_purge_generation};
-use crate::partition::{AppliedPoint, Partition, PartitionError};
+use crate::partition::{AppliedPoint, Partition};
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Applies a committed purge establishing `generation` at op `h.op`.

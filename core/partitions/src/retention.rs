@@ -27,7 +27,8 @@ use storage::SegmentMeta;
 use storage::fs::Fs;
 
 use crate::bus::MessageBus;
-use crate::partition::{Partition, PartitionError};
+use crate::error::PartitionError;
+use crate::partition::Partition;
 
 /// Default bound on segments removed per pass.
 pub const SEGMENTS_PER_PASS_MAX_DEFAULT: usize = 16;

@@ -11,7 +11,7 @@ use common::ConsumerKind;
 
 use super::walk::SegmentWalkError;
 use super::wire::ConsumerOffsetsWireError;
-use crate::partition::PartitionError;
+use crate::error::PartitionError;
 
 /// Why a partition cannot serve a state-transfer offer right now.
 #[derive(Debug)]
