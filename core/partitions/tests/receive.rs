@@ -27,7 +27,7 @@ use partitions::state_transfer::{
     walk_segment_payload,
 };
 use partitions::{ClientOp, PartitionConfig, PollingStrategy};
-use pump::{Ended, Hooks, Serving, complete, failed, pump};
+use pump::{Ended, Hooks, Serving, complete, failed, pump, serve_chunk};
 use storage::BatchBuilder;
 use storage::fs::{Fs, SimFs};
 use support::{Node, config, dir, fresh_fs, open};
@@ -1378,29 +1378,10 @@ fn drive_window(
         }
         let mut answers = Vec::new();
         for request in std::mem::take(&mut out) {
-            let TransferRequest::Chunk {
-                nonce,
-                artifact,
-                offset,
-                len,
-                ..
-            } = request
-            else {
+            let TransferRequest::Chunk { nonce, .. } = request else {
                 panic!("{request:?}");
             };
-            let answer = block_on(peer.server.on_request_state_chunk(
-                &peer.fs,
-                ChunkRequest {
-                    requester: ME,
-                    nonce,
-                    artifact,
-                    offset,
-                    len,
-                },
-            ));
-            let ChunkAnswer::Chunk(chunk) = answer else {
-                panic!("peer did not serve {request:?}: {answer:?}");
-            };
+            let chunk = serve_chunk(&mut peer.server, &peer.fs, ME, &request);
             answers.push((nonce, chunk.artifact, chunk.offset, chunk.payload));
         }
         for (nonce, artifact, offset, payload) in deliver(answers) {

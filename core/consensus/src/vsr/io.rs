@@ -365,12 +365,6 @@ impl Handled {
     }
 }
 
-impl From<Option<Ignored>> for Handled {
-    fn from(reason: Option<Ignored>) -> Self {
-        reason.map_or(Self::Taken, Self::Ignored)
-    }
-}
-
 /// What happened to a client request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestOutcome {

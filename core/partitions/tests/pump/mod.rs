@@ -13,7 +13,7 @@ use futures::executor::block_on;
 use journal::SuperblockStore;
 use partitions::state_transfer::{
     BuildClock, ChunkAnswer, ChunkRequest, LocalFacts, OfferServer, ReceiveError, ReceiveStep,
-    ReceivedTransfer, TransferReceiver, TransferRequest,
+    ReceivedTransfer, ServedChunk, TransferReceiver, TransferRequest,
 };
 use partitions::{MessageBus, Partition};
 use storage::fs::Fs;
@@ -106,26 +106,10 @@ where
                 block_on(rx.on_target(peer.id, hooks.view, &header, &body, facts))
             }
             TransferRequest::Chunk {
-                peer: to,
-                nonce,
-                artifact,
-                offset,
-                len,
+                peer: to, nonce, ..
             } => {
                 assert_eq!(to, peer.id, "asked the wrong peer");
-                let answer = block_on(peer.server.on_request_state_chunk(
-                    peer.fs,
-                    ChunkRequest {
-                        requester,
-                        nonce,
-                        artifact,
-                        offset,
-                        len,
-                    },
-                ));
-                let ChunkAnswer::Chunk(chunk) = answer else {
-                    panic!("peer did not serve {request:?}: {answer:?}");
-                };
+                let chunk = serve_chunk(peer.server, peer.fs, requester, &request);
                 let payload = match hooks.chunk {
                     Some(rewrite) => rewrite(chunk.artifact, chunk.offset, chunk.payload),
                     None => chunk.payload,
@@ -144,6 +128,40 @@ where
             other => return Ended::Step(other),
         }
     }
+}
+
+/// The chunk `server` answers a chunk `request` from `requester` with, or
+/// a panic naming the request and the answer when it serves none.
+pub fn serve_chunk<F: Fs>(
+    server: &mut OfferServer,
+    fs: &F,
+    requester: u8,
+    request: &TransferRequest,
+) -> ServedChunk {
+    let TransferRequest::Chunk {
+        nonce,
+        artifact,
+        offset,
+        len,
+        ..
+    } = *request
+    else {
+        panic!("not a chunk request: {request:?}");
+    };
+    let answer = block_on(server.on_request_state_chunk(
+        fs,
+        ChunkRequest {
+            requester,
+            nonce,
+            artifact,
+            offset,
+            len,
+        },
+    ));
+    let ChunkAnswer::Chunk(chunk) = answer else {
+        panic!("peer did not serve {request:?}: {answer:?}");
+    };
+    chunk
 }
 
 /// The completed transfer, or a panic naming how it ended instead.
