@@ -49,6 +49,130 @@ impl ConsumerKind {
     }
 }
 
+impl Op {
+    /// The op before any: a group that applied nothing has applied op 0.
+    pub const ZERO: Self = Self(0);
+
+    /// The op after this one. Callers bound ops far below `u64::MAX`
+    /// (`consensus::vsr::OP_MAX`), so this cannot overflow for an op that
+    /// passed that check.
+    pub const fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+
+    /// The op before this one, or op 0 for op 0.
+    pub const fn saturating_prev(self) -> Self {
+        Self(self.0.saturating_sub(1))
+    }
+
+    /// The op `n` ops after this one, or `None` past `u64::MAX`.
+    pub const fn checked_add(self, n: u64) -> Option<Self> {
+        match self.0.checked_add(n) {
+            Some(op) => Some(Self(op)),
+            None => None,
+        }
+    }
+
+    /// How many ops lie after `earlier` up to this one (0 when `earlier`
+    /// is not below it).
+    pub const fn ops_since(self, earlier: Self) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl std::ops::Add<u64> for Op {
+    type Output = Self;
+
+    /// `n` ops later.
+    fn add(self, n: u64) -> Self {
+        Self(self.0 + n)
+    }
+}
+
+impl std::ops::AddAssign<u64> for Op {
+    fn add_assign(&mut self, n: u64) {
+        self.0 += n;
+    }
+}
+
+impl std::ops::Sub<u64> for Op {
+    type Output = Self;
+
+    /// `n` ops earlier.
+    fn sub(self, n: u64) -> Self {
+        Self(self.0 - n)
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Offset {
+    /// The first offset of a partition.
+    pub const ZERO: Self = Self(0);
+
+    /// The offset after this one.
+    pub const fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+
+    /// The offset before this one, or `None` at offset 0.
+    pub const fn checked_prev(self) -> Option<Self> {
+        match self.0.checked_sub(1) {
+            Some(o) => Some(Self(o)),
+            None => None,
+        }
+    }
+
+    /// How many messages lie from `earlier` up to (not including) this
+    /// offset (0 when `earlier` is not below it).
+    pub const fn messages_since(self, earlier: Self) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl std::ops::Add<u64> for Offset {
+    type Output = Self;
+
+    /// `n` messages later.
+    fn add(self, n: u64) -> Self {
+        Self(self.0 + n)
+    }
+}
+
+impl std::ops::AddAssign<u64> for Offset {
+    fn add_assign(&mut self, n: u64) {
+        self.0 += n;
+    }
+}
+
+impl fmt::Display for Offset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl ReplicaId {
+    /// The index as a `usize`, for tables indexed by replica.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The replica's bit in a `u32` set of replicas (at most 32 replicas).
+    pub const fn bit(self) -> u32 {
+        1 << self.0
+    }
+}
+
+impl fmt::Display for ReplicaId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// A consensus group id. Group 0 is reserved for nothing in particular;
 /// the metadata plane is [`METADATA_GROUP`] (top bit set) and every partition
 /// group packs its stream, topic and partition ids:
@@ -177,6 +301,27 @@ mod tests {
             GroupId::partition(StreamId(0), TopicId(0), PartitionId(1 << 20)),
             Err(NamespaceError::PartitionIdTooLarge(1 << 20))
         );
+    }
+
+    #[test]
+    fn given_ops_and_offsets_when_stepped_should_count_in_their_own_unit() {
+        assert_eq!(Op(7).next(), Op(8));
+        assert_eq!(Op(7) + 3, Op(10));
+        assert_eq!(Op(7) - 3, Op(4));
+        assert_eq!(Op::ZERO.saturating_prev(), Op::ZERO);
+        assert_eq!(Op(u64::MAX).checked_add(1), None);
+        assert_eq!(Op(10).ops_since(Op(4)), 6);
+        assert_eq!(Op(4).ops_since(Op(10)), 0);
+        let mut op = Op(1);
+        op += 2;
+        assert_eq!(op.to_string(), "3");
+        assert_eq!(Offset(9).next(), Offset(10));
+        assert_eq!(Offset::ZERO.checked_prev(), None);
+        assert_eq!(Offset(10).checked_prev(), Some(Offset(9)));
+        assert_eq!(Offset(10).messages_since(Offset(4)), 6);
+        assert_eq!(Offset(1) + 4, Offset(5));
+        assert_eq!(ReplicaId(3).index(), 3);
+        assert_eq!(ReplicaId(3).bit(), 0b1000);
     }
 
     #[test]

@@ -1,15 +1,17 @@
 //! Manifest encode and decode at the 65,536-entry ceiling.
 
-use consensus::StateArtifact;
-use consensus::{STATE_MANIFEST_ENTRIES_MAX, artifact_kind, decode_manifest, encode_manifest};
+use common::Offset;
+use consensus::{ArtifactKind, StateArtifact};
+use consensus::{STATE_MANIFEST_ENTRIES_MAX, decode_manifest, encode_manifest};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 
 fn manifest(c: &mut Criterion) {
     let entries: Vec<StateArtifact> = (0..STATE_MANIFEST_ENTRIES_MAX as u64)
         .map(|i| StateArtifact {
-            kind: artifact_kind::SEGMENT_LOG,
-            frontier: i << 20,
+            kind: ArtifactKind::SegmentLog {
+                base_offset: Offset(i << 20),
+            },
             len: 1 << 30,
             checksum: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         })

@@ -275,7 +275,8 @@ pub fn append_chunk<P: ChunkProgress>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state_manifest::artifact_kind;
+    use crate::state_manifest::ArtifactKind;
+    use common::Offset;
 
     fn slots(lens: &[usize]) -> (Vec<Vec<u8>>, Vec<ArtifactProgress>) {
         let bodies: Vec<Vec<u8>> = lens
@@ -288,8 +289,9 @@ mod tests {
             .enumerate()
             .map(|(i, b)| {
                 ArtifactProgress::new(StateArtifact::for_bytes(
-                    artifact_kind::SEGMENT_LOG,
-                    i as u64,
+                    ArtifactKind::SegmentLog {
+                        base_offset: Offset(i as u64),
+                    },
                     b,
                 ))
             })
@@ -401,8 +403,9 @@ mod tests {
         assert!(progress[0].buf.is_empty());
         // The very end of the offset space does not wrap around.
         let mut huge = vec![ArtifactProgress::new(StateArtifact {
-            kind: artifact_kind::SEGMENT_LOG,
-            frontier: 0,
+            kind: ArtifactKind::SegmentLog {
+                base_offset: Offset(0),
+            },
             len: u64::MAX,
             checksum: 0,
         })];
@@ -464,8 +467,9 @@ mod tests {
     #[test]
     fn given_huge_declared_length_when_first_chunk_lands_should_cap_reservation() {
         let mut progress = vec![ArtifactProgress::new(StateArtifact {
-            kind: artifact_kind::SEGMENT_LOG,
-            frontier: 0,
+            kind: ArtifactKind::SegmentLog {
+                base_offset: Offset(0),
+            },
             len: 1 << 40,
             checksum: 0,
         })];

@@ -30,6 +30,6 @@ pub use hashing::{
     StateArtifactHasher, TRAILER_LEN, push_trailer, split_verified_trailer, state_artifact_checksum,
 };
 pub use state_manifest::{
-    ManifestError, STATE_MANIFEST_ENTRIES_MAX, StateArtifact, artifact_kind, decode_manifest,
-    encode_manifest, verify_state_artifact,
+    ArtifactKind, ManifestError, STATE_MANIFEST_ENTRIES_MAX, StateArtifact, artifact_kind,
+    decode_manifest, encode_manifest, verify_state_artifact,
 };

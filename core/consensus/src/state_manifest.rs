@@ -16,11 +16,13 @@
 
 use crate::hashing::{push_trailer, split_verified_trailer, state_artifact_checksum};
 use common::le_cursor::{LeCursor, Truncated};
+use common::{Offset, Op};
 use std::fmt;
 
-/// The artifact kinds, pinned on the wire: never reorder or reuse a value.
+/// The artifact kinds' codes, pinned on the wire: never reorder or reuse a
+/// value. [`ArtifactKind`] is the typed form.
 pub mod artifact_kind {
-    /// The metadata plane's snapshot payload; frontier = snapshot sequence.
+    /// The metadata plane's snapshot payload; frontier = its applied op.
     pub const METADATA_SNAPSHOT: u8 = 0;
     /// An encoded client table; frontier = the offer's commit op.
     pub const CLIENT_TABLE: u8 = 1;
@@ -39,13 +41,109 @@ pub const STATE_MANIFEST_ENTRY_LEN: u8 = 25;
 pub const STATE_MANIFEST_ENTRIES_MAX: usize = 1 << 16;
 const PREFIX_LEN: usize = 4 + 4 + 1;
 
+/// What an artifact is, with the watermark its kind gives the entry's
+/// `frontier` field on the wire: a commit op for the tables and the
+/// metadata snapshot, a message offset for a segment. Typed, so a segment's
+/// base offset can never be compared with an offer's op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArtifactKind {
+    /// The metadata plane's snapshot payload, as of `commit_op`.
+    MetadataSnapshot {
+        /// The op the snapshot was taken at.
+        commit_op: Op,
+    },
+    /// An encoded client table, as of the offer's commit op.
+    ClientTable {
+        /// The offer's commit op.
+        commit_op: Op,
+    },
+    /// One retained segment's `.log` bytes.
+    SegmentLog {
+        /// The segment's first offset.
+        base_offset: Offset,
+    },
+    /// The consumer-offset table ("ICO2"), as of the offer's commit op.
+    ConsumerOffsets {
+        /// The offer's commit op.
+        commit_op: Op,
+    },
+    /// A code this version does not know (a decoder keeps it; the plane
+    /// that reads the manifest decides). Never one of [`artifact_kind`]'s.
+    Unknown {
+        /// The kind code.
+        code: u8,
+        /// The watermark, uninterpreted.
+        frontier: u64,
+    },
+}
+
+impl ArtifactKind {
+    /// The typed kind of a wire entry.
+    pub const fn from_wire(code: u8, frontier: u64) -> Self {
+        match code {
+            artifact_kind::METADATA_SNAPSHOT => Self::MetadataSnapshot {
+                commit_op: Op(frontier),
+            },
+            artifact_kind::CLIENT_TABLE => Self::ClientTable {
+                commit_op: Op(frontier),
+            },
+            artifact_kind::SEGMENT_LOG => Self::SegmentLog {
+                base_offset: Offset(frontier),
+            },
+            artifact_kind::CONSUMER_OFFSETS => Self::ConsumerOffsets {
+                commit_op: Op(frontier),
+            },
+            code => Self::Unknown { code, frontier },
+        }
+    }
+
+    /// The kind's wire code ([`artifact_kind`]).
+    pub const fn code(self) -> u8 {
+        match self {
+            Self::MetadataSnapshot { .. } => artifact_kind::METADATA_SNAPSHOT,
+            Self::ClientTable { .. } => artifact_kind::CLIENT_TABLE,
+            Self::SegmentLog { .. } => artifact_kind::SEGMENT_LOG,
+            Self::ConsumerOffsets { .. } => artifact_kind::CONSUMER_OFFSETS,
+            Self::Unknown { code, .. } => code,
+        }
+    }
+
+    /// The watermark as the wire carries it.
+    pub const fn wire_frontier(self) -> u64 {
+        match self {
+            Self::MetadataSnapshot { commit_op }
+            | Self::ClientTable { commit_op }
+            | Self::ConsumerOffsets { commit_op } => commit_op.0,
+            Self::SegmentLog { base_offset } => base_offset.0,
+            Self::Unknown { frontier, .. } => frontier,
+        }
+    }
+
+    /// The commit op of a kind whose watermark is one.
+    pub const fn commit_op(self) -> Option<Op> {
+        match self {
+            Self::MetadataSnapshot { commit_op }
+            | Self::ClientTable { commit_op }
+            | Self::ConsumerOffsets { commit_op } => Some(commit_op),
+            Self::SegmentLog { .. } | Self::Unknown { .. } => None,
+        }
+    }
+
+    /// A segment's base offset.
+    pub const fn base_offset(self) -> Option<Offset> {
+        match self {
+            Self::SegmentLog { base_offset } => Some(base_offset),
+            _ => None,
+        }
+    }
+}
+
 /// One piece of transferable state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StateArtifact {
-    /// One of [`artifact_kind`]; unknown kinds decode, the plane decides.
-    pub kind: u8,
-    /// A kind-specific watermark (a segment's base offset, a commit op…).
-    pub frontier: u64,
+    /// What it is and its watermark; unknown kinds decode, the plane
+    /// decides.
+    pub kind: ArtifactKind,
     /// Length of the artifact in bytes.
     pub len: u64,
     /// xxh3-64 of the whole artifact.
@@ -54,10 +152,9 @@ pub struct StateArtifact {
 
 impl StateArtifact {
     /// The entry describing `bytes`: its length and checksum filled in.
-    pub fn for_bytes(kind: u8, frontier: u64, bytes: &[u8]) -> Self {
+    pub fn for_bytes(kind: ArtifactKind, bytes: &[u8]) -> Self {
         Self {
             kind,
-            frontier,
             len: bytes.len() as u64,
             checksum: state_artifact_checksum(bytes),
         }
@@ -161,8 +258,8 @@ pub fn encode_manifest(entries: &[StateArtifact]) -> Vec<u8> {
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     out.push(STATE_MANIFEST_ENTRY_LEN);
     for entry in entries {
-        out.push(entry.kind);
-        out.extend_from_slice(&entry.frontier.to_le_bytes());
+        out.push(entry.kind.code());
+        out.extend_from_slice(&entry.kind.wire_frontier().to_le_bytes());
         out.extend_from_slice(&entry.len.to_le_bytes());
         out.extend_from_slice(&entry.checksum.to_le_bytes());
     }
@@ -213,9 +310,9 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Vec<StateArtifact>, ManifestError
     let mut entries = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let mut entry = LeCursor::new(cursor.take(entry_len as usize)?);
+        let (code, frontier) = (entry.u8()?, entry.u64()?);
         entries.push(StateArtifact {
-            kind: entry.u8()?,
-            frontier: entry.u64()?,
+            kind: ArtifactKind::from_wire(code, frontier),
             len: entry.u64()?,
             checksum: entry.u64()?,
         });
@@ -234,7 +331,7 @@ mod tests {
     #[test]
     fn given_artifact_when_verified_should_check_length_and_checksum() {
         let bytes = b"segment bytes".to_vec();
-        let entry = StateArtifact::for_bytes(artifact_kind::SEGMENT_LOG, 7, &bytes);
+        let entry = StateArtifact::for_bytes(segment(7), &bytes);
         assert!(verify_state_artifact(&entry, &bytes));
         assert!(!verify_state_artifact(&entry, &bytes[..bytes.len() - 1]));
         let mut flipped = bytes.clone();
@@ -247,14 +344,68 @@ mod tests {
         assert!(!verify_state_artifact(&longer, &bytes));
     }
 
+    #[test]
+    fn given_each_code_when_typed_should_say_what_its_frontier_is_and_round_trip() {
+        let f = 0x0102_0304_0506_0708;
+        let cases = [
+            (
+                artifact_kind::METADATA_SNAPSHOT,
+                ArtifactKind::MetadataSnapshot { commit_op: Op(f) },
+            ),
+            (
+                artifact_kind::CLIENT_TABLE,
+                ArtifactKind::ClientTable { commit_op: Op(f) },
+            ),
+            (artifact_kind::SEGMENT_LOG, segment(f)),
+            (
+                artifact_kind::CONSUMER_OFFSETS,
+                ArtifactKind::ConsumerOffsets { commit_op: Op(f) },
+            ),
+            (
+                4,
+                ArtifactKind::Unknown {
+                    code: 4,
+                    frontier: f,
+                },
+            ),
+            (
+                255,
+                ArtifactKind::Unknown {
+                    code: 255,
+                    frontier: f,
+                },
+            ),
+        ];
+        for (code, kind) in cases {
+            assert_eq!(ArtifactKind::from_wire(code, f), kind);
+            assert_eq!((kind.code(), kind.wire_frontier()), (code, f));
+            assert_eq!(
+                kind.base_offset().is_some(),
+                code == artifact_kind::SEGMENT_LOG
+            );
+            assert_eq!(
+                kind.commit_op().is_some(),
+                code < 4 && code != artifact_kind::SEGMENT_LOG
+            );
+        }
+    }
+
+    fn segment(base: u64) -> ArtifactKind {
+        ArtifactKind::SegmentLog {
+            base_offset: Offset(base),
+        }
+    }
+
     fn sample() -> Vec<StateArtifact> {
         vec![
-            StateArtifact::for_bytes(artifact_kind::SEGMENT_LOG, 0, b"first segment"),
-            StateArtifact::for_bytes(artifact_kind::SEGMENT_LOG, 1000, b"second"),
-            StateArtifact::for_bytes(artifact_kind::CONSUMER_OFFSETS, 42, b""),
+            StateArtifact::for_bytes(segment(0), b"first segment"),
+            StateArtifact::for_bytes(segment(1000), b"second"),
+            StateArtifact::for_bytes(ArtifactKind::ConsumerOffsets { commit_op: Op(42) }, b""),
             StateArtifact {
-                kind: 200,
-                frontier: u64::MAX,
+                kind: ArtifactKind::Unknown {
+                    code: 200,
+                    frontier: u64::MAX,
+                },
                 len: u64::MAX,
                 checksum: 1,
             },
@@ -286,8 +437,7 @@ mod tests {
     #[test]
     fn given_known_entry_when_encoded_should_match_documented_bytes() {
         let entry = StateArtifact {
-            kind: 2,
-            frontier: 0x0102_0304_0506_0708,
+            kind: segment(0x0102_0304_0506_0708),
             len: 0x10,
             checksum: 0xAABB,
         };
@@ -397,8 +547,8 @@ mod tests {
         content.extend_from_slice(&(entries.len() as u32).to_le_bytes());
         content.push(STATE_MANIFEST_ENTRY_LEN + 3);
         for e in &entries {
-            content.push(e.kind);
-            content.extend_from_slice(&e.frontier.to_le_bytes());
+            content.push(e.kind.code());
+            content.extend_from_slice(&e.kind.wire_frontier().to_le_bytes());
             content.extend_from_slice(&e.len.to_le_bytes());
             content.extend_from_slice(&e.checksum.to_le_bytes());
             content.extend_from_slice(&[0xEE; 3]);
@@ -421,8 +571,7 @@ mod tests {
     fn given_maximum_entries_when_encoded_should_round_trip() {
         let entries: Vec<_> = (0..STATE_MANIFEST_ENTRIES_MAX as u64)
             .map(|i| StateArtifact {
-                kind: artifact_kind::SEGMENT_LOG,
-                frontier: i * 10,
+                kind: segment(i * 10),
                 len: i,
                 checksum: i ^ 0x5555,
             })
@@ -435,8 +584,7 @@ mod tests {
     fn given_too_many_entries_when_encoded_should_panic() {
         let entries = vec![
             StateArtifact {
-                kind: 0,
-                frontier: 0,
+                kind: segment(0),
                 len: 0,
                 checksum: 0
             };
@@ -447,9 +595,8 @@ mod tests {
 
     fn artifact() -> impl Strategy<Value = StateArtifact> {
         (any::<u8>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-            |(kind, frontier, len, checksum)| StateArtifact {
-                kind,
-                frontier,
+            |(code, frontier, len, checksum)| StateArtifact {
+                kind: ArtifactKind::from_wire(code, frontier),
                 len,
                 checksum,
             },

@@ -54,7 +54,7 @@ use journal::{Superblock, SuperblockError, SuperblockStore, VsrState};
 use storage::fs::Fs;
 
 use consensus::verify_state_artifact;
-use consensus::{StateArtifact, artifact_kind};
+use consensus::{ArtifactKind, StateArtifact};
 
 use crate::client_table_artifact::{
     ClientTableDecodeError, decode_client_table, encode_client_table,
@@ -489,8 +489,11 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         let snapshot = encode_snapshot(self.store.state());
         let clients = encode_client_table(&self.replica.client_table().export());
         let manifest = vec![
-            StateArtifact::for_bytes(artifact_kind::METADATA_SNAPSHOT, applied.0, &snapshot),
-            StateArtifact::for_bytes(artifact_kind::CLIENT_TABLE, applied.0, &clients),
+            StateArtifact::for_bytes(
+                ArtifactKind::MetadataSnapshot { commit_op: applied },
+                &snapshot,
+            ),
+            StateArtifact::for_bytes(ArtifactKind::ClientTable { commit_op: applied }, &clients),
         ];
         Ok(MetadataOffer {
             commit_op: applied,
@@ -515,10 +518,18 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         let ([snap, table], [snapshot, clients]) = (manifest, artifacts) else {
             return refuse(TransferError::UnexpectedManifest);
         };
-        if snap.kind != artifact_kind::METADATA_SNAPSHOT
-            || table.kind != artifact_kind::CLIENT_TABLE
-            || table.frontier != snap.frontier
-        {
+        let (
+            ArtifactKind::MetadataSnapshot {
+                commit_op: snapshot_op,
+            },
+            ArtifactKind::ClientTable {
+                commit_op: table_op,
+            },
+        ) = (snap.kind, table.kind)
+        else {
+            return refuse(TransferError::UnexpectedManifest);
+        };
+        if table_op != snapshot_op {
             return refuse(TransferError::UnexpectedManifest);
         }
         if !verify_state_artifact(snap, snapshot) || !verify_state_artifact(table, clients) {
@@ -528,9 +539,9 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             .map_err(|e| GroupError::Transfer(TransferError::Snapshot(e)))?;
         let watermarks = decode_client_table(clients)
             .map_err(|e| GroupError::Transfer(TransferError::ClientTable(e)))?;
-        if state.applied().0 != snap.frontier {
+        if state.applied() != snapshot_op {
             return refuse(TransferError::FrontierMismatch {
-                frontier: snap.frontier,
+                frontier: snapshot_op.0,
                 applied: state.applied().0,
             });
         }

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use common::ConsumerKind;
 use common::simnet::NetworkFaults;
+use common::{Offset, Op};
 use consensus::decode_manifest;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
-use consensus::{ArtifactProgress, append_chunk, artifact_kind, next_pending_chunk};
+use consensus::{ArtifactKind, ArtifactProgress, append_chunk, next_pending_chunk};
 use futures::executor::block_on;
 use journal::MemSuperblock;
 use partitions::state_transfer::{
@@ -123,8 +124,12 @@ fn given_multi_segment_partition_when_offer_built_should_describe_disk_bytes_and
     for (offered, meta) in offer.segments().iter().zip(&live) {
         let on_disk = fs.contents(&offered.path).unwrap();
         let len = usize::try_from(offered.entry.len).unwrap();
-        assert_eq!(offered.entry.kind, artifact_kind::SEGMENT_LOG);
-        assert_eq!(offered.entry.frontier, meta.start_offset);
+        assert_eq!(
+            offered.entry.kind,
+            ArtifactKind::SegmentLog {
+                base_offset: Offset(meta.start_offset)
+            }
+        );
         assert_eq!(offered.entry.len, meta.size_bytes);
         assert_eq!(on_disk.len(), len, "the offer covers the whole file");
         assert_eq!(
@@ -135,8 +140,12 @@ fn given_multi_segment_partition_when_offer_built_should_describe_disk_bytes_and
     let manifest = decode_manifest(offer.encoded_manifest()).unwrap();
     assert_eq!(manifest, offer.manifest());
     let last = manifest.last().unwrap();
-    assert_eq!(last.kind, artifact_kind::CONSUMER_OFFSETS);
-    assert_eq!(last.frontier, offer.commit_op());
+    assert_eq!(
+        last.kind,
+        ArtifactKind::ConsumerOffsets {
+            commit_op: Op(offer.commit_op())
+        }
+    );
     assert!(consensus::verify_state_artifact(
         last,
         offer.offsets_bytes()

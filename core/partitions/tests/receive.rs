@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::ConsumerKind;
+use common::{ConsumerKind, Offset, Op};
 use consensus::encode_manifest;
 use consensus::header::StateTransferTargetHeader;
-use consensus::{ChunkProgress, ChunkRejection, StateArtifact, artifact_kind};
+use consensus::{ArtifactKind, ChunkProgress, ChunkRejection, StateArtifact, artifact_kind};
 use futures::executor::block_on;
 use journal::{FileSuperblock, MemSuperblock, SuperblockStore};
 use partitions::state_transfer::{
@@ -351,7 +351,7 @@ fn given_interruption_at_90_percent_when_new_session_pulls_should_fetch_only_mis
     let requests_before = rx.stats().chunk_requests;
     let second = rx.arm(1);
     let point = rx.resume_point().unwrap();
-    assert_eq!(point.entry.frontier, logs[1].0);
+    assert_eq!(point.entry.kind.wire_frontier(), logs[1].0);
     assert_eq!(point.synced_len_bytes, stopped / sync * sync);
     assert!(point.synced_len_bytes >= target_len * 8 / 10);
     let done = complete(drive(
@@ -505,7 +505,12 @@ fn forge_first_segment(seed: u64, forged_batches: &[(u64, u32)]) -> ReceiveError
     assert!(forged.len() < real.len());
     forged.resize(real.len(), 0);
     let forged = Bytes::from(forged);
-    let entry = StateArtifact::for_bytes(artifact_kind::SEGMENT_LOG, 0, &forged);
+    let entry = StateArtifact::for_bytes(
+        ArtifactKind::SegmentLog {
+            base_offset: Offset(0),
+        },
+        &forged,
+    );
     let manifest = move |mut m: Vec<StateArtifact>| {
         m[0] = entry;
         m
@@ -727,8 +732,9 @@ fn given_manifest_past_caps_or_with_unknown_kinds_when_offered_should_refuse_at_
                 let last = *m.last().unwrap();
                 let mut out: Vec<StateArtifact> = (0..1_100u64)
                     .map(|i| StateArtifact {
-                        kind: artifact_kind::SEGMENT_LOG,
-                        frontier: i * 1_000,
+                        kind: ArtifactKind::SegmentLog {
+                            base_offset: Offset(i * 1_000),
+                        },
                         len: 1 << 30,
                         checksum: 0,
                     })
@@ -741,7 +747,10 @@ fn given_manifest_past_caps_or_with_unknown_kinds_when_offered_should_refuse_at_
         (
             "an unknown kind",
             |mut m| {
-                m[1].kind = 7;
+                m[1].kind = ArtifactKind::Unknown {
+                    code: 7,
+                    frontier: m[1].kind.wire_frontier(),
+                };
                 m
             },
             |r| matches!(r, DescriptorRefusal::UnknownKind { index: 1, kind: 7 }),
@@ -749,7 +758,10 @@ fn given_manifest_past_caps_or_with_unknown_kinds_when_offered_should_refuse_at_
         (
             "a metadata snapshot in a partition's offer",
             |mut m| {
-                m[0].kind = artifact_kind::METADATA_SNAPSHOT;
+                m[0].kind = ArtifactKind::from_wire(
+                    artifact_kind::METADATA_SNAPSHOT,
+                    m[0].kind.wire_frontier(),
+                );
                 m
             },
             |r| matches!(r, DescriptorRefusal::UnknownKind { index: 0, .. }),
@@ -783,7 +795,7 @@ fn given_manifest_past_caps_or_with_unknown_kinds_when_offered_should_refuse_at_
             // They would share a staging file.
             "two segments at one base offset",
             |mut m| {
-                m[1].frontier = m[0].frontier;
+                m[1].kind = m[0].kind;
                 m
             },
             |r| matches!(r, DescriptorRefusal::SegmentsNotAscending { index: 1, .. }),
@@ -1217,7 +1229,10 @@ fn given_resume_point_when_staged_prefix_rotted_should_pull_the_segment_whole() 
     let second = rx.arm(0);
     let point = rx.resume_point().unwrap();
     assert!(point.synced_len_bytes >= 448 * 1024);
-    let staged: PathBuf = dir().join(format!("{:020}.log.staging", point.entry.frontier));
+    let staged: PathBuf = dir().join(format!(
+        "{:020}.log.staging",
+        point.entry.kind.wire_frontier()
+    ));
     fs.rot_byte(&staged, 1_000, 0x04).unwrap();
     let done = complete(drive(
         &mut rx,
@@ -1638,7 +1653,7 @@ fn given_window_when_cut_at_90_percent_and_stalled_should_resume_from_the_last_s
     ));
     assert!(matches!(error, ReceiveError::Stalled { .. }), "{error:?}");
     let point = rx.resume_point().unwrap();
-    assert_eq!(point.entry.frontier, logs[1].0);
+    assert_eq!(point.entry.kind.wire_frontier(), logs[1].0);
     assert_eq!(point.synced_len_bytes % sync, 0);
     assert!(point.synced_len_bytes >= target_len * 8 / 10, "{point:?}");
     let mut other = Peer {
@@ -1693,8 +1708,9 @@ fn given_offer_at_u64_max_op_when_accepting_descriptor_should_refuse_out_of_rang
     }
     .encode();
     let body = encode_manifest(&[StateArtifact::for_bytes(
-        artifact_kind::CONSUMER_OFFSETS,
-        u64::MAX,
+        ArtifactKind::ConsumerOffsets {
+            commit_op: Op(u64::MAX),
+        },
         &offsets,
     )]);
     for (commit_op, commit_max) in [(u64::MAX, u64::MAX), (0, u64::MAX), (1 << 63, 1 << 63)] {
@@ -1818,9 +1834,8 @@ mod hostile {
             extreme_u64(),
             any::<u64>(),
         )
-            .prop_map(|(kind, frontier, len, checksum)| StateArtifact {
-                kind,
-                frontier,
+            .prop_map(|(code, frontier, len, checksum)| StateArtifact {
+                kind: ArtifactKind::from_wire(code, frontier),
                 len,
                 checksum,
             })
@@ -2124,11 +2139,7 @@ fn given_offsets_artifact_from_newer_encoder_when_pulled_should_charge_once_and_
     };
     assert_eq!(real.payload.len() as u64, offsets_len);
     let substituted = newer(&real.payload);
-    let entry = StateArtifact::for_bytes(
-        artifact_kind::CONSUMER_OFFSETS,
-        offer.manifest()[last].frontier,
-        &substituted,
-    );
+    let entry = StateArtifact::for_bytes(offer.manifest()[last].kind, &substituted);
     let manifest_hook = move |mut m: Vec<StateArtifact>| {
         let i = m.len() - 1;
         m[i] = entry;

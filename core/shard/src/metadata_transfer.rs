@@ -52,7 +52,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use common::METADATA_GROUP;
-use common::Prng;
+use common::{Op, Prng};
 use consensus::header::{
     CommandHeader, HEADER_SIZE, RequestStateChunkHeader, RequestStateTransferHeader,
     StateChunkHeader, StateTransferTargetHeader,
@@ -1120,16 +1120,17 @@ fn accept_descriptor(
         ),
     ];
     for (index, (entry, (kind, max))) in manifest.iter().zip(expected).enumerate() {
-        if entry.kind != kind {
+        if entry.kind.code() != kind {
             return Err(R::UnexpectedKind {
                 index,
-                kind: entry.kind,
+                kind: entry.kind.code(),
             });
         }
-        if entry.frontier != h.commit_op {
+        // Both kinds' frontier is a commit op.
+        if entry.kind.commit_op() != Some(Op(h.commit_op)) {
             return Err(R::FrontierMismatch {
                 index,
-                frontier: entry.frontier,
+                frontier: entry.kind.wire_frontier(),
                 commit_op: h.commit_op,
             });
         }

@@ -43,8 +43,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::ConsumerKind;
+use common::{Offset, Op};
+use consensus::{ArtifactKind, StateArtifact, StateArtifactHasher};
 use consensus::{STATE_MANIFEST_ENTRIES_MAX, encode_manifest};
-use consensus::{StateArtifact, StateArtifactHasher, artifact_kind};
 use journal::SuperblockStore;
 use storage::fs::{Fs, FsFile, OpenOptions};
 use storage::log_file_name;
@@ -878,8 +879,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .zip(checksums)
             .map(|(segment, checksum)| OfferedSegment {
                 entry: StateArtifact {
-                    kind: artifact_kind::SEGMENT_LOG,
-                    frontier: segment.identity.start_offset,
+                    kind: ArtifactKind::SegmentLog {
+                        base_offset: Offset(segment.identity.start_offset),
+                    },
                     len: segment.len_bytes,
                     checksum,
                 },
@@ -889,8 +891,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .collect();
         let offsets_bytes = Bytes::from(plan.offsets.encode());
         let offsets_entry = StateArtifact::for_bytes(
-            artifact_kind::CONSUMER_OFFSETS,
-            plan.commit_op,
+            ArtifactKind::ConsumerOffsets {
+                commit_op: Op(plan.commit_op),
+            },
             &offsets_bytes,
         );
         let mut manifest: Vec<StateArtifact> = segments.iter().map(|s| s.entry).collect();

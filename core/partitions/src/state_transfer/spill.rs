@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use consensus::{StateArtifact, StateArtifactHasher, artifact_kind};
+use consensus::{StateArtifact, StateArtifactHasher};
 use storage::encode_entries;
 use storage::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions};
 use storage::{STAGING_SUFFIX, index_file_name, log_file_name};
@@ -102,7 +102,7 @@ impl StagedSegmentMeta {
         (log_staging, index_staging): (PathBuf, PathBuf),
     ) -> Self {
         Self {
-            start_offset: entry.frontier,
+            start_offset: base_offset(entry),
             end_offset: stats.end_offset,
             size_bytes: entry.len,
             index_size_bytes,
@@ -159,8 +159,7 @@ impl<H: FsFile> SegmentSpill<H> {
         entry: StateArtifact,
         config: SpillConfig,
     ) -> Result<Self, SpillError> {
-        debug_assert_eq!(entry.kind, artifact_kind::SEGMENT_LOG);
-        let (log_path, index_path) = staging_paths(dir, entry.frontier);
+        let (log_path, index_path) = staging_paths(dir, base_offset(&entry));
         let file = fs
             .open(&log_path, OpenOptions::create_read_write().truncate(true))
             .await
@@ -171,7 +170,7 @@ impl<H: FsFile> SegmentSpill<H> {
             index_path,
             file,
             hasher: StateArtifactHasher::new(),
-            walker: SegmentWalker::new(entry.frontier),
+            walker: SegmentWalker::new(base_offset(&entry)),
             received_len_bytes: 0,
             synced_len_bytes: 0,
             config,
@@ -311,7 +310,7 @@ impl<H: FsFile> SegmentSpill<H> {
         debug_assert_eq!(self.received_len_bytes, self.entry.len);
         if self.hasher.finish() != self.entry.checksum {
             return Err(SpillError::ManifestChecksum {
-                frontier: self.entry.frontier,
+                frontier: base_offset(&self.entry),
             });
         }
         let (stats, index) = self.walker.finish()?;
@@ -372,7 +371,7 @@ impl<H: FsFile> PrefixRehash<H> {
         target_len_bytes: u64,
         writable: bool,
     ) -> Result<Self, SpillError> {
-        let (log_path, index_path) = staging_paths(dir, entry.frontier);
+        let (log_path, index_path) = staging_paths(dir, base_offset(&entry));
         let opts = if writable {
             OpenOptions::read_write()
         } else {
@@ -388,7 +387,7 @@ impl<H: FsFile> PrefixRehash<H> {
             index_path,
             file,
             hasher: StateArtifactHasher::new(),
-            walker: SegmentWalker::new(entry.frontier),
+            walker: SegmentWalker::new(base_offset(&entry)),
             target_len_bytes: target_len_bytes.min(entry.len),
             buf: Vec::new(),
         })
@@ -483,7 +482,7 @@ impl<H: FsFile> PrefixRehash<H> {
 /// test before an adoption reads anything (the common miss, a grown active
 /// segment, costs no read).
 pub async fn staged_len_matches<F: Fs>(fs: &F, dir: &Path, entry: &StateArtifact) -> bool {
-    let (log_path, _) = staging_paths(dir, entry.frontier);
+    let (log_path, _) = staging_paths(dir, base_offset(entry));
     matches!(
         fs.metadata(&log_path).await,
         Ok(m) if m.kind == FileKind::File && m.len == entry.len
@@ -553,17 +552,29 @@ pub async fn sweep_staging_except<F: Fs>(
     swept
 }
 
+/// The first offset of a segment entry's bytes. Staged files exist only
+/// for entries the descriptor check found to be segments (receive.rs), so
+/// a debug build stops on anything else.
+fn base_offset(entry: &StateArtifact) -> u64 {
+    debug_assert!(
+        entry.kind.base_offset().is_some(),
+        "staging a non-segment artifact {:?}",
+        entry.kind
+    );
+    entry.kind.wire_frontier()
+}
+
 /// A digest over every `SEGMENT_LOG` entry of a manifest (frontier, length,
 /// checksum), keying the reuse-scan memo: equal digests mean two offers
 /// expect byte-identical staged files. The offsets artifact is left out; it
 /// is never staged and is re-encoded per build.
 pub fn segment_manifest_digest(manifest: &[StateArtifact]) -> u64 {
     let mut hasher = StateArtifactHasher::new();
-    for entry in manifest
+    for (entry, base) in manifest
         .iter()
-        .filter(|e| e.kind == artifact_kind::SEGMENT_LOG)
+        .filter_map(|e| Some((e, e.kind.base_offset()?)))
     {
-        hasher.update(&entry.frontier.to_le_bytes());
+        hasher.update(&base.0.to_le_bytes());
         hasher.update(&entry.len.to_le_bytes());
         hasher.update(&entry.checksum.to_le_bytes());
     }

@@ -5,7 +5,7 @@
 use std::fmt;
 
 use consensus::header::StateTransferTargetHeader;
-use consensus::{ManifestError, artifact_kind, decode_manifest};
+use consensus::{ArtifactKind, ManifestError, decode_manifest};
 
 use super::{
     AcceptedDescriptor, LocalFacts, OFFSETS_ARTIFACT_LEN_MAX, ReceiverConfig,
@@ -132,7 +132,7 @@ pub(super) fn accept_descriptor(
     let mut previous: Option<u64> = None;
     for (index, entry) in manifest.iter().enumerate() {
         match entry.kind {
-            artifact_kind::SEGMENT_LOG => {
+            ArtifactKind::SegmentLog { base_offset } => {
                 if entry.len > config.segment_artifact_len_max_bytes {
                     return Err(DescriptorRefusal::SegmentTooLarge {
                         index,
@@ -143,16 +143,16 @@ pub(super) fn accept_descriptor(
                 if entry.len == 0 {
                     return Err(DescriptorRefusal::EmptySegment { index });
                 }
-                if let Some(previous) = previous.filter(|&p| entry.frontier <= p) {
+                if let Some(previous) = previous.filter(|&p| base_offset.0 <= p) {
                     return Err(DescriptorRefusal::SegmentsNotAscending {
                         index,
                         previous,
-                        frontier: entry.frontier,
+                        frontier: base_offset.0,
                     });
                 }
-                previous = Some(entry.frontier);
+                previous = Some(base_offset.0);
             }
-            artifact_kind::CONSUMER_OFFSETS => {
+            ArtifactKind::ConsumerOffsets { .. } => {
                 if entry.len > OFFSETS_ARTIFACT_LEN_MAX {
                     return Err(DescriptorRefusal::OffsetsTooLarge {
                         len: entry.len,
@@ -161,7 +161,12 @@ pub(super) fn accept_descriptor(
                 }
                 offsets_count += 1;
             }
-            kind => return Err(DescriptorRefusal::UnknownKind { index, kind }),
+            kind => {
+                return Err(DescriptorRefusal::UnknownKind {
+                    index,
+                    kind: kind.code(),
+                });
+            }
         }
         total = total
             .checked_add(entry.len)
@@ -172,7 +177,7 @@ pub(super) fn accept_descriptor(
     }
     let last_is_offsets = manifest
         .last()
-        .is_some_and(|e| e.kind == artifact_kind::CONSUMER_OFFSETS);
+        .is_some_and(|e| matches!(e.kind, ArtifactKind::ConsumerOffsets { .. }));
     if offsets_count != 1 || !last_is_offsets {
         return Err(DescriptorRefusal::OffsetsArtifactMisplaced {
             count: offsets_count,

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
-use consensus::{ArtifactProgress, artifact_kind};
+use consensus::{ArtifactKind, ArtifactProgress};
 use storage::fs::Fs;
 
 use super::{
@@ -162,7 +162,7 @@ impl<F: Fs> TransferReceiver<F> {
         for (index, entry) in preparation.descriptor.manifest.iter().enumerate() {
             if let Some(meta) = preparation.adopted.get(&index) {
                 artifacts.push(TransferArtifact::Staged(meta.clone()));
-            } else if entry.kind == artifact_kind::CONSUMER_OFFSETS {
+            } else if matches!(entry.kind, ArtifactKind::ConsumerOffsets { .. }) {
                 artifacts.push(TransferArtifact::Pending(PendingArtifact::Offsets(
                     ArtifactProgress::new(*entry),
                 )));
@@ -220,7 +220,7 @@ pub(super) async fn advance_preparation<F: Fs>(
             let Some((index, candidate, rehash)) = preparation.current.take() else {
                 continue;
             };
-            let frontier = rehash.entry().frontier;
+            let start_offset = rehash.entry().kind.wire_frontier();
             match candidate {
                 Candidate::Adopt => match rehash.adopt(fs).await {
                     Ok(Some(meta)) => {
@@ -231,7 +231,7 @@ pub(super) async fn advance_preparation<F: Fs>(
                     }
                     Ok(None) => {}
                     Err(error) => {
-                        tracing::warn!(start_offset = frontier, %error, "cannot adopt staged segment");
+                        tracing::warn!(start_offset, %error, "cannot adopt staged segment");
                     }
                 },
                 Candidate::Resume => match SegmentSpill::from_rehash(rehash, config.spill).await {
@@ -239,7 +239,7 @@ pub(super) async fn advance_preparation<F: Fs>(
                         stats.resumed_spills += 1;
                         stats.resumed_bytes += spill.received_len_bytes();
                         tracing::info!(
-                            start_offset = frontier,
+                            start_offset,
                             resumed_bytes = spill.received_len_bytes(),
                             "resuming an interrupted segment spill"
                         );
@@ -247,7 +247,7 @@ pub(super) async fn advance_preparation<F: Fs>(
                         preparation.resumed = Some((index, spill));
                     }
                     Err(error) => {
-                        tracing::warn!(start_offset = frontier, %error, "cannot resume spill; pulling it whole");
+                        tracing::warn!(start_offset, %error, "cannot resume spill; pulling it whole");
                     }
                 },
             }
@@ -258,7 +258,10 @@ pub(super) async fn advance_preparation<F: Fs>(
             break true;
         };
         preparation.next_index += 1;
-        if entry.kind != artifact_kind::SEGMENT_LOG || preparation.adopted.contains_key(&index) {
+        let Some(base_offset) = entry.kind.base_offset() else {
+            continue;
+        };
+        if preparation.adopted.contains_key(&index) {
             continue;
         }
         let opened = if !preparation.memo_hit && staged_len_matches(fs, dir, &entry).await {
@@ -275,7 +278,7 @@ pub(super) async fn advance_preparation<F: Fs>(
         match opened {
             Ok((candidate, rehash)) => preparation.current = Some((index, candidate, rehash)),
             Err(error) => {
-                tracing::warn!(start_offset = entry.frontier, %error, "staged file unreadable; it will be pulled");
+                tracing::warn!(start_offset = base_offset.0, %error, "staged file unreadable; it will be pulled");
             }
         }
     };
