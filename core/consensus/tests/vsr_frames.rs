@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
+use common::Op;
 use consensus::vsr::{
     AppliedState, Config, DoViewChange, DurableState, Frame, FrameError, Handled, Ignored, Message,
     OP_MAX, Prepare, PrepareHeader, Replica, StartView, SuffixSlot, body_checksum,
@@ -42,7 +43,7 @@ fn prepare(op: u64) -> Prepare {
 }
 
 fn unchanged(r: &Replica) {
-    assert_eq!((r.view(), r.op(), r.commit_max()), (0, 0, 0));
+    assert_eq!((r.view(), r.op(), r.commit_max()), (0, Op(0), Op(0)));
 }
 
 #[test]
@@ -76,10 +77,10 @@ fn given_prepare_with_flipped_body_bit_should_refuse_without_journaling() {
         r.on_frame(frame(Message::Prepare(p))),
         Err(FrameError::BadChecksum { op: 1 })
     );
-    assert!(r.journal_entry(1).is_none());
+    assert!(r.journal_entry(Op(1)).is_none());
     let good = prepare(1);
     r.on_frame(frame(Message::Prepare(good))).unwrap();
-    assert!(r.journal_entry(1).is_some());
+    assert!(r.journal_entry(Op(1)).is_some());
 }
 
 #[test]
@@ -97,7 +98,7 @@ fn given_prepare_whose_header_names_another_group_should_refuse_as_wrong_group()
         r.on_frame(frame(Message::RepairPrepare(p))),
         Err(FrameError::WrongGroup { group: 7 })
     );
-    assert!(r.journal_entry(1).is_none());
+    assert!(r.journal_entry(Op(1)).is_none());
     unchanged(&r);
 }
 
@@ -138,7 +139,7 @@ fn given_prepares_a_backup_must_not_take_should_count_each_by_its_reason() {
         Ok(Handled::Ignored(Ignored::NotFromAuthority))
     );
     assert_eq!(ignored(&r), [0, 0, 0, 1, 0, 0]);
-    assert!(r.journal_entry(1).is_none());
+    assert!(r.journal_entry(Op(1)).is_none());
     // Of view 1, which this replica has not heard of yet.
     r.on_frame(prepare_from(0, 1, prepare(1))).unwrap();
     assert_eq!(ignored(&r), [1, 0, 0, 1, 0, 0]);
@@ -150,14 +151,14 @@ fn given_prepares_a_backup_must_not_take_should_count_each_by_its_reason() {
     r.on_frame(prepare_from(2, 1, prepare(1))).unwrap();
     r.on_frame(prepare_from(0, 0, prepare(1))).unwrap();
     assert_eq!(ignored(&r), [1, 1, 1, 1, 0, 0]);
-    assert!(r.journal_entry(1).is_none());
+    assert!(r.journal_entry(Op(1)).is_none());
     // The taken one is counted nowhere.
     let mut taken = Replica::new(Config::new(1, 3, 0));
     assert_eq!(
         taken.on_frame(prepare_from(0, 0, prepare(1))),
         Ok(Handled::Taken)
     );
-    assert!(taken.journal_entry(1).is_some());
+    assert!(taken.journal_entry(Op(1)).is_some());
     assert!(Ignored::ALL.iter().all(|x| taken.frames_ignored(*x) == 0));
 }
 

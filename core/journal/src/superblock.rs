@@ -670,7 +670,7 @@ impl<S: SuperblockStore> Superblock<S> {
         replica: &mut Replica,
     ) -> Result<(), SuperblockError> {
         let (view, log_view) = (replica.view(), replica.log_view());
-        self.persist_view(view, log_view, replica.commit_max())
+        self.persist_view(view, log_view, replica.commit_max().0)
             .await?;
         replica.on_persisted(view, log_view);
         Ok(())

@@ -406,7 +406,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             && r.status() == consensus::vsr::Status::Normal
             && r.log_view() == r.view()
             && r.op() == r.commit_min()
-            && r.commit_min() == applied
+            && r.commit_min().0 == applied
             && sb.view == r.view()
             && sb.log_view == r.log_view()
             && sb.commit_max <= applied;
@@ -454,7 +454,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// progress" for good (replog-sim seed 3000036, mixed).
     pub fn state_transfer_needed(&self) -> Option<TransferNeeded> {
         self.transfer_needed
-            .filter(|t| self.replica.is_transferring() || self.replica.commit_min() < t.floor)
+            .filter(|t| self.replica.is_transferring() || self.replica.commit_min().0 < t.floor)
     }
 
     /// Serves the applied state as a state-transfer offer (only a caught-up
@@ -546,7 +546,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             });
         }
         let applied = self.store.applied();
-        if state.applied() <= applied || state.applied().0 < self.replica.commit_min() {
+        if state.applied() <= applied || state.applied() < self.replica.commit_min() {
             return Err(GroupError::Transfer(TransferError::StaleTransfer {
                 offer: state.applied().0,
                 applied: applied.0,
@@ -558,7 +558,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             return refuse(TransferError::ClientTableRefused);
         }
         let effects = reconcile_effects(self.store.state(), &state);
-        let (op, identity) = (state.applied().0, state.applied_identity());
+        let (op, identity) = (state.applied(), state.applied_identity());
         // Durable first: a crash after this boots the installed state.
         self.store.install(state).await.map_err(|e| {
             self.fenced = true;
@@ -574,10 +574,10 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         self.outcomes.clear();
         self.effects
             .extend(effects.iter().map(|effect| CommittedEffect {
-                op: Op(op),
+                op,
                 effect: effect.clone(),
             }));
-        tracing::info!(op, "metadata state transfer installed");
+        tracing::info!(op = op.0, "metadata state transfer installed");
         self.drive().await?;
         Ok(effects)
     }
@@ -641,7 +641,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         }
         assert_eq!(
             self.store.applied().0,
-            self.replica.commit_min(),
+            self.replica.commit_min().0,
             "the store and the core disagree on the applied op"
         );
         self.store.state().invariants();

@@ -212,7 +212,7 @@ impl Cluster {
             let primary_ok = live.iter().any(|&r| {
                 self.groups[r].replica().is_primary()
                     && self.groups[r].replica().status() == Status::Normal
-                    && self.groups[r].replica().commit_min() == self.groups[r].replica().op()
+                    && self.groups[r].replica().commit_min().0 == self.groups[r].replica().op().0
             });
             if ops.len() == 1 && primary_ok {
                 let first = self.groups[live[0]].state();
@@ -447,7 +447,7 @@ fn view_change_mid(op: MetadataOp) -> (Cluster, Vec<Vec<CommittedEffect>>) {
     assert!(matches!(c.submit(&op), RequestOutcome::Prepared { .. }));
     c.deliver();
     assert!(
-        (0..3).all(|r| c.groups[r].replica().op() == c.groups[old].replica().op()),
+        (0..3).all(|r| c.groups[r].replica().op().0 == c.groups[old].replica().op().0),
         "the prepare reached every backup"
     );
     {
@@ -970,6 +970,6 @@ fn given_group_that_booted_once_when_reopened_with_nothing_committed_should_rest
         Status::Recovering,
         "reopened as a new group at view {} op {}",
         again.replica().view(),
-        again.replica().op()
+        again.replica().op().0
     );
 }

@@ -231,7 +231,7 @@ impl Group {
 
     fn primary(&self) -> usize {
         let r = self.replicas[0].replica();
-        usize::from(r.primary_index(r.view()))
+        r.primary_index(r.view()).index()
     }
 
     /// Delivers the frames due now, then ticks every replica.
@@ -286,12 +286,12 @@ impl Group {
     /// Steps until every replica applied what the primary committed, then
     /// flushes every replica with a sync.
     async fn settle(&mut self) {
-        let target = self.replicas[self.primary()].replica().commit_max();
+        let target = self.replicas[self.primary()].replica().commit_max().0;
         let mut steps = 0;
         while self
             .replicas
             .iter()
-            .any(|r| r.replica().commit_min() < target)
+            .any(|r| r.replica().commit_min().0 < target)
         {
             steps += 1;
             assert!(steps < STEPS_PER_REQUEST_MAX, "backups never caught up");

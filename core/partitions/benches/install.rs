@@ -96,7 +96,7 @@ fn stage(src: &BenchPartition, dir: &Path) -> InstallInput {
     std::fs::File::open(dir).unwrap().sync_all().unwrap();
     let next_offset = src.log().next_offset();
     InstallInput {
-        commit_op: src.replica().commit_min(),
+        commit_op: src.replica().commit_min().0,
         commit_checksum: src.replica().commit_min_checksum(),
         staged,
         offsets_artifact: ConsumerOffsetsWire {

@@ -193,7 +193,7 @@ async fn transfer(
         group: 0,
         available: true,
         unavailable_transient: false,
-        commit_max: source.replica().commit_max(),
+        commit_max: source.replica().commit_max().0,
     };
     let body = offer.encoded_manifest().to_vec();
     let mut step = rx.on_target(0, 0, &header, &body, &facts).await;
@@ -333,7 +333,7 @@ fn main() {
                 let (elapsed, phased, stats, applied) =
                     rt.block_on(transfer(&mut source, &out.path().join("p")));
                 phases = phased;
-                assert_eq!(applied, source.replica().commit_min());
+                assert_eq!(applied, source.replica().commit_min().0);
                 assert!(stats.chunk_bytes >= total, "{stats:?}");
                 peak_held = peak_held.max(stats.peak_held_bytes);
                 elapsed

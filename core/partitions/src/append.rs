@@ -45,7 +45,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let max = self.config.log.batch_length_max;
         BatchView::decode_exact(&batch, Integrity::Verify, max)
             .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
-        let Some(state) = self.offset_state_before(self.replica.op() + 1) else {
+        let Some(state) = self.offset_state_before(self.replica.op().0 + 1) else {
             return Ok(None);
         };
         let timestamp = self.now_us.max(state.last_timestamp);
@@ -65,7 +65,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// base offset this replica expects.
     pub(crate) fn check_prepare(&self, prepare: &Prepare) -> Result<(), PartitionError> {
         let h = &prepare.header;
-        if h.op <= self.replica.commit_min() {
+        if h.op <= self.replica.commit_min().0 {
             // Already applied: the core ignores it.
             return Ok(());
         }

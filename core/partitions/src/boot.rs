@@ -126,7 +126,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let (mut replica, journaled_point) = start_replica(&config, &sb, point, next);
         restore_sessions(&mut replica, recorded_table, dir, &config, &sb, fresh);
         let applied_next_offset = journaled_point.next_offset;
-        let journal = PrepareJournal::new(config.journal, replica.commit_min() + 1);
+        let journal = PrepareJournal::new(config.journal, replica.commit_min().0 + 1);
         let (messages_count, size_bytes, last_timestamp) =
             log.segments().fold((0u64, 0u64, 0u64), |(m, b, t), s| {
                 (
@@ -188,7 +188,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if let Err(e) = partition.drive().await {
             tracing::warn!(error = %e, "partition boot could not persist its view");
         }
-        tracing::info!(dir = %partition.dir.display(), log_next_offset = next, applied_next_offset, applied_op = partition.replica.commit_min(), generation, view = partition.replica.view(), "partition booted");
+        tracing::info!(dir = %partition.dir.display(), log_next_offset = next, applied_next_offset, applied_op = partition.replica.commit_min().0, generation, view = partition.replica.view(), "partition booted");
         Ok(partition)
     }
 }

@@ -344,7 +344,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // from inside `apply`), when the next flush records instead.
         let record = ((sync && record_frontier) || sealed || self.record_due_here())
             && self.missing_history_record_pending.is_none()
-            && point.op == self.replica.commit_min();
+            && point.op == self.replica.commit_min().0;
         if sync || record {
             self.log.sync().await.map_err(PartitionError::Storage)?;
             outcome.synced = true;

@@ -69,7 +69,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use common::ConsumerKind;
+use common::{ConsumerKind, Op};
 use consensus::ClientTableError;
 use consensus::DedupWatermark;
 use consensus::vsr::{
@@ -361,7 +361,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> fmt::Debug for Partition<B, S, F>
         f.debug_struct("Partition")
             .field("dir", &self.dir)
             .field("replica", &self.config.vsr.replica)
-            .field("commit_min", &self.replica.commit_min())
+            .field("commit_min", &self.replica.commit_min().0)
             .field("applied_next_offset", &self.applied_next_offset)
             .field("fenced", &self.fenced)
             .finish_non_exhaustive()
@@ -391,7 +391,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.missing_history_clear_pending = false;
         if self.state_transfer_needed.is_none() && self.config.vsr.replica_count > 1 {
             let me = self.config.vsr.replica;
-            let primary = self.replica.primary_index(self.replica.view());
+            let primary = self.replica.primary_index(self.replica.view()).0;
             let peer = if primary == me {
                 (me + 1) % self.config.vsr.replica_count
             } else {
@@ -400,7 +400,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             self.state_transfer_needed = Some(StateTransferNeeded {
                 peer,
                 floor: record.commit_op,
-                to_op: self.replica.commit_max().max(record.commit_op),
+                to_op: self.replica.commit_max().0.max(record.commit_op),
             });
         }
         tracing::warn!(dir = %self.dir.display(), frontier = record.frontier, op = record.commit_op, "history below the frontier is missing: lagging until a state transfer installs");
@@ -445,7 +445,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             return;
         }
         let record = MissingHistory {
-            commit_op: self.replica.commit_min(),
+            commit_op: self.replica.commit_min().0,
             frontier: self.applied_next_offset,
         };
         self.mark_history_missing(record);
@@ -621,9 +621,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             && r.op() == r.commit_min()
             && sb.view == r.view()
             && sb.log_view == r.log_view()
-            && sb.checkpoint_op == r.commit_min()
+            && sb.checkpoint_op == r.commit_min().0
             && sb.checkpoint_checksum == r.commit_min_checksum()
-            && sb.commit_max <= r.commit_min()
+            && sb.commit_max <= r.commit_min().0
             && self.journal.info().messages_count == 0;
         clean.then_some(journal::CleanStop {
             view: sb.view,
@@ -662,7 +662,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             Err(consensus::vsr::InvariantViolation::new(property, detail))
         };
         let sb = self.durable.state();
-        let applied = self.replica.commit_min();
+        let applied = self.replica.commit_min().0;
         if sb.checkpoint_op > applied {
             return broken(
                 "recorded-past-applied",
@@ -799,7 +799,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let res = self.replica.on_frame(frame);
         if let Ok(Handled::Ignored(reason)) = res {
             tracing::trace!(
-                group = self.replica.group(),
+                group = %self.replica.group(),
                 from,
                 view,
                 message,
@@ -885,7 +885,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if self.damage_found.get() {
             self.repair_damage().await;
         }
-        self.retained.trim(self.replica.retained_from());
+        self.retained.trim(self.replica.retained_from().0);
         self.replica.on_tick();
         self.ticking = true;
         let driven = self.drive().await;
@@ -1296,7 +1296,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// op-1`. `None` when `op` is already applied or a prepare in between
     /// is missing (a hole: nothing to check against yet).
     pub(crate) fn offset_state_before(&self, op: u64) -> Option<OffsetState> {
-        let applied = self.replica.commit_min();
+        let applied = self.replica.commit_min().0;
         if op <= applied {
             return None;
         }
@@ -1306,7 +1306,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             last_timestamp: self.applied_last_timestamp,
         };
         for k in applied + 1..op {
-            let p = self.replica.journal_entry(k)?;
+            let p = self.replica.journal_entry(Op(k))?;
             state = self.fold(state, p)?;
         }
         Some(state)

@@ -72,7 +72,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // table is recorded only when this op is the core's last applied;
         // otherwise the points are recorded without one, and a restart
         // from them starts deduplication empty (docs/consensus.md §9).
-        let table_current = self.replica.commit_min() == op;
+        let table_current = self.replica.commit_min().0 == op;
         // 1. Frontier reset first (see the module comment), with the client
         // table under the same point so that a crash mid-purge restores it.
         // It already holds this op's request: the op is applied again, as

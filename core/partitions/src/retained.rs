@@ -35,6 +35,7 @@
 //! [`Partition::release_retained`] for a group that stayed idle (the shard
 //! does on its handle pass, about every 5 s per group).
 
+use common::Op;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -165,8 +166,8 @@ impl RetainedBodies {
     /// Applied op `op`'s body (an Append whose batch starts at `offset`,
     /// `len` bytes) is in the segments now; the core may still hold it.
     pub(crate) fn flushed(&mut self, replica: &mut Replica, op: u64, offset: u64, len: u64) {
-        self.trim(replica.retained_from());
-        if op < replica.retained_from() {
+        self.trim(replica.retained_from().0);
+        if op < replica.retained_from().0 {
             return;
         }
         self.held.push_back(Body { op, offset, len });
@@ -191,7 +192,7 @@ impl RetainedBodies {
     /// budget goes to the groups that are writing).
     pub(crate) fn release_all(&mut self, replica: &mut Replica) {
         while let Some(front) = self.held.pop_front() {
-            if replica.spill_applied(front.op, front.offset).is_some() {
+            if replica.spill_applied(Op(front.op), front.offset).is_some() {
                 self.budget.0.spilled.fetch_add(1, Ordering::Relaxed);
             }
             self.release(front.len);
@@ -203,7 +204,7 @@ impl RetainedBodies {
             let Some(front) = self.held.pop_front() else {
                 break;
             };
-            if replica.spill_applied(front.op, front.offset).is_some() {
+            if replica.spill_applied(Op(front.op), front.offset).is_some() {
                 self.budget.0.spilled.fetch_add(1, Ordering::Relaxed);
             }
             self.release(front.len);

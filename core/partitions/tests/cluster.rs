@@ -162,7 +162,7 @@ fn run(seed: u64, isolate_primary_at: Option<u64>) {
         // retrying elsewhere, possibly requests ordered twice.
         if let Some(at) = isolate_primary_at {
             if ticks == at {
-                let primary = cluster.replicas[0].replica().primary_index(0);
+                let primary = cluster.replicas[0].replica().primary_index(0).0;
                 cluster.net.isolate(Some(primary));
             } else if ticks == at + 600 {
                 cluster.net.isolate(None);
@@ -244,14 +244,14 @@ fn run(seed: u64, isolate_primary_at: Option<u64>) {
     let target = cluster
         .replicas
         .iter()
-        .map(|r| r.replica().commit_max())
+        .map(|r| r.replica().commit_max().0)
         .max()
         .unwrap();
     for _ in 0..20_000 {
         if cluster
             .replicas
             .iter()
-            .all(|r| r.replica().commit_min() >= target)
+            .all(|r| r.replica().commit_min().0 >= target)
         {
             break;
         }
@@ -368,7 +368,7 @@ fn given_primary_cut_off_mid_run_when_10k_messages_produced_should_change_view_a
 fn given_prepare_with_wrong_base_offset_when_received_by_backup_should_refuse_without_journaling() {
     use consensus::vsr::{Frame, Message, Prepare, body_checksum};
     let mut cluster = Cluster::new(99, NetworkFaults::default());
-    let primary = cluster.replicas[0].replica().primary_index(0);
+    let primary = cluster.replicas[0].replica().primary_index(0).0;
     let backup = (primary + 1) % REPLICAS;
     // Register and produce one batch through the primary.
     cluster.submit(
@@ -418,7 +418,7 @@ fn given_prepare_with_wrong_base_offset_when_received_by_backup_should_refuse_wi
         b.push(9, 0, b"forged", b"");
         let body = bytes::Bytes::from(b.build_stamped(1, base_offset, 5).unwrap());
         let mut header = last.header;
-        header.op = head + 1;
+        header.op = head.0 + 1;
         header.parent = last.header.checksum;
         header.request = 2;
         header.checksum_body = body_checksum(&body);
@@ -481,7 +481,7 @@ fn register(cluster: &mut Cluster, primary: u8, client: u128) -> u64 {
 #[test]
 fn given_purge_pipelined_with_appends_when_committed_should_restart_offsets_on_every_replica() {
     let mut cluster = Cluster::new(7, NetworkFaults::default());
-    let primary = cluster.replicas[0].replica().primary_index(0);
+    let primary = cluster.replicas[0].replica().primary_index(0).0;
     let s1 = register(&mut cluster, primary, 1);
     let s2 = register(&mut cluster, primary, 2);
     for n in 1..=3 {
@@ -574,7 +574,7 @@ fn given_purge_pipelined_with_appends_when_committed_should_restart_offsets_on_e
 #[test]
 fn given_auto_commit_poll_on_primary_when_ticked_should_replicate_the_offset() {
     let mut cluster = Cluster::new(21, NetworkFaults::default());
-    let primary = cluster.replicas[0].replica().primary_index(0);
+    let primary = cluster.replicas[0].replica().primary_index(0).0;
     let s1 = register(&mut cluster, primary, 1);
     for n in 1..=4 {
         let (bytes, _) = client_batch(1, n);

@@ -258,7 +258,7 @@ fn fixture(seed: u64) -> (Fixture, SourceSegments) {
     let staged = stage(&fs, &source);
     let old_messages = messages(&old.partition);
     assert_eq!(old_messages.len(), 15);
-    let commit_op = old.partition.replica().commit_max();
+    let commit_op = old.partition.replica().commit_max().0;
     (
         Fixture {
             fs,
@@ -322,7 +322,7 @@ fn given_staged_chain_when_installed_should_serve_new_chain_offsets_and_frontier
     let out = block_on(f.old.install_partition_state(input(&f))).unwrap();
     assert_eq!(out.applied_commit_op, f.commit_op);
     assert_fully_installed(&f.old, &f);
-    assert_eq!(f.old.replica().commit_min(), f.commit_op);
+    assert_eq!(f.old.replica().commit_min().0, f.commit_op);
     assert_eq!(f.old.replica().commit_min_checksum(), CHECKSUM);
     assert_eq!(f.old.installed_frontier(), Some(FRONTIER));
     assert!(!block_on(f.fs.exists(&dir().join(INSTALL_MARKER_FILE))).unwrap());
@@ -407,8 +407,8 @@ fn given_power_cut_after_every_install_call_when_rebooted_should_be_old_new_or_e
 fn assert_unchanged_by(f: &mut Fixture, mutate: impl FnOnce(&mut InstallInput), expect: &str) {
     let before = snapshot(&f.fs, Path::new("/data"));
     let commit = (
-        f.old.replica().commit_min(),
-        f.old.replica().commit_max(),
+        f.old.replica().commit_min().0,
+        f.old.replica().commit_max().0,
         f.old.offset_frontier(),
         f.old.durable_offset_frontier(),
     );
@@ -420,8 +420,8 @@ fn assert_unchanged_by(f: &mut Fixture, mutate: impl FnOnce(&mut InstallInput), 
     assert_eq!(
         commit,
         (
-            f.old.replica().commit_min(),
-            f.old.replica().commit_max(),
+            f.old.replica().commit_min().0,
+            f.old.replica().commit_max().0,
             f.old.offset_frontier(),
             f.old.durable_offset_frontier(),
         )
@@ -1162,7 +1162,7 @@ fn long_chain(seed: u64, segments: u64) -> (SimFs, P, InstallInput, Vec<(u64, Ve
     old.produce(100, 5);
     block_on(old.partition.flush_committed_messages()).unwrap();
     let staged = stage(&fs, &source);
-    let commit_op = old.partition.replica().commit_max();
+    let commit_op = old.partition.replica().commit_max().0;
     let input = InstallInput {
         commit_op,
         commit_checksum: CHECKSUM,
@@ -1184,7 +1184,7 @@ fn given_a_long_staged_chain_when_installed_in_steps_should_bound_each_step_and_
     let mut steps_by_length = Vec::new();
     for segments in [60, 120] {
         let (fs, mut p, input, new_messages) = long_chain(7, segments);
-        let op_before = p.replica().op();
+        let op_before = p.replica().op().0;
         let calls = fs.total_calls();
         block_on(p.begin_install(input)).unwrap();
         let begin_calls = fs.total_calls() - calls;
@@ -1227,11 +1227,11 @@ fn given_a_long_staged_chain_when_installed_in_steps_should_bound_each_step_and_
             let before_tick = fs.total_calls();
             block_on(p.on_tick(2_000_000)).unwrap();
             assert_eq!(fs.total_calls(), before_tick, "a tick touched the disk");
-            assert_eq!(p.replica().op(), op_before);
+            assert_eq!(p.replica().op().0, op_before);
             assert_eq!(block_on(p.scrub_step(1 << 20)), 0);
         };
         assert!(!p.installing());
-        assert_eq!(outcome.applied_commit_op, p.replica().commit_min());
+        assert_eq!(outcome.applied_commit_op, p.replica().commit_min().0);
         assert_eq!(messages(&p), new_messages);
         assert_eq!(p.log().next_offset(), 2 * segments);
         // The start reads the directory once, whatever the chain's length.

@@ -29,7 +29,7 @@ fn given_backup_behind_every_peers_retention_when_state_transferred_should_repai
         r.log().segments().count()
     );
     assert!(installed >= need.floor);
-    assert_eq!(r.replica().commit_min(), installed);
+    assert_eq!(r.replica().commit_min().0, installed);
     assert!(r.state_transfer_needed().is_none());
     assert_eq!(r.installed_frontier(), Some(r.offset_frontier()));
     // The tail above the installed op is repaired; the group keeps going.

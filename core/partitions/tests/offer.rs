@@ -112,7 +112,7 @@ fn given_multi_segment_partition_when_offer_built_should_describe_disk_bytes_and
     let (fs, mut node) = populated(1, 14);
     let offer = build(&mut node, &mut unlimited()).unwrap();
     let p = &node.partition;
-    assert_eq!(offer.commit_op(), p.replica().commit_min());
+    assert_eq!(offer.commit_op(), p.replica().commit_min().0);
     let live: Vec<_> = p
         .log()
         .segments()
@@ -183,7 +183,7 @@ fn given_unflushed_commits_on_a_new_primary_when_offer_built_should_flush_them_i
     for _ in 0..20_000 {
         let r = c.replica(backup).replica();
         if r.view() > 0
-            && r.primary_index(r.view()) == backup
+            && r.primary_index(r.view()).0 == backup
             && r.status() == consensus::vsr::Status::Normal
         {
             break;
@@ -1010,7 +1010,7 @@ fn given_appends_between_plan_and_finish_when_built_should_offer_the_planned_pre
         .partition
         .finish_state_transfer_offer(&mut builder, hashed)
         .unwrap();
-    assert!(offer.commit_op() < node.partition.replica().commit_min());
+    assert!(offer.commit_op() < node.partition.replica().commit_min().0);
     let active = offer.segments().last().unwrap();
     assert_eq!(active.entry.len, planned_active.len_bytes);
     let disk = fs.contents(&active.path).unwrap();

@@ -254,7 +254,7 @@ fn given_multi_segment_peer_when_pulled_should_stage_byte_identical_logs_and_reb
     );
     assert_eq!(
         done.descriptor.commit_op,
-        peer.node.partition.replica().commit_min()
+        peer.node.partition.replica().commit_min().0
     );
     assert!(rx.session().is_none());
     // Nothing but staging files changed on the receiver.
@@ -1289,7 +1289,7 @@ fn given_staged_files_and_small_prepare_budget_when_offer_accepted_should_reread
         group: 0,
         available: true,
         unavailable_transient: false,
-        commit_max: peer.node.partition.replica().commit_max(),
+        commit_max: peer.node.partition.replica().commit_max().0,
     };
     let step = block_on(rx.on_target(0, 0, &header, offer.encoded_manifest(), &local()));
     assert!(matches!(step, ReceiveStep::Wait), "{step:?}");
@@ -1334,8 +1334,8 @@ fn given_partition_when_facts_taken_should_report_its_replica_view_commit_and_pu
             replica: 0,
             replica_count: 1,
             view: replica.view(),
-            primary: replica.primary_index(replica.view()),
-            commit_max: replica.commit_max(),
+            primary: replica.primary_index(replica.view()).0,
+            commit_max: replica.commit_max().0,
             purge_generation: node.partition.purge_generation(),
         }
     );

@@ -32,12 +32,12 @@ fn crash_restart_converge(seed: u64, crash_primary: bool) -> bool {
     } else {
         (primary + 1 + (seed % 2) as u8) % REPLICAS
     };
-    let applied_before = c.replica(victim).replica().commit_min();
+    let applied_before = c.replica(victim).replica().commit_min().0;
     c.crash(victim);
     c.produce(25);
     c.restart(victim);
     let restarted = c.replica(victim);
-    let resumed_at = restarted.replica().commit_min();
+    let resumed_at = restarted.replica().commit_min().0;
     eprintln!(
         "seed {seed}: resumed at op {resumed_at} offset {}, log end {:?}, had applied {applied_before}",
         restarted.offset_frontier(),
@@ -136,7 +136,7 @@ fn given_restarted_backup_behind_every_peers_retention_when_repairing_should_ask
     c.crash(victim);
     c.produce(60);
     c.restart(victim);
-    let resumed_at = c.replica(victim).replica().commit_min();
+    let resumed_at = c.replica(victim).replica().commit_min().0;
     let mut asked = None;
     for _ in 0..40 {
         c.client_step(true);
@@ -146,7 +146,7 @@ fn given_restarted_backup_behind_every_peers_retention_when_repairing_should_ask
             !r.replica().is_quorum_visible(),
             "caught up without the ops"
         );
-        assert_eq!(r.replica().commit_min(), resumed_at);
+        assert_eq!(r.replica().commit_min().0, resumed_at);
         if let Some(need) = r.state_transfer_needed() {
             asked = Some(need);
         }
@@ -154,7 +154,7 @@ fn given_restarted_backup_behind_every_peers_retention_when_repairing_should_ask
     let need = asked.expect("no state transfer asked for");
     assert_ne!(need.peer, victim);
     assert!(need.floor > resumed_at, "{need:?} resumed at {resumed_at}");
-    let head = c.up().map(|r| r.replica().commit_max()).max().unwrap();
+    let head = c.up().map(|r| r.replica().commit_max().0).max().unwrap();
     assert!(need.to_op > need.floor && need.to_op <= head, "{need:?}");
     // The others kept committing.
     c.produce(5);
@@ -276,10 +276,10 @@ fn given_offset_only_traffic_when_backup_restarts_should_find_its_ops_retained()
     c.store_offsets(120);
     c.converge();
     let victim = (c.primary() + 1) % REPLICAS;
-    let applied = c.replica(victim).replica().commit_min();
+    let applied = c.replica(victim).replica().commit_min().0;
     c.crash(victim);
     c.restart(victim);
-    let resumed_at = c.replica(victim).replica().commit_min();
+    let resumed_at = c.replica(victim).replica().commit_min().0;
     assert!(
         applied - resumed_at <= 8,
         "resumed at {resumed_at}, had applied {applied}"

@@ -290,7 +290,7 @@ fn run(
     c.produce(10);
     c.store_offsets(2);
     c.converge();
-    assert!(c.replica(victim).replica().commit_min() > installed);
+    assert!(c.replica(victim).replica().commit_min().0 > installed);
     assert_eq!(installs(&c, victim).len(), 1, "one install was enough");
     retain(&mut c, total_bytes / 4);
     assert_same_as_primary(&mut c, victim);
@@ -442,7 +442,7 @@ fn given_hostile_or_misrouted_frames_when_received_should_refuse_each_and_change
             |e| matches!(e, TransferFrameError::NotTransferCommand { command: 10 }),
         ),
     ];
-    let commit = c.replica(primary).replica().commit_min();
+    let commit = c.replica(primary).replica().commit_min().0;
     for (i, (bytes, expected)) in cases.into_iter().enumerate() {
         let replica = c.replicas[usize::from(primary)].as_mut().unwrap();
         let err = block_on(driver.on_frame(replica, &mut slots, from, bytes, &FrozenClock))
@@ -460,7 +460,7 @@ fn given_hostile_or_misrouted_frames_when_received_should_refuse_each_and_change
     assert_eq!(driver.stats().frames_refused, 8);
     assert_eq!(driver.server().session_count(), 0);
     assert_eq!(slots.serving(), 0);
-    assert_eq!(c.replica(primary).replica().commit_min(), commit);
+    assert_eq!(c.replica(primary).replica().commit_min().0, commit);
     // A chunk nobody asked for changes nothing on a receiver with no
     // session either (ignored, not refused: it is well-formed).
     let chunk = CommandHeader::StateChunk(StateChunkHeader {

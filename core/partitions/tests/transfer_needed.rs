@@ -93,7 +93,7 @@ fn given_power_cut_mid_install_when_rebooted_should_stay_lagging_until_an_instal
     let frontier = r.offset_frontier();
     eprintln!(
         "cut {cut}: converged at frontier {frontier}, op {}",
-        r.replica().commit_min()
+        r.replica().commit_min().0
     );
 
     // The record is durable and honoured after the reboot.
@@ -277,20 +277,20 @@ fn converged_without_record(
 /// solo primary over the same disk) and acknowledges nothing.
 fn assert_still_missing_after_tail_and_reboot(mut c: Cluster, victim: u8, what: &str) {
     let fs = c.fss[usize::from(victim)].clone();
-    let op_before = c.replica(victim).replica().commit_min();
+    let op_before = c.replica(victim).replica().commit_min().0;
     // The tail: the group commits; the victim's transfer timer runs out,
     // it repairs and applies above the install (and records the applied
     // point unless the record is still not durable).
     // Within the peers' retention (16 ops), past the flush's lag bound (4).
     c.produce(8);
     for _ in 0..5_000 {
-        if c.replica(victim).replica().commit_min() >= op_before + 6 {
+        if c.replica(victim).replica().commit_min().0 >= op_before + 6 {
             break;
         }
         c.step();
     }
     assert!(
-        c.replica(victim).replica().commit_min() > op_before,
+        c.replica(victim).replica().commit_min().0 > op_before,
         "{what}: the victim never ran the tail"
     );
     fs.clear_faults();

@@ -320,7 +320,7 @@ fn drive(
                     group: 0,
                     available: true,
                     unavailable_transient: false,
-                    commit_max: peer.partition.replica().commit_max(),
+                    commit_max: peer.partition.replica().commit_max().0,
                 };
                 let body = offer.encoded_manifest().to_vec();
                 // Taking the offer starts the preparation (a resume

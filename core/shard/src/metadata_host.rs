@@ -233,7 +233,7 @@ impl<E: Env> MetadataHost<E> {
             && replica.status() == consensus::vsr::Status::Normal
             && replica.is_quorum_visible()
             && replica.commit_min() == replica.commit_max()
-            && self.group.state().applied().0 == replica.commit_min()
+            && self.group.state().applied() == replica.commit_min()
             && self.group.state_transfer_needed().is_none()
     }
 
@@ -301,7 +301,7 @@ impl<E: Env> MetadataHost<E> {
             let view = replica.view();
             return Err(MetaError::NotPrimary {
                 view,
-                primary: ReplicaId(replica.primary_index(view)),
+                primary: replica.primary_index(view),
             });
         }
         if !replica.is_caught_up_primary() || self.group.state_transfer_needed().is_some() {

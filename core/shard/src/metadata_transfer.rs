@@ -365,11 +365,11 @@ pub struct MetadataTransfer {
 
 fn facts(replica: &Replica) -> LocalFacts {
     LocalFacts {
-        replica: replica.replica(),
+        replica: replica.replica().0,
         replica_count: replica.replica_count(),
         view: replica.view(),
-        primary: replica.primary_index(replica.view()),
-        commit_max: replica.commit_max(),
+        primary: replica.primary_index(replica.view()).0,
+        commit_max: replica.commit_max().0,
         purge_generation: 0,
     }
 }
@@ -437,14 +437,14 @@ impl MetadataTransfer {
             .map(|t| (t.peer, t.floor))
             .or_else(|| {
                 let floor = self.armed_floor?;
-                (replica.commit_min() < floor).then(|| (facts(replica).primary, floor))
+                (replica.commit_min().0 < floor).then(|| (facts(replica).primary, floor))
             });
         let Some((peer, floor)) = need else {
             self.armed_floor = None;
             if !matches!(self.receiving, Receiving::Idle) {
                 tracing::info!(
                     group = METADATA_GROUP.0,
-                    applied = replica.commit_min(),
+                    applied = replica.commit_min().0,
                     "metadata state transfer no longer needed; session dropped"
                 );
                 self.receiving = Receiving::Idle;
@@ -497,7 +497,7 @@ impl MetadataTransfer {
             cluster: self.config.cluster,
             group: METADATA_GROUP.0,
             frame_size_max: self.config.frame_size_max,
-            local: replica.replica(),
+            local: replica.replica().0,
             replica_count: replica.replica_count(),
         };
         let checked = match check_transfer_frame(&frame, &expect, from) {
@@ -578,8 +578,8 @@ impl MetadataTransfer {
         tracing::info!(
             group = METADATA_GROUP.0,
             peer,
-            applied = replica.commit_min(),
-            commit_max = replica.commit_max(),
+            applied = replica.commit_min().0,
+            commit_max = replica.commit_max().0,
             "metadata state transfer armed"
         );
         self.receiving = Receiving::Pulling(Session {
@@ -1029,7 +1029,7 @@ impl MetadataTransfer {
             group: METADATA_GROUP.0,
             available: true,
             unavailable_transient: false,
-            commit_max: replica.commit_max().max(commit_op),
+            commit_max: replica.commit_max().0.max(commit_op),
         };
         self.push(
             replica,
@@ -1054,7 +1054,7 @@ impl MetadataTransfer {
             group: METADATA_GROUP.0,
             available: false,
             unavailable_transient: transient,
-            commit_max: replica.commit_max(),
+            commit_max: replica.commit_max().0,
         };
         self.push(
             replica,
@@ -1097,10 +1097,10 @@ fn accept_descriptor(
 ) -> Result<Vec<StateArtifact>, MetadataDescriptorRefusal> {
     type R = MetadataDescriptorRefusal;
     check_offer_header(view, h, &facts(replica)).map_err(R::Header)?;
-    if h.commit_op <= replica.commit_min() {
+    if h.commit_op <= replica.commit_min().0 {
         return Err(R::NotAhead {
             commit_op: h.commit_op,
-            applied: replica.commit_min(),
+            applied: replica.commit_min().0,
         });
     }
     let manifest = decode_manifest(body).map_err(R::Manifest)?;

@@ -542,18 +542,23 @@ impl<E: Env> Group<E> {
             tracing::info!(
                 group = id.0,
                 view = now.0,
-                op = replica.commit_min(),
+                op = replica.commit_min().0,
                 "every replica of the group restarted: started a view from the longest applied state"
             );
         } else if now.0 != self.seen_view.0 {
-            tracing::info!(group = id.0, view = now.0, primary, "group view changed");
+            tracing::info!(
+                group = id.0,
+                view = now.0,
+                primary = primary.0,
+                "group view changed"
+            );
         } else {
             // The view's start (this replica finishing it as primary):
             // every group of a new cluster does this once.
             tracing::debug!(
                 group = id.0,
                 view = now.0,
-                primary,
+                primary = primary.0,
                 primary_here = now.1,
                 "group view started"
             );
@@ -1474,7 +1479,7 @@ impl<E: Env> Shard<E> {
             };
             // A group with no new op for a whole pass gives its bodies kept
             // for repair back to the shard's budget.
-            let head = g.partition.replica().op();
+            let head = g.partition.replica().op().0;
             if g.partition.retained_bytes() > 0 && g.retained_seen_op == Some(head) {
                 g.partition.release_retained();
             }
@@ -1483,7 +1488,7 @@ impl<E: Env> Shard<E> {
                 continue;
             }
             // Idle: no op since the pass last saw it, a pass ago.
-            let op = g.partition.replica().op();
+            let op = g.partition.replica().op().0;
             let idle = g.handles_seen_op == Some(op);
             g.handles_seen_op = Some(op);
             if !idle
@@ -2042,7 +2047,7 @@ impl<E: Env> Shard<E> {
             return;
         }
         let marker = Rejoin {
-            through_op: Some(Op(host.replica().op())),
+            through_op: Some(host.replica().op()),
         };
         let fs = self.env.fs().clone();
         match rejoin::write(&fs, &self.config.dir, &marker).await {
@@ -2439,7 +2444,7 @@ fn primary_check<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
         let view = replica.view();
         return Err(CallError::NotPrimary {
             view,
-            primary: ReplicaId(replica.primary_index(view)),
+            primary: replica.primary_index(view),
         });
     }
     if !replica.is_caught_up_primary() {

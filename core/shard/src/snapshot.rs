@@ -153,10 +153,10 @@ impl ConsensusSnapshot {
             view,
             status: replica.status(),
             primary_here: replica.is_primary(),
-            primary: ReplicaId(replica.primary_index(view)),
-            op: Op(replica.op()),
-            commit_min: Op(replica.commit_min()),
-            commit_max: Op(replica.commit_max()),
+            primary: replica.primary_index(view),
+            op: replica.op(),
+            commit_min: replica.commit_min(),
+            commit_max: replica.commit_max(),
         }
     }
 }

@@ -222,7 +222,7 @@ fn given_a_replica_down_while_8_groups_pass_retention_when_restarted_should_tran
         .map(|g| {
             (0..2usize)
                 .filter_map(|r| c.nodes[r][0].as_ref()?.partition(*g))
-                .map(|p| p.replica().commit_min())
+                .map(|p| p.replica().commit_min().0)
                 .max()
                 .unwrap()
         })
@@ -256,7 +256,7 @@ fn given_a_replica_down_while_8_groups_pass_retention_when_restarted_should_tran
             p.state_transfer_needed().is_none()
                 && p.missing_history().is_none()
                 && p.replica().is_quorum_visible()
-                && p.replica().commit_min() >= *target
+                && p.replica().commit_min().0 >= *target
         });
         if all_caught_up && round >= 16 {
             caught_up = true;
@@ -695,8 +695,8 @@ fn fingerprint(c: &Cluster, r: u8) -> Vec<(u64, u64, u64, u32, u64)> {
             let p = node.partition(g).unwrap();
             out.push((
                 g.0,
-                p.replica().commit_min(),
-                p.replica().commit_max(),
+                p.replica().commit_min().0,
+                p.replica().commit_max().0,
                 p.replica().view(),
                 p.offset_frontier(),
             ));

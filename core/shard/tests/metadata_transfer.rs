@@ -79,7 +79,9 @@ fn lagging_backup_restarted(seed: u64) -> (Cluster, u8) {
 }
 
 fn caught_up(c: &Cluster, victim: u8) -> bool {
-    let applied: BTreeSet<u64> = (0..3).map(|r| meta(c, r).replica().commit_min()).collect();
+    let applied: BTreeSet<u64> = (0..3)
+        .map(|r| meta(c, r).replica().commit_min().0)
+        .collect();
     let host = meta(c, victim);
     applied.len() == 1 && !host.replica().is_transferring() && !host.transfer().pulling()
 }
@@ -94,7 +96,7 @@ fn run_until_caught_up(c: &mut Cluster, victim: u8, ticks_max: u64) {
     panic!(
         "replica {victim} did not catch up: applied {:?}, transfer {:?}, last failure {:?}",
         (0..3)
-            .map(|r| meta(c, r).replica().commit_min())
+            .map(|r| meta(c, r).replica().commit_min().0)
             .collect::<Vec<_>>(),
         meta(c, victim).transfer().stats(),
         meta(c, victim).transfer().last_failure(),
@@ -128,8 +130,8 @@ fn assert_converged(c: &mut Cluster, victim: u8) {
 #[test]
 fn given_group_0_backup_down_past_retention_when_restarted_should_catch_up_by_snapshot_transfer() {
     let (mut c, victim) = lagging_backup_restarted(41);
-    let applied_at_boot = meta(&c, victim).replica().commit_min();
-    assert!(applied_at_boot + RETENTION < meta(&c, (victim + 1) % 3).replica().commit_min());
+    let applied_at_boot = meta(&c, victim).replica().commit_min().0;
+    assert!(applied_at_boot + RETENTION < meta(&c, (victim + 1) % 3).replica().commit_min().0);
     run_until_caught_up(&mut c, victim, 3_000);
     let stats = meta(&c, victim).transfer().stats();
     assert_eq!(stats.installs, 1, "{stats:?}");

@@ -727,7 +727,7 @@ impl FaultPlan {
             let caught_up = targets.iter().all(|(group, commit)| {
                 cluster
                     .replica_of(r, *group)
-                    .is_some_and(|v| visible(v) && v.commit_min() >= *commit)
+                    .is_some_and(|v| visible(v) && v.commit_min().0 >= *commit)
             }) && hosted_groups(cluster, r)
                 .iter()
                 .all(|g| cluster.replica_of(r, *g).is_some_and(visible));
@@ -795,7 +795,7 @@ fn catch_up_targets(cluster: &Cluster, r: u8) -> Vec<(GroupId, u64)> {
             for group in groups.collect::<Vec<_>>() {
                 if let Some(v) = cluster.replica_of(other, group) {
                     let e = targets.entry(group).or_default();
-                    *e = (*e).max(v.commit_max());
+                    *e = (*e).max(v.commit_max().0);
                 }
             }
         }

@@ -427,9 +427,9 @@ impl Monitor {
                                 group.0,
                                 role.0,
                                 role.1,
-                                v.op(),
-                                v.commit_min(),
-                                v.commit_max()
+                                v.op().0,
+                                v.commit_min().0,
+                                v.commit_max().0
                             ),
                         });
                     }
@@ -446,7 +446,7 @@ impl Monitor {
                             format!("replica {r} group {}: {broken}", group.0),
                         ));
                     }
-                    let now = (v.view(), v.commit_min(), boot);
+                    let now = (v.view(), v.commit_min().0, boot);
                     if let Some(&(view, commit, b)) = self.seen.get(&(r, group))
                         && b == boot
                         && (now.0 < view || now.1 < commit)
@@ -612,10 +612,10 @@ impl Run {
             let v = c
                 .replica_of(r, METADATA_GROUP)
                 .ok_or_else(|| not(format!("replica {r} hosts no group 0")))?;
-            let here = (v.status(), v.commit_min(), v.commit_max());
+            let here = (v.status(), v.commit_min().0, v.commit_max().0);
             if here.0 != Status::Normal
                 || here.1 != here.2
-                || v.op() != here.1
+                || v.op().0 != here.1
                 || meta.is_some_and(|m| m != here)
             {
                 return Err(not(format!(
@@ -684,8 +684,8 @@ impl Run {
                     return Err(not(format!(
                         "group {} on replica {r}: applied {} of {} committed{}; {}",
                         group.0,
-                        v.commit_min(),
-                        v.commit_max(),
+                        v.commit_min().0,
+                        v.commit_max().0,
                         if p.state_transfer_needed().is_some() {
                             ", transfer needed"
                         } else {
@@ -704,7 +704,7 @@ impl Run {
                         self.describe_group(group)
                     )));
                 }
-                let here = (v.commit_min(), p.offset_frontier());
+                let here = (v.commit_min().0, p.offset_frontier());
                 match state {
                     None => state = Some(here),
                     Some(s) if s != here => {
@@ -741,9 +741,9 @@ impl Run {
                             } else {
                                 " (out of quorum)"
                             },
-                            v.op(),
-                            v.commit_min(),
-                            v.commit_max(),
+                            v.op().0,
+                            v.commit_min().0,
+                            v.commit_max().0,
                             p.offset_frontier(),
                             if p.state_transfer_needed().is_some() {
                                 " transfer-needed"

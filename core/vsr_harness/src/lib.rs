@@ -29,8 +29,8 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use common::Prng;
 use common::simnet::{LinkDraw, SimNet};
+use common::{Op, Prng};
 use consensus::ClientTable;
 use consensus::vsr::Retained;
 use consensus::vsr::TimeoutConfig;
@@ -519,7 +519,7 @@ impl Simulation {
             self.tick.saturating_sub(1)
         };
         node.view_seen = replica.view();
-        node.commit_max_seen = replica.commit_max();
+        node.commit_max_seen = replica.commit_max().0;
         node.replica = Some(replica);
         self.drain(r)
     }
@@ -713,10 +713,10 @@ impl Simulation {
         let Some(replica) = node.replica.as_mut() else {
             return;
         };
-        let commit_min = replica.commit_min();
+        let commit_min = replica.commit_min().0;
         for op in node.spill_from..=commit_min {
             if node.stored.contains_key(&op) && self.spill_prng.chance(chance, 1000) {
-                replica.spill_applied(op, op);
+                replica.spill_applied(Op(op), op);
             }
         }
         node.spill_from = node.spill_from.max(commit_min + 1);
@@ -844,10 +844,10 @@ impl Simulation {
         };
         let requester_primary = self
             .replica(r)
-            .is_some_and(|x| x.primary_index(x.view()) == r);
+            .is_some_and(|x| x.primary_index(x.view()).0 == r);
         let servable = source.is_caught_up_primary()
-            || (requester_primary && !source.is_transferring() && source.commit_min() >= floor);
-        let commit_op = source.commit_min();
+            || (requester_primary && !source.is_transferring() && source.commit_min().0 >= floor);
+        let commit_op = source.commit_min().0;
         let table = source.client_table().export();
         let checksum = if self.config.transfer_without_checksum {
             consensus::vsr::UNKNOWN_CHECKSUM
@@ -857,7 +857,7 @@ impl Simulation {
         let Some(target) = self.replica(r) else {
             return Ok(());
         };
-        if !servable || commit_op <= target.commit_min() {
+        if !servable || commit_op <= target.commit_min().0 {
             return Ok(());
         }
         let prefix: Vec<AppliedOp> =
@@ -872,10 +872,10 @@ impl Simulation {
         self.catch_up(r);
         let node = &mut self.nodes[usize::from(r)];
         if let Some(target) = node.replica.as_mut() {
-            target.set_commit_floor(commit_op, checksum);
-            target.set_sequence(commit_op);
+            target.set_commit_floor(Op(commit_op), checksum);
+            target.set_sequence(Op(commit_op));
             target.clear_pipeline();
-            target.advance_commit_max(commit_op);
+            target.advance_commit_max(Op(commit_op));
             if let Err(e) = target.client_table_mut().install(&table) {
                 let reason = format!("client table install refused: {e}");
                 return self.failure_here(reason);
@@ -1008,8 +1008,11 @@ impl Simulation {
             let Some(replica) = node.replica.as_ref() else {
                 continue;
             };
-            let (view, commit_max, commit_min) =
-                (replica.view(), replica.commit_max(), replica.commit_min());
+            let (view, commit_max, commit_min) = (
+                replica.view(),
+                replica.commit_max().0,
+                replica.commit_min().0,
+            );
             if view < node.view_seen {
                 return self.failure_here(format!(
                     "replica {r} view went back from {} to {view}",
@@ -1058,8 +1061,8 @@ impl Simulation {
                     r.status() == Status::Normal
                         && r.is_quorum_visible()
                         && !r.is_transferring()
-                        && r.commit_min() == target
-                        && r.commit_max() == target
+                        && r.commit_min().0 == target
+                        && r.commit_max().0 == target
                 })
             })
     }
@@ -1088,9 +1091,9 @@ impl Simulation {
                     r.status(),
                     r.view(),
                     r.log_view(),
-                    r.commit_min(),
-                    r.commit_max(),
-                    r.op(),
+                    r.commit_min().0,
+                    r.commit_max().0,
+                    r.op().0,
                     r.is_quorum_visible(),
                     r.is_transferring(),
                     r.commit_min_checksum_known()

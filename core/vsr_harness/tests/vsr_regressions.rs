@@ -116,7 +116,7 @@ fn caught_up_primary_has_applied_everything_ever_committed() {
             .run_until(3_000, |s| {
                 for r in 0..n {
                     if let Some(v) = s.replica(r) {
-                        committed_max = committed_max.max(v.commit_max());
+                        committed_max = committed_max.max(v.commit_max().0);
                     }
                 }
                 // A primary cut off in an older view may still believe it
@@ -130,8 +130,8 @@ fn caught_up_primary_has_applied_everything_ever_committed() {
                         if v.view() > 0 {
                             exercised += 1;
                         }
-                        if v.commit_min() < committed_max {
-                            stale = Some((r, v.view(), v.commit_min(), committed_max));
+                        if v.commit_min().0 < committed_max {
+                            stale = Some((r, v.view(), v.commit_min().0, committed_max));
                             return true;
                         }
                     }

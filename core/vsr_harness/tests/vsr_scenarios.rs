@@ -95,7 +95,7 @@ fn given_partitioned_backup_when_view_changes_should_catch_up_after_heal() {
     );
     let r4 = s.replica(4).unwrap();
     assert!(
-        r4.status() != Status::Normal && r4.commit_min() == 0,
+        r4.status() != Status::Normal && r4.commit_min().0 == 0,
         "the partitioned backup can neither join nor start a view alone"
     );
     assert!(
@@ -129,7 +129,7 @@ fn given_restarted_replica_with_lost_journal_when_asked_to_vote_should_not_lose_
         })
         .unwrap();
     assert!(exposed);
-    let committed = s.replica(0).unwrap().commit_max();
+    let committed = s.replica(0).unwrap().commit_max().0;
     s.crash(1);
     assert_eq!(
         (s.nodes[1].superblock.view, s.nodes[1].superblock.log_view),
@@ -176,7 +176,7 @@ fn given_backup_behind_repair_floor_when_healed_should_conclude_floor_refused_an
         s.run_until(10_000, |s| s.acknowledged().len() >= 40)
             .unwrap()
     );
-    assert_eq!(s.replica(2).unwrap().commit_min(), 0);
+    assert_eq!(s.replica(2).unwrap().commit_min().0, 0);
     s.heal_partition();
     let concluded = s
         .run_until(5_000, |s| s.transfers_started().iter().any(|t| t.0 == 2))
@@ -213,7 +213,7 @@ fn given_transfer_without_op_identity_when_installed_should_learn_it_and_converg
         converge(&mut s);
         let (lagger, primary) = (s.replica(2).unwrap(), s.replica(0).unwrap());
         assert!(lagger.commit_min_checksum_known());
-        assert_eq!(lagger.commit_min(), primary.commit_min(), "seed {seed}");
+        assert_eq!(lagger.commit_min().0, primary.commit_min().0, "seed {seed}");
         assert_eq!(
             lagger.commit_min_checksum(),
             primary.commit_min_checksum(),
@@ -305,7 +305,9 @@ fn given_every_replica_restarted_at_once_when_all_report_should_serve_again_with
             "n={n}: no progress before the crash"
         );
         let acked = s.acknowledged().len();
-        let applied: Vec<u64> = (0..n).map(|r| s.replica(r).unwrap().commit_min()).collect();
+        let applied: Vec<u64> = (0..n)
+            .map(|r| s.replica(r).unwrap().commit_min().0)
+            .collect();
         assert!(
             applied.iter().min() < applied.iter().max(),
             "n={n}: the applied states should differ: {applied:?}"
@@ -362,7 +364,11 @@ fn given_pristine_members_when_the_others_restart_at_once_should_report_and_let_
         for r in 0..n {
             if pristine & (1 << r) != 0 {
                 let x = s.replica(r).unwrap();
-                assert_eq!((x.op(), x.commit_min()), (0, 0), "n={n}: r{r} not pristine");
+                assert_eq!(
+                    (x.op().0, x.commit_min().0),
+                    (0, 0),
+                    "n={n}: r{r} not pristine"
+                );
             }
         }
         for &r in &members {
@@ -408,7 +414,7 @@ fn given_a_lone_survivor_in_a_view_change_when_the_others_restarted_should_repor
         .run_until(10_000, |s| {
             (0..3).all(|r| {
                 s.replica(r)
-                    .is_some_and(|x| x.op() == x.commit_min() && x.commit_min() > 0)
+                    .is_some_and(|x| x.op() == x.commit_min() && x.commit_min().0 > 0)
             })
         })
         .unwrap();
@@ -637,7 +643,7 @@ fn given_a_restarted_replica_elected_primary_when_it_orders_ops_should_timestamp
     // Replica 1 applied both, then restarts into an idle group: no
     // prepare or repair tells it the time.
     let applied = s
-        .run_until(2_000, |s| s.replica(1).unwrap().commit_min() == 2)
+        .run_until(2_000, |s| s.replica(1).unwrap().commit_min().0 == 2)
         .unwrap();
     assert!(applied);
     s.crash(1);

@@ -89,9 +89,9 @@ fn fingerprint(
                 (
                     r.view(),
                     r.log_view(),
-                    r.commit_min(),
-                    r.commit_max(),
-                    r.op(),
+                    r.commit_min().0,
+                    r.commit_max().0,
+                    r.op().0,
                     r.status(),
                 )
             });

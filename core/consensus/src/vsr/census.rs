@@ -253,9 +253,9 @@ impl Replica {
         // longest report, or its entry at that report's op is another op
         // than the one the reporter applied (committed): then that entry
         // and every one chained above it never committed.
-        let covered = self.op() == self.commit_min
+        let covered = self.head() == self.commit_min
             || longest.is_some_and(|l| {
-                self.op() <= l.op || self.journal_disagrees_with(&l) == Some(true)
+                self.head() <= l.op || self.journal_disagrees_with(&l) == Some(true)
             });
         covered
             && usize::from(self.config.replica_count).saturating_sub(heard)
@@ -294,7 +294,7 @@ impl Replica {
             highest_view = highest_view.max(heard.view);
             answers.push((index, heard.incarnation));
         }
-        let op_head = self.op();
+        let op_head = self.head();
         if ((self.commit_max + 1)..=op_head).any(|op| self.journal.entry(op).is_none()) {
             // A view starts only with every uncommitted body held.
             return;
@@ -382,12 +382,12 @@ impl Replica {
         (1..=n)
             .filter_map(|step| above.checked_add(step))
             .filter(|v| *v <= super::io::VIEW_MAX)
-            .find(|v| self.primary_index(*v) == self.config.replica)
+            .find(|v| self.primary_of(*v) == self.config.replica)
     }
 
     /// Become the primary of `view` with the applied state as the log.
     fn start_census_view(&mut self, view: u32) {
-        let before = self.op();
+        let before = self.head();
         self.journal
             .install_log(&[], self.commit_min, self.commit_min);
         if before > self.commit_min {

@@ -14,6 +14,7 @@
 //! `advance_commit_max` and `finish_state_transfer`; until then the replica
 //! acknowledges nothing and applies nothing.
 
+use common::Op;
 use std::collections::BTreeMap;
 
 use super::io::{Effect, FrameError, Handled, Ignored, Status};
@@ -54,7 +55,7 @@ pub(super) struct RepairState {
 impl Replica {
     fn repair_target(&self) -> Option<u64> {
         match self.status {
-            Status::Normal => Some(self.op()),
+            Status::Normal => Some(self.head()),
             Status::ViewChange => self.votes.pending_view.as_ref().map(|m| m.op_head),
             Status::Recovering => None,
         }
@@ -136,7 +137,7 @@ impl Replica {
                 }
             }
         }
-        let primary = self.primary_index(self.view);
+        let primary = self.primary_of(self.view);
         if self.status == Status::Normal && untried(primary) {
             return Some(primary);
         }
@@ -150,7 +151,7 @@ impl Replica {
             .values()
             .min()
             .map_or(self.commit_min, |r| r.saturating_sub(1));
-        let primary = self.primary_index(self.view);
+        let primary = self.primary_of(self.view);
         let peer = if primary != self.config.replica && self.status == Status::Normal {
             primary
         } else {
@@ -374,7 +375,8 @@ impl Replica {
     /// first trusted source that names it (see
     /// [`Replica::commit_min_checksum_known`]) before it applies, proposes
     /// or acknowledges anything chained to it.
-    pub fn set_commit_floor(&mut self, floor: u64, checksum: u128) {
+    pub fn set_commit_floor(&mut self, floor: Op, checksum: u128) {
+        let floor = floor.0;
         assert!(
             floor >= self.commit_min,
             "set_commit_floor would rewind commit_min"
@@ -389,7 +391,7 @@ impl Replica {
         self.commit_min_checksum = checksum;
         self.journal.reset_floor(floor);
         self.repair.buffer.retain(|op, _| *op > floor);
-        self.advance_commit_max(floor);
+        self.raise_commit_max(floor);
         self.resolve_commit_min_checksum();
     }
 

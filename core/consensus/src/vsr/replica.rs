@@ -38,7 +38,7 @@ use super::message::{
 use super::pipeline::Pipeline;
 use super::timeout::{Timeout, TimeoutConfig};
 use crate::client_table::{ClientTable, RequestCheck};
-use common::Prng;
+use common::{GroupId, Op, Prng, ReplicaId};
 
 /// A restarted replica's catch-up state (quorum-invisible while set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -477,8 +477,8 @@ impl Replica {
     // ----- accessors -------------------------------------------------------
 
     /// This replica's index.
-    pub fn replica(&self) -> u8 {
-        self.config.replica
+    pub fn replica(&self) -> ReplicaId {
+        ReplicaId(self.config.replica)
     }
 
     /// Replicas in the group.
@@ -487,8 +487,8 @@ impl Replica {
     }
 
     /// The group.
-    pub fn group(&self) -> u64 {
-        self.config.group
+    pub fn group(&self) -> GroupId {
+        GroupId(self.config.group)
     }
 
     /// The current view.
@@ -507,8 +507,8 @@ impl Replica {
     }
 
     /// Highest op applied locally.
-    pub fn commit_min(&self) -> u64 {
-        self.commit_min
+    pub fn commit_min(&self) -> Op {
+        Op(self.commit_min)
     }
 
     /// Identity of op `commit_min`.
@@ -517,17 +517,27 @@ impl Replica {
     }
 
     /// Highest op known committed in the group.
-    pub fn commit_max(&self) -> u64 {
-        self.commit_max
+    pub fn commit_max(&self) -> Op {
+        Op(self.commit_max)
     }
 
     /// The head of the log (the sequencer).
-    pub fn op(&self) -> u64 {
+    pub fn op(&self) -> Op {
+        Op(self.head())
+    }
+
+    /// [`Self::op`] as the core's own arithmetic uses it.
+    pub(super) fn head(&self) -> u64 {
         self.journal.head(self.commit_min).max(self.commit_max)
     }
 
     /// The primary of `view` for this group: `(view + group) mod N`.
-    pub fn primary_index(&self, view: u32) -> u8 {
+    pub fn primary_index(&self, view: u32) -> ReplicaId {
+        ReplicaId(self.primary_of(view))
+    }
+
+    /// [`Self::primary_index`] as the core's own indexing uses it.
+    pub(super) fn primary_of(&self, view: u32) -> u8 {
         let n = u64::from(self.config.replica_count);
         let p = (u64::from(view) + self.config.group % n) % n;
         u8::try_from(p).unwrap_or(0)
@@ -537,7 +547,7 @@ impl Replica {
     pub fn is_primary(&self) -> bool {
         self.status == Status::Normal
             && self.recovering.is_none()
-            && self.primary_index(self.view) == self.config.replica
+            && self.primary_of(self.view) == self.config.replica
     }
 
     /// A primary that may admit requests and serve state transfer: normal,
@@ -576,7 +586,7 @@ impl Replica {
             && !self.transferring
             && self.commit_min == self.commit_max;
         let backup_to_its_primary =
-            self.status == Status::Normal && self.primary_index(self.view) == requester;
+            self.status == Status::Normal && self.primary_of(self.view) == requester;
         settled && (backup_to_its_primary || self.status == Status::ViewChange)
     }
 
@@ -590,8 +600,8 @@ impl Replica {
     /// booted. A state-transfer install must not land below it: the ack
     /// may be part of the quorum that committed that op, and the install
     /// erases the journal above its op.
-    pub fn acknowledged_max(&self) -> u64 {
-        self.acknowledged_max
+    pub fn acknowledged_max(&self) -> Op {
+        Op(self.acknowledged_max)
     }
 
     /// Whether a state transfer is outstanding.
@@ -630,8 +640,8 @@ impl Replica {
     }
 
     /// The prepare at `op` if this replica's journal holds its body.
-    pub fn journal_entry(&self, op: u64) -> Option<&Prepare> {
-        self.journal.entry(op)
+    pub fn journal_entry(&self, op: Op) -> Option<&Prepare> {
+        self.journal.entry(op.0)
     }
 
     /// Lets go of the body of applied op `op`, which the driver can read
@@ -639,13 +649,13 @@ impl Replica {
     /// ([`Effect::ReadBack`]). Returns the body's length, or `None` when no
     /// applied body is held at `op` (pruned, spilled already, or above the
     /// applied point).
-    pub fn spill_applied(&mut self, op: u64, locator: u64) -> Option<u32> {
-        self.journal.spill(op, locator, self.commit_min)
+    pub fn spill_applied(&mut self, op: Op, locator: u64) -> Option<u32> {
+        self.journal.spill(op.0, locator, self.commit_min)
     }
 
     /// The oldest op this replica still serves to a peer's repair.
-    pub fn retained_from(&self) -> u64 {
-        self.journal.retained_from()
+    pub fn retained_from(&self) -> Op {
+        Op(self.journal.retained_from())
     }
 
     /// Everything produced since the last call, in order.
@@ -918,7 +928,7 @@ impl Replica {
         if self.pipeline.is_full() {
             return RequestOutcome::Unavailable;
         }
-        let op = self.op() + 1;
+        let op = self.head() + 1;
         if op == self.commit_min + 1 && !self.commit_min_checksum_known() {
             // Chaining to an unknown identity would fork the hash chain;
             // the client retries once the log or a peer has named it.
@@ -1018,7 +1028,7 @@ impl Replica {
         self.timers.start_view_change.stop();
         self.timers.do_view_change.stop();
         self.timers.view_change_status.stop();
-        if self.primary_index(self.view) == self.config.replica {
+        if self.primary_of(self.view) == self.config.replica {
             self.timers.normal_heartbeat.stop();
             // A single replica has nobody to heartbeat (and nothing to
             // abdicate to): its quiet groups then have no timer at all.
@@ -1049,7 +1059,7 @@ impl Replica {
         self.last_timestamp = self.last_timestamp.max(prepare.header.timestamp);
         let commit = prepare.header.commit;
         let op = prepare.header.op;
-        let before = self.op();
+        let before = self.head();
         match self
             .journal
             .insert_authoritative(prepare.clone(), self.commit_min)
@@ -1069,7 +1079,7 @@ impl Replica {
                 }
             }
         }
-        self.advance_commit_max(commit);
+        self.raise_commit_max(commit);
         self.after_journal_change();
         Ok(Handled::Taken)
     }
@@ -1099,7 +1109,7 @@ impl Replica {
         // authority as much as the primary's own send does.
         let predecessor =
             (self.config.replica + self.config.replica_count - 1) % self.config.replica_count;
-        let from_authority = from == self.primary_index(view)
+        let from_authority = from == self.primary_of(view)
             || (self.config.topology == Topology::Chain && from == predecessor);
         if view > self.view {
             Some(Ignored::NewerView)
@@ -1109,7 +1119,7 @@ impl Replica {
             Some(Ignored::NotNormal)
         } else if !from_authority {
             Some(Ignored::NotFromAuthority)
-        } else if self.primary_index(view) == self.config.replica {
+        } else if self.primary_of(view) == self.config.replica {
             Some(Ignored::OwnView)
         } else if self.transferring {
             Some(Ignored::Transferring)
@@ -1138,7 +1148,7 @@ impl Replica {
         if known == 0 || known != checksum {
             return;
         }
-        let primary = self.primary_index(self.view);
+        let primary = self.primary_of(self.view);
         self.send(
             primary,
             Message::PrepareOk {
@@ -1160,7 +1170,7 @@ impl Replica {
             return;
         }
         let next = self.ring_successor();
-        if next != self.primary_index(view) {
+        if next != self.primary_of(view) {
             self.send(next, Message::Prepare(prepare));
         }
     }
@@ -1184,7 +1194,7 @@ impl Replica {
         if self.status != Status::Normal
             || self.recovering.is_some()
             || self.transferring
-            || self.primary_index(self.view) == self.config.replica
+            || self.primary_of(self.view) == self.config.replica
         {
             return;
         }
@@ -1195,7 +1205,7 @@ impl Replica {
         let Some(prepare_checksum) = self.journal.entry(op).map(|p| p.header.checksum) else {
             return;
         };
-        let primary = self.primary_index(self.view);
+        let primary = self.primary_of(self.view);
         self.acknowledged_max = self.acknowledged_max.max(op);
         self.send(
             primary,
@@ -1260,7 +1270,7 @@ impl Replica {
             }
             let op = head.header.op;
             self.pipeline.pop_head();
-            self.advance_commit_max(op);
+            self.raise_commit_max(op);
         }
         if self.pipeline.is_empty() {
             self.timers.prepare.stop();
@@ -1269,7 +1279,12 @@ impl Replica {
     }
 
     /// Raise `commit_max` (monotone).
-    pub fn advance_commit_max(&mut self, commit: u64) {
+    pub fn advance_commit_max(&mut self, commit: Op) {
+        self.raise_commit_max(commit.0);
+    }
+
+    /// [`Self::advance_commit_max`] in the core's own arithmetic.
+    pub(super) fn raise_commit_max(&mut self, commit: u64) {
         if commit > self.commit_max {
             self.commit_max = commit;
         }
@@ -1367,10 +1382,10 @@ impl Replica {
         if self.status != Status::Normal {
             return Handled::Ignored(Ignored::NotNormal);
         }
-        if self.primary_index(view) == self.config.replica {
+        if self.primary_of(view) == self.config.replica {
             return Handled::Ignored(Ignored::OwnView);
         }
-        if from != self.primary_index(view) {
+        if from != self.primary_of(view) {
             return Handled::Ignored(Ignored::NotFromAuthority);
         }
         if timestamp > self.heartbeat_seen {
@@ -1384,7 +1399,7 @@ impl Replica {
             // from the primary's heartbeat at that op.
             self.learn_commit_min_checksum(checksum);
         }
-        self.advance_commit_max(commit);
+        self.raise_commit_max(commit);
         self.after_journal_change();
         Handled::Taken
     }
@@ -1514,8 +1529,9 @@ impl Replica {
     /// log (ops other replicas may have acknowledged and committed), and it
     /// already chains to the installed prefix because every journal entry
     /// above `commit_min` belongs to the current log.
-    pub fn set_sequence(&mut self, op: u64) {
-        if self.is_primary() || op >= self.op() {
+    pub fn set_sequence(&mut self, op: Op) {
+        let op = op.0;
+        if self.is_primary() || op >= self.head() {
             return;
         }
         self.journal.truncate_from(op + 1, self.commit_min);
@@ -1532,7 +1548,7 @@ impl Replica {
             return;
         }
         let me = 1u32 << self.config.replica;
-        for op in (self.commit_max + 1)..=self.op() {
+        for op in (self.commit_max + 1)..=self.head() {
             let Some(h) = self.journal.entry(op).map(|p| p.header) else {
                 break;
             };

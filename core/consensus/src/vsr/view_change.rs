@@ -77,7 +77,7 @@ impl Replica {
         let message = self.request_start_view_message();
         match target {
             Some(view) => {
-                let primary = self.primary_index(view);
+                let primary = self.primary_of(view);
                 self.send(primary, message);
             }
             None => self.broadcast(message),
@@ -98,7 +98,7 @@ impl Replica {
     }
 
     pub(super) fn on_normal_heartbeat_timeout(&mut self) {
-        if self.status != Status::Normal || self.primary_index(self.view) == self.config.replica {
+        if self.status != Status::Normal || self.primary_of(self.view) == self.config.replica {
             return;
         }
         self.timers.normal_heartbeat.start_jittered(&mut self.prng);
@@ -197,7 +197,7 @@ impl Replica {
     /// never acknowledged that op in a way a commit could count. Ops above
     /// the head are nacked implicitly by `op`.
     pub(super) fn build_do_view_change(&self) -> DoViewChange {
-        let op = self.op();
+        let op = self.head();
         let commit = self.commit_max.min(op);
         let frontier = self.journal.contiguous_to(self.commit_min);
         let mut suffix = Vec::new();
@@ -242,7 +242,7 @@ impl Replica {
     fn send_do_view_change(&mut self) {
         let dvc = self.build_do_view_change();
         self.votes.dvc_sent = true;
-        let primary = self.primary_index(self.view);
+        let primary = self.primary_of(self.view);
         if primary == self.config.replica {
             let me = usize::from(self.config.replica);
             if self.votes.dvcs[me].is_none() {
@@ -319,7 +319,7 @@ impl Replica {
         if view > self.view {
             self.start_view_change(view);
         }
-        if self.primary_index(view) != self.config.replica {
+        if self.primary_of(view) != self.config.replica {
             return Ok(Handled::Ignored(Ignored::NotPrimary));
         }
         if self.status == Status::Normal {
@@ -362,8 +362,8 @@ impl Replica {
     }
 
     fn install_pending(&mut self, merged: MergedLog) {
-        self.advance_commit_max(merged.commit_max);
-        let before = self.op();
+        self.raise_commit_max(merged.commit_max);
+        let before = self.head();
         self.learn_timestamps(&merged.headers);
         self.journal
             .install_log(&merged.headers, merged.op_head, self.commit_min);
@@ -437,7 +437,7 @@ impl Replica {
     /// The StartView for the current log: head, commit point and the
     /// headers from the head down to the commit point (at most 128).
     pub(super) fn start_view_message(&self, incarnation: u128) -> StartView {
-        let op = self.op();
+        let op = self.head();
         let mut suffix = Vec::new();
         let mut x = op;
         while x >= 1 && x >= self.commit_max && suffix.len() < DVC_HEADERS_MAX {
@@ -484,7 +484,7 @@ impl Replica {
         sv: StartView,
     ) -> Result<Handled, FrameError> {
         Self::validate_start_view(&sv)?;
-        if from != self.primary_index(view) {
+        if from != self.primary_of(view) {
             return Ok(Handled::Ignored(Ignored::NotFromAuthority));
         }
         if let Some(recovery) = self.recovering {
@@ -522,8 +522,8 @@ impl Replica {
         if self.observed_newer_view <= view {
             self.observed_newer_view = 0;
         }
-        self.advance_commit_max(sv.commit);
-        let before = self.op();
+        self.raise_commit_max(sv.commit);
+        let before = self.head();
         self.learn_timestamps(&sv.suffix);
         self.journal.install_log(&sv.suffix, sv.op, self.commit_min);
         if let Some(h) = sv.suffix.iter().find(|h| h.op == self.commit_min) {
@@ -580,7 +580,7 @@ impl Replica {
             );
             handled = Handled::Taken;
         }
-        if from == self.primary_index(self.view)
+        if from == self.primary_of(self.view)
             && view == self.view
             && self.status == Status::Normal
             && self.recovering.is_none()
@@ -601,7 +601,7 @@ impl Replica {
     }
 
     pub(super) fn on_do_view_change_timeout(&mut self) {
-        let primary = self.primary_index(self.view);
+        let primary = self.primary_of(self.view);
         if self.status != Status::ViewChange
             || !self.votes.dvc_sent
             || primary == self.config.replica

@@ -353,7 +353,7 @@ impl Outgoing {
     ) -> Self {
         Self {
             to,
-            frame: encode_transfer_frame(cluster, from.view(), from.replica(), command, body),
+            frame: encode_transfer_frame(cluster, from.view(), from.replica().0, command, body),
         }
     }
 }
@@ -711,7 +711,7 @@ impl<F: Fs> TransferDriver<F> {
         // (repair found the ops after all).
         let need = partition.state_transfer_needed().or_else(|| {
             let floor = self.armed_floor?;
-            (partition.replica().commit_min() < floor).then_some(StateTransferNeeded {
+            (partition.replica().commit_min().0 < floor).then_some(StateTransferNeeded {
                 peer: facts.primary,
                 floor,
                 to_op: facts.commit_max,
@@ -847,7 +847,7 @@ impl<F: Fs> TransferDriver<F> {
                 cluster: self.config.cluster,
                 group: self.config.group,
                 frame_size_max: self.config.frame_size_max,
-                local: partition.replica().replica(),
+                local: partition.replica().replica().0,
                 replica_count: partition.config().vsr.replica_count,
             },
             from,
@@ -894,7 +894,7 @@ impl<F: Fs> TransferDriver<F> {
                 if !known {
                     self.stats.offers_served += 1;
                 }
-                let commit_max = partition.replica().commit_max();
+                let commit_max = partition.replica().commit_max().0;
                 let target = StateTransferTargetHeader {
                     nonce,
                     commit_op: offer.commit_op(),
@@ -1138,7 +1138,7 @@ impl<F: Fs> TransferDriver<F> {
             group: self.config.group,
             available: false,
             unavailable_transient: transient,
-            commit_max: partition.replica().commit_max(),
+            commit_max: partition.replica().commit_max().0,
         };
         self.push(
             partition,

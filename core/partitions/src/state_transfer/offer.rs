@@ -725,7 +725,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             repairing: self.replica.is_repairing()
                 || self.state_transfer_needed().is_some()
                 || self.missing_history.is_some(),
-            commit_max: self.replica.commit_max(),
+            commit_max: self.replica.commit_max().0,
             installed_frontier: self.installed_frontier,
         }
     }
@@ -806,7 +806,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.flush_committed_messages()
             .await
             .map_err(PartitionTransferUnavailable::FlushFailed)?;
-        let commit_op = self.replica.commit_min();
+        let commit_op = self.replica.commit_min().0;
         if let Some(cached) = builder.cached()
             && cached.commit_op == commit_op
         {

@@ -331,7 +331,7 @@ impl Cluster {
     /// The primary of the highest view any live replica is in.
     pub fn primary(&self) -> u8 {
         let r = self.up().max_by_key(|r| r.replica().view()).unwrap();
-        r.replica().primary_index(r.replica().view())
+        r.replica().primary_index(r.replica().view()).0
     }
 
     pub fn step(&mut self) {
@@ -595,10 +595,10 @@ impl Cluster {
             self.client_step(false);
         }
         for _ in 0..20_000 {
-            let target = self.up().map(|r| r.replica().commit_max()).max().unwrap();
+            let target = self.up().map(|r| r.replica().commit_max().0).max().unwrap();
             if self
                 .up()
-                .all(|r| r.replica().commit_min() >= target && r.replica().is_quorum_visible())
+                .all(|r| r.replica().commit_min().0 >= target && r.replica().is_quorum_visible())
             {
                 return;
             }
@@ -607,7 +607,7 @@ impl Cluster {
         panic!(
             "no convergence: {:?}",
             self.up()
-                .map(|r| (r.replica().commit_min(), r.replica().commit_max()))
+                .map(|r| (r.replica().commit_min().0, r.replica().commit_max().0))
                 .collect::<Vec<_>>()
         );
     }
@@ -685,8 +685,8 @@ pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
             replica: to,
             replica_count: c.n,
             view: r.view(),
-            primary: r.primary_index(r.view()),
-            commit_max: r.commit_max(),
+            primary: r.primary_index(r.view()).0,
+            commit_max: r.commit_max().0,
             purge_generation: c.replica(to).purge_generation(),
         }
     };
@@ -714,7 +714,7 @@ pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
     // Nothing stepped since the offer was built: the server's applied op is
     // the offer's, and its identity is the one the hash chain continues from.
     let peer = c.replica(from).replica();
-    assert_eq!(peer.commit_min(), done.descriptor.commit_op);
+    assert_eq!(peer.commit_min().0, done.descriptor.commit_op);
     server.reset();
     InstallInput::from_received(&done, peer.commit_min_checksum())
 }

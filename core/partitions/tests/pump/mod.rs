@@ -90,7 +90,7 @@ where
                     &FrozenClock,
                 ))
                 .unwrap();
-                let commit_max = peer.partition.replica().commit_max();
+                let commit_max = peer.partition.replica().commit_max().0;
                 let header = StateTransferTargetHeader {
                     nonce,
                     commit_op: offer.commit_op(),

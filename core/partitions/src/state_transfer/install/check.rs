@@ -76,7 +76,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let local_commit = self
             .replica
             .commit_min()
-            .max(self.replica.acknowledged_max());
+            .0
+            .max(self.replica.acknowledged_max().0);
         if commit_op < local_commit {
             return Err(PartitionInstallError::StaleTransfer {
                 commit_op,

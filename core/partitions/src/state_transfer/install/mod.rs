@@ -88,7 +88,7 @@ use std::path::{Path, PathBuf};
 use std::task::Poll;
 use std::time::Duration;
 
-use common::ConsumerKind;
+use common::{ConsumerKind, Op};
 use journal::SuperblockStore;
 use storage::SegmentedLog;
 use storage::fs::{FileKind, Fs, replace_file_durably};
@@ -873,13 +873,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.recovered_durable_offset = installed_end;
         self.installed_frontier = (checked.frontier > 0).then_some(checked.frontier);
         self.auto_commits.borrow_mut().pending.clear();
-        if checked.commit_op >= self.replica.commit_min() {
+        if checked.commit_op >= self.replica.commit_min().0 {
             self.replica
-                .set_commit_floor(checked.commit_op, checked.checksum);
+                .set_commit_floor(Op(checked.commit_op), checked.checksum);
         }
-        self.replica.set_sequence(checked.commit_op);
+        self.replica.set_sequence(Op(checked.commit_op));
         self.replica.clear_pipeline();
-        self.replica.advance_commit_max(checked.commit_op);
+        self.replica.advance_commit_max(Op(checked.commit_op));
         if complete {
             self.missing_history_record_pending = None;
             self.state_transfer_needed = None;

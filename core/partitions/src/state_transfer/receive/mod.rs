@@ -141,11 +141,11 @@ impl LocalFacts {
     pub fn of<B: MessageBus, S: SuperblockStore, F: Fs>(partition: &Partition<B, S, F>) -> Self {
         let replica = partition.replica();
         Self {
-            replica: replica.replica(),
+            replica: replica.replica().0,
             replica_count: partition.config().vsr.replica_count,
             view: replica.view(),
-            primary: replica.primary_index(replica.view()),
-            commit_max: replica.commit_max(),
+            primary: replica.primary_index(replica.view()).0,
+            commit_max: replica.commit_max().0,
             purge_generation: partition.purge_generation(),
         }
     }
