@@ -1,6 +1,7 @@
 //! The census's reports, driven frame by frame on one replica.
 #![allow(clippy::unwrap_used)]
 
+use common::{GroupId, ReplicaId};
 use consensus::vsr::{Action, Census, Config, Effect, Frame, Message, Replica, StartView, Status};
 
 fn frame(from: u8, view: u32, message: Message) -> Frame {
@@ -61,7 +62,7 @@ fn time_out_past(r: &mut Replica, view: u32) {
 #[test]
 fn given_a_report_heard_before_this_replica_joined_a_view_when_a_census_could_start_should_not_count_it()
  {
-    let mut r = Replica::new(Config::new(2, 3, 0));
+    let mut r = Replica::new(Config::new(ReplicaId(2), 3, GroupId(0)));
     persist(&mut r);
     r.on_frame(frame(0, 1, Message::StartViewChange)).unwrap();
     persist(&mut r);

@@ -3,13 +3,14 @@
 
 use bytes::Bytes;
 use common::Op;
+use common::{GroupId, ReplicaId};
 use consensus::vsr::{
     AppliedState, Config, DoViewChange, DurableState, Frame, FrameError, Handled, Ignored, Message,
     OP_MAX, Prepare, PrepareHeader, Replica, StartView, SuffixSlot, body_checksum,
 };
 
 fn replica() -> Replica {
-    Replica::new(Config::new(1, 3, 0))
+    Replica::new(Config::new(ReplicaId(1), 3, GroupId(0)))
 }
 
 fn frame(message: Message) -> Frame {
@@ -153,7 +154,7 @@ fn given_prepares_a_backup_must_not_take_should_count_each_by_its_reason() {
     assert_eq!(ignored(&r), [1, 1, 1, 1, 0, 0]);
     assert!(r.journal_entry(Op(1)).is_none());
     // The taken one is counted nowhere.
-    let mut taken = Replica::new(Config::new(1, 3, 0));
+    let mut taken = Replica::new(Config::new(ReplicaId(1), 3, GroupId(0)));
     assert_eq!(
         taken.on_frame(prepare_from(0, 0, prepare(1))),
         Ok(Handled::Taken)
@@ -244,9 +245,13 @@ fn given_frames_a_replica_must_not_act_on_should_name_each_reason() {
     let durable = DurableState {
         view: 0,
         log_view: 0,
-        commit: 0,
+        commit: Op(0),
     };
-    let mut restarted = Replica::restart(Config::new(1, 3, 0), durable, AppliedState::default());
+    let mut restarted = Replica::restart(
+        Config::new(ReplicaId(1), 3, GroupId(0)),
+        durable,
+        AppliedState::default(),
+    );
     assert_eq!(
         restarted.on_frame(from(2, 1, Message::StartViewChange)),
         Ok(Handled::Ignored(Ignored::Invisible))
@@ -368,7 +373,7 @@ fn given_new_view_when_not_yet_persisted_should_withhold_every_send() {
     use consensus::vsr::{Action, Effect};
     // Replica 2 is a backup in view 1 (whose primary is replica 1), so its
     // DoViewChange leaves as a frame.
-    let mut r = Replica::new(Config::new(2, 3, 0));
+    let mut r = Replica::new(Config::new(ReplicaId(2), 3, GroupId(0)));
     let mut f = frame(Message::StartViewChange);
     f.view = 1;
     r.on_frame(f).unwrap();

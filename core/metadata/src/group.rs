@@ -45,7 +45,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use bytes::Bytes;
-use common::Op;
+use common::{Op, ReplicaId};
 use consensus::vsr::{
     Action, AppliedState, Config as VsrConfig, DurableState, Effect, Frame, FrameError, Handled,
     OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request, RequestOutcome,
@@ -145,11 +145,11 @@ impl std::error::Error for GroupError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransferNeeded {
     /// The peer to transfer from.
-    pub peer: u8,
+    pub peer: ReplicaId,
     /// The highest op below every peer's retained range.
-    pub floor: u64,
+    pub floor: Op,
     /// The op repair was trying to reach.
-    pub to_op: u64,
+    pub to_op: Op,
 }
 
 /// What a caught-up primary serves to a replica behind its peers'
@@ -286,7 +286,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     ) -> Result<Self, GroupError> {
         let initial = VsrState {
             cluster,
-            replica_id: config.replica,
+            replica_id: config.replica.0,
             replica_count: config.replica_count,
             ..VsrState::default()
         };
@@ -312,7 +312,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         let rejoining = rejoin && config.replica_count > 1 && never_written && applied == Op(0);
         if rejoining {
             tracing::warn!(
-                replica = config.replica,
+                replica = config.replica.0,
                 "metadata group rejoining with an empty directory: out of every quorum until caught up"
             );
         }
@@ -327,10 +327,10 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             let durable_state = DurableState {
                 view: sb.view,
                 log_view: sb.log_view,
-                commit: sb.commit_max.max(applied.0),
+                commit: Op(sb.commit_max).max(applied),
             };
             let applied_state = AppliedState {
-                commit_min: applied.0,
+                commit_min: applied,
                 checksum: identity,
             };
             // A clean stop with nothing acknowledged past the applied op
@@ -454,7 +454,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// progress" for good (replog-sim seed 3000036, mixed).
     pub fn state_transfer_needed(&self) -> Option<TransferNeeded> {
         self.transfer_needed
-            .filter(|t| self.replica.is_transferring() || self.replica.commit_min().0 < t.floor)
+            .filter(|t| self.replica.is_transferring() || self.replica.commit_min() < t.floor)
     }
 
     /// Serves the applied state as a state-transfer offer (only a caught-up
@@ -714,7 +714,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             }
             for action in actions {
                 match action {
-                    Action::Send { to, frame } => self.bus.send_to_replica(to, frame),
+                    Action::Send { to, frame } => self.bus.send_to_replica(to.0, frame),
                     Action::Reply(reply) => {
                         let outcome = self
                             .outcomes
@@ -748,13 +748,13 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                                 consensus::vsr::Retained::Spilled(_) => None,
                             })
                             .collect();
-                        self.replica.serve_read_back(to, nonce, from_op, read);
+                        self.replica.serve_read_back(to.0, nonce, from_op.0, read);
                     }
                     Action::Effect(Effect::StartStateTransfer { peer, floor, to_op }) => {
                         tracing::warn!(
-                            peer,
-                            floor,
-                            to_op,
+                            peer = peer.0,
+                            floor = floor.0,
+                            to_op = to_op.0,
                             "metadata replica needs a state transfer"
                         );
                         self.transfer_needed = Some(TransferNeeded { peer, floor, to_op });

@@ -6,6 +6,7 @@
 
 mod support;
 
+use common::ReplicaId;
 use std::cell::RefCell;
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
@@ -79,7 +80,7 @@ impl Cluster {
         };
         let (store, _) =
             block_on(MetadataStore::open(fs, Path::new("/meta"), store_config)).unwrap();
-        let mut config = Config::new(r, 3, METADATA_GROUP.0);
+        let mut config = Config::new(ReplicaId(r), 3, METADATA_GROUP);
         config.timeouts = TimeoutConfig::scaled_down(5);
         config.seed = 7;
         config.retention_ops = retention_ops;
@@ -703,7 +704,7 @@ fn given_a_replica_down_past_the_peers_retention_when_rebooted_should_catch_up_b
     }
     let needed = needed.expect("repair concluded that a transfer is needed");
     let p = c.primary();
-    assert_eq!(needed.peer as usize, p);
+    assert_eq!(needed.peer.index(), p);
     let offer = c.groups[p].transfer_offer().unwrap();
     // Refusals first: a damaged artifact, a reordered manifest, a backup's
     // offer; none changes anything.

@@ -75,6 +75,7 @@
 //! which the 1.0027 does not show.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use common::{GroupId, ReplicaId};
 use std::cell::Cell;
 use std::path::Path;
 use std::rc::Rc;
@@ -169,7 +170,7 @@ fn client_batches() -> Vec<Vec<u8>> {
 }
 
 fn config(replica: u8, replicas: u8, enforce_fsync: bool) -> PartitionConfig {
-    let mut c = PartitionConfig::new(Config::new(replica, replicas, 1));
+    let mut c = PartitionConfig::new(Config::new(ReplicaId(replica), replicas, GroupId(1)));
     c.partition_id = 1;
     c.enforce_fsync = enforce_fsync;
     // The runs are small; a 1 GiB reservation per replica would measure

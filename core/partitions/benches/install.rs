@@ -25,6 +25,7 @@
 //! ```
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use common::{GroupId, ReplicaId};
 use std::path::Path;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -43,7 +44,7 @@ use support::*;
 const TICK: Duration = Duration::from_millis(10);
 
 fn partition_config(segment_size: u64) -> PartitionConfig {
-    let mut c = PartitionConfig::new(Config::new(0, 1, 1));
+    let mut c = PartitionConfig::new(Config::new(ReplicaId(0), 1, GroupId(1)));
     c.partition_id = 1;
     c.log.segment_size_bytes = segment_size;
     c

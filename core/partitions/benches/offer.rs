@@ -25,6 +25,7 @@
 //! `RealFs` reads so both sides issue identical I/O.)
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use common::{GroupId, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -58,7 +59,7 @@ fn total_bytes() -> usize {
 
 /// A one-replica partition holding about `total_bytes()` in 8 MiB segments.
 async fn populated(dir: &Path) -> BenchPartition {
-    let mut c = PartitionConfig::new(Config::new(0, 1, 1));
+    let mut c = PartitionConfig::new(Config::new(ReplicaId(0), 1, GroupId(1)));
     c.partition_id = 1;
     c.log.segment_size_bytes = SEGMENT_BYTES;
     let (mut p, net) = open_partition(dir, c).await;

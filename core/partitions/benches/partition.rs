@@ -34,6 +34,7 @@
 //! layout checks only.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use common::{GroupId, ReplicaId};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -101,7 +102,7 @@ fn stamped(batches: &[Vec<u8>]) -> Vec<Vec<u8>> {
 }
 
 fn config(enforce_fsync: bool, segment_size_bytes: u64) -> PartitionConfig {
-    let mut c = PartitionConfig::new(Config::new(0, 1, 1));
+    let mut c = PartitionConfig::new(Config::new(ReplicaId(0), 1, GroupId(1)));
     if std::env::var("PARTITION_BENCH_LAYOUT_ONLY").is_ok() {
         c.log.read_integrity = storage::Integrity::LayoutOnly;
     }

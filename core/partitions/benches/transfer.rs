@@ -34,6 +34,7 @@
 //! ```
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use common::{GroupId, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -63,7 +64,7 @@ const WINDOW_DEFAULT: u32 = 32;
 const ME: u8 = 1;
 
 fn partition_config() -> PartitionConfig {
-    let mut c = PartitionConfig::new(Config::new(0, 1, 1));
+    let mut c = PartitionConfig::new(Config::new(ReplicaId(0), 1, GroupId(1)));
     c.partition_id = 1;
     c.log.segment_size_bytes = SEGMENT_BYTES;
     c

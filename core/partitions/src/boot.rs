@@ -18,6 +18,7 @@
 use std::cell::{Cell, RefCell};
 use std::path::Path;
 
+use common::Op;
 use consensus::vsr::{AppliedState, DurableState, Replica};
 use journal::{CleanStop, PrepareJournal, Superblock, SuperblockStore, VsrState};
 use storage::fs::Fs;
@@ -99,7 +100,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             load_offsets(&fs, dir, &config, &sb, fresh, member, next, &mut missing).await?;
         let rejoining = fresh && config.rejoin && config.vsr.replica_count > 1;
         if rejoining {
-            tracing::warn!(dir = %dir.display(), group = config.vsr.group, "partition rejoining with an empty directory: out of every quorum until caught up");
+            tracing::warn!(dir = %dir.display(), group = %config.vsr.group, "partition rejoining with an empty directory: out of every quorum until caught up");
         }
         // A record in the directory is taken (removed) even when the
         // caller brought one: left behind, it could match a later crash's
@@ -220,7 +221,7 @@ async fn ensure_dir<F: Fs>(fs: &F, dir: &Path) -> Result<(), BootError> {
 fn initial_state(config: &PartitionConfig) -> VsrState {
     VsrState {
         cluster: config.cluster,
-        replica_id: config.vsr.replica,
+        replica_id: config.vsr.replica.0,
         replica_count: config.vsr.replica_count,
         view: 0,
         log_view: 0,
@@ -294,7 +295,7 @@ async fn open_log<F: Fs>(
     {
         Ok(opened) => opened,
         Err(error) if member && error.fences_partition() => {
-            tracing::error!(dir = %dir.display(), group = config.vsr.group, %error, "segments damaged at rest: setting them aside, repairing from a peer");
+            tracing::error!(dir = %dir.display(), group = %config.vsr.group, %error, "segments damaged at rest: setting them aside, repairing from a peer");
             let record = *missing.get_or_insert(at_rest(sb));
             set_aside_and_reopen(fs, dir, config.log, record).await?
         }
@@ -310,7 +311,7 @@ async fn open_log<F: Fs>(
                 log_next_offset: log.next_offset(),
             });
         }
-        tracing::error!(dir = %dir.display(), group = config.vsr.group, frontier = sb.offset_frontier, log_next_offset = log.next_offset(), "synced batches below the recorded frontier are gone: repairing from a peer");
+        tracing::error!(dir = %dir.display(), group = %config.vsr.group, frontier = sb.offset_frontier, log_next_offset = log.next_offset(), "synced batches below the recorded frontier are gone: repairing from a peer");
         drop(log);
         let record = *missing.get_or_insert(at_rest(sb));
         (log, _) = set_aside_and_reopen(fs, dir, config.log, record).await?;
@@ -422,7 +423,7 @@ async fn cut_past_applied_point<F: Fs>(
             source,
         })?;
     if cut {
-        tracing::info!(dir = %dir.display(), group = config.vsr.group, from = sb.offset_frontier, to = end, "dropped batches past the recorded applied point; the group repairs them");
+        tracing::info!(dir = %dir.display(), group = %config.vsr.group, from = sb.offset_frontier, to = end, "dropped batches past the recorded applied point; the group repairs them");
     }
     Ok(())
 }
@@ -456,7 +457,7 @@ async fn load_offsets<F: Fs>(
         .map_err(unreadable)?;
     if !loaded.corrupt.is_empty() {
         if member && missing.is_none() {
-            tracing::error!(dir = %dir.display(), group = config.vsr.group, records = ?loaded.corrupt, "consumer-offset records damaged at rest: repairing from a peer");
+            tracing::error!(dir = %dir.display(), group = %config.vsr.group, records = ?loaded.corrupt, "consumer-offset records damaged at rest: repairing from a peer");
             crate::state_transfer::missing::set_aside_damaged_history(fs, dir, at_rest(sb), false)
                 .await
                 .map_err(unreadable)?;
@@ -582,7 +583,7 @@ fn start_replica(
     let durable = DurableState {
         view: sb.view,
         log_view: sb.log_view,
-        commit: sb.commit_max,
+        commit: Op(sb.commit_max),
     };
     let recorded = AppliedPoint {
         op: sb.checkpoint_op,
@@ -590,7 +591,7 @@ fn start_replica(
         next_offset: sb.offset_frontier,
     };
     let applied = AppliedState {
-        commit_min: sb.checkpoint_op,
+        commit_min: Op(sb.checkpoint_op),
         checksum: sb.checkpoint_checksum,
     };
     match point {
@@ -606,7 +607,7 @@ fn start_replica(
                 config.vsr,
                 durable,
                 AppliedState {
-                    commit_min: op,
+                    commit_min: Op(op),
                     checksum: 0,
                 },
             ),
@@ -639,13 +640,13 @@ fn restore_sessions(
         Some(table) => {
             let (op, sessions) = (table.op, table.sessions.len());
             if let Err(error) = replica.client_table_mut().restore(table.sessions) {
-                tracing::warn!(dir = %dir.display(), group = config.vsr.group, op, %error, "recorded client table refused; dedup starts empty");
+                tracing::warn!(dir = %dir.display(), group = %config.vsr.group, op, %error, "recorded client table refused; dedup starts empty");
             } else {
-                tracing::debug!(dir = %dir.display(), group = config.vsr.group, op, sessions, "client table restored");
+                tracing::debug!(dir = %dir.display(), group = %config.vsr.group, op, sessions, "client table restored");
             }
         }
         None if !fresh => {
-            tracing::warn!(dir = %dir.display(), group = config.vsr.group, op = sb.checkpoint_op, "no client table recorded at the applied point; dedup starts empty")
+            tracing::warn!(dir = %dir.display(), group = %config.vsr.group, op = sb.checkpoint_op, "no client table recorded at the applied point; dedup starts empty")
         }
         None => {}
     }

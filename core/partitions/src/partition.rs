@@ -69,7 +69,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use common::{ConsumerKind, Op};
+use common::{ConsumerKind, Op, ReplicaId};
 use consensus::ClientTableError;
 use consensus::DedupWatermark;
 use consensus::vsr::{
@@ -255,11 +255,11 @@ pub(crate) struct AppliedPoint {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateTransferNeeded {
     /// The replica to transfer from.
-    pub peer: u8,
+    pub peer: ReplicaId,
     /// The highest op below every peer's retained range.
-    pub floor: u64,
+    pub floor: Op,
     /// The op repair was trying to reach.
-    pub to_op: u64,
+    pub to_op: Op,
 }
 
 /// The replicated-but-internal client through which poll auto-commits
@@ -391,16 +391,16 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.missing_history_clear_pending = false;
         if self.state_transfer_needed.is_none() && self.config.vsr.replica_count > 1 {
             let me = self.config.vsr.replica;
-            let primary = self.replica.primary_index(self.replica.view()).0;
+            let primary = self.replica.primary_index(self.replica.view());
             let peer = if primary == me {
-                (me + 1) % self.config.vsr.replica_count
+                ReplicaId((me.0 + 1) % self.config.vsr.replica_count)
             } else {
                 primary
             };
             self.state_transfer_needed = Some(StateTransferNeeded {
                 peer,
-                floor: record.commit_op,
-                to_op: self.replica.commit_max().0.max(record.commit_op),
+                floor: Op(record.commit_op),
+                to_op: self.replica.commit_max().max(Op(record.commit_op)),
             });
         }
         tracing::warn!(dir = %self.dir.display(), frontier = record.frontier, op = record.commit_op, "history below the frontier is missing: lagging until a state transfer installs");
@@ -427,7 +427,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         } = error
             && !self.damage_found.replace(true)
         {
-            tracing::error!(path = %path.display(), position, %source, group = self.config.vsr.group, "damaged batch in a segment: never served; repairing from a peer");
+            tracing::error!(path = %path.display(), position, %source, group = %self.config.vsr.group, "damaged batch in a segment: never served; repairing from a peer");
         }
     }
 
@@ -1005,7 +1005,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                         if vote_or_authority && self.quorum_withheld() {
                             continue;
                         }
-                        self.bus.send_to_replica(to, frame);
+                        self.bus.send_to_replica(to.0, frame);
                     }
                     Action::Reply(mut reply) => {
                         if reply.client == INTERNAL_CLIENT {
@@ -1064,7 +1064,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 view,
                 log_view,
                 commit,
-            } => match self.durable.persist_view(view, log_view, commit).await {
+            } => match self.durable.persist_view(view, log_view, commit.0).await {
                 Ok(()) => self.replica.on_persisted(view, log_view),
                 Err(error) => {
                     // Sends stay held by the core; retried on the next tick.
@@ -1079,13 +1079,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 nonce,
                 from_op,
                 slice,
-            } => self.read_back(to, nonce, from_op, slice).await,
+            } => self.read_back(to.0, nonce, from_op.0, slice).await,
             Effect::StartStateTransfer { peer, floor, to_op } => {
                 self.state_transfer_needed = Some(StateTransferNeeded { peer, floor, to_op });
                 tracing::warn!(
-                    peer,
-                    floor,
-                    to_op,
+                    peer = peer.0,
+                    floor = floor.0,
+                    to_op = to_op.0,
                     "repair concluded FloorRefused: a state transfer is needed"
                 );
             }

@@ -315,10 +315,11 @@ impl Drop for RetainedBodies {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::{GroupId, ReplicaId};
     use consensus::vsr::Config as VsrConfig;
 
     fn replica() -> Replica {
-        Replica::new(VsrConfig::new(0, 3, 1))
+        Replica::new(VsrConfig::new(ReplicaId(0), 3, GroupId(1)))
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! byte-identical segment files.
 #![allow(clippy::unwrap_used)]
 
+use common::{GroupId, ReplicaId};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -43,7 +44,7 @@ fn pdir() -> PathBuf {
 }
 
 fn replica_config(replica: u8) -> PartitionConfig {
-    let mut vsr = Config::new(replica, REPLICAS, GROUP);
+    let mut vsr = Config::new(ReplicaId(replica), REPLICAS, GroupId(GROUP));
     vsr.timeouts = TimeoutConfig::scaled_down(5);
     vsr.retention_ops = 8192;
     vsr.seed = 77;

@@ -8,6 +8,7 @@
 
 mod support;
 
+use common::{GroupId, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ fn src_dir() -> PathBuf {
 }
 
 fn config(segment_size: u64) -> PartitionConfig {
-    let mut c = PartitionConfig::new(Config::new(0, 1, 7));
+    let mut c = PartitionConfig::new(Config::new(ReplicaId(0), 1, GroupId(7)));
     c.partition_id = 3;
     c.created_revision = 11;
     c.messages_required_to_save = 1;

@@ -21,14 +21,14 @@ use harness::*;
 fn given_backup_behind_every_peers_retention_when_state_transferred_should_repair_the_tail_and_agree()
  {
     let (mut c, victim, need) = lagging_backup(7);
-    let installed = transfer(&mut c, need.peer, victim);
+    let installed = transfer(&mut c, need.peer.0, victim);
     let r = c.replica(victim);
     eprintln!(
         "{need:?}: installed op {installed}, frontier {}, segments {}",
         r.offset_frontier(),
         r.log().segments().count()
     );
-    assert!(installed >= need.floor);
+    assert!(installed >= need.floor.0);
     assert_eq!(r.replica().commit_min().0, installed);
     assert!(r.state_transfer_needed().is_none());
     assert_eq!(r.installed_frontier(), Some(r.offset_frontier()));
@@ -51,7 +51,7 @@ fn given_backup_behind_every_peers_retention_when_state_transferred_should_repai
 #[test]
 fn given_install_failing_mid_swap_on_a_backup_when_pulled_again_should_agree() {
     let (mut c, victim, need) = lagging_backup(8);
-    let input = pull(&mut c, need.peer, victim);
+    let input = pull(&mut c, need.peer.0, victim);
     // Rename #1 is the install marker's, #2 the first staged index.
     c.fss[usize::from(victim)].fail_nth(storage::fs::FaultKind::Rename, 2, storage::fs::EIO);
     let receiver = c.replicas[usize::from(victim)].as_mut().unwrap();
@@ -72,7 +72,7 @@ fn given_install_failing_mid_swap_on_a_backup_when_pulled_again_should_agree() {
         "converged but stopped asking"
     );
     assert!(!r.replica().is_quorum_visible());
-    let peer = need.peer;
+    let peer = need.peer.0;
     transfer(&mut c, peer, victim);
     c.produce(10);
     c.converge();
@@ -127,8 +127,8 @@ fn given_power_cut_at_every_step_of_a_backup_install_when_rebooted_should_be_old
         let (mut c, victim, need) = lagging_backup(9);
         let old = held(&c, victim);
         assert!(!old.missing && old.offset_7.is_none(), "{old:?}");
-        let input = pull(&mut c, need.peer, victim);
-        let new = held(&c, need.peer);
+        let input = pull(&mut c, need.peer.0, victim);
+        let new = held(&c, need.peer.0);
         assert!(new.offset_7.is_some(), "{new:?}");
         let fs = c.fss[usize::from(victim)].clone();
         fs.cut_power_after(n);
@@ -208,7 +208,7 @@ fn given_torn_superblock_pair_on_a_backup_install_when_rebooted_and_pulled_again
     for (kind, last) in [(FaultKind::Write, 10u64), (FaultKind::Sync, 16)] {
         for nth in 1..=last {
             let (mut c, victim, need) = lagging_backup(10);
-            let input = pull(&mut c, need.peer, victim);
+            let input = pull(&mut c, need.peer.0, victim);
             let fs = c.fss[usize::from(victim)].clone();
             fs.fail_nth(kind, nth, EIO);
             let receiver = c.replicas[usize::from(victim)].as_mut().unwrap();

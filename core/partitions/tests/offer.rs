@@ -8,6 +8,7 @@
 mod harness;
 mod support;
 
+use common::{GroupId, ReplicaId};
 use std::cell::Cell;
 use std::path::Path;
 use std::rc::Rc;
@@ -228,7 +229,7 @@ fn given_backup_replica_when_offer_asked_should_refuse_not_caught_up_primary() {
     let fs = fresh_fs(4);
     let net = InMemoryNetwork::new(1, 3, NetworkFaults::default());
     let mut partition = block_on(Partition::open(
-        PartitionConfig::new(VsrConfig::new(1, 3, 0)),
+        PartitionConfig::new(VsrConfig::new(ReplicaId(1), 3, GroupId(0))),
         fs.clone(),
         &dir(),
         net.endpoint(1),
@@ -740,7 +741,7 @@ fn given_large_offer_built_in_rounds_when_driven_with_another_group_should_keep_
     for tag in 0..64 {
         big.request(ClientOp::Append(big_batch(tag + 1, 16, 64 * 1024)));
     }
-    let mut vsr = VsrConfig::new(0, 3, 0);
+    let mut vsr = VsrConfig::new(ReplicaId(0), 3, GroupId(0));
     vsr.timeouts = TimeoutConfig::scaled_down(10);
     let other_net = InMemoryNetwork::new(2, 3, NetworkFaults::default());
     let mut other = block_on(Partition::open(

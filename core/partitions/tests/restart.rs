@@ -152,10 +152,13 @@ fn given_restarted_backup_behind_every_peers_retention_when_repairing_should_ask
         }
     }
     let need = asked.expect("no state transfer asked for");
-    assert_ne!(need.peer, victim);
-    assert!(need.floor > resumed_at, "{need:?} resumed at {resumed_at}");
+    assert_ne!(need.peer.0, victim);
+    assert!(
+        need.floor.0 > resumed_at,
+        "{need:?} resumed at {resumed_at}"
+    );
     let head = c.up().map(|r| r.replica().commit_max().0).max().unwrap();
-    assert!(need.to_op > need.floor && need.to_op <= head, "{need:?}");
+    assert!(need.to_op > need.floor && need.to_op.0 <= head, "{need:?}");
     // The others kept committing.
     c.produce(5);
 }

@@ -29,7 +29,7 @@ use harness::*;
 fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
     for n in 1..300 {
         let (mut c, victim, need) = lagging_backup(seed);
-        let input = pull(&mut c, need.peer, victim);
+        let input = pull(&mut c, need.peer.0, victim);
         let offer_frontier =
             partitions::state_transfer::ConsumerOffsetsWire::decode(&input.offsets_artifact)
                 .unwrap()
@@ -250,7 +250,7 @@ fn converged_without_record(
     record_fault: impl FnOnce(&storage::fs::SimFs),
 ) -> Option<(Cluster, u8)> {
     let (mut c, victim, need) = lagging_backup(seed);
-    let input = pull(&mut c, need.peer, victim);
+    let input = pull(&mut c, need.peer.0, victim);
     let fs = c.fss[usize::from(victim)].clone();
     // Rename #1 is the install marker's, #2 the first staged index.
     fs.fail_nth(storage::fs::FaultKind::Rename, 2, storage::fs::EIO);

@@ -36,6 +36,7 @@
 
 mod support;
 
+use common::{GroupId, ReplicaId};
 use std::cell::Cell;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -190,7 +191,7 @@ struct OtherGroup {
 
 impl OtherGroup {
     fn open(fs: &SimFs) -> Self {
-        let mut vsr = VsrConfig::new(0, 3, 0);
+        let mut vsr = VsrConfig::new(ReplicaId(0), 3, GroupId(0));
         vsr.timeouts = TimeoutConfig::scaled_down(10);
         let net = InMemoryNetwork::new(2, 3, NetworkFaults::default());
         let partition = block_on(Partition::open(

@@ -145,7 +145,7 @@ fn produce_through_shard(batches: &[Vec<u8>]) -> Duration {
 fn produce_direct(batches: &[Vec<u8>]) -> Duration {
     let fs = fs();
     let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
-    let mut config = PartitionConfig::new(Config::new(0, 1, 1));
+    let mut config = PartitionConfig::new(Config::new(ReplicaId(0), 1, GroupId(1)));
     config.partition_id = 1;
     let mut p = block_on(Partition::open(
         config,

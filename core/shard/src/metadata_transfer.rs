@@ -355,7 +355,7 @@ pub struct MetadataTransfer {
     receiving: Receiving,
     backoff: TransferBackoff,
     /// The floor the live session (or scheduled re-arm) is for.
-    armed_floor: Option<u64>,
+    armed_floor: Option<Op>,
     /// One offer per requester (a new nonce replaces the old one).
     serving: BTreeMap<u8, Served>,
     /// Why the last attempt failed (operators, tests).
@@ -434,10 +434,10 @@ impl MetadataTransfer {
         // once the applied op passed the floor it was armed for.
         let need = group
             .state_transfer_needed()
-            .map(|t| (t.peer, t.floor))
+            .map(|t| (t.peer.0, t.floor))
             .or_else(|| {
                 let floor = self.armed_floor?;
-                (replica.commit_min().0 < floor).then(|| (facts(replica).primary, floor))
+                (replica.commit_min() < floor).then(|| (facts(replica).primary, floor))
             });
         let Some((peer, floor)) = need else {
             self.armed_floor = None;

@@ -150,8 +150,8 @@ impl ShardConfig {
             dir,
             frame_size_max: consensus::header::FRAME_SIZE_MAX_DEFAULT,
             timeouts: TimeoutConfig::default(),
-            retention_ops: VsrConfig::new(0, 1, 0).retention_ops,
-            metadata_retention_ops: VsrConfig::new(0, 1, 0).retention_ops,
+            retention_ops: VsrConfig::new(ReplicaId(0), 1, GroupId(0)).retention_ops,
+            metadata_retention_ops: VsrConfig::new(ReplicaId(0), 1, GroupId(0)).retention_ops,
             seed: 0,
             tick: TICK_DEFAULT,
             host_metadata: shard == ShardIndex(0),
@@ -691,9 +691,9 @@ impl<E: Env> Shard<E> {
         };
         if shard.config.host_metadata {
             let mut vsr = VsrConfig::new(
-                shard.config.replica.0,
+                shard.config.replica,
                 shard.config.replica_count,
-                METADATA_GROUP.0,
+                METADATA_GROUP,
             );
             vsr.timeouts = shard.config.timeouts;
             vsr.retention_ops = shard.config.metadata_retention_ops;
@@ -1080,7 +1080,7 @@ impl<E: Env> Shard<E> {
         let group = spec.group;
         let dir = catalog::group_dir(&self.config.dir, group);
         let fs = self.env.fs().clone();
-        let mut vsr = VsrConfig::new(self.config.replica.0, self.config.replica_count, group.0);
+        let mut vsr = VsrConfig::new(self.config.replica, self.config.replica_count, group);
         vsr.timeouts = self.config.timeouts;
         vsr.retention_ops = self.config.retention_ops;
         vsr.seed = self.config.seed ^ group.0.rotate_left(17);

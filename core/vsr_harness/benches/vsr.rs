@@ -9,6 +9,7 @@
 //! one-tick network delay also reports each topology's request latency.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use common::{GroupId, ReplicaId};
 use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ impl Cluster {
     fn new(n: u8, topology: Topology) -> Self {
         let replicas = (0..n)
             .map(|r| {
-                let mut c = Config::new(r, n, 0);
+                let mut c = Config::new(ReplicaId(r), n, GroupId(0));
                 c.topology = topology;
                 Replica::new(c)
             })
@@ -53,7 +54,7 @@ impl Cluster {
             }
             for action in actions {
                 match action {
-                    Action::Send { to, frame } => self.queue.push_back((to, frame)),
+                    Action::Send { to, frame } => self.queue.push_back((to.0, frame)),
                     Action::Effect(Effect::PersistState { view, log_view, .. }) => {
                         self.replicas[usize::from(r)].on_persisted(view, log_view);
                     }

@@ -30,7 +30,7 @@ use std::fmt;
 use bytes::Bytes;
 
 use common::simnet::{LinkDraw, SimNet};
-use common::{Op, Prng};
+use common::{GroupId, Op, Prng, ReplicaId};
 use consensus::ClientTable;
 use consensus::vsr::Retained;
 use consensus::vsr::TimeoutConfig;
@@ -309,7 +309,7 @@ impl Simulation {
         let mut prng = Prng::new(config.seed);
         let nodes = (0..config.replica_count)
             .map(|r| {
-                let mut c = Config::new(r, config.replica_count, config.group);
+                let mut c = Config::new(ReplicaId(r), config.replica_count, GroupId(config.group));
                 c.timeouts = config.timeouts;
                 c.retention_ops = config.retention_ops;
                 c.seed = config.seed;
@@ -507,7 +507,7 @@ impl Simulation {
             return Ok(());
         }
         let applied = AppliedState {
-            commit_min: node.applied.len() as u64,
+            commit_min: Op(node.applied.len() as u64),
             checksum: node.applied.last().map_or(0, |a| a.checksum),
         };
         let mut replica = Replica::restart(node.config, node.superblock, applied);
@@ -601,7 +601,7 @@ impl Simulation {
             node.superblock = DurableState {
                 view,
                 log_view,
-                commit: commit.max(node.superblock.commit),
+                commit: Op(commit).max(node.superblock.commit),
             };
             if let Some(replica) = node.replica.as_mut() {
                 replica.on_persisted(view, log_view);
@@ -690,7 +690,7 @@ impl Simulation {
             }
             for action in actions {
                 match action {
-                    Action::Send { to, frame } => self.send_frame(r, to, frame),
+                    Action::Send { to, frame } => self.send_frame(r, to.0, frame),
                     Action::Reply(reply) => {
                         if !(self.faults && self.prng.chance(self.config.drop_per_mille, 1000)) {
                             self.replies.push(reply);
@@ -783,7 +783,7 @@ impl Simulation {
             } => {
                 self.nodes[usize::from(r)]
                     .pending_persist
-                    .push((view, log_view, commit));
+                    .push((view, log_view, commit.0));
             }
             Effect::Journal { .. } | Effect::TruncateJournal { .. } => {}
             Effect::Apply { prepare, duplicate } => {
@@ -821,8 +821,8 @@ impl Simulation {
                 }
             }
             Effect::StartStateTransfer { peer, floor, to_op } => {
-                self.transfers_started.push((r, peer, floor, to_op));
-                self.transfer(r, peer, floor)?;
+                self.transfers_started.push((r, peer.0, floor.0, to_op.0));
+                self.transfer(r, peer.0, floor.0)?;
             }
             Effect::ReadBack {
                 to,
@@ -831,7 +831,7 @@ impl Simulation {
                 slice,
             } => {
                 self.report.read_backs += 1;
-                self.read_back(r, to, nonce, from_op, slice);
+                self.read_back(r, to.0, nonce, from_op.0, slice);
             }
         }
         Ok(())

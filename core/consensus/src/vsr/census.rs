@@ -56,6 +56,7 @@
 use super::io::Status;
 use super::message::{Census, Message};
 use super::replica::Replica;
+use common::Op;
 
 /// What one peer reported, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +139,7 @@ impl Replica {
     /// the freshness window, in index order.
     fn others_reports(&self) -> impl Iterator<Item = (u8, Option<Heard>)> + '_ {
         let window = self.census_window_ticks();
-        let me = self.config.replica;
+        let me = self.config.replica.0;
         self.census
             .heard
             .iter()
@@ -329,7 +330,7 @@ impl Replica {
         if self.ticks < settle {
             return;
         }
-        let me = self.config.replica;
+        let me = self.config.replica.0;
         // Longest applied state first; among equals one whose identity is
         // known (a primary that cannot name its applied op's identity can
         // chain nothing to it and abdicates, and the group, with every
@@ -382,7 +383,7 @@ impl Replica {
         (1..=n)
             .filter_map(|step| above.checked_add(step))
             .filter(|v| *v <= super::io::VIEW_MAX)
-            .find(|v| self.primary_of(*v) == self.config.replica)
+            .find(|v| self.primary_of(*v) == self.config.replica.0)
     }
 
     /// Become the primary of `view` with the applied state as the log.
@@ -392,7 +393,7 @@ impl Replica {
             .install_log(&[], self.commit_min, self.commit_min);
         if before > self.commit_min {
             self.effect(super::io::Effect::TruncateJournal {
-                from_op: self.commit_min + 1,
+                from_op: Op(self.commit_min + 1),
             });
         }
         self.census_views_started += 1;

@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use common::{GroupId, Op, ReplicaId};
+
 use super::journal::Retained;
 use super::message::{Frame, Prepare, Reply};
 use super::timeout::TimeoutConfig;
@@ -25,11 +27,11 @@ pub const VIEW_MAX: u32 = u32::MAX - 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     /// This replica's index, `0..replica_count`.
-    pub replica: u8,
+    pub replica: ReplicaId,
     /// Replicas in the group (1..=32).
     pub replica_count: u8,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// Timeouts in ticks.
     pub timeouts: TimeoutConfig,
     /// Applied prepares kept to serve repair; older ones are evicted (the
@@ -60,7 +62,7 @@ pub enum Topology {
 
 impl Config {
     /// Defaults for replica `replica` of `replica_count` in `group`.
-    pub fn new(replica: u8, replica_count: u8, group: u64) -> Self {
+    pub fn new(replica: ReplicaId, replica_count: u8, group: GroupId) -> Self {
         Self {
             replica,
             replica_count,
@@ -82,7 +84,7 @@ pub struct DurableState {
     /// The latest view in which it installed a log.
     pub log_view: u32,
     /// Its `commit_max` when written (a lower bound only).
-    pub commit: u64,
+    pub commit: Op,
 }
 
 /// What the driver's durable applied state says after a restart: the
@@ -90,7 +92,7 @@ pub struct DurableState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AppliedState {
     /// The highest op applied.
-    pub commit_min: u64,
+    pub commit_min: Op,
     /// Its identity (0 when nothing was applied).
     pub checksum: u128,
 }
@@ -117,7 +119,7 @@ pub enum Effect {
         /// Log view to persist.
         log_view: u32,
         /// Commit point to persist (a lower bound).
-        commit: u64,
+        commit: Op,
     },
     /// The core appended this prepare to its journal (the driver may mirror
     /// it; the core does not wait for an acknowledgement because the
@@ -129,7 +131,7 @@ pub enum Effect {
     /// The core dropped its journal from this op upward (log divergence).
     TruncateJournal {
         /// First op dropped.
-        from_op: u64,
+        from_op: Op,
     },
     /// Apply this committed op to the state machine (in op order).
     Apply {
@@ -146,11 +148,11 @@ pub enum Effect {
     /// read); the core answers the peer from there.
     ReadBack {
         /// The peer that asked.
-        to: u8,
+        to: ReplicaId,
         /// Its repair session's nonce.
         nonce: u128,
         /// The first op of the slice.
-        from_op: u64,
+        from_op: Op,
         /// The slice, in op order without holes.
         slice: Vec<Retained>,
     },
@@ -160,11 +162,11 @@ pub enum Effect {
     /// `advance_commit_max` and `finish_state_transfer`.
     StartStateTransfer {
         /// The replica to transfer from (the primary when it is not us).
-        peer: u8,
+        peer: ReplicaId,
         /// The highest op below every peer's retained range.
-        floor: u64,
+        floor: Op,
         /// The op repair was trying to reach.
-        to_op: u64,
+        to_op: Op,
     },
 }
 
@@ -174,7 +176,7 @@ pub enum Action {
     /// Send a frame to replica `to`.
     Send {
         /// Destination replica.
-        to: u8,
+        to: ReplicaId,
         /// The frame.
         frame: Frame,
     },

@@ -156,7 +156,7 @@ impl Replica {
         if self.status != Status::Normal {
             return Handled::Ignored(Ignored::NotNormal);
         }
-        if from != self.primary_of(view) || from == self.config.replica {
+        if from != self.primary_of(view) || from == self.config.replica.0 {
             return Handled::Ignored(Ignored::NotFromAuthority);
         }
         self.send(from, Message::Pong { round });

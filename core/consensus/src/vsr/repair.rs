@@ -14,7 +14,7 @@
 //! `advance_commit_max` and `finish_state_transfer`; until then the replica
 //! acknowledges nothing and applies nothing.
 
-use common::Op;
+use common::{Op, ReplicaId};
 use std::collections::BTreeMap;
 
 use super::io::{Effect, FrameError, Handled, Ignored, Status};
@@ -123,7 +123,7 @@ impl Replica {
     /// already tried this round.
     fn choose_repair_peer(&self, op: u64) -> Option<u8> {
         let n = self.config.replica_count;
-        let me = self.config.replica;
+        let me = self.config.replica.0;
         let untried = |r: u8| r != me && self.repair.tried & (1u32 << r) == 0;
         if let Some(holders) = self
             .votes
@@ -152,7 +152,7 @@ impl Replica {
             .min()
             .map_or(self.commit_min, |r| r.saturating_sub(1));
         let primary = self.primary_of(self.view);
-        let peer = if primary != self.config.replica && self.status == Status::Normal {
+        let peer = if primary != self.config.replica.0 && self.status == Status::Normal {
             primary
         } else {
             self.repair
@@ -168,9 +168,9 @@ impl Replica {
         self.transferring = true;
         self.timers.state_transfer.start();
         self.effect(Effect::StartStateTransfer {
-            peer,
-            floor,
-            to_op: target,
+            peer: ReplicaId(peer),
+            floor: Op(floor),
+            to_op: Op(target),
         });
     }
 
@@ -206,9 +206,9 @@ impl Replica {
             // The driver reads the spilled bodies back and hands the slice
             // to `serve_read_back`, which answers as below.
             self.effect(Effect::ReadBack {
-                to: from,
+                to: ReplicaId(from),
                 nonce,
-                from_op: start,
+                from_op: Op(start),
                 slice,
             });
             return Ok(Handled::Taken);

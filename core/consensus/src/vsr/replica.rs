@@ -266,13 +266,13 @@ impl Replica {
             "replica_count out of range"
         );
         assert!(
-            config.replica < config.replica_count,
+            config.replica.0 < config.replica_count,
             "replica index out of range"
         );
         assert!(durable.log_view <= durable.view, "log_view ahead of view");
         let seed = config.seed
-            ^ config.group.rotate_left(17)
-            ^ u64::from(config.replica).wrapping_mul(0x9E37_79B9);
+            ^ config.group.0.rotate_left(17)
+            ^ u64::from(config.replica.0).wrapping_mul(0x9E37_79B9);
         Self {
             quorums: Quorums::new(config.replica_count),
             status: Status::Normal,
@@ -280,12 +280,12 @@ impl Replica {
             log_view: durable.log_view,
             durable_view: durable.view,
             durable_log_view: durable.log_view,
-            commit_min: applied.commit_min,
+            commit_min: applied.commit_min.0,
             commit_min_checksum: applied.checksum,
             acknowledged_max: 0,
             view_start_op: 0,
-            commit_max: durable.commit.max(applied.commit_min),
-            journal: Journal::new(applied.commit_min.saturating_add(1)),
+            commit_max: durable.commit.max(applied.commit_min).0,
+            journal: Journal::new(applied.commit_min.0.saturating_add(1)),
             pipeline: Pipeline::new(),
             client_table: ClientTable::new(config.clients_max),
             prng: Prng::new(seed),
@@ -390,10 +390,10 @@ impl Replica {
         let durable = DurableState {
             view: self.durable_view,
             log_view: self.durable_log_view,
-            commit: self.commit_max,
+            commit: Op(self.commit_max),
         };
         let applied = AppliedState {
-            commit_min: self.commit_min,
+            commit_min: Op(self.commit_min),
             checksum: self.commit_min_checksum,
         };
         let mut fresh = Self::blank(self.config, durable, applied);
@@ -478,7 +478,7 @@ impl Replica {
 
     /// This replica's index.
     pub fn replica(&self) -> ReplicaId {
-        ReplicaId(self.config.replica)
+        self.config.replica
     }
 
     /// Replicas in the group.
@@ -488,7 +488,7 @@ impl Replica {
 
     /// The group.
     pub fn group(&self) -> GroupId {
-        GroupId(self.config.group)
+        self.config.group
     }
 
     /// The current view.
@@ -539,7 +539,7 @@ impl Replica {
     /// [`Self::primary_index`] as the core's own indexing uses it.
     pub(super) fn primary_of(&self, view: u32) -> u8 {
         let n = u64::from(self.config.replica_count);
-        let p = (u64::from(view) + self.config.group % n) % n;
+        let p = (u64::from(view) + self.config.group.0 % n) % n;
         u8::try_from(p).unwrap_or(0)
     }
 
@@ -547,7 +547,7 @@ impl Replica {
     pub fn is_primary(&self) -> bool {
         self.status == Status::Normal
             && self.recovering.is_none()
-            && self.primary_of(self.view) == self.config.replica
+            && self.primary_of(self.view) == self.config.replica.0
     }
 
     /// A primary that may admit requests and serve state transfer: normal,
@@ -581,7 +581,7 @@ impl Replica {
     /// exists while no view forms, and the requester may be the vote the
     /// view change needs: mixed 22008104). The rule of both planes.
     pub fn serves_transfer_as_non_primary(&self, requester: u8) -> bool {
-        let settled = requester != self.config.replica
+        let settled = requester != self.config.replica.0
             && self.is_quorum_visible()
             && !self.transferring
             && self.commit_min == self.commit_max;
@@ -620,7 +620,7 @@ impl Replica {
         DurableState {
             view: self.view,
             log_view: self.log_view,
-            commit: self.commit_max,
+            commit: Op(self.commit_max),
         }
     }
 
@@ -672,25 +672,28 @@ impl Replica {
     /// Queue a frame to `to`, held back while `(view, log_view)` is not
     /// durable.
     pub(super) fn send(&mut self, to: u8, message: Message) {
-        if to == self.config.replica {
+        if to == self.config.replica.0 {
             return;
         }
         let frame = Frame {
-            group: self.config.group,
-            replica: self.config.replica,
+            group: self.config.group.0,
+            replica: self.config.replica.0,
             view: self.view,
             message,
         };
         if self.view != self.durable_view || self.log_view != self.durable_log_view {
             self.held.push((to, frame));
         } else {
-            self.actions.push(Action::Send { to, frame });
+            self.actions.push(Action::Send {
+                to: ReplicaId(to),
+                frame,
+            });
         }
     }
 
     pub(super) fn broadcast(&mut self, message: Message) {
         for to in 0..self.config.replica_count {
-            if to != self.config.replica {
+            if to != self.config.replica.0 {
                 self.send(to, message.clone());
             }
         }
@@ -701,7 +704,7 @@ impl Replica {
         self.effect(Effect::PersistState {
             view: self.view,
             log_view: self.log_view,
-            commit: self.commit_max,
+            commit: Op(self.commit_max),
         });
     }
 
@@ -718,7 +721,10 @@ impl Replica {
             let held = std::mem::take(&mut self.held);
             for (to, frame) in held {
                 if frame.view == view {
-                    self.actions.push(Action::Send { to, frame });
+                    self.actions.push(Action::Send {
+                        to: ReplicaId(to),
+                        frame,
+                    });
                 }
             }
         }
@@ -728,10 +734,10 @@ impl Replica {
 
     /// Handle one decoded frame from a peer.
     pub fn on_frame(&mut self, frame: Frame) -> Result<Handled, FrameError> {
-        if frame.group != self.config.group {
+        if frame.group != self.config.group.0 {
             return Err(FrameError::WrongGroup { group: frame.group });
         }
-        if frame.replica >= self.config.replica_count || frame.replica == self.config.replica {
+        if frame.replica >= self.config.replica_count || frame.replica == self.config.replica.0 {
             return Err(FrameError::BadSender {
                 replica: frame.replica,
             });
@@ -959,7 +965,7 @@ impl Replica {
             timestamp: self.last_timestamp,
             request: request.request,
             operation: request.operation,
-            group: self.config.group,
+            group: self.config.group.0,
             user_id: request.user_id,
         };
         header.checksum = header.compute_checksum();
@@ -974,7 +980,7 @@ impl Replica {
         self.effect(Effect::Journal {
             prepare: prepare.clone(),
         });
-        self.pipeline.push(header, 1u32 << self.config.replica);
+        self.pipeline.push(header, 1u32 << self.config.replica.0);
         match self.config.topology {
             Topology::Star => self.broadcast(Message::Prepare(prepare)),
             Topology::Chain => {
@@ -1028,7 +1034,7 @@ impl Replica {
         self.timers.start_view_change.stop();
         self.timers.do_view_change.stop();
         self.timers.view_change_status.stop();
-        if self.primary_of(self.view) == self.config.replica {
+        if self.primary_of(self.view) == self.config.replica.0 {
             self.timers.normal_heartbeat.stop();
             // A single replica has nobody to heartbeat (and nothing to
             // abdicate to): its quiet groups then have no timer at all.
@@ -1066,7 +1072,7 @@ impl Replica {
         {
             Inserted::New => {
                 if op <= before {
-                    self.effect(Effect::TruncateJournal { from_op: op });
+                    self.effect(Effect::TruncateJournal { from_op: Op(op) });
                 }
                 self.effect(Effect::Journal {
                     prepare: prepare.clone(),
@@ -1093,7 +1099,7 @@ impl Replica {
                 op: prepare.header.op,
             });
         }
-        if prepare.header.group != self.config.group {
+        if prepare.header.group != self.config.group.0 {
             return Err(FrameError::WrongGroup {
                 group: prepare.header.group,
             });
@@ -1108,7 +1114,7 @@ impl Replica {
         // view, which is this view's log, so it carries the primary's
         // authority as much as the primary's own send does.
         let predecessor =
-            (self.config.replica + self.config.replica_count - 1) % self.config.replica_count;
+            (self.config.replica.0 + self.config.replica_count - 1) % self.config.replica_count;
         let from_authority = from == self.primary_of(view)
             || (self.config.topology == Topology::Chain && from == predecessor);
         if view > self.view {
@@ -1119,7 +1125,7 @@ impl Replica {
             Some(Ignored::NotNormal)
         } else if !from_authority {
             Some(Ignored::NotFromAuthority)
-        } else if self.primary_of(view) == self.config.replica {
+        } else if self.primary_of(view) == self.config.replica.0 {
             Some(Ignored::OwnView)
         } else if self.transferring {
             Some(Ignored::Transferring)
@@ -1160,7 +1166,7 @@ impl Replica {
 
     /// The next replica in the ring.
     fn ring_successor(&self) -> u8 {
-        (self.config.replica + 1) % self.config.replica_count
+        (self.config.replica.0 + 1) % self.config.replica_count
     }
 
     /// Chain topology: pass a newly journaled prepare on to the successor,
@@ -1194,7 +1200,7 @@ impl Replica {
         if self.status != Status::Normal
             || self.recovering.is_some()
             || self.transferring
-            || self.primary_of(self.view) == self.config.replica
+            || self.primary_of(self.view) == self.config.replica.0
         {
             return;
         }
@@ -1312,7 +1318,7 @@ impl Replica {
             assert_eq!(
                 prepare.header.parent, self.commit_min_checksum,
                 "replica {} op {op}: journal entry does not chain to the applied prefix",
-                self.config.replica
+                self.config.replica.0
             );
             self.apply(prepare);
             applied = true;
@@ -1382,7 +1388,7 @@ impl Replica {
         if self.status != Status::Normal {
             return Handled::Ignored(Ignored::NotNormal);
         }
-        if self.primary_of(view) == self.config.replica {
+        if self.primary_of(view) == self.config.replica.0 {
             return Handled::Ignored(Ignored::OwnView);
         }
         if from != self.primary_of(view) {
@@ -1535,7 +1541,9 @@ impl Replica {
             return;
         }
         self.journal.truncate_from(op + 1, self.commit_min);
-        self.effect(Effect::TruncateJournal { from_op: op + 1 });
+        self.effect(Effect::TruncateJournal {
+            from_op: Op(op + 1),
+        });
     }
 
     /// Drop the pipeline (state-transfer install). A primary rebuilds it
@@ -1547,7 +1555,7 @@ impl Replica {
         if !self.is_primary() {
             return;
         }
-        let me = 1u32 << self.config.replica;
+        let me = 1u32 << self.config.replica.0;
         for op in (self.commit_max + 1)..=self.head() {
             let Some(h) = self.journal.entry(op).map(|p| p.header) else {
                 break;
@@ -1561,7 +1569,7 @@ impl Replica {
 
     pub(super) fn next_nonce(&mut self) -> u128 {
         self.nonce_counter += 1;
-        u128::from(self.config.replica) << 96
+        u128::from(self.config.replica.0) << 96
             | u128::from(self.nonce_counter) << 32
             | u128::from(self.prng.next_u64() as u32)
     }

@@ -20,6 +20,7 @@ use super::io::{Effect, FrameError, Handled, Ignored, Status};
 use super::merge::{DVC_HEADERS_MAX, MergedLog, merge};
 use super::message::{DoViewChange, Message, PrepareHeader, StartView, SuffixSlot};
 use super::replica::{REJOIN_PROBE, Replica};
+use common::Op;
 
 /// The votes of one view change: who sent StartViewChange, the
 /// DoViewChange messages a candidate primary collected, whether this
@@ -98,7 +99,7 @@ impl Replica {
     }
 
     pub(super) fn on_normal_heartbeat_timeout(&mut self) {
-        if self.status != Status::Normal || self.primary_of(self.view) == self.config.replica {
+        if self.status != Status::Normal || self.primary_of(self.view) == self.config.replica.0 {
             return;
         }
         self.timers.normal_heartbeat.start_jittered(&mut self.prng);
@@ -134,7 +135,7 @@ impl Replica {
         self.view = view;
         self.status = Status::ViewChange;
         self.reset_view_change_state();
-        self.votes.svc_from = 1u32 << self.config.replica;
+        self.votes.svc_from = 1u32 << self.config.replica.0;
         self.pipeline.clear();
         if self.observed_newer_view <= view {
             self.observed_newer_view = 0;
@@ -182,7 +183,7 @@ impl Replica {
         if self.status != Status::ViewChange || self.votes.dvc_sent {
             return;
         }
-        let others = (self.votes.svc_from & !(1u32 << self.config.replica)).count_ones() as usize;
+        let others = (self.votes.svc_from & !(1u32 << self.config.replica.0)).count_ones() as usize;
         if others >= self.quorums.max_faulty() {
             self.send_do_view_change();
         }
@@ -243,8 +244,8 @@ impl Replica {
         let dvc = self.build_do_view_change();
         self.votes.dvc_sent = true;
         let primary = self.primary_of(self.view);
-        if primary == self.config.replica {
-            let me = usize::from(self.config.replica);
+        if primary == self.config.replica.0 {
+            let me = usize::from(self.config.replica.0);
             if self.votes.dvcs[me].is_none() {
                 self.votes.dvcs[me] = Some(dvc);
             }
@@ -319,7 +320,7 @@ impl Replica {
         if view > self.view {
             self.start_view_change(view);
         }
-        if self.primary_of(view) != self.config.replica {
+        if self.primary_of(view) != self.config.replica.0 {
             return Ok(Handled::Ignored(Ignored::NotPrimary));
         }
         if self.status == Status::Normal {
@@ -331,7 +332,7 @@ impl Replica {
         if self.votes.dvcs[slot].is_none() {
             self.votes.dvcs[slot] = Some(dvc);
         }
-        let me = usize::from(self.config.replica);
+        let me = usize::from(self.config.replica.0);
         if self.votes.dvcs[me].is_none() {
             self.votes.dvcs[me] = Some(self.build_do_view_change());
             self.votes.dvc_sent = true;
@@ -373,7 +374,7 @@ impl Replica {
         self.resolve_commit_min_checksum();
         if before > merged.op_head {
             self.effect(Effect::TruncateJournal {
-                from_op: merged.op_head + 1,
+                from_op: Op(merged.op_head + 1),
             });
         }
         self.repair.session = None;
@@ -412,7 +413,7 @@ impl Replica {
         self.log_view = self.view;
         self.persist();
         self.pipeline.clear();
-        let me = 1u32 << self.config.replica;
+        let me = 1u32 << self.config.replica.0;
         for op in (self.commit_max + 1)..=op_head {
             if let Some(h) = self.journal.header(op).copied() {
                 self.last_timestamp = self.last_timestamp.max(h.timestamp);
@@ -531,7 +532,9 @@ impl Replica {
         }
         self.resolve_commit_min_checksum();
         if before > sv.op {
-            self.effect(Effect::TruncateJournal { from_op: sv.op + 1 });
+            self.effect(Effect::TruncateJournal {
+                from_op: Op(sv.op + 1),
+            });
         }
         self.persist();
         if let Some(recovery) = &mut self.recovering {
@@ -604,7 +607,7 @@ impl Replica {
         let primary = self.primary_of(self.view);
         if self.status != Status::ViewChange
             || !self.votes.dvc_sent
-            || primary == self.config.replica
+            || primary == self.config.replica.0
         {
             return;
         }

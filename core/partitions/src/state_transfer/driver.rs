@@ -49,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::task::Poll;
 
 use bytes::Bytes;
+use common::{Op, ReplicaId};
 use consensus::header::{
     CommandHeader, FRAME_SIZE_MAX_DEFAULT, FrameHeader, HEADER_SIZE, HeaderError,
     RequestStateChunkHeader, RequestStateTransferHeader, StateChunkHeader,
@@ -551,7 +552,7 @@ pub struct TransferDriver<F: Fs> {
     /// An offer request was answered "in progress": keep hashing on ticks.
     build_pending: bool,
     /// The floor the live session (or scheduled re-arm) is for.
-    armed_floor: Option<u64>,
+    armed_floor: Option<Op>,
     /// This driver holds one of the shard's receive slots.
     receive_slot: bool,
     /// Serving sessions this driver counted into the shard's budget.
@@ -711,10 +712,10 @@ impl<F: Fs> TransferDriver<F> {
         // (repair found the ops after all).
         let need = partition.state_transfer_needed().or_else(|| {
             let floor = self.armed_floor?;
-            (partition.replica().commit_min().0 < floor).then_some(StateTransferNeeded {
-                peer: facts.primary,
+            (partition.replica().commit_min() < floor).then_some(StateTransferNeeded {
+                peer: ReplicaId(facts.primary),
                 floor,
-                to_op: facts.commit_max,
+                to_op: Op(facts.commit_max),
             })
         });
         match need {
@@ -731,8 +732,8 @@ impl<F: Fs> TransferDriver<F> {
                 match self.receiver.pending_rearm() {
                     None if idle => {
                         if self.take_receive_slot(slots) {
-                            let request = self.receiver.arm(need.peer);
-                            out.events.push(TransferEvent::Armed { peer: need.peer });
+                            let request = self.receiver.arm(need.peer.0);
+                            out.events.push(TransferEvent::Armed { peer: need.peer.0 });
                             self.push_request(partition, request, &mut out);
                         }
                     }
@@ -784,7 +785,7 @@ impl<F: Fs> TransferDriver<F> {
             Ok(checked) => checked,
             Err(e) => {
                 self.stats.frames_refused += 1;
-                tracing::warn!(peer = from, group = self.config.group, error = %e, "state-transfer frame refused");
+                tracing::warn!(peer = from, group = %self.config.group, error = %e, "state-transfer frame refused");
                 return Err(e);
             }
         };

@@ -8,6 +8,7 @@
 #[path = "../pump/mod.rs"]
 mod pump;
 
+use common::{GroupId, ReplicaId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -82,7 +83,7 @@ pub fn replica_config(replica: u8, count: u8, retention_ops: u64) -> PartitionCo
 }
 
 pub fn shaped_config(replica: u8, count: u8, retention_ops: u64, shape: &Shape) -> PartitionConfig {
-    let mut vsr = Config::new(replica, count, GROUP);
+    let mut vsr = Config::new(ReplicaId(replica), count, GroupId(GROUP));
     vsr.timeouts = TimeoutConfig::scaled_down(5);
     vsr.retention_ops = retention_ops;
     vsr.seed = 13;

@@ -2,6 +2,7 @@
 //! the simulated filesystem, a registered producer, and batch builders.
 #![allow(clippy::unwrap_used, dead_code)]
 
+use common::{GroupId, ReplicaId};
 use std::path::{Path, PathBuf};
 
 use common::ConsumerKind;
@@ -23,7 +24,7 @@ pub fn dir() -> PathBuf {
 
 /// A single-replica configuration with small thresholds.
 pub fn config() -> PartitionConfig {
-    let mut c = PartitionConfig::new(Config::new(0, 1, 7));
+    let mut c = PartitionConfig::new(Config::new(ReplicaId(0), 1, GroupId(7)));
     c.partition_id = 3;
     c.created_revision = 11;
     c

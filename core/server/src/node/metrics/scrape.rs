@@ -561,7 +561,7 @@ mod tests {
     #[test]
     fn given_ignored_frames_when_encoded_should_list_only_the_reasons_that_happened() {
         // A backup told of a repair it never asked for, twice.
-        let mut replica = Replica::new(Config::new(1, 3, 4));
+        let mut replica = Replica::new(Config::new(common::ReplicaId(1), 3, GroupId(4)));
         for _ in 0..2 {
             let late = Frame {
                 group: 4,
