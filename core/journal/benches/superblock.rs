@@ -6,6 +6,7 @@
 //! expected ratio to the floor is about 2×.
 //! `scripts/bench_ratios.py superblock append_4KiB_fdatasync` prints it.
 
+use common::Offset;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -57,7 +58,7 @@ fn superblock(c: &mut Criterion) {
                     let state = VsrState {
                         view: i as u32,
                         log_view: i as u32,
-                        offset_frontier: i,
+                        offset_frontier: Offset(i),
                         ..VsrState::default()
                     };
                     let start = Instant::now();

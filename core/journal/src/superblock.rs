@@ -53,6 +53,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use common::le_cursor::{LeCursor, Truncated};
+use common::{Offset, Op, ReplicaId};
 use consensus::vsr::Replica;
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;
@@ -74,7 +75,7 @@ pub struct VsrState {
     /// Cluster id (misplacement check).
     pub cluster: u128,
     /// This replica's index (misplacement check).
-    pub replica_id: u8,
+    pub replica_id: ReplicaId,
     /// Replicas in the cluster; quorums and primaries derive from it.
     pub replica_count: u8,
     /// The highest view this replica has entered.
@@ -82,18 +83,18 @@ pub struct VsrState {
     /// The latest view in which this replica's log changed; ≤ `view`.
     pub log_view: u32,
     /// A lower bound on the group's commit number, for recovery.
-    pub commit_max: u64,
+    pub commit_max: Op,
     /// Metadata group: op of the paired snapshot. Partition groups: the
     /// applied point, the last op whose effects are durable (its batches
     /// synced in segments); a restart resumes applying after it.
-    pub checkpoint_op: u64,
+    pub checkpoint_op: Op,
     /// Identity (header checksum) of op `checkpoint_op`, so the restarted
     /// replica's hash chain continues from it (0 when it is op 0).
     pub checkpoint_checksum: u128,
     /// Partition groups: the next message offset after op `checkpoint_op`
     /// (hence a durable lower bound of the next offset to mint). Always 0
     /// on the metadata group.
-    pub offset_frontier: u64,
+    pub offset_frontier: Offset,
 }
 
 /// Encoded length of [`VsrState`] in this version.
@@ -106,14 +107,14 @@ impl VsrState {
     pub fn encode(&self) -> [u8; VSR_STATE_LEN] {
         let mut b = [0u8; VSR_STATE_LEN];
         b[0..16].copy_from_slice(&self.cluster.to_le_bytes());
-        b[16] = self.replica_id;
+        b[16] = self.replica_id.0;
         b[17] = self.replica_count;
         b[18..22].copy_from_slice(&self.view.to_le_bytes());
         b[22..26].copy_from_slice(&self.log_view.to_le_bytes());
-        b[26..34].copy_from_slice(&self.commit_max.to_le_bytes());
-        b[34..42].copy_from_slice(&self.checkpoint_op.to_le_bytes());
+        b[26..34].copy_from_slice(&self.commit_max.0.to_le_bytes());
+        b[34..42].copy_from_slice(&self.checkpoint_op.0.to_le_bytes());
         b[42..58].copy_from_slice(&self.checkpoint_checksum.to_le_bytes());
-        b[58..66].copy_from_slice(&self.offset_frontier.to_le_bytes());
+        b[58..66].copy_from_slice(&self.offset_frontier.0.to_le_bytes());
         b
     }
 
@@ -127,18 +128,18 @@ impl VsrState {
         let state = (|| -> Result<Self, Truncated> {
             Ok(Self {
                 cluster: c.u128()?,
-                replica_id: c.u8()?,
+                replica_id: ReplicaId(c.u8()?),
                 replica_count: c.u8()?,
                 view: c.u32()?,
                 log_view: c.u32()?,
-                commit_max: c.u64()?,
-                checkpoint_op: c.u64()?,
+                commit_max: Op(c.u64()?),
+                checkpoint_op: Op(c.u64()?),
                 checkpoint_checksum: c.u128()?,
-                offset_frontier: if c.remaining().is_empty() {
+                offset_frontier: Offset(if c.remaining().is_empty() {
                     0
                 } else {
                     c.u64()?
-                },
+                }),
             })
         })()
         .map_err(|_| SlotError::PayloadLength { len: payload.len() })?;
@@ -646,7 +647,7 @@ impl<S: SuperblockStore> Superblock<S> {
         &mut self,
         view: u32,
         log_view: u32,
-        commit_max: u64,
+        commit_max: Op,
     ) -> Result<(), SuperblockError> {
         debug_assert!(log_view <= view, "log_view {log_view} ahead of view {view}");
         debug_assert!(view >= self.durable.view, "view moved backwards");
@@ -670,7 +671,7 @@ impl<S: SuperblockStore> Superblock<S> {
         replica: &mut Replica,
     ) -> Result<(), SuperblockError> {
         let (view, log_view) = (replica.view(), replica.log_view());
-        self.persist_view(view, log_view, replica.commit_max().0)
+        self.persist_view(view, log_view, replica.commit_max())
             .await?;
         replica.on_persisted(view, log_view);
         Ok(())
@@ -678,7 +679,10 @@ impl<S: SuperblockStore> Superblock<S> {
 
     /// Records the offset frontier as an advance: the durable value becomes
     /// `max(frontier, durable)`, never lower. Returns the durable frontier.
-    pub async fn advance_offset_frontier(&mut self, frontier: u64) -> Result<u64, SuperblockError> {
+    pub async fn advance_offset_frontier(
+        &mut self,
+        frontier: Offset,
+    ) -> Result<Offset, SuperblockError> {
         let next = VsrState {
             offset_frontier: frontier.max(self.durable.offset_frontier),
             ..self.durable
@@ -697,9 +701,9 @@ impl<S: SuperblockStore> Superblock<S> {
     /// the durable one (a lower bound).
     pub async fn record_applied(
         &mut self,
-        op: u64,
+        op: Op,
         checksum: u128,
-        offset_frontier: u64,
+        offset_frontier: Offset,
     ) -> Result<(), SuperblockError> {
         if op <= self.durable.checkpoint_op {
             return Ok(());
@@ -723,9 +727,9 @@ impl<S: SuperblockStore> Superblock<S> {
     /// may move down or the applied point move back.
     pub async fn reset_applied(
         &mut self,
-        op: u64,
+        op: Op,
         checksum: u128,
-        offset_frontier: u64,
+        offset_frontier: Offset,
     ) -> Result<(), SuperblockError> {
         let next = VsrState {
             checkpoint_op: op,
@@ -739,7 +743,7 @@ impl<S: SuperblockStore> Superblock<S> {
     /// Records the offset frontier as a reset to exactly `frontier` (a purge
     /// restarting offsets, or an install under an advancing purge). The only
     /// way the durable frontier moves down.
-    pub async fn reset_offset_frontier(&mut self, frontier: u64) -> Result<(), SuperblockError> {
+    pub async fn reset_offset_frontier(&mut self, frontier: Offset) -> Result<(), SuperblockError> {
         let next = VsrState {
             offset_frontier: frontier,
             ..self.durable
@@ -755,14 +759,14 @@ mod tests {
     fn state() -> VsrState {
         VsrState {
             cluster: 0xC1,
-            replica_id: 1,
+            replica_id: ReplicaId(1),
             replica_count: 3,
             view: 7,
             log_view: 6,
-            commit_max: 100,
-            checkpoint_op: 0,
+            commit_max: Op(100),
+            checkpoint_op: Op(0),
             checkpoint_checksum: 0,
-            offset_frontier: 12_345,
+            offset_frontier: Offset(12_345),
         }
     }
 
@@ -779,7 +783,7 @@ mod tests {
     fn given_legacy_58_byte_payload_when_decoded_should_read_frontier_zero() {
         let b = state().encode();
         let legacy = VsrState::decode(&b[..VSR_STATE_LEN_V0]).expect("legacy decodes");
-        assert_eq!(legacy.offset_frontier, 0);
+        assert_eq!(legacy.offset_frontier, Offset(0));
         assert_eq!(legacy.view, 7);
     }
 

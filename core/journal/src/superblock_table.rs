@@ -765,18 +765,19 @@ impl<F: Fs> SuperblockStore for TableSuperblock<F> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use common::{Offset, Op, ReplicaId};
 
     fn state(view: u32) -> VsrState {
         VsrState {
             cluster: 7,
-            replica_id: 1,
+            replica_id: ReplicaId(1),
             replica_count: 3,
             view,
             log_view: view / 2,
-            commit_max: 9,
-            checkpoint_op: 4,
+            commit_max: Op(9),
+            checkpoint_op: Op(4),
             checkpoint_checksum: 0xABCD,
-            offset_frontier: 40,
+            offset_frontier: Offset(40),
         }
     }
 

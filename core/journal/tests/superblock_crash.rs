@@ -3,6 +3,8 @@
 //! never garbage, and never "no record" once a write returned.
 #![allow(clippy::unwrap_used)]
 
+use common::ReplicaId;
+use common::{Offset, Op};
 use futures::executor::block_on;
 use journal::SLOT_NAMES;
 use journal::{FileSuperblock, Superblock, SuperblockError, SuperblockStore, VsrState};
@@ -16,14 +18,14 @@ fn dir() -> PathBuf {
 fn state(n: u32) -> VsrState {
     VsrState {
         cluster: 0xC1,
-        replica_id: 2,
+        replica_id: ReplicaId(2),
         replica_count: 3,
         view: n,
         log_view: n,
-        commit_max: u64::from(n) * 10,
-        checkpoint_op: 0,
+        commit_max: Op(u64::from(n) * 10),
+        checkpoint_op: Op(0),
         checkpoint_checksum: 0,
-        offset_frontier: u64::from(n) * 1000,
+        offset_frontier: Offset(u64::from(n) * 1000),
     }
 }
 
@@ -217,18 +219,24 @@ fn given_durable_state_when_frontier_advanced_or_reset_should_never_lower_except
     block_on(async {
         let store = FileSuperblock::new(fs.clone(), &dir());
         let mut d = Superblock::open(store, state(0)).await.unwrap();
-        assert_eq!(d.advance_offset_frontier(500).await.unwrap(), 500);
-        assert_eq!(d.advance_offset_frontier(200).await.unwrap(), 500);
-        d.persist_view(4, 3, 77).await.unwrap();
+        assert_eq!(
+            d.advance_offset_frontier(Offset(500)).await.unwrap(),
+            Offset(500)
+        );
+        assert_eq!(
+            d.advance_offset_frontier(Offset(200)).await.unwrap(),
+            Offset(500)
+        );
+        d.persist_view(4, 3, Op(77)).await.unwrap();
         assert_eq!((d.state().view, d.state().log_view), (4, 3));
-        d.reset_offset_frontier(0).await.unwrap();
-        assert_eq!(d.state().offset_frontier, 0);
+        d.reset_offset_frontier(Offset(0)).await.unwrap();
+        assert_eq!(d.state().offset_frontier, Offset(0));
     });
     fs.crash_with(CrashMode::DropAll);
     let s = read(&fs).unwrap().unwrap();
     assert_eq!(
         (s.view, s.log_view, s.commit_max, s.offset_frontier),
-        (4, 3, 77, 0)
+        (4, 3, Op(77), Offset(0))
     );
 }
 
@@ -249,17 +257,17 @@ fn given_failed_frontier_write_when_reported_should_keep_durable_value() {
     block_on(async {
         let store = FileSuperblock::new(fs.clone(), &dir());
         let mut d = Superblock::open(store, state(0)).await.unwrap();
-        d.advance_offset_frontier(10).await.unwrap();
+        d.advance_offset_frontier(Offset(10)).await.unwrap();
         fs.fail_nth(FaultKind::Write, 1, ENOSPC);
-        assert!(d.advance_offset_frontier(20).await.is_err());
-        assert_eq!(d.state().offset_frontier, 10);
+        assert!(d.advance_offset_frontier(Offset(20)).await.is_err());
+        assert_eq!(d.state().offset_frontier, Offset(10));
     });
 }
 
 #[test]
 fn given_crash_during_record_applied_when_rebooted_should_read_old_or_new_triple() {
-    let old = (40u64, 0xAAu128, 400u64);
-    let new = (90u64, 0xBBu128, 950u64);
+    let old = (Op(40), 0xAAu128, Offset(400));
+    let new = (Op(90), 0xBBu128, Offset(950));
     let mut cases = 0;
     for (f, fault) in faults().iter().enumerate() {
         for seed in 0..6u64 {
@@ -268,7 +276,7 @@ fn given_crash_during_record_applied_when_rebooted_should_read_old_or_new_triple
                 block_on(async {
                     let store = FileSuperblock::new(fs.clone(), &dir());
                     let mut d = Superblock::open(store, state(0)).await.unwrap();
-                    d.persist_view(3, 3, 80).await.unwrap();
+                    d.persist_view(3, 3, Op(80)).await.unwrap();
                     d.record_applied(old.0, old.1, old.2).await.unwrap();
                 });
                 let returned = block_on(async {
@@ -282,7 +290,7 @@ fn given_crash_during_record_applied_when_rebooted_should_read_old_or_new_triple
                 fs.crash_with(mode);
                 let s = read(&fs).unwrap().unwrap();
                 let got = (s.checkpoint_op, s.checkpoint_checksum, s.offset_frontier);
-                assert_eq!((s.view, s.log_view, s.commit_max), (3, 3, 80));
+                assert_eq!((s.view, s.log_view, s.commit_max), (3, 3, Op(80)));
                 if returned {
                     assert_eq!(got, new, "acknowledged applied point lost");
                 } else {
@@ -301,21 +309,21 @@ fn given_applied_point_when_recorded_lower_should_keep_it_and_reset_should_move_
     block_on(async {
         let store = FileSuperblock::new(fs.clone(), &dir());
         let mut d = Superblock::open(store, state(0)).await.unwrap();
-        d.record_applied(50, 0x50, 500).await.unwrap();
-        d.record_applied(30, 0x30, 300).await.unwrap();
-        d.record_applied(50, 0x51, 600).await.unwrap();
+        d.record_applied(Op(50), 0x50, Offset(500)).await.unwrap();
+        d.record_applied(Op(30), 0x30, Offset(300)).await.unwrap();
+        d.record_applied(Op(50), 0x51, Offset(600)).await.unwrap();
         let s = *d.state();
         assert_eq!(
             (s.checkpoint_op, s.checkpoint_checksum, s.offset_frontier),
-            (50, 0x50, 500)
+            (Op(50), 0x50, Offset(500))
         );
         // A purge: the applied point and the frontier restart.
-        d.reset_applied(49, 0x49, 0).await.unwrap();
+        d.reset_applied(Op(49), 0x49, Offset(0)).await.unwrap();
     });
     fs.crash_with(CrashMode::DropAll);
     let s = read(&fs).unwrap().unwrap();
     assert_eq!(
         (s.checkpoint_op, s.checkpoint_checksum, s.offset_frontier),
-        (49, 0x49, 0)
+        (Op(49), 0x49, Offset(0))
     );
 }

@@ -4,6 +4,7 @@
 //! garbage, and never "no record" once its write returned.
 #![allow(clippy::unwrap_used)]
 
+use common::{Offset, Op, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -29,14 +30,14 @@ fn key(group: u64) -> TableKey {
 fn state(group: u64, n: u32) -> VsrState {
     VsrState {
         cluster: 0xC1,
-        replica_id: 2,
+        replica_id: ReplicaId(2),
         replica_count: 3,
         view: n,
         log_view: n,
-        commit_max: u64::from(n) * 10 + group,
-        checkpoint_op: group,
+        commit_max: Op(u64::from(n) * 10 + group),
+        checkpoint_op: Op(group),
         checkpoint_checksum: u128::from(group),
-        offset_frontier: u64::from(n) * 1000,
+        offset_frontier: Offset(u64::from(n) * 1000),
     }
 }
 

@@ -286,7 +286,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     ) -> Result<Self, GroupError> {
         let initial = VsrState {
             cluster,
-            replica_id: config.replica.0,
+            replica_id: config.replica,
             replica_count: config.replica_count,
             ..VsrState::default()
         };
@@ -327,7 +327,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             let durable_state = DurableState {
                 view: sb.view,
                 log_view: sb.log_view,
-                commit: Op(sb.commit_max).max(applied),
+                commit: sb.commit_max.max(applied),
             };
             let applied_state = AppliedState {
                 commit_min: applied,
@@ -343,7 +343,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                         && stop.log_view == sb.log_view
                         && stop.op == applied.0
                         && stop.checksum == identity
-                        && sb.commit_max <= applied.0
+                        && sb.commit_max <= applied
                 });
             if clean {
                 tracing::info!(
@@ -409,7 +409,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             && r.commit_min().0 == applied
             && sb.view == r.view()
             && sb.log_view == r.log_view()
-            && sb.commit_max <= applied;
+            && sb.commit_max.0 <= applied;
         if !clean {
             return Ok(false);
         }

@@ -18,7 +18,7 @@
 use std::cell::{Cell, RefCell};
 use std::path::Path;
 
-use common::Op;
+use common::{Offset, Op};
 use consensus::vsr::{AppliedState, DurableState, Replica};
 use journal::{CleanStop, PrepareJournal, Superblock, SuperblockStore, VsrState};
 use storage::fs::Fs;
@@ -69,7 +69,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map_err(BootError::Superblock)?;
         let sb = *durable.state();
         // Disk-supplied: the core computes the op after each.
-        if let Some(op) = [sb.commit_max, sb.checkpoint_op]
+        if let Some(op) = [sb.commit_max.0, sb.checkpoint_op.0]
             .into_iter()
             .find(|op| *op > consensus::vsr::OP_MAX)
         {
@@ -122,7 +122,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             clean_stop: stop,
         })?;
         if point == RestartPoint::Resume {
-            tracing::info!(dir = %dir.display(), view = sb.view, op = sb.checkpoint_op, "resuming after a clean stop");
+            tracing::info!(dir = %dir.display(), view = sb.view, op = sb.checkpoint_op.0, "resuming after a clean stop");
         }
         let (mut replica, journaled_point) = start_replica(&config, &sb, point, next);
         restore_sessions(&mut replica, recorded_table, dir, &config, &sb, fresh);
@@ -221,14 +221,14 @@ async fn ensure_dir<F: Fs>(fs: &F, dir: &Path) -> Result<(), BootError> {
 fn initial_state(config: &PartitionConfig) -> VsrState {
     VsrState {
         cluster: config.cluster,
-        replica_id: config.vsr.replica.0,
+        replica_id: config.vsr.replica,
         replica_count: config.vsr.replica_count,
         view: 0,
         log_view: 0,
-        commit_max: 0,
-        checkpoint_op: 0,
+        commit_max: Op(0),
+        checkpoint_op: Op(0),
         checkpoint_checksum: 0,
-        offset_frontier: 0,
+        offset_frontier: Offset(0),
     }
 }
 
@@ -254,7 +254,11 @@ async fn recover_records<F: Fs>(
     crate::state_transfer::install::recover_interrupted_install(
         fs,
         dir,
-        (sb.checkpoint_op, sb.checkpoint_checksum, sb.offset_frontier),
+        (
+            sb.checkpoint_op.0,
+            sb.checkpoint_checksum,
+            sb.offset_frontier.0,
+        ),
     )
     .await
     .map_err(io_error("recover interrupted install", dir))?;
@@ -267,8 +271,8 @@ async fn recover_records<F: Fs>(
 /// applied op and frontier.
 fn at_rest(sb: &VsrState) -> MissingHistory {
     MissingHistory {
-        commit_op: sb.checkpoint_op,
-        frontier: sb.offset_frontier,
+        commit_op: sb.checkpoint_op.0,
+        frontier: sb.offset_frontier.0,
     }
 }
 
@@ -289,7 +293,7 @@ async fn open_log<F: Fs>(
         fs.clone(),
         dir,
         config.log,
-        sb.offset_frontier,
+        sb.offset_frontier.0,
     )
     .await
     {
@@ -304,14 +308,14 @@ async fn open_log<F: Fs>(
     for cut in &report.truncated {
         tracing::warn!(path = %cut.path.display(), from = cut.from_bytes, to = cut.to_bytes, "recovery cut a torn segment tail");
     }
-    if sb.offset_frontier > log.next_offset() {
+    if sb.offset_frontier.0 > log.next_offset() {
         if !member {
             return Err(BootError::FrontierAheadOfLog {
-                frontier: sb.offset_frontier,
+                frontier: sb.offset_frontier.0,
                 log_next_offset: log.next_offset(),
             });
         }
-        tracing::error!(dir = %dir.display(), group = %config.vsr.group, frontier = sb.offset_frontier, log_next_offset = log.next_offset(), "synced batches below the recorded frontier are gone: repairing from a peer");
+        tracing::error!(dir = %dir.display(), group = %config.vsr.group, frontier = sb.offset_frontier.0, log_next_offset = log.next_offset(), "synced batches below the recorded frontier are gone: repairing from a peer");
         drop(log);
         let record = *missing.get_or_insert(at_rest(sb));
         (log, _) = set_aside_and_reopen(fs, dir, config.log, record).await?;
@@ -364,7 +368,7 @@ async fn restore_client_table<F: Fs>(
         if single {
             t.next_offset <= log_end
         } else {
-            t.op == op && t.checksum == checksum
+            t.op == op.0 && t.checksum == checksum
         }
     })
     .await
@@ -372,7 +376,7 @@ async fn restore_client_table<F: Fs>(
     if let Some(table) = table.as_ref().filter(|t| {
         single
             && t.next_offset < log.next_offset()
-            && t.next_offset >= sb.offset_frontier
+            && t.next_offset >= sb.offset_frontier.0
             && log
                 .segments()
                 .next()
@@ -409,21 +413,21 @@ async fn cut_past_applied_point<F: Fs>(
     if log
         .segments()
         .next()
-        .is_none_or(|first| first.start_offset > sb.offset_frontier)
+        .is_none_or(|first| first.start_offset > sb.offset_frontier.0)
     {
         return Ok(());
     }
     let end = log.next_offset();
     let cut = log
-        .truncate_to_offset(sb.offset_frontier)
+        .truncate_to_offset(sb.offset_frontier.0)
         .await
         .map_err(|source| BootError::TruncateToAppliedPoint {
             dir: dir.to_path_buf(),
-            frontier: sb.offset_frontier,
+            frontier: sb.offset_frontier.0,
             source,
         })?;
     if cut {
-        tracing::info!(dir = %dir.display(), group = %config.vsr.group, from = sb.offset_frontier, to = end, "dropped batches past the recorded applied point; the group repairs them");
+        tracing::info!(dir = %dir.display(), group = %config.vsr.group, from = sb.offset_frontier.0, to = end, "dropped batches past the recorded applied point; the group repairs them");
     }
     Ok(())
 }
@@ -450,7 +454,7 @@ async fn load_offsets<F: Fs>(
         dir: dir.to_path_buf(),
         source,
     };
-    let recorded_point = (!fresh && config.vsr.replica_count > 1).then_some(sb.checkpoint_op);
+    let recorded_point = (!fresh && config.vsr.replica_count > 1).then_some(sb.checkpoint_op.0);
     let loaded = offsets
         .load(fs, next.checked_sub(1), recorded_point)
         .await
@@ -518,7 +522,7 @@ fn takes_clean_stop(fresh: bool, rejoin: bool, replica_count: u8, sb: &VsrState)
     let rejoining = fresh && rejoin && replica_count > 1;
     (!fresh || rejoining)
         && replica_count > 1
-        && !(sb.checkpoint_op == 0 && sb.offset_frontier != 0)
+        && !(sb.checkpoint_op == Op::ZERO && sb.offset_frontier != Offset::ZERO)
 }
 
 /// Where the VSR core resumes, from what boot found. Pure, so every case
@@ -543,21 +547,22 @@ pub(crate) fn restart_point(facts: &RestartFacts) -> Result<RestartPoint, BootEr
         let op = sb
             .commit_max
             .max(sb.checkpoint_op)
-            .max(facts.table_op.unwrap_or(0));
+            .max(Op(facts.table_op.unwrap_or(0)))
+            .0;
         return Ok(RestartPoint::Single { op });
     }
-    if sb.checkpoint_op == 0 && sb.offset_frontier != 0 {
+    if sb.checkpoint_op == Op::ZERO && sb.offset_frontier != Offset::ZERO {
         return Err(BootError::RestartNeedsStateTransfer {
-            commit: sb.commit_max,
+            commit: sb.commit_max.0,
             log_next_offset: facts.log_next_offset,
         });
     }
     let clean = facts.clean_stop.is_some_and(|stop| {
         stop.view == sb.view
             && stop.log_view == sb.log_view
-            && stop.op == sb.checkpoint_op
+            && stop.op == sb.checkpoint_op.0
             && stop.checksum == sb.checkpoint_checksum
-            && sb.commit_max <= stop.op
+            && sb.commit_max.0 <= stop.op
     });
     Ok(if clean {
         RestartPoint::Resume
@@ -583,15 +588,15 @@ fn start_replica(
     let durable = DurableState {
         view: sb.view,
         log_view: sb.log_view,
-        commit: Op(sb.commit_max),
+        commit: sb.commit_max,
     };
     let recorded = AppliedPoint {
-        op: sb.checkpoint_op,
+        op: sb.checkpoint_op.0,
         checksum: sb.checkpoint_checksum,
-        next_offset: sb.offset_frontier,
+        next_offset: sb.offset_frontier.0,
     };
     let applied = AppliedState {
-        commit_min: Op(sb.checkpoint_op),
+        commit_min: sb.checkpoint_op,
         checksum: sb.checkpoint_checksum,
     };
     match point {
@@ -646,7 +651,7 @@ fn restore_sessions(
             }
         }
         None if !fresh => {
-            tracing::warn!(dir = %dir.display(), group = %config.vsr.group, op = sb.checkpoint_op, "no client table recorded at the applied point; dedup starts empty")
+            tracing::warn!(dir = %dir.display(), group = %config.vsr.group, op = sb.checkpoint_op.0, "no client table recorded at the applied point; dedup starts empty")
         }
         None => {}
     }
@@ -655,18 +660,19 @@ fn restore_sessions(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::ReplicaId;
 
     fn sb(view: u32, log_view: u32, commit_max: u64, op: u64, frontier: u64) -> VsrState {
         VsrState {
             cluster: 1,
-            replica_id: 1,
+            replica_id: ReplicaId(1),
             replica_count: 3,
             view,
             log_view,
-            commit_max,
-            checkpoint_op: op,
+            commit_max: Op(commit_max),
+            checkpoint_op: Op(op),
             checkpoint_checksum: 0xC0FFEE,
-            offset_frontier: frontier,
+            offset_frontier: Offset(frontier),
         }
     }
 

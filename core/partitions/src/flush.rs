@@ -65,6 +65,7 @@
 //! (boot cuts later batches; the census of a whole-group restart starts
 //! from the longest recorded point, docs/consensus.md §4).
 
+use common::{Offset, Op};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
@@ -182,7 +183,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.write_client_table(op, checksum, next_offset, true)
             .await?;
         self.durable
-            .record_applied(op, checksum, next_offset)
+            .record_applied(Op(op), checksum, Offset(next_offset))
             .await
             .map_err(PartitionError::Superblock)?;
         self.offsets.settle(op);
@@ -249,7 +250,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     fn ops_past_recorded_point(&self) -> u64 {
         self.journaled_point
             .op
-            .saturating_sub(self.durable.state().checkpoint_op)
+            .saturating_sub(self.durable.state().checkpoint_op.0)
     }
 
     /// Whether this group keeps its applied point recorded on these rules
@@ -263,7 +264,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// it must run (see [`Partition::ticks_until_due`]).
     pub(crate) fn record_due_at_us(&self) -> Option<u64> {
         let interval = self.config.record_interval_us;
-        let behind = self.journaled_point.op > self.durable.state().checkpoint_op;
+        let behind = self.journaled_point.op > self.durable.state().checkpoint_op.0;
         (interval > 0
             && behind
             && self.config.vsr.replica_count > 1

@@ -481,7 +481,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     /// The frontier the superblock durably holds.
     pub fn durable_offset_frontier(&self) -> u64 {
-        self.durable.state().offset_frontier
+        self.durable.state().offset_frontier.0
     }
 
     /// The last offset recovered from segments at boot.
@@ -621,14 +621,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             && r.op() == r.commit_min()
             && sb.view == r.view()
             && sb.log_view == r.log_view()
-            && sb.checkpoint_op == r.commit_min().0
+            && sb.checkpoint_op == r.commit_min()
             && sb.checkpoint_checksum == r.commit_min_checksum()
-            && sb.commit_max <= r.commit_min().0
+            && sb.commit_max <= r.commit_min()
             && self.journal.info().messages_count == 0;
         clean.then_some(journal::CleanStop {
             view: sb.view,
             log_view: sb.log_view,
-            op: sb.checkpoint_op,
+            op: sb.checkpoint_op.0,
             checksum: sb.checkpoint_checksum,
         })
     }
@@ -663,7 +663,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         };
         let sb = self.durable.state();
         let applied = self.replica.commit_min().0;
-        if sb.checkpoint_op > applied {
+        if sb.checkpoint_op.0 > applied {
             return broken(
                 "recorded-past-applied",
                 format!(
@@ -672,7 +672,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 ),
             );
         }
-        if sb.offset_frontier > self.applied_next_offset {
+        if sb.offset_frontier.0 > self.applied_next_offset {
             return broken(
                 "frontier-past-applied",
                 format!(
@@ -1064,7 +1064,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 view,
                 log_view,
                 commit,
-            } => match self.durable.persist_view(view, log_view, commit.0).await {
+            } => match self.durable.persist_view(view, log_view, commit).await {
                 Ok(()) => self.replica.on_persisted(view, log_view),
                 Err(error) => {
                     // Sends stay held by the core; retried on the next tick.
@@ -1263,7 +1263,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         crate::offsets::AppliedBy {
             op,
             recorded_point: (self.config.vsr.replica_count > 1)
-                .then(|| self.durable.state().checkpoint_op),
+                .then(|| self.durable.state().checkpoint_op.0),
         }
     }
 

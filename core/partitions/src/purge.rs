@@ -41,6 +41,7 @@
 //! In memory, the journal (every live entry precedes the purge op) is
 //! cleared, the counters are zeroed and the applied offset restarts at 0.
 
+use common::{Offset, Op};
 use std::io;
 
 use consensus::vsr::PrepareHeader;
@@ -82,7 +83,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 .await?;
         }
         self.durable
-            .reset_applied(op.saturating_sub(1), h.parent, 0)
+            .reset_applied(Op(op.saturating_sub(1)), h.parent, Offset::ZERO)
             .await
             .map_err(PartitionError::Superblock)?;
         // 2. Unlink the chain oldest first.
@@ -176,7 +177,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             self.record_applied_point(op, h.checksum, 0).await?;
         } else {
             self.durable
-                .record_applied(op, h.checksum, 0)
+                .record_applied(Op(op), h.checksum, Offset::ZERO)
                 .await
                 .map_err(PartitionError::Superblock)?;
             self.offsets.settle(op);

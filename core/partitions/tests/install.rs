@@ -8,6 +8,8 @@
 
 mod support;
 
+use common::Offset;
+use common::Op;
 use common::{GroupId, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -1020,14 +1022,14 @@ fn given_superblock_op_at_u64_max_when_booting_should_refuse_out_of_range() {
         let c = config(1 << 20);
         block_on(store.write(&VsrState {
             cluster: c.cluster,
-            replica_id: 0,
+            replica_id: ReplicaId(0),
             replica_count: 1,
             view: 0,
             log_view: 0,
-            commit_max,
-            checkpoint_op,
+            commit_max: Op(commit_max),
+            checkpoint_op: Op(checkpoint_op),
             checkpoint_checksum: 0,
-            offset_frontier: 0,
+            offset_frontier: Offset(0),
         }))
         .unwrap();
         let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());

@@ -11,6 +11,7 @@
 
 use common::ConsumerKind;
 use common::simnet::NetworkFaults;
+use common::{Offset, Op, ReplicaId};
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use partitions::{ClientOp, ClientRequest, InMemoryNetwork, Partition};
@@ -310,12 +311,12 @@ fn given_frontier_without_applied_point_when_replica_of_group_boots_should_refus
     let fs = fresh_fs(3);
     let mut store = MemSuperblock::new();
     block_on(store.write(&VsrState {
-        replica_id: 1,
+        replica_id: ReplicaId(1),
         replica_count: REPLICAS,
         view: 2,
         log_view: 2,
-        commit_max: 30,
-        offset_frontier: 5,
+        commit_max: Op(30),
+        offset_frontier: Offset(5),
         ..VsrState::default()
     }))
     .unwrap();

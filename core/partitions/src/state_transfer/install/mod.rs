@@ -80,6 +80,7 @@
 //! partition does not own the server). The segment read cache lives in the
 //! `SegmentedLog`, which is replaced wholesale here.
 
+use common::Offset;
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
@@ -569,7 +570,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .write(&self.fs, &self.dir, &recorded, true)
             .await?;
         self.durable
-            .reset_applied(checked.commit_op, checked.checksum, checked.frontier)
+            .reset_applied(
+                Op(checked.commit_op),
+                checked.checksum,
+                Offset(checked.frontier),
+            )
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
         Ok(())
