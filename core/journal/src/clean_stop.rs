@@ -28,6 +28,7 @@
 //! 36  xxh3-64 of bytes 0..36
 //! ```
 
+use common::Op;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -51,7 +52,7 @@ pub struct CleanStop {
     /// The latest view whose log it installed (equal to `view`).
     pub log_view: u32,
     /// Its applied op, which was also its log head.
-    pub op: u64,
+    pub op: Op,
     /// The identity of that op.
     pub checksum: u128,
 }
@@ -63,7 +64,7 @@ impl CleanStop {
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.view.to_le_bytes());
         out.extend_from_slice(&self.log_view.to_le_bytes());
-        out.extend_from_slice(&self.op.to_le_bytes());
+        out.extend_from_slice(&self.op.0.to_le_bytes());
         out.extend_from_slice(&self.checksum.to_le_bytes());
         push_trailer(&mut out);
         out
@@ -82,7 +83,7 @@ impl CleanStop {
         Some(Self {
             view: c.u32().ok()?,
             log_view: c.u32().ok()?,
-            op: c.u64().ok()?,
+            op: Op(c.u64().ok()?),
             checksum: c.u128().ok()?,
         })
     }
@@ -144,7 +145,7 @@ pub fn encode_clean_stops(stops: &BTreeMap<u64, CleanStop>) -> Vec<u8> {
         out.extend_from_slice(&group.to_le_bytes());
         out.extend_from_slice(&stop.view.to_le_bytes());
         out.extend_from_slice(&stop.log_view.to_le_bytes());
-        out.extend_from_slice(&stop.op.to_le_bytes());
+        out.extend_from_slice(&stop.op.0.to_le_bytes());
         out.extend_from_slice(&stop.checksum.to_le_bytes());
     }
     push_trailer(&mut out);
@@ -175,7 +176,7 @@ pub fn decode_clean_stops(bytes: &[u8]) -> Option<BTreeMap<u64, CleanStop>> {
         let stop = CleanStop {
             view: c.u32().ok()?,
             log_view: c.u32().ok()?,
-            op: c.u64().ok()?,
+            op: Op(c.u64().ok()?),
             checksum: c.u128().ok()?,
         };
         stops.insert(group, stop);
@@ -267,7 +268,7 @@ mod tests {
         CleanStop {
             view: 3,
             log_view: 3,
-            op: 77,
+            op: Op(77),
             checksum: 0xABCD_EF01_2345_6789_0000_1111_2222_3333,
         }
     }

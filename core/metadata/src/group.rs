@@ -341,7 +341,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                 .is_some_and(|stop| {
                     stop.view == sb.view
                         && stop.log_view == sb.log_view
-                        && stop.op == applied.0
+                        && stop.op == applied
                         && stop.checksum == identity
                         && sb.commit_max <= applied
                 });
@@ -416,7 +416,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         let stop = journal::CleanStop {
             view: sb.view,
             log_view: sb.log_view,
-            op: applied,
+            op: Op(applied),
             checksum: self.store.state().applied_identity(),
         };
         journal::record_clean_stop(self.store.fs(), self.store.dir(), &stop)

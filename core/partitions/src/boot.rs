@@ -271,8 +271,8 @@ async fn recover_records<F: Fs>(
 /// applied op and frontier.
 fn at_rest(sb: &VsrState) -> MissingHistory {
     MissingHistory {
-        commit_op: sb.checkpoint_op.0,
-        frontier: sb.offset_frontier.0,
+        commit_op: Op(sb.checkpoint_op.0),
+        frontier: Offset(sb.offset_frontier.0),
     }
 }
 
@@ -336,7 +336,7 @@ async fn set_aside_and_reopen<F: Fs>(
     crate::state_transfer::missing::set_aside_damaged_history(fs, dir, record, true)
         .await
         .map_err(io_error("set damaged segments aside", dir))?;
-    SegmentedLog::open(fs.clone(), dir, config, record.frontier)
+    SegmentedLog::open(fs.clone(), dir, config, record.frontier.0)
         .await
         .map_err(BootError::Recovery)
 }
@@ -560,9 +560,9 @@ pub(crate) fn restart_point(facts: &RestartFacts) -> Result<RestartPoint, BootEr
     let clean = facts.clean_stop.is_some_and(|stop| {
         stop.view == sb.view
             && stop.log_view == sb.log_view
-            && stop.op == sb.checkpoint_op.0
+            && stop.op == sb.checkpoint_op
             && stop.checksum == sb.checkpoint_checksum
-            && sb.commit_max.0 <= stop.op
+            && sb.commit_max <= stop.op
     });
     Ok(if clean {
         RestartPoint::Resume
@@ -692,7 +692,7 @@ mod tests {
         CleanStop {
             view,
             log_view,
-            op,
+            op: Op(op),
             checksum,
         }
     }

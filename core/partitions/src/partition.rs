@@ -63,6 +63,7 @@
 //! copy is at or below the applied point is therefore not recognised as a
 //! duplicate there (docs/consensus.md §9).
 
+use common::Offset;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -399,11 +400,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             };
             self.state_transfer_needed = Some(StateTransferNeeded {
                 peer,
-                floor: Op(record.commit_op),
-                to_op: self.replica.commit_max().max(Op(record.commit_op)),
+                floor: record.commit_op,
+                to_op: self.replica.commit_max().max(record.commit_op),
             });
         }
-        tracing::warn!(dir = %self.dir.display(), frontier = record.frontier, op = record.commit_op, "history below the frontier is missing: lagging until a state transfer installs");
+        tracing::warn!(dir = %self.dir.display(), frontier = record.frontier.0, op = record.commit_op.0, "history below the frontier is missing: lagging until a state transfer installs");
     }
 
     /// Replaces the segment set (purge, install, converge). The scrub's
@@ -445,8 +446,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             return;
         }
         let record = MissingHistory {
-            commit_op: self.replica.commit_min().0,
-            frontier: self.applied_next_offset,
+            commit_op: Op(self.replica.commit_min().0),
+            frontier: Offset(self.applied_next_offset),
         };
         self.mark_history_missing(record);
         self.retry_missing_history_record(record).await;
@@ -628,7 +629,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         clean.then_some(journal::CleanStop {
             view: sb.view,
             log_view: sb.log_view,
-            op: sb.checkpoint_op.0,
+            op: Op(sb.checkpoint_op.0),
             checksum: sb.checkpoint_checksum,
         })
     }

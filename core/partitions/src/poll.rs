@@ -147,17 +147,17 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             && count > 0
         {
             let below = match request.strategy {
-                PollingStrategy::Offset(o) => o < missing.frontier,
-                PollingStrategy::Last => end.saturating_sub(count) < missing.frontier,
+                PollingStrategy::Offset(o) => o < missing.frontier.0,
+                PollingStrategy::Last => end.saturating_sub(count) < missing.frontier.0,
                 PollingStrategy::Next => self
                     .offsets
                     .get(kind, id)
-                    .is_none_or(|o| o.saturating_add(1) < missing.frontier),
+                    .is_none_or(|o| o.saturating_add(1) < missing.frontier.0),
                 PollingStrategy::First | PollingStrategy::Timestamp(_) => true,
             };
             if below {
                 return Err(PollError::HistoryMissing {
-                    frontier: missing.frontier,
+                    frontier: missing.frontier.0,
                 });
             }
         }

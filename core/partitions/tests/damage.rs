@@ -171,7 +171,7 @@ fn given_a_bit_flipped_in_a_backups_segments_while_it_is_down_when_it_reboots_sh
         c.restart(victim);
         let missing = c.replica(victim).missing_history();
         assert!(missing.is_some(), "{place:?}: booted as if whole");
-        assert_eq!(missing.unwrap().frontier, frontier, "{place:?}");
+        assert_eq!(missing.unwrap().frontier.0, frontier, "{place:?}");
         assert!(c.replica(victim).log().next_offset() >= frontier);
         let fenced = block_on(c.fss[usize::from(victim)].exists(&{
             let mut name = pdir().into_os_string();

@@ -82,7 +82,7 @@ fn node_at(fs: &SimFs, at: &Path, segment_size: u64) -> Node<FileSuperblock<SimF
 /// a converge left history below it missing: polls below it are refused).
 fn messages(p: &P) -> Vec<(u64, Vec<u8>)> {
     let strategy = match p.missing_history() {
-        Some(missing) => PollingStrategy::Offset(missing.frontier),
+        Some(missing) => PollingStrategy::Offset(missing.frontier.0),
         None => PollingStrategy::First,
     };
     let polled = block_on(p.poll(&PollRequest {

@@ -99,7 +99,7 @@ fn given_power_cut_mid_install_when_rebooted_should_stay_lagging_until_an_instal
     // The record is durable and honoured after the reboot.
     assert!(block_on(fs.exists(&record_path())).unwrap(), "no record");
     let missing = r.missing_history().expect("record not honoured at boot");
-    assert_eq!(missing.frontier, frontier);
+    assert_eq!(missing.frontier.0, frontier);
     assert!(
         r.state_transfer_needed().is_some(),
         "converged replica does not ask for a transfer"
@@ -126,7 +126,7 @@ fn given_power_cut_mid_install_when_rebooted_should_stay_lagging_until_an_instal
     c.crash(victim);
     c.restart(victim);
     assert_eq!(
-        c.replica(victim).missing_history().map(|m| m.frontier),
+        c.replica(victim).missing_history().map(|m| m.frontier.0),
         Some(frontier)
     );
 

@@ -17,6 +17,7 @@
 //! frontier: the replica then asks for a transfer it may not need rather
 //! than serve history it may not hold.
 
+use common::{Offset, Op};
 use std::io;
 use std::path::Path;
 
@@ -36,17 +37,17 @@ const RECORD_LEN: usize = 4 + 8 + 8 + 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MissingHistory {
     /// The op the converged partition is applied at.
-    pub commit_op: u64,
+    pub commit_op: Op,
     /// The offset below which nothing is held.
-    pub frontier: u64,
+    pub frontier: Offset,
 }
 
 impl MissingHistory {
     fn encode(self) -> Vec<u8> {
         let mut out = Vec::with_capacity(RECORD_LEN);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&self.commit_op.to_le_bytes());
-        out.extend_from_slice(&self.frontier.to_le_bytes());
+        out.extend_from_slice(&self.commit_op.0.to_le_bytes());
+        out.extend_from_slice(&self.frontier.0.to_le_bytes());
         let sum = xxh3_64(&out);
         out.extend_from_slice(&sum.to_le_bytes());
         out
@@ -65,8 +66,8 @@ impl MissingHistory {
             return None;
         }
         Some(Self {
-            commit_op: u64_at(4),
-            frontier: u64_at(12),
+            commit_op: Op(u64_at(4)),
+            frontier: Offset(u64_at(12)),
         })
     }
 }
@@ -159,12 +160,13 @@ pub async fn clear_missing_history<F: Fs>(fs: &F, dir: &Path) -> io::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::MissingHistory;
+    use common::{Offset, Op};
 
     #[test]
     fn record_round_trips_and_rejects_rot() {
         let m = MissingHistory {
-            commit_op: 9,
-            frontier: 40,
+            commit_op: Op(9),
+            frontier: Offset(40),
         };
         let mut bytes = m.encode();
         assert_eq!(MissingHistory::decode(&bytes), Some(m));

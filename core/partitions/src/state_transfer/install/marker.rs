@@ -3,6 +3,7 @@
 //! carries the new frontier and removed last, and the boot step that reads
 //! it to tell an interrupted install from synced data gone missing.
 
+use common::{Offset, Op};
 use std::io;
 use std::path::Path;
 
@@ -106,8 +107,8 @@ pub(crate) async fn recover_interrupted_install<F: Fs>(
             fs,
             dir,
             crate::state_transfer::missing::MissingHistory {
-                commit_op: applied.0,
-                frontier: applied.2,
+                commit_op: Op(applied.0),
+                frontier: Offset(applied.2),
             },
         )
         .await?;

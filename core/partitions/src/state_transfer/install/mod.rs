@@ -898,8 +898,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// written the marker stays, so a reboot converges again and writes it.
     async fn record_missing_history(&mut self, checked: &CheckedInstall) {
         let record = MissingHistory {
-            commit_op: checked.commit_op,
-            frontier: checked.frontier,
+            commit_op: Op(checked.commit_op),
+            frontier: Offset(checked.frontier),
         };
         self.mark_history_missing(record);
         self.retry_missing_history_record(record).await;
