@@ -347,7 +347,7 @@ async fn produce_run(dir: &Path, replicas: u8, persisted: bool, batches: &[Vec<u
     let elapsed = start.elapsed();
     let cost = g.cost().since(&before);
     let frontier = batches.len() as u64 * u64::from(messages_per_batch());
-    assert!(g.replicas.iter().all(|r| r.offset_frontier() == frontier));
+    assert!(g.replicas.iter().all(|r| r.offset_frontier().0 == frontier));
     drop(g);
     std::fs::remove_dir_all(dir).unwrap();
     Run { elapsed, cost }

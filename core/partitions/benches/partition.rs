@@ -185,7 +185,7 @@ async fn partition_produce(dir: &Path, batches: &[Vec<u8>], fsync: bool) -> Dura
     p.flush_committed_messages().await.unwrap();
     let t = start.elapsed();
     assert_eq!(
-        p.offset_frontier(),
+        p.offset_frontier().0,
         batches.len() as u64 * u64::from(MESSAGES_PER_BATCH)
     );
     t

@@ -63,14 +63,13 @@
 //! copy is at or below the applied point is therefore not recognised as a
 //! duplicate there (docs/consensus.md §9).
 
-use common::Offset;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use common::{ConsumerKind, Op, ReplicaId};
+use common::{ConsumerKind, Offset, Op, ReplicaId};
 use consensus::ClientTableError;
 use consensus::DedupWatermark;
 use consensus::vsr::{
@@ -476,18 +475,18 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     /// The next offset the partition will mint once every applied op is
     /// counted (the offset frontier a transfer ships).
-    pub fn offset_frontier(&self) -> u64 {
-        self.applied_next_offset
+    pub fn offset_frontier(&self) -> Offset {
+        Offset(self.applied_next_offset)
     }
 
     /// The frontier the superblock durably holds.
-    pub fn durable_offset_frontier(&self) -> u64 {
-        self.durable.state().offset_frontier.0
+    pub fn durable_offset_frontier(&self) -> Offset {
+        self.durable.state().offset_frontier
     }
 
     /// The last offset recovered from segments at boot.
-    pub fn recovered_durable_offset(&self) -> Option<u64> {
-        self.recovered_durable_offset
+    pub fn recovered_durable_offset(&self) -> Option<Offset> {
+        self.recovered_durable_offset.map(Offset)
     }
 
     /// Counts this group's flushed Append bodies against `budget` (shared
@@ -527,8 +526,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     }
 
     /// Where the offset space starts after a state-transfer install.
-    pub fn installed_frontier(&self) -> Option<u64> {
-        self.installed_frontier
+    pub fn installed_frontier(&self) -> Option<Offset> {
+        self.installed_frontier.map(Offset)
     }
 
     /// The purge generation applied (and recorded in `purge.gen`).

@@ -261,7 +261,7 @@ fn run(seed: u64, isolate_primary_at: Option<u64>) {
     let frontiers: Vec<u64> = cluster
         .replicas
         .iter()
-        .map(|r| r.offset_frontier())
+        .map(|r| r.offset_frontier().0)
         .collect();
     assert!(
         frontiers.iter().all(|f| *f == frontiers[0]),
@@ -431,7 +431,7 @@ fn given_prepare_with_wrong_base_offset_when_received_by_backup_should_refuse_wi
             message: Message::Prepare(Prepare { header, body }),
         }
     };
-    let expected = cluster.replicas[usize::from(backup)].offset_frontier();
+    let expected = cluster.replicas[usize::from(backup)].offset_frontier().0;
     assert_eq!(expected, u64::from(MESSAGES_PER_BATCH));
     let res = block_on(cluster.replicas[usize::from(backup)].on_frame(forge(expected + 1)));
     assert!(
@@ -517,7 +517,7 @@ fn given_purge_pipelined_with_appends_when_committed_should_restart_offsets_on_e
         cluster.step();
     }
     for r in &cluster.replicas {
-        assert_eq!(r.offset_frontier(), 30);
+        assert_eq!(r.offset_frontier().0, 30);
         assert_eq!(r.stored_offset(ConsumerKind::ConsumerGroup, 5), Some(12));
     }
     // The purge and an append ordered right behind it, before either
@@ -551,7 +551,7 @@ fn given_purge_pipelined_with_appends_when_committed_should_restart_offsets_on_e
     for r in &cluster.replicas {
         assert!(r.fenced().is_none());
         assert_eq!(r.purge_generation(), 1);
-        assert_eq!(r.offset_frontier(), u64::from(MESSAGES_PER_BATCH));
+        assert_eq!(r.offset_frontier().0, u64::from(MESSAGES_PER_BATCH));
         assert_eq!(r.stored_offset(ConsumerKind::ConsumerGroup, 5), None);
         let p = block_on(r.poll(&PollRequest {
             consumer: (ConsumerKind::Consumer, 1),

@@ -16,6 +16,7 @@
 
 mod support;
 
+use common::Offset;
 use std::path::PathBuf;
 
 use common::ConsumerKind;
@@ -70,10 +71,10 @@ struct Before {
 fn check(fs: &SimFs, before: &Before, purge_generation: Option<u64>) -> FileNode {
     let mut node = boot(fs);
     let p = &node.partition;
-    let counter = p.offset_frontier();
+    let counter = p.offset_frontier().0;
     let first = p.first_offset();
     let purged = purge_generation.is_some_and(|g| p.purge_generation() >= g);
-    let frontier = p.durable_offset_frontier();
+    let frontier = p.durable_offset_frontier().0;
     if purged {
         assert_eq!(counter, 0, "a recorded purge leaves an empty partition");
         assert_eq!(p.stats().segments_count, 1);
@@ -333,7 +334,7 @@ fn given_crash_at_every_step_of_a_purge_when_rebooted_should_be_old_or_purged_an
                 // The client's retry completes the purge.
                 assert!(submit(node, ClientOp::Purge { generation: 1 }));
                 assert_eq!(node.partition.purge_generation(), 1);
-                assert_eq!(node.partition.offset_frontier(), 0);
+                assert_eq!(node.partition.offset_frontier().0, 0);
                 assert!(node.poll(PollingStrategy::First, 10).is_empty());
                 assert_eq!(
                     node.partition.stored_offset(ConsumerKind::Consumer, 1),
@@ -396,7 +397,7 @@ fn given_crash_at_every_step_of_a_flush_when_rebooted_should_keep_a_prefix() {
         None,
         |node, completed| {
             if completed {
-                assert_eq!(node.partition.recovered_durable_offset(), Some(39));
+                assert_eq!(node.partition.recovered_durable_offset(), Some(Offset(39)));
             }
         },
     );

@@ -160,7 +160,7 @@ fn given_a_bit_flipped_in_a_backups_segments_while_it_is_down_when_it_reboots_sh
                 (active, active.size_bytes / 2)
             }
         };
-        let frontier = c.replica(victim).offset_frontier();
+        let frontier = c.replica(victim).offset_frontier().0;
         c.kill(victim);
         let path = pdir().join(format!("{:020}.log", seg.start_offset));
         c.fss[usize::from(victim)]

@@ -288,7 +288,7 @@ fn input(f: &Fixture) -> InstallInput {
 fn assert_fully_installed(p: &P, f: &Fixture) {
     assert_eq!(messages(p), f.new_messages);
     assert!(new_offsets(p));
-    assert_eq!(p.offset_frontier(), FRONTIER);
+    assert_eq!(p.offset_frontier().0, FRONTIER);
     assert_eq!(p.log().next_offset(), FRONTIER);
     assert_eq!(
         p.log().segments().filter(|s| s.size_bytes > 0).count(),
@@ -309,14 +309,14 @@ fn assert_fully_installed(p: &P, f: &Fixture) {
 
 fn assert_converged(p: &P, fs: &SimFs) {
     assert!(messages(p).is_empty(), "converged partition holds nothing");
-    assert_eq!(p.offset_frontier(), FRONTIER);
+    assert_eq!(p.offset_frontier().0, FRONTIER);
     assert_eq!(p.log().next_offset(), FRONTIER);
     assert_eq!(p.log().segments().count(), 1);
     assert!(
         offset_files(fs).is_empty(),
         "no offset file survives a converge"
     );
-    assert_eq!(p.durable_offset_frontier(), FRONTIER);
+    assert_eq!(p.durable_offset_frontier().0, FRONTIER);
 }
 
 #[test]
@@ -327,7 +327,7 @@ fn given_staged_chain_when_installed_should_serve_new_chain_offsets_and_frontier
     assert_fully_installed(&f.old, &f);
     assert_eq!(f.old.replica().commit_min().0, f.commit_op);
     assert_eq!(f.old.replica().commit_min_checksum(), CHECKSUM);
-    assert_eq!(f.old.installed_frontier(), Some(FRONTIER));
+    assert_eq!(f.old.installed_frontier(), Some(Offset(FRONTIER)));
     assert!(!block_on(f.fs.exists(&dir().join(INSTALL_MARKER_FILE))).unwrap());
     // Durable: a crash that keeps only synced state boots the same.
     drop(f.old);
@@ -335,7 +335,7 @@ fn given_staged_chain_when_installed_should_serve_new_chain_offsets_and_frontier
     let p = open_at(&f.fs, &dir(), 1 << 20);
     assert_eq!(messages(&p), f.new_messages);
     assert!(new_offsets(&p));
-    assert_eq!(p.offset_frontier(), FRONTIER);
+    assert_eq!(p.offset_frontier().0, FRONTIER);
 }
 
 /// ST-C: a power cut after every filesystem call of the install.
@@ -356,13 +356,13 @@ fn given_power_cut_after_every_install_call_when_rebooted_should_be_old_new_or_e
         );
         let got = messages(&p);
         assert!(
-            p.offset_frontier() >= 15,
+            p.offset_frontier().0 >= 15,
             "cut {n}: frontier rewound to {}",
-            p.offset_frontier()
+            p.offset_frontier().0
         );
         if got == f.old_messages {
             assert!(old_offsets(&p), "cut {n}: old chain with other offsets");
-            assert_eq!(p.offset_frontier(), 15);
+            assert_eq!(p.offset_frontier().0, 15);
             seen[0] += 1;
         } else if got == f.new_messages {
             assert!(new_offsets(&p), "cut {n}: new chain with other offsets");
@@ -372,7 +372,7 @@ fn given_power_cut_after_every_install_call_when_rebooted_should_be_old_new_or_e
                 got.is_empty(),
                 "cut {n}: neither old, new nor empty: {got:?}"
             );
-            assert_eq!(p.offset_frontier(), FRONTIER, "cut {n}");
+            assert_eq!(p.offset_frontier().0, FRONTIER, "cut {n}");
             assert_eq!(p.log().next_offset(), FRONTIER, "cut {n}");
             assert!(offset_files(&f.fs).is_empty(), "cut {n}: offsets survive");
             seen[2] += 1;
@@ -412,8 +412,8 @@ fn assert_unchanged_by(f: &mut Fixture, mutate: impl FnOnce(&mut InstallInput), 
     let commit = (
         f.old.replica().commit_min().0,
         f.old.replica().commit_max().0,
-        f.old.offset_frontier(),
-        f.old.durable_offset_frontier(),
+        f.old.offset_frontier().0,
+        f.old.durable_offset_frontier().0,
     );
     let mut i = input(f);
     mutate(&mut i);
@@ -425,8 +425,8 @@ fn assert_unchanged_by(f: &mut Fixture, mutate: impl FnOnce(&mut InstallInput), 
         (
             f.old.replica().commit_min().0,
             f.old.replica().commit_max().0,
-            f.old.offset_frontier(),
-            f.old.durable_offset_frontier(),
+            f.old.offset_frontier().0,
+            f.old.durable_offset_frontier().0,
         )
     );
     assert_eq!(messages(&f.old), f.old_messages);
@@ -503,7 +503,7 @@ fn given_empty_offer_when_installed_should_plant_a_frontier_segment_that_boots_a
     .unwrap();
     assert_eq!(report.next_offset(), Some(40));
     let p = open_at(&f.fs, &dir(), 1 << 20);
-    assert_eq!(p.offset_frontier(), 40);
+    assert_eq!(p.offset_frontier().0, 40);
     assert_eq!(p.stored_offset(ConsumerKind::Consumer, 1), Some(12));
 }
 
@@ -537,13 +537,13 @@ fn given_offer_after_a_missed_purge_when_installed_should_reset_the_frontier_and
     let i = offer_past_a_purge(&f);
     block_on(f.old.install_partition_state(i.clone())).unwrap();
     assert_eq!(f.old.purge_generation(), 1);
-    assert_eq!(f.old.offset_frontier(), 5);
+    assert_eq!(f.old.offset_frontier().0, 5);
     assert_eq!(messages(&f.old), f.new_messages[..5].to_vec());
     drop(f.old);
     f.fs.crash_with(storage::fs::CrashMode::DropAll);
     let mut p = open_at(&f.fs, &dir(), 1 << 20);
     assert_eq!(p.purge_generation(), 1);
-    assert_eq!(p.offset_frontier(), 5);
+    assert_eq!(p.offset_frontier().0, 5);
     // The same offer again no longer advances a purge, and an older one is
     // refused.
     let _ = stage(&f.fs, &source[..1]);
@@ -584,7 +584,7 @@ fn given_purge_generation_unwritable_when_installing_past_a_purge_should_converg
                 assert!(messages(&f.old).is_empty(), "rename #{nth}: not converged");
                 assert!(
                     block_on(f.fs.exists(&dir().join(INSTALL_MARKER_FILE))).unwrap()
-                        || f.old.offset_frontier() == 5,
+                        || f.old.offset_frontier().0 == 5,
                     "rename #{nth}: converged to the offer's frontier"
                 );
             }
@@ -600,7 +600,7 @@ fn given_purge_generation_unwritable_when_installing_past_a_purge_should_converg
         f.fs.crash_with(storage::fs::CrashMode::DropAll);
         let p = open_at(&f.fs, &dir(), 1 << 20);
         assert_eq!(p.purge_generation(), 1, "rename #{nth}: generation durable");
-        assert_eq!(p.offset_frontier(), 5, "rename #{nth}");
+        assert_eq!(p.offset_frontier().0, 5, "rename #{nth}");
         assert_eq!(messages(&p), f.new_messages[..5].to_vec(), "rename #{nth}");
     }
     assert!(refused > 0, "no rename fault reached purge.gen");
@@ -697,7 +697,7 @@ fn given_fault_at_every_step_when_installing_should_refuse_or_converge() {
                             "{kind:?} #{nth}: {err:?}"
                         );
                         assert!(old_offsets(&f.old));
-                        assert_eq!(f.old.offset_frontier(), 15);
+                        assert_eq!(f.old.offset_frontier().0, 15);
                     } else {
                         assert_converged(&f.old, &f.fs);
                         assert!(!block_on(f.fs.exists(&dir().join(INSTALL_MARKER_FILE))).unwrap());
@@ -841,7 +841,7 @@ fn given_converge_failure_when_installing_should_fence_and_quarantine_segment_fi
         PathBuf::from("/data/p0.fenced.1")
     );
     let p = open_at(&f.fs, &dir(), 1 << 20);
-    assert_eq!(p.offset_frontier(), FRONTIER);
+    assert_eq!(p.offset_frontier().0, FRONTIER);
     assert!(messages(&p).is_empty());
 }
 
@@ -910,14 +910,14 @@ fn reboot_then_install_again(
     let got = messages(&p);
     let converged = got.is_empty();
     if converged {
-        assert_eq!(p.offset_frontier(), FRONTIER, "{what}");
+        assert_eq!(p.offset_frontier().0, FRONTIER, "{what}");
         assert!(
             p.missing_history().is_some(),
             "{what}: converged without the record"
         );
     } else {
         assert_eq!(got, old_messages, "{what}");
-        assert_eq!(p.offset_frontier(), 15, "{what}");
+        assert_eq!(p.offset_frontier().0, 15, "{what}");
     }
     let staged = stage(&fs, source);
     let mut again = Fixture {
@@ -1299,7 +1299,7 @@ fn given_a_long_install_cut_between_steps_when_rebooted_should_converge_to_the_f
             messages(&p).is_empty(),
             "cut after {cut_after_steps} steps: a partial chain was served"
         );
-        assert_eq!(p.offset_frontier(), 2 * SEGMENTS);
+        assert_eq!(p.offset_frontier().0, 2 * SEGMENTS);
         assert_eq!(p.log().next_offset(), 2 * SEGMENTS);
         assert!(p.missing_history().is_some(), "it knows it lags");
         // The staged files are gone with the converge: stage them again.

@@ -25,7 +25,7 @@ fn given_backup_behind_every_peers_retention_when_state_transferred_should_repai
     let r = c.replica(victim);
     eprintln!(
         "{need:?}: installed op {installed}, frontier {}, segments {}",
-        r.offset_frontier(),
+        r.offset_frontier().0,
         r.log().segments().count()
     );
     assert!(installed >= need.floor.0);
@@ -66,7 +66,7 @@ fn given_install_failing_mid_swap_on_a_backup_when_pulled_again_should_agree() {
     );
     let r = c.replica(victim);
     assert!(r.fenced().is_none());
-    assert_eq!(r.log().next_offset(), r.offset_frontier());
+    assert_eq!(r.log().next_offset(), r.offset_frontier().0);
     assert!(
         r.state_transfer_needed().is_some(),
         "converged but stopped asking"
@@ -97,10 +97,10 @@ fn held(c: &Cluster, r: u8) -> Held {
     let p = c.replica(r);
     let messages = match p.missing_history() {
         Some(_) => BTreeMap::new(),
-        None => c.held_below(r, p.offset_frontier()),
+        None => c.held_below(r, p.offset_frontier().0),
     };
     Held {
-        frontier: p.offset_frontier(),
+        frontier: p.offset_frontier().0,
         next_offset: p.log().next_offset(),
         missing: p.missing_history().is_some(),
         offset_7: p.stored_offset(ConsumerKind::Consumer, 7),
@@ -173,7 +173,7 @@ fn given_power_cut_at_every_step_of_a_backup_install_when_rebooted_should_be_old
         let frontier = booted.frontier;
         let peer = c.primary();
         transfer(&mut c, peer, victim);
-        assert!(c.replica(victim).offset_frontier() >= frontier, "cut {n}");
+        assert!(c.replica(victim).offset_frontier().0 >= frontier, "cut {n}");
         c.produce(3);
         c.converge();
         c.assert_identical();

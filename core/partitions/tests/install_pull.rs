@@ -89,7 +89,7 @@ fn given_pulled_transfer_when_installed_should_serve_the_peers_messages_and_offs
     assert_eq!(contents(&node.poll(PollingStrategy::First, 1000)), want);
     {
         let p = &node.partition;
-        assert_eq!(p.offset_frontier(), 96);
+        assert_eq!(p.offset_frontier().0, 96);
         assert_eq!(p.stored_offset(ConsumerKind::Consumer, 1), Some(40));
         assert_eq!(p.stored_offset(ConsumerKind::Consumer, 6), Some(90));
         assert_eq!(p.stored_offset(ConsumerKind::ConsumerGroup, 3), Some(17));

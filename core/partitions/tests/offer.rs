@@ -152,7 +152,7 @@ fn given_multi_segment_partition_when_offer_built_should_describe_disk_bytes_and
         offer.offsets_bytes()
     ));
     let wire = ConsumerOffsetsWire::decode(offer.offsets_bytes()).unwrap();
-    assert_eq!(wire.next_offset, p.offset_frontier());
+    assert_eq!(wire.next_offset, p.offset_frontier().0);
     assert_eq!(wire.purge_generation, p.purge_generation());
     assert_eq!(wire.consumers, vec![(1, 5), (9, 20)]);
     assert_eq!(wire.groups, vec![(4, 7)]);
@@ -201,7 +201,7 @@ fn given_unflushed_commits_on_a_new_primary_when_offer_built_should_flush_them_i
     let offered_end: u64 = offer.segments().iter().map(|s| s.entry.len).sum();
     let log_bytes: u64 = node.log().segments().map(|s| s.size_bytes).sum();
     assert_eq!(offered_end, log_bytes);
-    assert_eq!(node.log().next_offset(), node.offset_frontier());
+    assert_eq!(node.log().next_offset(), node.offset_frontier().0);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 mod support;
 
 use common::ConsumerKind;
+use common::Offset;
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use journal::MemSuperblock;
@@ -79,14 +80,14 @@ fn given_reply_when_sent_should_have_written_its_batch_but_not_synced_it() {
     node.produce(3, 10);
     assert_eq!(node.partition.log().next_offset(), 40);
     // Written, not synced: the durable frontier has not moved.
-    assert_eq!(node.partition.durable_offset_frontier(), 0);
+    assert_eq!(node.partition.durable_offset_frontier().0, 0);
     let p = node.poll(PollingStrategy::Offset(25), 15);
     assert_eq!(offsets(&p), (25..40).collect::<Vec<_>>());
     // On demand: nothing left to write, the sync records the frontier.
     let out = block_on(node.partition.flush_committed_messages()).unwrap();
     assert_eq!((out.batches, out.messages, out.synced), (0, 0, true));
     assert_eq!(node.partition.unflushed_messages(), 0);
-    assert_eq!(node.partition.durable_offset_frontier(), 40);
+    assert_eq!(node.partition.durable_offset_frontier().0, 40);
     assert_eq!(
         offsets(&node.poll(PollingStrategy::Offset(25), 15)),
         (25..40).collect::<Vec<_>>()
@@ -116,7 +117,7 @@ fn given_small_segments_when_produced_should_rotate_and_count() {
     }
     // Each seal is a durable point the superblock frontier records.
     assert_eq!(
-        node.partition.durable_offset_frontier(),
+        node.partition.durable_offset_frontier().0,
         segs.last().unwrap().start_offset
     );
     // A poll across every segment.
@@ -135,7 +136,7 @@ fn given_enforce_fsync_when_produced_should_be_durable_before_the_reply() {
     node.produce(0, 3);
     assert_eq!(node.partition.unflushed_messages(), 0);
     // The frontier is a lower bound: not rewritten per produce.
-    assert_eq!(node.partition.durable_offset_frontier(), 0);
+    assert_eq!(node.partition.durable_offset_frontier().0, 0);
     // A crash right after the reply keeps the batch, even one that keeps
     // nothing unsynced (a seeded crash keeps most unsynced writes, so it
     // rarely shows a missing sync).
@@ -168,7 +169,7 @@ fn given_invalid_client_batch_when_submitted_should_refuse_and_change_nothing() 
         node.now_us,
     ));
     assert!(matches!(res, Err(PartitionError::InvalidOp(_))), "{res:?}");
-    assert_eq!(node.partition.offset_frontier(), 2);
+    assert_eq!(node.partition.offset_frontier().0, 2);
     assert!(node.partition.fenced().is_none());
     // Storing beyond the end or purging to an old generation is refused too.
     let res = block_on(node.partition.submit(
@@ -222,7 +223,7 @@ fn given_retried_request_when_submitted_should_answer_without_appending_twice() 
     ))
     .unwrap();
     assert_eq!(out, RequestOutcome::Answered);
-    assert_eq!(node.partition.offset_frontier(), 4);
+    assert_eq!(node.partition.offset_frontier().0, 4);
 }
 
 #[test]
@@ -240,8 +241,8 @@ fn given_flushed_partition_when_rebooted_should_recover_counter_and_continue() {
     fs.crash();
     let mut node = open(&fs, store, config());
     assert_eq!(node.partition.replica().view(), view);
-    assert_eq!(node.partition.offset_frontier(), 35);
-    assert_eq!(node.partition.recovered_durable_offset(), Some(34));
+    assert_eq!(node.partition.offset_frontier().0, 35);
+    assert_eq!(node.partition.recovered_durable_offset(), Some(Offset(34)));
     assert_eq!(contents(&node.poll(PollingStrategy::First, 100)), before);
     assert_eq!(node.partition.stats().messages_count, 35);
     node.produce(9, 1);
@@ -321,7 +322,7 @@ fn given_offset_ahead_of_flushed_data_when_rebooted_should_clamp_it() {
     // applied), not the second batch (written before its reply, unsynced).
     fs.crash_with(storage::fs::CrashMode::DropAll);
     let node = open(&fs, store, config());
-    assert_eq!(node.partition.offset_frontier(), 10);
+    assert_eq!(node.partition.offset_frontier().0, 10);
     assert_eq!(node.partition.stored_offset(CONSUMER, 4), Some(9));
     let bytes = fs.contents(&dir().join("offsets/consumers/4")).unwrap();
     assert_eq!(
@@ -363,7 +364,7 @@ fn given_purge_when_applied_should_restart_offsets_and_record_generation() {
     node.store(GROUP, 2, 30);
     node.request(ClientOp::Purge { generation: 1 });
     assert_eq!(node.partition.purge_generation(), 1);
-    assert_eq!(node.partition.offset_frontier(), 0);
+    assert_eq!(node.partition.offset_frontier().0, 0);
     assert_eq!(node.partition.stats().segments_count, 1);
     assert_eq!(node.partition.stats().messages_count, 0);
     assert!(node.poll(PollingStrategy::First, 10).is_empty());
@@ -424,7 +425,7 @@ fn given_retention_by_size_when_run_should_remove_oldest_sealed_within_budget() 
     block_on(node.partition.retention_pass(node.now_us, &policy)).unwrap();
     assert_eq!(node.partition.stats().segments_count, 1);
     assert_eq!(
-        node.partition.offset_frontier(),
+        node.partition.offset_frontier().0,
         before.current_offset.unwrap() + 1
     );
 }
@@ -482,7 +483,7 @@ fn given_no_segments_and_a_durable_frontier_when_booted_should_resume_minting_at
     }
     block_on(fs.sync_dir(&dir())).unwrap();
     let mut node = open(&fs, store, config());
-    assert_eq!(node.partition.offset_frontier(), 40);
+    assert_eq!(node.partition.offset_frontier().0, 40);
     assert_eq!(node.partition.first_offset(), 40);
     node.produce(1, 2);
     assert_eq!(

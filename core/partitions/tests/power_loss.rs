@@ -37,7 +37,7 @@ fn whole_group_power_loss(seed: u64, persisted: bool) -> usize {
     // it, at the same offsets.
     let mut durable: BTreeMap<u64, u128> = BTreeMap::new();
     for r in 0..REPLICAS {
-        let end = c.replica(r).durable_offset_frontier();
+        let end = c.replica(r).durable_offset_frontier().0;
         durable.extend(c.held_below(r, end));
     }
     let acked_before = c.acked.clone();
@@ -71,7 +71,7 @@ fn whole_group_power_loss(seed: u64, persisted: bool) -> usize {
     assert_eq!(starters, 1, "seed {seed}: exactly one census view");
     c.produce(20);
     c.converge();
-    let end = c.replica(0).offset_frontier();
+    let end = c.replica(0).offset_frontier().0;
     for r in 0..REPLICAS {
         let held = c.held_below(r, end);
         for (offset, id) in &durable {
@@ -192,7 +192,7 @@ fn given_a_persisted_group_whose_reply_was_lost_when_every_replica_loses_power_s
         );
         c.produce(30);
         c.converge();
-        let end = c.replica(0).offset_frontier();
+        let end = c.replica(0).offset_frontier().0;
         for r in 0..REPLICAS {
             let held = c.held_below(r, end);
             for (i, id) in ids.iter().enumerate() {

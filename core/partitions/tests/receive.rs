@@ -250,7 +250,7 @@ fn given_multi_segment_peer_when_pulled_should_stage_byte_identical_logs_and_reb
     assert_eq!(done.offsets_bytes, served);
     assert_eq!(
         done.offsets.next_offset,
-        peer.node.partition.offset_frontier()
+        peer.node.partition.offset_frontier().0
     );
     assert_eq!(
         done.descriptor.commit_op,

@@ -22,6 +22,7 @@
 //! The 20 MiB and 200 MiB runs both run by default (SimFs).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
+use common::Offset;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -146,7 +147,7 @@ fn assert_same_as_primary(c: &mut Cluster, victim: u8) {
     assert!(v.fenced().is_none());
     assert!(v.missing_history().is_none());
     assert!(v.state_transfer_needed().is_none());
-    assert_eq!(v.offset_frontier(), p.offset_frontier());
+    assert_eq!(v.offset_frontier().0, p.offset_frontier().0);
     assert_eq!(v.first_offset(), p.first_offset());
     assert_eq!(v.dedup_export(), p.dedup_export());
     assert_eq!(
@@ -180,8 +181,8 @@ fn assert_same_as_primary(c: &mut Cluster, victim: u8) {
     let first = p.first_offset();
     for at in [
         first,
-        (first + p.offset_frontier()) / 2,
-        p.offset_frontier() - 1,
+        (first + p.offset_frontier().0) / 2,
+        p.offset_frontier().0 - 1,
     ] {
         assert_eq!(poll(v, at), poll(p, at), "poll at {at}");
     }
@@ -349,12 +350,12 @@ fn given_everything_retained_away_at_the_origin_when_driven_should_install_an_em
     c.enable_transfer_drivers(driver_config(64 * 1024));
     until_installed(&mut c, victim, None, 20_000);
     let r = c.replica(victim);
-    let frontier = r.offset_frontier();
+    let frontier = r.offset_frontier().0;
     let segs: Vec<_> = r.log().segments().copied().collect();
     assert_eq!(segs.len(), 1, "{segs:?}");
     assert!(segs[0].is_empty());
     assert_eq!(segs[0].start_offset, frontier);
-    assert_eq!(r.installed_frontier(), Some(frontier));
+    assert_eq!(r.installed_frontier(), Some(Offset(frontier)));
     assert!(r.stored_offset(ConsumerKind::Consumer, 7).is_some());
     // Only the offsets artifact flowed.
     assert_eq!(c.driver(victim).receiver().stats().chunk_requests, 1);

@@ -34,7 +34,7 @@ fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
             partitions::state_transfer::ConsumerOffsetsWire::decode(&input.offsets_artifact)
                 .unwrap()
                 .next_offset;
-        let old_frontier = c.replica(victim).offset_frontier();
+        let old_frontier = c.replica(victim).offset_frontier().0;
         assert!(
             offer_frontier > old_frontier,
             "the offer must move the frontier"
@@ -48,11 +48,11 @@ fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
         let r = c.replica(victim);
         // Converged: the only segment is the empty one at the frontier.
         let converged = r.log().segments().count() == 1
-            && r.log().next_offset() == r.offset_frontier()
-            && r.first_offset() == r.offset_frontier()
-            && r.offset_frontier() > 0;
+            && r.log().next_offset() == r.offset_frontier().0
+            && r.first_offset() == r.offset_frontier().0
+            && r.offset_frontier().0 > 0;
         if converged {
-            assert_eq!(r.offset_frontier(), offer_frontier, "cut {n}");
+            assert_eq!(r.offset_frontier().0, offer_frontier, "cut {n}");
             return (c, victim, n);
         }
         // Not converged: the cut came before the frontier record and the
@@ -63,11 +63,11 @@ fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
             r.missing_history().is_none(),
             "cut {n}: lagging but not converged"
         );
-        if r.offset_frontier() == old_frontier {
+        if r.offset_frontier().0 == old_frontier {
             assert!(result.is_err(), "cut {n}: reported installed, booted old");
         } else {
             assert_eq!(
-                r.offset_frontier(),
+                r.offset_frontier().0,
                 offer_frontier,
                 "cut {n}: neither old nor new"
             );
@@ -90,7 +90,7 @@ fn given_power_cut_mid_install_when_rebooted_should_stay_lagging_until_an_instal
     let (mut c, victim, cut) = rebooted_converged(9);
     let fs = c.fss[usize::from(victim)].clone();
     let r = c.replica(victim);
-    let frontier = r.offset_frontier();
+    let frontier = r.offset_frontier().0;
     eprintln!(
         "cut {cut}: converged at frontier {frontier}, op {}",
         r.replica().commit_min().0

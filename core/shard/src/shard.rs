@@ -1676,7 +1676,7 @@ impl<E: Env> Shard<E> {
         }
         let reads_state = match &call {
             Call::Poll(_) | Call::GetOffset { .. } => true,
-            Call::StoreOffset { offset, .. } => offset.0 >= g.partition.offset_frontier(),
+            Call::StoreOffset { offset, .. } => *offset >= g.partition.offset_frontier(),
             _ => false,
         };
         if reads_state {

@@ -698,7 +698,7 @@ fn fingerprint(c: &Cluster, r: u8) -> Vec<(u64, u64, u64, u32, u64)> {
                 p.replica().commit_min().0,
                 p.replica().commit_max().0,
                 p.replica().view(),
-                p.offset_frontier(),
+                p.offset_frontier().0,
             ));
         }
     }

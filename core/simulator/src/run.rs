@@ -704,7 +704,7 @@ impl Run {
                         self.describe_group(group)
                     )));
                 }
-                let here = (v.commit_min().0, p.offset_frontier());
+                let here = (v.commit_min().0, p.offset_frontier().0);
                 match state {
                     None => state = Some(here),
                     Some(s) if s != here => {
@@ -744,7 +744,7 @@ impl Run {
                             v.op().0,
                             v.commit_min().0,
                             v.commit_max().0,
-                            p.offset_frontier(),
+                            p.offset_frontier().0,
                             if p.state_transfer_needed().is_some() {
                                 " transfer-needed"
                             } else {
@@ -944,7 +944,7 @@ impl Run {
                         .cluster
                         .shard(0, group)
                         .and_then(|s| s.partition(group))
-                        .map_or(0, partitions::Partition::offset_frontier);
+                        .map_or(0, |p| p.offset_frontier().0);
                 }
             }
         }

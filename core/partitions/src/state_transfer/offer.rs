@@ -742,7 +742,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             // The append counter, not the end of the last segment: retention
             // may have removed every segment while the counter stands at N,
             // and the receiver must go on minting at N.
-            next_offset: self.offset_frontier(),
+            next_offset: self.offset_frontier().0,
             consumers,
             groups,
             dedup: self.dedup_export(),

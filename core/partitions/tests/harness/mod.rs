@@ -560,7 +560,7 @@ impl Cluster {
 
     /// The ids of the messages replica `r` holds below its frontier.
     pub fn stored_ids(&self, r: u8) -> BTreeSet<u128> {
-        let end = self.replica(r).offset_frontier();
+        let end = self.replica(r).offset_frontier().0;
         self.held_below(r, end).into_values().collect()
     }
 
@@ -616,7 +616,7 @@ impl Cluster {
     /// Same polls everywhere, every acknowledged message present, and after
     /// a flush byte-identical segment files.
     pub fn assert_identical(&mut self) {
-        let frontiers: Vec<u64> = self.up().map(|r| r.offset_frontier()).collect();
+        let frontiers: Vec<u64> = self.up().map(|r| r.offset_frontier().0).collect();
         assert!(
             frontiers.iter().all(|f| *f == frontiers[0]),
             "{frontiers:?}"

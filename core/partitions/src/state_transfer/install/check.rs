@@ -105,7 +105,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // `purge.gen` already has a local frontier of 0 and the rewind
         // guard below has nothing to protect.
         let purge_advances = wire.purge_generation > self.applied_purge_generation;
-        let local_next = self.applied_next_offset.max(self.durable_offset_frontier());
+        let local_next = self
+            .applied_next_offset
+            .max(self.durable_offset_frontier().0);
         let frontier = wire.next_offset;
         if !purge_advances && frontier < local_next {
             return Err(PartitionInstallError::OfferRewindsDurableData {

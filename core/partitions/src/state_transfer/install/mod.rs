@@ -539,7 +539,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let path = self.dir.join(INSTALL_MARKER_FILE);
         replace_file_durably(&self.fs, &path, marker.encode(), REPLACEMENT_SUFFIX).await?;
         if !checked.purge_advances {
-            debug_assert!(checked.frontier >= self.durable_offset_frontier());
+            debug_assert!(checked.frontier >= self.durable_offset_frontier().0);
         }
         // A failed record may still have landed in part: the two-copy
         // superblock writes copy A, syncs it, then copy B, so a fault on B
