@@ -1,6 +1,8 @@
 //! Little-endian decoding for every replog codec: [`LeCursor`], a
-//! forward-only reader for formats laid out field after field, and
-//! [`u16_at`]…[`u128_at`], readers at fixed offsets of a fixed-size record.
+//! forward-only reader for formats laid out field after field,
+//! [`u16_at`]…[`u128_at`], readers at fixed offsets of a fixed-size record,
+//! and [`LeField`], one field of a fixed-format record declared once for
+//! its encoder and its decoder both.
 //!
 //! The cursor never panics on short input: each read returns [`Truncated`]
 //! instead, and [`LeCursor::remaining`] lets a codec insist that nothing is
@@ -10,6 +12,8 @@
 //! constant can make them panic, never the bytes read.
 
 use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Range;
 
 /// Fewer bytes remained than a read asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +128,147 @@ pub fn u128_at<const N: usize>(record: &[u8; N], at: usize) -> u128 {
     u128::from_le_bytes(bytes_at(record, at))
 }
 
+/// An integer a fixed-format record may hold: `u8`, or a little-endian
+/// `u16`…`u128`.
+pub trait LeInt: Copy + sealed::Sealed {
+    /// Bytes the integer takes.
+    const WIDTH: usize;
+
+    /// Reads the integer at byte `at` of a fixed-size record.
+    ///
+    /// # Panics
+    /// If the field passes the end of the record (a wrong offset constant).
+    fn read_at<const N: usize>(record: &[u8; N], at: usize) -> Self;
+
+    /// Writes the integer at byte `at` of `record`.
+    ///
+    /// # Panics
+    /// If the field passes the end of `record`.
+    fn write_at(self, record: &mut [u8], at: usize);
+}
+
+mod sealed {
+    /// Keeps [`super::LeInt`] to the integers this module implements it for.
+    pub trait Sealed {}
+}
+
+impl sealed::Sealed for u8 {}
+
+impl LeInt for u8 {
+    const WIDTH: usize = 1;
+
+    fn read_at<const N: usize>(record: &[u8; N], at: usize) -> Self {
+        record[at]
+    }
+
+    fn write_at(self, record: &mut [u8], at: usize) {
+        record[at] = self;
+    }
+}
+
+macro_rules! le_int {
+    ($($ty:ty => $read:ident),+) => {$(
+        impl sealed::Sealed for $ty {}
+
+        impl LeInt for $ty {
+            const WIDTH: usize = std::mem::size_of::<$ty>();
+
+            fn read_at<const N: usize>(record: &[u8; N], at: usize) -> Self {
+                $read(record, at)
+            }
+
+            fn write_at(self, record: &mut [u8], at: usize) {
+                record[at..at + Self::WIDTH].copy_from_slice(&self.to_le_bytes());
+            }
+        }
+    )+};
+}
+
+le_int!(u16 => u16_at, u32 => u32_at, u64 => u64_at, u128 => u128_at);
+
+/// One field of a fixed-format record: a [`LeInt`] at a fixed byte offset.
+///
+/// A format declares each field once, as a constant, and its encoder and
+/// its decoder both go through that constant, so the two cannot disagree on
+/// where a field sits or how wide it is. The read takes an array, as
+/// [`u64_at`] does, because its bytes may come from a peer or the disk; the
+/// write takes a slice, because an encoder writes into a buffer it sized
+/// itself.
+#[derive(Debug)]
+pub struct LeField<T> {
+    at: usize,
+    ty: PhantomData<fn() -> T>,
+}
+
+// By hand: a derive would ask `T: Clone`, which a `PhantomData` never needs.
+impl<T> Clone for LeField<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for LeField<T> {}
+
+impl<T: LeInt> LeField<T> {
+    /// The field whose first byte is `at`.
+    pub const fn at(at: usize) -> Self {
+        Self {
+            at,
+            ty: PhantomData,
+        }
+    }
+
+    /// Its first byte.
+    pub const fn start(self) -> usize {
+        self.at
+    }
+
+    /// The byte after its last.
+    pub const fn end(self) -> usize {
+        self.at + T::WIDTH
+    }
+
+    /// The bytes it covers.
+    pub const fn range(self) -> Range<usize> {
+        self.start()..self.end()
+    }
+
+    /// Reads the field from a fixed-size record.
+    ///
+    /// # Panics
+    /// If the field passes the end of the record (a wrong offset constant).
+    pub fn get<const N: usize>(self, record: &[u8; N]) -> T {
+        T::read_at(record, self.at)
+    }
+
+    /// Writes `value` into the field of `record`.
+    ///
+    /// # Panics
+    /// If the field passes the end of `record`: a wrong offset constant, or
+    /// a buffer the encoder sized too short.
+    pub fn put(self, record: &mut [u8], value: T) {
+        value.write_at(record, self.at);
+    }
+}
+
+/// Whether `fields`, in order, cover the bytes `0..len` exactly: the first
+/// starts at 0, each starts where the one before it ended, and the last ends
+/// at `len`. A fixed format asserts this of its fields and reserved ranges
+/// in a constant, so an offset typed wrong (two fields over one byte, or a
+/// byte that belongs to nothing) fails the build.
+pub const fn tiles(len: usize, fields: &[Range<usize>]) -> bool {
+    let mut at = 0;
+    let mut i = 0;
+    while i < fields.len() {
+        if fields[i].start != at || fields[i].end < fields[i].start {
+            return false;
+        }
+        at = fields[i].end;
+        i += 1;
+    }
+    at == len
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +325,40 @@ mod tests {
     fn given_an_offset_past_the_record_when_read_should_panic() {
         let record = [0u8; 8];
         let _ = u64_at(&record, 1);
+    }
+
+    #[test]
+    fn given_declared_fields_when_written_and_read_should_land_where_declared() {
+        const FLAG: LeField<u8> = LeField::at(0);
+        const ID: LeField<u32> = LeField::at(4);
+        const SUM: LeField<u128> = LeField::at(8);
+        assert_eq!((FLAG.range(), ID.range(), SUM.range()), (0..1, 4..8, 8..24));
+        let mut record = [0u8; 24];
+        FLAG.put(&mut record, 0xA5);
+        ID.put(&mut record, 0x0102_0304);
+        SUM.put(&mut record, u128::MAX - 1);
+        assert_eq!(record[0], 0xA5);
+        assert_eq!(record[1..4], [0, 0, 0]);
+        assert_eq!(record[4..8], 0x0102_0304u32.to_le_bytes());
+        assert_eq!(record[8..24], (u128::MAX - 1).to_le_bytes());
+        assert_eq!(FLAG.get(&record), 0xA5);
+        assert_eq!(ID.get(&record), 0x0102_0304);
+        assert_eq!(SUM.get(&record), u128::MAX - 1);
+    }
+
+    #[test]
+    #[should_panic]
+    fn given_a_buffer_too_short_for_a_field_when_written_should_panic() {
+        LeField::<u64>::at(4).put(&mut [0u8; 8], 1);
+    }
+
+    #[test]
+    fn given_ranges_when_checked_for_tiling_should_refuse_gaps_overlaps_and_short_ends() {
+        assert!(tiles(8, &[0..1, 1..4, 4..8]));
+        assert!(tiles(0, &[]));
+        assert!(!tiles(8, &[0..1, 2..8]), "a gap");
+        assert!(!tiles(8, &[0..4, 3..8]), "an overlap");
+        assert!(!tiles(8, &[0..4, 4..6]), "short of the end");
+        assert!(!tiles(8, &[1..4, 4..8]), "not from 0");
     }
 }

@@ -52,7 +52,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use common::le_cursor::{LeCursor, Truncated};
+use common::le_cursor::{LeCursor, Truncated, u64_at};
 use common::{Offset, Op, ReplicaId};
 use consensus::vsr::Replica;
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
@@ -102,19 +102,51 @@ pub const VSR_STATE_LEN: usize = 66;
 /// Encoded length of the previous version, before `offset_frontier`.
 pub const VSR_STATE_LEN_V0: usize = 58;
 
+/// The fields of the [`VsrState`] payload (module docs), each declared once
+/// for the encoder and the decoder.
+mod vsr_state {
+    use common::le_cursor::{LeField, tiles};
+
+    pub(super) const CLUSTER: LeField<u128> = LeField::at(0);
+    pub(super) const REPLICA_ID: LeField<u8> = LeField::at(16);
+    pub(super) const REPLICA_COUNT: LeField<u8> = LeField::at(17);
+    pub(super) const VIEW: LeField<u32> = LeField::at(18);
+    pub(super) const LOG_VIEW: LeField<u32> = LeField::at(22);
+    pub(super) const COMMIT_MAX: LeField<u64> = LeField::at(26);
+    pub(super) const CHECKPOINT_OP: LeField<u64> = LeField::at(34);
+    pub(super) const CHECKPOINT_CHECKSUM: LeField<u128> = LeField::at(42);
+    /// Absent from the previous version, which ends where it starts.
+    pub(super) const OFFSET_FRONTIER: LeField<u64> = LeField::at(58);
+    const _: () = assert!(OFFSET_FRONTIER.start() == super::VSR_STATE_LEN_V0);
+    const _: () = assert!(tiles(
+        super::VSR_STATE_LEN,
+        &[
+            CLUSTER.range(),
+            REPLICA_ID.range(),
+            REPLICA_COUNT.range(),
+            VIEW.range(),
+            LOG_VIEW.range(),
+            COMMIT_MAX.range(),
+            CHECKPOINT_OP.range(),
+            CHECKPOINT_CHECKSUM.range(),
+            OFFSET_FRONTIER.range(),
+        ]
+    ));
+}
+
 impl VsrState {
     /// The 66-byte payload.
     pub fn encode(&self) -> [u8; VSR_STATE_LEN] {
         let mut b = [0u8; VSR_STATE_LEN];
-        b[0..16].copy_from_slice(&self.cluster.to_le_bytes());
-        b[16] = self.replica_id.0;
-        b[17] = self.replica_count;
-        b[18..22].copy_from_slice(&self.view.to_le_bytes());
-        b[22..26].copy_from_slice(&self.log_view.to_le_bytes());
-        b[26..34].copy_from_slice(&self.commit_max.0.to_le_bytes());
-        b[34..42].copy_from_slice(&self.checkpoint_op.0.to_le_bytes());
-        b[42..58].copy_from_slice(&self.checkpoint_checksum.to_le_bytes());
-        b[58..66].copy_from_slice(&self.offset_frontier.0.to_le_bytes());
+        vsr_state::CLUSTER.put(&mut b, self.cluster);
+        vsr_state::REPLICA_ID.put(&mut b, self.replica_id.0);
+        vsr_state::REPLICA_COUNT.put(&mut b, self.replica_count);
+        vsr_state::VIEW.put(&mut b, self.view);
+        vsr_state::LOG_VIEW.put(&mut b, self.log_view);
+        vsr_state::COMMIT_MAX.put(&mut b, self.commit_max.0);
+        vsr_state::CHECKPOINT_OP.put(&mut b, self.checkpoint_op.0);
+        vsr_state::CHECKPOINT_CHECKSUM.put(&mut b, self.checkpoint_checksum);
+        vsr_state::OFFSET_FRONTIER.put(&mut b, self.offset_frontier.0);
         b
     }
 
@@ -124,25 +156,21 @@ impl VsrState {
         if payload.len() != VSR_STATE_LEN && payload.len() != VSR_STATE_LEN_V0 {
             return Err(SlotError::PayloadLength { len: payload.len() });
         }
-        let mut c = LeCursor::new(payload);
-        let state = (|| -> Result<Self, Truncated> {
-            Ok(Self {
-                cluster: c.u128()?,
-                replica_id: ReplicaId(c.u8()?),
-                replica_count: c.u8()?,
-                view: c.u32()?,
-                log_view: c.u32()?,
-                commit_max: Op(c.u64()?),
-                checkpoint_op: Op(c.u64()?),
-                checkpoint_checksum: c.u128()?,
-                offset_frontier: Offset(if c.remaining().is_empty() {
-                    0
-                } else {
-                    c.u64()?
-                }),
-            })
-        })()
-        .map_err(|_| SlotError::PayloadLength { len: payload.len() })?;
+        // The previous version is this one without its last field, so
+        // read through zeros there: its frontier is 0.
+        let mut b = [0u8; VSR_STATE_LEN];
+        b[..payload.len()].copy_from_slice(payload);
+        let state = Self {
+            cluster: vsr_state::CLUSTER.get(&b),
+            replica_id: ReplicaId(vsr_state::REPLICA_ID.get(&b)),
+            replica_count: vsr_state::REPLICA_COUNT.get(&b),
+            view: vsr_state::VIEW.get(&b),
+            log_view: vsr_state::LOG_VIEW.get(&b),
+            commit_max: Op(vsr_state::COMMIT_MAX.get(&b)),
+            checkpoint_op: Op(vsr_state::CHECKPOINT_OP.get(&b)),
+            checkpoint_checksum: vsr_state::CHECKPOINT_CHECKSUM.get(&b),
+            offset_frontier: Offset(vsr_state::OFFSET_FRONTIER.get(&b)),
+        };
         if state.log_view > state.view {
             return Err(SlotError::LogViewAheadOfView {
                 view: state.view,
@@ -213,7 +241,10 @@ pub fn decode_record(bytes: &[u8]) -> Result<(u64, &[u8]), SlotError> {
             extra: bytes.len() - total,
         });
     }
-    let stored = u64::from_le_bytes(bytes[total - 8..].try_into().unwrap_or([0; 8]));
+    // `bytes` is exactly `total` long, so the trailer is its last 8 bytes.
+    let stored = bytes
+        .last_chunk::<8>()
+        .map_or(0, |trailer| u64_at(trailer, 0));
     let computed = xxh3_64(&bytes[..total - 8]);
     if stored != computed {
         return Err(SlotError::ChecksumMismatch { stored, computed });

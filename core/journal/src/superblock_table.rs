@@ -78,7 +78,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-use common::le_cursor::{u16_at, u32_at, u64_at};
+use common::le_cursor::{LeField, tiles};
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -94,9 +94,32 @@ pub const TABLE_SLOTS_MAX: u32 = 1 << 18;
 /// "SBTB" as a little-endian u32.
 const TABLE_MAGIC: u32 = u32::from_le_bytes(*b"SBTB");
 const TABLE_VERSION: u16 = 1;
-const PAYLOAD_AT: usize = 32;
-const CHECKSUM_AT: usize = TABLE_SLOT_LEN - 8;
-const PAYLOAD_LEN_MAX: usize = CHECKSUM_AT - PAYLOAD_AT;
+
+// The fields of a slot (module docs), each declared once for the encoder
+// and the decoder.
+const MAGIC: LeField<u32> = LeField::at(0);
+const VERSION: LeField<u16> = LeField::at(4);
+const PAYLOAD_LEN: LeField<u16> = LeField::at(6);
+const GROUP: LeField<u64> = LeField::at(8);
+const INCARNATION: LeField<u64> = LeField::at(16);
+const SEQUENCE: LeField<u64> = LeField::at(24);
+const PAYLOAD_AT: usize = SEQUENCE.end();
+/// xxh3-64 of every byte before it.
+const CHECKSUM: LeField<u64> = LeField::at(TABLE_SLOT_LEN - 8);
+const PAYLOAD_LEN_MAX: usize = CHECKSUM.start() - PAYLOAD_AT;
+const _: () = assert!(tiles(
+    TABLE_SLOT_LEN,
+    &[
+        MAGIC.range(),
+        VERSION.range(),
+        PAYLOAD_LEN.range(),
+        GROUP.range(),
+        INCARNATION.range(),
+        SEQUENCE.range(),
+        PAYLOAD_AT..CHECKSUM.start(),
+        CHECKSUM.range(),
+    ]
+));
 
 /// Whose record a slot holds: a group and its incarnation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -134,16 +157,16 @@ enum SlotRead {
 
 fn encode_slot(key: TableKey, sequence: u64, state: &VsrState) -> [u8; TABLE_SLOT_LEN] {
     let mut b = [0u8; TABLE_SLOT_LEN];
-    b[0..4].copy_from_slice(&TABLE_MAGIC.to_le_bytes());
-    b[4..6].copy_from_slice(&TABLE_VERSION.to_le_bytes());
+    MAGIC.put(&mut b, TABLE_MAGIC);
+    VERSION.put(&mut b, TABLE_VERSION);
     // Lossless: 66 fits a u16.
-    b[6..8].copy_from_slice(&(VSR_STATE_LEN as u16).to_le_bytes());
-    b[8..16].copy_from_slice(&key.group.to_le_bytes());
-    b[16..24].copy_from_slice(&key.incarnation.to_le_bytes());
-    b[24..32].copy_from_slice(&sequence.to_le_bytes());
+    PAYLOAD_LEN.put(&mut b, VSR_STATE_LEN as u16);
+    GROUP.put(&mut b, key.group);
+    INCARNATION.put(&mut b, key.incarnation);
+    SEQUENCE.put(&mut b, sequence);
     b[PAYLOAD_AT..PAYLOAD_AT + VSR_STATE_LEN].copy_from_slice(&state.encode());
-    let checksum = xxh3_64(&b[..CHECKSUM_AT]);
-    b[CHECKSUM_AT..].copy_from_slice(&checksum.to_le_bytes());
+    let checksum = xxh3_64(&b[..CHECKSUM.start()]);
+    CHECKSUM.put(&mut b, checksum);
     b
 }
 
@@ -156,26 +179,29 @@ fn decode_slot(bytes: &[u8]) -> SlotRead {
     let Ok(slot) = <&[u8; TABLE_SLOT_LEN]>::try_from(bytes) else {
         return SlotRead::Corrupt;
     };
-    if u64_at(slot, CHECKSUM_AT) != xxh3_64(&slot[..CHECKSUM_AT]) {
+    if CHECKSUM.get(slot) != xxh3_64(&slot[..CHECKSUM.start()]) {
         return SlotRead::Corrupt;
     }
-    let magic = u32_at(slot, 0);
-    let version = u16_at(slot, 4);
-    let len = usize::from(u16_at(slot, 6));
+    let magic = MAGIC.get(slot);
+    let version = VERSION.get(slot);
+    let len = usize::from(PAYLOAD_LEN.get(slot));
     if magic != TABLE_MAGIC || version != TABLE_VERSION || len > PAYLOAD_LEN_MAX {
         return SlotRead::Corrupt;
     }
     // Padding after the payload is zero in every record this code writes.
-    if slot[PAYLOAD_AT + len..CHECKSUM_AT].iter().any(|b| *b != 0) {
+    if slot[PAYLOAD_AT + len..CHECKSUM.start()]
+        .iter()
+        .any(|b| *b != 0)
+    {
         return SlotRead::Corrupt;
     }
     match VsrState::decode(&slot[PAYLOAD_AT..PAYLOAD_AT + len]) {
         Ok(state) => SlotRead::Valid {
             key: TableKey {
-                group: u64_at(slot, 8),
-                incarnation: u64_at(slot, 16),
+                group: GROUP.get(slot),
+                incarnation: INCARNATION.get(slot),
             },
-            sequence: u64_at(slot, 24),
+            sequence: SEQUENCE.get(slot),
             state,
         },
         Err(_) => SlotRead::Corrupt,

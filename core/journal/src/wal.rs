@@ -32,7 +32,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use consensus::header::{
-    CommandHeader, FrameHeader, HEADER_SIZE, HeaderError, PrepareCommand, decode_frame,
+    CommandHeader, FrameHeader, HEADER_SIZE, HeaderError, PrepareCommand, decode_frame, peek_size,
 };
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 
@@ -213,7 +213,9 @@ fn entry_at(bytes: &[u8], prev: Option<(u64, u128)>) -> Result<(Slot, u128), Ent
     let Some(head) = bytes.first_chunk::<HEADER_SIZE>() else {
         return Err(EntryDamage::Incomplete);
     };
-    let size = u32::from_le_bytes([head[48], head[49], head[50], head[51]]);
+    // A whole header holds the size field; were it missing, 0 would be
+    // refused just below as smaller than a header.
+    let size = peek_size(head).unwrap_or(0);
     if (size as usize) < HEADER_SIZE || size > WAL_ENTRY_SIZE_MAX {
         return Err(EntryDamage::Frame(HeaderError::SizeBelowHeader { size }));
     }

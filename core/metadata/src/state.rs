@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use common::{GroupId, Op, PartitionId, StreamId, TopicId};
 
-use crate::consumer_group::{ConsumerGroup, ConsumerGroupId};
+use crate::consumer_group::{ConsumerGroup, ConsumerGroupId, SessionId};
 use crate::effect::{PartitionEffect, PartitionGroupConfig};
 use crate::identifier::{Identifier, NameKind, check_name};
 use crate::op::MetadataOp;
@@ -463,40 +463,17 @@ impl MetadataState {
         Ok(())
     }
 
+    /// Applies one op's body: the step for its kind, below in the order of
+    /// the match (streams, topics, partitions, consumer groups, users).
     fn apply_body(&mut self, op: Op, body: &MetadataOp) -> Result<Applied, Refusal> {
         match body {
             MetadataOp::CreateStream {
                 name,
                 created_at_us,
             } => self.create_stream(name, *created_at_us),
-            MetadataOp::UpdateStream { stream, name } => {
-                check_name(NameKind::Stream, name)?;
-                let s = self.resolve_stream(stream)?;
-                if self.streams.values().any(|x| &x.name == name && x.id != s) {
-                    return Err(Refusal::StreamNameAlreadyExists(name.clone()));
-                }
-                if let Some(st) = self.streams.get_mut(&s) {
-                    st.name.clone_from(name);
-                }
-                Ok(Applied::done(Vec::new()))
-            }
-            MetadataOp::DeleteStream { stream } => {
-                let s = self.resolve_stream(stream)?;
-                let removed = self.streams.remove(&s).expect("resolved");
-                let effects = removed
-                    .topics
-                    .values()
-                    .flat_map(|t| t.partitions.values())
-                    .map(|p| PartitionEffect::DeletePartitionGroup { group: p.group })
-                    .collect();
-                Ok(Applied::done(effects))
-            }
-            MetadataOp::PurgeStream { stream } => {
-                let s = self.resolve_stream(stream)?;
-                let st = self.streams.get_mut(&s).expect("resolved");
-                let effects = st.topics.values_mut().flat_map(purge_topic).collect();
-                Ok(Applied::done(effects))
-            }
+            MetadataOp::UpdateStream { stream, name } => self.update_stream(stream, name),
+            MetadataOp::DeleteStream { stream } => self.delete_stream(stream),
+            MetadataOp::PurgeStream { stream } => self.purge_stream(stream),
             MetadataOp::CreateTopic {
                 stream,
                 name,
@@ -516,192 +493,52 @@ impl MetadataState {
                 name,
                 patch,
             } => self.update_topic(stream, topic, name, |current| patch.apply_to(current)),
-            MetadataOp::DeleteTopic { stream, topic } => {
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                let st = self.streams.get_mut(&s).expect("resolved");
-                let removed = st.topics.remove(&t).expect("resolved");
-                let effects = removed
-                    .partitions
-                    .values()
-                    .map(|p| PartitionEffect::DeletePartitionGroup { group: p.group })
-                    .collect();
-                Ok(Applied::done(effects))
-            }
-            MetadataOp::PurgeTopic { stream, topic } => {
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                Ok(Applied::done(purge_topic(self.topic_mut(s, t))))
-            }
+            MetadataOp::DeleteTopic { stream, topic } => self.delete_topic(stream, topic),
+            MetadataOp::PurgeTopic { stream, topic } => self.purge_one_topic(stream, topic),
             MetadataOp::CreatePartitions {
                 stream,
                 topic,
                 count,
                 created_at_us,
-            } => {
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                let have = self.streams[&s].topics[&t].partitions.len() as u32;
-                let room = PARTITIONS_PER_TOPIC_MAX - have;
-                if *count == 0 || *count > room {
-                    return Err(Refusal::InvalidPartitionsCount {
-                        count: *count,
-                        max: room,
-                    });
-                }
-                self.check_groups_available(u64::from(*count))?;
-                let effects = self.add_partitions(op, s, t, *count, *created_at_us);
-                Ok(Applied::done(effects))
-            }
+            } => self.create_partitions(op, stream, topic, *count, *created_at_us),
             MetadataOp::DeletePartitions {
                 stream,
                 topic,
                 count,
-            } => {
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                let tp = self.topic_mut(s, t);
-                let have = tp.partitions.len() as u32;
-                if *count == 0 || *count > have {
-                    return Err(Refusal::InvalidPartitionsCount {
-                        count: *count,
-                        max: have,
-                    });
-                }
-                let before = tp.group_config();
-                let mut effects = Vec::new();
-                for _ in 0..*count {
-                    if let Some((_, p)) = tp.partitions.pop_last() {
-                        effects.push(PartitionEffect::DeletePartitionGroup { group: p.group });
-                    }
-                }
-                // The ceiling is now shared by fewer partitions.
-                effects.extend(tp.reconfigure_if_changed(before));
-                let ids = tp.partition_ids();
-                for g in tp.consumer_groups.values_mut() {
-                    g.rebalance(&ids);
-                }
-                Ok(Applied::done(effects))
-            }
+            } => self.delete_partitions(stream, topic, *count),
             MetadataOp::CreateConsumerGroup {
                 stream,
                 topic,
                 name,
-            } => {
-                check_name(NameKind::ConsumerGroup, name)?;
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                let tp = self.topic_mut(s, t);
-                if tp.consumer_groups.values().any(|g| &g.name == name) {
-                    return Err(Refusal::ConsumerGroupNameAlreadyExists {
-                        group: name.clone(),
-                        topic: t,
-                    });
-                }
-                if tp.consumer_groups.len() as u32 >= CONSUMER_GROUPS_PER_TOPIC_MAX {
-                    return Err(Refusal::LimitReached {
-                        what: "consumer groups per topic",
-                        max: CONSUMER_GROUPS_PER_TOPIC_MAX,
-                    });
-                }
-                let id = ConsumerGroupId(tp.next_consumer_group_id);
-                tp.next_consumer_group_id =
-                    tp.next_consumer_group_id
-                        .checked_add(1)
-                        .ok_or(Refusal::IdsExhausted {
-                            what: "consumer group",
-                        })?;
-                tp.consumer_groups
-                    .insert(id, ConsumerGroup::new(id, name.clone()));
-                Ok(Applied {
-                    outcome: Outcome::ConsumerGroupCreated(s, t, id),
-                    effects: Vec::new(),
-                })
-            }
+            } => self.create_consumer_group(stream, topic, name),
             MetadataOp::DeleteConsumerGroup {
                 stream,
                 topic,
                 group,
-            } => {
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                let tp = self.topic_mut(s, t);
-                let g = tp.resolve_consumer_group(group)?;
-                tp.consumer_groups.remove(&g);
-                Ok(Applied::done(Vec::new()))
-            }
+            } => self.delete_consumer_group(stream, topic, group),
             MetadataOp::JoinConsumerGroup {
                 stream,
                 topic,
                 group,
                 session,
-            } => {
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                let tp = self.topic_mut(s, t);
-                let g = tp.resolve_consumer_group(group)?;
-                let ids = tp.partition_ids();
-                let cg = tp.consumer_groups.get_mut(&g).expect("resolved");
-                if cg.member_of(*session).is_none()
-                    && cg.members.len() as u32 >= MEMBERS_PER_GROUP_MAX
-                {
-                    return Err(Refusal::LimitReached {
-                        what: "members per consumer group",
-                        max: MEMBERS_PER_GROUP_MAX,
-                    });
-                }
-                if !cg.join(*session, &ids) {
-                    return Err(Refusal::IdsExhausted { what: "member" });
-                }
-                Ok(Applied::done(Vec::new()))
-            }
+            } => self.join_consumer_group(stream, topic, group, *session),
             MetadataOp::LeaveConsumerGroup {
                 stream,
                 topic,
                 group,
                 session,
-            } => {
-                let (s, t) = self.resolve_topic(stream, topic)?;
-                let tp = self.topic_mut(s, t);
-                let g = tp.resolve_consumer_group(group)?;
-                let ids = tp.partition_ids();
-                let cg = tp.consumer_groups.get_mut(&g).expect("resolved");
-                if !cg.leave(*session, &ids) {
-                    return Err(Refusal::ConsumerGroupMemberNotFound {
-                        session: *session,
-                        group: g,
-                    });
-                }
-                Ok(Applied::done(Vec::new()))
-            }
-            MetadataOp::EndSession { session } => {
-                for st in self.streams.values_mut() {
-                    for tp in st.topics.values_mut() {
-                        let ids = tp.partition_ids();
-                        for cg in tp.consumer_groups.values_mut() {
-                            cg.leave(*session, &ids);
-                        }
-                    }
-                }
-                Ok(Applied::done(Vec::new()))
-            }
+            } => self.leave_consumer_group(stream, topic, group, *session),
+            MetadataOp::EndSession { session } => Ok(self.end_session(*session)),
             MetadataOp::CreateUser {
                 username,
                 password_hash,
                 created_at_us,
             } => self.create_user(username, password_hash, *created_at_us),
-            MetadataOp::DeleteUser { user } => {
-                let u = self.resolve_user(user)?;
-                if u == ROOT_USER {
-                    return Err(Refusal::CannotDeleteRootUser);
-                }
-                self.users.remove(&u);
-                Ok(Applied::done(Vec::new()))
-            }
+            MetadataOp::DeleteUser { user } => self.delete_user(user),
             MetadataOp::ChangePassword {
                 user,
                 password_hash,
-            } => {
-                let u = self.resolve_user(user)?;
-                check_hash(password_hash)?;
-                if let Some(x) = self.users.get_mut(&u) {
-                    x.password_hash = password_hash.clone();
-                }
-                Ok(Applied::done(Vec::new()))
-            }
+            } => self.change_password(user, password_hash),
         }
     }
 
@@ -735,6 +572,39 @@ impl MetadataState {
             outcome: Outcome::StreamCreated(id),
             effects: Vec::new(),
         })
+    }
+
+    fn update_stream(&mut self, stream: &Identifier, name: &str) -> Result<Applied, Refusal> {
+        check_name(NameKind::Stream, name)?;
+        let s = self.resolve_stream(stream)?;
+        if self.streams.values().any(|x| x.name == name && x.id != s) {
+            return Err(Refusal::StreamNameAlreadyExists(name.to_owned()));
+        }
+        if let Some(st) = self.streams.get_mut(&s) {
+            name.clone_into(&mut st.name);
+        }
+        Ok(Applied::done(Vec::new()))
+    }
+
+    /// Removes the stream; every partition group of its topics is deleted.
+    fn delete_stream(&mut self, stream: &Identifier) -> Result<Applied, Refusal> {
+        let s = self.resolve_stream(stream)?;
+        let removed = self.streams.remove(&s).expect("resolved");
+        let effects = removed
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.values())
+            .map(|p| PartitionEffect::DeletePartitionGroup { group: p.group })
+            .collect();
+        Ok(Applied::done(effects))
+    }
+
+    /// Purges every partition of every topic of the stream.
+    fn purge_stream(&mut self, stream: &Identifier) -> Result<Applied, Refusal> {
+        let s = self.resolve_stream(stream)?;
+        let st = self.streams.get_mut(&s).expect("resolved");
+        let effects = st.topics.values_mut().flat_map(purge_topic).collect();
+        Ok(Applied::done(effects))
     }
 
     fn create_topic(
@@ -832,6 +702,33 @@ impl MetadataState {
         Ok(Applied::done(tp.reconfigure_if_changed(before)))
     }
 
+    /// Removes the topic; each of its partition groups is deleted.
+    fn delete_topic(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<Applied, Refusal> {
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let st = self.streams.get_mut(&s).expect("resolved");
+        let removed = st.topics.remove(&t).expect("resolved");
+        let effects = removed
+            .partitions
+            .values()
+            .map(|p| PartitionEffect::DeletePartitionGroup { group: p.group })
+            .collect();
+        Ok(Applied::done(effects))
+    }
+
+    /// Purges every partition of the topic (see [`purge_topic`]).
+    fn purge_one_topic(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<Applied, Refusal> {
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        Ok(Applied::done(purge_topic(self.topic_mut(s, t))))
+    }
+
     /// Appends `count` partitions (validated by the caller) and rebalances
     /// the topic's consumer groups.
     fn add_partitions(
@@ -890,6 +787,165 @@ impl MetadataState {
         effects
     }
 
+    /// Adds `count` partitions, within the per-topic ceiling and the
+    /// groups still available.
+    fn create_partitions(
+        &mut self,
+        op: Op,
+        stream: &Identifier,
+        topic: &Identifier,
+        count: u32,
+        created_at_us: u64,
+    ) -> Result<Applied, Refusal> {
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let have = self.streams[&s].topics[&t].partitions.len() as u32;
+        let room = PARTITIONS_PER_TOPIC_MAX - have;
+        if count == 0 || count > room {
+            return Err(Refusal::InvalidPartitionsCount { count, max: room });
+        }
+        self.check_groups_available(u64::from(count))?;
+        let effects = self.add_partitions(op, s, t, count, created_at_us);
+        Ok(Applied::done(effects))
+    }
+
+    /// Removes the last `count` partitions; the rest are reconfigured if
+    /// their share of the topic's settings changed, and the consumer groups
+    /// rebalanced over them.
+    fn delete_partitions(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+        count: u32,
+    ) -> Result<Applied, Refusal> {
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let tp = self.topic_mut(s, t);
+        let have = tp.partitions.len() as u32;
+        if count == 0 || count > have {
+            return Err(Refusal::InvalidPartitionsCount { count, max: have });
+        }
+        let before = tp.group_config();
+        let mut effects = Vec::new();
+        for _ in 0..count {
+            if let Some((_, p)) = tp.partitions.pop_last() {
+                effects.push(PartitionEffect::DeletePartitionGroup { group: p.group });
+            }
+        }
+        // The ceiling is now shared by fewer partitions.
+        effects.extend(tp.reconfigure_if_changed(before));
+        let ids = tp.partition_ids();
+        for g in tp.consumer_groups.values_mut() {
+            g.rebalance(&ids);
+        }
+        Ok(Applied::done(effects))
+    }
+
+    fn create_consumer_group(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+        name: &str,
+    ) -> Result<Applied, Refusal> {
+        check_name(NameKind::ConsumerGroup, name)?;
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let tp = self.topic_mut(s, t);
+        if tp.consumer_groups.values().any(|g| g.name == name) {
+            return Err(Refusal::ConsumerGroupNameAlreadyExists {
+                group: name.to_owned(),
+                topic: t,
+            });
+        }
+        if tp.consumer_groups.len() as u32 >= CONSUMER_GROUPS_PER_TOPIC_MAX {
+            return Err(Refusal::LimitReached {
+                what: "consumer groups per topic",
+                max: CONSUMER_GROUPS_PER_TOPIC_MAX,
+            });
+        }
+        let id = ConsumerGroupId(tp.next_consumer_group_id);
+        tp.next_consumer_group_id =
+            tp.next_consumer_group_id
+                .checked_add(1)
+                .ok_or(Refusal::IdsExhausted {
+                    what: "consumer group",
+                })?;
+        tp.consumer_groups
+            .insert(id, ConsumerGroup::new(id, name.to_owned()));
+        Ok(Applied {
+            outcome: Outcome::ConsumerGroupCreated(s, t, id),
+            effects: Vec::new(),
+        })
+    }
+
+    fn delete_consumer_group(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<Applied, Refusal> {
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let tp = self.topic_mut(s, t);
+        let g = tp.resolve_consumer_group(group)?;
+        tp.consumer_groups.remove(&g);
+        Ok(Applied::done(Vec::new()))
+    }
+
+    /// Adds `session` to the group (a member already in it stays, and does
+    /// not count against the ceiling) and rebalances the partitions.
+    fn join_consumer_group(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+        session: SessionId,
+    ) -> Result<Applied, Refusal> {
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let tp = self.topic_mut(s, t);
+        let g = tp.resolve_consumer_group(group)?;
+        let ids = tp.partition_ids();
+        let cg = tp.consumer_groups.get_mut(&g).expect("resolved");
+        if cg.member_of(session).is_none() && cg.members.len() as u32 >= MEMBERS_PER_GROUP_MAX {
+            return Err(Refusal::LimitReached {
+                what: "members per consumer group",
+                max: MEMBERS_PER_GROUP_MAX,
+            });
+        }
+        if !cg.join(session, &ids) {
+            return Err(Refusal::IdsExhausted { what: "member" });
+        }
+        Ok(Applied::done(Vec::new()))
+    }
+
+    fn leave_consumer_group(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+        session: SessionId,
+    ) -> Result<Applied, Refusal> {
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let tp = self.topic_mut(s, t);
+        let g = tp.resolve_consumer_group(group)?;
+        let ids = tp.partition_ids();
+        let cg = tp.consumer_groups.get_mut(&g).expect("resolved");
+        if !cg.leave(session, &ids) {
+            return Err(Refusal::ConsumerGroupMemberNotFound { session, group: g });
+        }
+        Ok(Applied::done(Vec::new()))
+    }
+
+    /// An ended session leaves every consumer group it was in; it is
+    /// never refused, since a session may end that joined nothing.
+    fn end_session(&mut self, session: SessionId) -> Applied {
+        for st in self.streams.values_mut() {
+            for tp in st.topics.values_mut() {
+                let ids = tp.partition_ids();
+                for cg in tp.consumer_groups.values_mut() {
+                    cg.leave(session, &ids);
+                }
+            }
+        }
+        Applied::done(Vec::new())
+    }
+
     fn create_user(
         &mut self,
         username: &str,
@@ -925,6 +981,29 @@ impl MetadataState {
             outcome: Outcome::UserCreated(id),
             effects: Vec::new(),
         })
+    }
+
+    /// Removes a user; the root user cannot be removed.
+    fn delete_user(&mut self, user: &Identifier) -> Result<Applied, Refusal> {
+        let u = self.resolve_user(user)?;
+        if u == ROOT_USER {
+            return Err(Refusal::CannotDeleteRootUser);
+        }
+        self.users.remove(&u);
+        Ok(Applied::done(Vec::new()))
+    }
+
+    fn change_password(
+        &mut self,
+        user: &Identifier,
+        password_hash: &PasswordHash,
+    ) -> Result<Applied, Refusal> {
+        let u = self.resolve_user(user)?;
+        check_hash(password_hash)?;
+        if let Some(x) = self.users.get_mut(&u) {
+            x.password_hash = password_hash.clone();
+        }
+        Ok(Applied::done(Vec::new()))
     }
 
     /// Asserts the state's invariants (called after every apply in debug

@@ -31,6 +31,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use common::le_cursor::{LeField, tiles};
 use storage::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -50,6 +51,63 @@ pub const OFFSET_RECORD_LEN_LEGACY: usize = 8;
 const FLAG_PRESENT: u8 = 1;
 /// Flag bit: an offset was in effect before the record's op.
 const FLAG_BEFORE: u8 = 2;
+
+/// The fields of a consumer-offset record (docs/formats.md §8), each
+/// declared once for the encoder and the decoder.
+mod record {
+    use std::ops::Range;
+
+    use common::le_cursor::{LeField, tiles};
+
+    pub(super) const OFFSET: LeField<u64> = LeField::at(0);
+    pub(super) const OP: LeField<u64> = LeField::at(8);
+    pub(super) const BEFORE: LeField<u64> = LeField::at(16);
+    pub(super) const FLAGS: LeField<u8> = LeField::at(24);
+    pub(super) const RESERVED: Range<usize> = FLAGS.end()..SUM.start();
+    /// xxh3-64 of every byte before it.
+    pub(super) const SUM: LeField<u64> = LeField::at(32);
+    const _: () = assert!(tiles(
+        super::OFFSET_RECORD_LEN,
+        &[
+            OFFSET.range(),
+            OP.range(),
+            BEFORE.range(),
+            FLAGS.range(),
+            RESERVED,
+            SUM.range()
+        ]
+    ));
+}
+
+/// The fields of the older records: the 16-byte one (offset and its
+/// checksum) and the bare 8-byte one (its first field only).
+mod record_v1 {
+    use common::le_cursor::{LeField, tiles};
+
+    pub(super) const OFFSET: LeField<u64> = LeField::at(0);
+    /// xxh3-64 of the offset's bytes.
+    pub(super) const SUM: LeField<u64> = LeField::at(8);
+    const _: () = assert!(tiles(
+        super::OFFSET_RECORD_LEN_V1,
+        &[OFFSET.range(), SUM.range()]
+    ));
+    const _: () = assert!(tiles(super::OFFSET_RECORD_LEN_LEGACY, &[OFFSET.range()]));
+}
+
+// The fields of `purge.gen` (docs/formats.md §9).
+const PURGE_GENERATION: LeField<u64> = LeField::at(0);
+const PURGE_CREATED_REVISION: LeField<u64> = LeField::at(8);
+/// xxh3-64 of every byte before it.
+const PURGE_SUM: LeField<u64> = LeField::at(16);
+const PURGE_RECORD_LEN: usize = PURGE_SUM.end();
+const _: () = assert!(tiles(
+    PURGE_RECORD_LEN,
+    &[
+        PURGE_GENERATION.range(),
+        PURGE_CREATED_REVISION.range(),
+        PURGE_SUM.range()
+    ]
+));
 
 /// A decoded consumer-offset file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,12 +166,6 @@ impl fmt::Display for OffsetRecordError {
 
 impl std::error::Error for OffsetRecordError {}
 
-fn word(bytes: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(x)
-}
-
 impl OffsetRecord {
     /// A record no restart rolls back: `offset`, op 0, nothing before.
     pub fn settled(offset: u64) -> Self {
@@ -129,17 +181,17 @@ impl OffsetRecord {
         let mut out = [0u8; OFFSET_RECORD_LEN];
         let mut flags = 0;
         if let Some(offset) = self.offset {
-            out[..8].copy_from_slice(&offset.to_le_bytes());
+            record::OFFSET.put(&mut out, offset);
             flags |= FLAG_PRESENT;
         }
-        out[8..16].copy_from_slice(&self.op.to_le_bytes());
+        record::OP.put(&mut out, self.op);
         if let Some(before) = self.before {
-            out[16..24].copy_from_slice(&before.to_le_bytes());
+            record::BEFORE.put(&mut out, before);
             flags |= FLAG_BEFORE;
         }
-        out[24] = flags;
-        let sum = xxh3_64(&out[..32]);
-        out[32..].copy_from_slice(&sum.to_le_bytes());
+        record::FLAGS.put(&mut out, flags);
+        let sum = xxh3_64(&out[..record::SUM.start()]);
+        record::SUM.put(&mut out, sum);
         out
     }
 
@@ -147,38 +199,38 @@ impl OffsetRecord {
     /// before it (offset and checksum) and the bare 8-byte one; the older
     /// two read as settled records.
     pub fn decode(bytes: &[u8]) -> Result<Self, OffsetRecordError> {
-        match bytes.len() {
-            OFFSET_RECORD_LEN_LEGACY => Ok(Self::settled(word(bytes, 0))),
-            OFFSET_RECORD_LEN_V1 => {
-                let offset = word(bytes, 0);
-                let stored = word(bytes, 8);
-                if xxh3_64(&bytes[..8]) != stored {
-                    return Err(OffsetRecordError::ChecksumMismatch { offset, stored });
-                }
-                Ok(Self::settled(offset))
-            }
-            OFFSET_RECORD_LEN => {
-                let offset = word(bytes, 0);
-                let stored = word(bytes, 32);
-                if xxh3_64(&bytes[..32]) != stored {
-                    return Err(OffsetRecordError::ChecksumMismatch { offset, stored });
-                }
-                let flags = bytes[24];
-                let before = word(bytes, 16);
-                let unknown = flags & !(FLAG_PRESENT | FLAG_BEFORE) != 0;
-                let stray = (flags & FLAG_PRESENT == 0 && offset != 0)
-                    || (flags & FLAG_BEFORE == 0 && before != 0);
-                if unknown || stray || bytes[25..32].iter().any(|b| *b != 0) {
-                    return Err(OffsetRecordError::BadFlags { flags });
-                }
-                Ok(Self {
-                    offset: (flags & FLAG_PRESENT != 0).then_some(offset),
-                    op: word(bytes, 8),
-                    before: (flags & FLAG_BEFORE != 0).then_some(before),
-                })
-            }
-            len => Err(OffsetRecordError::BadLength { len }),
+        if let Ok(bytes) = <&[u8; OFFSET_RECORD_LEN_LEGACY]>::try_from(bytes) {
+            return Ok(Self::settled(record_v1::OFFSET.get(bytes)));
         }
+        if let Ok(bytes) = <&[u8; OFFSET_RECORD_LEN_V1]>::try_from(bytes) {
+            let offset = record_v1::OFFSET.get(bytes);
+            let stored = record_v1::SUM.get(bytes);
+            if xxh3_64(&bytes[..record_v1::SUM.start()]) != stored {
+                return Err(OffsetRecordError::ChecksumMismatch { offset, stored });
+            }
+            return Ok(Self::settled(offset));
+        }
+        let Ok(bytes) = <&[u8; OFFSET_RECORD_LEN]>::try_from(bytes) else {
+            return Err(OffsetRecordError::BadLength { len: bytes.len() });
+        };
+        let offset = record::OFFSET.get(bytes);
+        let stored = record::SUM.get(bytes);
+        if xxh3_64(&bytes[..record::SUM.start()]) != stored {
+            return Err(OffsetRecordError::ChecksumMismatch { offset, stored });
+        }
+        let flags = record::FLAGS.get(bytes);
+        let before = record::BEFORE.get(bytes);
+        let unknown = flags & !(FLAG_PRESENT | FLAG_BEFORE) != 0;
+        let stray =
+            (flags & FLAG_PRESENT == 0 && offset != 0) || (flags & FLAG_BEFORE == 0 && before != 0);
+        if unknown || stray || bytes[record::RESERVED].iter().any(|b| *b != 0) {
+            return Err(OffsetRecordError::BadFlags { flags });
+        }
+        Ok(Self {
+            offset: (flags & FLAG_PRESENT != 0).then_some(offset),
+            op: record::OP.get(bytes),
+            before: (flags & FLAG_BEFORE != 0).then_some(before),
+        })
     }
 }
 
@@ -350,10 +402,11 @@ pub async fn persist_purge_generation<F: Fs>(
     record: PurgeGeneration,
 ) -> io::Result<()> {
     let path = dir.join(PURGE_GENERATION_FILE);
-    let mut bytes = Vec::with_capacity(24);
-    bytes.extend_from_slice(&record.generation.to_le_bytes());
-    bytes.extend_from_slice(&record.created_revision.to_le_bytes());
-    bytes.extend_from_slice(&xxh3_64(&bytes).to_le_bytes());
+    let mut bytes = vec![0u8; PURGE_RECORD_LEN];
+    PURGE_GENERATION.put(&mut bytes, record.generation);
+    PURGE_CREATED_REVISION.put(&mut bytes, record.created_revision);
+    let sum = xxh3_64(&bytes[..PURGE_SUM.start()]);
+    PURGE_SUM.put(&mut bytes, sum);
     let sibling = replacement_path(&path);
     write_synced(fs, &sibling, bytes).await?;
     fs.rename(&sibling, &path).await?;
@@ -378,22 +431,30 @@ pub async fn read_purge_generation<F: Fs>(
         Err(e) => return Err(e),
     };
     let len = file.len().await?;
-    if len != 24 {
-        return Err(io::Error::new(
+    let wrong_length = || {
+        io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{} holds {len} bytes, not a 24-byte record", path.display()),
-        ));
+            format!(
+                "{} holds {len} bytes, not a {PURGE_RECORD_LEN}-byte record",
+                path.display()
+            ),
+        )
+    };
+    if len != PURGE_RECORD_LEN as u64 {
+        return Err(wrong_length());
     }
-    let bytes = file.read_exact_at(24, 0).await?;
-    let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap_or([0; 8]));
-    if xxh3_64(&bytes[..16]) != word(16) {
+    let bytes = file.read_exact_at(PURGE_RECORD_LEN, 0).await?;
+    let Ok(bytes) = <[u8; PURGE_RECORD_LEN]>::try_from(bytes) else {
+        return Err(wrong_length());
+    };
+    if xxh3_64(&bytes[..PURGE_SUM.start()]) != PURGE_SUM.get(&bytes) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{} fails its checksum", path.display()),
         ));
     }
-    if word(8) != created_revision {
+    if PURGE_CREATED_REVISION.get(&bytes) != created_revision {
         return Ok(0);
     }
-    Ok(word(0))
+    Ok(PURGE_GENERATION.get(&bytes))
 }

@@ -21,7 +21,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use common::ConsumerKind;
-use common::le_cursor::{u32_at, u64_at};
+use common::le_cursor::{LeField, tiles};
 use consensus::vsr::{OPERATION_APPEND, OPERATION_REGISTER};
 use storage::{BatchError, BatchView, Integrity};
 
@@ -41,6 +41,49 @@ pub const PURGE_BODY_LEN: usize = 8;
 
 const KIND_CONSUMER: u8 = 0;
 const KIND_GROUP: u8 = 1;
+
+/// The fields of a [`PartitionOp::StoreOffset`] body (docs/formats.md §10),
+/// each declared once for the encoder and the decoder.
+mod store_offset {
+    use std::ops::Range;
+
+    use common::le_cursor::{LeField, tiles};
+
+    pub(super) const KIND: LeField<u8> = LeField::at(0);
+    pub(super) const AUTO_COMMIT: LeField<u8> = LeField::at(1);
+    pub(super) const RESERVED: Range<usize> = AUTO_COMMIT.end()..ID.start();
+    pub(super) const ID: LeField<u32> = LeField::at(4);
+    pub(super) const OFFSET: LeField<u64> = LeField::at(8);
+    const _: () = assert!(tiles(
+        super::STORE_OFFSET_BODY_LEN,
+        &[
+            KIND.range(),
+            AUTO_COMMIT.range(),
+            RESERVED,
+            ID.range(),
+            OFFSET.range()
+        ]
+    ));
+}
+
+/// The fields of a [`PartitionOp::DeleteOffset`] body (docs/formats.md §10).
+mod delete_offset {
+    use std::ops::Range;
+
+    use common::le_cursor::{LeField, tiles};
+
+    pub(super) const KIND: LeField<u8> = LeField::at(0);
+    pub(super) const RESERVED: Range<usize> = KIND.end()..ID.start();
+    pub(super) const ID: LeField<u32> = LeField::at(4);
+    const _: () = assert!(tiles(
+        super::DELETE_OFFSET_BODY_LEN,
+        &[KIND.range(), RESERVED, ID.range()]
+    ));
+}
+
+/// The one field of a [`PartitionOp::Purge`] body.
+const PURGE_GENERATION: LeField<u64> = LeField::at(0);
+const _: () = assert!(tiles(PURGE_BODY_LEN, &[PURGE_GENERATION.range()]));
 
 /// One decoded partition operation (the body of a committed prepare).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,19 +238,23 @@ impl PartitionOp {
                 auto_commit,
             } => {
                 let mut b = [0u8; STORE_OFFSET_BODY_LEN];
-                b[0] = kind_byte(*kind);
-                b[1] = u8::from(*auto_commit);
-                b[4..8].copy_from_slice(&id.to_le_bytes());
-                b[8..16].copy_from_slice(&offset.to_le_bytes());
+                store_offset::KIND.put(&mut b, kind_byte(*kind));
+                store_offset::AUTO_COMMIT.put(&mut b, u8::from(*auto_commit));
+                store_offset::ID.put(&mut b, *id);
+                store_offset::OFFSET.put(&mut b, *offset);
                 Bytes::copy_from_slice(&b)
             }
             Self::DeleteOffset { kind, id } => {
                 let mut b = [0u8; DELETE_OFFSET_BODY_LEN];
-                b[0] = kind_byte(*kind);
-                b[4..8].copy_from_slice(&id.to_le_bytes());
+                delete_offset::KIND.put(&mut b, kind_byte(*kind));
+                delete_offset::ID.put(&mut b, *id);
                 Bytes::copy_from_slice(&b)
             }
-            Self::Purge { generation } => Bytes::copy_from_slice(&generation.to_le_bytes()),
+            Self::Purge { generation } => {
+                let mut b = [0u8; PURGE_BODY_LEN];
+                PURGE_GENERATION.put(&mut b, *generation);
+                Bytes::copy_from_slice(&b)
+            }
             Self::Register => Bytes::new(),
         }
     }
@@ -229,33 +276,33 @@ impl PartitionOp {
             }
             OPERATION_STORE_OFFSET => {
                 let b = fixed_body::<STORE_OFFSET_BODY_LEN>(operation, body)?;
-                let kind = kind_from(b[0])?;
-                let auto_commit = match b[1] {
+                let kind = kind_from(store_offset::KIND.get(b))?;
+                let auto_commit = match store_offset::AUTO_COMMIT.get(b) {
                     0 => false,
                     1 => true,
                     flag => return Err(OpDecodeError::BadFlag { flag }),
                 };
-                check_zero(b, 2..4)?;
+                check_zero(b, store_offset::RESERVED)?;
                 Ok(Self::StoreOffset {
                     kind,
-                    id: u32_at(b, 4),
-                    offset: u64_at(b, 8),
+                    id: store_offset::ID.get(b),
+                    offset: store_offset::OFFSET.get(b),
                     auto_commit,
                 })
             }
             OPERATION_DELETE_OFFSET => {
                 let b = fixed_body::<DELETE_OFFSET_BODY_LEN>(operation, body)?;
-                let kind = kind_from(b[0])?;
-                check_zero(b, 1..4)?;
+                let kind = kind_from(delete_offset::KIND.get(b))?;
+                check_zero(b, delete_offset::RESERVED)?;
                 Ok(Self::DeleteOffset {
                     kind,
-                    id: u32_at(b, 4),
+                    id: delete_offset::ID.get(b),
                 })
             }
             OPERATION_PURGE => {
                 let b = fixed_body::<PURGE_BODY_LEN>(operation, body)?;
                 Ok(Self::Purge {
-                    generation: u64_at(b, 0),
+                    generation: PURGE_GENERATION.get(b),
                 })
             }
             OPERATION_REGISTER => {

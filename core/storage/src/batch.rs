@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use common::le_cursor::{u32_at, u64_at, u128_at};
+use common::le_cursor::{LeField, tiles};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 mod stream;
@@ -29,22 +29,54 @@ pub const MESSAGE_HEADER_SIZE: usize = 48;
 /// disk or the wire is corruption, never an allocation.
 pub const BATCH_LENGTH_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 
-const PARTITION_ID: usize = 0;
-const BASE_OFFSET: usize = 8;
-const BASE_TIMESTAMP: usize = 16;
-const ORIGIN_TIMESTAMP: usize = 24;
-const BATCH_LENGTH: usize = 32;
-const BATCH_CHECKSUM: usize = 40;
-const MESSAGE_COUNT: usize = 48;
-const RESERVED: usize = 52;
+// The batch header's fields (docs/formats.md §12), each declared once for
+// the encoder, the stamp and the decoder.
+const PARTITION_ID: LeField<u64> = LeField::at(0);
+const BASE_OFFSET: LeField<u64> = LeField::at(8);
+const BASE_TIMESTAMP: LeField<u64> = LeField::at(16);
+const ORIGIN_TIMESTAMP: LeField<u64> = LeField::at(24);
+const BATCH_LENGTH: LeField<u64> = LeField::at(32);
+const BATCH_CHECKSUM: LeField<u64> = LeField::at(40);
+const MESSAGE_COUNT: LeField<u32> = LeField::at(48);
+/// The rest of the header is reserved (zero).
+const RESERVED: usize = MESSAGE_COUNT.end();
+const _: () = assert!(tiles(
+    BATCH_HEADER_SIZE,
+    &[
+        PARTITION_ID.range(),
+        BASE_OFFSET.range(),
+        BASE_TIMESTAMP.range(),
+        ORIGIN_TIMESTAMP.range(),
+        BATCH_LENGTH.range(),
+        BATCH_CHECKSUM.range(),
+        MESSAGE_COUNT.range(),
+        RESERVED..BATCH_HEADER_SIZE,
+    ]
+));
 
-const MSG_CHECKSUM: usize = 0;
-const MSG_ID: usize = 8;
-const MSG_OFFSET_DELTA: usize = 24;
-const MSG_TIMESTAMP_DELTA: usize = 28;
-const MSG_USER_HEADERS_LEN: usize = 32;
-const MSG_PAYLOAD_LEN: usize = 36;
-const MSG_RESERVED: usize = 40;
+// A message frame header's fields.
+const MSG_CHECKSUM: LeField<u64> = LeField::at(0);
+const MSG_ID: LeField<u128> = LeField::at(8);
+const MSG_OFFSET_DELTA: LeField<u32> = LeField::at(24);
+const MSG_TIMESTAMP_DELTA: LeField<u32> = LeField::at(28);
+const MSG_USER_HEADERS_LEN: LeField<u32> = LeField::at(32);
+const MSG_PAYLOAD_LEN: LeField<u32> = LeField::at(36);
+/// Reserved (zero): the rest of the frame header, read as one word.
+const MSG_RESERVED: LeField<u64> = LeField::at(40);
+const _: () = assert!(tiles(
+    MESSAGE_HEADER_SIZE,
+    &[
+        MSG_CHECKSUM.range(),
+        MSG_ID.range(),
+        MSG_OFFSET_DELTA.range(),
+        MSG_TIMESTAMP_DELTA.range(),
+        MSG_USER_HEADERS_LEN.range(),
+        MSG_PAYLOAD_LEN.range(),
+        MSG_RESERVED.range(),
+    ]
+));
+/// A message's checksum covers its frame from the byte after itself.
+const MSG_CHECKSUMMED_FROM: usize = MSG_CHECKSUM.end();
 
 /// Why a batch was refused. Each variant names what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,14 +285,6 @@ fn frame_header_at(bytes: &[u8], pos: usize, end: usize) -> Option<&[u8; MESSAGE
     bytes.get(pos..end)?.first_chunk()
 }
 
-fn put_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
 /// The decoded fields of a batch header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchHeader {
@@ -292,13 +316,13 @@ impl BatchHeader {
             });
         };
         let h = Self {
-            partition_id: u64_at(head, PARTITION_ID),
-            base_offset: u64_at(head, BASE_OFFSET),
-            base_timestamp: u64_at(head, BASE_TIMESTAMP),
-            origin_timestamp: u64_at(head, ORIGIN_TIMESTAMP),
-            batch_length: u64_at(head, BATCH_LENGTH),
-            batch_checksum: u64_at(head, BATCH_CHECKSUM),
-            message_count: u32_at(head, MESSAGE_COUNT),
+            partition_id: PARTITION_ID.get(head),
+            base_offset: BASE_OFFSET.get(head),
+            base_timestamp: BASE_TIMESTAMP.get(head),
+            origin_timestamp: ORIGIN_TIMESTAMP.get(head),
+            batch_length: BATCH_LENGTH.get(head),
+            batch_checksum: BATCH_CHECKSUM.get(head),
+            message_count: MESSAGE_COUNT.get(head),
         };
         if h.batch_length < BATCH_HEADER_SIZE as u64 {
             return Err(BatchError::LengthBelowHeader {
@@ -453,19 +477,17 @@ fn walk_frames(
         // The 8 reserved bytes as one word: this runs for every message of
         // every batch validated (a byte-wise scan was 4% of produce in the
         // shard's flame graph, docs/benchmarks.md).
-        const _: () = assert!(MESSAGE_HEADER_SIZE - MSG_RESERVED == 8);
-        if u64_at(fh, MSG_RESERVED) != 0 {
+        if MSG_RESERVED.get(fh) != 0 {
             return Err(BatchError::FrameReservedNonZero { message_index });
         }
-        let delta = u32_at(fh, MSG_OFFSET_DELTA);
+        let delta = MSG_OFFSET_DELTA.get(fh);
         if u64::from(delta) != index {
             return Err(BatchError::OffsetDeltaMismatch {
                 message_index,
                 offset_delta: delta,
             });
         }
-        let body =
-            u64::from(u32_at(fh, MSG_PAYLOAD_LEN)) + u64::from(u32_at(fh, MSG_USER_HEADERS_LEN));
+        let body = u64::from(MSG_PAYLOAD_LEN.get(fh)) + u64::from(MSG_USER_HEADERS_LEN.get(fh));
         let frame_end = header_end as u64 + body;
         if frame_end > header.batch_length {
             return Err(BatchError::FrameOverrun {
@@ -493,7 +515,7 @@ fn walk_frames(
 fn count_remaining(bytes: &[u8], mut pos: usize, len: usize) -> u64 {
     let mut n = 0;
     while let Some(fh) = frame_header_at(bytes, pos, len) {
-        let body = u32_at(fh, MSG_PAYLOAD_LEN) as usize + u32_at(fh, MSG_USER_HEADERS_LEN) as usize;
+        let body = MSG_PAYLOAD_LEN.get(fh) as usize + MSG_USER_HEADERS_LEN.get(fh) as usize;
         pos = pos.saturating_add(MESSAGE_HEADER_SIZE + body);
         if pos > len {
             break;
@@ -526,8 +548,8 @@ impl<'a> BatchView<'a> {
             Integrity::Verify => {
                 let mut state = ChecksumFeed::new(header.checksum_state());
                 walk_frames(&header, bytes, |i, fh, frame| {
-                    let stored = u64_at(fh, MSG_CHECKSUM);
-                    let computed = xxh3_64(&frame[MSG_ID..]);
+                    let stored = MSG_CHECKSUM.get(fh);
+                    let computed = xxh3_64(&frame[MSG_CHECKSUMMED_FROM..]);
                     if stored != computed {
                         return Err(BatchError::MessageChecksum {
                             offset: header.base_offset + u64::from(i),
@@ -603,18 +625,18 @@ impl<'a> Iterator for Messages<'a> {
         // The batch was validated, so every frame fits; `get` keeps this
         // panic-free even so.
         let fh = frame_header_at(self.bytes, self.pos, self.bytes.len())?;
-        let payload_len = u32_at(fh, MSG_PAYLOAD_LEN) as usize;
-        let headers_len = u32_at(fh, MSG_USER_HEADERS_LEN) as usize;
+        let payload_len = MSG_PAYLOAD_LEN.get(fh) as usize;
+        let headers_len = MSG_USER_HEADERS_LEN.get(fh) as usize;
         let body = self.pos + MESSAGE_HEADER_SIZE;
         let end = body + payload_len + headers_len;
         let frame = self.bytes.get(self.pos..end)?;
-        let offset_delta = u32_at(fh, MSG_OFFSET_DELTA);
+        let offset_delta = MSG_OFFSET_DELTA.get(fh);
         self.pos = end;
         Some(MessageView {
-            checksum: u64_at(fh, MSG_CHECKSUM),
-            id: u128_at(fh, MSG_ID),
+            checksum: MSG_CHECKSUM.get(fh),
+            id: MSG_ID.get(fh),
             offset_delta,
-            timestamp_delta: u32_at(fh, MSG_TIMESTAMP_DELTA),
+            timestamp_delta: MSG_TIMESTAMP_DELTA.get(fh),
             offset: self.base_offset + u64::from(offset_delta),
             payload: &frame[MESSAGE_HEADER_SIZE..MESSAGE_HEADER_SIZE + payload_len],
             user_headers: &frame[MESSAGE_HEADER_SIZE + payload_len..],
@@ -653,10 +675,10 @@ pub fn stamp(
         state.update(&m.checksum.to_le_bytes());
     }
     header.batch_checksum = state.digest();
-    put_u64(bytes, PARTITION_ID, partition_id);
-    put_u64(bytes, BASE_OFFSET, base_offset);
-    put_u64(bytes, BASE_TIMESTAMP, base_timestamp);
-    put_u64(bytes, BATCH_CHECKSUM, header.batch_checksum);
+    PARTITION_ID.put(bytes, partition_id);
+    BASE_OFFSET.put(bytes, base_offset);
+    BASE_TIMESTAMP.put(bytes, base_timestamp);
+    BATCH_CHECKSUM.put(bytes, header.batch_checksum);
     Ok(header)
 }
 
@@ -691,15 +713,15 @@ impl BatchBuilder {
         let start = self.frames.len();
         self.frames.resize(start + MESSAGE_HEADER_SIZE, 0);
         let fh = &mut self.frames[start..];
-        fh[MSG_ID..MSG_ID + 16].copy_from_slice(&id.to_le_bytes());
-        put_u32(fh, MSG_OFFSET_DELTA, self.count);
-        put_u32(fh, MSG_TIMESTAMP_DELTA, timestamp_delta);
-        put_u32(fh, MSG_USER_HEADERS_LEN, user_headers.len() as u32);
-        put_u32(fh, MSG_PAYLOAD_LEN, payload.len() as u32);
+        MSG_ID.put(fh, id);
+        MSG_OFFSET_DELTA.put(fh, self.count);
+        MSG_TIMESTAMP_DELTA.put(fh, timestamp_delta);
+        MSG_USER_HEADERS_LEN.put(fh, user_headers.len() as u32);
+        MSG_PAYLOAD_LEN.put(fh, payload.len() as u32);
         self.frames.extend_from_slice(payload);
         self.frames.extend_from_slice(user_headers);
-        let checksum = xxh3_64(&self.frames[start + MSG_ID..]);
-        put_u64(&mut self.frames[start..], MSG_CHECKSUM, checksum);
+        let checksum = xxh3_64(&self.frames[start + MSG_CHECKSUMMED_FROM..]);
+        MSG_CHECKSUM.put(&mut self.frames[start..], checksum);
         self.count += 1;
         self
     }
@@ -730,17 +752,16 @@ impl BatchBuilder {
         let mut pos = 0;
         // Every pushed frame is whole, so this walks them all.
         while let Some(fh) = frame_header_at(&self.frames, pos, self.frames.len()) {
-            state.update(&fh[MSG_CHECKSUM..MSG_ID]);
-            let body =
-                u32_at(fh, MSG_PAYLOAD_LEN) as usize + u32_at(fh, MSG_USER_HEADERS_LEN) as usize;
+            state.update(&fh[MSG_CHECKSUM.range()]);
+            let body = MSG_PAYLOAD_LEN.get(fh) as usize + MSG_USER_HEADERS_LEN.get(fh) as usize;
             pos += MESSAGE_HEADER_SIZE + body;
         }
         let mut out = Vec::with_capacity(batch_length as usize);
         out.resize(BATCH_HEADER_SIZE, 0);
-        put_u64(&mut out, ORIGIN_TIMESTAMP, self.origin_timestamp);
-        put_u64(&mut out, BATCH_LENGTH, batch_length);
-        put_u64(&mut out, BATCH_CHECKSUM, state.digest());
-        put_u32(&mut out, MESSAGE_COUNT, self.count);
+        ORIGIN_TIMESTAMP.put(&mut out, self.origin_timestamp);
+        BATCH_LENGTH.put(&mut out, batch_length);
+        BATCH_CHECKSUM.put(&mut out, state.digest());
+        MESSAGE_COUNT.put(&mut out, self.count);
         out.extend_from_slice(&self.frames);
         out
     }
@@ -851,7 +872,7 @@ mod tests {
     #[test]
     fn given_length_below_header_when_decoded_should_reject() {
         let mut bytes = sample();
-        put_u64(&mut bytes, BATCH_LENGTH, 255);
+        BATCH_LENGTH.put(&mut bytes, 255);
         assert_eq!(
             BatchHeader::decode(&bytes, MAX),
             Err(BatchError::LengthBelowHeader { batch_length: 255 })
@@ -861,7 +882,7 @@ mod tests {
     #[test]
     fn given_length_above_ceiling_when_decoded_should_reject_before_reading_body() {
         let mut bytes = sample();
-        put_u64(&mut bytes, BATCH_LENGTH, u64::MAX);
+        BATCH_LENGTH.put(&mut bytes, u64::MAX);
         assert!(matches!(
             BatchView::decode_prefix(&bytes, Integrity::Verify, MAX),
             Err(BatchError::LengthAboveMax { .. })
@@ -879,7 +900,7 @@ mod tests {
         // Every one of the frame's 8 reserved bytes, and the top bit.
         for (at, value) in (0..8).map(|i| (i, 1)).chain([(7, 0x80)]) {
             let mut bytes = sample();
-            bytes[BATCH_HEADER_SIZE + MSG_RESERVED + at] = value;
+            bytes[BATCH_HEADER_SIZE + MSG_RESERVED.start() + at] = value;
             assert_eq!(
                 BatchView::decode_exact(&bytes, Integrity::LayoutOnly, MAX).unwrap_err(),
                 BatchError::FrameReservedNonZero { message_index: 0 },
@@ -891,7 +912,7 @@ mod tests {
     #[test]
     fn given_zero_count_when_decoded_should_reject() {
         let mut bytes = sample();
-        put_u32(&mut bytes, MESSAGE_COUNT, 0);
+        MESSAGE_COUNT.put(&mut bytes, 0);
         assert_eq!(
             BatchHeader::decode(&bytes, MAX),
             Err(BatchError::ZeroMessages)
@@ -902,7 +923,7 @@ mod tests {
     fn given_count_mismatch_when_decoded_should_reject() {
         for declared in [2u32, 4] {
             let mut bytes = sample();
-            put_u32(&mut bytes, MESSAGE_COUNT, declared);
+            MESSAGE_COUNT.put(&mut bytes, declared);
             assert_eq!(
                 BatchView::decode_exact(&bytes, Integrity::LayoutOnly, MAX).unwrap_err(),
                 BatchError::CountMismatch {
@@ -920,7 +941,7 @@ mod tests {
         let mut bytes = sample();
         let len = bytes.len() as u64 + 1;
         bytes.push(0);
-        put_u64(&mut bytes, BATCH_LENGTH, len);
+        BATCH_LENGTH.put(&mut bytes, len);
         assert_eq!(
             BatchView::decode_exact(&bytes, Integrity::LayoutOnly, MAX).unwrap_err(),
             BatchError::FramesDoNotFillLength {
@@ -932,7 +953,7 @@ mod tests {
         let mut bytes = sample();
         let len = bytes.len() as u64 - 1;
         bytes.pop();
-        put_u64(&mut bytes, BATCH_LENGTH, len);
+        BATCH_LENGTH.put(&mut bytes, len);
         assert!(matches!(
             BatchView::decode_exact(&bytes, Integrity::LayoutOnly, MAX),
             Err(BatchError::FrameOverrun {
@@ -949,7 +970,7 @@ mod tests {
             stamp(&mut bytes, 0, u64::MAX - 1, 0, MAX),
             Err(BatchError::OffsetOverflow { .. })
         ));
-        put_u64(&mut bytes, BASE_OFFSET, u64::MAX);
+        BASE_OFFSET.put(&mut bytes, u64::MAX);
         assert!(matches!(
             BatchHeader::decode(&bytes, MAX),
             Err(BatchError::OffsetOverflow { .. })
@@ -976,7 +997,7 @@ mod tests {
     #[test]
     fn given_wrong_offset_delta_when_decoded_should_reject() {
         let mut bytes = sample();
-        put_u32(&mut bytes, BATCH_HEADER_SIZE + MSG_OFFSET_DELTA, 9);
+        MSG_OFFSET_DELTA.put(&mut bytes[BATCH_HEADER_SIZE..], 9);
         assert_eq!(
             BatchView::decode_exact(&bytes, Integrity::LayoutOnly, MAX).unwrap_err(),
             BatchError::OffsetDeltaMismatch {
@@ -1000,9 +1021,9 @@ mod tests {
             ORIGIN_TIMESTAMP,
             BATCH_LENGTH,
         ] {
-            feed.extend_from_slice(&bytes[at..at + 8]);
+            feed.extend_from_slice(&bytes[at.range()]);
         }
-        feed.extend_from_slice(&bytes[MESSAGE_COUNT..MESSAGE_COUNT + 4]);
+        feed.extend_from_slice(&bytes[MESSAGE_COUNT.range()]);
         for m in view.messages() {
             feed.extend_from_slice(&m.checksum.to_le_bytes());
             assert_eq!(m.checksum, xxh3_64(&m.frame[8..]));

@@ -12,12 +12,23 @@
 
 use std::io;
 
+use common::le_cursor::{LeField, tiles};
+
 use crate::fs::{BufResult, FsFile};
 
 /// Size of one index entry.
 pub const INDEX_ENTRY_SIZE: usize = 24;
 /// Default bytes of log between two index entries.
 pub const INDEX_STRIDE_BYTES_DEFAULT: u64 = 64 * 1024;
+
+// An entry's fields, each declared once for the encoder and the decoder.
+const OFFSET: LeField<u64> = LeField::at(0);
+const TIMESTAMP: LeField<u64> = LeField::at(8);
+const POSITION: LeField<u64> = LeField::at(16);
+const _: () = assert!(tiles(
+    INDEX_ENTRY_SIZE,
+    &[OFFSET.range(), TIMESTAMP.range(), POSITION.range()]
+));
 
 /// One index entry: where a batch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,23 +45,18 @@ impl IndexEntry {
     /// The entry's 24 bytes.
     pub fn encode(&self) -> [u8; INDEX_ENTRY_SIZE] {
         let mut out = [0u8; INDEX_ENTRY_SIZE];
-        out[0..8].copy_from_slice(&self.offset.to_le_bytes());
-        out[8..16].copy_from_slice(&self.timestamp.to_le_bytes());
-        out[16..24].copy_from_slice(&self.position.to_le_bytes());
+        OFFSET.put(&mut out, self.offset);
+        TIMESTAMP.put(&mut out, self.timestamp);
+        POSITION.put(&mut out, self.position);
         out
     }
 
     /// Decodes one entry from exactly 24 bytes.
     pub fn decode(bytes: &[u8; INDEX_ENTRY_SIZE]) -> Self {
-        let field = |at: usize| {
-            let mut v = [0u8; 8];
-            v.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(v)
-        };
         Self {
-            offset: field(0),
-            timestamp: field(8),
-            position: field(16),
+            offset: OFFSET.get(bytes),
+            timestamp: TIMESTAMP.get(bytes),
+            position: POSITION.get(bytes),
         }
     }
 }

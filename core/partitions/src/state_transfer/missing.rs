@@ -21,6 +21,7 @@ use common::{Offset, Op};
 use std::io;
 use std::path::Path;
 
+use common::le_cursor::{LeField, tiles};
 use storage::fs::{Fs, FsFile, OpenOptions, replace_file_durably};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -29,8 +30,25 @@ use crate::offset_storage::REPLACEMENT_SUFFIX;
 /// File in the partition directory recording that history below the
 /// frontier is missing and a state transfer is needed.
 pub const TRANSFER_NEEDED_FILE: &str = "transfer.needed";
-const MAGIC: &[u8; 4] = b"RTN1";
-const RECORD_LEN: usize = 4 + 8 + 8 + 8;
+/// "RTN1" as a little-endian u32.
+const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"RTN1");
+
+// The record's fields, each declared once for the encoder and the decoder.
+const MAGIC: LeField<u32> = LeField::at(0);
+const COMMIT_OP: LeField<u64> = LeField::at(4);
+const FRONTIER: LeField<u64> = LeField::at(12);
+/// xxh3-64 of every byte before it.
+const SUM: LeField<u64> = LeField::at(20);
+const RECORD_LEN: usize = SUM.end();
+const _: () = assert!(tiles(
+    RECORD_LEN,
+    &[
+        MAGIC.range(),
+        COMMIT_OP.range(),
+        FRONTIER.range(),
+        SUM.range()
+    ]
+));
 
 /// What the record says: the converge left the partition applied at
 /// `commit_op` with nothing held below `frontier`.
@@ -44,30 +62,26 @@ pub struct MissingHistory {
 
 impl MissingHistory {
     fn encode(self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(RECORD_LEN);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&self.commit_op.0.to_le_bytes());
-        out.extend_from_slice(&self.frontier.0.to_le_bytes());
-        let sum = xxh3_64(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
+        let mut out = vec![0u8; RECORD_LEN];
+        MAGIC.put(&mut out, RECORD_MAGIC);
+        COMMIT_OP.put(&mut out, self.commit_op.0);
+        FRONTIER.put(&mut out, self.frontier.0);
+        let sum = xxh3_64(&out[..SUM.start()]);
+        SUM.put(&mut out, sum);
         out
     }
 
     fn decode(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() != RECORD_LEN || bytes.get(..4)? != MAGIC {
+        let bytes = <&[u8; RECORD_LEN]>::try_from(bytes).ok()?;
+        if MAGIC.get(bytes) != RECORD_MAGIC {
             return None;
         }
-        let u64_at = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        if u64_at(RECORD_LEN - 8) != xxh3_64(&bytes[..RECORD_LEN - 8]) {
+        if SUM.get(bytes) != xxh3_64(&bytes[..SUM.start()]) {
             return None;
         }
         Some(Self {
-            commit_op: Op(u64_at(4)),
-            frontier: Offset(u64_at(12)),
+            commit_op: Op(COMMIT_OP.get(bytes)),
+            frontier: Offset(FRONTIER.get(bytes)),
         })
     }
 }

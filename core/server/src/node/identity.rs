@@ -14,13 +14,34 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
+use common::le_cursor::{LeField, tiles};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::NodeConfig;
 
 const FILE: &str = "replica.id";
-const MAGIC: &[u8; 4] = b"RPLI";
-const LEN: usize = 4 + 1 + 16 + 1 + 2;
+/// "RPLI" as a little-endian u32.
+const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"RPLI");
+
+// The record's fields, each declared once for the encoder and the decoder.
+const MAGIC: LeField<u32> = LeField::at(0);
+const VERSION: LeField<u8> = LeField::at(4);
+const CLUSTER: LeField<u128> = LeField::at(5);
+const REPLICA: LeField<u8> = LeField::at(21);
+const SHARD_COUNT: LeField<u16> = LeField::at(22);
+/// xxh3-64 of every byte before it.
+const SUM: LeField<u64> = LeField::at(24);
+const _: () = assert!(tiles(
+    SUM.end(),
+    &[
+        MAGIC.range(),
+        VERSION.range(),
+        CLUSTER.range(),
+        REPLICA.range(),
+        SHARD_COUNT.range(),
+        SUM.range(),
+    ]
+));
 
 /// What a data directory was laid out for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,36 +65,31 @@ pub fn of(config: &NodeConfig) -> Identity {
 
 impl Identity {
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(LEN + 8);
-        out.extend_from_slice(MAGIC);
-        out.push(1);
-        out.extend_from_slice(&self.cluster.to_le_bytes());
-        out.push(self.replica);
-        out.extend_from_slice(&self.shard_count.to_le_bytes());
-        let sum = xxh3_64(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
+        let mut out = vec![0u8; SUM.end()];
+        MAGIC.put(&mut out, RECORD_MAGIC);
+        VERSION.put(&mut out, 1);
+        CLUSTER.put(&mut out, self.cluster);
+        REPLICA.put(&mut out, self.replica);
+        SHARD_COUNT.put(&mut out, self.shard_count);
+        let sum = xxh3_64(&out[..SUM.start()]);
+        SUM.put(&mut out, sum);
         out
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, String> {
-        if bytes.len() != LEN + 8 {
-            return Err(format!("{} bytes, expected {}", bytes.len(), LEN + 8));
-        }
-        let (body, trailer) = bytes.split_at(LEN);
-        let mut sum = [0u8; 8];
-        sum.copy_from_slice(trailer);
-        if u64::from_le_bytes(sum) != xxh3_64(body) {
+        let Ok(b) = <&[u8; SUM.end()]>::try_from(bytes) else {
+            return Err(format!("{} bytes, expected {}", bytes.len(), SUM.end()));
+        };
+        if SUM.get(b) != xxh3_64(&b[..SUM.start()]) {
             return Err("checksum mismatch".into());
         }
-        if &body[..4] != MAGIC || body[4] != 1 {
+        if MAGIC.get(b) != RECORD_MAGIC || VERSION.get(b) != 1 {
             return Err("not a replica identity of version 1".into());
         }
-        let mut cluster = [0u8; 16];
-        cluster.copy_from_slice(&body[5..21]);
         Ok(Self {
-            cluster: u128::from_le_bytes(cluster),
-            replica: body[21],
-            shard_count: u16::from_le_bytes([body[22], body[23]]),
+            cluster: CLUSTER.get(b),
+            replica: REPLICA.get(b),
+            shard_count: SHARD_COUNT.get(b),
         })
     }
 }

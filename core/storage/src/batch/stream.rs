@@ -21,12 +21,12 @@
 
 use std::fmt;
 
-use common::le_cursor::{u32_at, u64_at};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use super::{
     BATCH_HEADER_SIZE, BatchError, BatchHeader, ChecksumFeed, Integrity, MESSAGE_HEADER_SIZE,
-    MSG_CHECKSUM, MSG_ID, MSG_OFFSET_DELTA, MSG_PAYLOAD_LEN, MSG_RESERVED, MSG_USER_HEADERS_LEN,
+    MSG_CHECKSUM, MSG_CHECKSUMMED_FROM, MSG_OFFSET_DELTA, MSG_PAYLOAD_LEN, MSG_RESERVED,
+    MSG_USER_HEADERS_LEN,
 };
 
 /// Validates one batch fed in pieces; see the module documentation.
@@ -284,10 +284,10 @@ impl Frames {
                     let Some(fh) = frame_header(rest, held, held_len, consumed) else {
                         return Ok(Walked::NeedMore);
                     };
-                    if fh[MSG_RESERVED..].iter().any(|&b| b != 0) {
+                    if MSG_RESERVED.get(&fh) != 0 {
                         return Err(BatchError::FrameReservedNonZero { message_index });
                     }
-                    let delta = u32_at(&fh, MSG_OFFSET_DELTA);
+                    let delta = MSG_OFFSET_DELTA.get(&fh);
                     if u64::from(delta) != self.index {
                         return Err(BatchError::OffsetDeltaMismatch {
                             message_index,
@@ -303,7 +303,7 @@ impl Frames {
                             batch_length: len,
                         });
                     }
-                    let stored = u64_at(&fh, MSG_CHECKSUM);
+                    let stored = MSG_CHECKSUM.get(&fh);
                     let frame_len = MESSAGE_HEADER_SIZE as u64 + body;
                     let in_place = whole.len() as u64 >= frame_len
                         && whole.len() - rest.len() == MESSAGE_HEADER_SIZE;
@@ -312,14 +312,18 @@ impl Frames {
                         let frame = &whole[..frame_len as usize];
                         take(rest, body, consumed);
                         if integrity == Integrity::Verify {
-                            self.message_checked(message_index, stored, xxh3_64(&frame[MSG_ID..]))?;
+                            self.message_checked(
+                                message_index,
+                                stored,
+                                xxh3_64(&frame[MSG_CHECKSUMMED_FROM..]),
+                            )?;
                         }
                         self.index += 1;
                         continue;
                     }
                     if integrity == Integrity::Verify {
                         self.message.reset();
-                        self.message.update(&fh[MSG_ID..]);
+                        self.message.update(&fh[MSG_CHECKSUMMED_FROM..]);
                     }
                     self.at = FrameAt::Body {
                         message_index,
@@ -439,7 +443,7 @@ impl Frames {
 
 /// A frame's body length (payload plus user headers), at most 2 × u32::MAX.
 fn body_len(fh: &[u8; MESSAGE_HEADER_SIZE]) -> u64 {
-    u64::from(u32_at(fh, MSG_PAYLOAD_LEN)) + u64::from(u32_at(fh, MSG_USER_HEADERS_LEN))
+    u64::from(MSG_PAYLOAD_LEN.get(fh)) + u64::from(MSG_USER_HEADERS_LEN.get(fh))
 }
 
 /// The next frame header: straight from `rest` when nothing is held and it
@@ -471,7 +475,7 @@ mod tests {
 
     use super::super::{
         BATCH_CHECKSUM, BATCH_LENGTH, BATCH_LENGTH_MAX_DEFAULT, BatchBuilder, BatchView,
-        MESSAGE_COUNT, put_u32, put_u64, stamp,
+        MESSAGE_COUNT, stamp,
     };
     use super::*;
 
@@ -633,27 +637,27 @@ mod tests {
         // Declared counts below and above the frames.
         for count in [1u32, 7, 9, 200] {
             let mut b = base.clone();
-            put_u32(&mut b, MESSAGE_COUNT, count);
+            MESSAGE_COUNT.put(&mut b, count);
             cases.push(b);
         }
         // A declared length a byte past the frames, and a byte short.
         let mut b = base.clone();
         b.push(0);
         let len = b.len() as u64;
-        put_u64(&mut b, BATCH_LENGTH, len);
+        BATCH_LENGTH.put(&mut b, len);
         cases.push(b);
         let mut b = base.clone();
         b.pop();
         let len = b.len() as u64;
-        put_u64(&mut b, BATCH_LENGTH, len);
+        BATCH_LENGTH.put(&mut b, len);
         cases.push(b);
         // Length at the header alone.
         let mut b = base[..BATCH_HEADER_SIZE].to_vec();
-        put_u64(&mut b, BATCH_LENGTH, BATCH_HEADER_SIZE as u64);
+        BATCH_LENGTH.put(&mut b, BATCH_HEADER_SIZE as u64);
         cases.push(b);
         // A checksum field off by one.
         let mut b = base.clone();
-        b[BATCH_CHECKSUM] ^= 1;
+        b[BATCH_CHECKSUM.start()] ^= 1;
         cases.push(b);
         for (n, bytes) in cases.iter().enumerate() {
             for integrity in [Integrity::Verify, Integrity::LayoutOnly] {
@@ -673,7 +677,7 @@ mod tests {
     #[test]
     fn given_length_above_ceiling_when_streamed_should_refuse_at_the_header() {
         let mut bytes = sample();
-        put_u64(&mut bytes, BATCH_LENGTH, MAX + 1);
+        BATCH_LENGTH.put(&mut bytes, MAX + 1);
         let mut s = BatchStream::new(Integrity::Verify, MAX);
         assert_eq!(s.push(&bytes[..200]), Ok(200));
         assert_eq!(s.held_bytes(), 200);

@@ -7,6 +7,7 @@ use common::{Offset, Op};
 use std::io;
 use std::path::Path;
 
+use common::le_cursor::{LeField, tiles};
 use journal::SuperblockStore;
 use storage::fs::{Fs, FsFile};
 use xxhash_rust::xxh3::xxh3_64;
@@ -18,8 +19,27 @@ use crate::partition::Partition;
 
 /// File in the partition directory naming an install in flight.
 pub const INSTALL_MARKER_FILE: &str = "install.pending";
-const MARKER_MAGIC: &[u8; 4] = b"RIM1";
-const MARKER_LEN: usize = 4 + 8 + 16 + 8 + 8;
+/// "RIM1" as a little-endian u32.
+const MARKER_MAGIC: u32 = u32::from_le_bytes(*b"RIM1");
+
+// The marker's fields, each declared once for the encoder and the decoder.
+const MAGIC: LeField<u32> = LeField::at(0);
+const COMMIT_OP: LeField<u64> = LeField::at(4);
+const CHECKSUM: LeField<u128> = LeField::at(12);
+const FRONTIER: LeField<u64> = LeField::at(28);
+/// xxh3-64 of every byte before it.
+const SUM: LeField<u64> = LeField::at(36);
+const MARKER_LEN: usize = SUM.end();
+const _: () = assert!(tiles(
+    MARKER_LEN,
+    &[
+        MAGIC.range(),
+        COMMIT_OP.range(),
+        CHECKSUM.range(),
+        FRONTIER.range(),
+        SUM.range()
+    ]
+));
 
 /// The record of an install in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,34 +51,28 @@ pub(crate) struct InstallMarker {
 
 impl InstallMarker {
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(MARKER_LEN);
-        out.extend_from_slice(MARKER_MAGIC);
-        out.extend_from_slice(&self.commit_op.to_le_bytes());
-        out.extend_from_slice(&self.checksum.to_le_bytes());
-        out.extend_from_slice(&self.frontier.to_le_bytes());
-        let sum = xxh3_64(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
+        let mut out = vec![0u8; MARKER_LEN];
+        MAGIC.put(&mut out, MARKER_MAGIC);
+        COMMIT_OP.put(&mut out, self.commit_op);
+        CHECKSUM.put(&mut out, self.checksum);
+        FRONTIER.put(&mut out, self.frontier);
+        let sum = xxh3_64(&out[..SUM.start()]);
+        SUM.put(&mut out, sum);
         out
     }
 
     fn decode(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() != MARKER_LEN || &bytes[..4] != MARKER_MAGIC {
+        let bytes = <&[u8; MARKER_LEN]>::try_from(bytes).ok()?;
+        if MAGIC.get(bytes) != MARKER_MAGIC {
             return None;
         }
-        let u64_at = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        if u64_at(MARKER_LEN - 8) != xxh3_64(&bytes[..MARKER_LEN - 8]) {
+        if SUM.get(bytes) != xxh3_64(&bytes[..SUM.start()]) {
             return None;
         }
-        let mut checksum = [0u8; 16];
-        checksum.copy_from_slice(&bytes[12..28]);
         Some(Self {
-            commit_op: u64_at(4),
-            checksum: u128::from_le_bytes(checksum),
-            frontier: u64_at(28),
+            commit_op: COMMIT_OP.get(bytes),
+            checksum: CHECKSUM.get(bytes),
+            frontier: FRONTIER.get(bytes),
         })
     }
 }

@@ -27,7 +27,6 @@
 use std::fmt;
 
 use common::ReplicaId;
-use common::le_cursor::LeCursor;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Bytes of an encoded [`Hello`].
@@ -35,9 +34,76 @@ pub const HELLO_SIZE: usize = 64;
 /// Bytes of an encoded [`Verdict`].
 pub const VERDICT_SIZE: usize = 24;
 
-const HELLO_MAGIC: [u8; 4] = *b"RPLB";
-const VERDICT_MAGIC: [u8; 4] = *b"RPLV";
+/// "RPLB" as a little-endian u32.
+const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RPLB");
+/// "RPLV" as a little-endian u32.
+const VERDICT_MAGIC: u32 = u32::from_le_bytes(*b"RPLV");
 const VERSION: u16 = 1;
+
+/// The fields of a hello (docs/formats.md §14), each declared once for the
+/// encoder and the decoder.
+mod hello_fields {
+    use std::ops::Range;
+
+    use common::le_cursor::{LeField, tiles};
+
+    pub(super) const MAGIC: LeField<u32> = LeField::at(0);
+    pub(super) const VERSION: LeField<u16> = LeField::at(4);
+    pub(super) const LANE: LeField<u8> = LeField::at(6);
+    pub(super) const FROM: LeField<u8> = LeField::at(7);
+    pub(super) const TO: LeField<u8> = LeField::at(8);
+    pub(super) const RESERVED_A: LeField<u8> = LeField::at(9);
+    pub(super) const SHARD: LeField<u16> = LeField::at(10);
+    pub(super) const SHARD_COUNT: LeField<u16> = LeField::at(12);
+    pub(super) const RESERVED_B: LeField<u16> = LeField::at(14);
+    pub(super) const CLUSTER: LeField<u128> = LeField::at(16);
+    pub(super) const INCARNATION: LeField<u64> = LeField::at(32);
+    pub(super) const RESERVED_C: Range<usize> = INCARNATION.end()..SUM.start();
+    /// xxh3-64 of every byte before it.
+    pub(super) const SUM: LeField<u64> = LeField::at(56);
+    const _: () = assert!(tiles(
+        super::HELLO_SIZE,
+        &[
+            MAGIC.range(),
+            VERSION.range(),
+            LANE.range(),
+            FROM.range(),
+            TO.range(),
+            RESERVED_A.range(),
+            SHARD.range(),
+            SHARD_COUNT.range(),
+            RESERVED_B.range(),
+            CLUSTER.range(),
+            INCARNATION.range(),
+            RESERVED_C,
+            SUM.range(),
+        ]
+    ));
+}
+
+/// The fields of a verdict (docs/formats.md §14).
+mod verdict_fields {
+    use common::le_cursor::{LeField, tiles};
+
+    pub(super) const MAGIC: LeField<u32> = LeField::at(0);
+    pub(super) const VERSION: LeField<u16> = LeField::at(4);
+    pub(super) const CODE: LeField<u8> = LeField::at(6);
+    pub(super) const RESERVED: LeField<u8> = LeField::at(7);
+    pub(super) const INCARNATION: LeField<u64> = LeField::at(8);
+    /// xxh3-64 of every byte before it.
+    pub(super) const SUM: LeField<u64> = LeField::at(16);
+    const _: () = assert!(tiles(
+        super::VERDICT_SIZE,
+        &[
+            MAGIC.range(),
+            VERSION.range(),
+            CODE.range(),
+            RESERVED.range(),
+            INCARNATION.range(),
+            SUM.range(),
+        ]
+    ));
+}
 
 /// What a connection carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -176,21 +242,21 @@ impl Hello {
     /// The hello's bytes.
     pub fn encode(&self) -> [u8; HELLO_SIZE] {
         let mut out = [0u8; HELLO_SIZE];
-        out[0..4].copy_from_slice(&HELLO_MAGIC);
-        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        hello_fields::MAGIC.put(&mut out, HELLO_MAGIC);
+        hello_fields::VERSION.put(&mut out, VERSION);
         let (lane, shard) = match self.lane {
             Lane::Shard(index) => (0u8, index),
             Lane::Forward => (1u8, 0),
         };
-        out[6] = lane;
-        out[7] = self.from.0;
-        out[8] = self.to.0;
-        out[10..12].copy_from_slice(&shard.to_le_bytes());
-        out[12..14].copy_from_slice(&self.shard_count.to_le_bytes());
-        out[16..32].copy_from_slice(&self.cluster.to_le_bytes());
-        out[32..40].copy_from_slice(&self.incarnation.to_le_bytes());
-        let sum = xxh3_64(&out[..56]);
-        out[56..64].copy_from_slice(&sum.to_le_bytes());
+        hello_fields::LANE.put(&mut out, lane);
+        hello_fields::FROM.put(&mut out, self.from.0);
+        hello_fields::TO.put(&mut out, self.to.0);
+        hello_fields::SHARD.put(&mut out, shard);
+        hello_fields::SHARD_COUNT.put(&mut out, self.shard_count);
+        hello_fields::CLUSTER.put(&mut out, self.cluster);
+        hello_fields::INCARNATION.put(&mut out, self.incarnation);
+        let sum = xxh3_64(&out[..hello_fields::SUM.start()]);
+        hello_fields::SUM.put(&mut out, sum);
         out
     }
 
@@ -199,43 +265,32 @@ impl Hello {
     /// # Errors
     /// [`Refusal::Malformed`] for anything but the exact layout above.
     pub fn decode(bytes: &[u8]) -> Result<Self, Refusal> {
-        let malformed = |_| Refusal::Malformed;
-        if bytes.len() != HELLO_SIZE {
+        let b = <&[u8; HELLO_SIZE]>::try_from(bytes).map_err(|_| Refusal::Malformed)?;
+        if hello_fields::SUM.get(b) != xxh3_64(&b[..hello_fields::SUM.start()]) {
             return Err(Refusal::Malformed);
         }
-        let sum = u64::from_le_bytes(bytes[56..64].try_into().map_err(|_| Refusal::Malformed)?);
-        if sum != xxh3_64(&bytes[..56]) {
+        if hello_fields::MAGIC.get(b) != HELLO_MAGIC || hello_fields::VERSION.get(b) != VERSION {
             return Err(Refusal::Malformed);
         }
-        let mut c = LeCursor::new(bytes);
-        if c.take(4).map_err(malformed)? != HELLO_MAGIC || c.u16().map_err(malformed)? != VERSION {
+        if hello_fields::RESERVED_A.get(b) != 0
+            || hello_fields::RESERVED_B.get(b) != 0
+            || b[hello_fields::RESERVED_C].iter().any(|&b| b != 0)
+        {
             return Err(Refusal::Malformed);
         }
-        let lane = c.u8().map_err(malformed)?;
-        let from = ReplicaId(c.u8().map_err(malformed)?);
-        let to = ReplicaId(c.u8().map_err(malformed)?);
-        let reserved_a = c.u8().map_err(malformed)?;
-        let shard = c.u16().map_err(malformed)?;
-        let shard_count = c.u16().map_err(malformed)?;
-        let reserved_b = c.u16().map_err(malformed)?;
-        let cluster = c.u128().map_err(malformed)?;
-        let incarnation = c.u64().map_err(malformed)?;
-        let reserved_c = c.take(16).map_err(malformed)?;
-        if reserved_a != 0 || reserved_b != 0 || reserved_c.iter().any(|&b| b != 0) {
-            return Err(Refusal::Malformed);
-        }
-        let lane = match (lane, shard) {
+        let shard = hello_fields::SHARD.get(b);
+        let lane = match (hello_fields::LANE.get(b), shard) {
             (0, index) => Lane::Shard(index),
             (1, 0) => Lane::Forward,
             _ => return Err(Refusal::Malformed),
         };
         Ok(Self {
-            cluster,
-            from,
-            to,
+            cluster: hello_fields::CLUSTER.get(b),
+            from: ReplicaId(hello_fields::FROM.get(b)),
+            to: ReplicaId(hello_fields::TO.get(b)),
             lane,
-            shard_count,
-            incarnation,
+            shard_count: hello_fields::SHARD_COUNT.get(b),
+            incarnation: hello_fields::INCARNATION.get(b),
         })
     }
 
@@ -271,16 +326,16 @@ impl Verdict {
     /// The verdict's bytes.
     pub fn encode(&self) -> [u8; VERDICT_SIZE] {
         let mut out = [0u8; VERDICT_SIZE];
-        out[0..4].copy_from_slice(&VERDICT_MAGIC);
-        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        verdict_fields::MAGIC.put(&mut out, VERDICT_MAGIC);
+        verdict_fields::VERSION.put(&mut out, VERSION);
         match self {
             Self::Accepted { incarnation } => {
-                out[8..16].copy_from_slice(&incarnation.to_le_bytes());
+                verdict_fields::INCARNATION.put(&mut out, *incarnation)
             }
-            Self::Refused(refusal) => out[6] = refusal.code(),
+            Self::Refused(refusal) => verdict_fields::CODE.put(&mut out, refusal.code()),
         }
-        let sum = xxh3_64(&out[..16]);
-        out[16..24].copy_from_slice(&sum.to_le_bytes());
+        let sum = xxh3_64(&out[..verdict_fields::SUM.start()]);
+        verdict_fields::SUM.put(&mut out, sum);
         out
     }
 
@@ -290,19 +345,18 @@ impl Verdict {
     /// `Err(())` for anything but the exact layout above.
     #[allow(clippy::result_unit_err)]
     pub fn decode(bytes: &[u8]) -> Result<Self, ()> {
-        if bytes.len() != VERDICT_SIZE
-            || bytes[0..4] != VERDICT_MAGIC
-            || bytes[4..6] != VERSION.to_le_bytes()
-            || bytes[7] != 0
+        let b = <&[u8; VERDICT_SIZE]>::try_from(bytes).map_err(drop)?;
+        if verdict_fields::MAGIC.get(b) != VERDICT_MAGIC
+            || verdict_fields::VERSION.get(b) != VERSION
+            || verdict_fields::RESERVED.get(b) != 0
         {
             return Err(());
         }
-        let sum = u64::from_le_bytes(bytes[16..24].try_into().map_err(drop)?);
-        if sum != xxh3_64(&bytes[..16]) {
+        if verdict_fields::SUM.get(b) != xxh3_64(&b[..verdict_fields::SUM.start()]) {
             return Err(());
         }
-        let incarnation = u64::from_le_bytes(bytes[8..16].try_into().map_err(drop)?);
-        match bytes[6] {
+        let incarnation = verdict_fields::INCARNATION.get(b);
+        match verdict_fields::CODE.get(b) {
             0 => Ok(Self::Accepted { incarnation }),
             code if incarnation == 0 => Refusal::from_code(code).map(Self::Refused).ok_or(()),
             _ => Err(()),

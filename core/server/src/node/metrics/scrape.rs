@@ -17,6 +17,7 @@ use consensus::vsr::Status;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::MetricType::{Counter, Gauge};
 use prometheus_client::registry::Registry;
 use shard::snapshot::DurationBuckets;
 use shard::{Input, MetaCall, ShardSnapshot, SnapshotDetail, SnapshotReply};
@@ -172,13 +173,190 @@ fn status_code(status: Status) -> u64 {
     }
 }
 
+/// A family with one row per answering shard: its name, its help, its
+/// type and how to read it from a snapshot.
+type ShardFamily = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&ShardSnapshot) -> u64,
+);
+
+/// The families read straight from each shard's snapshot, labelled by
+/// shard, in the order a scrape lists them.
+const PER_SHARD: [ShardFamily; 26] = [
+    ("replog_shard_ticks", "Ticks the shard ran", Counter, |s| {
+        s.stats.ticks
+    }),
+    (
+        "replog_shard_calls",
+        "Client calls the shard answered",
+        Counter,
+        |s| s.stats.calls,
+    ),
+    (
+        "replog_shard_frames_in",
+        "Replica frames the shard accepted",
+        Counter,
+        |s| s.stats.frames_in,
+    ),
+    (
+        "replog_shard_frames_out",
+        "Replica frames the shard handed to the bus",
+        Counter,
+        |s| s.stats.frames_out,
+    ),
+    (
+        "replog_shard_frames_dropped",
+        "Replica frames dropped at send (peer not connected or its queue full)",
+        Counter,
+        |s| s.stats.frames_dropped,
+    ),
+    (
+        "replog_shard_partition_groups",
+        "Partition groups on the shard",
+        Gauge,
+        |s| s.partition_groups,
+    ),
+    (
+        "replog_shard_messages",
+        "Messages held by the shard's partitions",
+        Gauge,
+        |s| s.totals.messages,
+    ),
+    (
+        "replog_shard_size_bytes",
+        "Bytes of batches held by the shard's partitions",
+        Gauge,
+        |s| s.totals.size_bytes,
+    ),
+    (
+        "replog_shard_segments",
+        "Segments of the shard's partitions",
+        Gauge,
+        |s| s.totals.segments,
+    ),
+    (
+        "replog_shard_retained_bytes",
+        "Bytes of flushed batches the shard's partitions keep in memory for their peers' repair",
+        Gauge,
+        |s| s.stats.retained_bytes,
+    ),
+    (
+        "replog_shard_retained_bytes_peak",
+        "The most bytes of flushed batches the shard's partitions kept for repair after any flush",
+        Gauge,
+        |s| s.stats.retained_bytes_peak,
+    ),
+    (
+        "replog_shard_retained_bytes_max",
+        "The ceiling on bytes of flushed batches the shard's partitions keep for repair",
+        Gauge,
+        |s| s.stats.retained_bytes_max,
+    ),
+    (
+        "replog_shard_retained_spilled",
+        "Batches let go of to stay within the ceiling, served from segments if repair needs them",
+        Counter,
+        |s| s.stats.retained_spilled,
+    ),
+    (
+        "replog_shard_superblock_batches",
+        "Batches the shard's superblock table wrote (two syncs each)",
+        Counter,
+        |s| s.stats.superblock.batches,
+    ),
+    (
+        "replog_shard_superblock_records",
+        "Partition superblock records and frees the shard's table wrote, over all batches",
+        Counter,
+        |s| s.stats.superblock.slot_writes,
+    ),
+    (
+        "replog_shard_superblock_batches_failed",
+        "Batches of the shard's superblock table that failed (each writer in them saw the error)",
+        Counter,
+        |s| s.stats.superblock.failed,
+    ),
+    (
+        "replog_shard_repair_read_back_batches",
+        "Batches the shard's open partitions read back from segments to serve a peer's repair",
+        Gauge,
+        |s| s.totals.read_back_bodies,
+    ),
+    (
+        "replog_shard_partitions_fenced",
+        "Partitions of the shard that are fenced",
+        Gauge,
+        |s| s.totals.fenced,
+    ),
+    (
+        "replog_transfers_receiving",
+        "Partitions of the shard receiving a state transfer",
+        Gauge,
+        |s| s.totals.transferring,
+    ),
+    (
+        "replog_transfer_received_bytes",
+        "State-transfer chunk bytes received and accepted",
+        Counter,
+        |s| s.transfer.received_bytes,
+    ),
+    (
+        "replog_transfer_chunks_served",
+        "State-transfer chunks served to peers",
+        Counter,
+        |s| s.transfer.chunks_served,
+    ),
+    (
+        "replog_transfer_offers_served",
+        "State-transfer offers served to peers",
+        Counter,
+        |s| s.transfer.offers_served,
+    ),
+    (
+        "replog_transfer_installs",
+        "State transfers installed",
+        Counter,
+        |s| s.stats.installs,
+    ),
+    (
+        "replog_transfer_install_failures",
+        "State-transfer installs that failed",
+        Counter,
+        |s| s.transfer.install_failures,
+    ),
+    (
+        "replog_shard_fenced_events",
+        "Partitions fenced since boot",
+        Counter,
+        |s| s.stats.fenced,
+    ),
+    (
+        "replog_shard_group_open_failures",
+        "Partition groups the metadata names that could not be created or opened since boot (out of file descriptors, a disk fault); each is logged",
+        Counter,
+        |s| s.stats.groups_not_opened,
+    ),
+];
+
 impl SnapshotCollector {
     fn live(&self) -> impl Iterator<Item = &ShardSnapshot> + Clone {
         self.0.shards.iter().flatten()
     }
 
+    /// Every shard-level family, in the order a scrape lists them.
     fn shard_families(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
-        use MetricType::{Counter, Gauge};
+        self.shard_up(e)?;
+        self.per_shard(e)?;
+        self.frames_refused(e)?;
+        self.frames_ignored(e)?;
+        self.transfer_durations(e)
+    }
+
+    /// `replog_shard_up`: a row for every shard, answered or not, so that a
+    /// silent shard shows as 0 rather than as missing series.
+    fn shard_up(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let up = self.0.shards.iter().enumerate().map(|(i, s)| {
             let label: Label1 = [("shard", i as u64)];
             (label, u64::from(s.is_some()))
@@ -189,164 +367,12 @@ impl SnapshotCollector {
             "Whether the shard answered this scrape's snapshot request in time",
             Gauge,
             up,
-        )?;
-        type Field = fn(&ShardSnapshot) -> u64;
-        let per_shard: [(&str, &str, MetricType, Field); 26] = [
-            ("replog_shard_ticks", "Ticks the shard ran", Counter, |s| {
-                s.stats.ticks
-            }),
-            (
-                "replog_shard_calls",
-                "Client calls the shard answered",
-                Counter,
-                |s| s.stats.calls,
-            ),
-            (
-                "replog_shard_frames_in",
-                "Replica frames the shard accepted",
-                Counter,
-                |s| s.stats.frames_in,
-            ),
-            (
-                "replog_shard_frames_out",
-                "Replica frames the shard handed to the bus",
-                Counter,
-                |s| s.stats.frames_out,
-            ),
-            (
-                "replog_shard_frames_dropped",
-                "Replica frames dropped at send (peer not connected or its queue full)",
-                Counter,
-                |s| s.stats.frames_dropped,
-            ),
-            (
-                "replog_shard_partition_groups",
-                "Partition groups on the shard",
-                Gauge,
-                |s| s.partition_groups,
-            ),
-            (
-                "replog_shard_messages",
-                "Messages held by the shard's partitions",
-                Gauge,
-                |s| s.totals.messages,
-            ),
-            (
-                "replog_shard_size_bytes",
-                "Bytes of batches held by the shard's partitions",
-                Gauge,
-                |s| s.totals.size_bytes,
-            ),
-            (
-                "replog_shard_segments",
-                "Segments of the shard's partitions",
-                Gauge,
-                |s| s.totals.segments,
-            ),
-            (
-                "replog_shard_retained_bytes",
-                "Bytes of flushed batches the shard's partitions keep in memory for their peers' repair",
-                Gauge,
-                |s| s.stats.retained_bytes,
-            ),
-            (
-                "replog_shard_retained_bytes_peak",
-                "The most bytes of flushed batches the shard's partitions kept for repair after any flush",
-                Gauge,
-                |s| s.stats.retained_bytes_peak,
-            ),
-            (
-                "replog_shard_retained_bytes_max",
-                "The ceiling on bytes of flushed batches the shard's partitions keep for repair",
-                Gauge,
-                |s| s.stats.retained_bytes_max,
-            ),
-            (
-                "replog_shard_retained_spilled",
-                "Batches let go of to stay within the ceiling, served from segments if repair needs them",
-                Counter,
-                |s| s.stats.retained_spilled,
-            ),
-            (
-                "replog_shard_superblock_batches",
-                "Batches the shard's superblock table wrote (two syncs each)",
-                Counter,
-                |s| s.stats.superblock.batches,
-            ),
-            (
-                "replog_shard_superblock_records",
-                "Partition superblock records and frees the shard's table wrote, over all batches",
-                Counter,
-                |s| s.stats.superblock.slot_writes,
-            ),
-            (
-                "replog_shard_superblock_batches_failed",
-                "Batches of the shard's superblock table that failed (each writer in them saw the error)",
-                Counter,
-                |s| s.stats.superblock.failed,
-            ),
-            (
-                "replog_shard_repair_read_back_batches",
-                "Batches the shard's open partitions read back from segments to serve a peer's repair",
-                Gauge,
-                |s| s.totals.read_back_bodies,
-            ),
-            (
-                "replog_shard_partitions_fenced",
-                "Partitions of the shard that are fenced",
-                Gauge,
-                |s| s.totals.fenced,
-            ),
-            (
-                "replog_transfers_receiving",
-                "Partitions of the shard receiving a state transfer",
-                Gauge,
-                |s| s.totals.transferring,
-            ),
-            (
-                "replog_transfer_received_bytes",
-                "State-transfer chunk bytes received and accepted",
-                Counter,
-                |s| s.transfer.received_bytes,
-            ),
-            (
-                "replog_transfer_chunks_served",
-                "State-transfer chunks served to peers",
-                Counter,
-                |s| s.transfer.chunks_served,
-            ),
-            (
-                "replog_transfer_offers_served",
-                "State-transfer offers served to peers",
-                Counter,
-                |s| s.transfer.offers_served,
-            ),
-            (
-                "replog_transfer_installs",
-                "State transfers installed",
-                Counter,
-                |s| s.stats.installs,
-            ),
-            (
-                "replog_transfer_install_failures",
-                "State-transfer installs that failed",
-                Counter,
-                |s| s.transfer.install_failures,
-            ),
-            (
-                "replog_shard_fenced_events",
-                "Partitions fenced since boot",
-                Counter,
-                |s| s.stats.fenced,
-            ),
-            (
-                "replog_shard_group_open_failures",
-                "Partition groups the metadata names that could not be created or opened since boot (out of file descriptors, a disk fault); each is logged",
-                Counter,
-                |s| s.stats.groups_not_opened,
-            ),
-        ];
-        for (name, help, kind, field) in per_shard {
+        )
+    }
+
+    /// The [`PER_SHARD`] families.
+    fn per_shard(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        for (name, help, kind, field) in PER_SHARD {
             family(
                 e,
                 name,
@@ -355,6 +381,11 @@ impl SnapshotCollector {
                 self.live().map(|s| (shard_label(s), field(s))),
             )?;
         }
+        Ok(())
+    }
+
+    /// `replog_shard_frames_refused`, by shard and reason.
+    fn frames_refused(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let refused = self.live().flat_map(|s| {
             s.stats.frames_refused.iter().map(move |(reason, n)| {
                 (
@@ -372,7 +403,11 @@ impl SnapshotCollector {
             "Replica frames the shard refused, by reason",
             Counter,
             refused,
-        )?;
+        )
+    }
+
+    /// `replog_shard_frames_ignored`, by shard and reason.
+    fn frames_ignored(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         // Only the reasons that happened: fifteen rows per shard of zeros
         // would bury the ones that matter.
         let ignored = self.live().flat_map(|s| {
@@ -395,7 +430,11 @@ impl SnapshotCollector {
             "Well-formed replica frames the shard's groups took no action on, by reason",
             Counter,
             ignored,
-        )?;
+        )
+    }
+
+    /// `replog_transfer_duration_seconds`, a histogram per shard.
+    fn transfer_durations(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let mut metric = e.encode_descriptor(
             "replog_transfer_duration_seconds",
             "State transfers installed, from first armed to installed",
@@ -420,7 +459,6 @@ impl SnapshotCollector {
     }
 
     fn group_families(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
-        use MetricType::Gauge;
         let groups = || self.live().flat_map(|s| s.groups.iter());
         type Field = fn(&shard::snapshot::ConsensusSnapshot) -> u64;
         let per_group: [(&str, &str, Field); 7] = [
