@@ -31,12 +31,12 @@ fn prepare(op: u64) -> Prepare {
         client: 5,
         request_checksum: 0,
         view: 0,
-        op,
-        commit: 0,
+        op: Op(op),
+        commit: Op(0),
         timestamp: 1,
         request: 1,
         operation: 3,
-        group: 0,
+        group: GroupId(0),
         user_id: 1,
     };
     header.checksum = header.compute_checksum();
@@ -89,7 +89,7 @@ fn given_prepare_whose_header_names_another_group_should_refuse_as_wrong_group()
     let mut r = replica();
     // A well-formed prepare of group 7 inside a frame addressed to group 0.
     let mut p = prepare(1);
-    p.header.group = 7;
+    p.header.group = GroupId(7);
     p.header.checksum = p.header.compute_checksum();
     assert_eq!(
         r.on_frame(frame(Message::Prepare(p.clone()))),

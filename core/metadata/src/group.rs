@@ -766,7 +766,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
 
     async fn apply(&mut self, prepare: Prepare, duplicate: bool) -> Result<(), GroupError> {
         let h = prepare.header;
-        let op = Op(h.op);
+        let op = h.op;
         let origin = OpOrigin {
             client: h.client,
             request: h.request,
@@ -783,7 +783,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                     // The primary encodes every op it orders, so this is a
                     // bug or a hostile primary; every replica decodes the
                     // same bytes and skips alike.
-                    tracing::error!(op = h.op, %error, "committed metadata op does not decode; skipped");
+                    tracing::error!(op = h.op.0, %error, "committed metadata op does not decode; skipped");
                     None
                 }
             }
@@ -815,7 +815,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         if self.outcomes.len() == OUTCOMES_KEPT {
             self.outcomes.pop_front();
         }
-        self.outcomes.push_back((h.op, outcome));
+        self.outcomes.push_back((h.op.0, outcome));
         Ok(())
     }
 }

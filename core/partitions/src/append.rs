@@ -65,7 +65,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// base offset this replica expects.
     pub(crate) fn check_prepare(&self, prepare: &Prepare) -> Result<(), PartitionError> {
         let h = &prepare.header;
-        if h.op <= self.replica.commit_min().0 {
+        if h.op.0 <= self.replica.commit_min().0 {
             // Already applied: the core ignores it.
             return Ok(());
         }
@@ -83,15 +83,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
         if header.partition_id != u64::from(self.config.partition_id) {
             return Err(PartitionError::PrepareWrongPartition {
-                op: h.op,
+                op: h.op.0,
                 partition_id: header.partition_id,
             });
         }
-        if let Some(state) = self.offset_state_before(h.op)
+        if let Some(state) = self.offset_state_before(h.op.0)
             && state.next_offset != header.base_offset
         {
             return Err(PartitionError::PrepareOffsetMismatch {
-                op: h.op,
+                op: h.op.0,
                 expected: state.next_offset,
                 actual: header.base_offset,
             });

@@ -786,7 +786,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             && p.header.verify()
             && let Err(e) = self.check_prepare(p)
         {
-            tracing::warn!(op = p.header.op, error = %e, "prepare refused before journaling");
+            tracing::warn!(op = p.header.op.0, error = %e, "prepare refused before journaling");
             return Err(e);
         }
         if self.quorum_withheld() && matches!(frame.message, Message::DoViewChange(_)) {
@@ -1115,14 +1115,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 auto_commit,
             } => {
                 if !duplicate {
-                    self.apply_store(kind, id, offset, auto_commit, h.op)
+                    self.apply_store(kind, id, offset, auto_commit, h.op.0)
                         .await?;
                 }
                 (EntryStats::default(), Bytes::new())
             }
             PartitionOp::DeleteOffset { kind, id } => {
                 if !duplicate {
-                    let by = self.offset_applied_by(h.op);
+                    let by = self.offset_applied_by(h.op.0);
                     self.offsets
                         .apply_delete(&self.fs, kind, id, by)
                         .await
@@ -1159,7 +1159,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // (at-least-once).
         if duplicate {
             tracing::warn!(
-                op = h.op,
+                op = h.op.0,
                 client = h.client,
                 request = h.request,
                 "storing a batch ordered twice"
@@ -1169,7 +1169,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
         if header.base_offset != self.applied_next_offset {
             return Err(PartitionError::ApplyOffsetMismatch {
-                op: h.op,
+                op: h.op.0,
                 expected: self.applied_next_offset,
                 actual: header.base_offset,
             });
@@ -1177,11 +1177,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if !duplicate {
             // The reply's result, cached and recorded with it, so a retry
             // answered from the table gets the same offsets.
-            self.reply_results.push((h.op, header.base_offset));
+            self.reply_results.push((h.op.0, header.base_offset));
             self.replica.client_table_mut().set_result(
                 h.client,
                 h.request,
-                h.op,
+                h.op.0,
                 header.base_offset,
             );
         }
@@ -1194,7 +1194,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             Some(end) if header.base_offset <= end => {
                 if header.last_offset() > end {
                     return Err(PartitionError::ReplayStraddlesRecoveredEnd {
-                        op: h.op,
+                        op: h.op.0,
                         base_offset: header.base_offset,
                         last_offset: header.last_offset(),
                         recovered_end: end,
@@ -1203,7 +1203,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 if self.config.vsr.replica_count > 1 {
                     self.retained.flushed(
                         &mut self.replica,
-                        h.op,
+                        h.op.0,
                         header.base_offset,
                         batch.len() as u64,
                     );
@@ -1232,7 +1232,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         stats: EntryStats,
     ) -> Result<(), PartitionError> {
         let entry = JournalEntry {
-            op: h.op,
+            op: h.op.0,
             checksum: h.checksum,
             parent: h.parent,
             frame,
@@ -1249,7 +1249,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             Err(e) => return Err(PartitionError::Journal(e)),
         }
         self.journaled_point = AppliedPoint {
-            op: h.op,
+            op: h.op.0,
             checksum: h.checksum,
             next_offset: self.applied_next_offset,
         };

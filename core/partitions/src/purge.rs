@@ -56,13 +56,13 @@ use crate::offset_storage::{PurgeGeneration, persist_purge_generation};
 use crate::partition::{AppliedPoint, Partition};
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
-    /// Applies a committed purge establishing `generation` at op `h.op`.
+    /// Applies a committed purge establishing `generation` at op `h.op.0`.
     pub(crate) async fn apply_purge(
         &mut self,
         h: &PrepareHeader,
         generation: u64,
     ) -> Result<(), PartitionError> {
-        let op = h.op;
+        let op = h.op.0;
         tracing::info!(dir = %self.dir.display(), op, generation, "purging partition");
         // The core may have committed later ops in the same step (their
         // requests are in its client table already). A table recorded

@@ -271,7 +271,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The batch starting at offset `spilled.locator`, if the segments
     /// still hold one of the spilled length there.
     async fn read_body(&self, spilled: &Spilled) -> Option<Prepare> {
-        let op = spilled.header.op;
+        let op = spilled.header.op.0;
         let read = match self
             .log
             .read_by_offset(spilled.locator, u64::from(spilled.len))

@@ -419,7 +419,7 @@ fn given_prepare_with_wrong_base_offset_when_received_by_backup_should_refuse_wi
         b.push(9, 0, b"forged", b"");
         let body = bytes::Bytes::from(b.build_stamped(1, base_offset, 5).unwrap());
         let mut header = last.header;
-        header.op = head.0 + 1;
+        header.op = head + 1;
         header.parent = last.header.checksum;
         header.request = 2;
         header.checksum_body = body_checksum(&body);

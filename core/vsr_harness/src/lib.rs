@@ -766,11 +766,11 @@ impl Simulation {
         if self.trace {
             match &effect {
                 Effect::Journal { prepare } => {
-                    eprintln!("t{} r{r} journal op{}", self.tick, prepare.header.op)
+                    eprintln!("t{} r{r} journal op{}", self.tick, prepare.header.op.0)
                 }
                 Effect::Apply { prepare, duplicate } => eprintln!(
                     "t{} r{r} apply op{} dup{duplicate}",
-                    self.tick, prepare.header.op
+                    self.tick, prepare.header.op.0
                 ),
                 other => eprintln!("t{} r{r} {other:?}", self.tick),
             }
@@ -797,23 +797,23 @@ impl Simulation {
                 };
                 let node = &mut self.nodes[usize::from(r)];
                 if self.config.spill_per_mille > 0 {
-                    node.stored.insert(h.op, prepare.clone());
+                    node.stored.insert(h.op.0, prepare.clone());
                 }
                 let expected_op = node.applied.len() as u64 + 1;
-                if h.op != expected_op {
+                if h.op.0 != expected_op {
                     return self.failure_here(format!(
                         "replica {r} applied op {} after op {}",
-                        h.op,
+                        h.op.0,
                         expected_op - 1
                     ));
                 }
                 node.applied.push(op);
-                let index = (h.op - 1) as usize;
+                let index = (h.op.0 - 1) as usize;
                 match self.canonical.get(index) {
                     Some(c) if *c != op => {
                         return self.failure_here(format!(
                             "replica {r} committed op {} as {:?}, the cluster committed {:?}",
-                            h.op, op, c
+                            h.op.0, op, c
                         ));
                     }
                     Some(_) => {}
@@ -1153,8 +1153,8 @@ impl Simulation {
 fn trace_message(m: &consensus::vsr::Message) -> String {
     use consensus::vsr::Message;
     match m {
-        Message::Prepare(p) => format!("Prepare op{} commit{}", p.header.op, p.header.commit),
-        Message::RepairPrepare(p) => format!("RepairPrepare op{}", p.header.op),
+        Message::Prepare(p) => format!("Prepare op{} commit{}", p.header.op.0, p.header.commit.0),
+        Message::RepairPrepare(p) => format!("RepairPrepare op{}", p.header.op.0),
         Message::DoViewChange(d) => format!(
             "DVC lv{} op{} commit{} slots{} present{:b}",
             d.log_view,

@@ -103,20 +103,20 @@ impl Journal {
     /// op, and the unapplied entries chained where they are adjacent.
     pub(super) fn invariants(&self, commit_min: u64) -> Result<(), InvariantViolation> {
         for (op, header) in self.headers_iter() {
-            if header.op != op {
+            if header.op.0 != op {
                 return broken(
                     "journal-misfiled",
-                    format!("header of op {} filed at {op}", header.op),
+                    format!("header of op {} filed at {op}", header.op.0),
                 );
             }
         }
         let mut below: Option<(u64, u128)> = None;
         for (op, prepare) in self.entries_iter() {
             let h = &prepare.header;
-            if h.op != op {
+            if h.op.0 != op {
                 return broken(
                     "journal-misfiled",
-                    format!("prepare of op {} filed at {op}", h.op),
+                    format!("prepare of op {} filed at {op}", h.op.0),
                 );
             }
             if let Some(known) = self.headers_get(op)

@@ -63,8 +63,8 @@ impl Retained {
     /// The op.
     pub fn op(&self) -> u64 {
         match self {
-            Retained::Held(p) => p.header.op,
-            Retained::Spilled(s) => s.header.op,
+            Retained::Held(p) => p.header.op.0,
+            Retained::Spilled(s) => s.header.op.0,
         }
     }
 }
@@ -190,7 +190,7 @@ impl Journal {
     /// above it hung off that prepare, every op above), and a header below
     /// it that it does not chain to.
     pub fn insert_authoritative(&mut self, prepare: Prepare, commit_min: u64) -> Inserted {
-        let op = prepare.header.op;
+        let op = prepare.header.op.0;
         if op <= commit_min {
             return Inserted::Duplicate;
         }
@@ -220,7 +220,7 @@ impl Journal {
 
     /// Insert a prepare only if it is the one the log expects at its op.
     pub fn insert_verified(&mut self, prepare: Prepare, commit_min: u64) -> Inserted {
-        let op = prepare.header.op;
+        let op = prepare.header.op.0;
         if op <= commit_min {
             return Inserted::Duplicate;
         }
@@ -265,17 +265,17 @@ impl Journal {
         self.truncate_from(head + 1, commit_min);
         self.headers.clear();
         for h in canonical {
-            if h.op <= commit_min || h.op > head {
+            if h.op.0 <= commit_min || h.op.0 > head {
                 continue;
             }
             if self
                 .entries
-                .get(&h.op)
+                .get(&h.op.0)
                 .is_some_and(|e| e.header.checksum != h.checksum)
             {
-                self.entries.remove(&h.op);
+                self.entries.remove(&h.op.0);
             }
-            self.headers.insert(h.op, *h);
+            self.headers.insert(h.op.0, *h);
         }
         // Walk down from the lowest canonical header (or the head when the
         // canonical list is empty) keeping only what chains.
@@ -402,6 +402,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use bytes::Bytes;
+    use common::{GroupId, Op};
 
     fn chain(n: u64) -> Vec<Prepare> {
         let mut parent = 0;
@@ -414,12 +415,12 @@ mod tests {
                     client: 1,
                     request_checksum: 0,
                     view: 0,
-                    op,
-                    commit: 0,
+                    op: Op(op),
+                    commit: Op(0),
                     timestamp: op,
                     request: op,
                     operation: 3,
-                    group: 0,
+                    group: GroupId(0),
                     user_id: 0,
                 };
                 header.checksum = header.compute_checksum();
@@ -437,8 +438,10 @@ mod tests {
         let log = chain(5);
         let mut j = Journal::new(1);
         j.insert_authoritative(log[4].clone(), 0);
-        let mut buffer: BTreeMap<u64, Prepare> =
-            log[..4].iter().map(|p| (p.header.op, p.clone())).collect();
+        let mut buffer: BTreeMap<u64, Prepare> = log[..4]
+            .iter()
+            .map(|p| (p.header.op.0, p.clone()))
+            .collect();
         let inserted = j.absorb(&mut buffer, 0);
         assert_eq!(inserted, vec![4, 3, 2, 1]);
         assert_eq!(j.contiguous_to(0), 5);
@@ -511,7 +514,7 @@ mod tests {
         );
         assert_eq!(j.retained_range(2, 6, 2).len(), 2, "bounded by max");
         match &j.retained_range(4, 4, 1)[0] {
-            Retained::Spilled(s) => assert_eq!((s.locator, s.header.op), (40, 4)),
+            Retained::Spilled(s) => assert_eq!((s.locator, s.header.op.0), (40, 4)),
             other => panic!("{other:?}"),
         }
         // Retention of 2 applied ops keeps 4 and 5: spilled op 2 goes too.

@@ -129,7 +129,7 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
     for (_, d) in votes {
         commit_max = commit_max.max(d.commit);
         if let Some(h) = header_at(d, d.op) {
-            commit_max = commit_max.max(h.commit.min(d.op));
+            commit_max = commit_max.max(h.commit.0.min(d.op));
         }
     }
     let op_canonical = canonical.iter().map(|d| d.op).max().unwrap_or(0);
@@ -210,10 +210,10 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
     let mut previous: Option<&PrepareHeader> = None;
     for h in headers.values() {
         if let Some(p) = previous
-            && p.op + 1 == h.op
+            && p.op.0 + 1 == h.op.0
             && h.parent != p.checksum
         {
-            return Err(MergeStall::Deadlocked { op: h.op });
+            return Err(MergeStall::Deadlocked { op: h.op.0 });
         }
         previous = Some(h);
     }
@@ -229,6 +229,7 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use common::{GroupId, Op};
 
     fn header(op: u64, parent: u128, salt: u64) -> PrepareHeader {
         let mut h = PrepareHeader {
@@ -238,12 +239,12 @@ mod tests {
             client: 1,
             request_checksum: 0,
             view: 0,
-            op,
-            commit: 0,
+            op: Op(op),
+            commit: Op(0),
             timestamp: op * 10 + salt,
             request: op,
             operation: 3,
-            group: 0,
+            group: GroupId(0),
             user_id: 0,
         };
         h.checksum = h.compute_checksum();
@@ -266,7 +267,7 @@ mod tests {
         let suffix: Vec<SuffixSlot> = log
             .iter()
             .rev()
-            .take_while(|h| h.op >= commit.max(1))
+            .take_while(|h| h.op.0 >= commit.max(1))
             .map(|h| SuffixSlot::Header(*h))
             .collect();
         let present = if suffix.len() >= 128 {

@@ -14,6 +14,7 @@
 //! identity, so a log is a hash chain that a receiver can verify.
 
 use bytes::Bytes;
+use common::{GroupId, Op};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// `operation` of a prepare that registers a client session.
@@ -37,9 +38,9 @@ pub struct PrepareHeader {
     /// The view in which the prepare was first built (not in the identity).
     pub view: u32,
     /// The op number.
-    pub op: u64,
+    pub op: Op,
     /// The primary's `commit_max` when it built the prepare.
-    pub commit: u64,
+    pub commit: Op,
     /// The primary's strictly monotonic timestamp.
     pub timestamp: u64,
     /// The client's request number.
@@ -47,7 +48,7 @@ pub struct PrepareHeader {
     /// What the request does ([`OPERATION_REGISTER`], [`OPERATION_APPEND`]).
     pub operation: u8,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// The user the client's session belongs to.
     pub user_id: u32,
 }
@@ -66,12 +67,12 @@ impl PrepareHeader {
         put(&self.parent.to_le_bytes());
         put(&self.client.to_le_bytes());
         put(&self.request_checksum.to_le_bytes());
-        put(&self.op.to_le_bytes());
-        put(&self.commit.to_le_bytes());
+        put(&self.op.0.to_le_bytes());
+        put(&self.commit.0.to_le_bytes());
         put(&self.timestamp.to_le_bytes());
         put(&self.request.to_le_bytes());
         put(&[self.operation]);
-        put(&self.group.to_le_bytes());
+        put(&self.group.0.to_le_bytes());
         put(&self.user_id.to_le_bytes());
         u128::from(xxh3_64(&bytes))
     }

@@ -58,8 +58,8 @@ impl Pipeline {
     pub fn push(&mut self, header: PrepareHeader, ok_from: u32) {
         if let Some(tail) = self.entries.back() {
             assert_eq!(
-                header.op,
-                tail.header.op + 1,
+                header.op.0,
+                tail.header.op.0 + 1,
                 "pipeline ops are consecutive"
             );
             assert_eq!(
@@ -82,7 +82,7 @@ impl Pipeline {
 
     /// The entry for `op`, if in flight.
     pub fn get(&self, op: u64) -> Option<&PipelineEntry> {
-        let first = self.entries.front()?.header.op;
+        let first = self.entries.front()?.header.op.0;
         let index = usize::try_from(op.checked_sub(first)?).ok()?;
         self.entries.get(index)
     }
@@ -104,7 +104,7 @@ impl Pipeline {
         }
         let bit = 1u32 << replica;
         for entry in self.entries.iter_mut() {
-            if entry.header.op > op {
+            if entry.header.op.0 > op {
                 break;
             }
             entry.ok_from |= bit;

@@ -244,7 +244,7 @@ impl Replica {
             .zip(from_op..)
             .map(|(p, op)| {
                 p.filter(|p| {
-                    p.header.op == op
+                    p.header.op.0 == op
                         && p.verify()
                         && self
                             .journal
@@ -279,7 +279,7 @@ impl Replica {
         }
         let mut last = from_op.saturating_add(skip as u64).saturating_sub(1);
         for prepare in slice.into_iter().skip(skip).flatten() {
-            last = prepare.header.op;
+            last = prepare.header.op.0;
             self.send(to, Message::RepairPrepare(prepare));
         }
         self.send(to, Message::RepairDone { nonce, op: last });
@@ -287,7 +287,7 @@ impl Replica {
 
     pub(super) fn on_repair_prepare(&mut self, prepare: Prepare) -> Result<Handled, FrameError> {
         self.check_prepare(&prepare)?;
-        let op = prepare.header.op;
+        let op = prepare.header.op.0;
         if self.transferring {
             return Ok(Handled::Ignored(Ignored::Transferring));
         }

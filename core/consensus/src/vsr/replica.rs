@@ -113,7 +113,7 @@ fn check_ranges(view: u32, message: &Message) -> Result<(), FrameError> {
     let mut values: Vec<u64> = Vec::new();
     match message {
         Message::Prepare(p) | Message::RepairPrepare(p) => {
-            values.extend([p.header.op, p.header.commit]);
+            values.extend([p.header.op.0, p.header.commit.0]);
         }
         Message::PrepareOk { op, .. } | Message::RepairDone { op, .. } => values.push(*op),
         Message::Commit { commit, .. } => values.push(*commit),
@@ -960,12 +960,12 @@ impl Replica {
             client: request.client,
             request_checksum: 0,
             view: self.view,
-            op,
-            commit: self.commit_max,
+            op: Op(op),
+            commit: Op(self.commit_max),
             timestamp: self.last_timestamp,
             request: request.request,
             operation: request.operation,
-            group: self.config.group.0,
+            group: self.config.group,
             user_id: request.user_id,
         };
         header.checksum = header.compute_checksum();
@@ -1063,8 +1063,8 @@ impl Replica {
         }
         self.timers.normal_heartbeat.start_jittered(&mut self.prng);
         self.last_timestamp = self.last_timestamp.max(prepare.header.timestamp);
-        let commit = prepare.header.commit;
-        let op = prepare.header.op;
+        let commit = prepare.header.commit.0;
+        let op = prepare.header.op.0;
         let before = self.head();
         match self
             .journal
@@ -1096,12 +1096,12 @@ impl Replica {
     pub(super) fn check_prepare(&self, prepare: &Prepare) -> Result<(), FrameError> {
         if !prepare.verify() {
             return Err(FrameError::BadChecksum {
-                op: prepare.header.op,
+                op: prepare.header.op.0,
             });
         }
-        if prepare.header.group != self.config.group.0 {
+        if prepare.header.group != self.config.group {
             return Err(FrameError::WrongGroup {
-                group: prepare.header.group,
+                group: prepare.header.group.0,
             });
         }
         Ok(())
@@ -1274,7 +1274,7 @@ impl Replica {
             if (head.ok_from.count_ones() as usize) < self.quorums.replication {
                 break;
             }
-            let op = head.header.op;
+            let op = head.header.op.0;
             self.pipeline.pop_head();
             self.raise_commit_max(op);
         }
@@ -1335,8 +1335,8 @@ impl Replica {
         let mut reply = Reply {
             client: h.client,
             request: h.request,
-            op: h.op,
-            commit: h.op,
+            op: h.op.0,
+            commit: h.op.0,
             timestamp: h.timestamp,
             operation: h.operation,
             status: ReplyStatus::Ok,
@@ -1346,10 +1346,10 @@ impl Replica {
         let mut duplicate = false;
         if h.client != crate::client_table::CLIENT_RESERVED {
             if h.operation == OPERATION_REGISTER {
-                reply.session = h.op;
+                reply.session = h.op.0;
                 match self
                     .client_table
-                    .register(h.client, h.user_id, h.op, reply.clone())
+                    .register(h.client, h.user_id, h.op.0, reply.clone())
                 {
                     Ok((session, fresh)) => {
                         duplicate = !fresh;
@@ -1360,13 +1360,13 @@ impl Replica {
             } else {
                 duplicate = !self
                     .client_table
-                    .commit(h.client, h.request, h.op, reply.clone());
+                    .commit(h.client, h.request, h.op.0, reply.clone());
             }
         }
         if duplicate && let Some(cached) = self.client_table.cached_reply(h.client, h.request) {
             reply = cached;
         }
-        self.commit_min = h.op;
+        self.commit_min = h.op.0;
         self.commit_min_checksum = h.checksum;
         self.effect(Effect::Apply { prepare, duplicate });
         if self.is_primary() && h.client != crate::client_table::CLIENT_RESERVED {
@@ -1515,7 +1515,7 @@ impl Replica {
             if missing == 0 {
                 continue;
             }
-            if let Some(p) = self.journal.entry(entry.header.op) {
+            if let Some(p) = self.journal.entry(entry.header.op.0) {
                 sends.push((missing, p.clone()));
             }
         }

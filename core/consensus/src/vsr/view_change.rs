@@ -277,14 +277,14 @@ impl Replica {
             let expected_op = dvc.op.checked_sub(i as u64);
             match slot {
                 SuffixSlot::Header(h) => {
-                    if Some(h.op) != expected_op {
+                    if Some(h.op.0) != expected_op {
                         return bad("suffix ops not consecutive from the head");
                     }
                     if !h.verify() {
                         return bad("suffix header fails its identity checksum");
                     }
                     if let Some(p) = previous
-                        && p.op == h.op + 1
+                        && p.op.0 == h.op.0 + 1
                         && !chains(&p, h)
                     {
                         return bad("suffix headers do not hash-chain");
@@ -368,7 +368,7 @@ impl Replica {
         self.learn_timestamps(&merged.headers);
         self.journal
             .install_log(&merged.headers, merged.op_head, self.commit_min);
-        if let Some(h) = merged.headers.iter().find(|h| h.op == self.commit_min) {
+        if let Some(h) = merged.headers.iter().find(|h| h.op.0 == self.commit_min) {
             self.learn_commit_min_checksum(h.checksum);
         }
         self.resolve_commit_min_checksum();
@@ -425,7 +425,7 @@ impl Replica {
         self.enter_normal_timers();
         let sv = self.start_view_message(0);
         self.broadcast(Message::StartView(sv));
-        let ops: Vec<u64> = self.pipeline.iter().map(|e| e.header.op).collect();
+        let ops: Vec<u64> = self.pipeline.iter().map(|e| e.header.op.0).collect();
         for op in ops {
             if let Some(p) = self.journal.entry(op).cloned() {
                 self.broadcast(Message::Prepare(p));
@@ -465,7 +465,7 @@ impl Replica {
             return bad("suffix longer than 128 headers");
         }
         for (i, h) in sv.suffix.iter().enumerate() {
-            if sv.op.checked_sub(i as u64) != Some(h.op) {
+            if sv.op.checked_sub(i as u64) != Some(h.op.0) {
                 return bad("suffix ops not consecutive from the head");
             }
             if !h.verify() {
@@ -527,7 +527,7 @@ impl Replica {
         let before = self.head();
         self.learn_timestamps(&sv.suffix);
         self.journal.install_log(&sv.suffix, sv.op, self.commit_min);
-        if let Some(h) = sv.suffix.iter().find(|h| h.op == self.commit_min) {
+        if let Some(h) = sv.suffix.iter().find(|h| h.op.0 == self.commit_min) {
             self.learn_commit_min_checksum(h.checksum);
         }
         self.resolve_commit_min_checksum();

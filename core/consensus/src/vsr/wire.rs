@@ -22,6 +22,7 @@
 //! identity leaves the view out for exactly this reason).
 
 use bytes::Bytes;
+use common::{GroupId, Op};
 
 use super::message::{
     Census, DoViewChange, Frame, Message, Prepare, PrepareHeader, StartView, SuffixSlot,
@@ -426,12 +427,12 @@ fn prepare_tail(h: &PrepareHeader) -> header::PrepareCommand {
         client: h.client,
         parent: h.parent,
         request_checksum: h.request_checksum,
-        op: h.op,
-        commit: h.commit,
+        op: h.op.0,
+        commit: h.commit.0,
         timestamp: h.timestamp,
         request: h.request,
         operation: h.operation,
-        group: h.group,
+        group: h.group.0,
         user_id: h.user_id,
     }
 }
@@ -446,12 +447,12 @@ fn core_header(frame: &FrameHeader, tail: &header::PrepareCommand) -> PrepareHea
         client: tail.client,
         request_checksum: tail.request_checksum,
         view: frame.view,
-        op: tail.op,
-        commit: tail.commit,
+        op: Op(tail.op),
+        commit: Op(tail.commit),
         timestamp: tail.timestamp,
         request: tail.request,
         operation: tail.operation,
-        group: tail.group,
+        group: GroupId(tail.group),
         user_id: tail.user_id,
     };
     h.checksum = h.compute_checksum();

@@ -26,12 +26,12 @@ fn prepare(op: u64, parent: u128, body: &'static [u8]) -> Prepare {
         client: 77,
         request_checksum: 5,
         view: 3,
-        op,
-        commit: op - 1,
+        op: Op(op),
+        commit: Op(op - 1),
         timestamp: 1_000 + op,
         request: op,
         operation: 3,
-        group: 9,
+        group: GroupId(9),
         user_id: 4,
     };
     header.checksum = header.compute_checksum();
@@ -210,7 +210,7 @@ fn given_every_strict_prefix_or_flipped_bit_when_decoded_should_refuse() {
 #[test]
 fn given_suffix_entry_of_another_group_when_decoded_should_refuse() {
     let mut stranger = prepare(6, 1, b"x");
-    stranger.header.group = 10;
+    stranger.header.group = GroupId(10);
     stranger.header.checksum = stranger.header.compute_checksum();
     let frame = Frame {
         group: 9,
