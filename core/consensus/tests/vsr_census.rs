@@ -6,8 +6,8 @@ use consensus::vsr::{Action, Census, Config, Effect, Frame, Message, Replica, St
 
 fn frame(from: u8, view: u32, message: Message) -> Frame {
     Frame {
-        group: 0,
-        replica: from,
+        group: GroupId(0),
+        replica: ReplicaId(from),
         view,
         message,
     }

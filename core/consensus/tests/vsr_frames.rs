@@ -15,8 +15,8 @@ fn replica() -> Replica {
 
 fn frame(message: Message) -> Frame {
     Frame {
-        group: 0,
-        replica: 0,
+        group: GroupId(0),
+        replica: ReplicaId(0),
         view: 0,
         message,
     }
@@ -51,7 +51,7 @@ fn unchanged(r: &Replica) {
 fn given_frame_for_another_group_should_refuse() {
     let mut r = replica();
     let mut f = frame(Message::StartViewChange);
-    f.group = 9;
+    f.group = GroupId(9);
     assert_eq!(r.on_frame(f), Err(FrameError::WrongGroup { group: 9 }));
 }
 
@@ -60,7 +60,7 @@ fn given_frame_from_self_or_unknown_replica_should_refuse() {
     let mut r = replica();
     for sender in [1u8, 3, 200] {
         let mut f = frame(Message::StartViewChange);
-        f.replica = sender;
+        f.replica = ReplicaId(sender);
         assert_eq!(
             r.on_frame(f),
             Err(FrameError::BadSender { replica: sender })
@@ -122,8 +122,8 @@ fn ignored(r: &Replica) -> Vec<u64> {
 
 fn from(replica: u8, view: u32, message: Message) -> Frame {
     Frame {
-        group: 0,
-        replica,
+        group: GroupId(0),
+        replica: ReplicaId(replica),
         view,
         message,
     }

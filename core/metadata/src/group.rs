@@ -598,7 +598,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// A frame from a peer.
     pub async fn on_frame(&mut self, frame: Frame) -> Result<(), GroupError> {
         self.check_fenced()?;
-        let (from, view, message) = (frame.replica, frame.view, frame.message.name());
+        let (from, view, message) = (frame.replica.0, frame.view, frame.message.name());
         let res = self.replica.on_frame(frame);
         if let Ok(Handled::Ignored(reason)) = res {
             tracing::trace!(group = 0, from, view, message, %reason, "frame ignored");

@@ -158,7 +158,7 @@ impl NetworkState {
 impl MessageBus for InMemoryBus {
     fn send_to_replica(&self, to: u8, frame: Frame) {
         debug_assert_ne!(to, self.replica, "a replica never sends to itself");
-        let from = frame.replica;
+        let from = frame.replica.0;
         self.state
             .borrow_mut()
             .send(from, to, Carried::Frame(frame));
@@ -183,12 +183,13 @@ impl MessageBus for InMemoryBus {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use common::{GroupId, ReplicaId};
     use consensus::vsr::Message;
 
     fn frame(n: u64) -> Frame {
         Frame {
-            group: 1,
-            replica: 0,
+            group: GroupId(1),
+            replica: ReplicaId(0),
             view: 0,
             message: Message::PrepareOk {
                 op: n,

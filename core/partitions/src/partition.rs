@@ -795,7 +795,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             self.replica.count_ignored(Ignored::HistoryMissing);
             return Ok(());
         }
-        let (from, view, message) = (frame.replica, frame.view, frame.message.name());
+        let (from, view, message) = (frame.replica.0, frame.view, frame.message.name());
         let res = self.replica.on_frame(frame);
         if let Ok(Handled::Ignored(reason)) = res {
             tracing::trace!(

@@ -425,8 +425,8 @@ fn given_prepare_with_wrong_base_offset_when_received_by_backup_should_refuse_wi
         header.checksum_body = body_checksum(&body);
         header.checksum = header.compute_checksum();
         Frame {
-            group: GROUP,
-            replica: primary,
+            group: GroupId(GROUP),
+            replica: ReplicaId(primary),
             view: 0,
             message: Message::Prepare(Prepare { header, body }),
         }

@@ -1261,11 +1261,11 @@ impl<E: Env> Shard<E> {
             peer: Some(from.0),
         };
         let frame = wire::decode(bytes, &expect).map_err(FrameRefusal::Wire)?;
-        if frame.group == METADATA_GROUP.0 {
+        if frame.group == METADATA_GROUP {
             return Ok(Triage::Metadata(frame));
         }
-        self.check_owner(frame.group)?;
-        let group = GroupId(frame.group);
+        self.check_owner(frame.group.0)?;
+        let group = frame.group;
         if !self.groups.contains_key(&group) {
             return Err(FrameRefusal::UnknownGroup { group });
         }

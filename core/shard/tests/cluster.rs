@@ -716,8 +716,8 @@ mod hostile {
         wire::encode(
             harness::CLUSTER,
             &Frame {
-                group: group.0,
-                replica: from,
+                group: GroupId(group.0),
+                replica: ReplicaId(from),
                 view: 0,
                 message: Message::Commit {
                     commit: 0,
@@ -760,8 +760,8 @@ mod hostile {
         let late = wire::encode(
             harness::CLUSTER,
             &Frame {
-                group: g.0,
-                replica: 1,
+                group: GroupId(g.0),
+                replica: ReplicaId(1),
                 view: 0,
                 message: Message::RepairDone {
                     nonce: 0x5eed,

@@ -14,7 +14,7 @@
 //! identity, so a log is a hash chain that a receiver can verify.
 
 use bytes::Bytes;
-use common::{GroupId, Op};
+use common::{GroupId, Op, ReplicaId};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// `operation` of a prepare that registers a client session.
@@ -258,9 +258,9 @@ impl Message {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
     /// The consensus group the frame belongs to.
-    pub group: u64,
+    pub group: GroupId,
     /// The sender's index.
-    pub replica: u8,
+    pub replica: ReplicaId,
     /// The sender's current view.
     pub view: u32,
     /// The command-specific part.

@@ -676,8 +676,8 @@ impl Replica {
             return;
         }
         let frame = Frame {
-            group: self.config.group.0,
-            replica: self.config.replica.0,
+            group: self.config.group,
+            replica: self.config.replica,
             view: self.view,
             message,
         };
@@ -734,16 +734,16 @@ impl Replica {
 
     /// Handle one decoded frame from a peer.
     pub fn on_frame(&mut self, frame: Frame) -> Result<Handled, FrameError> {
-        if frame.group != self.config.group.0 {
-            return Err(FrameError::WrongGroup { group: frame.group });
-        }
-        if frame.replica >= self.config.replica_count || frame.replica == self.config.replica.0 {
-            return Err(FrameError::BadSender {
-                replica: frame.replica,
+        if frame.group != self.config.group {
+            return Err(FrameError::WrongGroup {
+                group: frame.group.0,
             });
         }
+        let from = frame.replica.0;
+        if from >= self.config.replica_count || from == self.config.replica.0 {
+            return Err(FrameError::BadSender { replica: from });
+        }
         check_ranges(frame.view, &frame.message)?;
-        let from = frame.replica;
         let view = frame.view;
         if let Some(bound) = self.recovering.as_mut().and_then(|r| r.rejoin.as_mut()) {
             bound.heard(from, view);

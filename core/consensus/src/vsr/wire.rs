@@ -22,6 +22,7 @@
 //! identity leaves the view out for exactly this reason).
 
 use bytes::Bytes;
+use common::ReplicaId;
 use common::{GroupId, Op};
 
 use super::message::{
@@ -139,7 +140,7 @@ pub fn encode(cluster: u128, frame: &Frame) -> Bytes {
         cluster,
         size: 0,
         view: frame.view,
-        replica: frame.replica,
+        replica: frame.replica.0,
         command,
     };
     Bytes::from(header::encode_frame(&header, &body))
@@ -263,8 +264,8 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
         }
     };
     Ok(Frame {
-        group,
-        replica: h.replica,
+        group: GroupId(group),
+        replica: ReplicaId(h.replica),
         view: h.view,
         message,
     })
@@ -294,7 +295,7 @@ pub fn peek_group(bytes: &[u8]) -> Option<u64> {
 }
 
 fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
-    let group = frame.group;
+    let group = frame.group.0;
     match &frame.message {
         Message::Prepare(p) => (
             CommandHeader::Prepare(prepare_tail(&p.header)),
@@ -343,7 +344,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
                 nack_bitset: d.nack_bitset,
                 present_bitset: d.present_bitset,
             }),
-            encode_suffix(cluster, frame.replica, d.op, d.suffix.iter().copied()),
+            encode_suffix(cluster, frame.replica.0, d.op, d.suffix.iter().copied()),
         ),
         Message::StartView(s) => (
             CommandHeader::StartView(StartViewHeader {
@@ -354,7 +355,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
             }),
             encode_suffix(
                 cluster,
-                frame.replica,
+                frame.replica.0,
                 s.op,
                 s.suffix.iter().copied().map(SuffixSlot::Header),
             ),

@@ -112,8 +112,8 @@ fn frames() -> Vec<Frame> {
     messages
         .into_iter()
         .map(|message| Frame {
-            group: 9,
-            replica: 2,
+            group: GroupId(9),
+            replica: ReplicaId(2),
             view: 3,
             message,
         })
@@ -213,8 +213,8 @@ fn given_suffix_entry_of_another_group_when_decoded_should_refuse() {
     stranger.header.group = GroupId(10);
     stranger.header.checksum = stranger.header.compute_checksum();
     let frame = Frame {
-        group: 9,
-        replica: 2,
+        group: GroupId(9),
+        replica: ReplicaId(2),
         view: 3,
         message: Message::StartView(StartView {
             op: 6,
@@ -235,8 +235,8 @@ fn given_suffix_entry_of_another_group_when_decoded_should_refuse() {
 #[test]
 fn given_suffix_entry_out_of_position_when_decoded_should_refuse() {
     let frame = Frame {
-        group: 9,
-        replica: 2,
+        group: GroupId(9),
+        replica: ReplicaId(2),
         view: 3,
         message: Message::StartView(StartView {
             op: 7,

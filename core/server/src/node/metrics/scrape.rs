@@ -593,6 +593,7 @@ impl Collector for SnapshotCollector {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use common::ReplicaId;
     use consensus::vsr::{Config, Frame, Ignored, Message, Replica};
     use shard::{IgnoredTotals, ShardIndex};
 
@@ -602,8 +603,8 @@ mod tests {
         let mut replica = Replica::new(Config::new(common::ReplicaId(1), 3, GroupId(4)));
         for _ in 0..2 {
             let late = Frame {
-                group: 4,
-                replica: 2,
+                group: GroupId(4),
+                replica: ReplicaId(2),
                 view: 0,
                 message: Message::RepairDone { nonce: 9, op: 0 },
             };
