@@ -1,6 +1,7 @@
 //! The census's reports, driven frame by frame on one replica.
 #![allow(clippy::unwrap_used)]
 
+use common::Op;
 use common::{GroupId, ReplicaId};
 use consensus::vsr::{Action, Census, Config, Effect, Frame, Message, Replica, StartView, Status};
 
@@ -31,7 +32,7 @@ fn report(from: u8, incarnation: u128) -> Frame {
             incarnation,
             census: Some(Census {
                 log_view: 0,
-                op: 0,
+                op: Op(0),
                 checksum: 0,
             }),
         },
@@ -71,8 +72,8 @@ fn given_a_report_heard_before_this_replica_joined_a_view_when_a_census_could_st
     persist(&mut r);
     assert_eq!(r.status(), Status::ViewChange, "one report leads nothing");
     let start_view = StartView {
-        op: 0,
-        commit: 0,
+        op: Op(0),
+        commit: Op(0),
         suffix: Vec::new(),
         incarnation: 0,
     };

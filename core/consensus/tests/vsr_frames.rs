@@ -173,7 +173,7 @@ fn given_frames_a_replica_must_not_act_on_should_name_each_reason() {
                 2,
                 0,
                 Message::PrepareOk {
-                    op: 1,
+                    op: Op(1),
                     prepare_checksum: 0,
                 },
             ),
@@ -185,7 +185,7 @@ fn given_frames_a_replica_must_not_act_on_should_name_each_reason() {
                 2,
                 0,
                 Message::Commit {
-                    commit: 0,
+                    commit: Op(0),
                     commit_checksum: 0,
                     timestamp_monotonic: 1,
                 },
@@ -197,7 +197,14 @@ fn given_frames_a_replica_must_not_act_on_should_name_each_reason() {
             Ignored::NotFromAuthority,
         ),
         (
-            from(2, 0, Message::RepairDone { nonce: 7, op: 0 }),
+            from(
+                2,
+                0,
+                Message::RepairDone {
+                    nonce: 7,
+                    op: Op(0),
+                },
+            ),
             Ignored::NoSuchRepair,
         ),
         (
@@ -206,7 +213,7 @@ fn given_frames_a_replica_must_not_act_on_should_name_each_reason() {
                 0,
                 Message::RangeEvicted {
                     nonce: 7,
-                    retained_from: 1,
+                    retained_from: Op(1),
                 },
             ),
             Ignored::NoSuchRepair,
@@ -258,8 +265,8 @@ fn given_frames_a_replica_must_not_act_on_should_name_each_reason() {
     );
     let sv = StartView {
         incarnation: 3,
-        op: 0,
-        commit: 0,
+        op: Op(0),
+        commit: Op(0),
         suffix: Vec::new(),
     };
     assert_eq!(
@@ -274,7 +281,7 @@ fn given_frames_a_replica_must_not_act_on_should_name_each_reason() {
 fn given_numbers_beyond_any_log_should_refuse_before_acting() {
     let mut r = replica();
     let huge = Message::Commit {
-        commit: OP_MAX + 1,
+        commit: Op(OP_MAX + 1),
         commit_checksum: 0,
         timestamp_monotonic: 1,
     };
@@ -295,32 +302,32 @@ fn given_malformed_view_change_messages_should_refuse() {
     let bad_dvcs = [
         DoViewChange {
             log_view: 5, // ahead of the frame's view
-            op: 1,
-            commit: 0,
+            op: Op(1),
+            commit: Op(0),
             suffix: vec![SuffixSlot::Header(p.header)],
             nack_bitset: 0,
             present_bitset: 1,
         },
         DoViewChange {
             log_view: 0,
-            op: 2, // slot 0 must be op 2
-            commit: 0,
+            op: Op(2), // slot 0 must be op 2
+            commit: Op(0),
             suffix: vec![SuffixSlot::Header(p.header)],
             nack_bitset: 0,
             present_bitset: 1,
         },
         DoViewChange {
             log_view: 0,
-            op: 1,
-            commit: 0,
+            op: Op(1),
+            commit: Op(0),
             suffix: vec![SuffixSlot::Header(p.header)],
             nack_bitset: 0,
             present_bitset: 0b10, // beyond the suffix
         },
         DoViewChange {
             log_view: 0,
-            op: 1,
-            commit: 2, // ahead of op
+            op: Op(1),
+            commit: Op(2), // ahead of op
             suffix: vec![],
             nack_bitset: 0,
             present_bitset: 0,
@@ -337,8 +344,8 @@ fn given_malformed_view_change_messages_should_refuse() {
     let mut tampered = p.header;
     tampered.timestamp += 1; // identity no longer matches
     let sv = StartView {
-        op: 1,
-        commit: 0,
+        op: Op(1),
+        commit: Op(0),
         suffix: vec![tampered],
         incarnation: 0,
     };
@@ -356,8 +363,8 @@ fn given_empty_repair_range_should_refuse() {
     let mut r = replica();
     let m = Message::RequestPrepares {
         nonce: 1,
-        from_op: 5,
-        to_op: 4,
+        from_op: Op(5),
+        to_op: Op(4),
     };
     assert_eq!(
         r.on_frame(frame(m)),

@@ -183,6 +183,7 @@ impl MessageBus for InMemoryBus {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use common::Op;
     use common::{GroupId, ReplicaId};
     use consensus::vsr::Message;
 
@@ -192,7 +193,7 @@ mod tests {
             replica: ReplicaId(0),
             view: 0,
             message: Message::PrepareOk {
-                op: n,
+                op: Op(n),
                 prepare_checksum: 0,
             },
         }

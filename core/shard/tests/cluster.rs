@@ -4,6 +4,7 @@
 
 mod harness;
 
+use common::Op;
 use common::simnet::NetworkFaults;
 use common::{ConsumerKind, GroupId, Offset, ReplicaId};
 use futures::executor::block_on;
@@ -720,7 +721,7 @@ mod hostile {
                 replica: ReplicaId(from),
                 view: 0,
                 message: Message::Commit {
-                    commit: 0,
+                    commit: Op(0),
                     commit_checksum: 0,
                     timestamp_monotonic: 1,
                 },
@@ -765,7 +766,7 @@ mod hostile {
                 view: 0,
                 message: Message::RepairDone {
                     nonce: 0x5eed,
-                    op: 0,
+                    op: Op(0),
                 },
             },
         );

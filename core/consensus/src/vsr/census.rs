@@ -131,7 +131,7 @@ impl Replica {
         if report.checksum == super::UNKNOWN_CHECKSUM {
             return None;
         }
-        let header = self.journal.header(report.op)?;
+        let header = self.journal.header(report.op.0)?;
         Some(header.checksum != report.checksum)
     }
 
@@ -247,7 +247,7 @@ impl Replica {
     fn member_should_report(&self) -> bool {
         let fresh = self.others_reports().filter_map(|(_, heard)| heard);
         let (heard, longest) = fresh.fold((0usize, None::<Census>), |(n, longest), h| {
-            let longer = longest.is_none_or(|l| h.report.op > l.op);
+            let longer = longest.is_none_or(|l| h.report.op.0 > l.op.0);
             (n + 1, if longer { Some(h.report) } else { longest })
         });
         // Covered: nothing past what it applied, or nothing past the
@@ -256,7 +256,7 @@ impl Replica {
         // and every one chained above it never committed.
         let covered = self.head() == self.commit_min
             || longest.is_some_and(|l| {
-                self.head() <= l.op || self.journal_disagrees_with(&l) == Some(true)
+                self.head() <= l.op.0 || self.journal_disagrees_with(&l) == Some(true)
             });
         covered
             && usize::from(self.config.replica_count).saturating_sub(heard)
@@ -287,7 +287,7 @@ impl Replica {
             // Its applied state must be a prefix of this log: applied here
             // too, or the same op (by identity) journaled here, the log's
             // entries being hash-chained down to what was applied.
-            if heard.report.op > self.commit_min
+            if heard.report.op.0 > self.commit_min
                 && self.journal_disagrees_with(&heard.report) != Some(false)
             {
                 return;
@@ -340,8 +340,8 @@ impl Replica {
         // replica ranks the same reports the same way.
         let rank = |report: &Census, index: u8| {
             (
-                report.op,
-                report.op == 0 || report.checksum != super::UNKNOWN_CHECKSUM,
+                report.op.0,
+                report.op.0 == 0 || report.checksum != super::UNKNOWN_CHECKSUM,
                 std::cmp::Reverse(index),
             )
         };

@@ -91,7 +91,7 @@ pub enum MergeStall {
 pub type Vote<'a> = (u8, &'a DoViewChange);
 
 fn slot(dvc: &DoViewChange, op: u64) -> Option<(usize, &SuffixSlot)> {
-    let i = usize::try_from(dvc.op.checked_sub(op)?).ok()?;
+    let i = usize::try_from(dvc.op.0.checked_sub(op)?).ok()?;
     dvc.suffix.get(i).map(|s| (i, s))
 }
 
@@ -127,12 +127,12 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
         .collect();
     let mut commit_max = 0;
     for (_, d) in votes {
-        commit_max = commit_max.max(d.commit);
-        if let Some(h) = header_at(d, d.op) {
-            commit_max = commit_max.max(h.commit.0.min(d.op));
+        commit_max = commit_max.max(d.commit.0);
+        if let Some(h) = header_at(d, d.op.0) {
+            commit_max = commit_max.max(h.commit.0.min(d.op.0));
         }
     }
-    let op_canonical = canonical.iter().map(|d| d.op).max().unwrap_or(0);
+    let op_canonical = canonical.iter().map(|d| d.op.0).max().unwrap_or(0);
     let mut op_head = op_canonical.max(commit_max);
     let mut headers: BTreeMap<u64, PrepareHeader> = BTreeMap::new();
     let mut holders = BTreeMap::new();
@@ -153,7 +153,7 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
         let mut nacks = 0;
         let mut copies = 0u32;
         for (replica, d) in votes {
-            if d.op < op {
+            if d.op.0 < op {
                 nacks += 1;
                 continue;
             }
@@ -197,7 +197,7 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
         .or_else(|| {
             votes
                 .iter()
-                .filter(|(_, d)| d.commit >= commit_max)
+                .filter(|(_, d)| d.commit.0 >= commit_max)
                 .find_map(|(_, d)| header_at(d, commit_max))
         });
     if let Some(h) = anchor {
@@ -277,8 +277,8 @@ mod tests {
         };
         DoViewChange {
             log_view,
-            op,
-            commit,
+            op: Op(op),
+            commit: Op(commit),
             suffix,
             nack_bitset: 0,
             present_bitset: present,

@@ -120,9 +120,9 @@ pub struct DoViewChange {
     /// The latest view in which the sender installed a log.
     pub log_view: u32,
     /// The sender's head op.
-    pub op: u64,
+    pub op: Op,
     /// The sender's `commit_max`, capped at `op`.
-    pub commit: u64,
+    pub commit: Op,
     /// Slots for ops `op, op - 1, ...` down to `commit` (at most 128).
     pub suffix: Vec<SuffixSlot>,
     /// Bit `i`: the sender proves it never prepared op `op - i`.
@@ -135,9 +135,9 @@ pub struct DoViewChange {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StartView {
     /// The new log's head op.
-    pub op: u64,
+    pub op: Op,
     /// The primary's `commit_max`.
-    pub commit: u64,
+    pub commit: Op,
     /// Canonical headers, high to low, from `op` down (at most 128).
     pub suffix: Vec<PrepareHeader>,
     /// Echo of the prober's incarnation (0 for an unsolicited broadcast).
@@ -151,7 +151,7 @@ pub struct Census {
     /// Its durable log view (at most the frame's view).
     pub log_view: u32,
     /// Its durable applied op.
-    pub op: u64,
+    pub op: Op,
     /// That op's identity (0 for op 0).
     pub checksum: u128,
 }
@@ -166,14 +166,14 @@ pub enum Message {
     /// match at `op` a match at every op below).
     PrepareOk {
         /// The acknowledged op.
-        op: u64,
+        op: Op,
         /// Its identity in the acker's journal.
         prepare_checksum: u128,
     },
     /// The primary's heartbeat: what it has applied.
     Commit {
         /// The primary's `commit_min`.
-        commit: u64,
+        commit: Op,
         /// The identity of op `commit`.
         commit_checksum: u128,
         /// Strictly increasing per primary life; stale heartbeats do not
@@ -199,9 +199,9 @@ pub enum Message {
         /// Session nonce, echoed.
         nonce: u128,
         /// First op wanted.
-        from_op: u64,
+        from_op: Op,
         /// Last op wanted.
-        to_op: u64,
+        to_op: Op,
     },
     /// A prepare served for repair; verified against known headers.
     RepairPrepare(Prepare),
@@ -210,14 +210,14 @@ pub enum Message {
         /// Session nonce, echoed.
         nonce: u128,
         /// The last op served.
-        op: u64,
+        op: Op,
     },
     /// The server no longer holds ops below `retained_from`.
     RangeEvicted {
         /// Session nonce, echoed.
         nonce: u128,
         /// The oldest op the server still retains.
-        retained_from: u64,
+        retained_from: Op,
     },
     /// The primary asks its backups to vouch that they are still in its
     /// view before it serves a read from its own state (`read_check.rs`).

@@ -95,8 +95,8 @@ impl Replica {
                     peer,
                     Message::RequestPrepares {
                         nonce,
-                        from_op,
-                        to_op: last,
+                        from_op: Op(from_op),
+                        to_op: Op(last),
                     },
                 );
                 self.timers.repair.start();
@@ -194,7 +194,7 @@ impl Replica {
                 from,
                 Message::RangeEvicted {
                     nonce,
-                    retained_from,
+                    retained_from: Op(retained_from),
                 },
             );
         }
@@ -273,7 +273,7 @@ impl Replica {
                 to,
                 Message::RangeEvicted {
                     nonce,
-                    retained_from: from_op.saturating_add(skip as u64),
+                    retained_from: Op(from_op.saturating_add(skip as u64)),
                 },
             );
         }
@@ -282,7 +282,13 @@ impl Replica {
             last = prepare.header.op.0;
             self.send(to, Message::RepairPrepare(prepare));
         }
-        self.send(to, Message::RepairDone { nonce, op: last });
+        self.send(
+            to,
+            Message::RepairDone {
+                nonce,
+                op: Op(last),
+            },
+        );
     }
 
     pub(super) fn on_repair_prepare(&mut self, prepare: Prepare) -> Result<Handled, FrameError> {

@@ -115,12 +115,12 @@ fn check_ranges(view: u32, message: &Message) -> Result<(), FrameError> {
         Message::Prepare(p) | Message::RepairPrepare(p) => {
             values.extend([p.header.op.0, p.header.commit.0]);
         }
-        Message::PrepareOk { op, .. } | Message::RepairDone { op, .. } => values.push(*op),
-        Message::Commit { commit, .. } => values.push(*commit),
-        Message::DoViewChange(d) => values.extend([d.op, d.commit]),
-        Message::StartView(sv) => values.extend([sv.op, sv.commit]),
-        Message::RequestPrepares { from_op, to_op, .. } => values.extend([*from_op, *to_op]),
-        Message::RangeEvicted { retained_from, .. } => values.push(*retained_from),
+        Message::PrepareOk { op, .. } | Message::RepairDone { op, .. } => values.push(op.0),
+        Message::Commit { commit, .. } => values.push(commit.0),
+        Message::DoViewChange(d) => values.extend([d.op.0, d.commit.0]),
+        Message::StartView(sv) => values.extend([sv.op.0, sv.commit.0]),
+        Message::RequestPrepares { from_op, to_op, .. } => values.extend([from_op.0, to_op.0]),
+        Message::RangeEvicted { retained_from, .. } => values.push(retained_from.0),
         Message::StartViewChange
         | Message::RequestStartView { .. }
         | Message::Ping { .. }
@@ -370,7 +370,7 @@ impl Replica {
             rejoin: rejoin.then(RejoinBound::default),
             report: super::message::Census {
                 log_view: self.log_view,
-                op: self.commit_min,
+                op: Op(self.commit_min),
                 checksum: self.commit_min_checksum,
             },
         });
@@ -769,12 +769,12 @@ impl Replica {
             Message::PrepareOk {
                 op,
                 prepare_checksum,
-            } => self.on_prepare_ok(from, view, op, prepare_checksum),
+            } => self.on_prepare_ok(from, view, op.0, prepare_checksum),
             Message::Commit {
                 commit,
                 commit_checksum,
                 timestamp_monotonic,
-            } => self.on_commit(from, view, commit, commit_checksum, timestamp_monotonic),
+            } => self.on_commit(from, view, commit.0, commit_checksum, timestamp_monotonic),
             Message::StartViewChange => self.on_start_view_change(from, view),
             Message::DoViewChange(dvc) => self.on_do_view_change(from, view, dvc)?,
             Message::StartView(sv) => self.on_start_view(from, view, sv)?,
@@ -795,13 +795,13 @@ impl Replica {
                 nonce,
                 from_op,
                 to_op,
-            } => self.on_request_prepares(from, nonce, from_op, to_op)?,
+            } => self.on_request_prepares(from, nonce, from_op.0, to_op.0)?,
             Message::RepairPrepare(p) => self.on_repair_prepare(p)?,
-            Message::RepairDone { nonce, op } => self.on_repair_done(from, nonce, op),
+            Message::RepairDone { nonce, op } => self.on_repair_done(from, nonce, op.0),
             Message::RangeEvicted {
                 nonce,
                 retained_from,
-            } => self.on_range_evicted(from, nonce, retained_from),
+            } => self.on_range_evicted(from, nonce, retained_from.0),
             Message::Ping { round } => self.on_ping(from, view, round),
             Message::Pong { round } => self.on_pong(from, view, round),
         };
@@ -1158,7 +1158,7 @@ impl Replica {
         self.send(
             primary,
             Message::PrepareOk {
-                op,
+                op: Op(op),
                 prepare_checksum: checksum,
             },
         );
@@ -1216,7 +1216,7 @@ impl Replica {
         self.send(
             primary,
             Message::PrepareOk {
-                op,
+                op: Op(op),
                 prepare_checksum,
             },
         );
@@ -1452,7 +1452,7 @@ impl Replica {
             _ => (self.commit_min, self.commit_min_checksum),
         };
         let message = Message::Commit {
-            commit,
+            commit: Op(commit),
             commit_checksum,
             timestamp_monotonic: self.heartbeat_counter,
         };

@@ -232,8 +232,8 @@ impl Replica {
         }
         DoViewChange {
             log_view: self.log_view,
-            op,
-            commit,
+            op: Op(op),
+            commit: Op(commit),
             suffix,
             nack_bitset: nack,
             present_bitset: present,
@@ -261,7 +261,7 @@ impl Replica {
         if dvc.log_view > view {
             return bad("log_view ahead of view");
         }
-        if dvc.commit > dvc.op {
+        if dvc.commit.0 > dvc.op.0 {
             return bad("commit ahead of op");
         }
         if dvc.suffix.len() > DVC_HEADERS_MAX {
@@ -274,7 +274,7 @@ impl Replica {
         }
         let mut previous: Option<PrepareHeader> = None;
         for (i, slot) in dvc.suffix.iter().enumerate() {
-            let expected_op = dvc.op.checked_sub(i as u64);
+            let expected_op = dvc.op.0.checked_sub(i as u64);
             match slot {
                 SuffixSlot::Header(h) => {
                     if Some(h.op.0) != expected_op {
@@ -449,8 +449,8 @@ impl Replica {
             x -= 1;
         }
         StartView {
-            op,
-            commit: self.commit_max,
+            op: Op(op),
+            commit: Op(self.commit_max),
             suffix,
             incarnation,
         }
@@ -458,14 +458,14 @@ impl Replica {
 
     fn validate_start_view(sv: &StartView) -> Result<(), FrameError> {
         let bad = |reason| Err(FrameError::MalformedViewMessage { reason });
-        if sv.commit > sv.op {
+        if sv.commit.0 > sv.op.0 {
             return bad("commit ahead of op");
         }
         if sv.suffix.len() > DVC_HEADERS_MAX {
             return bad("suffix longer than 128 headers");
         }
         for (i, h) in sv.suffix.iter().enumerate() {
-            if sv.op.checked_sub(i as u64) != Some(h.op.0) {
+            if sv.op.0.checked_sub(i as u64) != Some(h.op.0) {
                 return bad("suffix ops not consecutive from the head");
             }
             if !h.verify() {
@@ -511,7 +511,7 @@ impl Replica {
         } else if view == self.view && self.status == Status::Normal {
             return Ok(Handled::Ignored(Ignored::AlreadyInView));
         }
-        if sv.op < self.commit_min {
+        if sv.op.0 < self.commit_min {
             return Ok(Handled::Ignored(Ignored::BehindApplied));
         }
         self.view = view;
@@ -523,22 +523,23 @@ impl Replica {
         if self.observed_newer_view <= view {
             self.observed_newer_view = 0;
         }
-        self.raise_commit_max(sv.commit);
+        self.raise_commit_max(sv.commit.0);
         let before = self.head();
         self.learn_timestamps(&sv.suffix);
-        self.journal.install_log(&sv.suffix, sv.op, self.commit_min);
+        self.journal
+            .install_log(&sv.suffix, sv.op.0, self.commit_min);
         if let Some(h) = sv.suffix.iter().find(|h| h.op.0 == self.commit_min) {
             self.learn_commit_min_checksum(h.checksum);
         }
         self.resolve_commit_min_checksum();
-        if before > sv.op {
+        if before > sv.op.0 {
             self.effect(Effect::TruncateJournal {
-                from_op: Op(sv.op + 1),
+                from_op: Op(sv.op.0 + 1),
             });
         }
         self.persist();
         if let Some(recovery) = &mut self.recovering {
-            recovery.barrier = Some(sv.op);
+            recovery.barrier = Some(sv.op.0);
             // The view is durable now: the restart rule's bound again.
             recovery.rejoin = None;
         }

@@ -177,14 +177,14 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
         CommandHeader::PrepareOk(ok) => (
             ok.group,
             Message::PrepareOk {
-                op: ok.op,
+                op: Op(ok.op),
                 prepare_checksum: ok.prepare_checksum,
             },
         ),
         CommandHeader::Commit(c) => (
             c.group,
             Message::Commit {
-                commit: c.commit,
+                commit: Op(c.commit),
                 commit_checksum: c.commit_checksum,
                 timestamp_monotonic: c.timestamp_monotonic,
             },
@@ -196,8 +196,8 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
                 d.group,
                 Message::DoViewChange(DoViewChange {
                     log_view: d.log_view,
-                    op: d.op,
-                    commit: d.commit,
+                    op: Op(d.op),
+                    commit: Op(d.commit),
                     suffix,
                     nack_bitset: d.nack_bitset,
                     present_bitset: d.present_bitset,
@@ -215,8 +215,8 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
             (
                 s.group,
                 Message::StartView(StartView {
-                    op: s.op,
-                    commit: s.commit,
+                    op: Op(s.op),
+                    commit: Op(s.commit),
                     suffix,
                     incarnation: s.incarnation,
                 }),
@@ -228,7 +228,7 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
                 incarnation: r.incarnation,
                 census: r.census.then_some(Census {
                     log_view: r.census_log_view,
-                    op: r.census_op,
+                    op: Op(r.census_op),
                     checksum: r.census_checksum,
                 }),
             },
@@ -237,22 +237,22 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
             r.group,
             Message::RequestPrepares {
                 nonce: r.nonce,
-                from_op: r.from_op,
-                to_op: r.to_op,
+                from_op: Op(r.from_op),
+                to_op: Op(r.to_op),
             },
         ),
         CommandHeader::RepairDone(r) => (
             r.group,
             Message::RepairDone {
                 nonce: r.nonce,
-                op: r.op,
+                op: Op(r.op),
             },
         ),
         CommandHeader::RangeEvicted(r) => (
             r.group,
             Message::RangeEvicted {
                 nonce: r.nonce,
-                retained_from: r.op,
+                retained_from: Op(r.op),
             },
         ),
         CommandHeader::Ping(p) => (p.group, Message::Ping { round: p.round }),
@@ -311,7 +311,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         } => (
             CommandHeader::PrepareOk(PrepareOkHeader {
                 prepare_checksum: *prepare_checksum,
-                op: *op,
+                op: op.0,
                 group,
                 ..PrepareOkHeader::default()
             }),
@@ -325,7 +325,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
             CommandHeader::Commit(CommitHeader {
                 commit_checksum: *commit_checksum,
                 timestamp_monotonic: *timestamp_monotonic,
-                commit: *commit,
+                commit: commit.0,
                 checkpoint_op: 0,
                 group,
             }),
@@ -337,26 +337,26 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         ),
         Message::DoViewChange(d) => (
             CommandHeader::DoViewChange(DoViewChangeHeader {
-                op: d.op,
-                commit: d.commit,
+                op: d.op.0,
+                commit: d.commit.0,
                 group,
                 log_view: d.log_view,
                 nack_bitset: d.nack_bitset,
                 present_bitset: d.present_bitset,
             }),
-            encode_suffix(cluster, frame.replica.0, d.op, d.suffix.iter().copied()),
+            encode_suffix(cluster, frame.replica.0, d.op.0, d.suffix.iter().copied()),
         ),
         Message::StartView(s) => (
             CommandHeader::StartView(StartViewHeader {
-                op: s.op,
-                commit: s.commit,
+                op: s.op.0,
+                commit: s.commit.0,
                 group,
                 incarnation: s.incarnation,
             }),
             encode_suffix(
                 cluster,
                 frame.replica.0,
-                s.op,
+                s.op.0,
                 s.suffix.iter().copied().map(SuffixSlot::Header),
             ),
         ),
@@ -368,7 +368,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
                 group,
                 incarnation: *incarnation,
                 census: census.is_some(),
-                census_op: census.map_or(0, |c| c.op),
+                census_op: census.map_or(0, |c| c.op.0),
                 census_checksum: census.map_or(0, |c| c.checksum),
                 census_log_view: census.map_or(0, |c| c.log_view),
             }),
@@ -381,8 +381,8 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         } => (
             CommandHeader::RequestPrepares(RequestPreparesHeader {
                 nonce: *nonce,
-                from_op: *from_op,
-                to_op: *to_op,
+                from_op: from_op.0,
+                to_op: to_op.0,
                 group,
             }),
             Vec::new(),
@@ -390,7 +390,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         Message::RepairDone { nonce, op } => (
             CommandHeader::RepairDone(RepairRangeHeader {
                 nonce: *nonce,
-                op: *op,
+                op: op.0,
                 group,
             }),
             Vec::new(),
@@ -401,7 +401,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         } => (
             CommandHeader::RangeEvicted(RepairRangeHeader {
                 nonce: *nonce,
-                op: *retained_from,
+                op: retained_from.0,
                 group,
             }),
             Vec::new(),

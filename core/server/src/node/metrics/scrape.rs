@@ -606,7 +606,10 @@ mod tests {
                 group: GroupId(4),
                 replica: ReplicaId(2),
                 view: 0,
-                message: Message::RepairDone { nonce: 9, op: 0 },
+                message: Message::RepairDone {
+                    nonce: 9,
+                    op: common::Op(0),
+                },
             };
             let handled = replica.on_frame(late).unwrap();
             assert_eq!(handled.ignored(), Some(Ignored::NoSuchRepair));
