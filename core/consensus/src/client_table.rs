@@ -286,7 +286,7 @@ impl ClientTable {
             .entries
             .get_mut(&client)
             .and_then(|e| e.reply.as_mut())
-            .filter(|r| r.request == request && r.op == op)
+            .filter(|r| r.request == request && r.op.0 == op)
         {
             reply.result = result;
         }
@@ -375,13 +375,14 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::vsr::ReplyStatus;
+    use common::Op;
 
     fn reply(client: u128, request: u64, op: u64) -> Reply {
         Reply {
             client,
             request,
-            op,
-            commit: op,
+            op: Op(op),
+            commit: Op(op),
             timestamp: op,
             operation: 3,
             status: ReplyStatus::Ok,
@@ -467,7 +468,7 @@ mod tests {
         let RequestCheck::Duplicate(answer) = u.check(7, session, 1) else {
             panic!("the retry is not answered from the table");
         };
-        assert_eq!((answer.op, answer.result), (2, 4_096));
+        assert_eq!((answer.op, answer.result), (Op(2), 4_096));
         assert!(!u.commit(7, 1, 5, reply(7, 1, 5)), "never executed twice");
         assert!(matches!(u.check(3, 0, 0), RequestCheck::Duplicate(_)));
     }

@@ -719,7 +719,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                         let outcome = self
                             .outcomes
                             .iter()
-                            .find(|(op, _)| *op == reply.op)
+                            .find(|(op, _)| *op == reply.op.0)
                             .map(|(_, o)| o.clone());
                         self.bus.send_to_client(MetadataReply { reply, outcome });
                     }

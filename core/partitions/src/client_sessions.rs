@@ -35,6 +35,7 @@
 //! requests from before the restart are then refused for want of a
 //! session, as before this record existed.
 
+use common::Op;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -169,8 +170,8 @@ impl RecordedTable {
                 Some(r) => {
                     out.push(1);
                     out.extend_from_slice(&r.request.to_le_bytes());
-                    out.extend_from_slice(&r.op.to_le_bytes());
-                    out.extend_from_slice(&r.commit.to_le_bytes());
+                    out.extend_from_slice(&r.op.0.to_le_bytes());
+                    out.extend_from_slice(&r.commit.0.to_le_bytes());
                     out.extend_from_slice(&r.timestamp.to_le_bytes());
                     out.push(r.operation);
                     out.push(status_code(r.status));
@@ -249,8 +250,8 @@ impl RecordedTable {
                 (1, Some(status)) => Some(Reply {
                     client,
                     request,
-                    op: reply_op,
-                    commit,
+                    op: Op(reply_op),
+                    commit: Op(commit),
                     timestamp,
                     operation,
                     status,
@@ -402,8 +403,8 @@ mod tests {
                 reply: (client % 2 == 1).then_some(Reply {
                     client,
                     request: 40 + client as u64,
-                    op: 77,
-                    commit: 78,
+                    op: Op(77),
+                    commit: Op(78),
                     timestamp: 123,
                     operation: 3,
                     status: ReplyStatus::Ok,

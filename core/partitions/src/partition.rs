@@ -1016,7 +1016,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                             // once, so the table may already cache a later
                             // request): the result comes from this apply.
                             if let Some(&(_, result)) =
-                                self.reply_results.iter().find(|(op, _)| *op == reply.op)
+                                self.reply_results.iter().find(|(op, _)| *op == reply.op.0)
                             {
                                 reply.result = result;
                             }

@@ -78,13 +78,14 @@ pub(crate) fn registered_session(reply: &Reply) -> u64 {
     if reply.session != 0 {
         reply.session
     } else {
-        reply.op
+        reply.op.0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::Op;
 
     #[test]
     fn given_a_register_in_flight_should_wait_until_it_is_overdue() {
@@ -108,8 +109,8 @@ mod tests {
         Reply {
             client: 7,
             request: 0,
-            op,
-            commit: op,
+            op: Op(op),
+            commit: Op(op),
             timestamp: 0,
             operation: consensus::vsr::OPERATION_REGISTER,
             status: ReplyStatus::Ok,

@@ -1927,7 +1927,7 @@ impl<E: Env> Shard<E> {
             self.stats.calls += 1;
             let answer = match reply.status {
                 ReplyStatus::Ok => Ok(Answer::Committed {
-                    op: Op(reply.op),
+                    op: reply.op,
                     // Set when the partition applied the batch, and kept
                     // with the cached reply, so a retry answered from the
                     // client table reports the original offsets.

@@ -305,9 +305,9 @@ pub struct Reply {
     /// The request number answered.
     pub request: u64,
     /// The op at which the request committed (0 when not `Ok`).
-    pub op: u64,
+    pub op: Op,
     /// The replying replica's `commit_max`.
-    pub commit: u64,
+    pub commit: Op,
     /// The prepare's timestamp.
     pub timestamp: u64,
     /// The operation.

@@ -999,8 +999,8 @@ impl Replica {
         self.actions.push(Action::Reply(Reply {
             client: request.client,
             request: request.request,
-            op: 0,
-            commit: self.commit_max,
+            op: Op(0),
+            commit: Op(self.commit_max),
             timestamp: 0,
             operation: request.operation,
             status,
@@ -1335,8 +1335,8 @@ impl Replica {
         let mut reply = Reply {
             client: h.client,
             request: h.request,
-            op: h.op.0,
-            commit: h.op.0,
+            op: Op(h.op.0),
+            commit: Op(h.op.0),
             timestamp: h.timestamp,
             operation: h.operation,
             status: ReplyStatus::Ok,
