@@ -34,6 +34,7 @@
 //! ```
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use common::Op;
 use common::{GroupId, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -141,11 +142,11 @@ async fn transfer(
 ) -> (Duration, Phases, ReceiverStats, u64) {
     let (mut receiver, _net) = open(rx_dir).await;
     let facts = LocalFacts {
-        replica: ME,
+        replica: ReplicaId(ME),
         replica_count: 2,
         view: 0,
-        primary: 0,
-        commit_max: 0,
+        primary: ReplicaId(0),
+        commit_max: Op(0),
         purge_generation: 0,
     };
     let clock = MonotonicClock::new();

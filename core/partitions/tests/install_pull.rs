@@ -8,6 +8,7 @@ mod pump;
 mod support;
 
 use common::ConsumerKind;
+use common::{Op, ReplicaId};
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use journal::MemSuperblock;
@@ -30,11 +31,11 @@ fn pull(
     server: &mut OfferServer,
 ) -> Box<ReceivedTransfer> {
     let facts = LocalFacts {
-        replica: ME,
+        replica: ReplicaId(ME),
         replica_count: 3,
         view: 0,
-        primary: 0,
-        commit_max: 0,
+        primary: ReplicaId(0),
+        commit_max: Op(0),
         purge_generation: 0,
     };
     let request = rx.arm(0);

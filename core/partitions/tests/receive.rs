@@ -8,6 +8,7 @@
 mod pump;
 mod support;
 
+use common::ReplicaId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -111,11 +112,11 @@ fn server() -> OfferServer {
 
 fn local() -> LocalFacts {
     LocalFacts {
-        replica: ME,
+        replica: ReplicaId(ME),
         replica_count: 3,
         view: 0,
-        primary: 0,
-        commit_max: 0,
+        primary: ReplicaId(0),
+        commit_max: Op(0),
         purge_generation: 0,
     }
 }
@@ -562,7 +563,7 @@ fn given_torn_write_mid_spill_when_next_session_resumes_should_cut_the_unsynced_
     let chunk = 32 * 1024;
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, 128 * 1024), 29);
     let mut facts = local();
-    facts.primary = 1;
+    facts.primary = ReplicaId(1);
     let first = rx.arm(0);
     // Ten chunks land (synced at 128 KiB and 256 KiB), the eleventh write
     // tears after 1 KiB and fails.
@@ -858,7 +859,7 @@ fn given_offer_from_a_peer_behind_when_offered_should_refuse_stale() {
         })
     ));
     let mut ahead = local();
-    ahead.commit_max = 1_000;
+    ahead.commit_max = Op(1_000);
     assert!(matches!(
         refused_at_accept(60, ahead, &Hooks::default()),
         DescriptorRefusal::Header(OfferHeaderRefusal::CommitMaxBehind {
@@ -961,9 +962,9 @@ fn given_consecutive_failures_when_backing_off_should_double_up_to_1024_times_th
 #[test]
 fn given_failed_peer_when_rotating_should_prefer_primary_else_walk_the_ring_skipping_self() {
     let facts = |replica, primary, count| LocalFacts {
-        replica,
+        replica: ReplicaId(replica),
         replica_count: count,
-        primary,
+        primary: ReplicaId(primary),
         ..local()
     };
     assert_eq!(rotate_peer(&facts(2, 0, 3), 1), 0, "the primary");
@@ -999,7 +1000,7 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
     let cfg = receiver_config(16 * 1024, 32 * 1024);
     let mut rx = TransferReceiver::new(fs, &dir(), cfg, 17);
     let mut facts = local();
-    facts.primary = 1;
+    facts.primary = ReplicaId(1);
     let TransferRequest::Descriptor { nonce, .. } = rx.arm(1) else {
         unreachable!()
     };
@@ -1331,15 +1332,15 @@ fn given_partition_when_facts_taken_should_report_its_replica_view_commit_and_pu
     assert_eq!(
         facts,
         LocalFacts {
-            replica: 0,
+            replica: ReplicaId(0),
             replica_count: 1,
             view: replica.view(),
-            primary: replica.primary_index(replica.view()).0,
-            commit_max: replica.commit_max().0,
+            primary: ReplicaId(replica.primary_index(replica.view()).0),
+            commit_max: Op(replica.commit_max().0),
             purge_generation: node.partition.purge_generation(),
         }
     );
-    assert!(facts.commit_max > 0);
+    assert!(facts.commit_max > Op(0));
 }
 
 /// A chunk answer on its way to the receiver: `(nonce, artifact, offset,
@@ -2066,9 +2067,9 @@ fn given_primary_missing_its_own_segment_when_pulled_should_refuse_as_fault_and_
 #[test]
 fn given_peer_id_at_u8_max_when_rotating_should_wrap_without_overflow() {
     let facts = |replica, primary, count| LocalFacts {
-        replica,
+        replica: ReplicaId(replica),
         replica_count: count,
-        primary,
+        primary: ReplicaId(primary),
         ..local()
     };
     // The primary is self, so the ring decides.

@@ -36,6 +36,7 @@
 
 mod support;
 
+use common::Op;
 use common::{GroupId, ReplicaId};
 use std::cell::Cell;
 use std::path::Path;
@@ -142,11 +143,11 @@ fn server(time_max: Option<Duration>) -> OfferServer {
 
 fn local() -> LocalFacts {
     LocalFacts {
-        replica: ME,
+        replica: ReplicaId(ME),
         replica_count: 3,
         view: 0,
-        primary: 0,
-        commit_max: 0,
+        primary: ReplicaId(0),
+        commit_max: Op(0),
         purge_generation: 0,
     }
 }

@@ -47,6 +47,7 @@
 //! Sans-network and deterministic: frames and ticks in, frames out; no
 //! clock (idle counts are ticks), nonces from a seeded [`Prng`].
 
+use common::ReplicaId;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -365,11 +366,11 @@ pub struct MetadataTransfer {
 
 fn facts(replica: &Replica) -> LocalFacts {
     LocalFacts {
-        replica: replica.replica().0,
+        replica: ReplicaId(replica.replica().0),
         replica_count: replica.replica_count(),
         view: replica.view(),
-        primary: replica.primary_index(replica.view()).0,
-        commit_max: replica.commit_max().0,
+        primary: ReplicaId(replica.primary_index(replica.view()).0),
+        commit_max: Op(replica.commit_max().0),
         purge_generation: 0,
     }
 }
@@ -437,7 +438,7 @@ impl MetadataTransfer {
             .map(|t| (t.peer.0, t.floor))
             .or_else(|| {
                 let floor = self.armed_floor?;
-                (replica.commit_min() < floor).then(|| (facts(replica).primary, floor))
+                (replica.commit_min() < floor).then(|| (facts(replica).primary.0, floor))
             });
         let Some((peer, floor)) = need else {
             self.armed_floor = None;

@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::task::Poll;
 
 use bytes::Bytes;
-use common::{Op, ReplicaId};
+use common::Op;
 use consensus::header::{
     CommandHeader, FRAME_SIZE_MAX_DEFAULT, FrameHeader, HEADER_SIZE, HeaderError,
     RequestStateChunkHeader, RequestStateTransferHeader, StateChunkHeader,
@@ -310,10 +310,10 @@ pub fn check_offer_header(
             local_view: local.view,
         });
     }
-    if header.commit_max < local.commit_max {
+    if header.commit_max < local.commit_max.0 {
         return Err(OfferHeaderRefusal::CommitMaxBehind {
             offer_commit_max: header.commit_max,
-            local_commit_max: local.commit_max,
+            local_commit_max: local.commit_max.0,
         });
     }
     Ok(())
@@ -713,9 +713,9 @@ impl<F: Fs> TransferDriver<F> {
         let need = partition.state_transfer_needed().or_else(|| {
             let floor = self.armed_floor?;
             (partition.replica().commit_min() < floor).then_some(StateTransferNeeded {
-                peer: ReplicaId(facts.primary),
+                peer: facts.primary,
                 floor,
-                to_op: Op(facts.commit_max),
+                to_op: facts.commit_max,
             })
         });
         match need {

@@ -8,6 +8,7 @@
 #[path = "../pump/mod.rs"]
 mod pump;
 
+use common::Op;
 use common::{GroupId, ReplicaId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -683,11 +684,11 @@ pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
     let facts = {
         let r = c.replica(to).replica();
         LocalFacts {
-            replica: to,
+            replica: ReplicaId(to),
             replica_count: c.n,
             view: r.view(),
-            primary: r.primary_index(r.view()).0,
-            commit_max: r.commit_max().0,
+            primary: ReplicaId(r.primary_index(r.view()).0),
+            commit_max: Op(r.commit_max().0),
             purge_generation: c.replica(to).purge_generation(),
         }
     };

@@ -26,8 +26,8 @@ impl TransferBackoff {
 /// replica nor the failed peer, otherwise the next replica around the ring
 /// past the failed one, skipping this replica.
 pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
-    if local.primary != local.replica && local.primary != failed {
-        return local.primary;
+    if local.primary != local.replica && local.primary.0 != failed {
+        return local.primary.0;
     }
     let n = local.replica_count.max(1);
     let mut candidate = failed;
@@ -38,7 +38,7 @@ pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
             Some(next) if next < n => next,
             _ => 0,
         };
-        if candidate != local.replica {
+        if candidate != local.replica.0 {
             return candidate;
         }
     }
@@ -53,8 +53,8 @@ pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
 /// anyone, and asking the primary for ever hid them (mixed 22008104, and
 /// 23004582 on group 0).
 pub fn peer_after_refusal(local: &LocalFacts, refuser: u8) -> u8 {
-    if local.primary != local.replica && local.primary != refuser {
-        local.primary
+    if local.primary != local.replica && local.primary.0 != refuser {
+        local.primary.0
     } else {
         rotate_peer(local, refuser)
     }

@@ -31,6 +31,7 @@
 //! charged failure doubles the delay (up to 1024× the base) and rotates the
 //! peer; a transient refusal waits the flat base and charges nothing.
 
+use common::{Op, ReplicaId};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -123,15 +124,15 @@ impl Default for ReceiverConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalFacts {
     /// This replica's index.
-    pub replica: u8,
+    pub replica: ReplicaId,
     /// Replicas in the group.
     pub replica_count: u8,
     /// The current view.
     pub view: u32,
     /// The view's primary.
-    pub primary: u8,
+    pub primary: ReplicaId,
     /// Highest op known committed in the group.
-    pub commit_max: u64,
+    pub commit_max: Op,
     /// The purge generation this replica applied.
     pub purge_generation: u64,
 }
@@ -141,11 +142,11 @@ impl LocalFacts {
     pub fn of<B: MessageBus, S: SuperblockStore, F: Fs>(partition: &Partition<B, S, F>) -> Self {
         let replica = partition.replica();
         Self {
-            replica: replica.replica().0,
+            replica: replica.replica(),
             replica_count: partition.config().vsr.replica_count,
             view: replica.view(),
-            primary: replica.primary_index(replica.view()).0,
-            commit_max: replica.commit_max().0,
+            primary: replica.primary_index(replica.view()),
+            commit_max: replica.commit_max(),
             purge_generation: partition.purge_generation(),
         }
     }
@@ -651,7 +652,7 @@ impl<F: Fs> TransferReceiver<F> {
 
     /// Ends the attempt with `error` and schedules the re-arm.
     async fn fail(&mut self, error: ReceiveError, local: &LocalFacts) -> ReceiveStep {
-        let peer = self.session.as_ref().map_or(local.primary, |s| s.peer);
+        let peer = self.session.as_ref().map_or(local.primary.0, |s| s.peer);
         self.end_session();
         self.fail_after_session(error, peer, local).await
     }
