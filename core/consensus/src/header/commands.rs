@@ -640,8 +640,11 @@ impl CommandHeader {
         ) || matches!(self, Self::StateTransferTarget(t) if !t.available)
     }
 
+    /// Decodes the command-specific area of a `command` frame: the
+    /// command's fields, then what they must satisfy together
+    /// ([`TailChecks`]).
     pub(super) fn read_tail(command: Command, b: &Bytes) -> Result<Self, HeaderError> {
-        Ok(match command {
+        let tail = match command {
             Command::Request => Self::Request(RequestHeader::read(b)?),
             Command::Reply => Self::Reply(ReplyHeader::decode_fields(b, command)?),
             Command::Prepare => Self::Prepare(PrepareCommand::read(b, command)?),
@@ -652,88 +655,77 @@ impl CommandHeader {
                 Self::StartViewChange(StartViewChangeHeader::decode_fields(b, command)?)
             }
             Command::DoViewChange => {
-                let h = DoViewChangeHeader::decode_fields(b, command)?;
-                if h.log_view > u32_at(b, VIEW_OFFSET) {
-                    return Err(invalid(command, "log_view is ahead of view"));
-                }
-                if h.commit > h.op {
-                    return Err(invalid(command, "commit is ahead of op"));
-                }
-                Self::DoViewChange(h)
+                Self::DoViewChange(DoViewChangeHeader::decode_fields(b, command)?)
             }
-            Command::StartView => {
-                let h = StartViewHeader::decode_fields(b, command)?;
-                if h.commit > h.op {
-                    return Err(invalid(command, "commit is ahead of op"));
-                }
-                Self::StartView(h)
-            }
+            Command::StartView => Self::StartView(StartViewHeader::decode_fields(b, command)?),
             Command::RequestStartView => {
                 Self::RequestStartView(RequestStartViewHeader::read(b, command)?)
             }
             Command::RequestPrepares => {
-                let h = RequestPreparesHeader::decode_fields(b, command)?;
-                if h.from_op == 0 || h.from_op > h.to_op {
-                    return Err(invalid(command, "the range must satisfy 1 <= from <= to"));
-                }
-                Self::RequestPrepares(h)
+                Self::RequestPrepares(RequestPreparesHeader::decode_fields(b, command)?)
             }
-            Command::RepairDone | Command::RangeEvicted => {
-                let h = RepairRangeHeader::decode_fields(b, command)?;
-                if command == Command::RepairDone {
-                    Self::RepairDone(h)
-                } else {
-                    Self::RangeEvicted(h)
-                }
+            Command::RepairDone => Self::RepairDone(RepairRangeHeader::decode_fields(b, command)?),
+            Command::RangeEvicted => {
+                Self::RangeEvicted(RepairRangeHeader::decode_fields(b, command)?)
             }
-            Command::Ping | Command::Pong => {
-                let h = PingHeader::decode_fields(b, command)?;
-                if h.round == 0 {
-                    return Err(invalid(command, "read-check rounds start at 1"));
-                }
-                if command == Command::Ping {
-                    Self::Ping(h)
-                } else {
-                    Self::Pong(h)
-                }
-            }
+            Command::Ping => Self::Ping(PingHeader::decode_fields(b, command)?),
+            Command::Pong => Self::Pong(PingHeader::decode_fields(b, command)?),
             Command::RequestHeaders => {
-                let h = RequestHeadersHeader::decode_fields(b, command)?;
-                if h.from_op == 0 || h.from_op > h.to_op {
-                    return Err(invalid(command, "the range must satisfy 1 <= from <= to"));
-                }
-                if h.to_op - h.from_op >= super::HEADERS_PER_FRAME_MAX as u64 {
-                    return Err(invalid(command, "the range spans more than 128 ops"));
-                }
-                Self::RequestHeaders(h)
+                Self::RequestHeaders(RequestHeadersHeader::decode_fields(b, command)?)
             }
             Command::Headers => Self::Headers(HeadersHeader::decode_fields(b, command)?),
             Command::RequestStateTransfer => {
                 Self::RequestStateTransfer(RequestStateTransferHeader::decode_fields(b, command)?)
             }
             Command::StateTransferTarget => {
-                let h = StateTransferTargetHeader::decode_fields(b, command)?;
-                if h.available && h.unavailable_transient {
-                    return Err(invalid(command, "an offer cannot also be a refusal"));
-                }
-                if h.available && h.commit_op > h.commit_max {
-                    return Err(invalid(command, "commit_op is ahead of commit_max"));
-                }
-                Self::StateTransferTarget(h)
+                Self::StateTransferTarget(StateTransferTargetHeader::decode_fields(b, command)?)
             }
             Command::RequestStateChunk => {
-                let h = RequestStateChunkHeader::decode_fields(b, command)?;
-                if h.len == 0 {
-                    return Err(invalid(
-                        command,
-                        "a chunk request asks for at least one byte",
-                    ));
-                }
-                Self::RequestStateChunk(h)
+                Self::RequestStateChunk(RequestStateChunkHeader::decode_fields(b, command)?)
             }
             Command::StateChunk => Self::StateChunk(StateChunkHeader::decode_fields(b, command)?),
             other => return Err(HeaderError::UnsupportedCommand { command: other }),
-        })
+        };
+        tail.check_fields(u32_at(b, VIEW_OFFSET))
+            .map_err(|reason| invalid(command, reason))?;
+        Ok(tail)
+    }
+
+    /// What a decoded command's fields must satisfy together, each field
+    /// being in range on its own: a range that is not one, a commit ahead of
+    /// its head, an offer that is also a refusal. `view` is the frame's.
+    fn check_fields(&self, view: u32) -> Result<(), &'static str> {
+        match self {
+            Self::DoViewChange(h) if h.log_view > view => Err("log_view is ahead of view"),
+            Self::DoViewChange(DoViewChangeHeader { commit, op, .. })
+            | Self::StartView(StartViewHeader { commit, op, .. })
+                if commit > op =>
+            {
+                Err("commit is ahead of op")
+            }
+            Self::RequestPrepares(RequestPreparesHeader { from_op, to_op, .. })
+            | Self::RequestHeaders(RequestHeadersHeader { from_op, to_op, .. })
+                if *from_op == 0 || from_op > to_op =>
+            {
+                Err("the range must satisfy 1 <= from <= to")
+            }
+            Self::RequestHeaders(h)
+                if h.to_op - h.from_op >= super::HEADERS_PER_FRAME_MAX as u64 =>
+            {
+                Err("the range spans more than 128 ops")
+            }
+            Self::Ping(h) | Self::Pong(h) if h.round == 0 => Err("read-check rounds start at 1"),
+            Self::StateTransferTarget(h) if h.available && h.unavailable_transient => {
+                Err("an offer cannot also be a refusal")
+            }
+            Self::StateTransferTarget(h) if h.available && h.commit_op > h.commit_max => {
+                Err("commit_op is ahead of commit_max")
+            }
+            Self::RequestStateChunk(h) if h.len == 0 => {
+                Err("a chunk request asks for at least one byte")
+            }
+            _ => Ok(()),
+        }
     }
 
     pub(super) fn write_tail(&self, b: &mut Bytes) {
