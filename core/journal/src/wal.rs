@@ -26,6 +26,7 @@
 //! then reads as interior corruption and refuses boot — a false alarm that
 //! fails safe, never a silent loss. The group size is bounded by the caller.
 
+use common::Op;
 use std::collections::VecDeque;
 use std::fmt;
 use std::io;
@@ -47,9 +48,9 @@ pub struct WalRecovery {
     /// Valid entries kept.
     pub entries: u64,
     /// The first op in the file, if any.
-    pub first_op: Option<u64>,
+    pub first_op: Option<Op>,
     /// The last op in the file, if any.
-    pub last_op: Option<u64>,
+    pub last_op: Option<Op>,
     /// Bytes of torn tail truncated away.
     pub truncated_bytes: u64,
 }
@@ -309,8 +310,8 @@ impl<F: Fs> MetadataWal<F> {
                 Ok((mut slot, _)) => {
                     slot.position = pos as u64;
                     head = Some((slot.op, slot.checksum));
-                    recovery.first_op.get_or_insert(slot.op);
-                    recovery.last_op = Some(slot.op);
+                    recovery.first_op.get_or_insert(Op(slot.op));
+                    recovery.last_op = Some(Op(slot.op));
                     recovery.entries += 1;
                     if index.len() == slots {
                         index.pop_front();

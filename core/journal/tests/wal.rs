@@ -2,6 +2,7 @@
 //! simulated filesystem.
 #![allow(clippy::unwrap_used)]
 
+use common::Op;
 use futures::executor::block_on;
 use journal::build_prepare;
 use journal::{MetadataWal, WalError};
@@ -64,7 +65,7 @@ fn given_appends_when_reopened_should_recover_every_entry_and_read_them() {
     let (wal, rec) = open(&fs).unwrap();
     assert_eq!(
         (rec.entries, rec.first_op, rec.last_op),
-        (10, Some(1), Some(10))
+        (10, Some(Op(1)), Some(Op(10)))
     );
     assert_eq!(rec.truncated_bytes, 0);
     for (i, f) in frames.iter().enumerate() {
@@ -81,7 +82,7 @@ fn given_random_crashes_when_rebooted_should_keep_every_acknowledged_append() {
         let mut acked = 0u64;
         for round in 0..4u64 {
             let (mut wal, rec) = open(&fs).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-            let last = rec.last_op.unwrap_or(0);
+            let last = rec.last_op.map_or(0, |op| op.0);
             assert!(
                 last >= acked,
                 "seed {seed}: acknowledged op {acked} lost (have {last})"
@@ -113,7 +114,7 @@ fn given_random_crashes_when_rebooted_should_keep_every_acknowledged_append() {
             fs.crash();
         }
         let (_, rec) = open(&fs).unwrap();
-        assert!(rec.last_op.unwrap_or(0) >= acked, "seed {seed}");
+        assert!(rec.last_op.map_or(0, |op| op.0) >= acked, "seed {seed}");
     }
 }
 
@@ -137,7 +138,7 @@ fn given_torn_last_append_when_reopened_should_truncate_physically_and_continue(
     });
     fs.crash_with(CrashMode::KeepAll);
     let (mut wal, rec) = open(&fs).unwrap();
-    assert_eq!(rec.last_op, Some(2));
+    assert_eq!(rec.last_op, Some(Op(2)));
     assert_eq!(rec.truncated_bytes, 100);
     assert_eq!(wal.len_bytes(), first_len);
     assert_eq!(
@@ -150,7 +151,7 @@ fn given_torn_last_append_when_reopened_should_truncate_physically_and_continue(
     chain.next();
     block_on(wal.append(chain.next())).unwrap();
     fs.crash_with(CrashMode::DropAll);
-    assert_eq!(open(&fs).unwrap().1.last_op, Some(3));
+    assert_eq!(open(&fs).unwrap().1.last_op, Some(Op(3)));
 }
 
 #[test]
