@@ -26,6 +26,7 @@
 //! then reads as interior corruption and refuses boot — a false alarm that
 //! fails safe, never a silent loss. The group size is bounded by the caller.
 
+use common::GroupId;
 use common::Op;
 use std::collections::VecDeque;
 use std::fmt;
@@ -203,7 +204,7 @@ fn parse_prepare(frame: &[u8]) -> Result<(u64, u128, u128), EntryDamage> {
     let decoded = decode_frame(frame, WAL_ENTRY_SIZE_MAX).map_err(EntryDamage::Frame)?;
     match decoded.header.command {
         CommandHeader::Prepare(PrepareCommand { op, parent, .. }) => {
-            Ok((op, decoded.header.checksum, parent))
+            Ok((op.0, decoded.header.checksum, parent))
         }
         _ => Err(EntryDamage::NotAPrepare),
     }
@@ -380,18 +381,18 @@ impl<F: Fs> MetadataWal<F> {
             return Err(WalError::NotAPrepare);
         };
         if let Some((op, checksum)) = prev {
-            if p.op != op + 1 {
+            if p.op.0 != op + 1 {
                 return Err(WalError::NotNextOp {
                     expected: op + 1,
-                    op: p.op,
+                    op: p.op.0,
                 });
             }
             if p.parent != checksum {
-                return Err(WalError::ParentMismatch { op: p.op });
+                return Err(WalError::ParentMismatch { op: p.op.0 });
             }
         }
         Ok(Slot {
-            op: p.op,
+            op: p.op.0,
             checksum: decoded.header.checksum,
             position: 0,
             size: decoded.header.size,
@@ -510,12 +511,12 @@ pub fn build_prepare(op: u64, parent: u128, group: u64, body: &[u8]) -> Vec<u8> 
             client: 1,
             parent,
             request_checksum: 0,
-            op,
-            commit: op - 1,
+            op: Op(op),
+            commit: Op(op - 1),
             timestamp: op,
             request: op,
             operation: 128,
-            group,
+            group: GroupId(group),
             user_id: 0,
         }),
     };

@@ -32,6 +32,7 @@
 //! and refuses interior damage), then apply every WAL op above the
 //! snapshot's op in order. A gap between them refuses boot.
 
+use common::GroupId;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -426,27 +427,27 @@ impl<F: Fs> MetadataStore<F> {
             };
             pos += frame.header.size as usize;
             held += 1;
-            if p.op <= state.applied().0 {
+            if p.op <= state.applied() {
                 report.skipped += 1;
                 continue;
             }
             let expected = state.applied().0 + 1;
-            if p.op != expected {
+            if p.op.0 != expected {
                 return Err(StoreError::WalGap {
                     expected,
-                    found: p.op,
+                    found: p.op.0,
                 });
             }
             if frame.body.is_empty() {
                 // A skipped op (Register or duplicate): occupies its number.
-                state.skip(Op(p.op)).map_err(StoreError::Apply)?;
+                state.skip(p.op).map_err(StoreError::Apply)?;
                 state.set_applied_identity(p.request_checksum);
                 report.replayed += 1;
                 continue;
             }
             let op = MetadataOp::decode(frame.body)
-                .map_err(|error| StoreError::WalEntryUndecodable { op: p.op, error })?;
-            match state.apply(Op(p.op), &op) {
+                .map_err(|error| StoreError::WalEntryUndecodable { op: p.op.0, error })?;
+            match state.apply(p.op, &op) {
                 // A refusal replays as a refusal: the same as when committed.
                 Ok(_) | Err(ApplyError::Refused(_)) => report.replayed += 1,
                 Err(e) => return Err(StoreError::Apply(e)),
@@ -569,12 +570,12 @@ impl<F: Fs> MetadataStore<F> {
                 client: origin.client,
                 parent: self.parent,
                 request_checksum: origin.identity,
-                op: op.0,
-                commit: op.0 - 1,
+                op: Op(op.0),
+                commit: Op(op.0 - 1),
                 timestamp: origin.timestamp_us,
                 request: origin.request,
                 operation: OPERATION_APPEND,
-                group: METADATA_GROUP.0,
+                group: GroupId(METADATA_GROUP.0),
                 user_id: origin.user_id,
             }),
         };

@@ -191,11 +191,11 @@ async fn transfer(
     };
     let header = StateTransferTargetHeader {
         nonce,
-        commit_op: offer.commit_op(),
-        group: 0,
+        commit_op: Op(offer.commit_op()),
+        group: GroupId(0),
         available: true,
         unavailable_transient: false,
-        commit_max: source.replica().commit_max().0,
+        commit_max: Op(source.replica().commit_max().0),
     };
     let body = offer.encoded_manifest().to_vec();
     let mut step = rx.on_target(0, 0, &header, &body, &facts).await;

@@ -8,6 +8,7 @@
 mod pump;
 mod support;
 
+use common::GroupId;
 use common::ReplicaId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -826,11 +827,11 @@ fn given_undecodable_manifest_when_offered_should_refuse_at_accept() {
     };
     let header = StateTransferTargetHeader {
         nonce,
-        commit_op: 5,
-        group: 0,
+        commit_op: Op(5),
+        group: GroupId(0),
         available: true,
         unavailable_transient: false,
-        commit_max: 5,
+        commit_max: Op(5),
     };
     let step = block_on(rx.on_target(0, 0, &header, b"ISM1 not a manifest", &local()));
     assert!(matches!(
@@ -920,11 +921,11 @@ fn given_duplicate_descriptor_or_foreign_frames_when_received_should_ignore_them
     };
     let header = StateTransferTargetHeader {
         nonce,
-        commit_op: 1,
-        group: 0,
+        commit_op: Op(1),
+        group: GroupId(0),
         available: true,
         unavailable_transient: false,
-        commit_max: 1,
+        commit_max: Op(1),
     };
     let body = encode_manifest(&[]);
     assert!(matches!(
@@ -986,11 +987,11 @@ fn given_failed_peer_when_rotating_should_prefer_primary_else_walk_the_ring_skip
 fn unavailable(nonce: u128, transient: bool) -> StateTransferTargetHeader {
     StateTransferTargetHeader {
         nonce,
-        commit_op: 0,
-        group: 0,
+        commit_op: Op(0),
+        group: GroupId(0),
         available: false,
         unavailable_transient: transient,
-        commit_max: 0,
+        commit_max: Op(0),
     }
 }
 
@@ -1286,11 +1287,11 @@ fn given_staged_files_and_small_prepare_budget_when_offer_accepted_should_reread
     .unwrap();
     let header = StateTransferTargetHeader {
         nonce,
-        commit_op: offer.commit_op(),
-        group: 0,
+        commit_op: Op(offer.commit_op()),
+        group: GroupId(0),
         available: true,
         unavailable_transient: false,
-        commit_max: peer.node.partition.replica().commit_max().0,
+        commit_max: Op(peer.node.partition.replica().commit_max().0),
     };
     let step = block_on(rx.on_target(0, 0, &header, offer.encoded_manifest(), &local()));
     assert!(matches!(step, ReceiveStep::Wait), "{step:?}");
@@ -1717,11 +1718,11 @@ fn given_offer_at_u64_max_op_when_accepting_descriptor_should_refuse_out_of_rang
     for (commit_op, commit_max) in [(u64::MAX, u64::MAX), (0, u64::MAX), (1 << 63, 1 << 63)] {
         let header = StateTransferTargetHeader {
             nonce,
-            commit_op,
-            group: 0,
+            commit_op: Op(commit_op),
+            group: GroupId(0),
             available: true,
             unavailable_transient: false,
-            commit_max,
+            commit_max: Op(commit_max),
         };
         let step = block_on(rx.on_target(0, u32::MAX, &header, &body, &local()));
         assert!(
@@ -1939,11 +1940,11 @@ mod hostile {
                     Frame::Target { commit_op, commit_max, view, body, manifest, available } => {
                         let header = StateTransferTargetHeader {
                             nonce,
-                            commit_op,
-                            group: 0,
+                            commit_op: Op(commit_op),
+                            group: GroupId(0),
                             available,
                             unavailable_transient: !available,
-                            commit_max,
+                            commit_max: Op(commit_max),
                         };
                         let body = body.unwrap_or_else(|| encode_manifest(&manifest));
                         Some(block_on(rx.on_target(0, view, &header, &body, &local())))

@@ -22,6 +22,7 @@
 //! The 20 MiB and 200 MiB runs both run by default (SimFs).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
+use common::GroupId;
 use common::Offset;
 use std::time::Instant;
 
@@ -407,7 +408,7 @@ fn given_hostile_or_misrouted_frames_when_received_should_refuse_each_and_change
     let mut slots = TransferSlots::default();
     let request =
         |group| CommandHeader::RequestStateTransfer(RequestStateTransferHeader { nonce: 7, group });
-    let good = frame(from, CLUSTER, request(GROUP), &[]);
+    let good = frame(from, CLUSTER, request(GroupId(GROUP)), &[]);
     let mut flipped = good.to_vec();
     flipped[100] ^= 1;
     type Expect = fn(&TransferFrameError) -> bool;
@@ -421,14 +422,16 @@ fn given_hostile_or_misrouted_frames_when_received_should_refuse_each_and_change
         (good.slice(..200), |e| {
             matches!(e, TransferFrameError::Header(HeaderError::TooShort { .. }))
         }),
-        (frame(from, CLUSTER + 1, request(GROUP), &[]), |e| {
-            matches!(e, TransferFrameError::WrongCluster { .. })
-        }),
-        (frame(from, CLUSTER, request(GROUP + 1), &[]), |e| {
-            matches!(e, TransferFrameError::WrongGroup { .. })
-        }),
         (
-            frame((from + 1) % REPLICAS, CLUSTER, request(GROUP), &[]),
+            frame(from, CLUSTER + 1, request(GroupId(GROUP)), &[]),
+            |e| matches!(e, TransferFrameError::WrongCluster { .. }),
+        ),
+        (
+            frame(from, CLUSTER, request(GroupId(GROUP + 1)), &[]),
+            |e| matches!(e, TransferFrameError::WrongGroup { .. }),
+        ),
+        (
+            frame((from + 1) % REPLICAS, CLUSTER, request(GroupId(GROUP)), &[]),
             |e| matches!(e, TransferFrameError::Sender { .. }),
         ),
         (
@@ -436,7 +439,7 @@ fn given_hostile_or_misrouted_frames_when_received_should_refuse_each_and_change
                 from,
                 CLUSTER,
                 CommandHeader::StartViewChange(consensus::header::StartViewChangeHeader {
-                    group: GROUP,
+                    group: GroupId(GROUP),
                 }),
                 &[],
             ),
@@ -453,7 +456,7 @@ fn given_hostile_or_misrouted_frames_when_received_should_refuse_each_and_change
     // A sender that is this replica, or outside the group.
     for bad in [primary, REPLICAS] {
         let replica = c.replicas[usize::from(primary)].as_mut().unwrap();
-        let bytes = frame(bad, CLUSTER, request(GROUP), &[]);
+        let bytes = frame(bad, CLUSTER, request(GroupId(GROUP)), &[]);
         let err = block_on(driver.on_frame(replica, &mut slots, bad, bytes, &FrozenClock))
             .expect_err("a refused sender");
         assert!(matches!(err, TransferFrameError::Sender { .. }), "{err}");
@@ -467,7 +470,7 @@ fn given_hostile_or_misrouted_frames_when_received_should_refuse_each_and_change
     let chunk = CommandHeader::StateChunk(StateChunkHeader {
         nonce: 7,
         offset: 0,
-        group: GROUP,
+        group: GroupId(GROUP),
         artifact: 0,
     });
     let replica = c.replicas[usize::from(primary)].as_mut().unwrap();
@@ -513,7 +516,7 @@ fn given_serving_budget_full_when_another_replica_asks_should_refuse_transiently
                nonce: u128| {
         let request = CommandHeader::RequestStateTransfer(RequestStateTransferHeader {
             nonce,
-            group: GROUP,
+            group: GroupId(GROUP),
         });
         let replica = c.replicas[usize::from(primary)].as_mut().unwrap();
         let out = block_on(driver.on_frame(

@@ -318,11 +318,11 @@ fn drive(
                 };
                 let header = StateTransferTargetHeader {
                     nonce,
-                    commit_op: offer.commit_op(),
-                    group: 0,
+                    commit_op: Op(offer.commit_op()),
+                    group: GroupId(0),
                     available: true,
                     unavailable_transient: false,
-                    commit_max: peer.partition.replica().commit_max().0,
+                    commit_max: Op(peer.partition.replica().commit_max().0),
                 };
                 let body = offer.encoded_manifest().to_vec();
                 // Taking the offer starts the preparation (a resume

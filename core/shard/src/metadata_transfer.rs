@@ -47,6 +47,7 @@
 //! Sans-network and deterministic: frames and ticks in, frames out; no
 //! clock (idle counts are ticks), nonces from a seeded [`Prng`].
 
+use common::GroupId;
 use common::ReplicaId;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -644,7 +645,7 @@ impl MetadataTransfer {
             requests.push(RequestStateChunkHeader {
                 nonce: *nonce,
                 offset,
-                group: METADATA_GROUP.0,
+                group: GroupId(METADATA_GROUP.0),
                 // Lossless: at most chunk_len_max_bytes.
                 len: len as u32,
                 artifact,
@@ -795,7 +796,7 @@ impl MetadataTransfer {
         let header = StateChunkHeader {
             nonce: h.nonce,
             offset: h.offset,
-            group: METADATA_GROUP.0,
+            group: GroupId(METADATA_GROUP.0),
             artifact: h.artifact,
         };
         self.push(
@@ -849,14 +850,14 @@ impl MetadataTransfer {
         tracing::info!(
             group = METADATA_GROUP.0,
             peer = from,
-            commit_op = h.commit_op,
+            commit_op = h.commit_op.0,
             bytes = total,
             "metadata state transfer offer accepted"
         );
         session.idle_ticks = 0;
         session.stalls = 0;
         session.stage = Stage::Fetching(Fetch {
-            commit_op: h.commit_op,
+            commit_op: h.commit_op.0,
             artifacts: manifest
                 .iter()
                 .copied()
@@ -1004,7 +1005,7 @@ impl MetadataTransfer {
     ) {
         let request = RequestStateTransferHeader {
             nonce,
-            group: METADATA_GROUP.0,
+            group: GroupId(METADATA_GROUP.0),
         };
         self.push(
             replica,
@@ -1026,11 +1027,11 @@ impl MetadataTransfer {
     ) {
         let target = StateTransferTargetHeader {
             nonce,
-            commit_op,
-            group: METADATA_GROUP.0,
+            commit_op: Op(commit_op),
+            group: GroupId(METADATA_GROUP.0),
             available: true,
             unavailable_transient: false,
-            commit_max: replica.commit_max().0.max(commit_op),
+            commit_max: Op(replica.commit_max().0.max(commit_op)),
         };
         self.push(
             replica,
@@ -1051,11 +1052,11 @@ impl MetadataTransfer {
     ) {
         let target = StateTransferTargetHeader {
             nonce,
-            commit_op: 0,
-            group: METADATA_GROUP.0,
+            commit_op: Op(0),
+            group: GroupId(METADATA_GROUP.0),
             available: false,
             unavailable_transient: transient,
-            commit_max: replica.commit_max().0,
+            commit_max: Op(replica.commit_max().0),
         };
         self.push(
             replica,
@@ -1098,9 +1099,9 @@ fn accept_descriptor(
 ) -> Result<Vec<StateArtifact>, MetadataDescriptorRefusal> {
     type R = MetadataDescriptorRefusal;
     check_offer_header(view, h, &facts(replica)).map_err(R::Header)?;
-    if h.commit_op <= replica.commit_min().0 {
+    if h.commit_op <= replica.commit_min() {
         return Err(R::NotAhead {
-            commit_op: h.commit_op,
+            commit_op: h.commit_op.0,
             applied: replica.commit_min().0,
         });
     }
@@ -1128,11 +1129,11 @@ fn accept_descriptor(
             });
         }
         // Both kinds' frontier is a commit op.
-        if entry.kind.commit_op() != Some(Op(h.commit_op)) {
+        if entry.kind.commit_op() != Some(h.commit_op) {
             return Err(R::FrontierMismatch {
                 index,
                 frontier: entry.kind.wire_frontier(),
-                commit_op: h.commit_op,
+                commit_op: h.commit_op.0,
             });
         }
         if entry.len == 0 {

@@ -7,6 +7,7 @@ use super::{
     Command, HEADER_SIZE, HeaderError, VIEW_OFFSET, check_headers_body, decode_prepare_entry, zero,
 };
 use common::le_cursor::u32_at;
+use common::{GroupId, Op};
 
 fn invalid(command: Command, reason: &'static str) -> HeaderError {
     HeaderError::Invalid { command, reason }
@@ -88,9 +89,9 @@ pub struct ReplyHeader {
     /// Echo of the client id.
     pub client: u128,
     /// The op that executed the request.
-    pub op: u64,
+    pub op: Op,
     /// The commit number when the reply was built.
-    pub commit: u64,
+    pub commit: Op,
     /// The prepare's timestamp.
     pub timestamp: u64,
     /// Echo of the request number.
@@ -105,8 +106,8 @@ header_layout!(ReplyHeader over TAIL => {
     request_checksum: u128 @ 128,
     context: u128 @ 144,
     client: u128 @ 160,
-    op: u64 @ 176,
-    commit: u64 @ 184,
+    op: Op @ 176,
+    commit: Op @ 184,
     timestamp: u64 @ 192,
     request: u64 @ 200,
     operation: u8 @ 208,
@@ -126,9 +127,9 @@ pub struct PrepareCommand {
     /// Checksum of the client's request.
     pub request_checksum: u128,
     /// The op number; at least 1.
-    pub op: u64,
+    pub op: Op,
     /// The primary's commit number when it built the prepare; below `op`.
-    pub commit: u64,
+    pub commit: Op,
     /// The primary's timestamp, microseconds, strictly increasing.
     pub timestamp: u64,
     /// The client's request number.
@@ -136,7 +137,7 @@ pub struct PrepareCommand {
     /// The operation; 0 only in a blank suffix slot.
     pub operation: u8,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// The requesting user.
     pub user_id: u32,
 }
@@ -145,19 +146,19 @@ header_layout!(PrepareCommand over TAIL => {
     client: u128 @ 128,
     parent: u128 @ 144,
     request_checksum: u128 @ 160,
-    op: u64 @ 176,
-    commit: u64 @ 184,
+    op: Op @ 176,
+    commit: Op @ 184,
     timestamp: u64 @ 192,
     request: u64 @ 200,
     operation: u8 @ 208,
-    group: u64 @ 216,
+    group: GroupId @ 216,
     user_id: u32 @ 224,
 });
 
 impl PrepareCommand {
     fn read(b: &Bytes, command: Command) -> Result<Self, HeaderError> {
         let h = Self::decode_fields(b, command)?;
-        if h.op == 0 {
+        if h.op == Op::ZERO {
             return Err(invalid(command, "op 0 is never prepared"));
         }
         if h.operation != 0 && h.commit >= h.op {
@@ -175,9 +176,9 @@ pub struct PrepareOkHeader {
     /// The acknowledged prepare's identity.
     pub prepare_checksum: u128,
     /// The acknowledged op.
-    pub op: u64,
+    pub op: Op,
     /// The prepare's commit field.
-    pub commit: u64,
+    pub commit: Op,
     /// The prepare's timestamp.
     pub timestamp: u64,
     /// The prepare's request number.
@@ -185,24 +186,24 @@ pub struct PrepareOkHeader {
     /// The prepare's operation.
     pub operation: u8,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
 }
 
 header_layout!(PrepareOkHeader over TAIL => {
     parent: u128 @ 128,
     prepare_checksum: u128 @ 144,
-    op: u64 @ 160,
-    commit: u64 @ 168,
+    op: Op @ 160,
+    commit: Op @ 168,
     timestamp: u64 @ 176,
     request: u64 @ 184,
     operation: u8 @ 192,
-    group: u64 @ 200,
+    group: GroupId @ 200,
 });
 
 impl PrepareOkHeader {
     fn read(b: &Bytes) -> Result<Self, HeaderError> {
         let h = Self::decode_fields(b, Command::PrepareOk)?;
-        if h.op == 0 {
+        if h.op == Op::ZERO {
             return Err(invalid(Command::PrepareOk, "op 0 is never prepared"));
         }
         Ok(h)
@@ -218,30 +219,30 @@ pub struct CommitHeader {
     /// heartbeat timer.
     pub timestamp_monotonic: u64,
     /// The primary's commit number.
-    pub commit: u64,
+    pub commit: Op,
     /// The primary's latest checkpoint op.
-    pub checkpoint_op: u64,
+    pub checkpoint_op: Op,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
 }
 
 header_layout!(CommitHeader over TAIL => {
     commit_checksum: u128 @ 128,
     timestamp_monotonic: u64 @ 144,
-    commit: u64 @ 152,
-    checkpoint_op: u64 @ 160,
-    group: u64 @ 168,
+    commit: Op @ 152,
+    checkpoint_op: Op @ 160,
+    group: GroupId @ 168,
 });
 
 /// A vote to leave the current view. Header-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StartViewChangeHeader {
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
 }
 
 header_layout!(StartViewChangeHeader over TAIL => {
-    group: u64 @ 128,
+    group: GroupId @ 128,
 });
 
 /// A replica's log suffix for the new view's primary. The body holds up to
@@ -249,11 +250,11 @@ header_layout!(StartViewChangeHeader over TAIL => {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DoViewChangeHeader {
     /// The sender's head op.
-    pub op: u64,
+    pub op: Op,
     /// The sender's commit number; at most `op`.
-    pub commit: u64,
+    pub commit: Op,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// The last view in which the sender's log changed; at most `view`.
     pub log_view: u32,
     /// Bit `i`: the sender proves it never prepared suffix slot `i`.
@@ -263,9 +264,9 @@ pub struct DoViewChangeHeader {
 }
 
 header_layout!(DoViewChangeHeader over TAIL => {
-    op: u64 @ 128,
-    commit: u64 @ 136,
-    group: u64 @ 144,
+    op: Op @ 128,
+    commit: Op @ 136,
+    group: GroupId @ 144,
     log_view: u32 @ 152,
     nack_bitset: u128 @ 224,
     present_bitset: u128 @ 240,
@@ -276,19 +277,19 @@ header_layout!(DoViewChangeHeader over TAIL => {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StartViewHeader {
     /// The primary's head op.
-    pub op: u64,
+    pub op: Op,
     /// The primary's commit number; at most `op`.
-    pub commit: u64,
+    pub commit: Op,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// Echo of a prober's incarnation (0 when unsolicited).
     pub incarnation: u128,
 }
 
 header_layout!(StartViewHeader over TAIL => {
-    op: u64 @ 128,
-    commit: u64 @ 136,
-    group: u64 @ 144,
+    op: Op @ 128,
+    commit: Op @ 136,
+    group: GroupId @ 144,
     incarnation: u128 @ 240,
 });
 
@@ -296,14 +297,14 @@ header_layout!(StartViewHeader over TAIL => {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RequestStartViewHeader {
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// The prober's per-boot nonce.
     pub incarnation: u128,
     /// Whether the probe carries a census report (the three fields below;
     /// all zero otherwise).
     pub census: bool,
     /// The prober's durable applied op.
-    pub census_op: u64,
+    pub census_op: Op,
     /// That op's identity.
     pub census_checksum: u128,
     /// The prober's durable log view.
@@ -311,8 +312,8 @@ pub struct RequestStartViewHeader {
 }
 
 header_layout!(RequestStartViewHeader over TAIL => {
-    group: u64 @ 128,
-    census_op: u64 @ 136,
+    group: GroupId @ 128,
+    census_op: Op @ 136,
     census_checksum: u128 @ 144,
     census_log_view: u32 @ 160,
     census: bool @ 164,
@@ -360,18 +361,18 @@ pub struct RequestPreparesHeader {
     /// The repair session's nonce.
     pub nonce: u128,
     /// First op wanted; at least 1.
-    pub from_op: u64,
+    pub from_op: Op,
     /// Last op wanted; at least `from_op`.
-    pub to_op: u64,
+    pub to_op: Op,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
 }
 
 header_layout!(RequestPreparesHeader over TAIL => {
     nonce: u128 @ 128,
-    from_op: u64 @ 144,
-    to_op: u64 @ 152,
-    group: u64 @ 160,
+    from_op: Op @ 144,
+    to_op: Op @ 152,
+    group: GroupId @ 160,
 });
 
 /// RepairDone (the last op served) and RangeEvicted (the oldest op the
@@ -381,15 +382,15 @@ pub struct RepairRangeHeader {
     /// The repair session's nonce.
     pub nonce: u128,
     /// The op the command reports.
-    pub op: u64,
+    pub op: Op,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
 }
 
 header_layout!(RepairRangeHeader over TAIL => {
     nonce: u128 @ 128,
-    op: u64 @ 144,
-    group: u64 @ 152,
+    op: Op @ 144,
+    group: GroupId @ 152,
 });
 
 /// Ping (the primary asks its backups to vouch for its view before it
@@ -398,13 +399,13 @@ header_layout!(RepairRangeHeader over TAIL => {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PingHeader {
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// The primary's read-check round; a Pong echoes its Ping's.
     pub round: u64,
 }
 
 header_layout!(PingHeader over TAIL => {
-    group: u64 @ 128,
+    group: GroupId @ 128,
     round: u64 @ 136,
 });
 
@@ -415,18 +416,18 @@ pub struct RequestHeadersHeader {
     /// The repair session's nonce.
     pub nonce: u128,
     /// First op wanted; at least 1.
-    pub from_op: u64,
+    pub from_op: Op,
     /// Last op wanted; within 128 ops of `from_op`.
-    pub to_op: u64,
+    pub to_op: Op,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
 }
 
 header_layout!(RequestHeadersHeader over TAIL => {
     nonce: u128 @ 128,
-    from_op: u64 @ 144,
-    to_op: u64 @ 152,
-    group: u64 @ 160,
+    from_op: Op @ 144,
+    to_op: Op @ 152,
+    group: GroupId @ 160,
 });
 
 /// A run of prepare headers; the body holds them.
@@ -435,12 +436,12 @@ pub struct HeadersHeader {
     /// Echo of the request's nonce.
     pub nonce: u128,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
 }
 
 header_layout!(HeadersHeader over TAIL => {
     nonce: u128 @ 128,
-    group: u64 @ 144,
+    group: GroupId @ 144,
 });
 
 /// A request for a state-transfer offer. Header-only.
@@ -449,12 +450,12 @@ pub struct RequestStateTransferHeader {
     /// The receiver's session nonce.
     pub nonce: u128,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
 }
 
 header_layout!(RequestStateTransferHeader over TAIL => {
     nonce: u128 @ 128,
-    group: u64 @ 144,
+    group: GroupId @ 144,
 });
 
 /// A state-transfer offer, or a refusal. When available, the body is the
@@ -464,24 +465,24 @@ pub struct StateTransferTargetHeader {
     /// Echo of the request's nonce.
     pub nonce: u128,
     /// The server's commit_min when it built the offer.
-    pub commit_op: u64,
+    pub commit_op: Op,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// Whether an offer follows.
     pub available: bool,
     /// For a refusal: whether asking again soon may succeed.
     pub unavailable_transient: bool,
     /// The server's commit_max.
-    pub commit_max: u64,
+    pub commit_max: Op,
 }
 
 header_layout!(StateTransferTargetHeader over TAIL => {
     nonce: u128 @ 128,
-    commit_op: u64 @ 144,
-    group: u64 @ 152,
+    commit_op: Op @ 144,
+    group: GroupId @ 152,
     available: bool @ 160,
     unavailable_transient: bool @ 161,
-    commit_max: u64 @ 168,
+    commit_max: Op @ 168,
 });
 
 /// A request for `len` bytes of artifact `artifact` at `offset`.
@@ -493,7 +494,7 @@ pub struct RequestStateChunkHeader {
     /// Byte offset within the artifact.
     pub offset: u64,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// Bytes wanted; never 0.
     pub len: u32,
     /// The artifact's manifest index.
@@ -503,7 +504,7 @@ pub struct RequestStateChunkHeader {
 header_layout!(RequestStateChunkHeader over TAIL => {
     nonce: u128 @ 128,
     offset: u64 @ 144,
-    group: u64 @ 152,
+    group: GroupId @ 152,
     len: u32 @ 160,
     artifact: u32 @ 164,
 });
@@ -516,7 +517,7 @@ pub struct StateChunkHeader {
     /// Byte offset of the payload within the artifact.
     pub offset: u64,
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// The artifact's manifest index.
     pub artifact: u32,
 }
@@ -524,7 +525,7 @@ pub struct StateChunkHeader {
 header_layout!(StateChunkHeader over TAIL => {
     nonce: u128 @ 128,
     offset: u64 @ 144,
-    group: u64 @ 152,
+    group: GroupId @ 152,
     artifact: u32 @ 160,
 });
 
@@ -705,12 +706,12 @@ impl CommandHeader {
             }
             Self::RequestPrepares(RequestPreparesHeader { from_op, to_op, .. })
             | Self::RequestHeaders(RequestHeadersHeader { from_op, to_op, .. })
-                if *from_op == 0 || from_op > to_op =>
+                if *from_op == Op::ZERO || from_op > to_op =>
             {
                 Err("the range must satisfy 1 <= from <= to")
             }
             Self::RequestHeaders(h)
-                if h.to_op - h.from_op >= super::HEADERS_PER_FRAME_MAX as u64 =>
+                if h.to_op.ops_since(h.from_op) >= super::HEADERS_PER_FRAME_MAX as u64 =>
             {
                 Err("the range spans more than 128 ops")
             }
@@ -804,10 +805,10 @@ mod tests {
     #[test]
     fn given_census_fields_when_the_flag_is_cleared_should_drop_exactly_the_census_bytes() {
         let with = RequestStartViewHeader {
-            group: u64::MAX,
+            group: GroupId(u64::MAX),
             incarnation: u128::MAX,
             census: true,
-            census_op: u64::MAX,
+            census_op: Op(u64::MAX),
             census_checksum: u128::MAX,
             census_log_view: u32::MAX,
         };

@@ -79,6 +79,23 @@ macro_rules! le_field {
 
 le_field!(u16 => u16_at, u32 => u32_at, u64 => u64_at, u128 => u128_at);
 
+/// The identifiers the headers carry are their number on the wire.
+macro_rules! newtype_field {
+    ($($ty:ident($inner:ty)),+) => {$(
+        impl Field for common::$ty {
+            const WIDTH: usize = <$inner as Field>::WIDTH;
+            fn get(b: &Bytes, at: usize) -> Self {
+                Self(<$inner as Field>::get(b, at))
+            }
+            fn put(self, b: &mut Bytes, at: usize) {
+                self.0.put(b, at);
+            }
+        }
+    )+};
+}
+
+newtype_field!(Op(u64), GroupId(u64), ReplicaId(u8));
+
 /// One declared field: where it sits and what it is.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct FieldAt {

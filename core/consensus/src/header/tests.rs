@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use common::{GroupId, Op};
 use proptest::prelude::*;
 
 const MAX: u32 = FRAME_SIZE_MAX_DEFAULT;
@@ -24,12 +25,12 @@ fn prepare_header(op: u64) -> FrameHeader {
             client: 99,
             parent: 0x1234,
             request_checksum: 5,
-            op,
-            commit: op - 1,
+            op: Op(op),
+            commit: Op(op - 1),
             timestamp: 1_000 + op,
             request: 4,
             operation: 160,
-            group: 42,
+            group: GroupId(42),
             user_id: 1,
         }),
     );
@@ -69,8 +70,8 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                     request_checksum: 1,
                     context: 2,
                     client: 77,
-                    op: 10,
-                    commit: 10,
+                    op: Op(10),
+                    commit: Op(10),
                     timestamp: 123,
                     request: 3,
                     operation: 160,
@@ -96,12 +97,12 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 CommandHeader::PrepareOk(PrepareOkHeader {
                     parent: 1,
                     prepare_checksum: 2,
-                    op: 9,
-                    commit: 8,
+                    op: Op(9),
+                    commit: Op(8),
                     timestamp: 5,
                     request: 4,
                     operation: 160,
-                    group: 42,
+                    group: GroupId(42),
                 }),
             ),
             vec![],
@@ -112,9 +113,9 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 CommandHeader::Commit(CommitHeader {
                     commit_checksum: 3,
                     timestamp_monotonic: 17,
-                    commit: 8,
-                    checkpoint_op: 0,
-                    group: 42,
+                    commit: Op(8),
+                    checkpoint_op: Op(0),
+                    group: GroupId(42),
                 }),
             ),
             vec![],
@@ -122,7 +123,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
         (
             frame(
                 4,
-                CommandHeader::StartViewChange(StartViewChangeHeader { group: 42 }),
+                CommandHeader::StartViewChange(StartViewChangeHeader { group: GroupId(42) }),
             ),
             vec![],
         ),
@@ -130,9 +131,9 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
             frame(
                 4,
                 CommandHeader::DoViewChange(DoViewChangeHeader {
-                    op: 9,
-                    commit: 7,
-                    group: 42,
+                    op: Op(9),
+                    commit: Op(7),
+                    group: GroupId(42),
                     log_view: 3,
                     nack_bitset: 0b01,
                     present_bitset: 0b10,
@@ -144,9 +145,9 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
             frame(
                 4,
                 CommandHeader::StartView(StartViewHeader {
-                    op: 9,
-                    commit: 7,
-                    group: 42,
+                    op: Op(9),
+                    commit: Op(7),
+                    group: GroupId(42),
                     incarnation: 0xABCD,
                 }),
             ),
@@ -156,7 +157,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
             frame(
                 4,
                 CommandHeader::RequestStartView(RequestStartViewHeader {
-                    group: 42,
+                    group: GroupId(42),
                     incarnation: 5,
                     ..Default::default()
                 }),
@@ -168,9 +169,9 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 4,
                 CommandHeader::RequestPrepares(RequestPreparesHeader {
                     nonce: 6,
-                    from_op: 3,
-                    to_op: 130,
-                    group: 42,
+                    from_op: Op(3),
+                    to_op: Op(130),
+                    group: GroupId(42),
                 }),
             ),
             vec![],
@@ -180,8 +181,8 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 4,
                 CommandHeader::RepairDone(RepairRangeHeader {
                     nonce: 6,
-                    op: 130,
-                    group: 42,
+                    op: Op(130),
+                    group: GroupId(42),
                 }),
             ),
             vec![],
@@ -191,8 +192,8 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 4,
                 CommandHeader::RangeEvicted(RepairRangeHeader {
                     nonce: 6,
-                    op: 50,
-                    group: 42,
+                    op: Op(50),
+                    group: GroupId(42),
                 }),
             ),
             vec![],
@@ -202,9 +203,9 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 4,
                 CommandHeader::RequestHeaders(RequestHeadersHeader {
                     nonce: 6,
-                    from_op: 8,
-                    to_op: 9,
-                    group: 42,
+                    from_op: Op(8),
+                    to_op: Op(9),
+                    group: GroupId(42),
                 }),
             ),
             vec![],
@@ -214,7 +215,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 4,
                 CommandHeader::Headers(HeadersHeader {
                     nonce: 6,
-                    group: 42,
+                    group: GroupId(42),
                 }),
             ),
             suffix,
@@ -224,7 +225,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 4,
                 CommandHeader::RequestStateTransfer(RequestStateTransferHeader {
                     nonce: 8,
-                    group: 42,
+                    group: GroupId(42),
                 }),
             ),
             vec![],
@@ -234,11 +235,11 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 4,
                 CommandHeader::StateTransferTarget(StateTransferTargetHeader {
                     nonce: 8,
-                    commit_op: 100,
-                    group: 42,
+                    commit_op: Op(100),
+                    group: GroupId(42),
                     available: true,
                     unavailable_transient: false,
-                    commit_max: 101,
+                    commit_max: Op(101),
                 }),
             ),
             manifest,
@@ -248,11 +249,11 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 4,
                 CommandHeader::StateTransferTarget(StateTransferTargetHeader {
                     nonce: 8,
-                    commit_op: 0,
-                    group: 42,
+                    commit_op: Op(0),
+                    group: GroupId(42),
                     available: false,
                     unavailable_transient: true,
-                    commit_max: 101,
+                    commit_max: Op(101),
                 }),
             ),
             vec![],
@@ -263,7 +264,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 CommandHeader::RequestStateChunk(RequestStateChunkHeader {
                     nonce: 8,
                     offset: 1 << 20,
-                    group: 42,
+                    group: GroupId(42),
                     len: 256 * 1024,
                     artifact: 3,
                 }),
@@ -276,7 +277,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
                 CommandHeader::StateChunk(StateChunkHeader {
                     nonce: 8,
                     offset: 1 << 20,
-                    group: 42,
+                    group: GroupId(42),
                     artifact: 3,
                 }),
             ),
@@ -286,10 +287,10 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
             frame(
                 4,
                 CommandHeader::RequestStartView(RequestStartViewHeader {
-                    group: 42,
+                    group: GroupId(42),
                     incarnation: 7,
                     census: true,
-                    census_op: 90,
+                    census_op: Op(90),
                     census_checksum: 0xC0FFEE,
                     census_log_view: 3,
                 }),
@@ -300,7 +301,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
             frame(
                 4,
                 CommandHeader::Ping(PingHeader {
-                    group: 42,
+                    group: GroupId(42),
                     round: 17,
                 }),
             ),
@@ -310,7 +311,7 @@ fn samples() -> Vec<(FrameHeader, Vec<u8>)> {
             frame(
                 4,
                 CommandHeader::Pong(PingHeader {
-                    group: 42,
+                    group: GroupId(42),
                     round: 17,
                 }),
             ),
@@ -619,10 +620,10 @@ fn given_census_flag_other_than_0_or_1_when_decoded_should_reject() {
         let header = frame(
             4,
             CommandHeader::RequestStartView(RequestStartViewHeader {
-                group: 42,
+                group: GroupId(42),
                 incarnation: 7,
                 census: true,
-                census_op: 90,
+                census_op: Op(90),
                 census_checksum: 1,
                 census_log_view: 3,
             }),
@@ -740,7 +741,7 @@ fn given_field_rule_violations_when_decoded_should_reject() {
             }
         }
     };
-    invalid_reason(&encode(2, &p(|h| h.op = 0), b"x"));
+    invalid_reason(&encode(2, &p(|h| h.op = Op(0)), b"x"));
     invalid_reason(&encode(2, &p(|h| h.commit = h.op), b"x"));
     // DoViewChange: log_view ahead of view, commit ahead of op, a bitset bit
     // past the suffix.
@@ -753,7 +754,7 @@ fn given_field_rule_violations_when_decoded_should_reject() {
     };
     let suffix = &s[7].1;
     invalid_reason(&encode(7, &d(|h| h.log_view = 5), suffix));
-    invalid_reason(&encode(7, &d(|h| h.commit = 10), suffix));
+    invalid_reason(&encode(7, &d(|h| h.commit = Op(10)), suffix));
     invalid_reason(&encode(7, &d(|h| h.nack_bitset = 0b100), suffix));
     invalid_reason(&encode(7, &d(|h| h.present_bitset = 1 << 127), suffix));
     // StartView: commit ahead of op.
@@ -761,7 +762,7 @@ fn given_field_rule_violations_when_decoded_should_reject() {
         8,
         &|c| {
             if let CommandHeader::StartView(h) = c {
-                h.commit = 10
+                h.commit = Op(10)
             }
         },
         suffix,
@@ -771,7 +772,7 @@ fn given_field_rule_violations_when_decoded_should_reject() {
         10,
         &|c| {
             if let CommandHeader::RequestPrepares(h) = c {
-                h.from_op = 0
+                h.from_op = Op(0)
             }
         },
         &[],
@@ -868,7 +869,7 @@ fn given_blank_slot_in_suffix_when_decoded_should_accept_only_operation_zero() {
     let blank = frame(
         0,
         CommandHeader::Prepare(PrepareCommand {
-            op: 8,
+            op: Op(8),
             ..PrepareCommand::default()
         }),
     );
@@ -915,12 +916,12 @@ fn any_prepare() -> impl Strategy<Value = PrepareCommand> {
                     client,
                     parent,
                     request_checksum,
-                    op,
-                    commit: commit % op,
+                    op: Op(op),
+                    commit: Op(commit % op),
                     timestamp,
                     request: commit,
                     operation,
-                    group,
+                    group: GroupId(group),
                     user_id,
                 }
             },
@@ -948,7 +949,7 @@ proptest! {
         len in 1..=u32::MAX, artifact in any::<u32>(), view in any::<u32>(),
     ) {
         let c = CommandHeader::RequestStateChunk(RequestStateChunkHeader {
-            nonce, offset, group, len, artifact,
+            nonce, offset, group: GroupId(group), len, artifact,
         });
         let bytes = encode_frame(&frame(view, c), &[]);
         prop_assert_eq!(decode_frame(&bytes, MAX).unwrap().header.command, c);

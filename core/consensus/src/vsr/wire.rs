@@ -177,14 +177,14 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
         CommandHeader::PrepareOk(ok) => (
             ok.group,
             Message::PrepareOk {
-                op: Op(ok.op),
+                op: ok.op,
                 prepare_checksum: ok.prepare_checksum,
             },
         ),
         CommandHeader::Commit(c) => (
             c.group,
             Message::Commit {
-                commit: Op(c.commit),
+                commit: c.commit,
                 commit_checksum: c.commit_checksum,
                 timestamp_monotonic: c.timestamp_monotonic,
             },
@@ -196,8 +196,8 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
                 d.group,
                 Message::DoViewChange(DoViewChange {
                     log_view: d.log_view,
-                    op: Op(d.op),
-                    commit: Op(d.commit),
+                    op: d.op,
+                    commit: d.commit,
                     suffix,
                     nack_bitset: d.nack_bitset,
                     present_bitset: d.present_bitset,
@@ -215,8 +215,8 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
             (
                 s.group,
                 Message::StartView(StartView {
-                    op: Op(s.op),
-                    commit: Op(s.commit),
+                    op: s.op,
+                    commit: s.commit,
                     suffix,
                     incarnation: s.incarnation,
                 }),
@@ -228,7 +228,7 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
                 incarnation: r.incarnation,
                 census: r.census.then_some(Census {
                     log_view: r.census_log_view,
-                    op: Op(r.census_op),
+                    op: r.census_op,
                     checksum: r.census_checksum,
                 }),
             },
@@ -237,22 +237,22 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
             r.group,
             Message::RequestPrepares {
                 nonce: r.nonce,
-                from_op: Op(r.from_op),
-                to_op: Op(r.to_op),
+                from_op: r.from_op,
+                to_op: r.to_op,
             },
         ),
         CommandHeader::RepairDone(r) => (
             r.group,
             Message::RepairDone {
                 nonce: r.nonce,
-                op: Op(r.op),
+                op: r.op,
             },
         ),
         CommandHeader::RangeEvicted(r) => (
             r.group,
             Message::RangeEvicted {
                 nonce: r.nonce,
-                retained_from: Op(r.op),
+                retained_from: r.op,
             },
         ),
         CommandHeader::Ping(p) => (p.group, Message::Ping { round: p.round }),
@@ -264,7 +264,7 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
         }
     };
     Ok(Frame {
-        group: GroupId(group),
+        group,
         replica: ReplicaId(h.replica),
         view: h.view,
         message,
@@ -295,7 +295,7 @@ pub fn peek_group(bytes: &[u8]) -> Option<u64> {
 }
 
 fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
-    let group = frame.group.0;
+    let group = frame.group;
     match &frame.message {
         Message::Prepare(p) => (
             CommandHeader::Prepare(prepare_tail(&p.header)),
@@ -311,7 +311,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         } => (
             CommandHeader::PrepareOk(PrepareOkHeader {
                 prepare_checksum: *prepare_checksum,
-                op: op.0,
+                op: *op,
                 group,
                 ..PrepareOkHeader::default()
             }),
@@ -325,8 +325,8 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
             CommandHeader::Commit(CommitHeader {
                 commit_checksum: *commit_checksum,
                 timestamp_monotonic: *timestamp_monotonic,
-                commit: commit.0,
-                checkpoint_op: 0,
+                commit: *commit,
+                checkpoint_op: Op::ZERO,
                 group,
             }),
             Vec::new(),
@@ -337,8 +337,8 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         ),
         Message::DoViewChange(d) => (
             CommandHeader::DoViewChange(DoViewChangeHeader {
-                op: d.op.0,
-                commit: d.commit.0,
+                op: d.op,
+                commit: d.commit,
                 group,
                 log_view: d.log_view,
                 nack_bitset: d.nack_bitset,
@@ -348,8 +348,8 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         ),
         Message::StartView(s) => (
             CommandHeader::StartView(StartViewHeader {
-                op: s.op.0,
-                commit: s.commit.0,
+                op: s.op,
+                commit: s.commit,
                 group,
                 incarnation: s.incarnation,
             }),
@@ -368,7 +368,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
                 group,
                 incarnation: *incarnation,
                 census: census.is_some(),
-                census_op: census.map_or(0, |c| c.op.0),
+                census_op: census.map_or(Op::ZERO, |c| c.op),
                 census_checksum: census.map_or(0, |c| c.checksum),
                 census_log_view: census.map_or(0, |c| c.log_view),
             }),
@@ -381,8 +381,8 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         } => (
             CommandHeader::RequestPrepares(RequestPreparesHeader {
                 nonce: *nonce,
-                from_op: from_op.0,
-                to_op: to_op.0,
+                from_op: *from_op,
+                to_op: *to_op,
                 group,
             }),
             Vec::new(),
@@ -390,7 +390,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         Message::RepairDone { nonce, op } => (
             CommandHeader::RepairDone(RepairRangeHeader {
                 nonce: *nonce,
-                op: op.0,
+                op: *op,
                 group,
             }),
             Vec::new(),
@@ -401,7 +401,7 @@ fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
         } => (
             CommandHeader::RangeEvicted(RepairRangeHeader {
                 nonce: *nonce,
-                op: retained_from.0,
+                op: *retained_from,
                 group,
             }),
             Vec::new(),
@@ -428,12 +428,12 @@ fn prepare_tail(h: &PrepareHeader) -> header::PrepareCommand {
         client: h.client,
         parent: h.parent,
         request_checksum: h.request_checksum,
-        op: h.op.0,
-        commit: h.commit.0,
+        op: h.op,
+        commit: h.commit,
         timestamp: h.timestamp,
         request: h.request,
         operation: h.operation,
-        group: h.group.0,
+        group: h.group,
         user_id: h.user_id,
     }
 }
@@ -448,12 +448,12 @@ fn core_header(frame: &FrameHeader, tail: &header::PrepareCommand) -> PrepareHea
         client: tail.client,
         request_checksum: tail.request_checksum,
         view: frame.view,
-        op: Op(tail.op),
-        commit: Op(tail.commit),
+        op: tail.op,
+        commit: tail.commit,
         timestamp: tail.timestamp,
         request: tail.request,
         operation: tail.operation,
-        group: GroupId(tail.group),
+        group: tail.group,
         user_id: tail.user_id,
     };
     h.checksum = h.compute_checksum();
@@ -488,7 +488,7 @@ fn encode_suffix(
             SuffixSlot::Header(h) => (prepare_tail(&h), h.checksum_body, h.view, false),
             SuffixSlot::Blank => (
                 header::PrepareCommand {
-                    op,
+                    op: Op(op),
                     ..header::PrepareCommand::default()
                 },
                 0,
@@ -513,7 +513,7 @@ fn encode_suffix(
     out
 }
 
-fn decode_suffix(body: &[u8], group: u64, head_op: u64) -> Result<Vec<SuffixSlot>, WireError> {
+fn decode_suffix(body: &[u8], group: GroupId, head_op: Op) -> Result<Vec<SuffixSlot>, WireError> {
     let entries = header::decode_prepare_headers(body)?;
     let mut slots = Vec::with_capacity(entries.len());
     for (i, entry) in entries.iter().enumerate() {
@@ -524,13 +524,14 @@ fn decode_suffix(body: &[u8], group: u64, head_op: u64) -> Result<Vec<SuffixSlot
             });
         };
         let expected = head_op
+            .0
             .checked_sub(i as u64)
             .filter(|op| *op >= 1)
             .ok_or(WireError::SuffixBelowOpOne)?;
-        if tail.op != expected {
+        if tail.op != Op(expected) {
             return Err(WireError::SuffixOpMismatch {
                 expected,
-                found: tail.op,
+                found: tail.op.0,
             });
         }
         if entry.checksum == 0 {
@@ -539,8 +540,8 @@ fn decode_suffix(body: &[u8], group: u64, head_op: u64) -> Result<Vec<SuffixSlot
         }
         if tail.group != group {
             return Err(WireError::SuffixGroupMismatch {
-                group,
-                entry: tail.group,
+                group: group.0,
+                entry: tail.group.0,
             });
         }
         slots.push(SuffixSlot::Header(core_header(entry, &tail)));

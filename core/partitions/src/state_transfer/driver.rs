@@ -44,6 +44,7 @@
 //!   a cache budget of two segments per shard; one artifact is loaded per
 //!   session). A request past the serving cap is refused as transient.
 
+use common::GroupId;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::task::Poll;
@@ -199,8 +200,8 @@ pub fn check_transfer_frame(
             });
         }
     };
-    if group != expect.group {
-        return Err(TransferFrameError::WrongGroup { group });
+    if group.0 != expect.group {
+        return Err(TransferFrameError::WrongGroup { group: group.0 });
     }
     Ok(CheckedTransferFrame {
         command: h.command,
@@ -292,16 +293,16 @@ pub fn check_offer_header(
     header: &StateTransferTargetHeader,
     local: &LocalFacts,
 ) -> Result<(), OfferHeaderRefusal> {
-    if header.commit_max > consensus::vsr::OP_MAX {
+    if header.commit_max.0 > consensus::vsr::OP_MAX {
         return Err(OfferHeaderRefusal::OpOutOfRange {
-            commit_max: header.commit_max,
+            commit_max: header.commit_max.0,
             max: consensus::vsr::OP_MAX,
         });
     }
     if header.commit_op > header.commit_max {
         return Err(OfferHeaderRefusal::CommitOpPastCommitMax {
-            commit_op: header.commit_op,
-            commit_max: header.commit_max,
+            commit_op: header.commit_op.0,
+            commit_max: header.commit_max.0,
         });
     }
     if view < local.view {
@@ -310,9 +311,9 @@ pub fn check_offer_header(
             local_view: local.view,
         });
     }
-    if header.commit_max < local.commit_max.0 {
+    if header.commit_max < local.commit_max {
         return Err(OfferHeaderRefusal::CommitMaxBehind {
-            offer_commit_max: header.commit_max,
+            offer_commit_max: header.commit_max.0,
             local_commit_max: local.commit_max.0,
         });
     }
@@ -898,11 +899,11 @@ impl<F: Fs> TransferDriver<F> {
                 let commit_max = partition.replica().commit_max().0;
                 let target = StateTransferTargetHeader {
                     nonce,
-                    commit_op: offer.commit_op(),
-                    group: self.config.group,
+                    commit_op: Op(offer.commit_op()),
+                    group: GroupId(self.config.group),
                     available: true,
                     unavailable_transient: false,
-                    commit_max: commit_max.max(offer.commit_op()),
+                    commit_max: Op(commit_max.max(offer.commit_op())),
                 };
                 let body = offer.encoded_manifest().clone();
                 self.push(
@@ -967,7 +968,7 @@ impl<F: Fs> TransferDriver<F> {
                 let header = StateChunkHeader {
                     nonce,
                     offset: chunk.offset,
-                    group: self.config.group,
+                    group: GroupId(self.config.group),
                     artifact: chunk.artifact,
                 };
                 self.push(
@@ -1103,7 +1104,10 @@ impl<F: Fs> TransferDriver<F> {
         let (to, command) = match request {
             TransferRequest::Descriptor { peer, nonce } => (
                 peer,
-                CommandHeader::RequestStateTransfer(RequestStateTransferHeader { nonce, group }),
+                CommandHeader::RequestStateTransfer(RequestStateTransferHeader {
+                    nonce,
+                    group: GroupId(group),
+                }),
             ),
             TransferRequest::Chunk {
                 peer,
@@ -1116,7 +1120,7 @@ impl<F: Fs> TransferDriver<F> {
                 CommandHeader::RequestStateChunk(RequestStateChunkHeader {
                     nonce,
                     offset,
-                    group,
+                    group: GroupId(group),
                     len,
                     artifact,
                 }),
@@ -1135,11 +1139,11 @@ impl<F: Fs> TransferDriver<F> {
     ) {
         let target = StateTransferTargetHeader {
             nonce,
-            commit_op: 0,
-            group: self.config.group,
+            commit_op: Op(0),
+            group: GroupId(self.config.group),
             available: false,
             unavailable_transient: transient,
-            commit_max: partition.replica().commit_max().0,
+            commit_max: Op(partition.replica().commit_max().0),
         };
         self.push(
             partition,

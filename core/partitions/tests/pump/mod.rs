@@ -4,6 +4,7 @@
 //! test rewrite what the receiver sees or cut the exchange.
 #![allow(clippy::unwrap_used, dead_code)]
 
+use common::{GroupId, Op};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -93,11 +94,11 @@ where
                 let commit_max = peer.partition.replica().commit_max().0;
                 let header = StateTransferTargetHeader {
                     nonce,
-                    commit_op: offer.commit_op(),
-                    group: 0,
+                    commit_op: Op(offer.commit_op()),
+                    group: GroupId(0),
                     available: true,
                     unavailable_transient: false,
-                    commit_max: commit_max.saturating_add_signed(hooks.commit_max_delta),
+                    commit_max: Op(commit_max.saturating_add_signed(hooks.commit_max_delta)),
                 };
                 let body = match hooks.manifest {
                     Some(rewrite) => encode_manifest(&rewrite(offer.manifest())),

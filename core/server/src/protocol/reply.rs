@@ -17,6 +17,7 @@
 
 use super::codes::{OPERATION_NON_REPLICATED, OPERATION_REGISTER, operation_known, result_framed};
 use crate::status::ErrorCode;
+use common::Op;
 use consensus::header::{
     CommandHeader, FrameHeader, HEADER_SIZE, ReplyHeader, RequestHeader, encode_frame,
 };
@@ -78,8 +79,8 @@ pub fn encode_reply(request: &RequestHeader, outcome: Outcome<'_>) -> Vec<u8> {
             request_checksum: request.request_checksum,
             context: 0,
             client: request.client,
-            op: 0,
-            commit: 0,
+            op: Op(0),
+            commit: Op(0),
             timestamp: 0,
             request: request.request,
             operation,

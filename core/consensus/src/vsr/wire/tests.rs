@@ -268,7 +268,7 @@ fn given_state_transfer_or_client_command_when_decoded_should_say_not_vsr() {
         replica: 1,
         command: CommandHeader::RequestStateTransfer(header::RequestStateTransferHeader {
             nonce: 1,
-            group: 9,
+            group: GroupId(9),
         }),
     };
     let bytes = header::encode_frame(&header, &[]);

@@ -184,9 +184,9 @@ pub(super) fn accept_descriptor(
         });
     }
     Ok(AcceptedDescriptor {
-        commit_op: header.commit_op,
+        commit_op: header.commit_op.0,
         view,
-        commit_max: header.commit_max,
+        commit_max: header.commit_max.0,
         manifest,
     })
 }
