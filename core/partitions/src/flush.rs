@@ -256,7 +256,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Whether this group keeps its applied point recorded on these rules
     /// at all: a multi-replica group with no missing-history record due.
     fn records_applied_point(&self) -> bool {
-        self.missing_history_record_pending.is_none() && self.config.vsr.replica_count > 1
+        self.health.retries().missing_history_record().is_none()
+            && self.config.vsr.replica_count > 1
     }
 
     /// When the time-based record of a lagging applied point falls due
@@ -268,7 +269,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         (interval > 0
             && behind
             && self.config.vsr.replica_count > 1
-            && self.missing_history_record_pending.is_none())
+            && self.health.retries().missing_history_record().is_none())
         .then(|| self.recorded_at_us.saturating_add(interval))
     }
 
@@ -344,7 +345,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // it: not so while an op is being applied (a full journal flushes
         // from inside `apply`), when the next flush records instead.
         let record = ((sync && record_frontier) || sealed || self.record_due_here())
-            && self.missing_history_record_pending.is_none()
+            && self.health.retries().missing_history_record().is_none()
             && point.op == self.replica.commit_min().0;
         if sync || record {
             self.log.sync().await.map_err(PartitionError::Storage)?;

@@ -87,6 +87,7 @@ use storage::{LogConfig, SegmentedLog};
 
 use crate::bus::MessageBus;
 use crate::error::PartitionError;
+use crate::health::Health;
 use crate::offsets::ConsumerOffsets;
 use crate::ops::{OpDecodeError, PartitionOp};
 use crate::state_transfer::missing::MissingHistory;
@@ -305,14 +306,6 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// Set while the durable transfer-needed record stands (after a
     /// converge): nothing below its frontier is held here.
     pub(crate) missing_history: Option<MissingHistory>,
-    /// A completed install could not remove the record; retried on ticks.
-    pub(crate) missing_history_clear_pending: bool,
-    /// A converge's transfer-needed record that could not be written. The
-    /// install marker then stays as the only evidence, and it is evidence
-    /// only while the superblock's applied point still matches it, so
-    /// until the record is durable (retried every tick) no applied point
-    /// is recorded past the install (`flush`).
-    pub(crate) missing_history_record_pending: Option<MissingHistory>,
     /// A read found a committed batch whose bytes fail their checksums (a
     /// poll sets it; the next tick turns it into a repair, see
     /// [`Self::repair_damage`]).
@@ -337,7 +330,6 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// bodies read.
     pub(crate) read_back_slices: u64,
     pub(crate) read_back_bodies: u64,
-    pub(crate) persist_failed: bool,
     /// Which client-table slot the next record takes (`client_sessions.rs`).
     pub(crate) client_slots: crate::client_sessions::ClientTableSlots,
     /// Whether an applied client op changed the table since it was last
@@ -348,7 +340,9 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) reply_results: Vec<(u64, u64)>,
     pub(crate) pending_replies: Vec<Reply>,
     pub(crate) auto_commits: RefCell<AutoCommits>,
-    pub(crate) fenced: Option<String>,
+    /// Whether the partition takes input, and the durable writes owed a
+    /// retry (`health.rs`).
+    pub(crate) health: Health,
     /// The state-transfer install in flight, carried out a bounded number
     /// of file operations per call (`state_transfer/install/`). While it
     /// is set the partition refuses every input: its log is being swapped
@@ -363,7 +357,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> fmt::Debug for Partition<B, S, F>
             .field("replica", &self.config.vsr.replica)
             .field("commit_min", &self.replica.commit_min().0)
             .field("applied_next_offset", &self.applied_next_offset)
-            .field("fenced", &self.fenced)
+            .field("fenced", &self.health.fenced())
             .finish_non_exhaustive()
     }
 }
@@ -388,7 +382,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// asks for a transfer (the durable record is the caller's).
     pub(crate) fn mark_history_missing(&mut self, record: MissingHistory) {
         self.missing_history = Some(record);
-        self.missing_history_clear_pending = false;
+        self.health.missing_history_cleared();
         if self.state_transfer_needed.is_none() && self.config.vsr.replica_count > 1 {
             let me = self.config.vsr.replica;
             let primary = self.replica.primary_index(self.replica.view());
@@ -612,7 +606,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let r = &self.replica;
         let sb = *self.durable.state();
         let clean = self.config.vsr.replica_count > 1
-            && self.fenced.is_none()
+            && self.health.fenced().is_none()
             && self.install.is_none()
             && self.missing_history().is_none()
             && self.state_transfer_needed().is_none()
@@ -635,7 +629,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     /// Why the partition is fenced, if it is.
     pub fn fenced(&self) -> Option<&str> {
-        self.fenced.as_deref()
+        self.health.fenced()
     }
 
     /// Checks what must hold between any two inputs: the VSR core's own
@@ -651,10 +645,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // A partition whose history is missing (an install under way, or
         // one that failed part-way) records the transfer's point before
         // its core applies it; a fenced one refuses everything.
-        if self.fenced.is_some()
+        if self.health.fenced().is_some()
             || self.install.is_some()
             || self.missing_history.is_some()
-            || self.missing_history_record_pending.is_some()
+            || self.health.retries().missing_history_record().is_some()
         {
             return Ok(());
         }
@@ -749,9 +743,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Refuses input to a fenced partition, and to one whose install is
     /// in flight.
     pub(crate) fn check_fenced(&self) -> Result<(), PartitionError> {
-        match &self.fenced {
+        match self.health.fenced() {
             Some(reason) => Err(PartitionError::Fenced {
-                reason: reason.clone(),
+                reason: reason.to_owned(),
             }),
             None if self.install.is_some() => Err(PartitionError::InstallInProgress {
                 dir: self.dir.clone(),
@@ -768,9 +762,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     pub(crate) fn fence(&mut self, error: &PartitionError) {
         tracing::error!(dir = %self.dir.display(), %error, "partition fenced");
-        if self.fenced.is_none() {
-            self.fenced = Some(error.to_string());
-        }
+        self.health.fence(|| error.to_string());
     }
 
     /// A frame from a peer. A prepare is checked before the core sees it:
@@ -831,13 +823,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// partition on that tick and counts the ones before it with
     /// [`Self::skip_ticks`].
     pub fn ticks_until_due(&self, tick_us: u64) -> u64 {
-        if self.fenced.is_some() {
+        if self.health.fenced().is_some() {
             return u64::MAX;
         }
         let busy = self.install.is_some()
-            || self.persist_failed
-            || self.missing_history_clear_pending
-            || self.missing_history_record_pending.is_some()
+            || self.health.retries().any()
             || self.damage_found.get()
             || !self.pending_replies.is_empty()
             || !self.auto_commits.borrow().pending.is_empty();
@@ -857,7 +847,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// (the clock it was last given stands until the next tick).
     pub fn skip_ticks(&mut self, n: u64) {
         // A fenced partition's ticks do nothing at all (its core stands).
-        if self.fenced.is_none() {
+        if self.health.fenced().is_none() {
             self.replica.skip_ticks(n);
         }
     }
@@ -865,7 +855,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// One tick of the driver's clock; `now_us` is its time in µs (the
     /// timestamp the primary stamps batches with, and retention's "now").
     pub async fn on_tick(&mut self, now_us: u64) -> Result<(), PartitionError> {
-        if self.install.is_some() && self.fenced.is_none() {
+        if self.install.is_some() && self.health.fenced().is_none() {
             // The core stands while its log is swapped (its driver carries
             // the install on); its timers resume after.
             self.now_us = self.now_us.max(now_us);
@@ -873,13 +863,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         self.check_fenced()?;
         self.now_us = self.now_us.max(now_us);
-        if self.persist_failed {
+        // Each retry reads the state the one before it left.
+        if self.health.retries().view() {
             self.retry_persist().await;
         }
-        if self.missing_history_clear_pending {
+        if self.health.retries().missing_history_clear() {
             self.clear_missing_history().await;
         }
-        if let Some(record) = self.missing_history_record_pending {
+        if let Some(record) = self.health.retries().missing_history_record() {
             self.retry_missing_history_record(record).await;
         }
         if self.damage_found.get() {
@@ -973,7 +964,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     async fn retry_persist(&mut self) {
         match self.durable.persist_replica_view(&mut self.replica).await {
-            Ok(()) => self.persist_failed = false,
+            Ok(()) => self.health.view_persisted(),
             Err(error) => {
                 tracing::warn!(%error, view = self.replica.view(), "superblock write failed again");
             }
@@ -1069,7 +1060,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 Err(error) => {
                     // Sends stay held by the core; retried on the next tick.
                     tracing::warn!(%error, view, log_view, "superblock write failed; sends held");
-                    self.persist_failed = true;
+                    self.health.view_unpersisted();
                 }
             },
             Effect::Apply { prepare, duplicate } => self.apply(prepare, duplicate).await?,

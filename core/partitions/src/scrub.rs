@@ -59,7 +59,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// to verify, or the partition is fenced, installing or lagging for a
     /// transfer, or already repairing damage.
     pub async fn scrub_step(&mut self, max_bytes: u64) -> u64 {
-        if self.fenced.is_some()
+        if self.health.fenced().is_some()
             || self.install.is_some()
             || self.missing_history.is_some()
             || self.damage_found.get()

@@ -75,7 +75,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// # Errors
     /// The quarantine's I/O error; the partition stays fenced either way.
     pub async fn fence_segment_files(&mut self, reason: &str) -> io::Result<PathBuf> {
-        self.fenced.get_or_insert_with(|| reason.to_owned());
+        self.health.fence(|| reason.to_owned());
         fence_partition(&self.fs, &self.dir).await
     }
 

@@ -512,7 +512,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     frontier: checked.frontier,
                 };
                 tracing::error!(dir = %self.dir.display(), error = %failed, "install converge failed; partition fenced");
-                self.fenced.get_or_insert_with(|| failed.to_string());
+                self.health.fence(|| failed.to_string());
                 Err(failed)
             }
         }
@@ -886,7 +886,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.replica.clear_pipeline();
         self.replica.advance_commit_max(Op(checked.commit_op));
         if complete {
-            self.missing_history_record_pending = None;
+            self.health.missing_history_recorded();
             self.state_transfer_needed = None;
             self.replica.finish_state_transfer();
         }
@@ -913,14 +913,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     pub(crate) async fn retry_missing_history_record(&mut self, record: MissingHistory) {
         match write_missing_history(&self.fs, &self.dir, record).await {
             Ok(()) => {
-                self.missing_history_record_pending = None;
+                self.health.missing_history_recorded();
                 self.remove_install_marker().await;
             }
             Err(error) => {
-                if self.missing_history_record_pending.is_none() {
+                if self.health.retries().missing_history_record().is_none() {
                     tracing::warn!(dir = %self.dir.display(), %error, "could not record the missing history; the install marker stays, the applied point stays at the install, and the record is retried every tick");
                 }
-                self.missing_history_record_pending = Some(record);
+                self.health.missing_history_unrecorded(record);
             }
         }
     }
@@ -932,11 +932,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         match clear_missing_history(&self.fs, &self.dir).await {
             Ok(()) => {
                 self.missing_history = None;
-                self.missing_history_clear_pending = false;
+                self.health.missing_history_cleared();
             }
             Err(error) => {
                 tracing::warn!(dir = %self.dir.display(), %error, "could not remove the transfer-needed record; retried on the next tick");
-                self.missing_history_clear_pending = true;
+                self.health.missing_history_uncleared();
             }
         }
     }
