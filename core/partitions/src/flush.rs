@@ -190,6 +190,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         Ok(())
     }
 
+    /// Notes that an applied client op changed the client table, so that
+    /// a single replica writes it before the step's replies.
+    pub(crate) fn client_table_changed(&mut self) {
+        self.clients_dirty = true;
+    }
+
     /// Writes the client table (the state after `commit_min`) into its next
     /// slot (`client_sessions.rs`), labelled as the state after `op` with
     /// the log ending at `next_offset`: the callers pass `commit_min` and

@@ -212,6 +212,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
     }
 
+    /// Starts the scrub over with a new log (see
+    /// [`Partition::replace_log`]): a batch boundary of the old files, read
+    /// in the new ones, would be reported as damage.
+    pub(crate) fn restart_scrub(&mut self) {
+        self.scrub_cursor = ScrubCursor::default();
+        self.scrub_index = DerivedIndex::default();
+    }
+
     /// Sealed-segment indexes the scrub found different from their log and
     /// rewrote, since this partition was opened.
     pub fn scrub_index_rewrites(&self) -> u64 {
