@@ -27,6 +27,7 @@ use storage::{LogConfig, RecoveryError, SegmentedLog};
 use crate::bus::MessageBus;
 use crate::client_sessions::{ClientTableSlots, RecordedTable};
 use crate::error::BootError;
+use crate::health::Health;
 use crate::offset_storage::read_purge_generation;
 use crate::offsets::ConsumerOffsets;
 use crate::partition::{AppliedPoint, AutoCommits, Partition, PartitionConfig};
@@ -155,8 +156,6 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             journaled_point,
             state_transfer_needed: None,
             missing_history: None,
-            missing_history_clear_pending: false,
-            missing_history_record_pending: None,
             damage_found: Cell::new(false),
             scrub_cursor: crate::scrub::ScrubCursor::default(),
             scrub_index: crate::scrub::DerivedIndex::default(),
@@ -169,7 +168,6 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             ),
             read_back_slices: 0,
             read_back_bodies: 0,
-            persist_failed: false,
             client_slots,
             clients_dirty: false,
             reply_results: Vec::new(),
@@ -178,7 +176,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 next_request: 1,
                 ..AutoCommits::default()
             }),
-            fenced: None,
+            health: Health::default(),
             install: None,
             config,
         };

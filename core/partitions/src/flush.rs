@@ -190,6 +190,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         Ok(())
     }
 
+    /// Notes that an applied client op changed the client table, so that
+    /// a single replica writes it before the step's replies.
+    pub(crate) fn client_table_changed(&mut self) {
+        self.clients_dirty = true;
+    }
+
     /// Writes the client table (the state after `commit_min`) into its next
     /// slot (`client_sessions.rs`), labelled as the state after `op` with
     /// the log ending at `next_offset`: the callers pass `commit_min` and
@@ -256,7 +262,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Whether this group keeps its applied point recorded on these rules
     /// at all: a multi-replica group with no missing-history record due.
     fn records_applied_point(&self) -> bool {
-        self.missing_history_record_pending.is_none() && self.config.vsr.replica_count > 1
+        self.health.retries().missing_history_record().is_none()
+            && self.config.vsr.replica_count > 1
     }
 
     /// When the time-based record of a lagging applied point falls due
@@ -268,7 +275,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         (interval > 0
             && behind
             && self.config.vsr.replica_count > 1
-            && self.missing_history_record_pending.is_none())
+            && self.health.retries().missing_history_record().is_none())
         .then(|| self.recorded_at_us.saturating_add(interval))
     }
 
@@ -344,7 +351,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // it: not so while an op is being applied (a full journal flushes
         // from inside `apply`), when the next flush records instead.
         let record = ((sync && record_frontier) || sealed || self.record_due_here())
-            && self.missing_history_record_pending.is_none()
+            && self.health.retries().missing_history_record().is_none()
             && point.op == self.replica.commit_min().0;
         if sync || record {
             self.log.sync().await.map_err(PartitionError::Storage)?;

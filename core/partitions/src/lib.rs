@@ -13,6 +13,7 @@
 //! - `append`: validation and stamping on the primary, the base-offset
 //!   check on backups;
 //! - `flush`: the committed journal prefix to segments;
+//! - `health`: the fence and the durable writes owed a retry;
 //! - `poll`: polls by every strategy over segments and journal;
 //! - `offsets`: consumer offsets (live maps, durable records);
 //! - `purge`: the purge op and its crash-ordered durable steps;
@@ -28,6 +29,7 @@ mod bus;
 mod client_sessions;
 mod error;
 mod flush;
+mod health;
 mod offset_storage;
 mod offsets;
 mod ops;

@@ -87,6 +87,7 @@ use storage::{LogConfig, SegmentedLog};
 
 use crate::bus::MessageBus;
 use crate::error::PartitionError;
+use crate::health::Health;
 use crate::offsets::ConsumerOffsets;
 use crate::ops::{OpDecodeError, PartitionOp};
 use crate::state_transfer::missing::MissingHistory;
@@ -273,8 +274,33 @@ pub(crate) struct AutoCommits {
     pub pending: BTreeMap<(ConsumerKind, u32), u64>,
 }
 
+impl AutoCommits {
+    /// Queues an auto-commit of `offset` for `(kind, id)` (a poll's),
+    /// keeping the highest one queued.
+    pub(crate) fn queue(&mut self, kind: ConsumerKind, id: u32, offset: u64) {
+        let slot = self.pending.entry((kind, id)).or_insert(offset);
+        *slot = (*slot).max(offset);
+    }
+
+    /// Drops the queued auto-commits: they name offsets of a log that a
+    /// purge or an install replaced.
+    pub(crate) fn forget_pending(&mut self) {
+        self.pending.clear();
+    }
+}
+
 /// One partition replica. Generic over the bus `B`, the superblock store
 /// `S` and the filesystem `F`.
+///
+/// The fields are `pub(crate)` so that the files implementing the
+/// partition can read them; each is written in one module only, the one
+/// its comment names (this one when none is named). Another file that
+/// changes that state calls the owner's named method (a purge
+/// [`Self::applied_log_purged`], retention [`Self::count_removed_segment`],
+/// an install [`Self::applied_installed`]...), so the writers of a field
+/// are found next to it. The sub-objects (`replica`, `log`, `journal`,
+/// `offsets`, `durable`, `retained`, `client_slots`) guard their own state
+/// behind their methods.
 pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     pub(crate) config: PartitionConfig,
     pub(crate) fs: F,
@@ -305,27 +331,22 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// Set while the durable transfer-needed record stands (after a
     /// converge): nothing below its frontier is held here.
     pub(crate) missing_history: Option<MissingHistory>,
-    /// A completed install could not remove the record; retried on ticks.
-    pub(crate) missing_history_clear_pending: bool,
-    /// A converge's transfer-needed record that could not be written. The
-    /// install marker then stays as the only evidence, and it is evidence
-    /// only while the superblock's applied point still matches it, so
-    /// until the record is durable (retried every tick) no applied point
-    /// is recorded past the install (`flush`).
-    pub(crate) missing_history_record_pending: Option<MissingHistory>,
     /// A read found a committed batch whose bytes fail their checksums (a
     /// poll sets it; the next tick turns it into a repair, see
     /// [`Self::repair_damage`]).
     pub(crate) damage_found: Cell<bool>,
-    /// Where the next scrub step starts (`scrub.rs`).
+    /// Where the next scrub step starts (`scrub.rs`, which resets it with
+    /// every new log).
     pub(crate) scrub_cursor: crate::scrub::ScrubCursor,
-    /// The index entries the scrub derived in the segment it is walking.
+    /// The index entries the scrub derived in the segment it is walking
+    /// (`scrub.rs`).
     pub(crate) scrub_index: crate::scrub::DerivedIndex,
     /// Sealed-segment indexes the scrub found different from their log and
-    /// rewrote.
+    /// rewrote (`scrub.rs`).
     pub(crate) scrub_index_rewrites: u64,
     pub(crate) now_us: u64,
-    /// Driver time of the last applied-point record (or of the boot).
+    /// Driver time of the last applied-point record (or of the boot;
+    /// `flush.rs`).
     pub(crate) recorded_at_us: u64,
     /// Set while [`Partition::on_tick`] drives the core: the time-based
     /// record of a lagging applied point is made only then (flush.rs).
@@ -334,23 +355,25 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// against the shard's byte budget (`retained.rs`).
     pub(crate) retained: crate::retained::RetainedBodies,
     /// Repair slices served with bodies read back from segments, and the
-    /// bodies read.
+    /// bodies read (`retained.rs`).
     pub(crate) read_back_slices: u64,
     pub(crate) read_back_bodies: u64,
-    pub(crate) persist_failed: bool,
     /// Which client-table slot the next record takes (`client_sessions.rs`).
     pub(crate) client_slots: crate::client_sessions::ClientTableSlots,
     /// Whether an applied client op changed the table since it was last
-    /// written (a single replica writes it before the step's replies).
+    /// written (a single replica writes it before the step's replies;
+    /// `flush.rs`).
     pub(crate) clients_dirty: bool,
     /// The results of the appends the current drive step applied, by op,
     /// for the replies the core built before they were applied.
     pub(crate) reply_results: Vec<(u64, u64)>,
     pub(crate) pending_replies: Vec<Reply>,
     pub(crate) auto_commits: RefCell<AutoCommits>,
-    pub(crate) fenced: Option<String>,
+    /// Whether the partition takes input, and the durable writes owed a
+    /// retry (`health.rs`).
+    pub(crate) health: Health,
     /// The state-transfer install in flight, carried out a bounded number
-    /// of file operations per call (`state_transfer/install/`). While it
+    /// of file operations per call (`state_transfer/install/`, its owner). While it
     /// is set the partition refuses every input: its log is being swapped
     /// on disk under the one in memory.
     pub(crate) install: Option<Box<crate::state_transfer::install::InstallJob<F>>>,
@@ -363,7 +386,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> fmt::Debug for Partition<B, S, F>
             .field("replica", &self.config.vsr.replica)
             .field("commit_min", &self.replica.commit_min().0)
             .field("applied_next_offset", &self.applied_next_offset)
-            .field("fenced", &self.fenced)
+            .field("fenced", &self.health.fenced())
             .finish_non_exhaustive()
     }
 }
@@ -388,7 +411,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// asks for a transfer (the durable record is the caller's).
     pub(crate) fn mark_history_missing(&mut self, record: MissingHistory) {
         self.missing_history = Some(record);
-        self.missing_history_clear_pending = false;
+        self.health.missing_history_cleared();
         if self.state_transfer_needed.is_none() && self.config.vsr.replica_count > 1 {
             let me = self.config.vsr.replica;
             let primary = self.replica.primary_index(self.replica.view());
@@ -406,14 +429,27 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         tracing::warn!(dir = %self.dir.display(), frontier = record.frontier.0, op = record.commit_op.0, "history below the frontier is missing: lagging until a state transfer installs");
     }
 
+    /// The transfer-needed record is gone (a completed install removed
+    /// it): the history is whole again.
+    pub(crate) fn history_restored(&mut self) {
+        self.missing_history = None;
+        self.health.missing_history_cleared();
+    }
+
+    /// An install completed: no transfer is needed any more, and no
+    /// transfer-needed record is owed.
+    pub(crate) fn transfer_completed(&mut self) {
+        self.health.missing_history_recorded();
+        self.state_transfer_needed = None;
+    }
+
     /// Replaces the segment set (purge, install, converge). The scrub's
     /// cursor starts over with it: a batch boundary of the old files, read
     /// in the new ones, would be reported as damage. Every replacement goes
     /// through here so that no site can forget the reset.
     pub(crate) fn replace_log(&mut self, log: SegmentedLog<F>) {
         self.log = log;
-        self.scrub_cursor = crate::scrub::ScrubCursor::default();
-        self.scrub_index = crate::scrub::DerivedIndex::default();
+        self.restart_scrub();
     }
 
     /// Notes a read that found committed bytes failing their checksums
@@ -612,7 +648,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let r = &self.replica;
         let sb = *self.durable.state();
         let clean = self.config.vsr.replica_count > 1
-            && self.fenced.is_none()
+            && self.health.fenced().is_none()
             && self.install.is_none()
             && self.missing_history().is_none()
             && self.state_transfer_needed().is_none()
@@ -635,7 +671,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     /// Why the partition is fenced, if it is.
     pub fn fenced(&self) -> Option<&str> {
-        self.fenced.as_deref()
+        self.health.fenced()
     }
 
     /// Checks what must hold between any two inputs: the VSR core's own
@@ -651,10 +687,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // A partition whose history is missing (an install under way, or
         // one that failed part-way) records the transfer's point before
         // its core applies it; a fenced one refuses everything.
-        if self.fenced.is_some()
+        if self.health.fenced().is_some()
             || self.install.is_some()
             || self.missing_history.is_some()
-            || self.missing_history_record_pending.is_some()
+            || self.health.retries().missing_history_record().is_some()
         {
             return Ok(());
         }
@@ -749,9 +785,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Refuses input to a fenced partition, and to one whose install is
     /// in flight.
     pub(crate) fn check_fenced(&self) -> Result<(), PartitionError> {
-        match &self.fenced {
+        match self.health.fenced() {
             Some(reason) => Err(PartitionError::Fenced {
-                reason: reason.clone(),
+                reason: reason.to_owned(),
             }),
             None if self.install.is_some() => Err(PartitionError::InstallInProgress {
                 dir: self.dir.clone(),
@@ -768,9 +804,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     pub(crate) fn fence(&mut self, error: &PartitionError) {
         tracing::error!(dir = %self.dir.display(), %error, "partition fenced");
-        if self.fenced.is_none() {
-            self.fenced = Some(error.to_string());
-        }
+        self.health.fence(|| error.to_string());
     }
 
     /// A frame from a peer. A prepare is checked before the core sees it:
@@ -831,13 +865,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// partition on that tick and counts the ones before it with
     /// [`Self::skip_ticks`].
     pub fn ticks_until_due(&self, tick_us: u64) -> u64 {
-        if self.fenced.is_some() {
+        if self.health.fenced().is_some() {
             return u64::MAX;
         }
         let busy = self.install.is_some()
-            || self.persist_failed
-            || self.missing_history_clear_pending
-            || self.missing_history_record_pending.is_some()
+            || self.health.retries().any()
             || self.damage_found.get()
             || !self.pending_replies.is_empty()
             || !self.auto_commits.borrow().pending.is_empty();
@@ -857,7 +889,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// (the clock it was last given stands until the next tick).
     pub fn skip_ticks(&mut self, n: u64) {
         // A fenced partition's ticks do nothing at all (its core stands).
-        if self.fenced.is_none() {
+        if self.health.fenced().is_none() {
             self.replica.skip_ticks(n);
         }
     }
@@ -865,7 +897,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// One tick of the driver's clock; `now_us` is its time in µs (the
     /// timestamp the primary stamps batches with, and retention's "now").
     pub async fn on_tick(&mut self, now_us: u64) -> Result<(), PartitionError> {
-        if self.install.is_some() && self.fenced.is_none() {
+        if self.install.is_some() && self.health.fenced().is_none() {
             // The core stands while its log is swapped (its driver carries
             // the install on); its timers resume after.
             self.now_us = self.now_us.max(now_us);
@@ -873,13 +905,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         self.check_fenced()?;
         self.now_us = self.now_us.max(now_us);
-        if self.persist_failed {
+        // Each retry reads the state the one before it left.
+        if self.health.retries().view() {
             self.retry_persist().await;
         }
-        if self.missing_history_clear_pending {
+        if self.health.retries().missing_history_clear() {
             self.clear_missing_history().await;
         }
-        if let Some(record) = self.missing_history_record_pending {
+        if let Some(record) = self.health.retries().missing_history_record() {
             self.retry_missing_history_record(record).await;
         }
         if self.damage_found.get() {
@@ -973,7 +1006,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     async fn retry_persist(&mut self) {
         match self.durable.persist_replica_view(&mut self.replica).await {
-            Ok(()) => self.persist_failed = false,
+            Ok(()) => self.health.view_persisted(),
             Err(error) => {
                 tracing::warn!(%error, view = self.replica.view(), "superblock write failed again");
             }
@@ -1069,7 +1102,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 Err(error) => {
                     // Sends stay held by the core; retried on the next tick.
                     tracing::warn!(%error, view, log_view, "superblock write failed; sends held");
-                    self.persist_failed = true;
+                    self.health.view_unpersisted();
                 }
             },
             Effect::Apply { prepare, duplicate } => self.apply(prepare, duplicate).await?,
@@ -1104,7 +1137,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         )
         .map_err(PartitionError::InvalidOp)?;
         if h.client != INTERNAL_CLIENT {
-            self.clients_dirty = true;
+            self.client_table_changed();
         }
         let (stats, frame) = match op {
             PartitionOp::Append(batch) => self.apply_append(&h, batch, duplicate)?,
@@ -1287,6 +1320,68 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .await
             .map_err(|source| PartitionError::OffsetIo { kind, id, source })?;
         Ok(())
+    }
+
+    // ----- the applied state, as other files change it --------------------
+
+    /// A purge planted its empty segment (`purge.rs`, step 3): nothing
+    /// applied is held any more and offsets restart at 0; neither the end
+    /// recovered at boot nor an install's frontier describes the new log,
+    /// and queued auto-commits name offsets of the old one.
+    pub(crate) fn applied_log_purged(&mut self) {
+        self.applied_next_offset = 0;
+        self.applied_last_timestamp = 0;
+        self.messages_count = 0;
+        self.size_bytes = 0;
+        self.recovered_durable_offset = None;
+        self.installed_frontier = None;
+        self.auto_commits.borrow_mut().forget_pending();
+    }
+
+    /// A purge's generation is durable (`purge.rs`, step 5): it is the
+    /// generation in effect, and the purge op at `point` the last
+    /// journaled one.
+    pub(crate) fn purge_recorded(&mut self, generation: u64, point: AppliedPoint) {
+        self.applied_purge_generation = generation;
+        self.journaled_point = point;
+    }
+
+    /// Retention removed a sealed segment holding `messages` messages in
+    /// `size_bytes` bytes.
+    pub(crate) fn count_removed_segment(&mut self, messages: u64, size_bytes: u64) {
+        self.messages_count -= messages.min(self.messages_count);
+        self.size_bytes -= size_bytes.min(self.size_bytes);
+    }
+
+    /// The log was replaced whole (an install's chain, a converge's empty
+    /// segment): the counters are the new chain's.
+    pub(crate) fn count_replaced_log(
+        &mut self,
+        messages: u64,
+        size_bytes: u64,
+        last_timestamp: u64,
+    ) {
+        self.messages_count = messages;
+        self.size_bytes = size_bytes;
+        self.applied_last_timestamp = last_timestamp;
+    }
+
+    /// An install recorded the offered purge generation durably
+    /// (`state_transfer/install/`).
+    pub(crate) fn purge_generation_installed(&mut self, generation: u64) {
+        self.applied_purge_generation = generation;
+    }
+
+    /// An install or a converge left the partition applied at `point`,
+    /// its next offset the offer's frontier, with the segments up to
+    /// `installed_end` on disk (none after a converge); queued
+    /// auto-commits name offsets of the replaced log.
+    pub(crate) fn applied_installed(&mut self, point: AppliedPoint, installed_end: Option<u64>) {
+        self.applied_next_offset = point.next_offset;
+        self.journaled_point = point;
+        self.recovered_durable_offset = installed_end;
+        self.installed_frontier = (point.next_offset > 0).then_some(point.next_offset);
+        self.auto_commits.borrow_mut().forget_pending();
     }
 
     // ----- the offset fold --------------------------------------------------

@@ -237,9 +237,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         out.count = out.last_offset - out.first_offset + 1;
         if request.auto_commit {
             self.offsets.advance_live(kind, id, out.last_offset);
-            let mut ac = self.auto_commits.borrow_mut();
-            let slot = ac.pending.entry((kind, id)).or_insert(out.last_offset);
-            *slot = (*slot).max(out.last_offset);
+            self.auto_commits
+                .borrow_mut()
+                .queue(kind, id, out.last_offset);
         }
         Ok(out)
     }

@@ -143,13 +143,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             })?;
         self.replace_log(log);
         self.journal.clear_all(op + 1);
-        self.applied_next_offset = 0;
-        self.applied_last_timestamp = 0;
-        self.messages_count = 0;
-        self.size_bytes = 0;
-        self.recovered_durable_offset = None;
-        self.installed_frontier = None;
-        self.auto_commits.borrow_mut().pending.clear();
+        self.applied_log_purged();
         // 4. Consumer offsets.
         self.offsets
             .clear_all(&self.fs)
@@ -166,12 +160,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         )
         .await
         .map_err(step("record purge generation"))?;
-        self.applied_purge_generation = generation;
-        self.journaled_point = AppliedPoint {
-            op,
-            checksum: h.checksum,
-            next_offset: 0,
-        };
+        self.purge_recorded(
+            generation,
+            AppliedPoint {
+                op,
+                checksum: h.checksum,
+                next_offset: 0,
+            },
+        );
         // 6. The applied point moves past the purge.
         if table_current {
             self.record_applied_point(op, h.checksum, 0).await?;

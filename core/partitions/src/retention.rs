@@ -139,8 +139,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 }
             };
             let messages = removed.next_offset - removed.start_offset;
-            self.messages_count -= messages.min(self.messages_count);
-            self.size_bytes -= removed.size_bytes.min(self.size_bytes);
+            self.count_removed_segment(messages, removed.size_bytes);
             outcome.segments += 1;
             outcome.messages += messages;
             outcome.bytes += removed.size_bytes;

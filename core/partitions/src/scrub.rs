@@ -59,7 +59,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// to verify, or the partition is fenced, installing or lagging for a
     /// transfer, or already repairing damage.
     pub async fn scrub_step(&mut self, max_bytes: u64) -> u64 {
-        if self.fenced.is_some()
+        if self.health.fenced().is_some()
             || self.install.is_some()
             || self.missing_history.is_some()
             || self.damage_found.get()
@@ -210,6 +210,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 tracing::warn!(dir = %self.dir.display(), segment = start, %error, "could not rewrite a sealed segment's index; the next pass tries again")
             }
         }
+    }
+
+    /// Starts the scrub over with a new log (see
+    /// [`Partition::replace_log`]): a batch boundary of the old files, read
+    /// in the new ones, would be reported as damage.
+    pub(crate) fn restart_scrub(&mut self) {
+        self.scrub_cursor = ScrubCursor::default();
+        self.scrub_index = DerivedIndex::default();
     }
 
     /// Sealed-segment indexes the scrub found different from their log and

@@ -46,9 +46,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         &self,
         input: InstallInput,
     ) -> Result<CheckedInstall, PartitionInstallError> {
-        if let Some(reason) = &self.fenced {
+        if let Some(reason) = self.health.fenced() {
             return Err(PartitionInstallError::Fenced {
-                reason: reason.clone(),
+                reason: reason.to_owned(),
             });
         }
         let InstallInput {

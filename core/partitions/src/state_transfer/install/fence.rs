@@ -75,7 +75,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// # Errors
     /// The quarantine's I/O error; the partition stays fenced either way.
     pub async fn fence_segment_files(&mut self, reason: &str) -> io::Result<PathBuf> {
-        self.fenced.get_or_insert_with(|| reason.to_owned());
+        self.health.fence(|| reason.to_owned());
         fence_partition(&self.fs, &self.dir).await
     }
 
@@ -105,9 +105,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.replace_log(log);
         self.offsets.clear_all(&fs).await?;
         self.journal.clear_all(checked.commit_op + 1);
-        self.messages_count = 0;
-        self.size_bytes = 0;
-        self.applied_last_timestamp = 0;
+        self.count_replaced_log(0, 0, 0);
         // Watermarks of data this replica no longer holds could swallow a
         // replay; at-least-once until the next install.
         if let Err(error) = self.replica.client_table_mut().install(&[]) {

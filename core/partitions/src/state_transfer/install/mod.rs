@@ -512,7 +512,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     frontier: checked.frontier,
                 };
                 tracing::error!(dir = %self.dir.display(), error = %failed, "install converge failed; partition fenced");
-                self.fenced.get_or_insert_with(|| failed.to_string());
+                self.health.fence(|| failed.to_string());
                 Err(failed)
             }
         }
@@ -798,23 +798,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map_err(PartitionInstallError::Dedup)?;
 
         // Counters from the artifact's frontier and the installed chain.
-        self.messages_count = checked
+        let messages = checked
             .staged
             .iter()
             // The check phase proved start <= end < frontier per segment.
             .map(|s| (s.end_offset - s.start_offset).saturating_add(1))
             .fold(0u64, u64::saturating_add);
-        self.size_bytes = checked
+        let size_bytes = checked
             .staged
             .iter()
             .map(|s| s.size_bytes)
             .fold(0u64, u64::saturating_add);
-        self.applied_last_timestamp = checked
+        let last_timestamp = checked
             .staged
             .iter()
             .map(|s| s.max_timestamp)
             .max()
             .unwrap_or(0);
+        self.count_replaced_log(messages, size_bytes, last_timestamp);
         let installed_end = checked.staged.last().map(|s| s.end_offset);
         self.record_offered_generation(checked).await?;
         self.lift_to_installed_point(checked, installed_end, true);
@@ -854,7 +855,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 path: path.clone(),
                 source,
             })?;
-        self.applied_purge_generation = record.generation;
+        self.purge_generation_installed(record.generation);
         Ok(())
     }
 
@@ -869,15 +870,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         installed_end: Option<u64>,
         complete: bool,
     ) {
-        self.applied_next_offset = checked.frontier;
-        self.journaled_point = AppliedPoint {
-            op: checked.commit_op,
-            checksum: checked.checksum,
-            next_offset: checked.frontier,
-        };
-        self.recovered_durable_offset = installed_end;
-        self.installed_frontier = (checked.frontier > 0).then_some(checked.frontier);
-        self.auto_commits.borrow_mut().pending.clear();
+        self.applied_installed(
+            AppliedPoint {
+                op: checked.commit_op,
+                checksum: checked.checksum,
+                next_offset: checked.frontier,
+            },
+            installed_end,
+        );
         if checked.commit_op >= self.replica.commit_min().0 {
             self.replica
                 .set_commit_floor(Op(checked.commit_op), checked.checksum);
@@ -886,8 +886,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.replica.clear_pipeline();
         self.replica.advance_commit_max(Op(checked.commit_op));
         if complete {
-            self.missing_history_record_pending = None;
-            self.state_transfer_needed = None;
+            self.transfer_completed();
             self.replica.finish_state_transfer();
         }
     }
@@ -913,14 +912,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     pub(crate) async fn retry_missing_history_record(&mut self, record: MissingHistory) {
         match write_missing_history(&self.fs, &self.dir, record).await {
             Ok(()) => {
-                self.missing_history_record_pending = None;
+                self.health.missing_history_recorded();
                 self.remove_install_marker().await;
             }
             Err(error) => {
-                if self.missing_history_record_pending.is_none() {
+                if self.health.retries().missing_history_record().is_none() {
                     tracing::warn!(dir = %self.dir.display(), %error, "could not record the missing history; the install marker stays, the applied point stays at the install, and the record is retried every tick");
                 }
-                self.missing_history_record_pending = Some(record);
+                self.health.missing_history_unrecorded(record);
             }
         }
     }
@@ -930,13 +929,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// failed removal keeps the partition lagging and is retried on ticks.
     pub(crate) async fn clear_missing_history(&mut self) {
         match clear_missing_history(&self.fs, &self.dir).await {
-            Ok(()) => {
-                self.missing_history = None;
-                self.missing_history_clear_pending = false;
-            }
+            Ok(()) => self.history_restored(),
             Err(error) => {
                 tracing::warn!(dir = %self.dir.display(), %error, "could not remove the transfer-needed record; retried on the next tick");
-                self.missing_history_clear_pending = true;
+                self.health.missing_history_uncleared();
             }
         }
     }
