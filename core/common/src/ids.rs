@@ -127,6 +127,14 @@ impl Offset {
         }
     }
 
+    /// The offset `n` messages after this one, or `None` past `u64::MAX`.
+    pub const fn checked_add(self, n: u64) -> Option<Self> {
+        match self.0.checked_add(n) {
+            Some(o) => Some(Self(o)),
+            None => None,
+        }
+    }
+
     /// How many messages lie from `earlier` up to (not including) this
     /// offset (0 when `earlier` is not below it).
     pub const fn messages_since(self, earlier: Self) -> u64 {
@@ -146,6 +154,15 @@ impl std::ops::Add<u64> for Offset {
 impl std::ops::AddAssign<u64> for Offset {
     fn add_assign(&mut self, n: u64) {
         self.0 += n;
+    }
+}
+
+impl std::ops::Sub<u64> for Offset {
+    type Output = Self;
+
+    /// `n` messages earlier.
+    fn sub(self, n: u64) -> Self {
+        Self(self.0 - n)
     }
 }
 

@@ -17,6 +17,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use common::Op;
+
 use crate::dedup::DedupWatermark;
 use crate::vsr::Reply;
 
@@ -195,7 +197,7 @@ impl ClientTable {
         &mut self,
         client: u128,
         user_id: u32,
-        op: u64,
+        op: Op,
         reply: Reply,
     ) -> Result<(u64, bool), ClientTableError> {
         if client == CLIENT_RESERVED {
@@ -208,11 +210,11 @@ impl ClientTable {
                 return Ok((entry.session, false));
             }
             // A rebind: a newer session, the watermark is kept.
-            entry.session = op;
+            entry.session = op.0;
             entry.watermark.user_id = user_id;
             entry.watermark.latest_commit = op;
             entry.reply = (entry.watermark.watermark == 0).then_some(reply);
-            return Ok((op, true));
+            return Ok((op.0, true));
         }
         if self.entries.len() >= self.capacity {
             self.evict_one();
@@ -220,7 +222,7 @@ impl ClientTable {
         self.entries.insert(
             client,
             SessionRecord {
-                session: op,
+                session: op.0,
                 watermark: DedupWatermark {
                     client,
                     user_id,
@@ -231,7 +233,7 @@ impl ClientTable {
                 reply: Some(reply),
             },
         );
-        Ok((op, true))
+        Ok((op.0, true))
     }
 
     /// Deterministic eviction: the lowest `latest_commit`, ties to the
@@ -250,7 +252,7 @@ impl ClientTable {
     /// Apply a committed request at `op`. Returns true when it must be
     /// executed, false when it already committed (a retry that was ordered
     /// twice): the caller then skips it.
-    pub fn commit(&mut self, client: u128, request: u64, op: u64, reply: Reply) -> bool {
+    pub fn commit(&mut self, client: u128, request: u64, op: Op, reply: Reply) -> bool {
         let Some(entry) = self.entries.get_mut(&client) else {
             // Session evicted between admission and commit: nothing to
             // deduplicate against, the op executes.
@@ -281,12 +283,12 @@ impl ClientTable {
     /// committed at `op` (see [`Reply::result`]) in the cached reply, if
     /// that reply is still the cached one. Every replica applies the same
     /// op to the same state, so every table caches the same result.
-    pub fn set_result(&mut self, client: u128, request: u64, op: u64, result: u64) {
+    pub fn set_result(&mut self, client: u128, request: u64, op: Op, result: u64) {
         if let Some(reply) = self
             .entries
             .get_mut(&client)
             .and_then(|e| e.reply.as_mut())
-            .filter(|r| r.request == request && r.op.0 == op)
+            .filter(|r| r.request == request && r.op == op)
         {
             reply.result = result;
         }
@@ -352,7 +354,11 @@ impl ClientTable {
             // A session not yet used has no commit after its Register, so
             // its session (the Register's op) is `latest_commit`; a used
             // session's epoch is not carried and any session is accepted.
-            let session = if w.watermark == 0 { w.latest_commit } else { 0 };
+            let session = if w.watermark == 0 {
+                w.latest_commit.0
+            } else {
+                0
+            };
             let previous = entries.insert(
                 w.client,
                 SessionRecord {
@@ -395,7 +401,7 @@ mod tests {
     fn given_reserved_client_when_registered_should_refuse() {
         let mut t = ClientTable::new(4);
         assert_eq!(
-            t.register(0, 1, 1, reply(0, 0, 1)),
+            t.register(0, 1, Op(1), reply(0, 0, 1)),
             Err(ClientTableError::ReservedClient)
         );
         assert_eq!(t.check(0, 0, 0), RequestCheck::NoSession);
@@ -404,15 +410,18 @@ mod tests {
     #[test]
     fn given_committed_request_when_retried_should_answer_from_table() {
         let mut t = ClientTable::new(4);
-        let (session, _) = t.register(7, 1, 1, reply(7, 0, 1)).unwrap();
+        let (session, _) = t.register(7, 1, Op(1), reply(7, 0, 1)).unwrap();
         assert_eq!(t.check(7, session, 1), RequestCheck::New);
-        assert!(t.commit(7, 1, 2, reply(7, 1, 2)));
+        assert!(t.commit(7, 1, Op(2), reply(7, 1, 2)));
         assert_eq!(
             t.check(7, session, 1),
             RequestCheck::Duplicate(reply(7, 1, 2))
         );
-        assert!(!t.commit(7, 1, 3, reply(7, 1, 3)), "never executed twice");
-        assert!(t.commit(7, 3, 4, reply(7, 3, 4)));
+        assert!(
+            !t.commit(7, 1, Op(3), reply(7, 1, 3)),
+            "never executed twice"
+        );
+        assert!(t.commit(7, 3, Op(4), reply(7, 3, 4)));
         assert_eq!(t.check(7, session, 1), RequestCheck::AlreadyApplied);
         assert_eq!(
             t.check(7, session, 2),
@@ -425,10 +434,10 @@ mod tests {
     #[test]
     fn given_full_table_when_registering_should_evict_lowest_latest_commit() {
         let mut t = ClientTable::new(2);
-        t.register(5, 1, 1, reply(5, 0, 1)).unwrap();
-        t.register(6, 1, 2, reply(6, 0, 2)).unwrap();
-        t.commit(5, 1, 3, reply(5, 1, 3));
-        t.register(9, 1, 4, reply(9, 0, 4)).unwrap();
+        t.register(5, 1, Op(1), reply(5, 0, 1)).unwrap();
+        t.register(6, 1, Op(2), reply(6, 0, 2)).unwrap();
+        t.commit(5, 1, Op(3), reply(5, 1, 3));
+        t.register(9, 1, Op(4), reply(9, 0, 4)).unwrap();
         let clients: Vec<u128> = t.export().iter().map(|w| w.client).collect();
         assert_eq!(clients, vec![5, 9]);
     }
@@ -437,8 +446,9 @@ mod tests {
     fn given_export_when_installed_should_round_trip_and_refuse_duplicates() {
         let mut t = ClientTable::new(8);
         for c in [3u128, 1, 2] {
-            t.register(c, 1, c as u64, reply(c, 0, c as u64)).unwrap();
-            t.commit(c, 4, 10 + c as u64, reply(c, 4, 10 + c as u64));
+            t.register(c, 1, Op(c as u64), reply(c, 0, c as u64))
+                .unwrap();
+            t.commit(c, 4, Op(10) + c as u64, reply(c, 4, 10 + c as u64));
         }
         let slice = t.export();
         assert!(slice.windows(2).all(|w| w[0].client < w[1].client));
@@ -457,11 +467,11 @@ mod tests {
     #[test]
     fn given_recorded_sessions_when_restored_should_answer_retries_with_the_original_result() {
         let mut t = ClientTable::new(8);
-        let (session, _) = t.register(7, 1, 1, reply(7, 0, 1)).unwrap();
-        assert!(t.commit(7, 1, 2, reply(7, 1, 2)));
-        t.set_result(7, 1, 2, 4_096);
-        t.set_result(7, 1, 9, 1);
-        t.register(3, 2, 3, reply(3, 0, 3)).unwrap();
+        let (session, _) = t.register(7, 1, Op(1), reply(7, 0, 1)).unwrap();
+        assert!(t.commit(7, 1, Op(2), reply(7, 1, 2)));
+        t.set_result(7, 1, Op(2), 4_096);
+        t.set_result(7, 1, Op(9), 1);
+        t.register(3, 2, Op(3), reply(3, 0, 3)).unwrap();
         let mut u = ClientTable::new(8);
         u.restore(t.sessions()).unwrap();
         assert_eq!(u, t);
@@ -469,15 +479,18 @@ mod tests {
             panic!("the retry is not answered from the table");
         };
         assert_eq!((answer.op, answer.result), (Op(2), 4_096));
-        assert!(!u.commit(7, 1, 5, reply(7, 1, 5)), "never executed twice");
+        assert!(
+            !u.commit(7, 1, Op(5), reply(7, 1, 5)),
+            "never executed twice"
+        );
         assert!(matches!(u.check(3, 0, 0), RequestCheck::Duplicate(_)));
     }
 
     #[test]
     fn given_inconsistent_records_when_restored_should_refuse_and_change_nothing() {
         let mut t = ClientTable::new(2);
-        t.register(7, 1, 1, reply(7, 0, 1)).unwrap();
-        t.commit(7, 4, 2, reply(7, 4, 2));
+        t.register(7, 1, Op(1), reply(7, 0, 1)).unwrap();
+        t.commit(7, 4, Op(2), reply(7, 4, 2));
         let good = t.sessions();
         let mut u = ClientTable::new(2);
         u.restore(good.clone()).unwrap();
@@ -510,8 +523,8 @@ mod tests {
     #[test]
     fn given_retried_register_when_session_unused_should_return_same_session() {
         let mut t = ClientTable::new(4);
-        let (s1, new1) = t.register(8, 1, 5, reply(8, 0, 5)).unwrap();
-        let (s2, new2) = t.register(8, 1, 9, reply(8, 0, 9)).unwrap();
+        let (s1, new1) = t.register(8, 1, Op(5), reply(8, 0, 5)).unwrap();
+        let (s2, new2) = t.register(8, 1, Op(9), reply(8, 0, 9)).unwrap();
         assert!(new1 && !new2);
         assert_eq!(s1, s2);
     }

@@ -5,6 +5,8 @@
 //! partition's state, so a client retrying a request that the group already
 //! committed gets the cached outcome instead of a second execution.
 
+use common::Op;
+
 /// One client's deduplication state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DedupWatermark {
@@ -15,7 +17,7 @@ pub struct DedupWatermark {
     /// The highest request number committed for this client.
     pub watermark: u64,
     /// The op of the client's newest committed reply (eviction order).
-    pub latest_commit: u64,
+    pub latest_commit: Op,
     /// Bit `i` is set iff request `watermark - i` committed (bit 0 is the
     /// watermark itself), so retries of recent requests are recognised even
     /// when requests commit out of order.
@@ -48,7 +50,7 @@ mod tests {
             client: 9,
             user_id: 1,
             watermark: 200,
-            latest_commit: 77,
+            latest_commit: Op(77),
             committed_window: 0b101,
         };
         assert!(w.covers(200));

@@ -2,8 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
-use common::Op;
-use common::{GroupId, ReplicaId};
+use common::{GroupId, Op, ReplicaId};
 use consensus::vsr::{
     AppliedState, Config, DoViewChange, DurableState, Frame, FrameError, Handled, Ignored, Message,
     OP_MAX, Prepare, PrepareHeader, Replica, StartView, SuffixSlot, body_checksum,
@@ -52,7 +51,10 @@ fn given_frame_for_another_group_should_refuse() {
     let mut r = replica();
     let mut f = frame(Message::StartViewChange);
     f.group = GroupId(9);
-    assert_eq!(r.on_frame(f), Err(FrameError::WrongGroup { group: 9 }));
+    assert_eq!(
+        r.on_frame(f),
+        Err(FrameError::WrongGroup { group: GroupId(9) })
+    );
 }
 
 #[test]
@@ -63,7 +65,9 @@ fn given_frame_from_self_or_unknown_replica_should_refuse() {
         f.replica = ReplicaId(sender);
         assert_eq!(
             r.on_frame(f),
-            Err(FrameError::BadSender { replica: sender })
+            Err(FrameError::BadSender {
+                replica: ReplicaId(sender)
+            })
         );
     }
     unchanged(&r);
@@ -76,7 +80,7 @@ fn given_prepare_with_flipped_body_bit_should_refuse_without_journaling() {
     p.body = Bytes::from_static(b"bodz");
     assert_eq!(
         r.on_frame(frame(Message::Prepare(p))),
-        Err(FrameError::BadChecksum { op: 1 })
+        Err(FrameError::BadChecksum { op: Op(1) })
     );
     assert!(r.journal_entry(Op(1)).is_none());
     let good = prepare(1);
@@ -93,11 +97,11 @@ fn given_prepare_whose_header_names_another_group_should_refuse_as_wrong_group()
     p.header.checksum = p.header.compute_checksum();
     assert_eq!(
         r.on_frame(frame(Message::Prepare(p.clone()))),
-        Err(FrameError::WrongGroup { group: 7 })
+        Err(FrameError::WrongGroup { group: GroupId(7) })
     );
     assert_eq!(
         r.on_frame(frame(Message::RepairPrepare(p))),
-        Err(FrameError::WrongGroup { group: 7 })
+        Err(FrameError::WrongGroup { group: GroupId(7) })
     );
     assert!(r.journal_entry(Op(1)).is_none());
     unchanged(&r);

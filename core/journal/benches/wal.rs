@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use common::{GroupId, Op};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use journal::MetadataWal;
 use journal::build_prepare;
@@ -26,7 +27,7 @@ fn chain(n: u64) -> Vec<Vec<u8>> {
     let mut parent = 0u128;
     (1..=n)
         .map(|op| {
-            let f = build_prepare(op, parent, 0, &body);
+            let f = build_prepare(Op(op), parent, GroupId(0), &body);
             parent = u128::from_le_bytes(f[..16].try_into().expect("16 bytes"));
             f
         })

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use bytes::Bytes;
+use common::{Offset, Op};
 
 /// What an entry contributes to the flush accounting. The partition
 /// derives it from the prepare's batch; ops that carry no messages
@@ -25,7 +26,7 @@ pub struct EntryStats {
     pub messages: u32,
     /// Offset of the batch's first message (meaningless when `messages`
     /// is 0).
-    pub base_offset: u64,
+    pub base_offset: Offset,
     /// The batch's timestamp (the prepare's timestamp).
     pub timestamp: u64,
 }
@@ -34,7 +35,7 @@ pub struct EntryStats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalEntry {
     /// The op number.
-    pub op: u64,
+    pub op: Op,
     /// The prepare's identity checksum.
     pub checksum: u128,
     /// The previous op's identity.
@@ -73,9 +74,9 @@ pub struct JournalInfo {
     /// Bytes of the live entries' frames.
     pub size_bytes: u64,
     /// First message offset held, if any entry carries messages.
-    pub base_offset: Option<u64>,
+    pub base_offset: Option<Offset>,
     /// Last message offset held, if any entry carries messages.
-    pub current_offset: Option<u64>,
+    pub current_offset: Option<Offset>,
     /// Timestamp of the first entry with messages.
     pub first_timestamp: u64,
     /// Timestamp of the last entry with messages.
@@ -109,14 +110,14 @@ pub enum JournalError {
     /// The op does not follow the head.
     NotNextOp {
         /// The op the journal expects next.
-        expected: u64,
+        expected: Op,
         /// The op offered.
-        op: u64,
+        op: Op,
     },
     /// The prepare does not chain to the head's identity.
     ParentMismatch {
         /// The op offered.
-        op: u64,
+        op: Op,
     },
     /// Taking the entry would exceed the live bounds; flush first.
     Full {
@@ -128,7 +129,7 @@ pub enum JournalError {
     /// A batch whose last offset overflows u64.
     OffsetOverflow {
         /// The op offered.
-        op: u64,
+        op: Op,
     },
 }
 
@@ -162,7 +163,7 @@ pub struct PrepareJournal {
     live: VecDeque<JournalEntry>,
     info: JournalInfo,
     /// The op the next append must carry.
-    next_op: u64,
+    next_op: Op,
     /// Identity the next append must chain to (0 = unknown, not checked:
     /// after a restart, a clear or an install the head is not held).
     head_checksum: u128,
@@ -170,7 +171,7 @@ pub struct PrepareJournal {
 
 impl PrepareJournal {
     /// An empty journal whose first append is op `next_op`.
-    pub fn new(limits: JournalLimits, next_op: u64) -> Self {
+    pub fn new(limits: JournalLimits, next_op: Op) -> Self {
         Self {
             limits,
             live: VecDeque::new(),
@@ -186,7 +187,7 @@ impl PrepareJournal {
     }
 
     /// The op the next append must carry.
-    pub const fn next_op(&self) -> u64 {
+    pub const fn next_op(&self) -> Op {
         self.next_op
     }
 
@@ -233,7 +234,7 @@ impl PrepareJournal {
     /// Drops the live entries with `op ≤ up_to` (they are flushed) and
     /// recomputes the accounting from what stays. The head is kept: the
     /// next append still chains to it.
-    pub fn evict_flushed(&mut self, up_to: u64) {
+    pub fn evict_flushed(&mut self, up_to: Op) {
         let before = self.live.len();
         while self.live.pop_front_if(|e| e.op <= up_to).is_some() {}
         if self.live.len() != before {
@@ -251,7 +252,7 @@ impl PrepareJournal {
 
     /// Empties the journal (purge or state-transfer install); the next
     /// append must carry `next_op`.
-    pub fn clear_all(&mut self, next_op: u64) {
+    pub fn clear_all(&mut self, next_op: Op) {
         self.live.clear();
         self.info = JournalInfo::default();
         self.next_op = next_op;
@@ -266,13 +267,13 @@ mod tests {
 
     fn entry(op: u64, parent: u128, len: usize, messages: u32) -> JournalEntry {
         JournalEntry {
-            op,
+            op: Op(op),
             checksum: u128::from(op) * 1000 + 7,
             parent,
             frame: Bytes::from(vec![op as u8; len]),
             stats: EntryStats {
                 messages,
-                base_offset: (op - 1) * 10,
+                base_offset: Offset((op - 1) * 10),
                 timestamp: 100 + op,
             },
         }
@@ -298,52 +299,58 @@ mod tests {
 
     #[test]
     fn given_appends_when_read_should_account_and_list_them_in_order() {
-        let mut j = PrepareJournal::new(JournalLimits::default(), 1);
+        let mut j = PrepareJournal::new(JournalLimits::default(), Op(1));
         chain(&mut j, 1..=5, 100);
         let info = j.info();
         assert_eq!(info.entries, 5);
         assert_eq!(info.messages_count, 50);
         assert_eq!(info.size_bytes, 500);
-        assert_eq!(info.base_offset, Some(0));
-        assert_eq!(info.current_offset, Some(49));
+        assert_eq!(info.base_offset, Some(Offset(0)));
+        assert_eq!(info.current_offset, Some(Offset(49)));
         assert_eq!((info.first_timestamp, info.end_timestamp), (101, 105));
-        assert_eq!(j.live().map(|e| e.op).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
-        assert_eq!(j.next_op(), 6);
+        assert_eq!(
+            j.live().map(|e| e.op.0).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+        assert_eq!(j.next_op(), Op(6));
     }
 
     #[test]
     fn given_gap_or_broken_chain_when_appended_should_refuse_unchanged() {
-        let mut j = PrepareJournal::new(JournalLimits::default(), 1);
+        let mut j = PrepareJournal::new(JournalLimits::default(), Op(1));
         chain(&mut j, 1..=2, 10);
         assert_eq!(
             j.append(entry(4, 3007, 10, 1)),
-            Err(JournalError::NotNextOp { expected: 3, op: 4 })
+            Err(JournalError::NotNextOp {
+                expected: Op(3),
+                op: Op(4)
+            })
         );
         assert_eq!(
             j.append(entry(3, 999, 10, 1)),
-            Err(JournalError::ParentMismatch { op: 3 })
+            Err(JournalError::ParentMismatch { op: Op(3) })
         );
         let mut overflow = entry(3, 2007, 10, 2);
-        overflow.stats.base_offset = u64::MAX;
+        overflow.stats.base_offset = Offset(u64::MAX);
         assert_eq!(
             j.append(overflow),
-            Err(JournalError::OffsetOverflow { op: 3 })
+            Err(JournalError::OffsetOverflow { op: Op(3) })
         );
         assert_eq!(j.info().entries, 2);
-        assert_eq!(j.next_op(), 3);
+        assert_eq!(j.next_op(), Op(3));
     }
 
     #[test]
     fn given_bounds_when_full_should_refuse_until_flushed() {
-        let mut j = PrepareJournal::new(limits(3, 1000), 1);
+        let mut j = PrepareJournal::new(limits(3, 1000), Op(1));
         chain(&mut j, 1..=3, 10);
         assert!(matches!(
             j.append(entry(4, 3007, 10, 1)),
             Err(JournalError::Full { entries: 3, .. })
         ));
-        j.evict_flushed(2);
+        j.evict_flushed(Op(2));
         chain(&mut j, 4..=5, 10);
-        let mut j = PrepareJournal::new(limits(100, 25), 1);
+        let mut j = PrepareJournal::new(limits(100, 25), Op(1));
         chain(&mut j, 1..=2, 10);
         assert!(matches!(
             j.append(entry(3, 2007, 10, 1)),
@@ -353,27 +360,27 @@ mod tests {
 
     #[test]
     fn given_flushed_entries_when_evicted_should_drop_them_and_still_chain_to_the_head() {
-        let mut j = PrepareJournal::new(JournalLimits::default(), 1);
+        let mut j = PrepareJournal::new(JournalLimits::default(), Op(1));
         chain(&mut j, 1..=6, 10);
-        j.evict_flushed(5);
+        j.evict_flushed(Op(5));
         assert_eq!(j.info().entries, 1);
-        assert_eq!(j.info().base_offset, Some(50));
-        assert_eq!(j.live().map(|e| e.op).collect::<Vec<_>>(), [6]);
-        j.evict_flushed(6);
+        assert_eq!(j.info().base_offset, Some(Offset(50)));
+        assert_eq!(j.live().map(|e| e.op.0).collect::<Vec<_>>(), [6]);
+        j.evict_flushed(Op(6));
         assert_eq!(j.info(), &JournalInfo::default());
         assert_eq!(
             j.append(entry(7, 1, 10, 1)),
-            Err(JournalError::ParentMismatch { op: 7 })
+            Err(JournalError::ParentMismatch { op: Op(7) })
         );
         chain(&mut j, 7..=7, 10);
     }
 
     #[test]
     fn given_journal_when_cleared_should_restart_at_given_op() {
-        let mut j = PrepareJournal::new(JournalLimits::default(), 1);
+        let mut j = PrepareJournal::new(JournalLimits::default(), Op(1));
         chain(&mut j, 1..=3, 10);
-        j.evict_flushed(1);
-        j.clear_all(50);
+        j.evict_flushed(Op(1));
+        j.clear_all(Op(50));
         assert_eq!(j.info(), &JournalInfo::default());
         assert_eq!(j.live().count(), 0);
         // Any parent is accepted after a clear: the head is not held.

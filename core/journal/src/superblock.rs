@@ -53,7 +53,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use common::le_cursor::{LeCursor, Truncated, u64_at};
-use common::{Offset, Op, ReplicaId};
+use common::{GroupId, Offset, Op, ReplicaId};
 use consensus::vsr::Replica;
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;
@@ -349,7 +349,7 @@ pub enum SuperblockError {
         /// The shard directory holding the table.
         dir: PathBuf,
         /// The group.
-        group: u64,
+        group: GroupId,
         /// How many slots were lost.
         lost: u32,
     },

@@ -78,6 +78,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+use common::GroupId;
 use common::le_cursor::{LeField, tiles};
 use storage::fs::{BufResult, Fs, FsFile, OpenOptions};
 use xxhash_rust::xxh3::xxh3_64;
@@ -125,7 +126,7 @@ const _: () = assert!(tiles(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TableKey {
     /// The consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// The group's incarnation (never reused after a delete).
     pub incarnation: u64,
 }
@@ -161,7 +162,7 @@ fn encode_slot(key: TableKey, sequence: u64, state: &VsrState) -> [u8; TABLE_SLO
     VERSION.put(&mut b, TABLE_VERSION);
     // Lossless: 66 fits a u16.
     PAYLOAD_LEN.put(&mut b, VSR_STATE_LEN as u16);
-    GROUP.put(&mut b, key.group);
+    GROUP.put(&mut b, key.group.0);
     INCARNATION.put(&mut b, key.incarnation);
     SEQUENCE.put(&mut b, sequence);
     b[PAYLOAD_AT..PAYLOAD_AT + VSR_STATE_LEN].copy_from_slice(&state.encode());
@@ -198,7 +199,7 @@ fn decode_slot(bytes: &[u8]) -> SlotRead {
     match VsrState::decode(&slot[PAYLOAD_AT..PAYLOAD_AT + len]) {
         Ok(state) => SlotRead::Valid {
             key: TableKey {
-                group: GROUP.get(slot),
+                group: GroupId(GROUP.get(slot)),
                 incarnation: INCARNATION.get(slot),
             },
             sequence: SEQUENCE.get(slot),
@@ -437,7 +438,7 @@ impl<F: Fs> SuperblockTable<F> {
                         // Never written so: one slot per key while it lives.
                         tracing::error!(
                             dir = %dir.display(),
-                            group = key.group,
+                            group = %key.group,
                             slots = ?(other.index, index),
                             "superblock table holds one group in two slots; both left unused"
                         );
@@ -808,7 +809,7 @@ mod tests {
     }
 
     const KEY: TableKey = TableKey {
-        group: 12,
+        group: GroupId(12),
         incarnation: 3,
     };
 
@@ -854,11 +855,11 @@ mod tests {
             Combined::Record { sequence, .. } => Some(sequence),
             _ => None,
         };
-        assert_eq!(seq_of(combine(v(4, 1), v(3, 1))), Some(4));
-        assert_eq!(seq_of(combine(v(3, 1), v(4, 1))), Some(4));
+        assert_eq!(seq_of(combine(v(4, GroupId(1)), v(3, GroupId(1)))), Some(4));
+        assert_eq!(seq_of(combine(v(3, GroupId(1)), v(4, GroupId(1)))), Some(4));
         for other in [SlotRead::Corrupt, SlotRead::Zero] {
-            assert_eq!(seq_of(combine(v(3, 1), other)), Some(3));
-            assert_eq!(seq_of(combine(other, v(3, 1))), Some(3));
+            assert_eq!(seq_of(combine(v(3, GroupId(1)), other)), Some(3));
+            assert_eq!(seq_of(combine(other, v(3, GroupId(1)))), Some(3));
         }
         let free = [
             (SlotRead::Corrupt, SlotRead::Zero),
@@ -872,6 +873,9 @@ mod tests {
             combine(SlotRead::Corrupt, SlotRead::Corrupt),
             Combined::Lost
         ));
-        assert!(matches!(combine(v(3, 1), v(3, 2)), Combined::Lost));
+        assert!(matches!(
+            combine(v(3, GroupId(1)), v(3, GroupId(2))),
+            Combined::Lost
+        ));
     }
 }

@@ -26,8 +26,7 @@
 //! then reads as interior corruption and refuses boot — a false alarm that
 //! fails safe, never a silent loss. The group size is bounded by the caller.
 
-use common::GroupId;
-use common::Op;
+use common::{GroupId, Op, ReplicaId};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io;
@@ -499,24 +498,24 @@ fn find_valid_entry_after(bytes: &[u8], damaged: usize) -> Option<usize> {
 
 /// Builds a sealed prepare frame chained to `parent`: for tests, tools and
 /// benchmarks.
-pub fn build_prepare(op: u64, parent: u128, group: u64, body: &[u8]) -> Vec<u8> {
+pub fn build_prepare(op: Op, parent: u128, group: GroupId, body: &[u8]) -> Vec<u8> {
     let header = FrameHeader {
         checksum: 0,
         checksum_body: 0,
         cluster: 1,
         size: 0,
         view: 0,
-        replica: 0,
+        replica: ReplicaId(0),
         command: CommandHeader::Prepare(PrepareCommand {
             client: 1,
             parent,
             request_checksum: 0,
-            op: Op(op),
-            commit: Op(op - 1),
-            timestamp: op,
-            request: op,
+            op,
+            commit: op - 1,
+            timestamp: op.0,
+            request: op.0,
             operation: 128,
-            group: GroupId(group),
+            group,
             user_id: 0,
         }),
     };

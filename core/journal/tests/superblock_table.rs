@@ -4,7 +4,7 @@
 //! garbage, and never "no record" once its write returned.
 #![allow(clippy::unwrap_used)]
 
-use common::{Offset, Op, ReplicaId};
+use common::{GroupId, Offset, Op, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -22,7 +22,7 @@ fn dir() -> PathBuf {
 
 fn key(group: u64) -> TableKey {
     TableKey {
-        group,
+        group: GroupId(group),
         incarnation: group * 10 + 1,
     }
 }
@@ -238,7 +238,7 @@ fn given_both_copies_of_a_slot_rotted_when_opened_should_refuse_the_groups_that_
         matches!(
             err,
             SuperblockError::TableSlotsLost {
-                group: 2,
+                group: GroupId(2),
                 lost: 1,
                 ..
             }
@@ -263,14 +263,14 @@ fn given_freed_slots_when_new_groups_arrive_should_reuse_them_and_never_resurrec
     let fs = fresh(8);
     write_states(&fs, &[1, 2, 3, 4], 1);
     let table = open(&fs).unwrap();
-    let freed = block_on(table.free_unless(|k| k.group % 2 == 1)).unwrap();
+    let freed = block_on(table.free_unless(|k| k.group.0 % 2 == 1)).unwrap();
     assert_eq!(freed, 2);
     block_on(table.write(key(20), &state(20, 1))).unwrap();
     block_on(table.write(key(21), &state(21, 1))).unwrap();
     drop(table);
     fs.crash_with(CrashMode::DropAll);
     let table = open(&fs).unwrap();
-    let mut keys: Vec<u64> = table.keys().iter().map(|k| k.group).collect();
+    let mut keys: Vec<u64> = table.keys().iter().map(|k| k.group.0).collect();
     keys.sort_unstable();
     assert_eq!(keys, [1, 3, 20, 21]);
     // The two new groups took the freed slots: the files did not grow.
@@ -278,7 +278,7 @@ fn given_freed_slots_when_new_groups_arrive_should_reuse_them_and_never_resurrec
     assert_eq!(len, 4 * 128);
     // A later incarnation of a freed group id starts fresh.
     let later = TableKey {
-        group: 2,
+        group: GroupId(2),
         incarnation: 99,
     };
     assert_eq!(table.state(later), None);

@@ -2,7 +2,7 @@
 //! simulated filesystem.
 #![allow(clippy::unwrap_used)]
 
-use common::Op;
+use common::{GroupId, Op};
 use futures::executor::block_on;
 use journal::build_prepare;
 use journal::{MetadataWal, WalError};
@@ -41,7 +41,7 @@ impl Chain {
         let body: Vec<u8> = (0..(op * 37 % 300) as usize)
             .map(|i| (i as u64 ^ op) as u8)
             .collect();
-        let frame = build_prepare(op, self.head.1, 0, &body);
+        let frame = build_prepare(Op(op), self.head.1, GroupId(0), &body);
         let checksum = u128::from_le_bytes(frame[..16].try_into().unwrap());
         self.head = (op, checksum);
         frame
@@ -196,12 +196,12 @@ fn given_invalid_or_unchained_prepare_when_appended_should_refuse_and_write_noth
     let (mut wal, _) = open(&fs).unwrap();
     block_on(wal.append(chain.next())).unwrap();
     let len = wal.len_bytes();
-    let gap = build_prepare(5, chain.head.1, 0, b"x");
+    let gap = build_prepare(Op(5), chain.head.1, GroupId(0), b"x");
     assert!(matches!(
         block_on(wal.append(gap)),
         Err(WalError::NotNextOp { expected: 2, op: 5 })
     ));
-    let unchained = build_prepare(2, 12345, 0, b"x");
+    let unchained = build_prepare(Op(2), 12345, GroupId(0), b"x");
     assert!(matches!(
         block_on(wal.append(unchained)),
         Err(WalError::ParentMismatch { op: 2 })

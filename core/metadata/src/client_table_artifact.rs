@@ -7,6 +7,7 @@
 //! trailer first, then the count against its ceiling and the bytes
 //! present, clients strictly ascending and never 0, no trailing bytes.
 
+use common::Op;
 use std::fmt;
 
 use common::le_cursor::LeCursor;
@@ -67,7 +68,7 @@ pub fn encode_client_table(entries: &[DedupWatermark]) -> Vec<u8> {
         out.extend_from_slice(&w.client.to_le_bytes());
         out.extend_from_slice(&w.user_id.to_le_bytes());
         out.extend_from_slice(&w.watermark.to_le_bytes());
-        out.extend_from_slice(&w.latest_commit.to_le_bytes());
+        out.extend_from_slice(&w.latest_commit.0.to_le_bytes());
         out.extend_from_slice(&w.committed_window.to_le_bytes());
     }
     push_trailer(&mut out);
@@ -99,7 +100,7 @@ pub fn decode_client_table(bytes: &[u8]) -> Result<Vec<DedupWatermark>, ClientTa
             client: c.u128().map_err(t)?,
             user_id: c.u32().map_err(t)?,
             watermark: c.u64().map_err(t)?,
-            latest_commit: c.u64().map_err(t)?,
+            latest_commit: Op(c.u64().map_err(t)?),
             committed_window: c.u128().map_err(t)?,
         };
         if w.client == 0 {
@@ -126,7 +127,7 @@ mod tests {
                 client: c,
                 user_id: c as u32,
                 watermark: 10 * c as u64,
-                latest_commit: 100 + c as u64,
+                latest_commit: Op(100 + c as u64),
                 committed_window: 0b1011,
             })
             .collect()

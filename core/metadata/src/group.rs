@@ -475,7 +475,9 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// a primary that could not serve, for ever).
     pub fn transfer_offer_to(&self, requester: u8) -> Result<MetadataOffer, TransferError> {
         let r = &self.replica;
-        self.offer_gated(r.serves_applied_state() || r.serves_transfer_as_non_primary(requester))
+        self.offer_gated(
+            r.serves_applied_state() || r.serves_transfer_as_non_primary(ReplicaId(requester)),
+        )
     }
 
     fn offer_gated(&self, may_serve: bool) -> Result<MetadataOffer, TransferError> {

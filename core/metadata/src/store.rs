@@ -32,12 +32,11 @@
 //! and refuses interior damage), then apply every WAL op above the
 //! snapshot's op in order. A gap between them refuses boot.
 
-use common::GroupId;
+use common::{METADATA_GROUP, Op, ReplicaId};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use common::{METADATA_GROUP, Op};
 use consensus::header::{CommandHeader, FrameHeader, PrepareCommand, decode_frame, encode_frame};
 use consensus::vsr::OPERATION_APPEND;
 use journal::WAL_ENTRY_SIZE_MAX;
@@ -479,7 +478,7 @@ impl<F: Fs> MetadataStore<F> {
 
     /// The op a standalone store commits next.
     pub const fn next_op(&self) -> Op {
-        Op(self.state.applied().0 + 1)
+        self.state.applied().next()
     }
 
     /// Whether enough ops accumulated since the last snapshot.
@@ -565,17 +564,17 @@ impl<F: Fs> MetadataStore<F> {
             cluster: self.config.cluster,
             size: 0,
             view: 0,
-            replica: 0,
+            replica: ReplicaId(0),
             command: CommandHeader::Prepare(PrepareCommand {
                 client: origin.client,
                 parent: self.parent,
                 request_checksum: origin.identity,
-                op: Op(op.0),
+                op,
                 commit: Op(op.0 - 1),
                 timestamp: origin.timestamp_us,
                 request: origin.request,
                 operation: OPERATION_APPEND,
-                group: GroupId(METADATA_GROUP.0),
+                group: METADATA_GROUP,
                 user_id: origin.user_id,
             }),
         };

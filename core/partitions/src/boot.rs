@@ -128,7 +128,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let (mut replica, journaled_point) = start_replica(&config, &sb, point, next);
         restore_sessions(&mut replica, recorded_table, dir, &config, &sb, fresh);
         let applied_next_offset = journaled_point.next_offset;
-        let journal = PrepareJournal::new(config.journal, replica.commit_min().0 + 1);
+        let journal = PrepareJournal::new(config.journal, replica.commit_min() + 1);
         let (messages_count, size_bytes, last_timestamp) =
             log.segments().fold((0u64, 0u64, 0u64), |(m, b, t), s| {
                 (
@@ -269,8 +269,8 @@ async fn recover_records<F: Fs>(
 /// applied op and frontier.
 fn at_rest(sb: &VsrState) -> MissingHistory {
     MissingHistory {
-        commit_op: Op(sb.checkpoint_op.0),
-        frontier: Offset(sb.offset_frontier.0),
+        commit_op: sb.checkpoint_op,
+        frontier: sb.offset_frontier,
     }
 }
 

@@ -163,7 +163,7 @@ impl RecordedTable {
             out.extend_from_slice(&s.session.to_le_bytes());
             out.extend_from_slice(&w.user_id.to_le_bytes());
             out.extend_from_slice(&w.watermark.to_le_bytes());
-            out.extend_from_slice(&w.latest_commit.to_le_bytes());
+            out.extend_from_slice(&w.latest_commit.0.to_le_bytes());
             out.extend_from_slice(&w.committed_window.to_le_bytes());
             match &s.reply {
                 None => out.extend_from_slice(&[0u8; 1 + 8 * 4 + 1 + 1 + 8 + 8]),
@@ -275,7 +275,7 @@ impl RecordedTable {
                     client,
                     user_id,
                     watermark,
-                    latest_commit,
+                    latest_commit: Op(latest_commit),
                     committed_window,
                 },
                 reply,
@@ -397,7 +397,7 @@ mod tests {
                     client,
                     user_id: 9,
                     watermark: 40 + client as u64,
-                    latest_commit: 77,
+                    latest_commit: Op(77),
                     committed_window: u128::MAX - 6,
                 },
                 reply: (client % 2 == 1).then_some(Reply {

@@ -289,7 +289,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         record_frontier: bool,
     ) -> Result<FlushOutcome, PartitionError> {
         let segments_before = self.log.segments().count();
-        let entries: Vec<(u64, Option<FlushedBatch>)> = self
+        let entries: Vec<(Op, Option<FlushedBatch>)> = self
             .journal
             .live()
             .map(|e| {
@@ -298,7 +298,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     (e.stats.messages > 0).then(|| FlushedBatch {
                         bytes: e.frame.clone(),
                         messages: e.stats.messages,
-                        base_offset: e.stats.base_offset,
+                        base_offset: e.stats.base_offset.0,
                     }),
                 )
             })
@@ -337,7 +337,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if self.config.vsr.replica_count > 1 {
             for (op, base_offset, len) in in_segments {
                 self.retained
-                    .flushed(&mut self.replica, op, base_offset, len);
+                    .flushed(&mut self.replica, op.0, base_offset, len);
             }
         }
         let sealed = self.log.segments().count() != segments_before;

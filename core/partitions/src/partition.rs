@@ -481,7 +481,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             return;
         }
         let record = MissingHistory {
-            commit_op: Op(self.replica.commit_min().0),
+            commit_op: self.replica.commit_min(),
             frontier: Offset(self.applied_next_offset),
         };
         self.mark_history_missing(record);
@@ -664,7 +664,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         clean.then_some(journal::CleanStop {
             view: sb.view,
             log_view: sb.log_view,
-            op: Op(sb.checkpoint_op.0),
+            op: sb.checkpoint_op,
             checksum: sb.checkpoint_checksum,
         })
     }
@@ -1214,7 +1214,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             self.replica.client_table_mut().set_result(
                 h.client,
                 h.request,
-                h.op.0,
+                h.op,
                 header.base_offset,
             );
         }
@@ -1248,7 +1248,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 self.size_bytes += batch.len() as u64;
                 let stats = EntryStats {
                     messages: header.message_count,
-                    base_offset: header.base_offset,
+                    base_offset: Offset(header.base_offset),
                     timestamp: header.base_timestamp,
                 };
                 Ok((stats, batch))
@@ -1265,7 +1265,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         stats: EntryStats,
     ) -> Result<(), PartitionError> {
         let entry = JournalEntry {
-            op: h.op.0,
+            op: h.op,
             checksum: h.checksum,
             parent: h.parent,
             frame,

@@ -21,10 +21,10 @@
 //! partition's internal client and submitted on the next tick while this
 //! replica is a caught-up primary.
 
+use common::{ConsumerKind, Offset};
 use std::fmt;
 
 use bytes::Bytes;
-use common::ConsumerKind;
 use journal::SuperblockStore;
 use storage::StorageError;
 use storage::fs::Fs;
@@ -224,9 +224,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     continue;
                 }
                 let next = e.stats.base_offset + u64::from(e.stats.messages);
-                if next > at {
+                if next > Offset(at) {
                     out.batches.push(e.frame.clone());
-                    at = next;
+                    at = next.0;
                 }
             }
         }
@@ -262,6 +262,6 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .journal
             .live()
             .find(|e| e.stats.messages > 0 && e.stats.timestamp >= timestamp)
-            .map(|e| e.stats.base_offset))
+            .map(|e| e.stats.base_offset.0))
     }
 }

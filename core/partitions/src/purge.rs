@@ -142,7 +142,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 source: io::Error::other(e.to_string()),
             })?;
         self.replace_log(log);
-        self.journal.clear_all(op + 1);
+        self.journal.clear_all(Op(op + 1));
         self.applied_log_purged();
         // 4. Consumer offsets.
         self.offsets

@@ -22,12 +22,10 @@
 //! The 20 MiB and 200 MiB runs both run by default (SimFs).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
-use common::GroupId;
-use common::Offset;
+use common::{ConsumerKind, GroupId, Offset, ReplicaId};
 use std::time::Instant;
 
 use bytes::Bytes;
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
 use consensus::header::{
     CommandHeader, FrameHeader, HeaderError, RequestStateTransferHeader, StateChunkHeader,
@@ -383,7 +381,7 @@ fn frame(from: u8, cluster: u128, command: CommandHeader, body: &[u8]) -> Bytes 
         cluster,
         size: 0,
         view: 0,
-        replica: from,
+        replica: ReplicaId(from),
         command,
     };
     Bytes::from(encode_frame(&header, body))

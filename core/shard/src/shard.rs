@@ -737,7 +737,7 @@ impl<E: Env> Shard<E> {
         let booted = shard.booted.clone();
         match shard
             .superblocks
-            .free_unless(|key| booted.contains(&GroupId(key.group)))
+            .free_unless(|key| booted.contains(&key.group))
             .await
         {
             Ok(0) => {}
@@ -854,7 +854,7 @@ impl<E: Env> Shard<E> {
         self.superblocks
             .keys()
             .into_iter()
-            .map(|k| GroupId(k.group))
+            .map(|k| k.group)
             .collect()
     }
 
@@ -1001,7 +1001,7 @@ impl<E: Env> Shard<E> {
             }));
         }
         let key = TableKey {
-            group: group.0,
+            group,
             incarnation: removed.spec.incarnation,
         };
         drop(removed);
@@ -1028,7 +1028,7 @@ impl<E: Env> Shard<E> {
     /// before the old files go, so a crash between finds it in one or the
     /// other — the table's once it is there.
     async fn adopt_legacy_superblock(&self, key: TableKey, dir: &Path) -> Result<(), GroupError> {
-        let group = GroupId(key.group);
+        let group = key.group;
         let fs = self.env.fs().clone();
         let io = |step: &'static str| {
             move |source: std::io::Error| GroupError::Io {
@@ -1102,7 +1102,7 @@ impl<E: Env> Shard<E> {
             sent: Rc::clone(&self.sent),
         };
         let key = TableKey {
-            group: group.0,
+            group,
             incarnation: spec.incarnation,
         };
         self.adopt_legacy_superblock(key, &dir).await?;
@@ -1258,7 +1258,7 @@ impl<E: Env> Shard<E> {
         let expect = Expect {
             cluster: self.config.cluster,
             size_max: self.config.frame_size_max,
-            peer: Some(from.0),
+            peer: Some(from),
         };
         let frame = wire::decode(bytes, &expect).map_err(FrameRefusal::Wire)?;
         if frame.group == METADATA_GROUP {
@@ -1278,12 +1278,10 @@ impl<E: Env> Shard<E> {
         from: ReplicaId,
         bytes: Bytes,
     ) -> Result<(), FrameRefusal> {
-        let group = wire::peek_group(&bytes).unwrap_or(u64::MAX);
-        if group == METADATA_GROUP.0 {
+        let group = wire::peek_group(&bytes).unwrap_or(GroupId(u64::MAX));
+        if group == METADATA_GROUP {
             let Some(host) = self.metadata.as_mut() else {
-                return Err(FrameRefusal::UnknownGroup {
-                    group: GroupId(group),
-                });
+                return Err(FrameRefusal::UnknownGroup { group });
             };
             let out = host
                 .transfer
@@ -1296,16 +1294,14 @@ impl<E: Env> Shard<E> {
             self.after_metadata_input().await;
             return Ok(());
         }
-        self.check_owner(group)?;
+        self.check_owner(group.0)?;
         let Some(g) = touch(
             &mut self.groups,
             &mut self.touched,
             self.settled_tick,
-            GroupId(group),
+            group,
         ) else {
-            return Err(FrameRefusal::UnknownGroup {
-                group: GroupId(group),
-            });
+            return Err(FrameRefusal::UnknownGroup { group });
         };
         let clock = EnvClock(&*self.env);
         let out = g
@@ -1313,7 +1309,7 @@ impl<E: Env> Shard<E> {
             .on_frame(&mut g.partition, &mut self.slots, from.0, bytes, &clock)
             .await
             .map_err(|e| FrameRefusal::Transfer(e.to_string()))?;
-        self.carry_out(GroupId(group), out);
+        self.carry_out(group, out);
         Ok(())
     }
 

@@ -179,7 +179,7 @@ fn make_legacy(c: &mut Cluster, g: GroupId) -> journal::VsrState {
     c.crash(0, CrashMode::KeepAll);
     let table = block_on(journal::SuperblockTable::open(fs.clone(), &root)).unwrap();
     let key = journal::TableKey {
-        group: g.0,
+        group: g,
         incarnation: c.spec(g).incarnation,
     };
     let mut legacy = table.state(key).unwrap();

@@ -259,7 +259,7 @@ fn step_tampered(c: &mut Cluster, tamper: &mut dyn FnMut(&mut Packet) -> bool) {
 /// its header or body: sealed and checksummed again, so only the
 /// receiver's own checks can catch what changed.
 fn reseal(p: &mut Packet, victim: u8, edit: &mut dyn FnMut(&mut CommandHeader, &mut Vec<u8>)) {
-    if p.to.0 != victim || consensus::vsr::wire::peek_group(&p.bytes) != Some(METADATA_GROUP.0) {
+    if p.to.0 != victim || consensus::vsr::wire::peek_group(&p.bytes) != Some(METADATA_GROUP) {
         return;
     }
     let Ok(frame) = decode_frame(&p.bytes, u32::MAX) else {
@@ -414,7 +414,7 @@ fn given_hostile_group_0_transfer_frames_when_received_should_refuse_typed_and_c
                         Ok(f) if reseal_it => {
                             let mut h = f.header;
                             h.cluster = CLUSTER;
-                            h.replica = peer;
+                            h.replica = ReplicaId(peer);
                             encode_frame(&h, f.body)
                         }
                         _ => bytes,

@@ -646,7 +646,7 @@ impl Simulation {
         let expect = consensus::vsr::wire::Expect {
             cluster: 0,
             size_max: consensus::header::FRAME_SIZE_MAX_DEFAULT,
-            peer: Some(from),
+            peer: Some(ReplicaId(from)),
         };
         let carried =
             consensus::vsr::wire::decode(&consensus::vsr::wire::encode(0, &frame), &expect);

@@ -40,6 +40,7 @@ pub use commands::{
 };
 pub use error::HeaderError;
 
+use common::ReplicaId;
 use common::le_cursor::{u32_at, u128_at};
 use layout::{Bytes, HasLayout, header_layout};
 use xxhash_rust::xxh3::xxh3_64;
@@ -81,7 +82,7 @@ struct Prefix {
     view: u32,
     release: u32,
     command: u8,
-    replica: u8,
+    replica: ReplicaId,
 }
 
 header_layout!(Prefix over 0..128 => {
@@ -92,7 +93,7 @@ header_layout!(Prefix over 0..128 => {
     view: u32 @ VIEW_OFFSET,
     release: u32 @ 56,
     command: u8 @ COMMAND_OFFSET,
-    replica: u8 @ 61,
+    replica: ReplicaId @ 61,
 });
 
 /// The command byte. Codes 0–29 are the reference's; 30 and 31 add the
@@ -242,7 +243,7 @@ pub struct FrameHeader {
     /// The sender's view (for PrepareOk, the acker's view).
     pub view: u32,
     /// The sender's replica index.
-    pub replica: u8,
+    pub replica: ReplicaId,
     /// The command and its specific fields.
     pub command: CommandHeader,
 }

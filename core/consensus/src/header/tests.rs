@@ -13,7 +13,7 @@ fn frame(view: u32, command: CommandHeader) -> FrameHeader {
         cluster: 0xC1_u128 << 64 | 7,
         size: 0,
         view,
-        replica: 2,
+        replica: ReplicaId(2),
         command,
     }
 }

@@ -192,17 +192,17 @@ pub enum FrameError {
     /// The frame names another group.
     WrongGroup {
         /// The group in the frame.
-        group: u64,
+        group: GroupId,
     },
     /// The sender index is out of range or is this replica.
     BadSender {
         /// The claimed sender.
-        replica: u8,
+        replica: ReplicaId,
     },
     /// A prepare's identity or body checksum does not verify.
     BadChecksum {
         /// The op of the prepare.
-        op: u64,
+        op: Op,
     },
     /// A DoViewChange or StartView is malformed.
     MalformedViewMessage {

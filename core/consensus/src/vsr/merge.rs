@@ -13,6 +13,8 @@
 
 use std::collections::BTreeMap;
 
+use common::Op;
+
 use super::message::{DoViewChange, PrepareHeader, SuffixSlot};
 
 /// Headers carried in one DoViewChange/StartView suffix (one bit each in
@@ -58,9 +60,9 @@ impl Quorums {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MergedLog {
     /// The new head.
-    pub op_head: u64,
+    pub op_head: Op,
     /// The highest op any voter knew committed.
-    pub commit_max: u64,
+    pub commit_max: Op,
     /// Canonical headers, high to low, from `op_head` down to the commit
     /// point (including the committed op's header when a voter knew it).
     pub headers: Vec<PrepareHeader>,
@@ -218,8 +220,8 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
         previous = Some(h);
     }
     Ok(MergedLog {
-        op_head,
-        commit_max,
+        op_head: Op(op_head),
+        commit_max: Op(commit_max),
         headers: headers.into_values().rev().collect(),
         holders,
     })
@@ -292,7 +294,7 @@ mod tests {
         let a = dvc(&old, 1, 0);
         let b = dvc(&new, 2, 0);
         let merged = merge(&[(0, &a), (1, &b)], Quorums::new(3)).unwrap();
-        assert_eq!(merged.op_head, 4);
+        assert_eq!(merged.op_head, Op(4));
         assert_eq!(merged.headers[0].checksum, new[3].checksum);
     }
 
@@ -303,7 +305,8 @@ mod tests {
         let b = dvc(&l[..3], 1, 2);
         let merged = merge(&[(0, &a), (1, &b)], Quorums::new(3)).unwrap();
         assert_eq!(
-            merged.op_head, 5,
+            merged.op_head,
+            Op(5),
             "silence from the shorter log is no proof"
         );
     }
@@ -318,7 +321,7 @@ mod tests {
         a_blank.present_bitset = 0b1100; // ops 5 and 4 have no body anywhere
         let merged = merge(&[(0, &a_blank), (1, &b), (2, &c)], Quorums::new(3));
         // n = 3: nack quorum is 2, and b and c both end at 3.
-        assert_eq!(merged.unwrap().op_head, 3);
+        assert_eq!(merged.unwrap().op_head, Op(3));
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl Replica {
     fn repair_target(&self) -> Option<u64> {
         match self.status {
             Status::Normal => Some(self.head()),
-            Status::ViewChange => self.votes.pending_view.as_ref().map(|m| m.op_head),
+            Status::ViewChange => self.votes.pending_view.as_ref().map(|m| m.op_head.0),
             Status::Recovering => None,
         }
     }

@@ -580,13 +580,13 @@ impl Replica {
     /// retains), or as a member of a view change to anyone (no primary
     /// exists while no view forms, and the requester may be the vote the
     /// view change needs: mixed 22008104). The rule of both planes.
-    pub fn serves_transfer_as_non_primary(&self, requester: u8) -> bool {
-        let settled = requester != self.config.replica.0
+    pub fn serves_transfer_as_non_primary(&self, requester: ReplicaId) -> bool {
+        let settled = requester != self.config.replica
             && self.is_quorum_visible()
             && !self.transferring
             && self.commit_min == self.commit_max;
         let backup_to_its_primary =
-            self.status == Status::Normal && self.primary_of(self.view) == requester;
+            self.status == Status::Normal && self.primary_of(self.view) == requester.0;
         settled && (backup_to_its_primary || self.status == Status::ViewChange)
     }
 
@@ -735,13 +735,13 @@ impl Replica {
     /// Handle one decoded frame from a peer.
     pub fn on_frame(&mut self, frame: Frame) -> Result<Handled, FrameError> {
         if frame.group != self.config.group {
-            return Err(FrameError::WrongGroup {
-                group: frame.group.0,
-            });
+            return Err(FrameError::WrongGroup { group: frame.group });
         }
         let from = frame.replica.0;
         if from >= self.config.replica_count || from == self.config.replica.0 {
-            return Err(FrameError::BadSender { replica: from });
+            return Err(FrameError::BadSender {
+                replica: ReplicaId(from),
+            });
         }
         check_ranges(frame.view, &frame.message)?;
         let view = frame.view;
@@ -1096,12 +1096,12 @@ impl Replica {
     pub(super) fn check_prepare(&self, prepare: &Prepare) -> Result<(), FrameError> {
         if !prepare.verify() {
             return Err(FrameError::BadChecksum {
-                op: prepare.header.op.0,
+                op: prepare.header.op,
             });
         }
         if prepare.header.group != self.config.group {
             return Err(FrameError::WrongGroup {
-                group: prepare.header.group.0,
+                group: prepare.header.group,
             });
         }
         Ok(())
@@ -1335,8 +1335,8 @@ impl Replica {
         let mut reply = Reply {
             client: h.client,
             request: h.request,
-            op: Op(h.op.0),
-            commit: Op(h.op.0),
+            op: h.op,
+            commit: h.op,
             timestamp: h.timestamp,
             operation: h.operation,
             status: ReplyStatus::Ok,
@@ -1349,7 +1349,7 @@ impl Replica {
                 reply.session = h.op.0;
                 match self
                     .client_table
-                    .register(h.client, h.user_id, h.op.0, reply.clone())
+                    .register(h.client, h.user_id, h.op, reply.clone())
                 {
                     Ok((session, fresh)) => {
                         duplicate = !fresh;
@@ -1360,7 +1360,7 @@ impl Replica {
             } else {
                 duplicate = !self
                     .client_table
-                    .commit(h.client, h.request, h.op.0, reply.clone());
+                    .commit(h.client, h.request, h.op, reply.clone());
             }
         }
         if duplicate && let Some(cached) = self.client_table.cached_reply(h.client, h.request) {

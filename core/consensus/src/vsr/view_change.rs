@@ -363,18 +363,18 @@ impl Replica {
     }
 
     fn install_pending(&mut self, merged: MergedLog) {
-        self.raise_commit_max(merged.commit_max);
+        self.raise_commit_max(merged.commit_max.0);
         let before = self.head();
         self.learn_timestamps(&merged.headers);
         self.journal
-            .install_log(&merged.headers, merged.op_head, self.commit_min);
+            .install_log(&merged.headers, merged.op_head.0, self.commit_min);
         if let Some(h) = merged.headers.iter().find(|h| h.op.0 == self.commit_min) {
             self.learn_commit_min_checksum(h.checksum);
         }
         self.resolve_commit_min_checksum();
-        if before > merged.op_head {
+        if before > merged.op_head.0 {
             self.effect(Effect::TruncateJournal {
-                from_op: Op(merged.op_head + 1),
+                from_op: merged.op_head + 1,
             });
         }
         self.repair.session = None;
@@ -394,11 +394,11 @@ impl Replica {
         }
         let op_head = merged.op_head;
         let from = self.commit_max + 1;
-        if (from..=op_head).any(|op| self.journal.entry(op).is_none()) {
+        if (from..=op_head.0).any(|op| self.journal.entry(op).is_none()) {
             return;
         }
         self.votes.pending_view = None;
-        self.start_view(op_head);
+        self.start_view(op_head.0);
     }
 
     pub(super) fn start_view(&mut self, op_head: u64) {

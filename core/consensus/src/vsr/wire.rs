@@ -22,8 +22,7 @@
 //! identity leaves the view out for exactly this reason).
 
 use bytes::Bytes;
-use common::ReplicaId;
-use common::{GroupId, Op};
+use common::{GroupId, Op, ReplicaId};
 
 use super::message::{
     Census, DoViewChange, Frame, Message, Prepare, PrepareHeader, StartView, SuffixSlot,
@@ -45,7 +44,7 @@ pub struct Expect {
     pub size_max: u32,
     /// The replica at the other end of the connection the bytes came
     /// from: a frame that claims another sender is refused.
-    pub peer: Option<u8>,
+    pub peer: Option<ReplicaId>,
 }
 
 /// Why bytes from a peer are not a VSR frame this replica accepts.
@@ -63,9 +62,9 @@ pub enum WireError {
     /// The frame claims a sender other than the connection's peer.
     WrongSender {
         /// The replica it names.
-        claimed: u8,
+        claimed: ReplicaId,
         /// The connection's peer.
-        peer: u8,
+        peer: ReplicaId,
     },
     /// A command this codec does not turn into a VSR message (a client
     /// frame or a state-transfer command; those have their own paths).
@@ -140,7 +139,7 @@ pub fn encode(cluster: u128, frame: &Frame) -> Bytes {
         cluster,
         size: 0,
         view: frame.view,
-        replica: frame.replica.0,
+        replica: frame.replica,
         command,
     };
     Bytes::from(header::encode_frame(&header, &body))
@@ -265,7 +264,7 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
     };
     Ok(Frame {
         group,
-        replica: ReplicaId(h.replica),
+        replica: h.replica,
         view: h.view,
         message,
     })
@@ -274,7 +273,7 @@ pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Frame, WireError> {
 /// The group a frame names, read without verifying anything: for routing
 /// bytes to the shard that owns the group before the full decode there.
 /// `None` when the bytes are too short or the command carries no group.
-pub fn peek_group(bytes: &[u8]) -> Option<u64> {
+pub fn peek_group(bytes: &[u8]) -> Option<GroupId> {
     let head = bytes.first_chunk::<HEADER_SIZE>()?;
     let at = match Command::from_u8(head[60])? {
         Command::Prepare | Command::RepairPrepare => 216,
@@ -291,7 +290,7 @@ pub fn peek_group(bytes: &[u8]) -> Option<u64> {
     let field = bytes.get(at..at + 8)?;
     let mut le = [0u8; 8];
     le.copy_from_slice(field);
-    Some(u64::from_le_bytes(le))
+    Some(GroupId(u64::from_le_bytes(le)))
 }
 
 fn command_of(frame: &Frame, cluster: u128) -> (CommandHeader, Vec<u8>) {
@@ -502,7 +501,7 @@ fn encode_suffix(
             cluster,
             size: HEADER_SIZE as u32,
             view,
-            replica,
+            replica: ReplicaId(replica),
             command: CommandHeader::Prepare(tail),
         };
         if !blank {

@@ -44,13 +44,12 @@
 //!   a cache budget of two segments per shard; one artifact is loaded per
 //!   session). A request past the serving cap is refused as transient.
 
-use common::GroupId;
+use common::{GroupId, Op, ReplicaId};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::task::Poll;
 
 use bytes::Bytes;
-use common::Op;
 use consensus::header::{
     CommandHeader, FRAME_SIZE_MAX_DEFAULT, FrameHeader, HEADER_SIZE, HeaderError,
     RequestStateChunkHeader, RequestStateTransferHeader, StateChunkHeader,
@@ -183,9 +182,9 @@ pub fn check_transfer_frame(
     if h.cluster != expect.cluster {
         return Err(TransferFrameError::WrongCluster { cluster: h.cluster });
     }
-    if h.replica != from || from == expect.local || from >= expect.replica_count {
+    if h.replica != ReplicaId(from) || from == expect.local || from >= expect.replica_count {
         return Err(TransferFrameError::Sender {
-            claimed: h.replica,
+            claimed: h.replica.0,
             peer: from,
         });
     }
@@ -335,7 +334,7 @@ pub fn encode_transfer_frame(
         cluster,
         size: 0,
         view,
-        replica,
+        replica: ReplicaId(replica),
         command,
     };
     Bytes::from(encode_frame(&header, body))

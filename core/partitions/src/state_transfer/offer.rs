@@ -34,6 +34,7 @@
 //! install) never extends an old memo; every round prunes the memos to the
 //! planned chain.
 
+use common::{ConsumerKind, Offset, Op, ReplicaId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io;
@@ -42,8 +43,6 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::ConsumerKind;
-use common::{Offset, Op};
 use consensus::{ArtifactKind, StateArtifact, StateArtifactHasher};
 use consensus::{STATE_MANIFEST_ENTRIES_MAX, encode_manifest};
 use journal::SuperblockStore;
@@ -704,7 +703,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let r = &self.replica;
         // One predicate covers both: a backup serves only its primary, a
         // member of a view change anyone (Replica::serves_transfer_as_non_primary).
-        let non_primary = requester.is_some_and(|q| r.serves_transfer_as_non_primary(q));
+        let non_primary = requester.is_some_and(|q| r.serves_transfer_as_non_primary(ReplicaId(q)));
         let in_view_change = r.status() == consensus::vsr::Status::ViewChange;
         let backup_serving_its_primary = non_primary && !in_view_change;
         let view_change_member_serving = non_primary && in_view_change;

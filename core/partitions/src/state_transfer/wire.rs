@@ -28,6 +28,7 @@
 //! allocates, and refuses unknown versions and trailing bytes — a later
 //! version's fields could change the meaning of the ones read here.
 
+use common::Op;
 use std::fmt;
 
 use common::le_cursor::{LeCursor, Truncated};
@@ -201,7 +202,7 @@ impl ConsumerOffsetsWire {
         for d in &self.dedup {
             out.extend_from_slice(&d.client.to_le_bytes());
             out.extend_from_slice(&d.watermark.to_le_bytes());
-            out.extend_from_slice(&d.latest_commit.to_le_bytes());
+            out.extend_from_slice(&d.latest_commit.0.to_le_bytes());
             out.extend_from_slice(&d.user_id.to_le_bytes());
             out.extend_from_slice(&d.committed_window.to_le_bytes());
         }
@@ -327,7 +328,7 @@ fn decode_dedup(
             client,
             user_id,
             watermark,
-            latest_commit,
+            latest_commit: Op(latest_commit),
             committed_window,
         });
     }
@@ -355,7 +356,7 @@ mod tests {
             client,
             user_id: 1,
             watermark,
-            latest_commit,
+            latest_commit: Op(latest_commit),
             committed_window: 0b1011,
         }
     }
@@ -701,7 +702,7 @@ mod tests {
                                     client,
                                     user_id,
                                     watermark,
-                                    latest_commit,
+                                    latest_commit: Op(latest_commit),
                                     committed_window,
                                 }
                             },

@@ -17,7 +17,7 @@
 
 use super::codes::{OPERATION_NON_REPLICATED, OPERATION_REGISTER, operation_known, result_framed};
 use crate::status::ErrorCode;
-use common::Op;
+use common::{Op, ReplicaId};
 use consensus::header::{
     CommandHeader, FrameHeader, HEADER_SIZE, ReplyHeader, RequestHeader, encode_frame,
 };
@@ -74,7 +74,7 @@ pub fn encode_reply(request: &RequestHeader, outcome: Outcome<'_>) -> Vec<u8> {
         cluster: 0,
         size: 0,
         view: 0,
-        replica: 0,
+        replica: ReplicaId(0),
         command: CommandHeader::Reply(ReplyHeader {
             request_checksum: request.request_checksum,
             context: 0,

@@ -14,7 +14,7 @@ fn expect(peer: Option<u8>) -> Expect {
     Expect {
         cluster: CLUSTER,
         size_max: MAX,
-        peer,
+        peer: peer.map(ReplicaId),
     }
 }
 
@@ -129,7 +129,12 @@ fn given_every_vsr_message_when_encoded_should_decode_to_the_same_frame() {
         let bytes = encode(CLUSTER, &frame);
         let back = decode(&bytes, &expect(Some(2))).unwrap();
         assert_eq!(back, frame, "{}", frame.message.name());
-        assert_eq!(peek_group(&bytes), Some(9), "{}", frame.message.name());
+        assert_eq!(
+            peek_group(&bytes),
+            Some(GroupId(9)),
+            "{}",
+            frame.message.name()
+        );
     }
 }
 
@@ -163,8 +168,8 @@ fn given_sender_other_than_connection_peer_when_decoded_should_refuse() {
     assert_eq!(
         decode(&bytes, &expect(Some(1))),
         Err(WireError::WrongSender {
-            claimed: 2,
-            peer: 1
+            claimed: ReplicaId(2),
+            peer: ReplicaId(1)
         })
     );
 }
@@ -265,14 +270,14 @@ fn given_state_transfer_or_client_command_when_decoded_should_say_not_vsr() {
         cluster: CLUSTER,
         size: 0,
         view: 0,
-        replica: 1,
+        replica: ReplicaId(1),
         command: CommandHeader::RequestStateTransfer(header::RequestStateTransferHeader {
             nonce: 1,
             group: GroupId(9),
         }),
     };
     let bytes = header::encode_frame(&header, &[]);
-    assert_eq!(peek_group(&bytes), Some(9));
+    assert_eq!(peek_group(&bytes), Some(GroupId(9)));
     assert_eq!(
         decode(&bytes, &expect(None)),
         Err(WireError::NotVsr {

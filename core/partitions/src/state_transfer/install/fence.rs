@@ -3,6 +3,7 @@
 //! evidence; and the converge (ST-I5) that a failed mutate phase tries
 //! first, to the empty, honestly lagging shape boot would produce.
 
+use common::Op;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -104,7 +105,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map_err(|e| io::Error::other(e.to_string()))?;
         self.replace_log(log);
         self.offsets.clear_all(&fs).await?;
-        self.journal.clear_all(checked.commit_op + 1);
+        self.journal.clear_all(Op(checked.commit_op + 1));
         self.count_replaced_log(0, 0, 0);
         // Watermarks of data this replica no longer holds could swallow a
         // replay; at-least-once until the next install.

@@ -80,7 +80,7 @@
 //! partition does not own the server). The segment read cache lives in the
 //! `SegmentedLog`, which is replaced wholesale here.
 
-use common::Offset;
+use common::{ConsumerKind, Offset, Op};
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
@@ -89,7 +89,6 @@ use std::path::{Path, PathBuf};
 use std::task::Poll;
 use std::time::Duration;
 
-use common::{ConsumerKind, Op};
 use journal::SuperblockStore;
 use storage::SegmentedLog;
 use storage::fs::{FileKind, Fs, replace_file_durably};
@@ -719,7 +718,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     ) -> Result<PartitionInstallOutcome, PartitionInstallError> {
         let fs = self.fs.clone();
         self.replace_log(log);
-        self.journal.clear_all(checked.commit_op + 1);
+        self.journal.clear_all(Op(checked.commit_op + 1));
 
         // Offsets: everything not in the plan goes (strays included), then
         // the siblings are renamed in, then each changed directory synced.
