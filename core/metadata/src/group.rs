@@ -473,11 +473,9 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
     /// seed 950 on group 0), and while no view forms there is no primary
     /// at all (mixed 23004582: group 0's replica needing a transfer asked
     /// a primary that could not serve, for ever).
-    pub fn transfer_offer_to(&self, requester: u8) -> Result<MetadataOffer, TransferError> {
+    pub fn transfer_offer_to(&self, requester: ReplicaId) -> Result<MetadataOffer, TransferError> {
         let r = &self.replica;
-        self.offer_gated(
-            r.serves_applied_state() || r.serves_transfer_as_non_primary(ReplicaId(requester)),
-        )
+        self.offer_gated(r.serves_applied_state() || r.serves_transfer_as_non_primary(requester))
     }
 
     fn offer_gated(&self, may_serve: bool) -> Result<MetadataOffer, TransferError> {

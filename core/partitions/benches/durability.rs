@@ -216,7 +216,7 @@ impl Group {
                 config(r, n, enforce_fsync),
                 log_fs.clone(),
                 &pdir,
-                g.net.endpoint(r),
+                g.net.endpoint(ReplicaId(r)),
                 store,
             )
             .await
@@ -268,7 +268,7 @@ impl Group {
             .unwrap();
         assert!(matches!(out, RequestOutcome::Prepared { .. }), "{out:?}");
         for _ in 0..STEPS_PER_REQUEST_MAX {
-            let replies = self.net.take_replies(primary as u8);
+            let replies = self.net.take_replies(ReplicaId(primary as u8));
             if let Some(reply) = replies.iter().find(|r| r.request == request) {
                 assert_eq!(reply.status, ReplyStatus::Ok);
                 return reply.session;

@@ -25,7 +25,7 @@
 //! ```
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use common::{GroupId, ReplicaId};
+use common::{GroupId, Offset, Op, ReplicaId};
 use std::path::Path;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -97,13 +97,13 @@ fn stage(src: &BenchPartition, dir: &Path) -> InstallInput {
     std::fs::File::open(dir).unwrap().sync_all().unwrap();
     let next_offset = src.log().next_offset();
     InstallInput {
-        commit_op: src.replica().commit_min().0,
+        commit_op: Op(src.replica().commit_min().0),
         commit_checksum: src.replica().commit_min_checksum(),
         staged,
         offsets_artifact: ConsumerOffsetsWire {
             purge_generation: 0,
-            next_offset,
-            consumers: vec![(1, next_offset - 1)],
+            next_offset: Offset(next_offset),
+            consumers: vec![(1, Offset(next_offset - 1))],
             groups: vec![],
             dedup: vec![],
         }

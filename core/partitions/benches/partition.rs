@@ -34,11 +34,10 @@
 //! layout checks only.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use common::{GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, ReplicaId};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
 use compio::buf::{BufResult, IoBuf};
 use compio::io::{AsyncReadAt, AsyncWriteAtExt};
@@ -114,9 +113,15 @@ fn config(enforce_fsync: bool, segment_size_bytes: u64) -> PartitionConfig {
 
 async fn open(dir: &Path, config: PartitionConfig) -> (BenchPartition, u64) {
     let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
-    let mut p = Partition::open(config, RealFs, dir, net.endpoint(0), MemSuperblock::new())
-        .await
-        .unwrap();
+    let mut p = Partition::open(
+        config,
+        RealFs,
+        dir,
+        net.endpoint(ReplicaId(0)),
+        MemSuperblock::new(),
+    )
+    .await
+    .unwrap();
     let out = p
         .submit(
             ClientRequest {
@@ -131,7 +136,7 @@ async fn open(dir: &Path, config: PartitionConfig) -> (BenchPartition, u64) {
         .await
         .unwrap();
     assert!(matches!(out, RequestOutcome::Prepared { .. }));
-    let session = net.take_replies(0).last().unwrap().session;
+    let session = net.take_replies(ReplicaId(0)).last().unwrap().session;
     (p, session)
 }
 
@@ -260,7 +265,7 @@ async fn partition_poll(p: &BenchPartition, end_offset: u64) -> u64 {
             .await
             .unwrap();
         sum = sum.wrapping_add(polled.batches.iter().map(|b| b.len() as u64).sum::<u64>());
-        at = polled.last_offset + 1;
+        at = polled.last_offset.0 + 1;
     }
     sum
 }

@@ -34,8 +34,7 @@
 //! ```
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use common::Op;
-use common::{GroupId, ReplicaId};
+use common::{GroupId, Op, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -176,12 +175,12 @@ async fn transfer(
     config.chunks_in_flight = chunks_in_flight();
     let mut rx = TransferReceiver::new(RealFs, rx_dir, config, 1);
     let mut phases = Phases::default();
-    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(ReplicaId(0)) else {
         panic!("arm asks for a descriptor");
     };
     let offer = loop {
         match server
-            .on_request_state_transfer(source, ME, nonce, &clock)
+            .on_request_state_transfer(source, ReplicaId(ME), nonce, &clock)
             .await
         {
             Ok(offer) => break offer,
@@ -191,7 +190,7 @@ async fn transfer(
     };
     let header = StateTransferTargetHeader {
         nonce,
-        commit_op: Op(offer.commit_op()),
+        commit_op: offer.commit_op(),
         group: GroupId(0),
         available: true,
         unavailable_transient: false,
@@ -231,7 +230,7 @@ async fn transfer(
                 .on_request_state_chunk(
                     &RealFs,
                     ChunkRequest {
-                        requester: ME,
+                        requester: ReplicaId(ME),
                         nonce,
                         artifact,
                         offset,
@@ -279,7 +278,7 @@ async fn transfer(
     rx.record_install_completed();
     let elapsed = start.elapsed();
     phases.install = elapsed - phases.build - phases.pull;
-    (elapsed, phases, rx.stats(), out.applied_commit_op)
+    (elapsed, phases, rx.stats(), out.applied_commit_op.0)
 }
 
 /// The receiver's window (`TRANSFER_BENCH_WINDOW`, default

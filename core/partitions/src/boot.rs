@@ -119,7 +119,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             replica_count: config.vsr.replica_count,
             superblock: sb,
             table_op: recorded_table.as_ref().map(|t| t.op),
-            log_next_offset: next,
+            log_next_offset: Offset(next),
             clean_stop: stop,
         })?;
         if point == RestartPoint::Resume {
@@ -364,31 +364,31 @@ async fn restore_client_table<F: Fs>(
     let log_end = log.next_offset();
     let (slots, table) = ClientTableSlots::load(fs, dir, config.vsr.clients_max, |t| {
         if single {
-            t.next_offset <= log_end
+            t.next_offset <= Offset(log_end)
         } else {
-            t.op == op.0 && t.checksum == checksum
+            t.op == op && t.checksum == checksum
         }
     })
     .await
     .map_err(|(path, source)| BootError::ClientTableUnreadable { path, source })?;
     if let Some(table) = table.as_ref().filter(|t| {
         single
-            && t.next_offset < log.next_offset()
-            && t.next_offset >= sb.offset_frontier.0
+            && t.next_offset < Offset(log.next_offset())
+            && t.next_offset >= sb.offset_frontier
             && log
                 .segments()
                 .next()
-                .is_some_and(|first| first.start_offset <= t.next_offset)
+                .is_some_and(|first| first.start_offset <= t.next_offset.0)
     }) {
         let end = log.next_offset();
-        log.truncate_to_offset(table.next_offset)
+        log.truncate_to_offset(table.next_offset.0)
             .await
             .map_err(|source| BootError::TruncateToAppliedPoint {
                 dir: dir.to_path_buf(),
-                frontier: table.next_offset,
+                frontier: table.next_offset.0,
                 source,
             })?;
-        tracing::warn!(dir = %dir.display(), from = table.next_offset, to = end, "dropped batches past the recorded client table; their requests were not acknowledged");
+        tracing::warn!(dir = %dir.display(), from = table.next_offset.0, to = end, "dropped batches past the recorded client table; their requests were not acknowledged");
     }
     Ok((slots, table))
 }
@@ -452,9 +452,9 @@ async fn load_offsets<F: Fs>(
         dir: dir.to_path_buf(),
         source,
     };
-    let recorded_point = (!fresh && config.vsr.replica_count > 1).then_some(sb.checkpoint_op.0);
+    let recorded_point = (!fresh && config.vsr.replica_count > 1).then_some(sb.checkpoint_op);
     let loaded = offsets
-        .load(fs, next.checked_sub(1), recorded_point)
+        .load(fs, next.checked_sub(1).map(Offset), recorded_point)
         .await
         .map_err(unreadable)?;
     if !loaded.corrupt.is_empty() {
@@ -482,9 +482,9 @@ pub(crate) struct RestartFacts {
     pub replica_count: u8,
     pub superblock: VsrState,
     /// The op of the client table restored, if any.
-    pub table_op: Option<u64>,
+    pub table_op: Option<Op>,
     /// The recovered log's end.
-    pub log_next_offset: u64,
+    pub log_next_offset: Offset,
     /// The clean-stop record taken for this boot, if any.
     pub clean_stop: Option<CleanStop>,
 }
@@ -545,14 +545,14 @@ pub(crate) fn restart_point(facts: &RestartFacts) -> Result<RestartPoint, BootEr
         let op = sb
             .commit_max
             .max(sb.checkpoint_op)
-            .max(Op(facts.table_op.unwrap_or(0)))
+            .max(facts.table_op.unwrap_or(Op::ZERO))
             .0;
         return Ok(RestartPoint::Single { op });
     }
     if sb.checkpoint_op == Op::ZERO && sb.offset_frontier != Offset::ZERO {
         return Err(BootError::RestartNeedsStateTransfer {
             commit: sb.commit_max.0,
-            log_next_offset: facts.log_next_offset,
+            log_next_offset: facts.log_next_offset.0,
         });
     }
     let clean = facts.clean_stop.is_some_and(|stop| {
@@ -643,9 +643,9 @@ fn restore_sessions(
         Some(table) => {
             let (op, sessions) = (table.op, table.sessions.len());
             if let Err(error) = replica.client_table_mut().restore(table.sessions) {
-                tracing::warn!(dir = %dir.display(), group = %config.vsr.group, op, %error, "recorded client table refused; dedup starts empty");
+                tracing::warn!(dir = %dir.display(), group = %config.vsr.group, op = op.0, %error, "recorded client table refused; dedup starts empty");
             } else {
-                tracing::debug!(dir = %dir.display(), group = %config.vsr.group, op, sessions, "client table restored");
+                tracing::debug!(dir = %dir.display(), group = %config.vsr.group, op = op.0, sessions, "client table restored");
             }
         }
         None if !fresh => {
@@ -681,7 +681,7 @@ mod tests {
             replica_count: 3,
             superblock,
             table_op: None,
-            log_next_offset: 100,
+            log_next_offset: Offset(100),
             clean_stop: None,
         }
     }
@@ -788,7 +788,7 @@ mod tests {
                 "single replica: the commit bound is the largest",
                 RestartFacts {
                     replica_count: 1,
-                    table_op: Some(11),
+                    table_op: Some(Op(11)),
                     ..facts(after_crash)
                 },
                 RestartPoint::Single { op: 12 },
@@ -797,7 +797,7 @@ mod tests {
                 "single replica: the client table is the largest",
                 RestartFacts {
                     replica_count: 1,
-                    table_op: Some(15),
+                    table_op: Some(Op(15)),
                     ..facts(after_crash)
                 },
                 RestartPoint::Single { op: 15 },

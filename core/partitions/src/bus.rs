@@ -7,11 +7,11 @@
 //! (`common::simnet`: seeded drop, duplication and delay, so frames also
 //! arrive out of order), driven by ticks, never by wall time.
 
+use common::{Prng, ReplicaId};
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use common::Prng;
 use common::simnet::{LinkDraw, NetworkFaults, SimNet};
 use consensus::vsr::{Frame, Reply};
 
@@ -20,13 +20,13 @@ use consensus::vsr::{Frame, Reply};
 /// reports as delivered to a client.
 pub trait MessageBus {
     /// Sends `frame` to replica `to` of the same group.
-    fn send_to_replica(&self, to: u8, frame: Frame);
+    fn send_to_replica(&self, to: ReplicaId, frame: Frame);
     /// Delivers a reply to the client it names.
     fn send_to_client(&self, reply: Reply);
     /// Sends an encoded frame (256-byte consensus header and body, as a
     /// socket carries it) to replica `to`: the state-transfer commands,
     /// which the driver encodes and the receiving side decodes and checks.
-    fn send_wire_to_replica(&self, to: u8, frame: Bytes);
+    fn send_wire_to_replica(&self, to: ReplicaId, frame: Bytes);
 }
 
 /// What the in-memory wire carries: a decoded frame, or an encoded one.
@@ -58,7 +58,7 @@ pub struct InMemoryNetwork {
 /// One replica's endpoint on an [`InMemoryNetwork`].
 #[derive(Debug, Clone)]
 pub struct InMemoryBus {
-    replica: u8,
+    replica: ReplicaId,
     state: Rc<RefCell<NetworkState>>,
 }
 
@@ -78,7 +78,7 @@ impl InMemoryNetwork {
     }
 
     /// The endpoint replica `replica` sends through.
-    pub fn endpoint(&self, replica: u8) -> InMemoryBus {
+    pub fn endpoint(&self, replica: ReplicaId) -> InMemoryBus {
         InMemoryBus {
             replica,
             state: Rc::clone(&self.state),
@@ -92,11 +92,11 @@ impl InMemoryNetwork {
 
     /// Cuts replica `replica` off (every frame to or from it is dropped),
     /// or heals the cut with `None`.
-    pub fn isolate(&self, replica: Option<u8>) {
+    pub fn isolate(&self, replica: Option<ReplicaId>) {
         let mut s = self.state.borrow_mut();
         s.net.heal();
         if let Some(r) = replica {
-            s.net.set_isolated(r, true);
+            s.net.set_isolated(r.0, true);
         }
     }
 
@@ -126,10 +126,10 @@ impl InMemoryNetwork {
 
     /// The replies replica `replica` delivered to clients since the last
     /// call.
-    pub fn take_replies(&self, replica: u8) -> Vec<Reply> {
+    pub fn take_replies(&self, replica: ReplicaId) -> Vec<Reply> {
         let mut s = self.state.borrow_mut();
         s.replies
-            .get_mut(usize::from(replica))
+            .get_mut(replica.index())
             .map(std::mem::take)
             .unwrap_or_default()
     }
@@ -156,26 +156,26 @@ impl NetworkState {
 }
 
 impl MessageBus for InMemoryBus {
-    fn send_to_replica(&self, to: u8, frame: Frame) {
+    fn send_to_replica(&self, to: ReplicaId, frame: Frame) {
         debug_assert_ne!(to, self.replica, "a replica never sends to itself");
         let from = frame.replica.0;
         self.state
             .borrow_mut()
-            .send(from, to, Carried::Frame(frame));
+            .send(from, to.0, Carried::Frame(frame));
     }
 
     fn send_to_client(&self, reply: Reply) {
         let mut s = self.state.borrow_mut();
-        if let Some(q) = s.replies.get_mut(usize::from(self.replica)) {
+        if let Some(q) = s.replies.get_mut(self.replica.index()) {
             q.push(reply);
         }
     }
 
-    fn send_wire_to_replica(&self, to: u8, frame: Bytes) {
+    fn send_wire_to_replica(&self, to: ReplicaId, frame: Bytes) {
         debug_assert_ne!(to, self.replica, "a replica never sends to itself");
         self.state
             .borrow_mut()
-            .send(self.replica, to, Carried::Wire(frame));
+            .send(self.replica.0, to.0, Carried::Wire(frame));
     }
 }
 
@@ -183,8 +183,7 @@ impl MessageBus for InMemoryBus {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use common::Op;
-    use common::{GroupId, ReplicaId};
+    use common::{GroupId, Op, ReplicaId};
     use consensus::vsr::Message;
 
     fn frame(n: u64) -> Frame {
@@ -202,9 +201,9 @@ mod tests {
     #[test]
     fn given_quiet_network_when_ticked_should_deliver_everything_in_order() {
         let net = InMemoryNetwork::new(1, 2, NetworkFaults::default());
-        let bus = net.endpoint(0);
+        let bus = net.endpoint(ReplicaId(0));
         for n in 0..5 {
-            bus.send_to_replica(1, frame(n));
+            bus.send_to_replica(ReplicaId(1), frame(n));
         }
         let got = net.tick();
         assert_eq!(got.len(), 5);
@@ -221,9 +220,9 @@ mod tests {
         };
         let run = || {
             let net = InMemoryNetwork::new(42, 2, faults);
-            let bus = net.endpoint(0);
+            let bus = net.endpoint(ReplicaId(0));
             for n in 0..200 {
-                bus.send_to_replica(1, frame(n));
+                bus.send_to_replica(ReplicaId(1), frame(n));
             }
             let mut out = Vec::new();
             for _ in 0..10 {

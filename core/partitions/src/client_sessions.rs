@@ -35,7 +35,7 @@
 //! requests from before the restart are then refused for want of a
 //! session, as before this record existed.
 
-use common::Op;
+use common::{Offset, Op};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -69,11 +69,11 @@ fn slot_len_max(capacity: usize) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedTable {
     /// The op the table is the state after.
-    pub op: u64,
+    pub op: Op,
     /// That op's identity.
     pub checksum: u128,
     /// The offset after the last message appended up to that op.
-    pub next_offset: u64,
+    pub next_offset: Offset,
     /// Every session, sorted by client id.
     pub sessions: Vec<SessionRecord>,
 }
@@ -152,9 +152,9 @@ impl RecordedTable {
         let mut out =
             Vec::with_capacity(HEADER_LEN + self.sessions.len() * RECORD_LEN + TRAILER_LEN);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&self.op.to_le_bytes());
+        out.extend_from_slice(&self.op.0.to_le_bytes());
         out.extend_from_slice(&self.checksum.to_le_bytes());
-        out.extend_from_slice(&self.next_offset.to_le_bytes());
+        out.extend_from_slice(&self.next_offset.0.to_le_bytes());
         let count = u32::try_from(self.sessions.len()).unwrap_or(u32::MAX);
         out.extend_from_slice(&count.to_le_bytes());
         for s in self.sessions.iter().take(count as usize) {
@@ -282,9 +282,9 @@ impl RecordedTable {
             });
         }
         Ok(Self {
-            op,
+            op: Op(op),
             checksum,
-            next_offset,
+            next_offset: Offset(next_offset),
             sessions,
         })
     }
@@ -414,9 +414,9 @@ mod tests {
             })
             .collect();
         RecordedTable {
-            op: 77,
+            op: Op(77),
             checksum: 0xfeed,
-            next_offset: 1_234,
+            next_offset: Offset(1_234),
             sessions,
         }
     }

@@ -208,9 +208,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         sync: bool,
     ) -> Result<(), PartitionError> {
         let table = crate::client_sessions::RecordedTable {
-            op,
+            op: Op(op),
             checksum,
-            next_offset,
+            next_offset: Offset(next_offset),
             sessions: self.replica.client_table().sessions(),
         };
         self.client_slots

@@ -27,6 +27,7 @@
 //! `purge.gen` in the partition directory holds the purge generation and
 //! the partition incarnation it belongs to, replaced the same way.
 
+use common::{Offset, Op};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -114,15 +115,15 @@ const _: () = assert!(tiles(
 pub struct OffsetRecord {
     /// The stored offset; `None` for a tombstone (a delete that a restart
     /// may still have to roll back).
-    pub offset: Option<u64>,
+    pub offset: Option<Offset>,
     /// The op whose apply wrote the record; 0 when no restart can roll it
     /// back (installed by a transfer, settled at boot, or written by an
     /// older version).
-    pub op: u64,
+    pub op: Op,
     /// The offset in effect at the applied point that was durable when
     /// `op` was applied: what a replica restarting from that point rolls
     /// the record back to (`None`: no offset then).
-    pub before: Option<u64>,
+    pub before: Option<Offset>,
 }
 
 /// Why a consumer-offset file cannot be used.
@@ -168,10 +169,10 @@ impl std::error::Error for OffsetRecordError {}
 
 impl OffsetRecord {
     /// A record no restart rolls back: `offset`, op 0, nothing before.
-    pub fn settled(offset: u64) -> Self {
+    pub fn settled(offset: Offset) -> Self {
         Self {
             offset: Some(offset),
-            op: 0,
+            op: Op(0),
             before: None,
         }
     }
@@ -181,12 +182,12 @@ impl OffsetRecord {
         let mut out = [0u8; OFFSET_RECORD_LEN];
         let mut flags = 0;
         if let Some(offset) = self.offset {
-            record::OFFSET.put(&mut out, offset);
+            record::OFFSET.put(&mut out, offset.0);
             flags |= FLAG_PRESENT;
         }
-        record::OP.put(&mut out, self.op);
+        record::OP.put(&mut out, self.op.0);
         if let Some(before) = self.before {
-            record::BEFORE.put(&mut out, before);
+            record::BEFORE.put(&mut out, before.0);
             flags |= FLAG_BEFORE;
         }
         record::FLAGS.put(&mut out, flags);
@@ -200,7 +201,7 @@ impl OffsetRecord {
     /// two read as settled records.
     pub fn decode(bytes: &[u8]) -> Result<Self, OffsetRecordError> {
         if let Ok(bytes) = <&[u8; OFFSET_RECORD_LEN_LEGACY]>::try_from(bytes) {
-            return Ok(Self::settled(record_v1::OFFSET.get(bytes)));
+            return Ok(Self::settled(Offset(record_v1::OFFSET.get(bytes))));
         }
         if let Ok(bytes) = <&[u8; OFFSET_RECORD_LEN_V1]>::try_from(bytes) {
             let offset = record_v1::OFFSET.get(bytes);
@@ -208,7 +209,7 @@ impl OffsetRecord {
             if xxh3_64(&bytes[..record_v1::SUM.start()]) != stored {
                 return Err(OffsetRecordError::ChecksumMismatch { offset, stored });
             }
-            return Ok(Self::settled(offset));
+            return Ok(Self::settled(Offset(offset)));
         }
         let Ok(bytes) = <&[u8; OFFSET_RECORD_LEN]>::try_from(bytes) else {
             return Err(OffsetRecordError::BadLength { len: bytes.len() });
@@ -227,9 +228,9 @@ impl OffsetRecord {
             return Err(OffsetRecordError::BadFlags { flags });
         }
         Ok(Self {
-            offset: (flags & FLAG_PRESENT != 0).then_some(offset),
-            op: record::OP.get(bytes),
-            before: (flags & FLAG_BEFORE != 0).then_some(before),
+            offset: (flags & FLAG_PRESENT != 0).then_some(Offset(offset)),
+            op: Op(record::OP.get(bytes)),
+            before: (flags & FLAG_BEFORE != 0).then_some(Offset(before)),
         })
     }
 }

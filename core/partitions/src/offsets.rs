@@ -39,11 +39,11 @@
 //! durable when it was written. A record that replaces one written above
 //! that same point inherits the older record's `before`.
 
+use common::{ConsumerKind, Offset, Op};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use common::ConsumerKind;
 use storage::fs::Fs;
 
 use crate::offset_storage::{
@@ -67,7 +67,7 @@ pub(crate) struct LoadedOffsets {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DurableOffset {
     /// The offset the last committed store made durable.
-    pub committed_offset: u64,
+    pub committed_offset: Offset,
 }
 
 /// The committed, durable offsets of both kinds, in id order.
@@ -88,7 +88,7 @@ impl DurableOffsets {
     }
 
     /// The committed offset of `(kind, id)`.
-    pub fn get(&self, kind: ConsumerKind, id: u32) -> Option<u64> {
+    pub fn get(&self, kind: ConsumerKind, id: u32) -> Option<Offset> {
         self.map(kind).get(&id).map(|d| d.committed_offset)
     }
 
@@ -112,19 +112,19 @@ impl DurableOffsets {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AppliedBy {
     /// The op being applied.
-    pub op: u64,
+    pub op: Op,
     /// The durable recorded applied point; `None` when a restart keeps
     /// every record (a single replica applies nothing again).
-    pub recorded_point: Option<u64>,
+    pub recorded_point: Option<Op>,
 }
 
 /// Where a record written above the recorded applied point came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Undo {
     /// The op that wrote it.
-    op: u64,
+    op: Op,
     /// The value as of the applied point durable then.
-    before: Option<u64>,
+    before: Option<Offset>,
 }
 
 /// What applying a store did.
@@ -141,8 +141,8 @@ pub enum StoreOutcome {
 #[derive(Debug)]
 pub struct ConsumerOffsets {
     root: PathBuf,
-    consumers: papaya::HashMap<u32, u64>,
-    groups: papaya::HashMap<u32, u64>,
+    consumers: papaya::HashMap<u32, Offset>,
+    groups: papaya::HashMap<u32, Offset>,
     durable: DurableOffsets,
     /// Per kind (consumers, then groups), the records an op wrote that a
     /// restart may still roll back, tombstones included.
@@ -171,7 +171,7 @@ impl ConsumerOffsets {
     }
 
     /// The value of `(kind, id)` as of the applied point `recorded`.
-    fn value_at(&self, kind: ConsumerKind, id: u32, recorded: u64) -> Option<u64> {
+    fn value_at(&self, kind: ConsumerKind, id: u32, recorded: Op) -> Option<Offset> {
         match self.undo[Self::kind_slot(kind)].get(&id) {
             Some(undo) if undo.op > recorded => undo.before,
             _ => self.durable.get(kind, id),
@@ -183,7 +183,7 @@ impl ConsumerOffsets {
         &self,
         kind: ConsumerKind,
         id: u32,
-        offset: Option<u64>,
+        offset: Option<Offset>,
         by: AppliedBy,
     ) -> OffsetRecord {
         OffsetRecord {
@@ -204,7 +204,7 @@ impl ConsumerOffsets {
         self.dir(kind).join(id.to_string())
     }
 
-    fn live(&self, kind: ConsumerKind) -> &papaya::HashMap<u32, u64> {
+    fn live(&self, kind: ConsumerKind) -> &papaya::HashMap<u32, Offset> {
         match kind {
             ConsumerKind::Consumer => &self.consumers,
             ConsumerKind::ConsumerGroup => &self.groups,
@@ -212,7 +212,7 @@ impl ConsumerOffsets {
     }
 
     /// The live offset of `(kind, id)` (what `Next` continues from).
-    pub fn get(&self, kind: ConsumerKind, id: u32) -> Option<u64> {
+    pub fn get(&self, kind: ConsumerKind, id: u32) -> Option<Offset> {
         self.live(kind).pin().get(&id).copied()
     }
 
@@ -222,7 +222,7 @@ impl ConsumerOffsets {
     }
 
     /// A poll's eager auto-commit: the live value only moves forward.
-    pub fn advance_live(&self, kind: ConsumerKind, id: u32, offset: u64) {
+    pub fn advance_live(&self, kind: ConsumerKind, id: u32, offset: Offset) {
         let map = self.live(kind).pin();
         let current = map.get(&id).copied();
         if current.is_none_or(|c| c < offset) {
@@ -232,7 +232,7 @@ impl ConsumerOffsets {
 
     /// The lowest committed consumer-group offset (the retention barrier),
     /// `None` when no group has committed one.
-    pub fn group_barrier(&self) -> Option<u64> {
+    pub fn group_barrier(&self) -> Option<Offset> {
         self.durable
             .groups
             .values()
@@ -252,8 +252,8 @@ impl ConsumerOffsets {
     pub(crate) async fn load<F: Fs>(
         &mut self,
         fs: &F,
-        last_offset: Option<u64>,
-        recorded_point: Option<u64>,
+        last_offset: Option<Offset>,
+        recorded_point: Option<Op>,
     ) -> io::Result<LoadedOffsets> {
         let mut loaded = LoadedOffsets::default();
         for kind in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup] {
@@ -269,10 +269,10 @@ impl ConsumerOffsets {
                     tracing::warn!(
                         ?kind,
                         id,
-                        op = record.op,
-                        recorded_point,
-                        offset = record.offset,
-                        before = record.before,
+                        op = record.op.0,
+                        recorded_point = recorded_point.map(|p| p.0),
+                        offset = record.offset.map(|o| o.0),
+                        before = record.before.map(|o| o.0),
                         "rolling back a consumer offset written above the recorded applied point"
                     );
                     loaded.rolled_back += 1;
@@ -286,8 +286,8 @@ impl ConsumerOffsets {
                             tracing::warn!(
                                 ?kind,
                                 id,
-                                offset,
-                                last,
+                                offset = offset.0,
+                                last = last.0,
                                 "clamping a stored offset to the recovered end"
                             );
                             loaded.adjusted += 1;
@@ -298,7 +298,7 @@ impl ConsumerOffsets {
                             tracing::warn!(
                                 ?kind,
                                 id,
-                                offset,
+                                offset = offset.0,
                                 "dropping a stored offset: the log is empty"
                             );
                             loaded.adjusted += 1;
@@ -391,26 +391,26 @@ impl ConsumerOffsets {
         by: AppliedBy,
     ) -> io::Result<StoreOutcome> {
         let current = self.durable.get(kind, id);
-        if auto_commit && current.is_some_and(|c| c >= offset) {
+        if auto_commit && current.is_some_and(|c| c >= Offset(offset)) {
             return Ok(StoreOutcome::Unchanged);
         }
-        if current == Some(offset) {
+        if current == Some(Offset(offset)) {
             return Ok(StoreOutcome::Unchanged);
         }
-        let record = self.record_for(kind, id, Some(offset), by);
+        let record = self.record_for(kind, id, Some(Offset(offset)), by);
         self.write(fs, kind, id, &record).await?;
         self.durable.map_mut(kind).insert(
             id,
             DurableOffset {
-                committed_offset: offset,
+                committed_offset: Offset(offset),
             },
         );
         self.note_undo(kind, id, &record, by);
         let live = self.live(kind).pin();
         // The live map may be ahead through an eager auto-commit; an
         // auto-commit never pulls it back, an explicit store sets it.
-        if !auto_commit || live.get(&id).is_none_or(|c| *c < offset) {
-            live.insert(id, offset);
+        if !auto_commit || live.get(&id).is_none_or(|c| *c < Offset(offset)) {
+            live.insert(id, Offset(offset));
         }
         Ok(StoreOutcome::Stored(offset))
     }
@@ -463,7 +463,7 @@ impl ConsumerOffsets {
     /// recorded at the op last applied, so this usually empties the map.
     pub(crate) fn settle(&mut self, point: u64) {
         for undo in &mut self.undo {
-            undo.retain(|_, u| u.op > point);
+            undo.retain(|_, u| u.op > Op(point));
         }
     }
 
@@ -477,11 +477,11 @@ impl ConsumerOffsets {
         self.durable = DurableOffsets::default();
         self.undo = [BTreeMap::new(), BTreeMap::new()];
         for &(kind, id, offset) in entries {
-            self.live(kind).pin().insert(id, offset);
+            self.live(kind).pin().insert(id, Offset(offset));
             self.durable.map_mut(kind).insert(
                 id,
                 DurableOffset {
-                    committed_offset: offset,
+                    committed_offset: Offset(offset),
                 },
             );
         }
@@ -581,7 +581,7 @@ mod tests {
         for group in [false, true] {
             offsets.durable().with_entries(kind_of(group), |m| {
                 for (id, d) in m {
-                    out.insert((group, *id), d.committed_offset);
+                    out.insert((group, *id), d.committed_offset.0);
                 }
             });
         }
@@ -619,8 +619,8 @@ mod tests {
             }
             let op = life.op + 1;
             let by = AppliedBy {
-                op,
-                recorded_point: Some(life.recorded),
+                op: Op(op),
+                recorded_point: Some(Op(life.recorded)),
             };
             let result = block_on(async {
                 match event {
@@ -648,7 +648,8 @@ mod tests {
 
     fn boot(fs: &SimFs, recorded: u64) -> (ConsumerOffsets, LoadedOffsets) {
         let mut offsets = ConsumerOffsets::new(Path::new("/p"));
-        let loaded = block_on(offsets.load(fs, Some(u64::MAX), Some(recorded))).unwrap();
+        let loaded =
+            block_on(offsets.load(fs, Some(Offset(u64::MAX)), Some(Op(recorded)))).unwrap();
         assert!(loaded.corrupt.is_empty());
         (offsets, loaded)
     }

@@ -227,7 +227,7 @@ pub struct PartitionStats {
     /// Segments on disk (sealed and active).
     pub segments_count: u64,
     /// The last committed offset, `None` when nothing is committed.
-    pub current_offset: Option<u64>,
+    pub current_offset: Option<Offset>,
 }
 
 /// The offset state after a run of ops: what the next batch must start at
@@ -604,7 +604,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     }
 
     /// The live stored offset of `(kind, id)`.
-    pub fn stored_offset(&self, kind: ConsumerKind, id: u32) -> Option<u64> {
+    pub fn stored_offset(&self, kind: ConsumerKind, id: u32) -> Option<Offset> {
         self.offsets.get(kind, id)
     }
 
@@ -735,7 +735,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         for kind in [ConsumerKind::Consumer, ConsumerKind::ConsumerGroup] {
             let past = self.offsets.durable().with_entries(kind, |m| {
                 m.iter()
-                    .find(|(_, d)| d.committed_offset >= end)
+                    .find(|(_, d)| d.committed_offset >= Offset(end))
                     .map(|(id, d)| (*id, d.committed_offset))
             });
             if let Some((id, offset)) = past {
@@ -758,7 +758,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             messages_count: self.messages_count,
             size_bytes: self.size_bytes,
             segments_count: self.log.segments().count() as u64,
-            current_offset: self.applied_next_offset.checked_sub(1),
+            current_offset: self.applied_next_offset.checked_sub(1).map(Offset),
         }
     }
 
@@ -1038,7 +1038,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                         if vote_or_authority && self.quorum_withheld() {
                             continue;
                         }
-                        self.bus.send_to_replica(to.0, frame);
+                        self.bus.send_to_replica(to, frame);
                     }
                     Action::Reply(mut reply) => {
                         if reply.client == INTERNAL_CLIENT {
@@ -1294,9 +1294,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// which applies nothing again).
     fn offset_applied_by(&self, op: u64) -> crate::offsets::AppliedBy {
         crate::offsets::AppliedBy {
-            op,
+            op: Op(op),
             recorded_point: (self.config.vsr.replica_count > 1)
-                .then(|| self.durable.state().checkpoint_op.0),
+                .then(|| self.durable.state().checkpoint_op),
         }
     }
 

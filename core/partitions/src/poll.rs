@@ -106,9 +106,9 @@ pub struct Polled {
     /// `first_offset` and the last may end after `last_offset`.
     pub batches: Vec<Bytes>,
     /// The first offset returned.
-    pub first_offset: u64,
+    pub first_offset: Offset,
     /// The last offset returned (inclusive).
-    pub last_offset: u64,
+    pub last_offset: Offset,
     /// Messages in `first_offset..=last_offset`.
     pub count: u64,
 }
@@ -127,20 +127,20 @@ impl Polled {
             .iter()
             .filter_map(|b| BatchView::decode_exact(b, Integrity::LayoutOnly, u64::MAX).ok())
             .flat_map(|v| v.messages())
-            .filter(move |m| !empty && m.offset >= first && m.offset <= last)
+            .filter(move |m| !empty && m.offset >= first.0 && m.offset <= last.0)
     }
 }
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The oldest offset held (retention and purge move it).
-    pub fn first_offset(&self) -> u64 {
-        self.log.segments().next().map_or(0, |s| s.start_offset)
+    pub fn first_offset(&self) -> Offset {
+        Offset(self.log.segments().next().map_or(0, |s| s.start_offset))
     }
 
     /// Serves a poll (see the module documentation).
     pub async fn poll(&self, request: &PollRequest) -> Result<Polled, PollError> {
         let end = self.applied_next_offset;
-        let first = self.first_offset();
+        let first = self.first_offset().0;
         let count = u64::from(request.count);
         let (kind, id) = request.consumer;
         if let Some(missing) = self.missing_history
@@ -152,7 +152,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 PollingStrategy::Next => self
                     .offsets
                     .get(kind, id)
-                    .is_none_or(|o| o.saturating_add(1) < missing.frontier.0),
+                    .is_none_or(|o| o.0.saturating_add(1) < missing.frontier.0),
                 PollingStrategy::First | PollingStrategy::Timestamp(_) => true,
             };
             if below {
@@ -168,7 +168,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             PollingStrategy::Offset(o) => o,
             PollingStrategy::First => first,
             PollingStrategy::Last => end.saturating_sub(count),
-            PollingStrategy::Next => self.offsets.get(kind, id).map_or(first, |o| o + 1),
+            PollingStrategy::Next => self.offsets.get(kind, id).map_or(first, |o| o.0 + 1),
             PollingStrategy::Timestamp(ts) => match self.offset_at_timestamp(ts).await? {
                 Some(o) => o,
                 None => return Ok(Polled::default()),
@@ -180,7 +180,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         let last_wanted = (end - 1).min(start.saturating_add(count - 1));
         let mut out = Polled {
-            first_offset: start,
+            first_offset: Offset(start),
             ..Polled::default()
         };
         let mut at = start;
@@ -223,23 +223,23 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 if e.stats.messages == 0 {
                     continue;
                 }
-                let next = e.stats.base_offset + u64::from(e.stats.messages);
-                if next > Offset(at) {
+                let next = e.stats.base_offset.0 + u64::from(e.stats.messages);
+                if next > at {
                     out.batches.push(e.frame.clone());
-                    at = next.0;
+                    at = next;
                 }
             }
         }
         if out.batches.is_empty() {
             return Ok(Polled::default());
         }
-        out.last_offset = at.saturating_sub(1).min(last_wanted);
-        out.count = out.last_offset - out.first_offset + 1;
+        out.last_offset = Offset(at.saturating_sub(1).min(last_wanted));
+        out.count = out.last_offset.messages_since(out.first_offset) + 1;
         if request.auto_commit {
             self.offsets.advance_live(kind, id, out.last_offset);
             self.auto_commits
                 .borrow_mut()
-                .queue(kind, id, out.last_offset);
+                .queue(kind, id, out.last_offset.0);
         }
         Ok(out)
     }

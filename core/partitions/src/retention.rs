@@ -118,12 +118,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 break;
             }
             if let (Some(b), Some(end)) = (barrier, seg.end_offset())
-                && end > b
+                && end > b.0
             {
                 tracing::info!(
                     segment = seg.start_offset,
                     end,
-                    barrier = b,
+                    barrier = b.0,
                     "segment retained for a consumer group"
                 );
                 outcome.held_by_group = true;

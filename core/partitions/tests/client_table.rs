@@ -11,6 +11,7 @@
 
 mod support;
 
+use common::ReplicaId;
 use common::simnet::NetworkFaults;
 use consensus::vsr::{OPERATION_APPEND, Reply, ReplyStatus, RequestOutcome};
 use futures::executor::block_on;
@@ -35,7 +36,7 @@ fn boot(fs: &SimFs, enforce_fsync: bool) -> (Single, InMemoryNetwork) {
         c,
         fs.clone(),
         &dir(),
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         FileSuperblock::new(fs.clone(), &dir()),
     ))
     .unwrap();
@@ -53,7 +54,7 @@ fn request(session: u64, request: u64, op: ClientOp) -> ClientRequest {
 }
 
 fn reply_to(net: &InMemoryNetwork, request: u64) -> Option<Reply> {
-    net.take_replies(0)
+    net.take_replies(ReplicaId(0))
         .into_iter()
         .find(|r| r.client == CLIENT && r.request == request)
 }

@@ -5,11 +5,10 @@
 //! byte-identical segment files.
 #![allow(clippy::unwrap_used)]
 
-use common::{GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, Offset, ReplicaId};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome, TimeoutConfig};
 use futures::executor::block_on;
@@ -96,7 +95,7 @@ impl Cluster {
                 replica_config(r),
                 fs.clone(),
                 &pdir(),
-                net.endpoint(r),
+                net.endpoint(ReplicaId(r)),
                 MemSuperblock::new(),
             ))
             .unwrap();
@@ -164,7 +163,7 @@ fn run(seed: u64, isolate_primary_at: Option<u64>) {
         if let Some(at) = isolate_primary_at {
             if ticks == at {
                 let primary = cluster.replicas[0].replica().primary_index(0).0;
-                cluster.net.isolate(Some(primary));
+                cluster.net.isolate(Some(ReplicaId(primary)));
             } else if ticks == at + 600 {
                 cluster.net.isolate(None);
             }
@@ -208,7 +207,7 @@ fn run(seed: u64, isolate_primary_at: Option<u64>) {
         cluster.step();
         // Replies.
         for r in 0..REPLICAS {
-            for reply in cluster.net.take_replies(r) {
+            for reply in cluster.net.take_replies(ReplicaId(r)) {
                 let Some(ci) = clients.iter().position(|c| c.id == reply.client) else {
                     continue;
                 };
@@ -289,7 +288,7 @@ fn run(seed: u64, isolate_primary_at: Option<u64>) {
             for m in p.messages() {
                 all.push((m.offset, m.id, m.payload.to_vec()));
             }
-            at = p.last_offset + 1;
+            at = p.last_offset.0 + 1;
         }
         per_replica.push(all);
     }
@@ -387,7 +386,7 @@ fn given_prepare_with_wrong_base_offset_when_received_by_backup_should_refuse_wi
     }
     let session = cluster
         .net
-        .take_replies(primary)
+        .take_replies(ReplicaId(primary))
         .last()
         .map(|r| r.session)
         .unwrap();
@@ -471,7 +470,7 @@ fn register(cluster: &mut Cluster, primary: u8, client: u128) -> u64 {
     }
     cluster
         .net
-        .take_replies(primary)
+        .take_replies(ReplicaId(primary))
         .iter()
         .rev()
         .find(|r| r.client == client)
@@ -518,7 +517,10 @@ fn given_purge_pipelined_with_appends_when_committed_should_restart_offsets_on_e
     }
     for r in &cluster.replicas {
         assert_eq!(r.offset_frontier().0, 30);
-        assert_eq!(r.stored_offset(ConsumerKind::ConsumerGroup, 5), Some(12));
+        assert_eq!(
+            r.stored_offset(ConsumerKind::ConsumerGroup, 5),
+            Some(Offset(12))
+        );
     }
     // The purge and an append ordered right behind it, before either
     // commits: the append is stamped at offset 0 by the primary's fold.
@@ -602,16 +604,16 @@ fn given_auto_commit_poll_on_primary_when_ticked_should_replicate_the_offset() {
         auto_commit: true,
     }))
     .unwrap();
-    assert_eq!(polled.last_offset, 14);
+    assert_eq!(polled.last_offset, Offset(14));
     for _ in 0..40 {
         cluster.step();
     }
     for r in &cluster.replicas {
         assert_eq!(
             r.consumer_offsets().durable().get(consumer.0, consumer.1),
-            Some(14)
+            Some(Offset(14))
         );
-        assert_eq!(r.stored_offset(consumer.0, consumer.1), Some(14));
+        assert_eq!(r.stored_offset(consumer.0, consumer.1), Some(Offset(14)));
     }
     // The next poll continues after it, and an older auto-commit does not
     // move it back.
@@ -622,14 +624,14 @@ fn given_auto_commit_poll_on_primary_when_ticked_should_replicate_the_offset() {
         auto_commit: true,
     }))
     .unwrap();
-    assert_eq!(next.first_offset, 2);
+    assert_eq!(next.first_offset, Offset(2));
     for _ in 0..40 {
         cluster.step();
     }
     for r in &cluster.replicas {
         assert_eq!(
             r.consumer_offsets().durable().get(consumer.0, consumer.1),
-            Some(14)
+            Some(Offset(14))
         );
     }
 }

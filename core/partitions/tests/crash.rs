@@ -16,10 +16,9 @@
 
 mod support;
 
-use common::Offset;
+use common::{ConsumerKind, Offset, ReplicaId};
 use std::path::PathBuf;
 
-use common::ConsumerKind;
 use futures::executor::block_on;
 use journal::FileSuperblock;
 use partitions::{
@@ -95,7 +94,7 @@ fn check(fs: &SimFs, before: &Before, purge_generation: Option<u64>) -> FileNode
         "frontier {frontier} above counter {counter}"
     );
     // Dense, and the bytes at each offset are the ones produced there.
-    if counter > first {
+    if counter > first.0 {
         let polled = node.poll(PollingStrategy::First, u32::MAX);
         let got: Vec<(u64, Vec<u8>)> = polled
             .messages()
@@ -103,7 +102,7 @@ fn check(fs: &SimFs, before: &Before, purge_generation: Option<u64>) -> FileNode
             .collect();
         assert_eq!(
             got.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
-            (first..counter).collect::<Vec<_>>(),
+            (first.0..counter).collect::<Vec<_>>(),
             "hole in the polled offsets"
         );
         if !purged {
@@ -121,7 +120,7 @@ fn check(fs: &SimFs, before: &Before, purge_generation: Option<u64>) -> FileNode
             .with_entries(kind, |e| e.clone());
         for (id, d) in &durable {
             assert!(
-                d.committed_offset < counter,
+                d.committed_offset < Offset(counter),
                 "{kind:?} {id} at {} >= {counter}",
                 d.committed_offset
             );
@@ -275,9 +274,9 @@ fn given_crash_at_every_step_of_an_offset_replacement_when_rebooted_should_hold_
         None,
         |node, completed| {
             let v = node.partition.stored_offset(ConsumerKind::Consumer, 1);
-            assert!(v == Some(5) || v == Some(12), "{v:?}");
+            assert!(v == Some(Offset(5)) || v == Some(Offset(12)), "{v:?}");
             if completed {
-                assert_eq!(v, Some(12));
+                assert_eq!(v, Some(Offset(12)));
             }
         },
     );
@@ -303,7 +302,7 @@ fn given_crash_at_every_step_of_an_offset_replacement_when_rebooted_should_hold_
         None,
         |node, completed| {
             let v = node.partition.stored_offset(ConsumerKind::ConsumerGroup, 2);
-            assert!(v == Some(7) || v.is_none());
+            assert!(v == Some(Offset(7)) || v.is_none());
             if completed {
                 assert_eq!(v, None);
             }
@@ -427,7 +426,7 @@ fn given_crash_at_every_step_of_an_fsync_produce_when_acknowledged_should_surviv
             let request = node.next_request;
             submit(node, ClientOp::Append(support::batch(50, 4)));
             node.net
-                .take_replies(0)
+                .take_replies(ReplicaId(0))
                 .iter()
                 .any(|r| r.request == request && r.status == consensus::vsr::ReplyStatus::Ok)
         },

@@ -8,13 +8,10 @@
 
 mod support;
 
-use common::Offset;
-use common::Op;
-use common::{GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, Offset, Op, ReplicaId};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
 use consensus::vsr::Config;
 use futures::executor::block_on;
@@ -51,7 +48,7 @@ fn open_at(fs: &SimFs, at: &Path, segment_size: u64) -> P {
         config(segment_size),
         fs.clone(),
         at,
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         FileSuperblock::new(fs.clone(), at),
     ))
     .unwrap()
@@ -63,7 +60,7 @@ fn node_at(fs: &SimFs, at: &Path, segment_size: u64) -> Node<FileSuperblock<SimF
         config(segment_size),
         fs.clone(),
         at,
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         FileSuperblock::new(fs.clone(), at),
     ))
     .unwrap();
@@ -155,9 +152,9 @@ const OLD_OFFSETS: [(ConsumerKind, u32, u64); 3] = [
 fn artifact(next_offset: u64, purge_generation: u64) -> Vec<u8> {
     ConsumerOffsetsWire {
         purge_generation,
-        next_offset,
-        consumers: vec![(1, 20), (4, 99)],
-        groups: vec![(2, 25)],
+        next_offset: Offset(next_offset),
+        consumers: vec![(1, Offset(20)), (4, Offset(99))],
+        groups: vec![(2, Offset(25))],
         dedup: vec![],
     }
     .encode()
@@ -166,16 +163,16 @@ fn artifact(next_offset: u64, purge_generation: u64) -> Vec<u8> {
 /// The offsets the artifact installs (consumer 4 clamped to the end).
 fn new_offsets(p: &P) -> bool {
     use ConsumerKind::{Consumer, ConsumerGroup};
-    p.stored_offset(Consumer, 1) == Some(20)
-        && p.stored_offset(Consumer, 4) == Some(FRONTIER - 1)
+    p.stored_offset(Consumer, 1) == Some(Offset(20))
+        && p.stored_offset(Consumer, 4) == Some(Offset(FRONTIER - 1))
         && p.stored_offset(Consumer, 9).is_none()
-        && p.stored_offset(ConsumerGroup, 2) == Some(25)
+        && p.stored_offset(ConsumerGroup, 2) == Some(Offset(25))
 }
 
 fn old_offsets(p: &P) -> bool {
     OLD_OFFSETS
         .iter()
-        .all(|&(k, id, v)| p.stored_offset(k, id) == Some(v))
+        .all(|&(k, id, v)| p.stored_offset(k, id) == Some(Offset(v)))
         && p.stored_offset(ConsumerKind::Consumer, 4).is_none()
 }
 
@@ -278,7 +275,7 @@ fn fixture(seed: u64) -> (Fixture, SourceSegments) {
 
 fn input(f: &Fixture) -> InstallInput {
     InstallInput {
-        commit_op: f.commit_op,
+        commit_op: Op(f.commit_op),
         commit_checksum: CHECKSUM,
         staged: f.staged.clone(),
         offsets_artifact: artifact(FRONTIER, 0),
@@ -323,7 +320,7 @@ fn assert_converged(p: &P, fs: &SimFs) {
 fn given_staged_chain_when_installed_should_serve_new_chain_offsets_and_frontier() {
     let (mut f, _) = fixture(1);
     let out = block_on(f.old.install_partition_state(input(&f))).unwrap();
-    assert_eq!(out.applied_commit_op, f.commit_op);
+    assert_eq!(out.applied_commit_op, Op(f.commit_op));
     assert_fully_installed(&f.old, &f);
     assert_eq!(f.old.replica().commit_min().0, f.commit_op);
     assert_eq!(f.old.replica().commit_min_checksum(), CHECKSUM);
@@ -437,7 +434,7 @@ fn assert_unchanged_by(f: &mut Fixture, mutate: impl FnOnce(&mut InstallInput), 
 fn given_check_phase_refusal_when_installing_should_change_nothing_byte_for_byte() {
     let (mut f, _) = fixture(2);
     let op = f.commit_op;
-    assert_unchanged_by(&mut f, |i| i.commit_op = op - 1, "StaleTransfer");
+    assert_unchanged_by(&mut f, |i| i.commit_op = Op(op - 1), "StaleTransfer");
     assert_unchanged_by(
         &mut f,
         |i| i.offsets_artifact = artifact(10, 0),
@@ -480,8 +477,8 @@ fn given_empty_offer_when_installed_should_plant_a_frontier_segment_that_boots_a
         staged: vec![],
         offsets_artifact: ConsumerOffsetsWire {
             purge_generation: 0,
-            next_offset: 40,
-            consumers: vec![(1, 12)],
+            next_offset: Offset(40),
+            consumers: vec![(1, Offset(12))],
             groups: vec![],
             dedup: vec![],
         }
@@ -491,7 +488,10 @@ fn given_empty_offer_when_installed_should_plant_a_frontier_segment_that_boots_a
     block_on(f.old.install_partition_state(i)).unwrap();
     assert!(messages(&f.old).is_empty());
     assert_eq!(f.old.log().next_offset(), 40);
-    assert_eq!(f.old.stored_offset(ConsumerKind::Consumer, 1), Some(12));
+    assert_eq!(
+        f.old.stored_offset(ConsumerKind::Consumer, 1),
+        Some(Offset(12))
+    );
     drop(f.old);
     f.fs.crash_with(storage::fs::CrashMode::DropAll);
     // Storage recovery alone reads the empty segment as the frontier.
@@ -504,7 +504,7 @@ fn given_empty_offer_when_installed_should_plant_a_frontier_segment_that_boots_a
     assert_eq!(report.next_offset(), Some(40));
     let p = open_at(&f.fs, &dir(), 1 << 20);
     assert_eq!(p.offset_frontier().0, 40);
-    assert_eq!(p.stored_offset(ConsumerKind::Consumer, 1), Some(12));
+    assert_eq!(p.stored_offset(ConsumerKind::Consumer, 1), Some(Offset(12)));
 }
 
 /// An offer built after a purge this replica missed: only the first
@@ -520,7 +520,7 @@ fn offer_past_a_purge(f: &Fixture) -> InstallInput {
         staged: vec![f.staged[0].clone()],
         offsets_artifact: ConsumerOffsetsWire {
             purge_generation: 1,
-            next_offset: 5,
+            next_offset: Offset(5),
             consumers: vec![],
             groups: vec![],
             dedup: vec![],
@@ -903,7 +903,7 @@ fn reboot_then_install_again(
         config(1 << 20),
         fs.clone(),
         &dir(),
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         FileSuperblock::new(fs.clone(), &dir()),
     ))
     .unwrap_or_else(|e| panic!("{what}: boot refused: {e:?}"));
@@ -1002,10 +1002,10 @@ fn given_torn_superblock_pair_when_recording_install_frontier_should_boot_and_in
 #[test]
 fn given_offer_at_u64_max_op_when_installing_should_refuse_out_of_range_unchanged() {
     let (mut f, _) = fixture(12);
-    assert_unchanged_by(&mut f, |i| i.commit_op = u64::MAX, "OpOutOfRange");
+    assert_unchanged_by(&mut f, |i| i.commit_op = Op(u64::MAX), "OpOutOfRange");
     assert_unchanged_by(
         &mut f,
-        |i| i.commit_op = consensus::vsr::OP_MAX + 1,
+        |i| i.commit_op = Op(consensus::vsr::OP_MAX + 1),
         "OpOutOfRange",
     );
 }
@@ -1037,7 +1037,7 @@ fn given_superblock_op_at_u64_max_when_booting_should_refuse_out_of_range() {
             c,
             fs.clone(),
             &dir(),
-            net.endpoint(0),
+            net.endpoint(ReplicaId(0)),
             store,
         ));
         assert!(
@@ -1135,7 +1135,7 @@ fn given_partition_dir_that_cannot_be_checked_when_booting_should_report_the_err
         config(1 << 20),
         fs.clone(),
         &at,
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         journal::MemSuperblock::new(),
     ));
     match booted {
@@ -1167,7 +1167,7 @@ fn long_chain(seed: u64, segments: u64) -> (SimFs, P, InstallInput, Vec<(u64, Ve
     let staged = stage(&fs, &source);
     let commit_op = old.partition.replica().commit_max().0;
     let input = InstallInput {
-        commit_op,
+        commit_op: Op(commit_op),
         commit_checksum: CHECKSUM,
         staged,
         offsets_artifact: artifact(2 * segments, 0),
@@ -1234,7 +1234,7 @@ fn given_a_long_staged_chain_when_installed_in_steps_should_bound_each_step_and_
             assert_eq!(block_on(p.scrub_step(1 << 20)), 0);
         };
         assert!(!p.installing());
-        assert_eq!(outcome.applied_commit_op, p.replica().commit_min().0);
+        assert_eq!(outcome.applied_commit_op, Op(p.replica().commit_min().0));
         assert_eq!(messages(&p), new_messages);
         assert_eq!(p.log().next_offset(), 2 * segments);
         // The start reads the directory once, whatever the chain's length.

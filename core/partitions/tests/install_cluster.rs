@@ -103,7 +103,7 @@ fn held(c: &Cluster, r: u8) -> Held {
         frontier: p.offset_frontier().0,
         next_offset: p.log().next_offset(),
         missing: p.missing_history().is_some(),
-        offset_7: p.stored_offset(ConsumerKind::Consumer, 7),
+        offset_7: p.stored_offset(ConsumerKind::Consumer, 7).map(|v| v.0),
         messages,
     }
 }

@@ -7,8 +7,7 @@
 mod pump;
 mod support;
 
-use common::ConsumerKind;
-use common::{Op, ReplicaId};
+use common::{ConsumerKind, Offset, Op, ReplicaId};
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use journal::MemSuperblock;
@@ -38,7 +37,7 @@ fn pull(
         commit_max: Op(0),
         purge_generation: 0,
     };
-    let request = rx.arm(0);
+    let request = rx.arm(ReplicaId(0));
     let serving = Serving {
         id: 0,
         partition: &mut peer.partition,
@@ -91,9 +90,12 @@ fn given_pulled_transfer_when_installed_should_serve_the_peers_messages_and_offs
     {
         let p = &node.partition;
         assert_eq!(p.offset_frontier().0, 96);
-        assert_eq!(p.stored_offset(ConsumerKind::Consumer, 1), Some(40));
-        assert_eq!(p.stored_offset(ConsumerKind::Consumer, 6), Some(90));
-        assert_eq!(p.stored_offset(ConsumerKind::ConsumerGroup, 3), Some(17));
+        assert_eq!(p.stored_offset(ConsumerKind::Consumer, 1), Some(Offset(40)));
+        assert_eq!(p.stored_offset(ConsumerKind::Consumer, 6), Some(Offset(90)));
+        assert_eq!(
+            p.stored_offset(ConsumerKind::ConsumerGroup, 3),
+            Some(Offset(17))
+        );
         assert_eq!(p.stored_offset(ConsumerKind::Consumer, 9), None);
         assert_eq!(
             p.log().segments().filter(|s| s.size_bytes > 0).count(),
@@ -122,7 +124,7 @@ fn given_pulled_transfer_when_installed_should_serve_the_peers_messages_and_offs
         ))
         .unwrap();
         assert!(matches!(out, RequestOutcome::Prepared { .. }), "{out:?}");
-        node.net.take_replies(0).last().unwrap().session
+        node.net.take_replies(ReplicaId(0)).last().unwrap().session
     };
     let session = submit(&mut node, 0, 0, ClientOp::Register);
     submit(

@@ -8,15 +8,13 @@
 mod harness;
 mod support;
 
-use common::{GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, Offset, Op, ReplicaId};
 use std::cell::Cell;
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
-use common::{Offset, Op};
 use consensus::decode_manifest;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
 use consensus::{ArtifactKind, ArtifactProgress, append_chunk, next_pending_chunk};
@@ -113,7 +111,7 @@ fn given_multi_segment_partition_when_offer_built_should_describe_disk_bytes_and
     let (fs, mut node) = populated(1, 14);
     let offer = build(&mut node, &mut unlimited()).unwrap();
     let p = &node.partition;
-    assert_eq!(offer.commit_op(), p.replica().commit_min().0);
+    assert_eq!(offer.commit_op(), Op(p.replica().commit_min().0));
     let live: Vec<_> = p
         .log()
         .segments()
@@ -144,7 +142,7 @@ fn given_multi_segment_partition_when_offer_built_should_describe_disk_bytes_and
     assert_eq!(
         last.kind,
         ArtifactKind::ConsumerOffsets {
-            commit_op: Op(offer.commit_op())
+            commit_op: offer.commit_op()
         }
     );
     assert!(consensus::verify_state_artifact(
@@ -152,10 +150,10 @@ fn given_multi_segment_partition_when_offer_built_should_describe_disk_bytes_and
         offer.offsets_bytes()
     ));
     let wire = ConsumerOffsetsWire::decode(offer.offsets_bytes()).unwrap();
-    assert_eq!(wire.next_offset, p.offset_frontier().0);
+    assert_eq!(wire.next_offset, p.offset_frontier());
     assert_eq!(wire.purge_generation, p.purge_generation());
-    assert_eq!(wire.consumers, vec![(1, 5), (9, 20)]);
-    assert_eq!(wire.groups, vec![(4, 7)]);
+    assert_eq!(wire.consumers, vec![(1, Offset(5)), (9, Offset(20))]);
+    assert_eq!(wire.groups, vec![(4, Offset(7))]);
     assert_eq!(wire.dedup, p.dedup_export());
     assert!(!wire.dedup.is_empty(), "client 1's watermark travels");
 }
@@ -212,7 +210,7 @@ fn given_nothing_committed_when_offer_asked_should_refuse_as_view_0_phantom() {
         config(),
         fs.clone(),
         &dir(),
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         MemSuperblock::new(),
     ))
     .unwrap();
@@ -232,7 +230,7 @@ fn given_backup_replica_when_offer_asked_should_refuse_not_caught_up_primary() {
         PartitionConfig::new(VsrConfig::new(ReplicaId(1), 3, GroupId(0))),
         fs.clone(),
         &dir(),
-        net.endpoint(1),
+        net.endpoint(ReplicaId(1)),
         MemSuperblock::new(),
     ))
     .unwrap();
@@ -448,7 +446,7 @@ fn given_purge_between_rounds_when_built_should_drop_old_memos_and_offer_the_pur
     assert!(offer.segments().is_empty());
     assert_eq!(offer.purge_generation(), 1);
     let wire = ConsumerOffsetsWire::decode(offer.offsets_bytes()).unwrap();
-    assert_eq!((wire.purge_generation, wire.next_offset), (1, 0));
+    assert_eq!((wire.purge_generation, wire.next_offset), (1, Offset(0)));
 }
 
 #[test]
@@ -486,7 +484,7 @@ fn offer_for(
 ) -> Rc<PartitionOffer> {
     block_on(server.on_request_state_transfer(
         &mut node.partition,
-        requester,
+        ReplicaId(requester),
         nonce,
         &ByteClock::new(1),
     ))
@@ -504,7 +502,7 @@ fn chunk(
     block_on(server.on_request_state_chunk(
         fs,
         ChunkRequest {
-            requester: 2,
+            requester: ReplicaId(2),
             nonce,
             artifact,
             offset,
@@ -678,7 +676,7 @@ fn given_same_nonce_when_asked_again_should_get_the_same_offer_never_a_rebuilt_o
     let fresh = offer_for(&mut server, &mut node, 2, 101);
     assert!(fresh.commit_op() > first.commit_op());
     assert!(
-        server.session_offer(2, 100).is_none(),
+        server.session_offer(ReplicaId(2), 100).is_none(),
         "a new nonce replaces the old session"
     );
     assert_eq!(server.session_count(), 2);
@@ -693,7 +691,7 @@ fn given_idle_offer_when_ticked_should_expire_sooner_once_fully_served() {
     for _ in 0..retry * 10 - 1 {
         server.on_tick();
     }
-    assert!(server.session_offer(2, 1).is_some());
+    assert!(server.session_offer(ReplicaId(2), 1).is_some());
     // A served chunk resets the idle count.
     assert!(matches!(
         chunk(&mut server, &fs, 1, 0, 0, 10),
@@ -702,10 +700,10 @@ fn given_idle_offer_when_ticked_should_expire_sooner_once_fully_served() {
     for _ in 0..retry * 10 - 1 {
         server.on_tick();
     }
-    assert!(server.session_offer(2, 1).is_some());
+    assert!(server.session_offer(ReplicaId(2), 1).is_some());
     server.on_tick();
     assert!(
-        server.session_offer(2, 1).is_none(),
+        server.session_offer(ReplicaId(2), 1).is_none(),
         "expired after 10 retries idle"
     );
     assert!(server.builder().cached().is_none());
@@ -715,10 +713,10 @@ fn given_idle_offer_when_ticked_should_expire_sooner_once_fully_served() {
     for _ in 0..retry * 3 - 1 {
         server.on_tick();
     }
-    assert!(server.session_offer(2, 2).is_some());
+    assert!(server.session_offer(ReplicaId(2), 2).is_some());
     server.on_tick();
     assert!(
-        server.session_offer(2, 2).is_none(),
+        server.session_offer(ReplicaId(2), 2).is_none(),
         "fully served: 3 retries of grace"
     );
 }
@@ -748,7 +746,7 @@ fn given_large_offer_built_in_rounds_when_driven_with_another_group_should_keep_
         PartitionConfig::new(vsr),
         fs.clone(),
         Path::new("/data/other"),
-        other_net.endpoint(0),
+        other_net.endpoint(ReplicaId(0)),
         MemSuperblock::new(),
     ))
     .unwrap();
@@ -836,7 +834,7 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
         view_change_member_serving: false,
         dir_present: true,
         repairing: false,
-        commit_max: 3,
+        commit_max: Op(3),
         installed_frontier: None,
     };
     assert!(check_serve_gate(open).is_ok());
@@ -846,7 +844,7 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
             caught_up_primary: false,
             dir_present: false,
             repairing: true,
-            commit_max: 0,
+            commit_max: Op(0),
             ..open
         }),
         U::NotCaughtUpPrimary
@@ -855,7 +853,7 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
         refuse(ServeGateFacts {
             dir_present: false,
             repairing: true,
-            commit_max: 0,
+            commit_max: Op(0),
             ..open
         }),
         U::NoPartitionDir
@@ -863,14 +861,14 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
     assert!(matches!(
         refuse(ServeGateFacts {
             repairing: true,
-            commit_max: 0,
+            commit_max: Op(0),
             ..open
         }),
         U::RepairInProgress
     ));
     assert!(matches!(
         refuse(ServeGateFacts {
-            commit_max: 0,
+            commit_max: Op(0),
             ..open
         }),
         U::NothingCommitted
@@ -906,8 +904,8 @@ fn given_each_gate_fact_when_checked_should_refuse_in_the_seed_order() {
     // An installed frontier makes an empty commit history legitimate.
     assert!(
         check_serve_gate(ServeGateFacts {
-            commit_max: 0,
-            installed_frontier: Some(40),
+            commit_max: Op(0),
+            installed_frontier: Some(Offset(40)),
             ..open
         })
         .is_ok()
@@ -920,7 +918,10 @@ fn given_offset_tables_past_ceiling_or_without_live_entry_when_snapshotted_shoul
     let (_fs, node) = populated(22, 2);
     let durable = node.partition.consumer_offsets().durable();
     let [consumers, groups] = snapshot_offset_tables(durable, |_, _| true, 2).unwrap();
-    assert_eq!((consumers, groups), (vec![(1, 5), (9, 20)], vec![(4, 7)]));
+    assert_eq!(
+        (consumers, groups),
+        (vec![(1, Offset(5)), (9, Offset(20))], vec![(4, Offset(7))])
+    );
     match snapshot_offset_tables(durable, |_, _| true, 1).unwrap_err() {
         U::ConsumerOffsetsTooLarge { kind, count, max } => {
             assert_eq!((kind, count, max), (ConsumerKind::Consumer, 2, 1));
@@ -953,10 +954,14 @@ fn given_eager_auto_commit_when_offer_built_should_ship_only_the_durable_offset(
     // Advances consumer 1's live offset at once; the replicated store that
     // would make it durable is not committed yet.
     node.poll_as((ConsumerKind::Consumer, 1), PollingStrategy::Next, 10, true);
-    assert!(node.partition.stored_offset(ConsumerKind::Consumer, 1) > Some(5));
+    assert!(node.partition.stored_offset(ConsumerKind::Consumer, 1) > Some(Offset(5)));
     let offer = build(&mut node, &mut unlimited()).unwrap();
     let wire = ConsumerOffsetsWire::decode(offer.offsets_bytes()).unwrap();
-    assert!(wire.consumers.contains(&(1, 5)), "{:?}", wire.consumers);
+    assert!(
+        wire.consumers.contains(&(1, Offset(5))),
+        "{:?}",
+        wire.consumers
+    );
 }
 
 #[test]
@@ -1011,7 +1016,7 @@ fn given_appends_between_plan_and_finish_when_built_should_offer_the_planned_pre
         .partition
         .finish_state_transfer_offer(&mut builder, hashed)
         .unwrap();
-    assert!(offer.commit_op() < node.partition.replica().commit_min().0);
+    assert!(offer.commit_op() < Op(node.partition.replica().commit_min().0));
     let active = offer.segments().last().unwrap();
     assert_eq!(active.entry.len, planned_active.len_bytes);
     let disk = fs.contents(&active.path).unwrap();
@@ -1046,7 +1051,7 @@ fn given_large_segment_when_served_should_load_it_a_read_at_a_time_and_verify_be
         chunk(&mut server, &fs, 3, 0, 0, 256 * 1024),
         ChunkAnswer::Chunk(_)
     ));
-    assert_eq!(server.loaded_artifact(2, 3), Some((0, read)));
+    assert_eq!(server.loaded_artifact(ReplicaId(2), 3), Some((0, read)));
     // Rot a byte the next read will cover; chunks of the loaded prefix are
     // still served from memory.
     fs.rot_byte(&first.path, (read + 10) as u64, 0x01).unwrap();
@@ -1054,12 +1059,12 @@ fn given_large_segment_when_served_should_load_it_a_read_at_a_time_and_verify_be
         chunk(&mut server, &fs, 3, 0, 1 << 20, 256 * 1024),
         ChunkAnswer::Chunk(_)
     ));
-    assert_eq!(server.loaded_artifact(2, 3), Some((0, read)));
+    assert_eq!(server.loaded_artifact(ReplicaId(2), 3), Some((0, read)));
     let ChunkAnswer::Chunk(next) = chunk(&mut server, &fs, 3, 0, read as u64, 256 * 1024) else {
         panic!("the chunk past the first read is served");
     };
     assert_eq!(next.payload.len(), 256 * 1024);
-    assert_eq!(server.loaded_artifact(2, 3), Some((0, 2 * read)));
+    assert_eq!(server.loaded_artifact(ReplicaId(2), 3), Some((0, 2 * read)));
     // The request for the last chunk completes the load and the check.
     let last_offset = first.entry.len - 100;
     match chunk(&mut server, &fs, 3, 0, last_offset, 256 * 1024) {
@@ -1148,7 +1153,7 @@ fn given_chunks_inside_and_across_read_blocks_when_served_should_be_the_files_by
             "chunk at {offset} differs from the file"
         );
     }
-    let (index, loaded) = server.loaded_artifact(2, 3).unwrap();
+    let (index, loaded) = server.loaded_artifact(ReplicaId(2), 3).unwrap();
     assert_eq!((index, loaded as u64), (0, first.entry.len));
 }
 
@@ -1190,18 +1195,18 @@ fn given_bounded_loading_when_a_request_lies_deep_in_the_artifact_should_serve_i
         chunk(&mut server, &fs, 3, 0, deeper, 256 * 1024),
         ChunkAnswer::Loading
     ));
-    let mut loaded_before = server.loaded_artifact(2, 3).unwrap().1 as u64;
+    let mut loaded_before = server.loaded_artifact(ReplicaId(2), 3).unwrap().1 as u64;
     assert!(loaded_before <= 2 * block, "{loaded_before}");
     let mut served = Vec::new();
     for _ in 0..10 {
         for (requester, nonce, answer) in block_on(server.advance_loads(&fs)) {
-            assert_eq!((requester, nonce), (2, 3));
+            assert_eq!((requester, nonce), (ReplicaId(2), 3));
             let ChunkAnswer::Chunk(c) = answer else {
                 panic!("{answer:?}");
             };
             served.push(c);
         }
-        let loaded = server.loaded_artifact(2, 3).unwrap().1 as u64;
+        let loaded = server.loaded_artifact(ReplicaId(2), 3).unwrap().1 as u64;
         assert!(loaded - loaded_before <= block, "read more than a block");
         loaded_before = loaded;
         if served.len() == 2 {

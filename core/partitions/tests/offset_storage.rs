@@ -2,6 +2,7 @@
 //! faults on the simulated filesystem.
 #![allow(clippy::unwrap_used)]
 
+use common::{Offset, Op};
 use futures::executor::block_on;
 use partitions::{OFFSET_RECORD_LEN, REPLACEMENT_SUFFIX};
 use partitions::{
@@ -32,7 +33,7 @@ fn fresh(seed: u64) -> SimFs {
 fn store(fs: &SimFs, id: u32, value: u64) {
     block_on(async {
         let path = dir().join(id.to_string());
-        stage_offset_replacement(fs, &path, OffsetRecord::settled(value))
+        stage_offset_replacement(fs, &path, OffsetRecord::settled(Offset(value)))
             .await
             .unwrap();
         commit_offset_replacement(fs, &path).await.unwrap();
@@ -47,27 +48,27 @@ fn load(fs: &SimFs) -> Vec<(u32, u64)> {
 fn present(records: &[(u32, OffsetRecord)]) -> Vec<(u32, u64)> {
     records
         .iter()
-        .filter_map(|(id, r)| r.offset.map(|o| (*id, o)))
+        .filter_map(|(id, r)| r.offset.map(|o| (*id, o.0)))
         .collect()
 }
 
 #[test]
 fn given_record_when_encoded_should_round_trip_and_reject_damage() {
     let records = [
-        OffsetRecord::settled(0x0102_0304_0506_0708),
+        OffsetRecord::settled(Offset(0x0102_0304_0506_0708)),
         OffsetRecord {
-            offset: Some(u64::MAX),
-            op: 77,
-            before: Some(0),
+            offset: Some(Offset(u64::MAX)),
+            op: Op(77),
+            before: Some(Offset(0)),
         },
         OffsetRecord {
             offset: None,
-            op: u64::MAX,
-            before: Some(12),
+            op: Op(u64::MAX),
+            before: Some(Offset(12)),
         },
         OffsetRecord {
-            offset: Some(3),
-            op: 1,
+            offset: Some(Offset(3)),
+            op: Op(1),
             before: None,
         },
     ];
@@ -94,7 +95,7 @@ fn given_record_when_encoded_should_round_trip_and_reject_damage() {
         }
     }
     // The offset sits at byte 0 in every layout.
-    let r = OffsetRecord::settled(0x0102_0304_0506_0708).encode();
+    let r = OffsetRecord::settled(Offset(0x0102_0304_0506_0708)).encode();
     assert_eq!(&r[..8], &0x0102_0304_0506_0708u64.to_le_bytes());
 }
 
@@ -135,7 +136,10 @@ fn given_records_of_older_versions_when_decoded_should_read_as_settled() {
     // The 16-byte layout: the offset and its checksum.
     let mut v1 = 9u64.to_le_bytes().to_vec();
     v1.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&v1).to_le_bytes());
-    assert_eq!(OffsetRecord::decode(&v1), Ok(OffsetRecord::settled(9)));
+    assert_eq!(
+        OffsetRecord::decode(&v1),
+        Ok(OffsetRecord::settled(Offset(9)))
+    );
     let mut bad = v1.clone();
     bad[0] ^= 1;
     assert!(matches!(
@@ -145,7 +149,7 @@ fn given_records_of_older_versions_when_decoded_should_read_as_settled() {
     // The bare 8-byte one.
     assert_eq!(
         OffsetRecord::decode(&7u64.to_le_bytes()),
-        Ok(OffsetRecord::settled(7))
+        Ok(OffsetRecord::settled(Offset(7)))
     );
 }
 
@@ -176,7 +180,7 @@ fn given_replacement_crashed_at_every_step_when_rebooted_should_hold_old_or_new(
                 if step == 3 {
                     fs.fail_nth(FaultKind::Sync, 1, EIO);
                 }
-                if stage_offset_replacement(&fs, &path, OffsetRecord::settled(250))
+                if stage_offset_replacement(&fs, &path, OffsetRecord::settled(Offset(250)))
                     .await
                     .is_err()
                 {
@@ -227,7 +231,7 @@ fn given_discarded_replacement_when_loaded_should_keep_old_value() {
     store(&fs, 5, 10);
     let path = dir().join("5");
     block_on(async {
-        stage_offset_replacement(&fs, &path, OffsetRecord::settled(99))
+        stage_offset_replacement(&fs, &path, OffsetRecord::settled(Offset(99)))
             .await
             .unwrap();
         discard_offset_replacement(&fs, &path).await;

@@ -5,8 +5,7 @@
 
 mod support;
 
-use common::ConsumerKind;
-use common::Offset;
+use common::{ConsumerKind, Offset, ReplicaId};
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use journal::MemSuperblock;
@@ -109,7 +108,7 @@ fn given_small_segments_when_produced_should_rotate_and_count() {
     let stats = node.partition.stats();
     assert_eq!(stats.messages_count, 200);
     assert_eq!(stats.size_bytes, bytes);
-    assert_eq!(stats.current_offset, Some(199));
+    assert_eq!(stats.current_offset, Some(Offset(199)));
     assert!(stats.segments_count > 3, "{stats:?}");
     let segs: Vec<_> = node.partition.log().segments().copied().collect();
     for pair in segs.windows(2) {
@@ -257,46 +256,46 @@ fn given_offsets_when_stored_and_deleted_should_follow_store_rules() {
         node.produce(tag, 10);
     }
     node.store(CONSUMER, 1, 20);
-    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(20));
+    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(Offset(20)));
     assert_eq!(
         offsets(&node.poll(PollingStrategy::Next, 3)),
         vec![21, 22, 23]
     );
     // An explicit store may rewind.
     node.store(CONSUMER, 1, 5);
-    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(5));
+    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(Offset(5)));
     // Groups are separate.
     node.store(GROUP, 1, 40);
-    assert_eq!(node.partition.stored_offset(GROUP, 1), Some(40));
-    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(5));
+    assert_eq!(node.partition.stored_offset(GROUP, 1), Some(Offset(40)));
+    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(Offset(5)));
     // The file is the durable record.
     let bytes = fs.contents(&dir().join("offsets/consumers/1")).unwrap();
     assert_eq!(
         partitions::OffsetRecord::decode(&bytes).unwrap().offset,
-        Some(5)
+        Some(Offset(5))
     );
     // Auto-commit: eager on the live map, replicated on the next tick, and
     // never backwards.
     let p = node.poll_as((CONSUMER, 1), PollingStrategy::Next, 10, true);
-    assert_eq!(p.last_offset, 15);
-    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(15));
+    assert_eq!(p.last_offset, Offset(15));
+    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(Offset(15)));
     assert_eq!(
         node.partition.consumer_offsets().durable().get(CONSUMER, 1),
-        Some(5)
+        Some(Offset(5))
     );
     node.tick();
     node.tick();
     assert_eq!(
         node.partition.consumer_offsets().durable().get(CONSUMER, 1),
-        Some(15)
+        Some(Offset(15))
     );
     node.poll_as((CONSUMER, 1), PollingStrategy::Offset(0), 3, true);
     node.tick();
     node.tick();
-    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(15));
+    assert_eq!(node.partition.stored_offset(CONSUMER, 1), Some(Offset(15)));
     assert_eq!(
         node.partition.consumer_offsets().durable().get(CONSUMER, 1),
-        Some(15)
+        Some(Offset(15))
     );
     // Delete.
     node.request(ClientOp::DeleteOffset {
@@ -323,11 +322,11 @@ fn given_offset_ahead_of_flushed_data_when_rebooted_should_clamp_it() {
     fs.crash_with(storage::fs::CrashMode::DropAll);
     let node = open(&fs, store, config());
     assert_eq!(node.partition.offset_frontier().0, 10);
-    assert_eq!(node.partition.stored_offset(CONSUMER, 4), Some(9));
+    assert_eq!(node.partition.stored_offset(CONSUMER, 4), Some(Offset(9)));
     let bytes = fs.contents(&dir().join("offsets/consumers/4")).unwrap();
     assert_eq!(
         partitions::OffsetRecord::decode(&bytes).unwrap().offset,
-        Some(9)
+        Some(Offset(9))
     );
 }
 
@@ -408,7 +407,7 @@ fn given_retention_by_size_when_run_should_remove_oldest_sealed_within_budget() 
     let out = block_on(node.partition.retention_pass(node.now_us, &policy)).unwrap();
     assert_eq!(out.segments, 2);
     assert!(out.budget_spent);
-    assert_eq!(node.partition.first_offset(), segs[2].start_offset);
+    assert_eq!(node.partition.first_offset(), Offset(segs[2].start_offset));
     assert_eq!(
         node.partition.stats().messages_count,
         before.messages_count - (segs[2].start_offset - segs[0].start_offset)
@@ -426,7 +425,7 @@ fn given_retention_by_size_when_run_should_remove_oldest_sealed_within_budget() 
     assert_eq!(node.partition.stats().segments_count, 1);
     assert_eq!(
         node.partition.offset_frontier().0,
-        before.current_offset.unwrap() + 1
+        before.current_offset.unwrap().0 + 1
     );
 }
 
@@ -444,7 +443,7 @@ fn given_group_barrier_when_retention_runs_should_keep_unconsumed_segments() {
     let out = block_on(node.partition.retention_pass(u64::MAX / 2, &policy)).unwrap();
     assert_eq!(out.segments, 2);
     assert!(out.held_by_group);
-    assert_eq!(node.partition.first_offset(), segs[2].start_offset);
+    assert_eq!(node.partition.first_offset(), Offset(segs[2].start_offset));
 }
 
 #[test]
@@ -462,7 +461,7 @@ fn given_retention_by_age_when_run_should_remove_only_expired() {
     let out = block_on(node.partition.retention_pass(now, &policy)).unwrap();
     assert_eq!(out.segments, 2);
     assert!(!out.budget_spent);
-    assert_eq!(node.partition.first_offset(), segs[2].start_offset);
+    assert_eq!(node.partition.first_offset(), Offset(segs[2].start_offset));
 }
 
 #[test]
@@ -484,7 +483,7 @@ fn given_no_segments_and_a_durable_frontier_when_booted_should_resume_minting_at
     block_on(fs.sync_dir(&dir())).unwrap();
     let mut node = open(&fs, store, config());
     assert_eq!(node.partition.offset_frontier().0, 40);
-    assert_eq!(node.partition.first_offset(), 40);
+    assert_eq!(node.partition.first_offset(), Offset(40));
     node.produce(1, 2);
     assert_eq!(
         offsets(&node.poll(PollingStrategy::First, 10)),
@@ -510,7 +509,7 @@ fn given_frontier_above_surviving_segments_when_booted_should_refuse() {
         config(),
         fs.clone(),
         &dir(),
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         store,
     ));
     assert!(
@@ -547,7 +546,9 @@ fn given_corrupt_offset_file_and_stale_sibling_when_booted_should_remove_both() 
             .unwrap();
         let storage::fs::BufResult(r, _) = storage::FsFile::write_all_at(
             &f,
-            partitions::OffsetRecord::settled(9).encode().to_vec(),
+            partitions::OffsetRecord::settled(Offset(9))
+                .encode()
+                .to_vec(),
             0,
         )
         .await;
@@ -557,7 +558,7 @@ fn given_corrupt_offset_file_and_stale_sibling_when_booted_should_remove_both() 
     });
     let node = open(&fs, store, config());
     assert_eq!(node.partition.stored_offset(CONSUMER, 1), None);
-    assert_eq!(node.partition.stored_offset(CONSUMER, 2), Some(4));
+    assert_eq!(node.partition.stored_offset(CONSUMER, 2), Some(Offset(4)));
     assert!(!block_on(fs.exists(&consumers.join("1"))).unwrap());
     assert!(!block_on(fs.exists(&consumers.join("2.replacing"))).unwrap());
 }

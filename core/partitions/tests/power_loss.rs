@@ -12,6 +12,7 @@
 //! lost. In both, the replicas end byte-identical (no fork).
 #![allow(clippy::unwrap_used)]
 
+use common::ReplicaId;
 use std::collections::BTreeMap;
 
 mod harness;
@@ -132,7 +133,7 @@ fn given_a_persisted_group_whose_reply_was_lost_when_every_replica_loses_power_s
 
     fn reply_to(c: &Cluster, request: u64) -> Option<Reply> {
         (0..c.n)
-            .flat_map(|r| c.net.take_replies(r))
+            .flat_map(|r| c.net.take_replies(ReplicaId(r)))
             .find(|r| r.client == CLIENT && r.request == request)
     }
     /// Submits `request` to whichever replica is a visible primary, steps,
@@ -269,7 +270,7 @@ fn durable_offsets_of(c: &Cluster, r: u8) -> BTreeMap<(bool, u32), u64> {
     ] {
         c.replica(r).durable_offsets().with_entries(kind, |m| {
             for (id, d) in m {
-                out.insert((group, *id), d.committed_offset);
+                out.insert((group, *id), d.committed_offset.0);
             }
         });
     }

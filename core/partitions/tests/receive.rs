@@ -8,14 +8,12 @@
 mod pump;
 mod support;
 
-use common::GroupId;
-use common::ReplicaId;
+use common::{ConsumerKind, GroupId, Offset, Op, ReplicaId};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{ConsumerKind, Offset, Op};
 use consensus::encode_manifest;
 use consensus::header::StateTransferTargetHeader;
 use consensus::{ArtifactKind, ChunkProgress, ChunkRejection, StateArtifact, artifact_kind};
@@ -192,7 +190,7 @@ fn drive(
 
 /// Arms `rx` at peer 0 and pulls its whole offer, which must complete.
 fn pull_all(rx: &mut TransferReceiver<SimFs>, peer: &mut Peer) -> Box<ReceivedTransfer> {
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     complete(drive(rx, peer, 0, first, &local(), &Hooks::default()))
 }
 
@@ -240,8 +238,11 @@ fn given_multi_segment_peer_when_pulled_should_stage_byte_identical_logs_and_reb
     let done = pull_all(&mut rx, &mut peer);
     assert!(done.staged.len() >= 3, "{} segments", done.staged.len());
     assert_staged_match(&fs, &done, &peer);
-    assert_eq!(done.offsets.consumers, vec![(1, 5), (9, 20)]);
-    assert_eq!(done.offsets.groups, vec![(4, 7)]);
+    assert_eq!(
+        done.offsets.consumers,
+        vec![(1, Offset(5)), (9, Offset(20))]
+    );
+    assert_eq!(done.offsets.groups, vec![(4, Offset(7))]);
     let served = peer
         .server
         .builder()
@@ -252,11 +253,11 @@ fn given_multi_segment_peer_when_pulled_should_stage_byte_identical_logs_and_reb
     assert_eq!(done.offsets_bytes, served);
     assert_eq!(
         done.offsets.next_offset,
-        peer.node.partition.offset_frontier().0
+        peer.node.partition.offset_frontier()
     );
     assert_eq!(
         done.descriptor.commit_op,
-        peer.node.partition.replica().commit_min().0
+        Op(peer.node.partition.replica().commit_min().0)
     );
     assert!(rx.session().is_none());
     // Nothing but staging files changed on the receiver.
@@ -333,7 +334,7 @@ fn given_interruption_at_90_percent_when_new_session_pulls_should_fetch_only_mis
     let target_len = logs[1].1.len() as u64;
     let cut_at = target_len * 9 / 10;
     let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact, offset, .. } if *artifact == target && *offset >= cut_at);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let hooks = Hooks {
         cut: Some(&cut),
         ..Hooks::default()
@@ -351,7 +352,7 @@ fn given_interruption_at_90_percent_when_new_session_pulls_should_fetch_only_mis
         server: server(),
     };
     let requests_before = rx.stats().chunk_requests;
-    let second = rx.arm(1);
+    let second = rx.arm(ReplicaId(1));
     let point = rx.resume_point().unwrap();
     assert_eq!(point.entry.kind.wire_frontier(), logs[1].0);
     assert_eq!(point.synced_len_bytes, stopped / sync * sync);
@@ -449,7 +450,7 @@ fn hostile(seed: u64, facts: LocalFacts, hooks: &Hooks<'_>) -> ReceiveError {
         receiver_config(16 * 1024, 32 * 1024),
         seed,
     );
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let error = failed(drive(&mut rx, &mut peer, 0, first, &facts, hooks));
     assert!(
         staging_files(&fs).is_empty(),
@@ -565,7 +566,7 @@ fn given_torn_write_mid_spill_when_next_session_resumes_should_cut_the_unsynced_
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, 128 * 1024), 29);
     let mut facts = local();
     facts.primary = ReplicaId(1);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     // Ten chunks land (synced at 128 KiB and 256 KiB), the eleventh write
     // tears after 1 KiB and fails.
     let torn = |r: &TransferRequest| {
@@ -594,7 +595,7 @@ fn given_torn_write_mid_spill_when_next_session_resumes_should_cut_the_unsynced_
     let point = rx.resume_point().unwrap();
     assert_eq!(point.synced_len_bytes, 256 * 1024);
     let rearm = rx.pending_rearm().unwrap();
-    assert_eq!(rearm.peer, 1, "rotated to the primary");
+    assert_eq!(rearm.peer, ReplicaId(1), "rotated to the primary");
     let mut again = None;
     for _ in 0..rearm.after_ticks {
         again = tick(&mut rx, &facts);
@@ -655,7 +656,7 @@ fn given_chunk_running_past_its_artifact_when_received_should_be_refused_by_the_
     let (fs, _node) = receiver_fs(41);
     let mut rx =
         TransferReceiver::new(fs.clone(), &dir(), receiver_config(16 * 1024, 32 * 1024), 3);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let len0 = peer.segment_logs()[0].1.len() as u64;
     let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, len, .. } if *offset + u64::from(*len) == len0);
     let Ended::Cut(TransferRequest::Chunk {
@@ -822,7 +823,7 @@ fn given_manifest_past_caps_or_with_unknown_kinds_when_offered_should_refuse_at_
 fn given_undecodable_manifest_when_offered_should_refuse_at_accept() {
     let (fs, _node) = receiver_fs(55);
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), ReceiverConfig::default(), 1);
-    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(ReplicaId(0)) else {
         unreachable!()
     };
     let header = StateTransferTargetHeader {
@@ -904,7 +905,7 @@ fn given_duplicate_descriptor_or_foreign_frames_when_received_should_ignore_them
     let (fs, _node) = receiver_fs(81);
     let mut rx =
         TransferReceiver::new(fs.clone(), &dir(), receiver_config(16 * 1024, 32 * 1024), 5);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let stop = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { .. });
     let Ended::Cut(TransferRequest::Chunk { nonce, .. }) = drive(
         &mut rx,
@@ -968,20 +969,36 @@ fn given_failed_peer_when_rotating_should_prefer_primary_else_walk_the_ring_skip
         primary: ReplicaId(primary),
         ..local()
     };
-    assert_eq!(rotate_peer(&facts(2, 0, 3), 1), 0, "the primary");
     assert_eq!(
-        rotate_peer(&facts(2, 0, 3), 0),
-        1,
+        rotate_peer(&facts(2, 0, 3), ReplicaId(1)),
+        ReplicaId(0),
+        "the primary"
+    );
+    assert_eq!(
+        rotate_peer(&facts(2, 0, 3), ReplicaId(0)),
+        ReplicaId(1),
         "primary failed: next in ring"
     );
-    assert_eq!(rotate_peer(&facts(2, 2, 3), 0), 1, "self is primary");
     assert_eq!(
-        rotate_peer(&facts(2, 2, 3), 1),
-        0,
+        rotate_peer(&facts(2, 2, 3), ReplicaId(0)),
+        ReplicaId(1),
+        "self is primary"
+    );
+    assert_eq!(
+        rotate_peer(&facts(2, 2, 3), ReplicaId(1)),
+        ReplicaId(0),
         "ring wraps, skipping self"
     );
-    assert_eq!(rotate_peer(&facts(0, 0, 5), 4), 1, "wraps past self at 0");
-    assert_eq!(rotate_peer(&facts(1, 0, 2), 0), 0, "only one other replica");
+    assert_eq!(
+        rotate_peer(&facts(0, 0, 5), ReplicaId(4)),
+        ReplicaId(1),
+        "wraps past self at 0"
+    );
+    assert_eq!(
+        rotate_peer(&facts(1, 0, 2), ReplicaId(0)),
+        ReplicaId(0),
+        "only one other replica"
+    );
 }
 
 fn unavailable(nonce: u128, transient: bool) -> StateTransferTargetHeader {
@@ -1002,7 +1019,7 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
     let mut rx = TransferReceiver::new(fs, &dir(), cfg, 17);
     let mut facts = local();
     facts.primary = ReplicaId(1);
-    let TransferRequest::Descriptor { nonce, .. } = rx.arm(1) else {
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(ReplicaId(1)) else {
         unreachable!()
     };
     // Transient: flat base delay, nothing charged. Refused by the primary,
@@ -1020,7 +1037,7 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
         assert_eq!(
             rx.pending_rearm(),
             Some(PendingRearm {
-                peer: next,
+                peer: ReplicaId(next),
                 after_ticks: 10
             })
         );
@@ -1030,7 +1047,7 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
         let Some(TransferRequest::Descriptor { peer, nonce: n }) = tick(&mut rx, &facts) else {
             panic!("re-armed on the tenth tick");
         };
-        assert_eq!(peer, next);
+        assert_eq!(peer, ReplicaId(next));
         nonce = n;
     }
     // Faults: charged, rotated past the failed primary, doubling.
@@ -1046,7 +1063,11 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
         assert_eq!(rx.backoff().failures, failures);
         let rearm = rx.pending_rearm().unwrap();
         assert_eq!(rearm.after_ticks, expected, "failure {failures}");
-        assert_eq!(rearm.peer, if peer == 1 { 0 } else { 1 }, "rotated");
+        assert_eq!(
+            rearm.peer,
+            ReplicaId(if peer == 1 { 0 } else { 1 }),
+            "rotated"
+        );
         let mut armed = None;
         for _ in 0..rearm.after_ticks {
             assert!(armed.is_none());
@@ -1056,7 +1077,7 @@ fn given_refusals_when_received_should_charge_faults_only_and_rearm_after_the_ba
             panic!("no re-arm")
         };
         assert_ne!(n, nonce, "fresh nonce");
-        (peer, nonce) = (p, n);
+        (peer, nonce) = (p.0, n);
     }
     rx.record_install_completed();
     assert_eq!(rx.backoff(), TransferBackoff::default());
@@ -1069,7 +1090,7 @@ fn given_silent_peer_when_ticked_should_re_request_then_fail_after_the_stall_bud
     let cfg = receiver_config(16 * 1024, 16 * 1024);
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), cfg, 19);
     let facts = local();
-    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(ReplicaId(0)) else {
         unreachable!()
     };
     // No descriptor yet: the same nonce is asked again every 10 ticks.
@@ -1078,7 +1099,10 @@ fn given_silent_peer_when_ticked_should_re_request_then_fail_after_the_stall_bud
     }
     assert_eq!(
         tick(&mut rx, &facts),
-        Some(TransferRequest::Descriptor { peer: 0, nonce })
+        Some(TransferRequest::Descriptor {
+            peer: ReplicaId(0),
+            nonce
+        })
     );
     // Accept, then lose the chunk: the pending chunk is asked again.
     let stop =
@@ -1087,7 +1111,10 @@ fn given_silent_peer_when_ticked_should_re_request_then_fail_after_the_stall_bud
         &mut rx,
         &mut peer,
         0,
-        TransferRequest::Descriptor { peer: 0, nonce },
+        TransferRequest::Descriptor {
+            peer: ReplicaId(0),
+            nonce,
+        },
         &facts,
         &Hooks {
             cut: Some(&stop),
@@ -1119,7 +1146,7 @@ fn given_silent_peer_when_ticked_should_re_request_then_fail_after_the_stall_bud
     assert_eq!(
         rx.pending_rearm(),
         Some(PendingRearm {
-            peer: 1,
+            peer: ReplicaId(1),
             after_ticks: 20
         })
     );
@@ -1163,7 +1190,7 @@ fn given_power_cut_at_every_step_of_a_spill_when_rebooted_should_sweep_staging_a
         let polled_before = poll_all(&node);
         let mut rx =
             TransferReceiver::new(fs.clone(), &dir(), receiver_config(8 * 1024, 16 * 1024), n);
-        let first = rx.arm(0);
+        let first = rx.arm(ReplicaId(0));
         fs.cut_power_after(n);
         let ended = drive(&mut rx, &mut peer, 0, first, &local(), &Hooks::default());
         let done = matches!(ended, Ended::Step(ReceiveStep::Complete(_)));
@@ -1214,7 +1241,7 @@ fn given_resume_point_when_staged_prefix_rotted_should_pull_the_segment_whole() 
     let chunk = 32 * 1024;
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(chunk, 64 * 1024), 23);
     let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, .. } if *offset >= 512 * 1024);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let Ended::Cut(_) = drive(
         &mut rx,
         &mut peer,
@@ -1228,7 +1255,7 @@ fn given_resume_point_when_staged_prefix_rotted_should_pull_the_segment_whole() 
     ) else {
         panic!()
     };
-    let second = rx.arm(0);
+    let second = rx.arm(ReplicaId(0));
     let point = rx.resume_point().unwrap();
     assert!(point.synced_len_bytes >= 448 * 1024);
     let staged: PathBuf = dir().join(format!(
@@ -1275,19 +1302,19 @@ fn given_staged_files_and_small_prepare_budget_when_offer_accepted_should_reread
         },
         32,
     );
-    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(ReplicaId(0)) else {
         unreachable!()
     };
     let offer = block_on(peer.server.on_request_state_transfer(
         &mut peer.node.partition,
-        ME,
+        ReplicaId(ME),
         nonce,
         &NoClock,
     ))
     .unwrap();
     let header = StateTransferTargetHeader {
         nonce,
-        commit_op: Op(offer.commit_op()),
+        commit_op: offer.commit_op(),
         group: GroupId(0),
         available: true,
         unavailable_transient: false,
@@ -1337,7 +1364,7 @@ fn given_partition_when_facts_taken_should_report_its_replica_view_commit_and_pu
             replica_count: 1,
             view: replica.view(),
             primary: ReplicaId(replica.primary_index(replica.view()).0),
-            commit_max: Op(replica.commit_max().0),
+            commit_max: replica.commit_max(),
             purge_generation: node.partition.purge_generation(),
         }
     );
@@ -1439,7 +1466,7 @@ fn given_window_of_8_when_each_round_of_answers_arrives_reversed_should_hold_ear
     let (fs, _node) = receiver_fs(2);
     let window = 8;
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), window_config(window), 7);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let mut rounds = 0;
     let mut widest = 0;
     let done = complete(drive_window(
@@ -1456,7 +1483,10 @@ fn given_window_of_8_when_each_round_of_answers_arrives_reversed_should_hold_ear
         },
     ));
     assert_staged_match(&fs, &done, &peer);
-    assert_eq!(done.offsets.consumers, vec![(1, 5), (9, 20)]);
+    assert_eq!(
+        done.offsets.consumers,
+        vec![(1, Offset(5)), (9, Offset(20))]
+    );
     let stats = rx.stats();
     // Every byte pulled once, each chunk asked for once: nothing reordered
     // was dropped and re-requested.
@@ -1490,7 +1520,7 @@ fn given_window_when_every_answer_arrives_twice_should_land_each_byte_once() {
     let mut peer = Peer::new(1, 64 * 1024, 14, 16, 1024);
     let (fs, _node) = receiver_fs(2);
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), window_config(4), 7);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let done = complete(drive_window(
         &mut rx,
         &mut peer,
@@ -1513,7 +1543,7 @@ fn given_window_when_an_answer_is_lost_should_re_request_from_the_cursor_and_com
     let mut peer = Peer::new(1, 64 * 1024, 14, 16, 1024);
     let (fs, _node) = receiver_fs(2);
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), window_config(6), 7);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let mut lost = Vec::new();
     let done = complete(drive_window(
         &mut rx,
@@ -1549,7 +1579,7 @@ fn given_window_when_chunk_arrives_unrequested_or_past_the_hold_bound_should_ign
     let (fs, _node) = receiver_fs(2);
     let facts = local();
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), window_config(3), 7);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { .. });
     let Ended::Cut(TransferRequest::Chunk { nonce, .. }) = drive(
         &mut rx,
@@ -1572,7 +1602,7 @@ fn given_window_when_chunk_arrives_unrequested_or_past_the_hold_bound_should_ign
         let ChunkAnswer::Chunk(chunk) = block_on(peer.server.on_request_state_chunk(
             &peer.fs,
             ChunkRequest {
-                requester: ME,
+                requester: ReplicaId(ME),
                 nonce,
                 artifact: 0,
                 offset,
@@ -1635,7 +1665,7 @@ fn given_window_when_cut_at_90_percent_and_stalled_should_resume_from_the_last_s
     let target_len = logs[1].1.len() as u64;
     let cut_at = target_len * 9 / 10;
     let mut cut = false;
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     // From the first answer at 90% of artifact 1 on, nothing arrives.
     let error = failed(drive_window(
         &mut rx,
@@ -1664,7 +1694,7 @@ fn given_window_when_cut_at_90_percent_and_stalled_should_resume_from_the_last_s
         server: server(),
     };
     let bytes_before = rx.stats().chunk_bytes;
-    let second = rx.arm(1);
+    let second = rx.arm(ReplicaId(1));
     let done = complete(drive_window(
         &mut rx,
         &mut other,
@@ -1700,10 +1730,10 @@ fn nonce_of(request: &TransferRequest) -> u128 {
 fn given_offer_at_u64_max_op_when_accepting_descriptor_should_refuse_out_of_range() {
     let (fs, _node) = receiver_fs(90);
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(4096, 4096), 3);
-    let mut nonce = nonce_of(&rx.arm(0));
+    let mut nonce = nonce_of(&rx.arm(ReplicaId(0)));
     let offsets = ConsumerOffsetsWire {
         purge_generation: 0,
-        next_offset: 0,
+        next_offset: Offset(0),
         consumers: vec![],
         groups: vec![],
         dedup: vec![],
@@ -1736,7 +1766,7 @@ fn given_offer_at_u64_max_op_when_accepting_descriptor_should_refuse_out_of_rang
         );
         assert!(staging_files(&fs).is_empty());
         // The refusal ends the session; a new one asks again.
-        nonce = nonce_of(&rx.arm(0));
+        nonce = nonce_of(&rx.arm(ReplicaId(0)));
     }
 }
 
@@ -1748,7 +1778,7 @@ fn given_chunk_fields_at_their_extremes_when_received_or_requested_should_be_ign
     let mut peer = Peer::new(91, 64 * 1024, 4, 8, 512);
     let (fs, _node) = receiver_fs(92);
     let mut rx = TransferReceiver::new(fs.clone(), &dir(), receiver_config(4096, 4096), 5);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let nonce = nonce_of(&first);
     // Accept the descriptor (stop at the first chunk request).
     let ended = drive(
@@ -1793,7 +1823,7 @@ fn given_chunk_fields_at_their_extremes_when_received_or_requested_should_be_ign
         let answer = block_on(peer.server.on_request_state_chunk(
             &peer.fs,
             ChunkRequest {
-                requester: ME,
+                requester: ReplicaId(ME),
                 nonce,
                 artifact,
                 offset,
@@ -1926,11 +1956,11 @@ mod hostile {
             let mut peer = Peer::new(93, 64 * 1024, 6, 4, 256);
             let (fs, _node) = receiver_fs(94);
             let mut rx = TransferReceiver::new(fs, &dir(), receiver_config(4096, 4096), 9);
-            let mut nonce = nonce_of(&rx.arm(0));
+            let mut nonce = nonce_of(&rx.arm(ReplicaId(0)));
             // A live offer session on the server for the same nonce.
             block_on(peer.server.on_request_state_transfer(
                 &mut peer.node.partition,
-                ME,
+                ReplicaId(ME),
                 nonce,
                 &NoClock,
             ))
@@ -1960,7 +1990,7 @@ mod hostile {
                     Frame::Request { artifact, offset, len } => {
                         let answer = block_on(peer.server.on_request_state_chunk(
                             &peer.fs,
-                            ChunkRequest { requester: ME, nonce, artifact, offset, len },
+                            ChunkRequest { requester: ReplicaId(ME), nonce, artifact, offset, len },
                         ));
                         if let ChunkAnswer::Chunk(chunk) = answer {
                             prop_assert!(chunk.payload.len() <= 256 * 1024);
@@ -1971,7 +2001,7 @@ mod hostile {
                 };
                 // A failed session re-arms; keep feeding the new one.
                 if let Some(ReceiveStep::Failed(_)) = step {
-                    nonce = nonce_of(&rx.arm(0));
+                    nonce = nonce_of(&rx.arm(ReplicaId(0)));
                 }
             }
         }
@@ -2011,12 +2041,12 @@ fn given_primary_missing_its_own_segment_when_pulled_should_refuse_as_fault_and_
             11,
         );
         let facts = local();
-        let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+        let TransferRequest::Descriptor { nonce, .. } = rx.arm(ReplicaId(0)) else {
             unreachable!()
         };
         let refused = block_on(broken.server.on_request_state_transfer(
             &mut broken.node.partition,
-            ME,
+            ReplicaId(ME),
             nonce,
             &NoClock,
         ))
@@ -2041,7 +2071,11 @@ fn given_primary_missing_its_own_segment_when_pulled_should_refuse_as_fault_and_
         ));
         assert_eq!(rx.backoff().failures, 1, "the fault is charged");
         let rearm = rx.pending_rearm().unwrap();
-        assert_eq!(rearm.peer, 1, "rotates away from the faulty primary");
+        assert_eq!(
+            rearm.peer,
+            ReplicaId(1),
+            "rotates away from the faulty primary"
+        );
         assert!(rearm.after_ticks > 10, "backs off: {rearm:?}");
         let mut request = None;
         for _ in 0..=rearm.after_ticks {
@@ -2074,15 +2108,28 @@ fn given_peer_id_at_u8_max_when_rotating_should_wrap_without_overflow() {
         ..local()
     };
     // The primary is self, so the ring decides.
-    assert_eq!(rotate_peer(&facts(2, 2, 3), u8::MAX), 0);
-    assert_eq!(rotate_peer(&facts(0, 0, 3), u8::MAX), 1, "skips self");
     assert_eq!(
-        rotate_peer(&facts(254, 254, 255), 253),
-        0,
+        rotate_peer(&facts(2, 2, 3), ReplicaId(u8::MAX)),
+        ReplicaId(0)
+    );
+    assert_eq!(
+        rotate_peer(&facts(0, 0, 3), ReplicaId(u8::MAX)),
+        ReplicaId(1),
+        "skips self"
+    );
+    assert_eq!(
+        rotate_peer(&facts(254, 254, 255), ReplicaId(253)),
+        ReplicaId(0),
         "past the last id"
     );
-    assert_eq!(rotate_peer(&facts(0, 0, u8::MAX), u8::MAX - 1), 1);
-    assert_eq!(rotate_peer(&facts(1, 1, u8::MAX), u8::MAX), 0);
+    assert_eq!(
+        rotate_peer(&facts(0, 0, u8::MAX), ReplicaId(u8::MAX - 1)),
+        ReplicaId(1)
+    );
+    assert_eq!(
+        rotate_peer(&facts(1, 1, u8::MAX), ReplicaId(u8::MAX)),
+        ReplicaId(0)
+    );
 }
 
 /// Issue 15 item 13: an offsets artifact from a newer encoder (a version
@@ -2114,12 +2161,12 @@ fn given_offsets_artifact_from_newer_encoder_when_pulled_should_charge_once_and_
     // Describe the substituted artifact honestly: fetch the offer's
     // offsets bytes first, so the manifest entry matches what the chunk
     // hook sends (a newer peer's own, consistent offer).
-    let TransferRequest::Descriptor { nonce, .. } = rx.arm(0) else {
+    let TransferRequest::Descriptor { nonce, .. } = rx.arm(ReplicaId(0)) else {
         unreachable!()
     };
     let offer = block_on(peer.server.on_request_state_transfer(
         &mut peer.node.partition,
-        ME,
+        ReplicaId(ME),
         nonce,
         &NoClock,
     ))
@@ -2129,7 +2176,7 @@ fn given_offsets_artifact_from_newer_encoder_when_pulled_should_charge_once_and_
     let answer = block_on(peer.server.on_request_state_chunk(
         &peer.fs,
         ChunkRequest {
-            requester: ME,
+            requester: ReplicaId(ME),
             nonce,
             artifact: u32::try_from(last).unwrap(),
             offset: 0,
@@ -2160,7 +2207,10 @@ fn given_offsets_artifact_from_newer_encoder_when_pulled_should_charge_once_and_
         &mut rx,
         &mut peer,
         0,
-        TransferRequest::Descriptor { peer: 0, nonce },
+        TransferRequest::Descriptor {
+            peer: ReplicaId(0),
+            nonce,
+        },
         &facts,
         &Hooks {
             manifest: Some(&manifest_hook),
@@ -2200,7 +2250,7 @@ fn given_offsets_artifact_from_newer_encoder_when_pulled_should_charge_once_and_
     let done = complete(drive(
         &mut rx,
         &mut peer,
-        to,
+        to.0,
         request,
         &facts,
         &Hooks::default(),

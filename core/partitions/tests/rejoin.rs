@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod harness;
+use common::ReplicaId;
 use harness::*;
 
 /// Runs the scenario; returns how many acknowledged messages replica B
@@ -23,12 +24,12 @@ fn replaced_disk_while_a_peer_lags(seed: u64, rejoin: bool) -> usize {
     let a = (p + 1) % REPLICAS;
     let b = (p + 2) % REPLICAS;
     // B misses everything from here on: P and A commit alone.
-    c.net.isolate(Some(b));
+    c.net.isolate(Some(ReplicaId(b)));
     c.produce(10);
     let acked = c.acked.len();
     // A's disk dies and is replaced; then P is cut off in B's place.
     c.replace_disk(a, rejoin);
-    c.net.isolate(Some(p));
+    c.net.isolate(Some(ReplicaId(p)));
     // A client keeps producing: a view that A and B formed would give
     // P's acknowledged op numbers to new batches.
     for _ in 0..3_000 {

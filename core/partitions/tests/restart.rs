@@ -9,9 +9,8 @@
 //! lacks, it reports the state transfer it needs and serves nothing new.
 #![allow(clippy::unwrap_used)]
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
-use common::{Offset, Op, ReplicaId};
+use common::{ConsumerKind, Offset, Op, ReplicaId};
 use consensus::vsr::RequestOutcome;
 use futures::executor::block_on;
 use partitions::{ClientOp, ClientRequest, InMemoryNetwork, Partition};
@@ -211,7 +210,7 @@ fn given_power_cut_at_every_step_of_a_backup_purge_when_restarted_should_converg
         c.converge();
         for r in c.up() {
             assert_eq!(r.purge_generation(), 1);
-            assert_eq!(r.first_offset(), 0);
+            assert_eq!(r.first_offset(), Offset(0));
         }
         c.assert_identical();
         steps += 1;
@@ -293,7 +292,7 @@ fn given_offset_only_traffic_when_backup_restarts_should_find_its_ops_retained()
     assert!(c.replica(victim).state_transfer_needed().is_none());
     let stored: Vec<Option<u64>> = c
         .up()
-        .map(|r| r.stored_offset(ConsumerKind::Consumer, 7))
+        .map(|r| r.stored_offset(ConsumerKind::Consumer, 7).map(|o| o.0))
         .collect();
     assert!(
         stored.iter().all(|s| s.is_some() && *s == stored[0]),
@@ -325,7 +324,7 @@ fn given_frontier_without_applied_point_when_replica_of_group_boots_should_refus
         replica_config(1, REPLICAS, 512),
         fs.clone(),
         &pdir(),
-        net.endpoint(1),
+        net.endpoint(ReplicaId(1)),
         store,
     ));
     assert!(

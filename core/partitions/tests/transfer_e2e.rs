@@ -63,7 +63,7 @@ fn shape(segment_size: u64) -> Shape {
 }
 
 fn driver_config(chunk: u32) -> TransferDriverConfig {
-    let mut c = TransferDriverConfig::new(CLUSTER, GROUP);
+    let mut c = TransferDriverConfig::new(CLUSTER, GroupId(GROUP));
     c.receiver.chunk_len_max_bytes = chunk;
     c.receiver.repair_retry_ticks = 10;
     c.server.chunk_len_max_bytes = chunk;
@@ -111,7 +111,7 @@ fn installs(c: &Cluster, r: u8) -> Vec<u64> {
         .iter()
         .filter(|(who, _)| *who == r)
         .filter_map(|(_, e)| match e {
-            TransferEvent::Installed(o) => Some(o.applied_commit_op),
+            TransferEvent::Installed(o) => Some(o.applied_commit_op.0),
             _ => None,
         })
         .collect()
@@ -177,7 +177,7 @@ fn assert_same_as_primary(c: &mut Cluster, victim: u8) {
             .map(|m| (m.offset, m.id))
             .collect::<Vec<_>>()
     };
-    let first = p.first_offset();
+    let first = p.first_offset().0;
     for at in [
         first,
         (first + p.offset_frontier().0) / 2,
@@ -239,7 +239,7 @@ fn run(
     // Retention keeps a quarter of the data on the live replicas.
     retain(&mut c, total_bytes / 4);
     let first = c.replica(c.primary()).first_offset();
-    assert!(first > 0, "retention removed nothing");
+    assert!(first > Offset(0), "retention removed nothing");
     eprintln!(
         "produced {} MiB in {:?}: {before} segments, first offset kept {first}",
         total_bytes >> 20,
@@ -369,7 +369,7 @@ fn given_everything_retained_away_at_the_origin_when_driven_should_install_an_em
         auto_commit: false,
     }))
     .unwrap();
-    assert_eq!(polled.first_offset, frontier);
+    assert_eq!(polled.first_offset, Offset(frontier));
     assert_eq!(polled.count, 1);
     assert_same_as_primary(&mut c, victim);
 }
@@ -822,7 +822,7 @@ fn given_pull_cut_mid_segment_when_healed_should_resume_and_serve_the_deep_reque
         cut,
         "the pull never got {deep} bytes into its first segment"
     );
-    c.net.isolate(Some(victim));
+    c.net.isolate(Some(ReplicaId(victim)));
     for _ in 0..200 {
         c.client_step(false);
         if c.driver(victim).receiver().session().is_none() {

@@ -8,9 +8,9 @@
 //! one of `tests/install_cluster.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
+use common::{ConsumerKind, Offset, ReplicaId};
 use std::path::PathBuf;
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
 use futures::executor::block_on;
 use journal::FileSuperblock;
@@ -36,7 +36,7 @@ fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
                 .next_offset;
         let old_frontier = c.replica(victim).offset_frontier().0;
         assert!(
-            offer_frontier > old_frontier,
+            offer_frontier > Offset(old_frontier),
             "the offer must move the frontier"
         );
         let fs = c.fss[usize::from(victim)].clone();
@@ -49,10 +49,10 @@ fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
         // Converged: the only segment is the empty one at the frontier.
         let converged = r.log().segments().count() == 1
             && r.log().next_offset() == r.offset_frontier().0
-            && r.first_offset() == r.offset_frontier().0
+            && r.first_offset() == r.offset_frontier()
             && r.offset_frontier().0 > 0;
         if converged {
-            assert_eq!(r.offset_frontier().0, offer_frontier, "cut {n}");
+            assert_eq!(r.offset_frontier().0, offer_frontier.0, "cut {n}");
             return (c, victim, n);
         }
         // Not converged: the cut came before the frontier record and the
@@ -68,7 +68,7 @@ fn rebooted_converged(seed: u64) -> (Cluster, u8, u64) {
         } else {
             assert_eq!(
                 r.offset_frontier().0,
-                offer_frontier,
+                offer_frontier.0,
                 "cut {n}: neither old nor new"
             );
             assert!(
@@ -141,7 +141,7 @@ fn given_power_cut_mid_install_when_rebooted_should_stay_lagging_until_an_instal
         .find(|r| *r != primary && *r != victim)
         .unwrap();
     let acked_before = c.next_request;
-    c.net.isolate(Some(other));
+    c.net.isolate(Some(ReplicaId(other)));
     for _ in 0..400 {
         c.client_step(true);
     }
@@ -194,7 +194,7 @@ fn given_single_replica_converged_at_boot_when_asked_for_an_offer_should_refuse(
         replica_config(0, 1, 16),
         fs,
         &pdir(),
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         FileSuperblock::new(c.fss[usize::from(victim)].clone(), &pdir()),
     ))
     .unwrap();
@@ -205,7 +205,8 @@ fn given_single_replica_converged_at_boot_when_asked_for_an_offer_should_refuse(
         repair_retry_ticks: 10,
         budget: BuildBudget::bytes(u64::MAX),
     });
-    let refused = block_on(server.on_request_state_transfer(&mut solo, 1, 77, &FrozenClock));
+    let refused =
+        block_on(server.on_request_state_transfer(&mut solo, ReplicaId(1), 77, &FrozenClock));
     assert!(
         matches!(refused, Err(PartitionTransferUnavailable::RepairInProgress)),
         "{refused:?}"
@@ -318,7 +319,7 @@ fn assert_still_missing_after_tail_and_reboot(mut c: Cluster, victim: u8, what: 
         .find(|r| *r != primary && *r != victim)
         .unwrap();
     let acked_before = c.next_request;
-    c.net.isolate(Some(other));
+    c.net.isolate(Some(ReplicaId(other)));
     for _ in 0..300 {
         c.client_step(true);
     }
@@ -331,7 +332,7 @@ fn assert_still_missing_after_tail_and_reboot(mut c: Cluster, victim: u8, what: 
         replica_config(0, 1, 16),
         fs.clone(),
         &pdir(),
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         FileSuperblock::new(fs, &pdir()),
     ))
     .unwrap();
@@ -340,7 +341,8 @@ fn assert_still_missing_after_tail_and_reboot(mut c: Cluster, victim: u8, what: 
         repair_retry_ticks: 10,
         budget: BuildBudget::bytes(u64::MAX),
     });
-    let refused = block_on(server.on_request_state_transfer(&mut solo, 1, 77, &FrozenClock));
+    let refused =
+        block_on(server.on_request_state_transfer(&mut solo, ReplicaId(1), 77, &FrozenClock));
     assert!(refused.is_err(), "{what}: served an offer: {refused:?}");
 }
 

@@ -36,13 +36,11 @@
 
 mod support;
 
-use common::Op;
-use common::{GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, Op, ReplicaId};
 use std::cell::Cell;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
 use consensus::header::StateTransferTargetHeader;
 use consensus::vsr::{Config as VsrConfig, TimeoutConfig};
@@ -199,7 +197,7 @@ impl OtherGroup {
             PartitionConfig::new(vsr),
             fs.clone(),
             Path::new("/data/other"),
-            net.endpoint(0),
+            net.endpoint(ReplicaId(0)),
             MemSuperblock::new(),
         ))
         .unwrap();
@@ -305,7 +303,7 @@ fn drive(
                     let hashed_before = clock.now_ns.get();
                     let round = block_on(server.on_request_state_transfer(
                         &mut peer.partition,
-                        ME,
+                        ReplicaId(ME),
                         nonce,
                         &clock,
                     ));
@@ -318,7 +316,7 @@ fn drive(
                 };
                 let header = StateTransferTargetHeader {
                     nonce,
-                    commit_op: Op(offer.commit_op()),
+                    commit_op: offer.commit_op(),
                     group: GroupId(0),
                     available: true,
                     unavailable_transient: false,
@@ -343,7 +341,7 @@ fn drive(
                 let mut answer = block_on(server.on_request_state_chunk(
                     &disks.peer,
                     ChunkRequest {
-                        requester: ME,
+                        requester: ReplicaId(ME),
                         nonce,
                         artifact,
                         offset,
@@ -358,7 +356,7 @@ fn drive(
                     for (requester, served_nonce, ready) in
                         block_on(server.advance_loads(&disks.peer))
                     {
-                        assert_eq!((requester, served_nonce), (ME, nonce));
+                        assert_eq!((requester, served_nonce), (ReplicaId(ME), nonce));
                         answer = ready;
                     }
                 }
@@ -453,7 +451,7 @@ fn ticks_flow_while_transferring(mib: u64) {
     // Session 1: build in rounds, pull to seven eighths.
     let cut_at = want.1 / 8 * 7;
     let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, .. } if *offset >= cut_at);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let mut serve_rounds = 0u64;
     let Ended::Cut { offset } = drive(
         &mut rx,
@@ -500,7 +498,7 @@ fn ticks_flow_while_transferring(mib: u64) {
     let from = other.late_ns.len();
     let from_ns = other.now_ns;
     let mut srv2 = server(Some(ROUND_TIME));
-    let second = rx.arm(1);
+    let second = rx.arm(ReplicaId(1));
     let point = rx.resume_point().unwrap();
     assert!(point.synced_len_bytes >= cut_at - 8 * MIB, "{point:?}");
     assert!(point.synced_len_bytes > step_bound, "{point:?}");
@@ -619,7 +617,7 @@ fn given_1_gib_segment_when_streamed_and_cut_at_90_percent_should_hold_four_chun
     let mut srv = server(None);
     let cut_at = want.1 * 9 / 10;
     let cut = |r: &TransferRequest| matches!(r, TransferRequest::Chunk { artifact: 0, offset, .. } if *offset >= cut_at);
-    let first = rx.arm(0);
+    let first = rx.arm(ReplicaId(0));
     let Ended::Cut { offset: stopped } = drive(
         &mut rx,
         &disks,
@@ -635,7 +633,7 @@ fn given_1_gib_segment_when_streamed_and_cut_at_90_percent_should_hold_four_chun
     drop(srv);
     let requests_before = rx.stats().chunk_requests;
     let mut srv2 = server(None);
-    let second = rx.arm(1);
+    let second = rx.arm(ReplicaId(1));
     let point = rx.resume_point().unwrap();
     let sync = receiver_config(0).spill.sync_interval_bytes;
     assert_eq!(point.synced_len_bytes, stopped / sync * sync);

@@ -151,7 +151,7 @@ fn produce_direct(batches: &[Vec<u8>]) -> Duration {
         config,
         fs,
         Path::new("/data/p"),
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         MemSuperblock::new(),
     ))
     .unwrap();
@@ -168,7 +168,7 @@ fn produce_direct(batches: &[Vec<u8>]) -> Duration {
     };
     block_on(p.submit(register, 200_000)).unwrap();
     let session = net
-        .take_replies(0)
+        .take_replies(ReplicaId(0))
         .first()
         .map(|r| r.session)
         .expect("register committed");
@@ -183,7 +183,7 @@ fn produce_direct(batches: &[Vec<u8>]) -> Duration {
         };
         let outcome = block_on(p.submit(request, 300_000)).unwrap();
         assert!(matches!(outcome, RequestOutcome::Prepared { .. }));
-        assert_eq!(net.take_replies(0).len(), 1);
+        assert_eq!(net.take_replies(ReplicaId(0)).len(), 1);
     }
     start.elapsed()
 }

@@ -47,14 +47,11 @@
 //! Sans-network and deterministic: frames and ticks in, frames out; no
 //! clock (idle counts are ticks), nonces from a seeded [`Prng`].
 
-use common::GroupId;
-use common::ReplicaId;
+use common::{METADATA_GROUP, Op, Prng, ReplicaId};
 use std::collections::BTreeMap;
 use std::fmt;
 
 use bytes::Bytes;
-use common::METADATA_GROUP;
-use common::{Op, Prng};
 use consensus::header::{
     CommandHeader, HEADER_SIZE, RequestStateChunkHeader, RequestStateTransferHeader,
     StateChunkHeader, StateTransferTargetHeader,
@@ -367,11 +364,11 @@ pub struct MetadataTransfer {
 
 fn facts(replica: &Replica) -> LocalFacts {
     LocalFacts {
-        replica: ReplicaId(replica.replica().0),
+        replica: replica.replica(),
         replica_count: replica.replica_count(),
         view: replica.view(),
         primary: ReplicaId(replica.primary_index(replica.view()).0),
-        commit_max: Op(replica.commit_max().0),
+        commit_max: replica.commit_max(),
         purge_generation: 0,
     }
 }
@@ -497,9 +494,9 @@ impl MetadataTransfer {
         let replica = group.replica();
         let expect = TransferFrameExpect {
             cluster: self.config.cluster,
-            group: METADATA_GROUP.0,
+            group: METADATA_GROUP,
             frame_size_max: self.config.frame_size_max,
-            local: replica.replica().0,
+            local: replica.replica(),
             replica_count: replica.replica_count(),
         };
         let checked = match check_transfer_frame(&frame, &expect, from) {
@@ -519,7 +516,7 @@ impl MetadataTransfer {
             CommandHeader::RequestStateTransfer(h) => {
                 self.serve_offer(
                     group.replica(),
-                    group.transfer_offer_to(from),
+                    group.transfer_offer_to(ReplicaId(from)),
                     from,
                     h.nonce,
                     &mut out,
@@ -645,7 +642,7 @@ impl MetadataTransfer {
             requests.push(RequestStateChunkHeader {
                 nonce: *nonce,
                 offset,
-                group: GroupId(METADATA_GROUP.0),
+                group: METADATA_GROUP,
                 // Lossless: at most chunk_len_max_bytes.
                 len: len as u32,
                 artifact,
@@ -669,23 +666,26 @@ impl MetadataTransfer {
         let base = self.config.repair_retry_ticks.max(1);
         let (next, after_ticks) = if error.transient() {
             self.backoff.refusals = self.backoff.refusals.saturating_add(1);
-            let next = peer_after_refusal(&local, peer);
+            let next = peer_after_refusal(&local, ReplicaId(peer));
             (next, base)
         } else {
             self.backoff.failures = self.backoff.failures.saturating_add(1);
-            (rotate_peer(&local, peer), self.backoff.delay_ticks(base))
+            (
+                rotate_peer(&local, ReplicaId(peer)),
+                self.backoff.delay_ticks(base),
+            )
         };
         tracing::warn!(
             group = METADATA_GROUP.0,
             peer,
             %error,
-            next_peer = next,
+            next_peer = next.0,
             retry_in_ticks = after_ticks,
             failures = self.backoff.failures,
             "metadata state transfer attempt failed"
         );
         self.receiving = Receiving::Rearm {
-            peer: next,
+            peer: next.0,
             after_ticks,
         };
         self.last_failure = Some(error);
@@ -796,7 +796,7 @@ impl MetadataTransfer {
         let header = StateChunkHeader {
             nonce: h.nonce,
             offset: h.offset,
-            group: GroupId(METADATA_GROUP.0),
+            group: METADATA_GROUP,
             artifact: h.artifact,
         };
         self.push(
@@ -1005,7 +1005,7 @@ impl MetadataTransfer {
     ) {
         let request = RequestStateTransferHeader {
             nonce,
-            group: GroupId(METADATA_GROUP.0),
+            group: METADATA_GROUP,
         };
         self.push(
             replica,
@@ -1028,7 +1028,7 @@ impl MetadataTransfer {
         let target = StateTransferTargetHeader {
             nonce,
             commit_op: Op(commit_op),
-            group: GroupId(METADATA_GROUP.0),
+            group: METADATA_GROUP,
             available: true,
             unavailable_transient: false,
             commit_max: Op(replica.commit_max().0.max(commit_op)),
@@ -1053,10 +1053,10 @@ impl MetadataTransfer {
         let target = StateTransferTargetHeader {
             nonce,
             commit_op: Op(0),
-            group: GroupId(METADATA_GROUP.0),
+            group: METADATA_GROUP,
             available: false,
             unavailable_transient: transient,
-            commit_max: Op(replica.commit_max().0),
+            commit_max: replica.commit_max(),
         };
         self.push(
             replica,

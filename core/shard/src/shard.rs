@@ -358,8 +358,8 @@ pub struct ShardBus<E: Env> {
 }
 
 impl<E: Env> ShardBus<E> {
-    fn send(&self, to: u8, frame: Bytes) {
-        let outcome = self.env.send_to_peer(ReplicaId(to), frame);
+    fn send(&self, to: ReplicaId, frame: Bytes) {
+        let outcome = self.env.send_to_peer(to, frame);
         let mut sent = self.sent.borrow_mut();
         sent.0 += 1;
         if outcome == Sent::Dropped {
@@ -369,7 +369,7 @@ impl<E: Env> ShardBus<E> {
 }
 
 impl<E: Env> MessageBus for ShardBus<E> {
-    fn send_to_replica(&self, to: u8, frame: Frame) {
+    fn send_to_replica(&self, to: ReplicaId, frame: Frame) {
         self.send(to, wire::encode(self.cluster, &frame));
     }
 
@@ -377,7 +377,7 @@ impl<E: Env> MessageBus for ShardBus<E> {
         self.replies.borrow_mut().push((self.group, reply));
     }
 
-    fn send_wire_to_replica(&self, to: u8, frame: Bytes) {
+    fn send_wire_to_replica(&self, to: ReplicaId, frame: Bytes) {
         self.send(to, frame);
     }
 }
@@ -1119,7 +1119,7 @@ impl<E: Env> Shard<E> {
                     reason: e.to_string(),
                 })?;
         partition.share_retained_budget(self.retained.clone());
-        let mut driver_config = TransferDriverConfig::new(self.config.cluster, group.0);
+        let mut driver_config = TransferDriverConfig::new(self.config.cluster, group);
         driver_config.frame_size_max = self.config.frame_size_max;
         driver_config.install_file_ops_per_step = self.config.install_file_ops_per_step;
         let driver = TransferDriver::new(fs, &dir, driver_config, vsr.seed ^ 0x5EED);
@@ -1602,7 +1602,7 @@ impl<E: Env> Shard<E> {
                     tracing::error!(group = group.0, reason, ?quarantine, "partition fenced");
                 }
                 TransferEvent::Armed { peer } => {
-                    tracing::info!(group = group.0, peer, "state transfer armed");
+                    tracing::info!(group = group.0, peer = peer.0, "state transfer armed");
                 }
                 TransferEvent::AttemptFailed(error) => {
                     tracing::warn!(group = group.0, %error, "state transfer attempt failed");
@@ -1614,7 +1614,12 @@ impl<E: Env> Shard<E> {
                     tracing::debug!(group = group.0, "state transfer no longer needed");
                 }
                 TransferEvent::ServeRefused { requester, reason } => {
-                    tracing::debug!(group = group.0, requester, ?reason, "offer request refused");
+                    tracing::debug!(
+                        group = group.0,
+                        requester = requester.0,
+                        ?reason,
+                        "offer request refused"
+                    );
                 }
             }
         }
@@ -2300,7 +2305,7 @@ fn transfer_progress<F: Fs>(driver: &TransferDriver<F>) -> Option<TransferProgre
         })
     });
     Some(TransferProgress {
-        peer: ReplicaId(session.peer),
+        peer: session.peer,
         received_bytes,
         expected_bytes,
     })
@@ -2411,9 +2416,7 @@ async fn answer_locally<E: Env>(
                     reason: other.to_string(),
                 },
             }),
-        Call::GetOffset { kind, id } => Ok(Answer::Offset(
-            partition.stored_offset(kind, id).map(Offset),
-        )),
+        Call::GetOffset { kind, id } => Ok(Answer::Offset(partition.stored_offset(kind, id))),
         Call::Flush => partition
             .flush_committed_messages()
             .await

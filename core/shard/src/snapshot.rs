@@ -175,7 +175,7 @@ pub struct PartitionSnapshot {
 impl PartitionSnapshot {
     /// The offset the next message will get.
     pub fn next_offset(&self) -> Offset {
-        Offset(self.stats.current_offset.map_or(0, |o| o.saturating_add(1)))
+        self.stats.current_offset.map_or(Offset::ZERO, Offset::next)
     }
 }
 

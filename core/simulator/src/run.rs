@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use common::Prng;
-use common::{GroupId, METADATA_GROUP};
+use common::{GroupId, METADATA_GROUP, Prng};
 use consensus::vsr::Status;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -889,10 +888,10 @@ impl Run {
                         .shard(r, group)
                         .and_then(|s| s.partition(group))
                         .and_then(|p| p.stored_offset(consumer.kind, consumer.id));
-                    self.oracle.offset_read(group, consumer, got)?;
+                    self.oracle.offset_read(group, consumer, got.map(|v| v.0))?;
                     match first {
-                        None => first = Some(got),
-                        Some(f) if f != got => {
+                        None => first = Some(got.map(|v| v.0)),
+                        Some(f) if f != got.map(|v| v.0) => {
                             return Err(Stop::Violation(diverge(format!(
                                 "group {} {consumer}: replica {r} stores {got:?}, replica 0 {f:?}",
                                 group.0

@@ -12,8 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::Prng;
-use common::{ConsumerKind, GroupId, Offset};
+use common::{ConsumerKind, GroupId, Offset, Prng};
 use futures::channel::oneshot;
 use metadata::{
     Durability, Identifier, MaxTopicSize, MessageExpiry, MetadataOp, MetadataState, Outcome,
@@ -1483,7 +1482,7 @@ fn check_timestamps(
         return Ok(());
     }
     match headers.first() {
-        Some(h) if h.base_offset == polled.first_offset && h.base_timestamp >= asked => Ok(()),
+        Some(h) if h.base_offset == polled.first_offset.0 && h.base_timestamp >= asked => Ok(()),
         Some(h) => wrong(format!(
             "a poll from timestamp {asked} started at offset {} in the batch at {} stamped {}",
             polled.first_offset, h.base_offset, h.base_timestamp
@@ -1515,8 +1514,8 @@ mod tests {
     fn polled(batches: Vec<Bytes>, first_offset: u64, last_offset: u64) -> partitions::Polled {
         partitions::Polled {
             batches,
-            first_offset,
-            last_offset,
+            first_offset: Offset(first_offset),
+            last_offset: Offset(last_offset),
             count: last_offset - first_offset + 1,
         }
     }

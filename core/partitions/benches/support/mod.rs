@@ -2,6 +2,7 @@
 //! eviction, environment knobs and the paired baseline/ours measurement.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use common::ReplicaId;
 use std::path::Path;
 use std::time::Duration;
 
@@ -25,9 +26,15 @@ pub async fn open_partition(
     config: PartitionConfig,
 ) -> (BenchPartition, InMemoryNetwork) {
     let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
-    let p = Partition::open(config, RealFs, dir, net.endpoint(0), MemSuperblock::new())
-        .await
-        .unwrap();
+    let p = Partition::open(
+        config,
+        RealFs,
+        dir,
+        net.endpoint(ReplicaId(0)),
+        MemSuperblock::new(),
+    )
+    .await
+    .unwrap();
     (p, net)
 }
 
@@ -42,7 +49,7 @@ pub async fn register(p: &mut BenchPartition, net: &InMemoryNetwork) -> u64 {
     };
     let out = p.submit(register, 1).await.unwrap();
     assert!(matches!(out, RequestOutcome::Prepared { .. }));
-    net.take_replies(0).last().unwrap().session
+    net.take_replies(ReplicaId(0)).last().unwrap().session
 }
 
 /// Appends `count` copies of `batch` as client 1's requests 1, 2, …, each

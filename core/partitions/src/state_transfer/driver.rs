@@ -147,11 +147,11 @@ pub struct TransferFrameExpect {
     /// The cluster id every frame carries.
     pub cluster: u128,
     /// The group the receiving driver serves.
-    pub group: u64,
+    pub group: GroupId,
     /// Ceiling on the frame's size, header included.
     pub frame_size_max: u32,
     /// This replica's index.
-    pub local: u8,
+    pub local: ReplicaId,
     /// Replicas in the group.
     pub replica_count: u8,
 }
@@ -182,7 +182,7 @@ pub fn check_transfer_frame(
     if h.cluster != expect.cluster {
         return Err(TransferFrameError::WrongCluster { cluster: h.cluster });
     }
-    if h.replica != ReplicaId(from) || from == expect.local || from >= expect.replica_count {
+    if h.replica != ReplicaId(from) || from == expect.local.0 || from >= expect.replica_count {
         return Err(TransferFrameError::Sender {
             claimed: h.replica.0,
             peer: from,
@@ -199,7 +199,7 @@ pub fn check_transfer_frame(
             });
         }
     };
-    if group.0 != expect.group {
+    if group != expect.group {
         return Err(TransferFrameError::WrongGroup { group: group.0 });
     }
     Ok(CheckedTransferFrame {
@@ -365,7 +365,7 @@ pub struct TransferDriverConfig {
     /// The cluster id every frame carries.
     pub cluster: u128,
     /// The partition's consensus group.
-    pub group: u64,
+    pub group: GroupId,
     /// Ceiling on an inbound frame's size.
     pub frame_size_max: u32,
     /// The receiving side.
@@ -384,7 +384,7 @@ pub struct TransferDriverConfig {
 
 impl TransferDriverConfig {
     /// Defaults for `group` of `cluster`.
-    pub fn new(cluster: u128, group: u64) -> Self {
+    pub fn new(cluster: u128, group: GroupId) -> Self {
         Self {
             cluster,
             group,
@@ -474,7 +474,7 @@ pub enum TransferEvent {
     /// A session was armed against `peer`.
     Armed {
         /// The serving peer.
-        peer: u8,
+        peer: ReplicaId,
     },
     /// An attempt failed; the receiver scheduled a re-arm.
     AttemptFailed(ReceiveError),
@@ -498,7 +498,7 @@ pub enum TransferEvent {
     /// carries the transient flag).
     ServeRefused {
         /// The requester.
-        requester: u8,
+        requester: ReplicaId,
         /// Why, or `None` when the shard's serving budget was full.
         reason: Option<PartitionTransferUnavailable>,
     },
@@ -560,7 +560,7 @@ pub struct TransferDriver<F: Fs> {
     /// The peer whose pull is being installed, while the partition's
     /// install is in flight (carried on a step per tick; it keeps the
     /// receive slot).
-    installing_from: Option<u8>,
+    installing_from: Option<ReplicaId>,
     stats: DriverStats,
 }
 
@@ -732,8 +732,8 @@ impl<F: Fs> TransferDriver<F> {
                 match self.receiver.pending_rearm() {
                     None if idle => {
                         if self.take_receive_slot(slots) {
-                            let request = self.receiver.arm(need.peer.0);
-                            out.events.push(TransferEvent::Armed { peer: need.peer.0 });
+                            let request = self.receiver.arm(need.peer);
+                            out.events.push(TransferEvent::Armed { peer: need.peer });
                             self.push_request(partition, request, &mut out);
                         }
                     }
@@ -848,7 +848,7 @@ impl<F: Fs> TransferDriver<F> {
                 cluster: self.config.cluster,
                 group: self.config.group,
                 frame_size_max: self.config.frame_size_max,
-                local: partition.replica().replica().0,
+                local: partition.replica().replica(),
                 replica_count: partition.config().vsr.replica_count,
             },
             from,
@@ -870,8 +870,11 @@ impl<F: Fs> TransferDriver<F> {
         S: SuperblockStore,
         C: BuildClock,
     {
-        let known = self.server.session_offer(requester, nonce).is_some();
-        if !known && !self.server.serves(requester) && slots.serving_full() {
+        let known = self
+            .server
+            .session_offer(ReplicaId(requester), nonce)
+            .is_some();
+        if !known && !self.server.serves(ReplicaId(requester)) && slots.serving_full() {
             self.stats.serve_refusals += 1;
             tracing::info!(
                 requester,
@@ -879,15 +882,15 @@ impl<F: Fs> TransferDriver<F> {
                 "state-transfer offer refused: the shard's serving budget is full"
             );
             out.events.push(TransferEvent::ServeRefused {
-                requester,
+                requester: ReplicaId(requester),
                 reason: None,
             });
-            self.push_refusal(partition, requester, nonce, true, out);
+            self.push_refusal(partition, ReplicaId(requester), nonce, true, out);
             return;
         }
         match self
             .server
-            .on_request_state_transfer(partition, requester, nonce, clock)
+            .on_request_state_transfer(partition, ReplicaId(requester), nonce, clock)
             .await
         {
             Ok(offer) => {
@@ -895,19 +898,19 @@ impl<F: Fs> TransferDriver<F> {
                 if !known {
                     self.stats.offers_served += 1;
                 }
-                let commit_max = partition.replica().commit_max().0;
+                let commit_max = partition.replica().commit_max();
                 let target = StateTransferTargetHeader {
                     nonce,
-                    commit_op: Op(offer.commit_op()),
-                    group: GroupId(self.config.group),
+                    commit_op: offer.commit_op(),
+                    group: self.config.group,
                     available: true,
                     unavailable_transient: false,
-                    commit_max: Op(commit_max.max(offer.commit_op())),
+                    commit_max: commit_max.max(offer.commit_op()),
                 };
                 let body = offer.encoded_manifest().clone();
                 self.push(
                     partition,
-                    requester,
+                    ReplicaId(requester),
                     CommandHeader::StateTransferTarget(target),
                     &body,
                     out,
@@ -921,9 +924,9 @@ impl<F: Fs> TransferDriver<F> {
                 );
                 let transient = reason.transient();
                 tracing::debug!(requester, %reason, transient, "state-transfer offer refused");
-                self.push_refusal(partition, requester, nonce, transient, out);
+                self.push_refusal(partition, ReplicaId(requester), nonce, transient, out);
                 out.events.push(TransferEvent::ServeRefused {
-                    requester,
+                    requester: ReplicaId(requester),
                     reason: Some(reason),
                 });
             }
@@ -939,7 +942,7 @@ impl<F: Fs> TransferDriver<F> {
         out: &mut DriverOutput,
     ) {
         let request = ChunkRequest {
-            requester,
+            requester: ReplicaId(requester),
             nonce: h.nonce,
             artifact: h.artifact,
             offset: h.offset,
@@ -949,14 +952,14 @@ impl<F: Fs> TransferDriver<F> {
             .server
             .on_request_state_chunk(partition.fs(), request)
             .await;
-        self.push_chunk_answer(partition, requester, h.nonce, answer, out);
+        self.push_chunk_answer(partition, ReplicaId(requester), h.nonce, answer, out);
     }
 
     /// Sends what a chunk request earned: the chunk, nothing, or a refusal.
     fn push_chunk_answer<B: MessageBus, S: SuperblockStore>(
         &mut self,
         partition: &Partition<B, S, F>,
-        requester: u8,
+        requester: ReplicaId,
         nonce: u128,
         answer: ChunkAnswer,
         out: &mut DriverOutput,
@@ -967,7 +970,7 @@ impl<F: Fs> TransferDriver<F> {
                 let header = StateChunkHeader {
                     nonce,
                     offset: chunk.offset,
-                    group: GroupId(self.config.group),
+                    group: self.config.group,
                     artifact: chunk.artifact,
                 };
                 self.push(
@@ -981,7 +984,7 @@ impl<F: Fs> TransferDriver<F> {
             ChunkAnswer::Loading => self.stats.chunks_deferred += 1,
             ChunkAnswer::Ignore => {}
             ChunkAnswer::Refuse(refusal) => {
-                tracing::info!(requester, %refusal, "state-transfer chunk refused");
+                tracing::info!(requester = requester.0, %refusal, "state-transfer chunk refused");
                 self.push_refusal(partition, requester, nonce, refusal.transient(), out);
             }
         }
@@ -1032,7 +1035,7 @@ impl<F: Fs> TransferDriver<F> {
     async fn advance_install<B: MessageBus, S: SuperblockStore>(
         &mut self,
         partition: &mut Partition<B, S, F>,
-        peer: u8,
+        peer: ReplicaId,
         out: &mut DriverOutput,
     ) {
         self.stats.install_steps += 1;
@@ -1047,7 +1050,7 @@ impl<F: Fs> TransferDriver<F> {
     async fn on_install_end<B: MessageBus, S: SuperblockStore>(
         &mut self,
         partition: &mut Partition<B, S, F>,
-        peer: u8,
+        peer: ReplicaId,
         result: Result<PartitionInstallOutcome, PartitionInstallError>,
         out: &mut DriverOutput,
     ) {
@@ -1103,10 +1106,7 @@ impl<F: Fs> TransferDriver<F> {
         let (to, command) = match request {
             TransferRequest::Descriptor { peer, nonce } => (
                 peer,
-                CommandHeader::RequestStateTransfer(RequestStateTransferHeader {
-                    nonce,
-                    group: GroupId(group),
-                }),
+                CommandHeader::RequestStateTransfer(RequestStateTransferHeader { nonce, group }),
             ),
             TransferRequest::Chunk {
                 peer,
@@ -1119,7 +1119,7 @@ impl<F: Fs> TransferDriver<F> {
                 CommandHeader::RequestStateChunk(RequestStateChunkHeader {
                     nonce,
                     offset,
-                    group: GroupId(group),
+                    group,
                     len,
                     artifact,
                 }),
@@ -1131,7 +1131,7 @@ impl<F: Fs> TransferDriver<F> {
     fn push_refusal<B: MessageBus, S: SuperblockStore>(
         &mut self,
         partition: &Partition<B, S, F>,
-        to: u8,
+        to: ReplicaId,
         nonce: u128,
         transient: bool,
         out: &mut DriverOutput,
@@ -1139,7 +1139,7 @@ impl<F: Fs> TransferDriver<F> {
         let target = StateTransferTargetHeader {
             nonce,
             commit_op: Op(0),
-            group: GroupId(self.config.group),
+            group: self.config.group,
             available: false,
             unavailable_transient: transient,
             commit_max: Op(partition.replica().commit_max().0),
@@ -1156,7 +1156,7 @@ impl<F: Fs> TransferDriver<F> {
     fn push<B: MessageBus, S: SuperblockStore>(
         &mut self,
         partition: &Partition<B, S, F>,
-        to: u8,
+        to: ReplicaId,
         command: CommandHeader,
         body: &[u8],
         out: &mut DriverOutput,
@@ -1165,7 +1165,7 @@ impl<F: Fs> TransferDriver<F> {
         out.send.push(Outgoing::transfer_frame(
             self.config.cluster,
             partition.replica(),
-            to,
+            to.0,
             command,
             body,
         ));

@@ -3,11 +3,10 @@
 //! [`SegmentLoadError::transient`]): a requester charges its re-arm backoff
 //! only for faults, never for "not right now".
 
+use common::{ConsumerKind, Op};
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
-
-use common::ConsumerKind;
 
 use super::walk::SegmentWalkError;
 use super::wire::ConsumerOffsetsWireError;
@@ -169,7 +168,7 @@ pub const fn validate_consumer_offset_transfer_count(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionInstallOutcome {
     /// The consensus op the install applied (an op, never an offset).
-    pub applied_commit_op: u64,
+    pub applied_commit_op: Op,
 }
 
 /// Why an install failed. The check phase mutates nothing; from the

@@ -176,7 +176,7 @@ pub struct PlannedSegment {
 /// documentation for the three steps.
 #[derive(Debug, Clone)]
 pub struct OfferPlan {
-    commit_op: u64,
+    commit_op: Op,
     purge_generation: u64,
     segments: Vec<PlannedSegment>,
     offsets: ConsumerOffsetsWire,
@@ -184,7 +184,7 @@ pub struct OfferPlan {
 
 impl OfferPlan {
     /// The op the offer describes.
-    pub fn commit_op(&self) -> u64 {
+    pub fn commit_op(&self) -> Op {
         self.commit_op
     }
 
@@ -283,8 +283,8 @@ pub struct PartitionOffer {
 
 impl PartitionOffer {
     /// The op the offer describes (`commit_min` at build).
-    pub fn commit_op(&self) -> u64 {
-        self.commit_op
+    pub fn commit_op(&self) -> Op {
+        Op(self.commit_op)
     }
 
     /// The purge generation the offer was built under.
@@ -356,7 +356,7 @@ pub struct OfferBuilder {
     cached: Option<Rc<PartitionOffer>>,
     /// The replica the offer being built is for, when known (the gate
     /// lets a caught-up backup serve its view's primary).
-    requester: Option<u8>,
+    requester: Option<ReplicaId>,
 }
 
 impl OfferBuilder {
@@ -372,7 +372,7 @@ impl OfferBuilder {
 
     /// Names the replica the next builds are for (`None`: unknown, so only
     /// the caught-up primary may serve).
-    pub fn set_requester(&mut self, requester: Option<u8>) {
+    pub fn set_requester(&mut self, requester: Option<ReplicaId>) {
         self.requester = requester;
     }
 
@@ -543,7 +543,7 @@ impl OfferBuilder {
         let hashed = self.hashed_prefix_len(&plan);
         let total = plan.total_segment_bytes();
         tracing::debug!(
-            commit_op = plan.commit_op,
+            commit_op = plan.commit_op.0,
             round_bytes = spent_bytes,
             hashed,
             total,
@@ -614,9 +614,9 @@ pub struct ServeGateFacts {
     /// its own.
     pub repairing: bool,
     /// The group's `commit_max`.
-    pub commit_max: u64,
+    pub commit_max: Op,
     /// Where a state-transfer install started the offset space, if one did.
-    pub installed_frontier: Option<u64>,
+    pub installed_frontier: Option<Offset>,
 }
 
 /// The serve gate (ST-S1), in the seed's order.
@@ -641,7 +641,7 @@ pub fn check_serve_gate(facts: ServeGateFacts) -> Result<(), PartitionTransferUn
     // Its offer would be an empty chain at frontier 0, and a receiver would
     // unlink real data to install it. Nobody arms a transfer against a group
     // whose replicas all report commit 0, so refusing here wedges nothing.
-    if facts.commit_max == 0 && facts.installed_frontier.is_none() {
+    if facts.commit_max == Op(0) && facts.installed_frontier.is_none() {
         return Err(PartitionTransferUnavailable::NothingCommitted);
     }
     Ok(())
@@ -660,7 +660,7 @@ pub fn snapshot_offset_tables(
     durable: &DurableOffsets,
     live_has: impl Fn(ConsumerKind, u32) -> bool,
     entries_max: usize,
-) -> Result<[Vec<(u32, u64)>; 2], PartitionTransferUnavailable> {
+) -> Result<[Vec<(u32, Offset)>; 2], PartitionTransferUnavailable> {
     let mut tables = [Vec::new(), Vec::new()];
     for (table, kind) in tables
         .iter_mut()
@@ -699,11 +699,11 @@ pub fn snapshot_offset_tables(
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// The gate's inputs, as this partition sees them now.
-    async fn serve_gate_facts(&self, requester: Option<u8>) -> ServeGateFacts {
+    async fn serve_gate_facts(&self, requester: Option<ReplicaId>) -> ServeGateFacts {
         let r = &self.replica;
         // One predicate covers both: a backup serves only its primary, a
         // member of a view change anyone (Replica::serves_transfer_as_non_primary).
-        let non_primary = requester.is_some_and(|q| r.serves_transfer_as_non_primary(ReplicaId(q)));
+        let non_primary = requester.is_some_and(|q| r.serves_transfer_as_non_primary(q));
         let in_view_change = r.status() == consensus::vsr::Status::ViewChange;
         let backup_serving_its_primary = non_primary && !in_view_change;
         let view_change_member_serving = non_primary && in_view_change;
@@ -724,8 +724,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             repairing: self.replica.is_repairing()
                 || self.state_transfer_needed().is_some()
                 || self.missing_history.is_some(),
-            commit_max: self.replica.commit_max().0,
-            installed_frontier: self.installed_frontier,
+            commit_max: self.replica.commit_max(),
+            installed_frontier: self.installed_frontier(),
         }
     }
 
@@ -741,7 +741,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             // The append counter, not the end of the last segment: retention
             // may have removed every segment while the counter stands at N,
             // and the receiver must go on minting at N.
-            next_offset: self.offset_frontier().0,
+            next_offset: self.offset_frontier(),
             consumers,
             groups,
             dedup: self.dedup_export(),
@@ -831,7 +831,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         let offsets = self.offsets_wire_snapshot()?;
         Ok(Planned::Plan(OfferPlan {
-            commit_op,
+            commit_op: Op(commit_op),
             purge_generation: self.applied_purge_generation,
             segments,
             offsets,
@@ -854,7 +854,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let planned = plan.segments.iter().map(|s| (&s.identity, s.len_bytes));
         if !self.chain_still_holds(plan.purge_generation, planned) {
             tracing::info!(
-                commit_op = plan.commit_op,
+                commit_op = plan.commit_op.0,
                 "segment chain changed while the offer was hashed"
             );
             return Err(PartitionTransferUnavailable::SegmentSetChanged);
@@ -866,9 +866,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // group restart the census primary serves it this way, having no
         // journal to repair from).
         if plan.segments.is_empty()
-            && plan.offsets.next_offset == 0
+            && plan.offsets.next_offset == Offset(0)
             && plan.offsets.purge_generation == 0
-            && plan.commit_op == 0
+            && plan.commit_op == Op(0)
         {
             return Err(PartitionTransferUnavailable::NothingCommitted);
         }
@@ -891,7 +891,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let offsets_bytes = Bytes::from(plan.offsets.encode());
         let offsets_entry = StateArtifact::for_bytes(
             ArtifactKind::ConsumerOffsets {
-                commit_op: Op(plan.commit_op),
+                commit_op: plan.commit_op,
             },
             &offsets_bytes,
         );
@@ -899,7 +899,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         manifest.push(offsets_entry);
         let manifest_bytes = Bytes::from(encode_manifest(&manifest));
         let offer = Rc::new(PartitionOffer {
-            commit_op: plan.commit_op,
+            commit_op: plan.commit_op.0,
             purge_generation: plan.purge_generation,
             segments,
             offsets_entry,

@@ -33,6 +33,7 @@
 //!   once the last byte of the last artifact was served (long enough for
 //!   one re-request of a lost final chunk).
 
+use common::ReplicaId;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::rc::Rc;
@@ -88,7 +89,7 @@ impl Default for OfferServerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkRequest {
     /// The requesting replica.
-    pub requester: u8,
+    pub requester: ReplicaId,
     /// The requester's session nonce.
     pub nonce: u128,
     /// The artifact's manifest index.
@@ -236,7 +237,7 @@ struct OfferSession {
 pub struct OfferServer {
     config: OfferServerConfig,
     builder: OfferBuilder,
-    sessions: BTreeMap<(u8, u128), OfferSession>,
+    sessions: BTreeMap<(ReplicaId, u128), OfferSession>,
     /// Read blocks one chunk request may load ([`usize::MAX`]: unbounded).
     load_blocks_per_call: usize,
 }
@@ -270,8 +271,8 @@ impl OfferServer {
     /// the answers that are ready, as `(requester, nonce, answer)`: the
     /// chunks now loaded, or the refusal a failed load earned. Requests
     /// further in stay pending.
-    pub async fn advance_loads<F: Fs>(&mut self, fs: &F) -> Vec<(u8, u128, ChunkAnswer)> {
-        let keys: Vec<(u8, u128)> = self
+    pub async fn advance_loads<F: Fs>(&mut self, fs: &F) -> Vec<(ReplicaId, u128, ChunkAnswer)> {
+        let keys: Vec<(ReplicaId, u128)> = self
             .sessions
             .iter()
             .filter(|(_, session)| !session.pending.is_empty())
@@ -311,7 +312,7 @@ impl OfferServer {
     }
 
     /// Whether serving `request` would read from the file.
-    fn needs_load(&self, key: (u8, u128), request: &ChunkRequest) -> bool {
+    fn needs_load(&self, key: (ReplicaId, u128), request: &ChunkRequest) -> bool {
         let Some(session) = self.sessions.get(&key) else {
             return false;
         };
@@ -353,12 +354,12 @@ impl OfferServer {
 
     /// Whether an offer is held for `requester` (under any nonce): a new
     /// request from it replaces that session rather than adding one.
-    pub fn serves(&self, requester: u8) -> bool {
+    pub fn serves(&self, requester: ReplicaId) -> bool {
         self.sessions.keys().any(|&(who, _)| who == requester)
     }
 
     /// The offer held for `(requester, nonce)`, if any.
-    pub fn session_offer(&self, requester: u8, nonce: u128) -> Option<&Rc<PartitionOffer>> {
+    pub fn session_offer(&self, requester: ReplicaId, nonce: u128) -> Option<&Rc<PartitionOffer>> {
         self.sessions.get(&(requester, nonce)).map(|s| &s.offer)
     }
 
@@ -379,7 +380,7 @@ impl OfferServer {
     pub async fn on_request_state_transfer<B, S, F, C>(
         &mut self,
         partition: &mut Partition<B, S, F>,
-        requester: u8,
+        requester: ReplicaId,
         nonce: u128,
         clock: &C,
     ) -> Result<Rc<PartitionOffer>, PartitionTransferUnavailable>
@@ -409,8 +410,8 @@ impl OfferServer {
             },
         );
         tracing::info!(
-            requester,
-            commit_op = offer.commit_op(),
+            requester = requester.0,
+            commit_op = offer.commit_op().0,
             artifacts = offer.artifact_count(),
             "state-transfer offer handed out"
         );
@@ -494,7 +495,7 @@ impl OfferServer {
 
     /// Bytes of the artifact `(requester, nonce)` holds in memory, as
     /// `(manifest index, bytes)`.
-    pub fn loaded_artifact(&self, requester: u8, nonce: u128) -> Option<(usize, usize)> {
+    pub fn loaded_artifact(&self, requester: ReplicaId, nonce: u128) -> Option<(usize, usize)> {
         self.sessions
             .get(&(requester, nonce))
             .and_then(|s| s.loaded.as_ref())
@@ -506,12 +507,12 @@ impl OfferServer {
     /// so does the segment's memo unless the disk itself failed.
     fn refuse_load(
         &mut self,
-        key: (u8, u128),
+        key: (ReplicaId, u128),
         segment: &OfferedSegment,
         error: SegmentLoadError,
     ) -> ChunkAnswer {
         tracing::warn!(
-            requester = key.0,
+            requester = key.0.0,
             start_offset = segment.identity.start_offset,
             %error,
             transient = error.transient(),
@@ -549,7 +550,7 @@ impl OfferServer {
             let keep = session.idle_ticks < retry.saturating_mul(retries);
             if !keep {
                 tracing::debug!(
-                    requester,
+                    requester = requester.0,
                     fully_served = session.fully_served,
                     "state-transfer offer expired"
                 );

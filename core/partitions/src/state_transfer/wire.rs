@@ -28,7 +28,7 @@
 //! allocates, and refuses unknown versions and trailing bytes — a later
 //! version's fields could change the meaning of the ones read here.
 
-use common::Op;
+use common::{Offset, Op};
 use std::fmt;
 
 use common::le_cursor::{LeCursor, Truncated};
@@ -61,11 +61,11 @@ pub struct ConsumerOffsetsWire {
     /// a partition that never appended). Segments cannot carry it alone:
     /// retention may have removed every segment while the counter stands at
     /// N.
-    pub next_offset: u64,
+    pub next_offset: Offset,
     /// `(consumer id, offset)`, strictly ascending by id.
-    pub consumers: Vec<(u32, u64)>,
+    pub consumers: Vec<(u32, Offset)>,
     /// `(consumer group id, offset)`, strictly ascending by id.
-    pub groups: Vec<(u32, u64)>,
+    pub groups: Vec<(u32, Offset)>,
     /// The group's dedup slice, strictly ascending by client, never client
     /// 0.
     pub dedup: Vec<DedupWatermark>,
@@ -191,13 +191,13 @@ impl ConsumerOffsetsWire {
         out.extend_from_slice(&CONSUMER_OFFSETS_MAGIC);
         out.push(CONSUMER_OFFSETS_VERSION);
         out.extend_from_slice(&self.purge_generation.to_le_bytes());
-        out.extend_from_slice(&self.next_offset.to_le_bytes());
+        out.extend_from_slice(&self.next_offset.0.to_le_bytes());
         out.extend_from_slice(&count(self.consumers.len()).to_le_bytes());
         out.extend_from_slice(&count(self.groups.len()).to_le_bytes());
         out.extend_from_slice(&count(self.dedup.len()).to_le_bytes());
         for (id, offset) in self.consumers.iter().chain(&self.groups) {
             out.extend_from_slice(&id.to_le_bytes());
-            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&offset.0.to_le_bytes());
         }
         for d in &self.dedup {
             out.extend_from_slice(&d.client.to_le_bytes());
@@ -255,7 +255,7 @@ impl ConsumerOffsetsWire {
         }
         Ok(Self {
             purge_generation,
-            next_offset,
+            next_offset: Offset(next_offset),
             consumers,
             groups,
             dedup,
@@ -288,13 +288,13 @@ fn decode_section(
     cursor: &mut LeCursor<'_>,
     section: &'static str,
     count: u32,
-) -> Result<Vec<(u32, u64)>, ConsumerOffsetsWireError> {
+) -> Result<Vec<(u32, Offset)>, ConsumerOffsetsWireError> {
     check_count(cursor, section, count, OFFSET_ENTRY_LEN)?;
     let mut entries = Vec::with_capacity(count as usize);
     let mut previous: Option<u32> = None;
     for _ in 0..count {
         let id = cursor.u32()?;
-        let offset = cursor.u64()?;
+        let offset = Offset(cursor.u64()?);
         if previous.is_some_and(|p| id <= p) {
             return Err(ConsumerOffsetsWireError::NonAscendingId { section, id });
         }
@@ -364,9 +364,9 @@ mod tests {
     fn table() -> ConsumerOffsetsWire {
         ConsumerOffsetsWire {
             purge_generation: 3,
-            next_offset: 43,
-            consumers: vec![(1, 10), (7, 42)],
-            groups: vec![(2, 5)],
+            next_offset: Offset(43),
+            consumers: vec![(1, Offset(10)), (7, Offset(42))],
+            groups: vec![(2, Offset(5))],
             dedup: vec![
                 dedup_entry(11, 4, 90),
                 dedup_entry(u128::from(u64::MAX) + 5, 9, 91),
@@ -542,9 +542,9 @@ mod tests {
             ConsumerOffsetsWire::decode(&sealed(bytes)),
             Ok(ConsumerOffsetsWire {
                 purge_generation: 3,
-                next_offset: 43,
-                consumers: vec![(7, 42)],
-                groups: vec![(2, 5)],
+                next_offset: Offset(43),
+                consumers: vec![(7, Offset(42))],
+                groups: vec![(2, Offset(5))],
                 dedup: Vec::new(),
             })
         );
@@ -636,7 +636,7 @@ mod tests {
     #[test]
     fn given_duplicate_or_unordered_ids_when_decoded_should_reject() {
         let duplicate = ConsumerOffsetsWire {
-            consumers: vec![(5, 1), (5, 2)],
+            consumers: vec![(5, Offset(1)), (5, Offset(2))],
             ..ConsumerOffsetsWire::default()
         };
         assert_eq!(
@@ -647,7 +647,7 @@ mod tests {
             })
         );
         let unordered = ConsumerOffsetsWire {
-            groups: vec![(9, 1), (4, 2)],
+            groups: vec![(9, Offset(1)), (4, Offset(2))],
             ..ConsumerOffsetsWire::default()
         };
         assert_eq!(
@@ -691,9 +691,9 @@ mod tests {
             .prop_map(
                 |(purge_generation, next_offset, c, g, d)| ConsumerOffsetsWire {
                     purge_generation,
-                    next_offset,
-                    consumers: c.into_iter().collect(),
-                    groups: g.into_iter().collect(),
+                    next_offset: Offset(next_offset),
+                    consumers: c.into_iter().map(|(id, o)| (id, Offset(o))).collect(),
+                    groups: g.into_iter().map(|(id, o)| (id, Offset(o))).collect(),
                     dedup: d
                         .into_iter()
                         .map(

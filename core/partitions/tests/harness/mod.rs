@@ -8,13 +8,11 @@
 #[path = "../pump/mod.rs"]
 mod pump;
 
-use common::Op;
-use common::{GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, ReplicaId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome, TimeoutConfig};
 use futures::executor::block_on;
@@ -99,7 +97,7 @@ pub fn shaped_config(replica: u8, count: u8, retention_ops: u64, shape: &Shape) 
 /// A transfer-driver configuration for small test clusters: 4 KiB chunks,
 /// retries after 10 ticks, a 16 MiB build budget.
 pub fn small_chunk_driver_config() -> TransferDriverConfig {
-    let mut c = TransferDriverConfig::new(CLUSTER, GROUP);
+    let mut c = TransferDriverConfig::new(CLUSTER, GroupId(GROUP));
     c.receiver.chunk_len_max_bytes = 4096;
     c.receiver.repair_retry_ticks = 10;
     c.server.chunk_len_max_bytes = 4096;
@@ -144,7 +142,7 @@ pub fn open_shaped(
         shaped_config(r, count, retention_ops, shape),
         fs.clone(),
         &pdir(),
-        net.endpoint(r),
+        net.endpoint(ReplicaId(r)),
         FileSuperblock::new(fs.clone(), &pdir()),
     ))
     .unwrap()
@@ -315,9 +313,9 @@ impl Cluster {
                 .extend(out.events.into_iter().map(|e| (i as u8, e)));
         }
         for (from, frames) in outgoing {
-            let bus = self.net.endpoint(from);
+            let bus = self.net.endpoint(ReplicaId(from));
             for o in frames {
-                bus.send_wire_to_replica(o.to, o.frame);
+                bus.send_wire_to_replica(ReplicaId(o.to), o.frame);
             }
         }
     }
@@ -424,7 +422,7 @@ impl Cluster {
         }
         self.step();
         for r in 0..self.n {
-            for reply in self.net.take_replies(r) {
+            for reply in self.net.take_replies(ReplicaId(r)) {
                 let Some((request, op, ids)) = self.in_flight.as_ref() else {
                     continue;
                 };
@@ -513,7 +511,7 @@ impl Cluster {
             shaped_config(r, self.n, self.retention_ops, &self.shape),
             self.fss[usize::from(r)].clone(),
             &pdir(),
-            self.net.endpoint(r),
+            self.net.endpoint(ReplicaId(r)),
             FileSuperblock::new(self.fss[usize::from(r)].clone(), &pdir()),
         ))
     }
@@ -552,7 +550,7 @@ impl Cluster {
             config,
             fs.clone(),
             &pdir(),
-            self.net.endpoint(r),
+            self.net.endpoint(ReplicaId(r)),
             FileSuperblock::new(fs.clone(), &pdir()),
         ))
         .unwrap();
@@ -586,7 +584,7 @@ impl Cluster {
                     .filter(|m| m.offset < end)
                     .map(|m| (m.offset, m.id)),
             );
-            at = p.last_offset + 1;
+            at = p.last_offset.0 + 1;
         }
         held
     }
@@ -639,7 +637,7 @@ impl Cluster {
                 for m in p.messages() {
                     all.push((m.offset, m.id, m.payload.to_vec()));
                 }
-                at = p.last_offset + 1;
+                at = p.last_offset.0 + 1;
             }
             per_replica.push(all);
         }
@@ -677,6 +675,7 @@ pub fn transfer(c: &mut Cluster, from: u8, to: u8) -> u64 {
     block_on(receiver.install_partition_state(input))
         .unwrap()
         .applied_commit_op
+        .0
 }
 
 /// Pulls replica `from`'s offer into replica `to`'s staging files.
@@ -688,7 +687,7 @@ pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
             replica_count: c.n,
             view: r.view(),
             primary: ReplicaId(r.primary_index(r.view()).0),
-            commit_max: Op(r.commit_max().0),
+            commit_max: r.commit_max(),
             purge_generation: c.replica(to).purge_generation(),
         }
     };
@@ -700,7 +699,7 @@ pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
     let to_fs = c.fss[usize::from(to)].clone();
     let from_fs = c.fss[usize::from(from)].clone();
     let mut rx = TransferReceiver::new(to_fs, &pdir(), ReceiverConfig::default(), 5);
-    let request = rx.arm(from);
+    let request = rx.arm(ReplicaId(from));
     let peer = c.replicas[usize::from(from)].as_mut().unwrap();
     let hooks = pump::Hooks {
         view: peer.replica().view(),
@@ -716,7 +715,7 @@ pub fn pull(c: &mut Cluster, from: u8, to: u8) -> InstallInput {
     // Nothing stepped since the offer was built: the server's applied op is
     // the offer's, and its identity is the one the hash chain continues from.
     let peer = c.replica(from).replica();
-    assert_eq!(peer.commit_min().0, done.descriptor.commit_op);
+    assert_eq!(peer.commit_min().0, done.descriptor.commit_op.0);
     server.reset();
     InstallInput::from_received(&done, peer.commit_min_checksum())
 }

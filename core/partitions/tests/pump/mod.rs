@@ -4,7 +4,7 @@
 //! test rewrite what the receiver sees or cut the exchange.
 #![allow(clippy::unwrap_used, dead_code)]
 
-use common::{GroupId, Op};
+use common::{GroupId, Op, ReplicaId};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -83,10 +83,10 @@ where
         }
         let mut step = match request {
             TransferRequest::Descriptor { peer: to, nonce } => {
-                assert_eq!(to, peer.id, "asked the wrong peer");
+                assert_eq!(to, ReplicaId(peer.id), "asked the wrong peer");
                 let offer = block_on(peer.server.on_request_state_transfer(
                     peer.partition,
-                    requester,
+                    ReplicaId(requester),
                     nonce,
                     &FrozenClock,
                 ))
@@ -94,7 +94,7 @@ where
                 let commit_max = peer.partition.replica().commit_max().0;
                 let header = StateTransferTargetHeader {
                     nonce,
-                    commit_op: Op(offer.commit_op()),
+                    commit_op: offer.commit_op(),
                     group: GroupId(0),
                     available: true,
                     unavailable_transient: false,
@@ -109,7 +109,7 @@ where
             TransferRequest::Chunk {
                 peer: to, nonce, ..
             } => {
-                assert_eq!(to, peer.id, "asked the wrong peer");
+                assert_eq!(to, ReplicaId(peer.id), "asked the wrong peer");
                 let chunk = serve_chunk(peer.server, peer.fs, requester, &request);
                 let payload = match hooks.chunk {
                     Some(rewrite) => rewrite(chunk.artifact, chunk.offset, chunk.payload),
@@ -152,7 +152,7 @@ pub fn serve_chunk<F: Fs>(
     let answer = block_on(server.on_request_state_chunk(
         fs,
         ChunkRequest {
-            requester,
+            requester: ReplicaId(requester),
             nonce,
             artifact,
             offset,

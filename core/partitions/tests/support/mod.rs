@@ -2,10 +2,9 @@
 //! the simulated filesystem, a registered producer, and batch builders.
 #![allow(clippy::unwrap_used, dead_code)]
 
-use common::{GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, ReplicaId};
 use std::path::{Path, PathBuf};
 
-use common::ConsumerKind;
 use common::simnet::NetworkFaults;
 use consensus::vsr::{Config, ReplyStatus, RequestOutcome};
 use futures::executor::block_on;
@@ -57,7 +56,7 @@ pub fn open<S: SuperblockStore>(fs: &SimFs, store: S, config: PartitionConfig) -
         config,
         fs.clone(),
         &dir(),
-        net.endpoint(0),
+        net.endpoint(ReplicaId(0)),
         store,
     ))
     .unwrap();
@@ -109,7 +108,7 @@ impl<S: SuperblockStore> Node<S> {
             ),
             "{out:?}"
         );
-        let replies = self.net.take_replies(0);
+        let replies = self.net.take_replies(ReplicaId(0));
         let reply = replies.last().unwrap();
         assert_eq!(reply.status, ReplyStatus::Ok);
         self.session = reply.session;
@@ -141,7 +140,7 @@ impl<S: SuperblockStore> Node<S> {
         ))
         .unwrap();
         assert!(matches!(out, RequestOutcome::Prepared { .. }), "{out:?}");
-        let replies = self.net.take_replies(0);
+        let replies = self.net.take_replies(ReplicaId(0));
         assert!(
             replies
                 .iter()

@@ -1049,7 +1049,7 @@ fn stats_record(s: &partitions::PartitionStats) -> PartitionStats {
         size_bytes: s.size_bytes,
         messages_count: s.messages_count,
         segments_count: u32::try_from(s.segments_count).unwrap_or(u32::MAX),
-        current_offset: s.current_offset.unwrap_or(0),
+        current_offset: s.current_offset.map_or(0, |o| o.0),
     }
 }
 
@@ -1163,7 +1163,7 @@ fn polled_messages(
     head: &PartitionStats,
     polled: &partitions::Polled,
 ) -> BackendResult<PolledMessages> {
-    let current = Offset(head.current_offset.max(polled.last_offset));
+    let current = Offset(head.current_offset.max(polled.last_offset.0));
     if polled.is_empty() {
         return Ok(PolledMessages::empty(partition, current));
     }
@@ -1174,11 +1174,11 @@ fn polled_messages(
         if left == 0 {
             break;
         }
-        let cut = select_messages(batch, Offset(next), left).map_err(stored_batch)?;
+        let cut = select_messages(batch, next, left).map_err(stored_batch)?;
         if let Some(cut) = cut {
             let h = storage::BatchHeader::decode(&cut, u64::MAX).map_err(stored_batch)?;
             left = left.saturating_sub(h.message_count);
-            next = h.next_offset();
+            next = Offset(h.next_offset());
             out.push(cut);
         }
     }

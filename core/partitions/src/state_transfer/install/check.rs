@@ -2,11 +2,11 @@
 //! anything on disk or in memory changes, then the planned offset writes
 //! staged as data-synced siblings that nothing trusts until renamed.
 
+use common::{ConsumerKind, Offset, Op};
 use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use common::ConsumerKind;
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
@@ -67,9 +67,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // acknowledged are not lost by erasing them here: a quorum holds
         // them without this replica, and journal repair brings them back.
         // Peer-supplied: every later step computes the op after it.
-        if commit_op > consensus::vsr::OP_MAX {
+        if commit_op > Op(consensus::vsr::OP_MAX) {
             return Err(PartitionInstallError::OpOutOfRange {
-                commit_op,
+                commit_op: commit_op.0,
                 max: consensus::vsr::OP_MAX,
             });
         }
@@ -78,9 +78,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .commit_min()
             .0
             .max(self.replica.acknowledged_max().0);
-        if commit_op < local_commit {
+        if commit_op < Op(local_commit) {
             return Err(PartitionInstallError::StaleTransfer {
-                commit_op,
+                commit_op: commit_op.0,
                 commit_min: local_commit,
             });
         }
@@ -109,9 +109,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .applied_next_offset
             .max(self.durable_offset_frontier().0);
         let frontier = wire.next_offset;
-        if !purge_advances && frontier < local_next {
+        if !purge_advances && frontier < Offset(local_next) {
             return Err(PartitionInstallError::OfferRewindsDurableData {
-                offer_next_offset: frontier,
+                offer_next_offset: frontier.0,
                 local_next_offset: local_next,
             });
         }
@@ -142,11 +142,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // would leave offsets no segment holds under an active segment the
         // storage could not name, above it would contradict the artifact.
         if let Some(last) = staged.last()
-            && last.end_offset.checked_add(1) != Some(frontier)
+            && last.end_offset.checked_add(1) != Some(frontier.0)
         {
             return Err(PartitionInstallError::SegmentSetHole {
                 previous_end: last.end_offset,
-                next_start: frontier,
+                next_start: frontier.0,
             });
         }
         // One listing, not a call per file: a chain of thousands of
@@ -173,7 +173,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map_err(PartitionInstallError::Dedup)?;
         // Offsets point at a consumed message, so at most the installed
         // end; with nothing ever minted there is nothing to point at.
-        let last = frontier.checked_sub(1);
+        let last = frontier.checked_prev();
         let mut planned = Vec::with_capacity(wire.consumers.len() + wire.groups.len());
         for (kind, entries) in [
             (ConsumerKind::Consumer, &wire.consumers),
@@ -185,16 +185,16 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     kind,
                     id,
                     path: dir.join(id.to_string()),
-                    value: offset.min(last),
+                    value: offset.min(last).0,
                 })
             }));
         }
         Ok(CheckedInstall {
-            commit_op,
+            commit_op: commit_op.0,
             checksum: commit_checksum,
             wire,
             staged,
-            frontier,
+            frontier: frontier.0,
             purge_advances,
             planned,
             existing,
@@ -248,7 +248,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 stage_offset_replacement(
                     &self.fs,
                     &write.path,
-                    crate::offset_storage::OffsetRecord::settled(write.value),
+                    crate::offset_storage::OffsetRecord::settled(Offset(write.value)),
                 )
             })
             .await;

@@ -172,7 +172,7 @@ impl From<&StagedSegmentMeta> for StagedSegment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstallInput {
     /// The op the transferred state represents.
-    pub commit_op: u64,
+    pub commit_op: Op,
     /// Identity (checksum) of op `commit_op`: the hash chain continues
     /// from it.
     pub commit_checksum: u128,
@@ -560,9 +560,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .install(&checked.wire.dedup)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         let recorded = crate::client_sessions::RecordedTable {
-            op: checked.commit_op,
+            op: Op(checked.commit_op),
             checksum: checked.checksum,
-            next_offset: checked.frontier,
+            next_offset: Offset(checked.frontier),
             sessions: table.sessions(),
         };
         self.client_slots
@@ -824,7 +824,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             tracing::warn!(dir = %self.dir.display(), %error, "driving the core after an install failed");
         }
         Ok(PartitionInstallOutcome {
-            applied_commit_op: checked.commit_op,
+            applied_commit_op: Op(checked.commit_op),
         })
     }
 

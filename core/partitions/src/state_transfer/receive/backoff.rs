@@ -2,6 +2,7 @@
 //! which peer to ask next.
 
 use super::{BACKOFF_EXPONENT_MAX, LocalFacts};
+use common::ReplicaId;
 
 /// Consecutive-failure backoff (ST-R4).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,12 +26,12 @@ impl TransferBackoff {
 /// The peer to try after `failed`: the view's primary if it is neither this
 /// replica nor the failed peer, otherwise the next replica around the ring
 /// past the failed one, skipping this replica.
-pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
-    if local.primary != local.replica && local.primary.0 != failed {
-        return local.primary.0;
+pub fn rotate_peer(local: &LocalFacts, failed: ReplicaId) -> ReplicaId {
+    if local.primary != local.replica && local.primary != failed {
+        return local.primary;
     }
     let n = local.replica_count.max(1);
-    let mut candidate = failed;
+    let mut candidate = failed.0;
     for _ in 0..n {
         // `failed` is a peer id from a session; past the ring (or at
         // u8::MAX, where `+ 1` overflowed) the ring starts over at 0.
@@ -39,7 +40,7 @@ pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
             _ => 0,
         };
         if candidate != local.replica.0 {
-            return candidate;
+            return ReplicaId(candidate);
         }
     }
     failed
@@ -52,9 +53,9 @@ pub fn rotate_peer(local: &LocalFacts, failed: u8) -> u8 {
 /// census): a backup serves its primary, a member of a view change serves
 /// anyone, and asking the primary for ever hid them (mixed 22008104, and
 /// 23004582 on group 0).
-pub fn peer_after_refusal(local: &LocalFacts, refuser: u8) -> u8 {
-    if local.primary != local.replica && local.primary.0 != refuser {
-        local.primary.0
+pub fn peer_after_refusal(local: &LocalFacts, refuser: ReplicaId) -> ReplicaId {
+    if local.primary != local.replica && local.primary != refuser {
+        local.primary
     } else {
         rotate_peer(local, refuser)
     }

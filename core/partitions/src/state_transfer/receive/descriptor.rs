@@ -184,9 +184,9 @@ pub(super) fn accept_descriptor(
         });
     }
     Ok(AcceptedDescriptor {
-        commit_op: header.commit_op.0,
+        commit_op: header.commit_op,
         view,
-        commit_max: header.commit_max.0,
+        commit_max: header.commit_max,
         manifest,
     })
 }

@@ -31,13 +31,12 @@
 //! charged failure doubles the delay (up to 1024× the base) and rotates the
 //! peer; a transient refusal waits the flat base and charges nothing.
 
-use common::{Op, ReplicaId};
+use common::{Op, Prng, ReplicaId};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use common::Prng;
 use consensus::header::StateTransferTargetHeader;
 use consensus::{ArtifactProgress, StateArtifact, append_chunk, next_pending_chunk};
 use consensus::{ChunkProgress, ChunkRejection, check_chunk};
@@ -158,14 +157,14 @@ pub enum TransferRequest {
     /// `RequestStateTransfer { nonce }` to `peer`.
     Descriptor {
         /// The serving peer.
-        peer: u8,
+        peer: ReplicaId,
         /// The session nonce.
         nonce: u128,
     },
     /// `RequestStateChunk { nonce, artifact, offset, len }` to `peer`.
     Chunk {
         /// The serving peer.
-        peer: u8,
+        peer: ReplicaId,
         /// The session nonce.
         nonce: u128,
         /// The artifact's manifest index.
@@ -181,11 +180,11 @@ pub enum TransferRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcceptedDescriptor {
     /// The op the offer describes (the server's `commit_min`).
-    pub commit_op: u64,
+    pub commit_op: Op,
     /// The server's view.
     pub view: u32,
     /// The server's `commit_max`.
-    pub commit_max: u64,
+    pub commit_max: Op,
     /// The manifest: segments ascending, the offsets artifact last.
     pub manifest: Vec<StateArtifact>,
 }
@@ -306,7 +305,7 @@ pub struct TransferSession<H: storage::fs::FsFile> {
     /// The nonce every frame of the session carries.
     pub nonce: u128,
     /// The serving peer; also where re-requests go.
-    pub peer: u8,
+    pub peer: ReplicaId,
     /// Where the session is.
     pub stage: SessionStage<H>,
     /// Ticks since the last progress.
@@ -335,7 +334,7 @@ impl<H: storage::fs::FsFile> TransferSession<H> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PendingRearm {
     /// The peer to ask.
-    pub peer: u8,
+    pub peer: ReplicaId,
     /// Ticks left.
     pub after_ticks: u64,
 }
@@ -445,7 +444,7 @@ pub enum IgnoreReason {
 #[derive(Debug)]
 pub struct ReceivedTransfer {
     /// The peer that served it.
-    pub peer: u8,
+    pub peer: ReplicaId,
     /// The accepted descriptor.
     pub descriptor: AcceptedDescriptor,
     /// The staged segments, ascending.
@@ -591,7 +590,7 @@ impl<F: Fs> TransferReceiver<F> {
     /// Called when the install of a completed pull from `peer` failed:
     /// charges the backoff and schedules a re-arm against the next peer
     /// (the partition still needs a transfer).
-    pub fn record_install_failed(&mut self, peer: u8, local: &LocalFacts) {
+    pub fn record_install_failed(&mut self, peer: ReplicaId, local: &LocalFacts) {
         self.end_session();
         self.backoff.failures = self.backoff.failures.saturating_add(1);
         let rearm = PendingRearm {
@@ -601,8 +600,8 @@ impl<F: Fs> TransferReceiver<F> {
                 .delay_ticks(self.config.repair_retry_ticks.max(1)),
         };
         tracing::warn!(
-            peer,
-            next_peer = rearm.peer,
+            peer = peer.0,
+            next_peer = rearm.peer.0,
             after_ticks = rearm.after_ticks,
             failures = self.backoff.failures,
             "state-transfer install failed; re-arm scheduled"
@@ -612,7 +611,7 @@ impl<F: Fs> TransferReceiver<F> {
 
     /// Starts a session against `peer` with a fresh nonce (dropping any
     /// live one) and returns the descriptor request.
-    pub fn arm(&mut self, peer: u8) -> TransferRequest {
+    pub fn arm(&mut self, peer: ReplicaId) -> TransferRequest {
         self.end_session();
         self.rearm = None;
         let nonce = u128::from(self.prng.next_u64()) << 64 | u128::from(self.prng.next_u64());
@@ -623,7 +622,7 @@ impl<F: Fs> TransferReceiver<F> {
             idle_ticks: 0,
             stall_attempts: 0,
         });
-        tracing::info!(peer, nonce, "state-transfer session armed");
+        tracing::info!(peer = peer.0, nonce, "state-transfer session armed");
         TransferRequest::Descriptor { peer, nonce }
     }
 
@@ -652,16 +651,16 @@ impl<F: Fs> TransferReceiver<F> {
 
     /// Ends the attempt with `error` and schedules the re-arm.
     async fn fail(&mut self, error: ReceiveError, local: &LocalFacts) -> ReceiveStep {
-        let peer = self.session.as_ref().map_or(local.primary.0, |s| s.peer);
+        let peer = self.session.as_ref().map_or(local.primary.0, |s| s.peer.0);
         self.end_session();
-        self.fail_after_session(error, peer, local).await
+        self.fail_after_session(error, ReplicaId(peer), local).await
     }
 
     /// Like [`Self::fail`], once the session is already gone.
     async fn fail_after_session(
         &mut self,
         error: ReceiveError,
-        peer: u8,
+        peer: ReplicaId,
         local: &LocalFacts,
     ) -> ReceiveStep {
         if error.hostile() {
@@ -675,13 +674,13 @@ impl<F: Fs> TransferReceiver<F> {
         ReceiveStep::Failed(error)
     }
 
-    fn schedule_rearm(&mut self, error: &ReceiveError, peer: u8, local: &LocalFacts) {
+    fn schedule_rearm(&mut self, error: &ReceiveError, peer: ReplicaId, local: &LocalFacts) {
         let base = self.config.repair_retry_ticks.max(1);
         let rearm = if error.transient() {
             self.backoff.refusals = self.backoff.refusals.saturating_add(1);
             if self.backoff.refusals.is_multiple_of(10) {
                 tracing::error!(
-                    peer,
+                    peer = peer.0,
                     refusals = self.backoff.refusals,
                     "state transfer keeps being refused"
                 );
@@ -700,8 +699,8 @@ impl<F: Fs> TransferReceiver<F> {
             }
         };
         tracing::warn!(
-            peer,
-            next_peer = rearm.peer,
+            peer = peer.0,
+            next_peer = rearm.peer.0,
             after_ticks = rearm.after_ticks,
             failures = self.backoff.failures,
             %error,
@@ -747,7 +746,7 @@ impl<F: Fs> TransferReceiver<F> {
         }
         let (peer, nonce) = (session.peer, session.nonce);
         tracing::debug!(
-            peer,
+            peer = peer.0,
             attempt = session.stall_attempts,
             "state transfer idle; re-requesting"
         );
@@ -791,7 +790,7 @@ impl<F: Fs> TransferReceiver<F> {
         let Some(session) = self.session.as_ref() else {
             return ReceiveStep::Ignored(IgnoreReason::NoSession);
         };
-        if session.nonce != header.nonce || session.peer != from {
+        if session.nonce != header.nonce || session.peer != ReplicaId(from) {
             return ReceiveStep::Ignored(IgnoreReason::NotThisSession);
         }
         if !header.available {
@@ -812,7 +811,7 @@ impl<F: Fs> TransferReceiver<F> {
         };
         tracing::info!(
             peer = from,
-            commit_op = descriptor.commit_op,
+            commit_op = descriptor.commit_op.0,
             artifacts = descriptor.manifest.len(),
             "state-transfer descriptor accepted"
         );
@@ -839,7 +838,7 @@ impl<F: Fs> TransferReceiver<F> {
         let Some(session) = self.session.as_mut() else {
             return ReceiveStep::Ignored(IgnoreReason::NoSession);
         };
-        if session.nonce != nonce || session.peer != from {
+        if session.nonce != nonce || session.peer != ReplicaId(from) {
             return ReceiveStep::Ignored(IgnoreReason::NotThisSession);
         }
         let SessionStage::Fetching(accepted) = &mut session.stage else {
@@ -1069,8 +1068,8 @@ impl<F: Fs> TransferReceiver<F> {
             Ok(offsets) => {
                 self.resume = None;
                 tracing::info!(
-                    peer,
-                    commit_op = accepted.descriptor.commit_op,
+                    peer = peer.0,
+                    commit_op = accepted.descriptor.commit_op.0,
                     segments = staged.len(),
                     "state transfer received"
                 );

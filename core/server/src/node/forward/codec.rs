@@ -464,8 +464,8 @@ fn put_answer(o: &mut Out, answer: &Answer) {
         }
         Answer::Polled(p) => {
             o.u8(2);
-            o.u64(p.first_offset);
-            o.u64(p.last_offset);
+            o.u64(p.first_offset.0);
+            o.u64(p.last_offset.0);
             o.u64(p.count);
             o.u32(u32::try_from(p.batches.len()).unwrap_or(u32::MAX));
             for b in &p.batches {
@@ -491,7 +491,7 @@ fn put_answer(o: &mut Out, answer: &Answer) {
             match s.current_offset {
                 Some(v) => {
                     o.u8(1);
-                    o.u64(v);
+                    o.u64(v.0);
                 }
                 None => o.u8(0),
             }
@@ -527,8 +527,8 @@ fn get_answer(i: &mut In<'_>) -> Result<Answer, CodecError> {
             }
             Answer::Polled(Polled {
                 batches: list,
-                first_offset,
-                last_offset,
+                first_offset: Offset(first_offset),
+                last_offset: Offset(last_offset),
                 count,
             })
         }
@@ -538,7 +538,7 @@ fn get_answer(i: &mut In<'_>) -> Result<Answer, CodecError> {
             messages_count: i.u64()?,
             size_bytes: i.u64()?,
             segments_count: i.u64()?,
-            current_offset: get_option_u64(i, "current offset")?,
+            current_offset: get_option_u64(i, "current offset")?.map(Offset),
         }),
         tag => {
             return Err(CodecError::UnknownTag {
@@ -813,8 +813,8 @@ mod tests {
             },
             Answer::Polled(Polled {
                 batches: vec![Bytes::from_static(b"abc"), Bytes::new()],
-                first_offset: 1,
-                last_offset: 2,
+                first_offset: Offset(1),
+                last_offset: Offset(2),
                 count: 2,
             }),
             Answer::Offset(None),
@@ -824,7 +824,7 @@ mod tests {
                 messages_count: 1,
                 size_bytes: 2,
                 segments_count: 3,
-                current_offset: Some(4),
+                current_offset: Some(Offset(4)),
             }),
         ];
         let outcomes = [
