@@ -74,8 +74,8 @@ fn stage(src: &BenchPartition, dir: &Path) -> InstallInput {
     let mut staged = Vec::new();
     for s in src.log().segments().filter(|s| s.size_bytes > 0) {
         let seg = StagedSegment {
-            start_offset: s.start_offset,
-            end_offset: s.next_offset - 1,
+            start_offset: Offset(s.start_offset),
+            end_offset: Offset(s.next_offset - 1),
             size_bytes: s.size_bytes,
             start_timestamp: s.start_timestamp,
             end_timestamp: s.end_timestamp,

@@ -23,6 +23,7 @@
 //! once more, and fences the partition if that ever fails.
 
 use bytes::Bytes;
+use common::Offset;
 use consensus::vsr::Prepare;
 use journal::SuperblockStore;
 use storage::fs::Fs;
@@ -83,7 +84,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
         if header.partition_id != u64::from(self.config.partition_id) {
             return Err(PartitionError::PrepareWrongPartition {
-                op: h.op.0,
+                op: h.op,
                 partition_id: header.partition_id,
             });
         }
@@ -91,9 +92,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             && state.next_offset != header.base_offset
         {
             return Err(PartitionError::PrepareOffsetMismatch {
-                op: h.op.0,
-                expected: state.next_offset,
-                actual: header.base_offset,
+                op: h.op,
+                expected: Offset(state.next_offset),
+                actual: Offset(header.base_offset),
             });
         }
         Ok(())

@@ -75,8 +75,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .find(|op| *op > consensus::vsr::OP_MAX)
         {
             return Err(BootError::SuperblockOpOutOfRange {
-                op,
-                max: consensus::vsr::OP_MAX,
+                op: Op(op),
+                max: Op(consensus::vsr::OP_MAX),
             });
         }
         let generation = read_purge_generation(&fs, dir, config.created_revision)
@@ -309,8 +309,8 @@ async fn open_log<F: Fs>(
     if sb.offset_frontier.0 > log.next_offset() {
         if !member {
             return Err(BootError::FrontierAheadOfLog {
-                frontier: sb.offset_frontier.0,
-                log_next_offset: log.next_offset(),
+                frontier: sb.offset_frontier,
+                log_next_offset: Offset(log.next_offset()),
             });
         }
         tracing::error!(dir = %dir.display(), group = %config.vsr.group, frontier = sb.offset_frontier.0, log_next_offset = log.next_offset(), "synced batches below the recorded frontier are gone: repairing from a peer");
@@ -385,7 +385,7 @@ async fn restore_client_table<F: Fs>(
             .await
             .map_err(|source| BootError::TruncateToAppliedPoint {
                 dir: dir.to_path_buf(),
-                frontier: table.next_offset.0,
+                frontier: table.next_offset,
                 source,
             })?;
         tracing::warn!(dir = %dir.display(), from = table.next_offset.0, to = end, "dropped batches past the recorded client table; their requests were not acknowledged");
@@ -421,7 +421,7 @@ async fn cut_past_applied_point<F: Fs>(
         .await
         .map_err(|source| BootError::TruncateToAppliedPoint {
             dir: dir.to_path_buf(),
-            frontier: sb.offset_frontier.0,
+            frontier: sb.offset_frontier,
             source,
         })?;
     if cut {
@@ -551,8 +551,8 @@ pub(crate) fn restart_point(facts: &RestartFacts) -> Result<RestartPoint, BootEr
     }
     if sb.checkpoint_op == Op::ZERO && sb.offset_frontier != Offset::ZERO {
         return Err(BootError::RestartNeedsStateTransfer {
-            commit: sb.commit_max.0,
-            log_next_offset: facts.log_next_offset.0,
+            commit: sb.commit_max,
+            log_next_offset: facts.log_next_offset,
         });
     }
     let clean = facts.clean_stop.is_some_and(|stop| {
@@ -838,8 +838,8 @@ mod tests {
             matches!(
                 got,
                 Err(BootError::RestartNeedsStateTransfer {
-                    commit: 5,
-                    log_next_offset: 100
+                    commit: Op(5),
+                    log_next_offset: Offset(100)
                 })
             ),
             "{got:?}"

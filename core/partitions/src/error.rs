@@ -6,7 +6,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use common::ConsumerKind;
+use common::{ConsumerKind, Offset, Op};
 use consensus::vsr::FrameError;
 use journal::{JournalError, SuperblockError};
 use storage::{RecoveryError, StorageError};
@@ -47,9 +47,9 @@ pub enum BootError {
     /// that was synced before the frontier advanced is gone.
     FrontierAheadOfLog {
         /// The durable frontier.
-        frontier: u64,
+        frontier: Offset,
         /// The offset after the last recovered batch.
-        log_next_offset: u64,
+        log_next_offset: Offset,
     },
     /// A replica of a multi-replica group restarted with an offset frontier
     /// but no recorded applied point (a superblock written before the
@@ -57,16 +57,16 @@ pub enum BootError {
     /// transfer.
     RestartNeedsStateTransfer {
         /// The superblock's commit bound.
-        commit: u64,
+        commit: Op,
         /// The offset after the last recovered batch.
-        log_next_offset: u64,
+        log_next_offset: Offset,
     },
     /// Cutting the batches past the recorded applied point failed.
     TruncateToAppliedPoint {
         /// The partition directory.
         dir: PathBuf,
         /// The applied point's offset frontier.
-        frontier: u64,
+        frontier: Offset,
         /// The underlying error.
         source: StorageError,
     },
@@ -75,9 +75,9 @@ pub enum BootError {
     /// would compute the op after it.
     SuperblockOpOutOfRange {
         /// The offending op.
-        op: u64,
+        op: Op,
         /// The largest op accepted.
-        max: u64,
+        max: Op,
     },
 }
 
@@ -170,16 +170,16 @@ pub enum PartitionError {
     /// never re-stamped.
     PrepareOffsetMismatch {
         /// The prepare's op.
-        op: u64,
+        op: Op,
         /// The base offset the replica expected.
-        expected: u64,
+        expected: Offset,
         /// The base offset the batch carries.
-        actual: u64,
+        actual: Offset,
     },
     /// A prepare whose batch names another partition.
     PrepareWrongPartition {
         /// The prepare's op.
-        op: u64,
+        op: Op,
         /// The partition id in the batch.
         partition_id: u64,
     },
@@ -188,9 +188,9 @@ pub enum PartitionError {
     /// A store names an offset the partition has not committed yet.
     StoreOffsetBeyondEnd {
         /// The offset asked for.
-        offset: u64,
+        offset: Offset,
         /// The next offset the partition will commit.
-        next_offset: u64,
+        next_offset: Offset,
     },
     /// A purge that does not advance the purge generation.
     PurgeGenerationNotNewer {
@@ -203,11 +203,11 @@ pub enum PartitionError {
     /// internal invariant; the partition is fenced).
     ApplyOffsetMismatch {
         /// The op.
-        op: u64,
+        op: Op,
         /// The offset expected.
-        expected: u64,
+        expected: Offset,
         /// The offset the batch carries.
-        actual: u64,
+        actual: Offset,
     },
     /// A committed batch re-applied after a restart straddles the end of
     /// the log recovered at boot: part of it is on disk and part is not.
@@ -215,13 +215,13 @@ pub enum PartitionError {
     /// what this group committed; the partition is fenced.
     ReplayStraddlesRecoveredEnd {
         /// The op.
-        op: u64,
+        op: Op,
         /// The batch's first offset.
-        base_offset: u64,
+        base_offset: Offset,
         /// The batch's last offset.
-        last_offset: u64,
+        last_offset: Offset,
         /// The last offset recovered at boot.
-        recovered_end: u64,
+        recovered_end: Offset,
     },
     /// The segment log failed.
     Storage(StorageError),

@@ -953,8 +953,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             ClientOp::StoreOffset { kind, id, offset } => {
                 if offset >= self.applied_next_offset {
                     return Err(PartitionError::StoreOffsetBeyondEnd {
-                        offset,
-                        next_offset: self.applied_next_offset,
+                        offset: Offset(offset),
+                        next_offset: Offset(self.applied_next_offset),
                     });
                 }
                 PartitionOp::StoreOffset {
@@ -1202,9 +1202,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
         if header.base_offset != self.applied_next_offset {
             return Err(PartitionError::ApplyOffsetMismatch {
-                op: h.op.0,
-                expected: self.applied_next_offset,
-                actual: header.base_offset,
+                op: h.op,
+                expected: Offset(self.applied_next_offset),
+                actual: Offset(header.base_offset),
             });
         }
         if !duplicate {
@@ -1227,10 +1227,10 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             Some(end) if header.base_offset <= end => {
                 if header.last_offset() > end {
                     return Err(PartitionError::ReplayStraddlesRecoveredEnd {
-                        op: h.op.0,
-                        base_offset: header.base_offset,
-                        last_offset: header.last_offset(),
-                        recovered_end: end,
+                        op: h.op,
+                        base_offset: Offset(header.base_offset),
+                        last_offset: Offset(header.last_offset()),
+                        recovered_end: Offset(end),
                     });
                 }
                 if self.config.vsr.replica_count > 1 {

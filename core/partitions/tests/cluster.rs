@@ -434,7 +434,7 @@ fn given_prepare_with_wrong_base_offset_when_received_by_backup_should_refuse_wi
     assert_eq!(expected, u64::from(MESSAGES_PER_BATCH));
     let res = block_on(cluster.replicas[usize::from(backup)].on_frame(forge(expected + 1)));
     assert!(
-        matches!(res, Err(PartitionError::PrepareOffsetMismatch { expected: e, actual: a, .. }) if e == expected && a == expected + 1),
+        matches!(res, Err(PartitionError::PrepareOffsetMismatch { expected: e, actual: a, .. }) if e == Offset(expected) && a == Offset(expected + 1)),
         "{res:?}"
     );
     assert!(

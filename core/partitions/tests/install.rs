@@ -184,8 +184,8 @@ fn stage(fs: &SimFs, source: &[(u64, u64, u64, u64, u64)]) -> Vec<StagedSegment>
     block_on(async {
         for &(start, next, size, ts0, ts1) in source {
             let s = StagedSegment {
-                start_offset: start,
-                end_offset: next - 1,
+                start_offset: Offset(start),
+                end_offset: Offset(next - 1),
                 size_bytes: size,
                 start_timestamp: ts0,
                 end_timestamp: ts1,
@@ -795,7 +795,7 @@ fn given_converge_failure_when_installing_should_fence_and_quarantine_segment_fi
     let PartitionInstallError::ConvergeFailed { frontier, .. } = err else {
         panic!("{err:?}");
     };
-    assert_eq!(frontier, FRONTIER);
+    assert_eq!(frontier, Offset(FRONTIER));
     f.fs.clear_faults();
     assert!(f.old.fenced().is_some());
     assert!(matches!(
@@ -1043,7 +1043,10 @@ fn given_superblock_op_at_u64_max_when_booting_should_refuse_out_of_range() {
         assert!(
             matches!(
                 booted,
-                Err(partitions::BootError::SuperblockOpOutOfRange { op: u64::MAX, .. })
+                Err(partitions::BootError::SuperblockOpOutOfRange {
+                    op: Op(u64::MAX),
+                    ..
+                })
             ),
             "{commit_max}/{checkpoint_op}: {:?}",
             booted.map(|_| ())
@@ -1307,8 +1310,8 @@ fn given_a_long_install_cut_between_steps_when_rebooted_should_converge_to_the_f
             .map(|i| {
                 let s = &retry.staged[i as usize];
                 (
-                    s.start_offset,
-                    s.end_offset + 1,
+                    s.start_offset.0,
+                    s.end_offset.0 + 1,
                     s.size_bytes,
                     s.start_timestamp,
                     s.end_timestamp,

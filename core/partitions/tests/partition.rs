@@ -516,8 +516,8 @@ fn given_frontier_above_surviving_segments_when_booted_should_refuse() {
         matches!(
             res,
             Err(partitions::BootError::FrontierAheadOfLog {
-                frontier: 10,
-                log_next_offset: 0
+                frontier: Offset(10),
+                log_next_offset: Offset(0)
             })
         ),
         "{res:?}"

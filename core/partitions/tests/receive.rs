@@ -209,7 +209,7 @@ fn assert_staged_match(fs: &SimFs, done: &ReceivedTransfer, peer: &Peer) {
     let logs = peer.segment_logs();
     assert_eq!(done.staged.len(), logs.len());
     for (meta, (base, bytes)) in done.staged.iter().zip(&logs) {
-        assert_eq!(meta.start_offset, *base);
+        assert_eq!(meta.start_offset, Offset(*base));
         assert_eq!(meta.size_bytes, bytes.len() as u64);
         let staged = fs.contents(&meta.log_staging).unwrap();
         assert!(
@@ -2055,7 +2055,7 @@ fn given_primary_missing_its_own_segment_when_pulled_should_refuse_as_fault_and_
             matches!(
                 refused,
                 partitions::state_transfer::PartitionTransferUnavailable::SegmentMissing { start_offset, .. }
-                    if start_offset == base
+                    if start_offset == Offset(base)
             ),
             "truncate {truncate}: {refused:?}"
         );

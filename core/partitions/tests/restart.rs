@@ -330,7 +330,7 @@ fn given_frontier_without_applied_point_when_replica_of_group_boots_should_refus
     assert!(
         matches!(
             booted,
-            Err(partitions::BootError::RestartNeedsStateTransfer { commit: 30, .. })
+            Err(partitions::BootError::RestartNeedsStateTransfer { commit: Op(30), .. })
         ),
         "{booted:?}"
     );

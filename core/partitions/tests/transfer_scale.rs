@@ -407,7 +407,7 @@ fn receiver_fs(seed: u64) -> (SimFs, Node<MemSuperblock>) {
 /// Checks the staged first segment is byte-identical to the peer's.
 fn assert_staged(rx_fs: &SimFs, done: &ReceivedTransfer, want: (u64, u64, u64)) {
     let meta = &done.staged[0];
-    assert_eq!((meta.start_offset, meta.size_bytes), (want.0, want.1));
+    assert_eq!((meta.start_offset.0, meta.size_bytes), (want.0, want.1));
     let staged = rx_fs.contents(&meta.log_staging).unwrap();
     assert_eq!(xxh3_64(&staged), want.2, "staged log differs");
 }

@@ -3,7 +3,7 @@
 //! [`SegmentLoadError::transient`]): a requester charges its re-arm backoff
 //! only for faults, never for "not right now".
 
-use common::{ConsumerKind, Op};
+use common::{ConsumerKind, Offset, Op};
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
@@ -69,14 +69,14 @@ pub enum PartitionTransferUnavailable {
     /// ask another peer instead of re-asking this one forever.
     SegmentMissing {
         /// The segment's base offset.
-        start_offset: u64,
+        start_offset: Offset,
         /// The read error (not found, or a short read).
         source: io::Error,
     },
     /// A segment could not be read on this node.
     SegmentUnreadable {
         /// The segment's base offset.
-        start_offset: u64,
+        start_offset: Offset,
         /// The error.
         source: io::Error,
     },
@@ -188,30 +188,30 @@ pub enum PartitionInstallError {
     /// would rewind it.
     StaleTransfer {
         /// The offer's op.
-        commit_op: u64,
+        commit_op: Op,
         /// This replica's applied op.
-        commit_min: u64,
+        commit_min: Op,
     },
     /// The offer's op is past any op a real log reaches
     /// ([`consensus::vsr::OP_MAX`]); the op after it would overflow.
     OpOutOfRange {
         /// The offer's op.
-        commit_op: u64,
+        commit_op: Op,
         /// The largest op accepted.
-        max: u64,
+        max: Op,
     },
     /// The incoming frontier could not be made durable before the swap.
     FrontierNotDurable {
         /// The frontier.
-        frontier: u64,
+        frontier: Offset,
     },
     /// The offer's offset frontier is below this replica's own: installing
     /// would rewind the offset space and fork future batch bytes.
     OfferRewindsDurableData {
         /// The offer's next offset.
-        offer_next_offset: u64,
+        offer_next_offset: Offset,
         /// This replica's next offset.
-        local_next_offset: u64,
+        local_next_offset: Offset,
     },
     /// Staging or finalising a consumer-offset file failed.
     OffsetPersistence {
@@ -225,14 +225,14 @@ pub enum PartitionInstallError {
     /// Two staged segments share a base offset.
     DuplicateSegment {
         /// The base offset.
-        start_offset: u64,
+        start_offset: Offset,
     },
     /// The staged segments leave a hole.
     SegmentSetHole {
         /// End of the earlier segment.
-        previous_end: u64,
+        previous_end: Offset,
         /// Start of the next one.
-        next_start: u64,
+        next_start: Offset,
     },
     /// A filesystem step of the swap failed; disk holds what is left of the
     /// old chain and part of the new one, which the converge removes.
@@ -287,7 +287,7 @@ pub enum PartitionInstallError {
         /// The error.
         source: io::Error,
         /// The offer's offset frontier, which the fence records.
-        frontier: u64,
+        frontier: Offset,
     },
 }
 
@@ -386,7 +386,7 @@ pub enum SpillError {
     /// The received bytes do not hash to the manifest entry.
     ManifestChecksum {
         /// The segment's base offset.
-        frontier: u64,
+        frontier: Offset,
     },
     /// The payload failed its validation walk.
     Walk(SegmentWalkError),
@@ -522,7 +522,7 @@ mod tests {
                 consumer_id: 3,
             },
             U::SegmentUnreadable {
-                start_offset: 7,
+                start_offset: Offset(7),
                 source: io::Error::from_raw_os_error(5),
             },
         ] {

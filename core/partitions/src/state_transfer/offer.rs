@@ -155,7 +155,7 @@ pub struct SegmentIdentity {
     /// The purge generation in effect when the segment was planned.
     pub purge_generation: u64,
     /// The segment's base offset (its file name).
-    pub start_offset: u64,
+    pub start_offset: Offset,
     /// The base timestamp of its first batch.
     pub start_timestamp: u64,
 }
@@ -468,7 +468,7 @@ impl OfferBuilder {
                 start_offset,
                 source,
             }) => {
-                tracing::info!(start_offset, error = %source, "planned segment changed while it was hashed");
+                tracing::info!(start_offset = start_offset.0, error = %source, "planned segment changed while it was hashed");
                 Err(PartitionTransferUnavailable::SegmentSetChanged)
             }
             other => other,
@@ -495,7 +495,7 @@ impl OfferBuilder {
                 // A segment instance only grows; a memo longer than the
                 // segment means the file is not the one that was hashed.
                 tracing::warn!(
-                    start_offset = segment.identity.start_offset,
+                    start_offset = segment.identity.start_offset.0,
                     memo_bytes = memo.hasher.hashed_len_bytes(),
                     planned_bytes = segment.len_bytes,
                     "segment shorter than its checksum memo; hashing it again"
@@ -757,7 +757,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map(|meta| PlannedSegment {
                 identity: SegmentIdentity {
                     purge_generation: generation,
-                    start_offset: meta.start_offset,
+                    start_offset: Offset(meta.start_offset),
                     start_timestamp: meta.start_timestamp,
                 },
                 len_bytes: meta.size_bytes,
@@ -782,7 +782,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map(|m| (m.start_offset, (m.start_timestamp, m.size_bytes)))
             .collect();
         planned.all(|(identity, len)| {
-            live.get(&identity.start_offset)
+            live.get(&identity.start_offset.0)
                 .is_some_and(|&(timestamp, size)| {
                     timestamp == identity.start_timestamp && size >= len
                 })
@@ -879,7 +879,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .map(|(segment, checksum)| OfferedSegment {
                 entry: StateArtifact {
                     kind: ArtifactKind::SegmentLog {
-                        base_offset: Offset(segment.identity.start_offset),
+                        base_offset: segment.identity.start_offset,
                     },
                     len: segment.len_bytes,
                     checksum,
@@ -950,13 +950,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 // so requesters rotate and back off instead of re-asking
                 // this node at the flat interval forever.
                 if self.chain_still_holds(generation, planned.iter().map(|(i, l)| (i, *l))) {
-                    tracing::error!(dir = %self.dir.display(), start_offset, error = %source, "a segment this node's log records is missing or short on disk; refusing to serve");
+                    tracing::error!(dir = %self.dir.display(), start_offset = start_offset.0, error = %source, "a segment this node's log records is missing or short on disk; refusing to serve");
                     return Err(PartitionTransferUnavailable::SegmentMissing {
                         start_offset,
                         source,
                     });
                 }
-                tracing::info!(start_offset, error = %source, "planned segment changed while it was hashed");
+                tracing::info!(start_offset = start_offset.0, error = %source, "planned segment changed while it was hashed");
                 return Err(PartitionTransferUnavailable::SegmentSetChanged);
             }
             other => other?,

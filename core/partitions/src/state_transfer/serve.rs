@@ -513,7 +513,7 @@ impl OfferServer {
     ) -> ChunkAnswer {
         tracing::warn!(
             requester = key.0.0,
-            start_offset = segment.identity.start_offset,
+            start_offset = segment.identity.start_offset.0,
             %error,
             transient = error.transient(),
             "served segment could not be loaded"
@@ -530,7 +530,7 @@ impl OfferServer {
             self.builder.forget(&segment.identity);
         }
         ChunkAnswer::Refuse(ChunkRefusal::SegmentLoad {
-            start_offset: segment.identity.start_offset,
+            start_offset: segment.identity.start_offset.0,
             error,
         })
     }

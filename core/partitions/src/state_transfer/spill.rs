@@ -23,6 +23,7 @@
 //!    after both names and both contents are durable, so an install that
 //!    renames them never renames a name a crash could undo.
 
+use common::Offset;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -75,9 +76,9 @@ pub fn staging_paths(dir: &Path, start_offset: u64) -> (PathBuf, PathBuf) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StagedSegmentMeta {
     /// Base offset (the manifest entry's frontier).
-    pub start_offset: u64,
+    pub start_offset: Offset,
     /// Offset of the last message.
-    pub end_offset: u64,
+    pub end_offset: Offset,
     /// Length of the log, equal to the manifest entry's length.
     pub size_bytes: u64,
     /// Length of the rebuilt index.
@@ -102,7 +103,7 @@ impl StagedSegmentMeta {
         (log_staging, index_staging): (PathBuf, PathBuf),
     ) -> Self {
         Self {
-            start_offset: base_offset(entry),
+            start_offset: Offset(base_offset(entry)),
             end_offset: stats.end_offset,
             size_bytes: entry.len,
             index_size_bytes,
@@ -310,7 +311,7 @@ impl<H: FsFile> SegmentSpill<H> {
         debug_assert_eq!(self.received_len_bytes, self.entry.len);
         if self.hasher.finish() != self.entry.checksum {
             return Err(SpillError::ManifestChecksum {
-                frontier: base_offset(&self.entry),
+                frontier: Offset(base_offset(&self.entry)),
             });
         }
         let (stats, index) = self.walker.finish()?;

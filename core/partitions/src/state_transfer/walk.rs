@@ -14,6 +14,7 @@
 //! a few hundred bytes (ST-B2), and the CPU work comes in slices no larger
 //! than a chunk, between which the shard runs its other groups' ticks.
 
+use common::Offset;
 use std::fmt;
 
 use storage::{
@@ -26,7 +27,7 @@ use storage::{INDEX_STRIDE_BYTES_DEFAULT, IndexEntry, encode_entries};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentWalkStats {
     /// Offset of the segment's last message.
-    pub end_offset: u64,
+    pub end_offset: Offset,
     /// Base timestamp of the first batch.
     pub start_timestamp: u64,
     /// Base timestamp of the last batch.
@@ -262,13 +263,13 @@ impl SegmentWalker {
         }
         self.stats = Some(match self.stats {
             None => SegmentWalkStats {
-                end_offset: last,
+                end_offset: Offset(last),
                 start_timestamp: timestamp,
                 end_timestamp: timestamp,
                 max_timestamp: timestamp,
             },
             Some(s) => SegmentWalkStats {
-                end_offset: last,
+                end_offset: Offset(last),
                 start_timestamp: s.start_timestamp,
                 end_timestamp: timestamp,
                 max_timestamp: s.max_timestamp.max(timestamp),
@@ -351,7 +352,7 @@ mod tests {
         assert_eq!(
             stats,
             SegmentWalkStats {
-                end_offset: 114,
+                end_offset: Offset(114),
                 start_timestamp: 1_000,
                 end_timestamp: 1_004,
                 max_timestamp: 1_004,

@@ -69,8 +69,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // Peer-supplied: every later step computes the op after it.
         if commit_op > Op(consensus::vsr::OP_MAX) {
             return Err(PartitionInstallError::OpOutOfRange {
-                commit_op: commit_op.0,
-                max: consensus::vsr::OP_MAX,
+                commit_op,
+                max: Op(consensus::vsr::OP_MAX),
             });
         }
         let local_commit = self
@@ -80,8 +80,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .max(self.replica.acknowledged_max().0);
         if commit_op < Op(local_commit) {
             return Err(PartitionInstallError::StaleTransfer {
-                commit_op: commit_op.0,
-                commit_min: local_commit,
+                commit_op,
+                commit_min: Op(local_commit),
             });
         }
         let wire = ConsumerOffsetsWire::decode(&offsets_artifact)?;
@@ -111,8 +111,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let frontier = wire.next_offset;
         if !purge_advances && frontier < Offset(local_next) {
             return Err(PartitionInstallError::OfferRewindsDurableData {
-                offer_next_offset: frontier.0,
-                local_next_offset: local_next,
+                offer_next_offset: frontier,
+                local_next_offset: Offset(local_next),
             });
         }
         staged.sort_unstable_by_key(|s| s.start_offset);
@@ -142,11 +142,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // would leave offsets no segment holds under an active segment the
         // storage could not name, above it would contradict the artifact.
         if let Some(last) = staged.last()
-            && last.end_offset.checked_add(1) != Some(frontier.0)
+            && last.end_offset.checked_add(1) != Some(frontier)
         {
             return Err(PartitionInstallError::SegmentSetHole {
                 previous_end: last.end_offset,
-                next_start: frontier.0,
+                next_start: frontier,
             });
         }
         // One listing, not a call per file: a chain of thousands of

@@ -126,9 +126,9 @@ const OFFSET_IO_BACKOFF: Duration = Duration::from_millis(10);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StagedSegment {
     /// Base offset (the file names' offset).
-    pub start_offset: u64,
+    pub start_offset: Offset,
     /// Offset of the last message.
-    pub end_offset: u64,
+    pub end_offset: Offset,
     /// Length of the staged log.
     pub size_bytes: u64,
     /// Base timestamp of the first batch.
@@ -145,11 +145,11 @@ impl StagedSegment {
         (
             dir.join(format!(
                 "{}{STAGING_SUFFIX}",
-                log_file_name(self.start_offset)
+                log_file_name(self.start_offset.0)
             )),
             dir.join(format!(
                 "{}{STAGING_SUFFIX}",
-                index_file_name(self.start_offset)
+                index_file_name(self.start_offset.0)
             )),
         )
     }
@@ -337,14 +337,14 @@ fn check_installed_segment(
 ) -> Result<(), PartitionInstallError> {
     let meta = &recovered.meta;
     let expected_next = staged.end_offset.checked_add(1);
-    if meta.start_offset == staged.start_offset
-        && Some(meta.next_offset) == expected_next
+    if meta.start_offset == staged.start_offset.0
+        && Some(meta.next_offset) == expected_next.map(|v| v.0)
         && meta.size_bytes == staged.size_bytes
     {
         return Ok(());
     }
     Err(PartitionInstallError::SegmentOpen {
-        path: dir.join(log_file_name(staged.start_offset)),
+        path: dir.join(log_file_name(staged.start_offset.0)),
         source: io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
@@ -413,7 +413,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             tracing::warn!(dir = %self.dir.display(), frontier = checked.frontier, %source, "install refused: the incoming frontier is not durable");
             self.discard_offset_writes(&checked.planned).await;
             return Err(PartitionInstallError::FrontierNotDurable {
-                frontier: checked.frontier,
+                frontier: Offset(checked.frontier),
             });
         }
         // Staging files of an abandoned attempt, then the old chain.
@@ -508,7 +508,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             Err(source) => {
                 let failed = PartitionInstallError::ConvergeFailed {
                     source,
-                    frontier: checked.frontier,
+                    frontier: Offset(checked.frontier),
                 };
                 tracing::error!(dir = %self.dir.display(), error = %failed, "install converge failed; partition fenced");
                 self.health.fence(|| failed.to_string());
@@ -624,7 +624,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 // its index.
                 if let Some(s) = staged.get(*next) {
                     let (_, index) = s.staging_paths(&dir);
-                    let target = dir.join(index_file_name(s.start_offset));
+                    let target = dir.join(index_file_name(s.start_offset.0));
                     fs.rename(&index, &target).await.map_err(swap_io(&index))?;
                     *next += 1;
                 } else {
@@ -635,7 +635,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             SwapStep::RenameLogs { next } => {
                 if let Some(s) = staged.get(*next) {
                     let (log, _) = s.staging_paths(&dir);
-                    let target = dir.join(log_file_name(s.start_offset));
+                    let target = dir.join(log_file_name(s.start_offset.0));
                     fs.rename(&log, &target).await.map_err(swap_io(&log))?;
                     *next += 1;
                 } else {
@@ -656,13 +656,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     let (segment, written) = recover_segment(
                         &fs,
                         &dir,
-                        s.start_offset,
+                        s.start_offset.0,
                         last,
                         self.config.log.recovery(),
                     )
                     .await
                     .map_err(|e| PartitionInstallError::SegmentOpen {
-                        path: dir.join(log_file_name(s.start_offset)),
+                        path: dir.join(log_file_name(s.start_offset.0)),
                         source: io::Error::other(e.to_string()),
                     })?;
                     check_installed_segment(&dir, s, &segment)?;
@@ -801,7 +801,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .staged
             .iter()
             // The check phase proved start <= end < frontier per segment.
-            .map(|s| (s.end_offset - s.start_offset).saturating_add(1))
+            .map(|s| {
+                s.end_offset
+                    .messages_since(s.start_offset)
+                    .saturating_add(1)
+            })
             .fold(0u64, u64::saturating_add);
         let size_bytes = checked
             .staged
@@ -817,7 +821,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.count_replaced_log(messages, size_bytes, last_timestamp);
         let installed_end = checked.staged.last().map(|s| s.end_offset);
         self.record_offered_generation(checked).await?;
-        self.lift_to_installed_point(checked, installed_end, true);
+        self.lift_to_installed_point(checked, installed_end.map(|v| v.0), true);
         self.clear_missing_history().await;
         self.remove_install_marker().await;
         if let Err(error) = self.drive().await {

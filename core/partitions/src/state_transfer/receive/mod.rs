@@ -985,7 +985,7 @@ impl<F: Fs> TransferReceiver<F> {
         session.stall_attempts = 0;
         if let Some(meta) = staged {
             tracing::debug!(
-                start_offset = meta.start_offset,
+                start_offset = meta.start_offset.0,
                 size_bytes = meta.size_bytes,
                 "segment staged"
             );
