@@ -28,10 +28,10 @@ use crate::bus::MessageBus;
 use crate::client_sessions::{ClientTableSlots, RecordedTable};
 use crate::error::BootError;
 use crate::health::Health;
+use crate::missing_history::MissingHistory;
 use crate::offset_storage::read_purge_generation;
 use crate::offsets::ConsumerOffsets;
 use crate::partition::{AppliedPoint, AutoCommits, Partition, PartitionConfig};
-use crate::state_transfer::missing::MissingHistory;
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Boots the partition in `dir` (see the module documentation for the
@@ -260,7 +260,7 @@ async fn recover_records<F: Fs>(
     )
     .await
     .map_err(io_error("recover interrupted install", dir))?;
-    crate::state_transfer::missing::read_missing_history(fs, dir, at_rest(sb))
+    crate::missing_history::read_missing_history(fs, dir, at_rest(sb))
         .await
         .map_err(io_error("read transfer-needed record", dir))
 }
@@ -331,7 +331,7 @@ async fn set_aside_and_reopen<F: Fs>(
     config: LogConfig,
     record: MissingHistory,
 ) -> Result<(SegmentedLog<F>, storage::RecoveryReport), BootError> {
-    crate::state_transfer::missing::set_aside_damaged_history(fs, dir, record, true)
+    set_aside_damaged_history(fs, dir, record, true)
         .await
         .map_err(io_error("set damaged segments aside", dir))?;
     SegmentedLog::open(fs.clone(), dir, config, record.frontier.0)
@@ -460,7 +460,7 @@ async fn load_offsets<F: Fs>(
     if !loaded.corrupt.is_empty() {
         if member && missing.is_none() {
             tracing::error!(dir = %dir.display(), group = %config.vsr.group, records = ?loaded.corrupt, "consumer-offset records damaged at rest: repairing from a peer");
-            crate::state_transfer::missing::set_aside_damaged_history(fs, dir, at_rest(sb), false)
+            set_aside_damaged_history(fs, dir, at_rest(sb), false)
                 .await
                 .map_err(unreadable)?;
             *missing = Some(at_rest(sb));
@@ -653,6 +653,33 @@ fn restore_sessions(
         }
         None => {}
     }
+}
+
+/// A group member found its own committed data damaged at boot (segments
+/// that do not recover into one contiguous log, synced batches below the
+/// recorded frontier gone, a consumer-offset record that does not
+/// verify). Records that its history below `record.frontier` is missing —
+/// first, so that a crash at any later step still boots lagging — and,
+/// with `set_aside_segments`, moves its segment files aside
+/// (`<dir>.fenced.<n>`, evidence for an operator that nothing reads again),
+/// so the open that follows plants an empty segment at the frontier. A
+/// state transfer from a peer then brings the group's state back, as for
+/// damage found at runtime (`Partition::repair_damage`).
+///
+/// # Errors
+/// The filesystem's error. If the record was written, the next boot takes
+/// this path again.
+async fn set_aside_damaged_history<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    record: MissingHistory,
+    set_aside_segments: bool,
+) -> std::io::Result<()> {
+    crate::missing_history::write_missing_history(fs, dir, record).await?;
+    if set_aside_segments {
+        crate::state_transfer::fence_partition(fs, dir).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@
 //!   goes missing again (the record is written anew), and a pending write
 //!   is dropped by the completed install that makes a removal due.
 
-use crate::state_transfer::missing::MissingHistory;
+use crate::missing_history::MissingHistory;
 
 /// A partition's state as far as taking input goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,6 +30,7 @@ mod client_sessions;
 mod error;
 mod flush;
 mod health;
+mod missing_history;
 mod offset_storage;
 mod offsets;
 mod ops;

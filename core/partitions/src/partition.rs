@@ -88,9 +88,9 @@ use storage::{LogConfig, SegmentedLog};
 use crate::bus::MessageBus;
 use crate::error::PartitionError;
 use crate::health::Health;
+use crate::missing_history::MissingHistory;
 use crate::offsets::ConsumerOffsets;
 use crate::ops::{OpDecodeError, PartitionOp};
-use crate::state_transfer::missing::MissingHistory;
 
 /// Default `messages_required_to_save`: flush once this many messages wait.
 pub const MESSAGES_REQUIRED_TO_SAVE_DEFAULT: u64 = 1024;

@@ -16,8 +16,12 @@
 //! - `spill`: streaming a segment artifact to its staging files, resume
 //!   from the last synced byte, adoption of staged files.
 //! - `install`: the crash-safe install, its converge and the fence.
-//! - `missing`: the durable record that history below the frontier is
-//!   missing after a converge, until an install clears it.
+//! - The durable record that history below the frontier is missing after
+//!   a converge, until an install clears it, is the partition's own
+//!   (`missing_history.rs` at the crate root, re-exported here): the
+//!   partition reads it at boot and consults it on every poll, and keeping
+//!   it there leaves the partition's files depending on this module only
+//!   for the install job they hold.
 //! - `driver`: what a shard calls per partition: frames in and out on the
 //!   consensus header, ticks, arming, admission, install and the fence.
 //!
@@ -27,7 +31,6 @@
 pub(crate) mod driver;
 pub(crate) mod errors;
 pub(crate) mod install;
-pub(crate) mod missing;
 pub(crate) mod offer;
 pub(crate) mod receive;
 pub(crate) mod serve;
@@ -35,6 +38,7 @@ pub(crate) mod spill;
 pub(crate) mod walk;
 pub(crate) mod wire;
 
+pub use crate::missing_history::{MissingHistory, TRANSFER_NEEDED_FILE};
 pub use driver::{
     CheckedTransferFrame, DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DRIVER_LOAD_BLOCKS_PER_CALL,
     DriverOutput, DriverStats, OfferHeaderRefusal, Outgoing, RECEIVING_TRANSFERS_MAX_DEFAULT,
@@ -49,7 +53,6 @@ pub use errors::{
 pub use install::{
     INSTALL_FILE_OPS_PER_STEP, INSTALL_MARKER_FILE, InstallInput, StagedSegment, fence_partition,
 };
-pub use missing::{MissingHistory, TRANSFER_NEEDED_FILE};
 pub use offer::{
     BuildBudget, BuildClock, HashRound, HashedPlan, MonotonicClock, OFFER_READ_CHUNK_BYTES,
     OfferBuilder, OfferPlan, OfferedArtifact, OfferedSegment, PartitionOffer, Planned,

@@ -117,10 +117,10 @@ pub(crate) async fn recover_interrupted_install<F: Fs>(
             .await?;
         // Before the marker goes: once it is gone, only this record says
         // that nothing below the frontier is held here.
-        crate::state_transfer::missing::write_missing_history(
+        crate::missing_history::write_missing_history(
             fs,
             dir,
-            crate::state_transfer::missing::MissingHistory {
+            crate::missing_history::MissingHistory {
                 commit_op: Op(applied.0),
                 frontier: Offset(applied.2),
             },

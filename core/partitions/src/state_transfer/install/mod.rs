@@ -69,7 +69,7 @@
 //! segment planted at the frontier, every offset file removed, dedup
 //! cleared, the applied point the superblock already holds; the core stays
 //! in its transfer so the driver pulls the missing history again, and the
-//! durable transfer-needed record ([`super::missing`]) keeps it lagging
+//! durable transfer-needed record ([`crate::missing_history`]) keeps it lagging
 //! across reboots until an install removes it (before the marker). If that
 //! fails too the install returns `ConvergeFailed`, the partition is fenced in
 //! memory (refuses all input) and the caller quarantines its files with
@@ -96,10 +96,10 @@ use storage::{RecoveredSegment, recover_segment};
 use storage::{SegmentFileName, index_file_name, log_file_name, parse_file_name};
 
 use super::errors::{PartitionInstallError, PartitionInstallOutcome};
-use super::missing::{MissingHistory, clear_missing_history, write_missing_history};
 use super::receive::ReceivedTransfer;
 use super::spill::StagedSegmentMeta;
 use crate::bus::MessageBus;
+use crate::missing_history::{MissingHistory, clear_missing_history, write_missing_history};
 use crate::offset_storage::{
     PURGE_GENERATION_FILE, PurgeGeneration, REPLACEMENT_SUFFIX, commit_offset_replacement,
     delete_persisted_offset, persist_purge_generation,

@@ -104,33 +104,6 @@ pub async fn write_missing_history<F: Fs>(
     .await
 }
 
-/// A group member found its own committed data damaged at boot (segments
-/// that do not recover into one contiguous log, synced batches below the
-/// recorded frontier gone, a consumer-offset record that does not
-/// verify). Records that its history below `record.frontier` is missing —
-/// first, so that a crash at any later step still boots lagging — and,
-/// with `set_aside_segments`, moves its segment files aside
-/// (`<dir>.fenced.<n>`, evidence for an operator that nothing reads again),
-/// so the open that follows plants an empty segment at the frontier. A
-/// state transfer from a peer then brings the group's state back, as for
-/// damage found at runtime (`Partition::repair_damage`).
-///
-/// # Errors
-/// The filesystem's error. If the record was written, the next boot takes
-/// this path again.
-pub(crate) async fn set_aside_damaged_history<F: Fs>(
-    fs: &F,
-    dir: &Path,
-    record: MissingHistory,
-    set_aside_segments: bool,
-) -> io::Result<()> {
-    write_missing_history(fs, dir, record).await?;
-    if set_aside_segments {
-        super::install::fence_partition(fs, dir).await?;
-    }
-    Ok(())
-}
-
 /// Reads the record in `dir`. A record that does not verify is read as
 /// present with `fallback` (the superblock's applied point and frontier).
 ///
