@@ -57,6 +57,31 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             mut staged,
             offsets_artifact,
         } = input;
+        self.check_install_op(commit_op)?;
+        let wire = ConsumerOffsetsWire::decode(&offsets_artifact)?;
+        let purge_advances = self.check_offset_space(&wire)?;
+        let frontier = wire.next_offset;
+        check_segment_chain(&mut staged, frontier)?;
+        let existing = self.check_staged_present(&staged).await?;
+        let mut scratch = self.replica.client_table().clone();
+        scratch
+            .install(&wire.dedup)
+            .map_err(PartitionInstallError::Dedup)?;
+        let planned = self.plan_offset_writes(&wire);
+        Ok(CheckedInstall {
+            commit_op: commit_op.0,
+            checksum: commit_checksum,
+            wire,
+            staged,
+            frontier: frontier.0,
+            purge_advances,
+            planned,
+            existing,
+        })
+    }
+
+    /// Whether the offer's op may be installed here.
+    fn check_install_op(&self, commit_op: Op) -> Result<(), PartitionInstallError> {
         // Below the applied point the install would rewind applied ops;
         // below an op this replica acknowledged it would erase a journaled
         // op whose ack may be part of the quorum that committed it (the
@@ -76,15 +101,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let local_commit = self
             .replica
             .commit_min()
-            .0
-            .max(self.replica.acknowledged_max().0);
-        if commit_op < Op(local_commit) {
+            .max(self.replica.acknowledged_max());
+        if commit_op < local_commit {
             return Err(PartitionInstallError::StaleTransfer {
                 commit_op,
-                commit_min: Op(local_commit),
+                commit_min: local_commit,
             });
         }
-        let wire = ConsumerOffsetsWire::decode(&offsets_artifact)?;
+        Ok(())
+    }
+
+    /// Whether the offer's offset space may replace this replica's:
+    /// returns whether the install advances the purge generation.
+    fn check_offset_space(
+        &self,
+        wire: &ConsumerOffsetsWire,
+    ) -> Result<bool, PartitionInstallError> {
         // An offer from before a purge this replica applied would bring
         // back purged data. One from before a purge only the metadata
         // plane committed would not: the partition's purge op, once
@@ -105,50 +137,23 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // `purge.gen` already has a local frontier of 0 and the rewind
         // guard below has nothing to protect.
         let purge_advances = wire.purge_generation > self.applied_purge_generation;
-        let local_next = self
-            .applied_next_offset
-            .max(self.durable_offset_frontier().0);
+        let local_next = Offset(self.applied_next_offset).max(self.durable_offset_frontier());
         let frontier = wire.next_offset;
-        if !purge_advances && frontier < Offset(local_next) {
+        if !purge_advances && frontier < local_next {
             return Err(PartitionInstallError::OfferRewindsDurableData {
                 offer_next_offset: frontier,
-                local_next_offset: Offset(local_next),
+                local_next_offset: local_next,
             });
         }
-        staged.sort_unstable_by_key(|s| s.start_offset);
-        for s in &staged {
-            // A staged segment holds at least one message.
-            if s.end_offset < s.start_offset {
-                return Err(PartitionInstallError::SegmentSetHole {
-                    previous_end: s.end_offset,
-                    next_start: s.start_offset,
-                });
-            }
-        }
-        for pair in staged.windows(2) {
-            if pair[1].start_offset == pair[0].start_offset {
-                return Err(PartitionInstallError::DuplicateSegment {
-                    start_offset: pair[1].start_offset,
-                });
-            }
-            if Some(pair[1].start_offset) != pair[0].end_offset.checked_add(1) {
-                return Err(PartitionInstallError::SegmentSetHole {
-                    previous_end: pair[0].end_offset,
-                    next_start: pair[1].start_offset,
-                });
-            }
-        }
-        // The chain must end exactly where the frontier starts: below it
-        // would leave offsets no segment holds under an active segment the
-        // storage could not name, above it would contradict the artifact.
-        if let Some(last) = staged.last()
-            && last.end_offset.checked_add(1) != Some(frontier)
-        {
-            return Err(PartitionInstallError::SegmentSetHole {
-                previous_end: last.end_offset,
-                next_start: frontier,
-            });
-        }
+        Ok(purge_advances)
+    }
+
+    /// Whether every staged segment's files are in the directory; returns
+    /// the listing, which the swap reuses.
+    async fn check_staged_present(
+        &self,
+        staged: &[StagedSegment],
+    ) -> Result<Vec<PathBuf>, PartitionInstallError> {
         // One listing, not a call per file: a chain of thousands of
         // segments is checked without thousands of round trips. The swap
         // reuses it.
@@ -156,7 +161,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .await
             .map_err(swap_io(&self.dir))?;
         let present: HashSet<&Path> = existing.iter().map(PathBuf::as_path).collect();
-        for s in &staged {
+        for s in staged {
             let (log, index) = s.staging_paths(&self.dir);
             for path in [log, index] {
                 if !present.contains(path.as_path()) {
@@ -167,13 +172,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 }
             }
         }
-        let mut scratch = self.replica.client_table().clone();
-        scratch
-            .install(&wire.dedup)
-            .map_err(PartitionInstallError::Dedup)?;
+        Ok(existing)
+    }
+
+    /// The consumer-offset records the install writes, each clamped to the
+    /// installed end.
+    fn plan_offset_writes(&self, wire: &ConsumerOffsetsWire) -> Vec<PlannedOffsetWrite> {
         // Offsets point at a consumed message, so at most the installed
         // end; with nothing ever minted there is nothing to point at.
-        let last = frontier.checked_prev();
+        let last = wire.next_offset.checked_prev();
         let mut planned = Vec::with_capacity(wire.consumers.len() + wire.groups.len());
         for (kind, entries) in [
             (ConsumerKind::Consumer, &wire.consumers),
@@ -189,16 +196,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 })
             }));
         }
-        Ok(CheckedInstall {
-            commit_op: commit_op.0,
-            checksum: commit_checksum,
-            wire,
-            staged,
-            frontier: frontier.0,
-            purge_advances,
-            planned,
-            existing,
-        })
+        planned
     }
 
     /// Writes and data-syncs every planned offset as an ignored sibling,
@@ -268,4 +266,47 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             discard_offset_replacement(&self.fs, &write.path).await;
         }
     }
+}
+
+/// Sorts the staged segments and checks they form one chain, each holding
+/// at least one message, that ends exactly where `frontier` starts.
+fn check_segment_chain(
+    staged: &mut [StagedSegment],
+    frontier: Offset,
+) -> Result<(), PartitionInstallError> {
+    staged.sort_unstable_by_key(|s| s.start_offset);
+    for s in staged.iter() {
+        // A staged segment holds at least one message.
+        if s.end_offset < s.start_offset {
+            return Err(PartitionInstallError::SegmentSetHole {
+                previous_end: s.end_offset,
+                next_start: s.start_offset,
+            });
+        }
+    }
+    for pair in staged.windows(2) {
+        if pair[1].start_offset == pair[0].start_offset {
+            return Err(PartitionInstallError::DuplicateSegment {
+                start_offset: pair[1].start_offset,
+            });
+        }
+        if Some(pair[1].start_offset) != pair[0].end_offset.checked_add(1) {
+            return Err(PartitionInstallError::SegmentSetHole {
+                previous_end: pair[0].end_offset,
+                next_start: pair[1].start_offset,
+            });
+        }
+    }
+    // The chain must end exactly where the frontier starts: below it
+    // would leave offsets no segment holds under an active segment the
+    // storage could not name, above it would contradict the artifact.
+    if let Some(last) = staged.last()
+        && last.end_offset.checked_add(1) != Some(frontier)
+    {
+        return Err(PartitionInstallError::SegmentSetHole {
+            previous_end: last.end_offset,
+            next_start: frontier,
+        });
+    }
+    Ok(())
 }
