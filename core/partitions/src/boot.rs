@@ -56,29 +56,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         fs: F,
         dir: &Path,
         bus: B,
-        mut store: S,
+        store: S,
         clean_stop: Option<CleanStop>,
     ) -> Result<Self, BootError> {
         ensure_dir(&fs, dir).await?;
-        let fresh = store
-            .read_latest()
-            .await
-            .map_err(BootError::Superblock)?
-            .is_none();
-        let durable = Superblock::open(store, initial_state(&config))
-            .await
-            .map_err(BootError::Superblock)?;
+        let (fresh, durable) = open_superblock(store, &config).await?;
         let sb = *durable.state();
-        // Disk-supplied: the core computes the op after each.
-        if let Some(op) = [sb.commit_max.0, sb.checkpoint_op.0]
-            .into_iter()
-            .find(|op| *op > consensus::vsr::OP_MAX)
-        {
-            return Err(BootError::SuperblockOpOutOfRange {
-                op: Op(op),
-                max: Op(consensus::vsr::OP_MAX),
-            });
-        }
         let generation = read_purge_generation(&fs, dir, config.created_revision)
             .await
             .map_err(|source| BootError::PurgeGenerationUnreadable {
@@ -129,14 +112,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         restore_sessions(&mut replica, recorded_table, dir, &config, &sb, fresh);
         let applied_next_offset = journaled_point.next_offset;
         let journal = PrepareJournal::new(config.journal, replica.commit_min() + 1);
-        let (messages_count, size_bytes, last_timestamp) =
-            log.segments().fold((0u64, 0u64, 0u64), |(m, b, t), s| {
-                (
-                    m + (s.next_offset - s.start_offset),
-                    b + s.size_bytes,
-                    t.max(s.end_timestamp),
-                )
-            });
+        let (messages_count, size_bytes, last_timestamp) = log_totals(&log);
         let mut partition = Self {
             dir: dir.to_path_buf(),
             fs,
@@ -653,6 +629,45 @@ fn restore_sessions(
         }
         None => {}
     }
+}
+
+/// Reads the superblock, noting whether none was ever written (a fresh
+/// replica), and refuses ops past the core's range.
+async fn open_superblock<S: SuperblockStore>(
+    mut store: S,
+    config: &PartitionConfig,
+) -> Result<(bool, Superblock<S>), BootError> {
+    let fresh = store
+        .read_latest()
+        .await
+        .map_err(BootError::Superblock)?
+        .is_none();
+    let durable = Superblock::open(store, initial_state(config))
+        .await
+        .map_err(BootError::Superblock)?;
+    let sb = *durable.state();
+    // Disk-supplied: the core computes the op after each.
+    if let Some(op) = [sb.commit_max.0, sb.checkpoint_op.0]
+        .into_iter()
+        .find(|op| *op > consensus::vsr::OP_MAX)
+    {
+        return Err(BootError::SuperblockOpOutOfRange {
+            op: Op(op),
+            max: Op(consensus::vsr::OP_MAX),
+        });
+    }
+    Ok((fresh, durable))
+}
+
+/// Messages, bytes and the newest timestamp across the recovered log.
+fn log_totals(log: &SegmentedLog<impl Fs>) -> (u64, u64, u64) {
+    log.segments().fold((0u64, 0u64, 0u64), |(m, b, t), s| {
+        (
+            m + (s.next_offset - s.start_offset),
+            b + s.size_bytes,
+            t.max(s.end_timestamp),
+        )
+    })
 }
 
 /// A group member found its own committed data damaged at boot (segments
