@@ -143,38 +143,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         let first = self.first_offset().0;
         let count = u64::from(request.count);
         let (kind, id) = request.consumer;
-        if let Some(missing) = self.missing_history
-            && count > 0
-        {
-            let below = match request.strategy {
-                PollingStrategy::Offset(o) => o < missing.frontier.0,
-                PollingStrategy::Last => end.saturating_sub(count) < missing.frontier.0,
-                PollingStrategy::Next => self
-                    .offsets
-                    .get(kind, id)
-                    .is_none_or(|o| o.0.saturating_add(1) < missing.frontier.0),
-                PollingStrategy::First | PollingStrategy::Timestamp(_) => true,
-            };
-            if below {
-                return Err(PollError::HistoryMissing {
-                    frontier: missing.frontier.0,
-                });
-            }
+        if count > 0 {
+            self.check_history_held(request, end)?;
         }
         if count == 0 || end <= first {
             return Ok(Polled::default());
         }
-        let start = match request.strategy {
-            PollingStrategy::Offset(o) => o,
-            PollingStrategy::First => first,
-            PollingStrategy::Last => end.saturating_sub(count),
-            PollingStrategy::Next => self.offsets.get(kind, id).map_or(first, |o| o.0 + 1),
-            PollingStrategy::Timestamp(ts) => match self.offset_at_timestamp(ts).await? {
-                Some(o) => o,
-                None => return Ok(Polled::default()),
-            },
-        }
-        .max(first);
+        let Some(start) = self.poll_start(request, first, end).await? else {
+            return Ok(Polled::default());
+        };
         if start >= end {
             return Ok(Polled::default());
         }
@@ -183,8 +160,86 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             first_offset: Offset(start),
             ..Polled::default()
         };
-        let mut at = start;
         let flushed_end = self.log.next_offset();
+        let mut at = self
+            .read_flushed(start, last_wanted, count, flushed_end, &mut out.batches)
+            .await?;
+        if at >= flushed_end && at <= last_wanted {
+            at = self.read_journaled(at, last_wanted, &mut out.batches);
+        }
+        if out.batches.is_empty() {
+            return Ok(Polled::default());
+        }
+        out.last_offset = Offset(at.saturating_sub(1).min(last_wanted));
+        out.count = out.last_offset.messages_since(out.first_offset) + 1;
+        if request.auto_commit {
+            self.offsets.advance_live(kind, id, out.last_offset);
+            self.auto_commits
+                .borrow_mut()
+                .queue(kind, id, out.last_offset.0);
+        }
+        Ok(out)
+    }
+
+    /// Refuses a poll that would read below the frontier of a partition
+    /// whose history there is missing (it would read as empty).
+    fn check_history_held(&self, request: &PollRequest, end: u64) -> Result<(), PollError> {
+        let Some(missing) = self.missing_history else {
+            return Ok(());
+        };
+        let count = u64::from(request.count);
+        let (kind, id) = request.consumer;
+        let below = match request.strategy {
+            PollingStrategy::Offset(o) => o < missing.frontier.0,
+            PollingStrategy::Last => end.saturating_sub(count) < missing.frontier.0,
+            PollingStrategy::Next => self
+                .offsets
+                .get(kind, id)
+                .is_none_or(|o| o.0.saturating_add(1) < missing.frontier.0),
+            PollingStrategy::First | PollingStrategy::Timestamp(_) => true,
+        };
+        if below {
+            return Err(PollError::HistoryMissing {
+                frontier: missing.frontier.0,
+            });
+        }
+        Ok(())
+    }
+
+    /// The first offset the strategy names, never below `first`; `None`
+    /// when a timestamp names no batch.
+    async fn poll_start(
+        &self,
+        request: &PollRequest,
+        first: u64,
+        end: u64,
+    ) -> Result<Option<u64>, PollError> {
+        let count = u64::from(request.count);
+        let (kind, id) = request.consumer;
+        let start = match request.strategy {
+            PollingStrategy::Offset(o) => o,
+            PollingStrategy::First => first,
+            PollingStrategy::Last => end.saturating_sub(count),
+            PollingStrategy::Next => self.offsets.get(kind, id).map_or(first, |o| o.0 + 1),
+            PollingStrategy::Timestamp(ts) => match self.offset_at_timestamp(ts).await? {
+                Some(o) => o,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(start.max(first)))
+    }
+
+    /// Appends the flushed batches from `at` up to `last_wanted` (whole
+    /// batches, read straight from the segments) and returns the offset
+    /// after the last one taken.
+    async fn read_flushed(
+        &self,
+        mut at: u64,
+        last_wanted: u64,
+        count: u64,
+        flushed_end: u64,
+        batches: &mut Vec<Bytes>,
+    ) -> Result<u64, PollError> {
         // Sized by the count, so a poll of a few messages does not read a
         // megabyte.
         let read_bytes = count
@@ -209,39 +264,33 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     break;
                 };
                 if h.last_offset() >= at {
-                    out.batches.push(bytes.slice_ref(batch));
+                    batches.push(bytes.slice_ref(batch));
                     at = h.next_offset();
                 }
                 pos += len;
             }
         }
-        if at >= flushed_end && at <= last_wanted {
-            for e in self.journal.live() {
-                if at > last_wanted {
-                    break;
-                }
-                if e.stats.messages == 0 {
-                    continue;
-                }
-                let next = e.stats.base_offset.0 + u64::from(e.stats.messages);
-                if next > at {
-                    out.batches.push(e.frame.clone());
-                    at = next;
-                }
+        Ok(at)
+    }
+
+    /// Appends the applied, not yet flushed batches from `at` up to
+    /// `last_wanted` (the journal's frames, shared) and returns the offset
+    /// after the last one taken.
+    fn read_journaled(&self, mut at: u64, last_wanted: u64, batches: &mut Vec<Bytes>) -> u64 {
+        for e in self.journal.live() {
+            if at > last_wanted {
+                break;
+            }
+            if e.stats.messages == 0 {
+                continue;
+            }
+            let next = e.stats.base_offset.0 + u64::from(e.stats.messages);
+            if next > at {
+                batches.push(e.frame.clone());
+                at = next;
             }
         }
-        if out.batches.is_empty() {
-            return Ok(Polled::default());
-        }
-        out.last_offset = Offset(at.saturating_sub(1).min(last_wanted));
-        out.count = out.last_offset.messages_since(out.first_offset) + 1;
-        if request.auto_commit {
-            self.offsets.advance_live(kind, id, out.last_offset);
-            self.auto_commits
-                .borrow_mut()
-                .queue(kind, id, out.last_offset.0);
-        }
-        Ok(out)
+        at
     }
 
     /// The offset of the first committed batch whose timestamp is at or
