@@ -87,13 +87,62 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             .await
             .map_err(PartitionError::Superblock)?;
         // 2. Unlink the chain oldest first.
-        let step =
-            |step: &'static str| move |source: io::Error| PartitionError::PurgeIo { step, source };
+        self.unlink_segment_chain().await?;
+        // 3. Plant the empty segment at 0 (syncs the directory).
+        let (log, _) = SegmentedLog::open(self.fs.clone(), &self.dir, self.config.log, 0)
+            .await
+            .map_err(|e| PartitionError::PurgeIo {
+                step: "plant empty segment",
+                source: io::Error::other(e.to_string()),
+            })?;
+        self.replace_log(log);
+        self.journal.clear_all(Op(op + 1));
+        self.applied_log_purged();
+        // 4. Consumer offsets.
+        self.offsets
+            .clear_all(&self.fs)
+            .await
+            .map_err(purge_io("clear consumer offsets"))?;
+        // 5. The generation, last.
+        persist_purge_generation(
+            &self.fs,
+            &self.dir,
+            PurgeGeneration {
+                generation,
+                created_revision: self.config.created_revision,
+            },
+        )
+        .await
+        .map_err(purge_io("record purge generation"))?;
+        self.purge_recorded(
+            generation,
+            AppliedPoint {
+                op,
+                checksum: h.checksum,
+                next_offset: 0,
+            },
+        );
+        // 6. The applied point moves past the purge.
+        if table_current {
+            self.record_applied_point(op, h.checksum, 0).await?;
+        } else {
+            self.durable
+                .record_applied(Op(op), h.checksum, Offset::ZERO)
+                .await
+                .map_err(PartitionError::Superblock)?;
+            self.offsets.settle(op);
+        }
+        Ok(())
+    }
+
+    /// Unlinks every segment file, oldest first, with a directory sync
+    /// between segments and after the last.
+    async fn unlink_segment_chain(&self) -> Result<(), PartitionError> {
         let entries = self
             .fs
             .read_dir(&self.dir)
             .await
-            .map_err(step("list segments"))?;
+            .map_err(purge_io("list segments"))?;
         let mut files: Vec<(u64, u8, std::ffi::OsString)> = entries
             .into_iter()
             .filter(|e| e.kind == FileKind::File)
@@ -118,13 +167,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 self.fs
                     .sync_dir(&self.dir)
                     .await
-                    .map_err(step("sync directory"))?;
+                    .map_err(purge_io("sync directory"))?;
             }
             previous = Some(start);
             match self.fs.remove_file(&self.dir.join(&name)).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(step("unlink segment")(e)),
+                Err(e) => return Err(purge_io("unlink segment")(e)),
             }
         }
         // The last segment's unlinks durable before the plant: otherwise a
@@ -133,51 +182,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.fs
             .sync_dir(&self.dir)
             .await
-            .map_err(step("sync directory"))?;
-        // 3. Plant the empty segment at 0 (syncs the directory).
-        let (log, _) = SegmentedLog::open(self.fs.clone(), &self.dir, self.config.log, 0)
-            .await
-            .map_err(|e| PartitionError::PurgeIo {
-                step: "plant empty segment",
-                source: io::Error::other(e.to_string()),
-            })?;
-        self.replace_log(log);
-        self.journal.clear_all(Op(op + 1));
-        self.applied_log_purged();
-        // 4. Consumer offsets.
-        self.offsets
-            .clear_all(&self.fs)
-            .await
-            .map_err(step("clear consumer offsets"))?;
-        // 5. The generation, last.
-        persist_purge_generation(
-            &self.fs,
-            &self.dir,
-            PurgeGeneration {
-                generation,
-                created_revision: self.config.created_revision,
-            },
-        )
-        .await
-        .map_err(step("record purge generation"))?;
-        self.purge_recorded(
-            generation,
-            AppliedPoint {
-                op,
-                checksum: h.checksum,
-                next_offset: 0,
-            },
-        );
-        // 6. The applied point moves past the purge.
-        if table_current {
-            self.record_applied_point(op, h.checksum, 0).await?;
-        } else {
-            self.durable
-                .record_applied(Op(op), h.checksum, Offset::ZERO)
-                .await
-                .map_err(PartitionError::Superblock)?;
-            self.offsets.settle(op);
-        }
+            .map_err(purge_io("sync directory"))?;
         Ok(())
     }
+}
+
+/// Names the purge step an I/O error stopped.
+fn purge_io(step: &'static str) -> impl Fn(io::Error) -> PartitionError {
+    move |source| PartitionError::PurgeIo { step, source }
 }
