@@ -716,12 +716,41 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         checked: &CheckedInstall,
         log: SegmentedLog<F>,
     ) -> Result<PartitionInstallOutcome, PartitionInstallError> {
-        let fs = self.fs.clone();
         self.replace_log(log);
         self.journal.clear_all(Op(checked.commit_op + 1));
+        self.swap_in_offsets(checked).await?;
+        let entries: Vec<(ConsumerKind, u32, u64)> = checked
+            .planned
+            .iter()
+            .map(|w| (w.kind, w.id, w.value))
+            .collect();
+        self.offsets.replace_installed(&entries);
+        self.replica
+            .client_table_mut()
+            .install(&checked.wire.dedup)
+            .map_err(PartitionInstallError::Dedup)?;
 
-        // Offsets: everything not in the plan goes (strays included), then
-        // the siblings are renamed in, then each changed directory synced.
+        // Counters from the artifact's frontier and the installed chain.
+        let (messages, size_bytes, last_timestamp) = staged_totals(&checked.staged);
+        self.count_replaced_log(messages, size_bytes, last_timestamp);
+        let installed_end = checked.staged.last().map(|s| s.end_offset);
+        self.record_offered_generation(checked).await?;
+        self.lift_to_installed_point(checked, installed_end.map(|v| v.0), true);
+        self.clear_missing_history().await;
+        self.remove_install_marker().await;
+        if let Err(error) = self.drive().await {
+            tracing::warn!(dir = %self.dir.display(), %error, "driving the core after an install failed");
+        }
+        Ok(PartitionInstallOutcome {
+            applied_commit_op: Op(checked.commit_op),
+        })
+    }
+
+    /// The offset records: everything not in the plan goes (strays
+    /// included), then the planned siblings are renamed in, then each
+    /// changed directory is synced.
+    async fn swap_in_offsets(&self, checked: &CheckedInstall) -> Result<(), PartitionInstallError> {
+        let fs = self.fs.clone();
         let planned_names: HashSet<(ConsumerKind, String)> = checked
             .planned
             .iter()
@@ -785,51 +814,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 fs.sync_dir(&odir).await.map_err(swap_io(&odir))?;
             }
         }
-        let entries: Vec<(ConsumerKind, u32, u64)> = checked
-            .planned
-            .iter()
-            .map(|w| (w.kind, w.id, w.value))
-            .collect();
-        self.offsets.replace_installed(&entries);
-        self.replica
-            .client_table_mut()
-            .install(&checked.wire.dedup)
-            .map_err(PartitionInstallError::Dedup)?;
-
-        // Counters from the artifact's frontier and the installed chain.
-        let messages = checked
-            .staged
-            .iter()
-            // The check phase proved start <= end < frontier per segment.
-            .map(|s| {
-                s.end_offset
-                    .messages_since(s.start_offset)
-                    .saturating_add(1)
-            })
-            .fold(0u64, u64::saturating_add);
-        let size_bytes = checked
-            .staged
-            .iter()
-            .map(|s| s.size_bytes)
-            .fold(0u64, u64::saturating_add);
-        let last_timestamp = checked
-            .staged
-            .iter()
-            .map(|s| s.max_timestamp)
-            .max()
-            .unwrap_or(0);
-        self.count_replaced_log(messages, size_bytes, last_timestamp);
-        let installed_end = checked.staged.last().map(|s| s.end_offset);
-        self.record_offered_generation(checked).await?;
-        self.lift_to_installed_point(checked, installed_end.map(|v| v.0), true);
-        self.clear_missing_history().await;
-        self.remove_install_marker().await;
-        if let Err(error) = self.drive().await {
-            tracing::warn!(dir = %self.dir.display(), %error, "driving the core after an install failed");
-        }
-        Ok(PartitionInstallOutcome {
-            applied_commit_op: Op(checked.commit_op),
-        })
+        Ok(())
     }
 
     /// Records the offered purge generation when it advanced, before the
@@ -939,4 +924,23 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             }
         }
     }
+}
+
+/// Messages, bytes and the newest timestamp across the staged chain.
+fn staged_totals(staged: &[StagedSegment]) -> (u64, u64, u64) {
+    let messages = staged
+        .iter()
+        // The check phase proved start <= end < frontier per segment.
+        .map(|s| {
+            s.end_offset
+                .messages_since(s.start_offset)
+                .saturating_add(1)
+        })
+        .fold(0u64, u64::saturating_add);
+    let size_bytes = staged
+        .iter()
+        .map(|s| s.size_bytes)
+        .fold(0u64, u64::saturating_add);
+    let last_timestamp = staged.iter().map(|s| s.max_timestamp).max().unwrap_or(0);
+    (messages, size_bytes, last_timestamp)
 }
