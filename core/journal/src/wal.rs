@@ -95,14 +95,14 @@ pub enum WalError {
     /// The prepare's op does not follow the WAL head.
     NotNextOp {
         /// The op expected.
-        expected: u64,
+        expected: Op,
         /// The op offered.
-        op: u64,
+        op: Op,
     },
     /// The prepare does not chain to the head's identity.
     ParentMismatch {
         /// The op offered.
-        op: u64,
+        op: Op,
     },
     /// An earlier write or sync failed; the file's tail is unknown until
     /// the WAL is reopened (which repairs it).
@@ -167,14 +167,14 @@ pub enum EntryDamage {
     /// The op does not follow the previous entry's.
     OpGap {
         /// The op expected.
-        expected: u64,
+        expected: Op,
         /// The op found.
-        op: u64,
+        op: Op,
     },
     /// The parent is not the previous entry's identity.
     ChainBreak {
         /// The op found.
-        op: u64,
+        op: Op,
     },
 }
 
@@ -227,12 +227,12 @@ fn entry_at(bytes: &[u8], prev: Option<(u64, u128)>) -> Result<(Slot, u128), Ent
     if let Some((prev_op, prev_checksum)) = prev {
         if op != prev_op + 1 {
             return Err(EntryDamage::OpGap {
-                expected: prev_op + 1,
-                op,
+                expected: Op(prev_op + 1),
+                op: Op(op),
             });
         }
         if parent != prev_checksum {
-            return Err(EntryDamage::ChainBreak { op });
+            return Err(EntryDamage::ChainBreak { op: Op(op) });
         }
     }
     Ok((
@@ -382,12 +382,12 @@ impl<F: Fs> MetadataWal<F> {
         if let Some((op, checksum)) = prev {
             if p.op.0 != op + 1 {
                 return Err(WalError::NotNextOp {
-                    expected: op + 1,
-                    op: p.op.0,
+                    expected: Op(op + 1),
+                    op: p.op,
                 });
             }
             if p.parent != checksum {
-                return Err(WalError::ParentMismatch { op: p.op.0 });
+                return Err(WalError::ParentMismatch { op: p.op });
             }
         }
         Ok(Slot {

@@ -199,12 +199,15 @@ fn given_invalid_or_unchained_prepare_when_appended_should_refuse_and_write_noth
     let gap = build_prepare(Op(5), chain.head.1, GroupId(0), b"x");
     assert!(matches!(
         block_on(wal.append(gap)),
-        Err(WalError::NotNextOp { expected: 2, op: 5 })
+        Err(WalError::NotNextOp {
+            expected: Op(2),
+            op: Op(5)
+        })
     ));
     let unchained = build_prepare(Op(2), 12345, GroupId(0), b"x");
     assert!(matches!(
         block_on(wal.append(unchained)),
-        Err(WalError::ParentMismatch { op: 2 })
+        Err(WalError::ParentMismatch { op: Op(2) })
     ));
     let mut corrupt = chain.next();
     let last = corrupt.len() - 1;

@@ -201,7 +201,7 @@ pub enum ClientOp {
         /// Its id.
         id: u32,
         /// The last consumed offset.
-        offset: u64,
+        offset: Offset,
     },
     /// Delete a consumer offset.
     DeleteOffset {
@@ -951,16 +951,16 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 }
             }
             ClientOp::StoreOffset { kind, id, offset } => {
-                if offset >= self.applied_next_offset {
+                if offset >= Offset(self.applied_next_offset) {
                     return Err(PartitionError::StoreOffsetBeyondEnd {
-                        offset: Offset(offset),
+                        offset,
                         next_offset: Offset(self.applied_next_offset),
                     });
                 }
                 PartitionOp::StoreOffset {
                     kind,
                     id,
-                    offset,
+                    offset: offset.0,
                     auto_commit: false,
                 }
             }

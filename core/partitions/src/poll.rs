@@ -80,7 +80,7 @@ pub enum PollError {
     /// here, which is not the same as empty.
     HistoryMissing {
         /// The offset below which nothing is held.
-        frontier: u64,
+        frontier: Offset,
     },
 }
 
@@ -200,7 +200,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         };
         if below {
             return Err(PollError::HistoryMissing {
-                frontier: missing.frontier.0,
+                frontier: missing.frontier,
             });
         }
         Ok(())

@@ -508,7 +508,7 @@ fn given_purge_pipelined_with_appends_when_committed_should_restart_offsets_on_e
             op: ClientOp::StoreOffset {
                 kind: ConsumerKind::ConsumerGroup,
                 id: 5,
-                offset: 12,
+                offset: Offset(12),
             },
         },
     );

@@ -267,7 +267,7 @@ fn given_crash_at_every_step_of_an_offset_replacement_when_rebooted_should_hold_
                 ClientOp::StoreOffset {
                     kind: ConsumerKind::Consumer,
                     id: 1,
-                    offset: 12,
+                    offset: Offset(12),
                 },
             )
         },

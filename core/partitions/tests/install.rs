@@ -764,7 +764,7 @@ fn given_converged_partition_when_producing_should_mint_from_the_frontier() {
         auto_commit: false,
     }));
     assert!(
-        matches!(polled, Err(partitions::PollError::HistoryMissing { frontier }) if frontier == FRONTIER),
+        matches!(polled, Err(partitions::PollError::HistoryMissing { frontier }) if frontier == Offset(FRONTIER)),
         "{polled:?}"
     );
     // Appends continue at the frontier.

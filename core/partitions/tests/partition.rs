@@ -180,7 +180,7 @@ fn given_invalid_client_batch_when_submitted_should_refuse_and_change_nothing() 
             op: ClientOp::StoreOffset {
                 kind: CONSUMER,
                 id: 1,
-                offset: 2,
+                offset: Offset(2),
             },
         },
         node.now_us,

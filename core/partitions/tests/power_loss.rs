@@ -12,7 +12,7 @@
 //! lost. In both, the replicas end byte-identical (no fork).
 #![allow(clippy::unwrap_used)]
 
-use common::ReplicaId;
+use common::{Offset, ReplicaId};
 use std::collections::BTreeMap;
 
 mod harness;
@@ -234,7 +234,7 @@ fn mixed_op(n: u64, shape: &Shape) -> (partitions::ClientOp, Vec<u128>) {
             ClientOp::StoreOffset {
                 kind,
                 id,
-                offset: (n * 7) % 19,
+                offset: Offset((n * 7) % 19),
             },
             Vec::new(),
         ),
@@ -250,7 +250,7 @@ fn fold_offsets(ops: &[partitions::ClientOp]) -> BTreeMap<(bool, u32), u64> {
     for op in ops {
         match op {
             ClientOp::StoreOffset { kind, id, offset } => {
-                state.insert((*kind == ConsumerKind::ConsumerGroup, *id), *offset);
+                state.insert((*kind == ConsumerKind::ConsumerGroup, *id), offset.0);
             }
             ClientOp::DeleteOffset { kind, id } => {
                 state.remove(&(*kind == ConsumerKind::ConsumerGroup, *id));

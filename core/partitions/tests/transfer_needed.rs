@@ -118,7 +118,7 @@ fn given_power_cut_mid_install_when_rebooted_should_stay_lagging_until_an_instal
             auto_commit: false,
         }));
         assert!(
-            matches!(polled, Err(PollError::HistoryMissing { frontier: f }) if f == frontier),
+            matches!(polled, Err(PollError::HistoryMissing { frontier: f }) if f == Offset(frontier)),
             "{strategy:?}: {polled:?}"
         );
     }

@@ -499,7 +499,7 @@ impl MetadataTransfer {
             local: replica.replica(),
             replica_count: replica.replica_count(),
         };
-        let checked = match check_transfer_frame(&frame, &expect, from) {
+        let checked = match check_transfer_frame(&frame, &expect, ReplicaId(from)) {
             Ok(checked) => checked,
             Err(error) => {
                 self.stats.frames_refused += 1;
@@ -1079,7 +1079,7 @@ impl MetadataTransfer {
         out.push(Outgoing::transfer_frame(
             self.config.cluster,
             replica,
-            to,
+            ReplicaId(to),
             command,
             body,
         ));

@@ -1836,11 +1836,9 @@ impl<E: Env> Shard<E> {
         while let Some((call, reply)) = g.queued.pop_front() {
             let op = match call {
                 Call::Produce { batch } => ClientOp::Append(batch),
-                Call::StoreOffset { kind, id, offset } => ClientOp::StoreOffset {
-                    kind,
-                    id,
-                    offset: offset.0,
-                },
+                Call::StoreOffset { kind, id, offset } => {
+                    ClientOp::StoreOffset { kind, id, offset }
+                }
                 Call::DeleteOffset { kind, id } => ClientOp::DeleteOffset { kind, id },
                 Call::Purge { generation } => ClientOp::Purge { generation },
                 other => {

@@ -175,16 +175,16 @@ pub struct CheckedTransferFrame {
 pub fn check_transfer_frame(
     frame: &[u8],
     expect: &TransferFrameExpect,
-    from: u8,
+    from: ReplicaId,
 ) -> Result<CheckedTransferFrame, TransferFrameError> {
     let decoded = decode_frame(frame, expect.frame_size_max)?;
     let h = decoded.header;
     if h.cluster != expect.cluster {
         return Err(TransferFrameError::WrongCluster { cluster: h.cluster });
     }
-    if h.replica != ReplicaId(from) || from == expect.local.0 || from >= expect.replica_count {
+    if h.replica != from || from == expect.local || from >= ReplicaId(expect.replica_count) {
         return Err(TransferFrameError::Sender {
-            claimed: h.replica.0,
+            claimed: h.replica,
             peer: from,
         });
     }
@@ -200,7 +200,7 @@ pub fn check_transfer_frame(
         }
     };
     if group != expect.group {
-        return Err(TransferFrameError::WrongGroup { group: group.0 });
+        return Err(TransferFrameError::WrongGroup { group });
     }
     Ok(CheckedTransferFrame {
         command: h.command,
@@ -219,16 +219,16 @@ pub enum OfferHeaderRefusal {
     /// the install, the journal's floor) would overflow.
     OpOutOfRange {
         /// The offer's `commit_max`.
-        commit_max: u64,
+        commit_max: Op,
         /// The largest op accepted.
-        max: u64,
+        max: Op,
     },
     /// The offer claims an op past its own `commit_max`.
     CommitOpPastCommitMax {
         /// The offer's op.
-        commit_op: u64,
+        commit_op: Op,
         /// The offer's `commit_max`.
-        commit_max: u64,
+        commit_max: Op,
     },
     /// The peer is in an older view than this replica.
     ViewBehind {
@@ -294,14 +294,14 @@ pub fn check_offer_header(
 ) -> Result<(), OfferHeaderRefusal> {
     if header.commit_max.0 > consensus::vsr::OP_MAX {
         return Err(OfferHeaderRefusal::OpOutOfRange {
-            commit_max: header.commit_max.0,
-            max: consensus::vsr::OP_MAX,
+            commit_max: header.commit_max,
+            max: Op(consensus::vsr::OP_MAX),
         });
     }
     if header.commit_op > header.commit_max {
         return Err(OfferHeaderRefusal::CommitOpPastCommitMax {
-            commit_op: header.commit_op.0,
-            commit_max: header.commit_max.0,
+            commit_op: header.commit_op,
+            commit_max: header.commit_max,
         });
     }
     if view < local.view {
@@ -324,7 +324,7 @@ pub fn check_offer_header(
 pub fn encode_transfer_frame(
     cluster: u128,
     view: u32,
-    replica: u8,
+    replica: ReplicaId,
     command: CommandHeader,
     body: &[u8],
 ) -> Bytes {
@@ -334,7 +334,7 @@ pub fn encode_transfer_frame(
         cluster,
         size: 0,
         view,
-        replica: ReplicaId(replica),
+        replica,
         command,
     };
     Bytes::from(encode_frame(&header, body))
@@ -348,13 +348,13 @@ impl Outgoing {
     pub fn transfer_frame(
         cluster: u128,
         from: &Replica,
-        to: u8,
+        to: ReplicaId,
         command: CommandHeader,
         body: &[u8],
     ) -> Self {
         Self {
-            to,
-            frame: encode_transfer_frame(cluster, from.view(), from.replica().0, command, body),
+            to: to.0,
+            frame: encode_transfer_frame(cluster, from.view(), from.replica(), command, body),
         }
     }
 }
@@ -413,15 +413,15 @@ pub enum TransferFrameError {
     /// The frame belongs to another group.
     WrongGroup {
         /// The frame's group.
-        group: u64,
+        group: GroupId,
     },
     /// The header names a sender other than the connection's peer, or one
     /// outside the group.
     Sender {
         /// The header's replica field.
-        claimed: u8,
+        claimed: ReplicaId,
         /// The peer the frame came from.
-        peer: u8,
+        peer: ReplicaId,
     },
     /// Not one of the four state-transfer commands.
     NotTransferCommand {
@@ -438,7 +438,7 @@ impl fmt::Display for TransferFrameError {
                 write!(f, "state-transfer frame from cluster {cluster:#x}")
             }
             Self::WrongGroup { group } => {
-                write!(f, "state-transfer frame for group {group:#x}")
+                write!(f, "state-transfer frame for group {:#x}", group.0)
             }
             Self::Sender { claimed, peer } => write!(
                 f,
@@ -851,7 +851,7 @@ impl<F: Fs> TransferDriver<F> {
                 local: partition.replica().replica(),
                 replica_count: partition.config().vsr.replica_count,
             },
-            from,
+            ReplicaId(from),
         )?;
         Ok((checked.command, checked.view))
     }
@@ -1165,7 +1165,7 @@ impl<F: Fs> TransferDriver<F> {
         out.send.push(Outgoing::transfer_frame(
             self.config.cluster,
             partition.replica(),
-            to.0,
+            to,
             command,
             body,
         ));

@@ -8,7 +8,7 @@
 #[path = "../pump/mod.rs"]
 mod pump;
 
-use common::{ConsumerKind, GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, Offset, ReplicaId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -472,7 +472,7 @@ impl Cluster {
                 let op = ClientOp::StoreOffset {
                     kind: ConsumerKind::Consumer,
                     id: 7,
-                    offset: n % 50,
+                    offset: Offset(n % 50),
                 };
                 (op, Vec::new())
             });

@@ -2,7 +2,7 @@
 //! the simulated filesystem, a registered producer, and batch builders.
 #![allow(clippy::unwrap_used, dead_code)]
 
-use common::{ConsumerKind, GroupId, ReplicaId};
+use common::{ConsumerKind, GroupId, Offset, ReplicaId};
 use std::path::{Path, PathBuf};
 
 use common::simnet::NetworkFaults;
@@ -157,7 +157,11 @@ impl<S: SuperblockStore> Node<S> {
     }
 
     pub fn store(&mut self, kind: ConsumerKind, id: u32, offset: u64) {
-        self.request(ClientOp::StoreOffset { kind, id, offset });
+        self.request(ClientOp::StoreOffset {
+            kind,
+            id,
+            offset: Offset(offset),
+        });
     }
 
     pub fn poll(&self, strategy: PollingStrategy, count: u32) -> Polled {
