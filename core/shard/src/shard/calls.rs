@@ -1,0 +1,454 @@
+//! Client calls: reads answered after their read check, replicated calls
+//! submitted through the shard's session with the group and answered when
+//! their ops commit.
+
+use common::{GroupId, Offset};
+use consensus::vsr::{OPERATION_REGISTER, ReplyStatus, RequestOutcome};
+use partitions::{ClientOp, ClientRequest, MessageBus, Partition, PartitionError};
+use storage::fs::Fs;
+
+use super::tick::touch;
+use super::{Shard, ShardPartition};
+use crate::call::{Answer, Call, CallError, Envelope, ReplyTx};
+use crate::env::Env;
+use crate::placement::shard_of;
+use crate::session::{Session, SessionStep};
+
+/// Calls a group queues while its session is being opened.
+const QUEUED_CALLS_MAX: usize = 4096;
+/// Ticks a read waits for its primary's read check before it is answered
+/// `Unavailable` (the primary may be cut off from its backups).
+const READ_CHECK_TICKS_MAX: u64 = 100;
+/// Reads a group holds while their read check is out.
+const PENDING_READS_MAX: usize = 4096;
+
+/// A replicated call waiting for its commit.
+#[derive(Debug)]
+pub(super) struct InFlight {
+    pub(super) reply: ReplyTx,
+}
+
+/// A call that reads the group's state, waiting until its primary has
+/// confirmed that it still leads its view (`consensus::vsr::read_check`):
+/// a poll, a consumer-offset read, or an offset store naming an offset
+/// past this replica's end, which a newer view may already have
+/// committed.
+#[derive(Debug)]
+pub(super) struct PendingRead {
+    /// The read-check round that must be confirmed.
+    round: u64,
+    call: Call,
+    reply: ReplyTx,
+    /// The tick it arrived at.
+    since_tick: u64,
+}
+
+impl<E: Env> Shard<E> {
+    /// A client call. The answer goes to `envelope.reply`, now or when the
+    /// op commits.
+    pub async fn on_call(&mut self, envelope: Envelope) {
+        self.take_call(envelope).await;
+        self.reschedule_touched();
+    }
+
+    async fn take_call(&mut self, envelope: Envelope) {
+        let Envelope { group, call, reply } = envelope;
+        let owner = shard_of(group, self.config.shard_count);
+        if owner != self.config.shard {
+            // The server forwards in-process before calling; a misrouted
+            // call is the caller's bug, answered rather than trusted.
+            let _ = reply.send(Err(CallError::UnknownGroup { group }));
+            return;
+        }
+        let Some(g) = touch(
+            &mut self.groups,
+            &mut self.touched,
+            self.settled_tick,
+            group,
+        ) else {
+            self.stats.calls += 1;
+            let _ = reply.send(Err(CallError::UnknownGroup { group }));
+            return;
+        };
+        if let Some(reason) = g.partition.fenced() {
+            self.stats.calls += 1;
+            let _ = reply.send(Err(CallError::Fenced {
+                reason: reason.to_owned(),
+            }));
+            return;
+        }
+        if let Err(refusal) = primary_check(&g.partition) {
+            self.stats.calls += 1;
+            let _ = reply.send(Err(refusal));
+            return;
+        }
+        let reads_state = match &call {
+            Call::Poll(_) | Call::GetOffset { .. } => true,
+            Call::StoreOffset { offset, .. } => *offset >= g.partition.offset_frontier(),
+            _ => false,
+        };
+        if reads_state {
+            let round = match g.partition.read_fence().await {
+                Ok(round) => round,
+                Err(error) => {
+                    self.stats.calls += 1;
+                    let _ = reply.send(Err(partition_error(error)));
+                    return;
+                }
+            };
+            if !g.partition.replica().read_confirmed(round) {
+                if g.reads.len() >= PENDING_READS_MAX {
+                    let _ = reply.send(Err(CallError::Unavailable {
+                        reason: "too many reads waiting for the group's read check",
+                    }));
+                    return;
+                }
+                g.reads.push_back(PendingRead {
+                    round,
+                    call,
+                    reply,
+                    since_tick: self.tick,
+                });
+                self.reading_groups.insert(group);
+                return;
+            }
+        }
+        if call.is_replicated() {
+            if g.queued.len() >= QUEUED_CALLS_MAX {
+                let _ = reply.send(Err(CallError::Unavailable {
+                    reason: "too many calls waiting for the group",
+                }));
+                return;
+            }
+            g.queued.push_back((call, reply));
+            self.pump_session(group).await;
+            self.settle().await;
+            return;
+        }
+        self.stats.calls += 1;
+        let answer = answer_locally(&mut g.partition, call).await;
+        let _ = reply.send(answer);
+        // A poll with auto-commit may have started an internal op.
+        self.settle().await;
+    }
+
+    /// Answers the reads whose read check came back, and refuses those
+    /// whose group lost its primary or waited too long.
+    async fn serve_reads(&mut self) {
+        if self.reading_groups.is_empty() {
+            return;
+        }
+        let reading: Vec<GroupId> = self.reading_groups.iter().copied().collect();
+        for id in reading {
+            let Some(g) = touch(&mut self.groups, &mut self.touched, self.settled_tick, id) else {
+                self.reading_groups.remove(&id);
+                continue;
+            };
+            let mut stores_queued = false;
+            while let Some(front) = g.reads.front() {
+                let refusal = match g.partition.fenced() {
+                    Some(reason) => Some(CallError::Fenced {
+                        reason: reason.to_owned(),
+                    }),
+                    None => primary_check(&g.partition).err(),
+                };
+                let confirmed =
+                    refusal.is_none() && g.partition.replica().read_confirmed(front.round);
+                let expired = self.tick.saturating_sub(front.since_tick) > READ_CHECK_TICKS_MAX;
+                if !confirmed && refusal.is_none() && !expired {
+                    // Rounds only grow, so the reads behind wait too.
+                    break;
+                }
+                let Some(read) = g.reads.pop_front() else {
+                    break;
+                };
+                if let Some(refusal) = refusal {
+                    self.stats.calls += 1;
+                    let _ = read.reply.send(Err(refusal));
+                    continue;
+                }
+                if !confirmed {
+                    self.stats.calls += 1;
+                    let _ = read.reply.send(Err(CallError::Unavailable {
+                        reason: "the primary could not confirm that it still leads its view",
+                    }));
+                    continue;
+                }
+                if read.call.is_replicated() {
+                    // An offset store checked against the confirmed state:
+                    // the session path refuses it if it is still past the
+                    // end.
+                    g.queued.push_back((read.call, read.reply));
+                    stores_queued = true;
+                    continue;
+                }
+                self.stats.calls += 1;
+                let answer = answer_locally(&mut g.partition, read.call).await;
+                let _ = read.reply.send(answer);
+            }
+            if g.reads.is_empty() {
+                self.reading_groups.remove(&id);
+            }
+            if stores_queued {
+                self.pump_session(id).await;
+            }
+        }
+    }
+
+    /// Opens the group's session when calls wait for it, and submits the
+    /// waiting calls once it is open.
+    pub(super) async fn pump_session(&mut self, group: GroupId) {
+        let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
+        let tick = self.tick;
+        let client = self.client;
+        let Some(g) = touch(
+            &mut self.groups,
+            &mut self.touched,
+            self.settled_tick,
+            group,
+        ) else {
+            return;
+        };
+        if g.queued.is_empty() || g.partition.fenced().is_some() {
+            return;
+        }
+        if let Err(refusal) = primary_check(&g.partition) {
+            for (_, reply) in g.queued.drain(..) {
+                let _ = reply.send(Err(refusal.clone()));
+            }
+            return;
+        }
+        let session = match g.session.step(tick) {
+            SessionStep::Submit(session) => session,
+            SessionStep::Wait => return,
+            SessionStep::Register => {
+                let request = ClientRequest {
+                    client,
+                    session: 0,
+                    request: 0,
+                    user_id: 0,
+                    op: ClientOp::Register,
+                };
+                match g.partition.submit(request, now_us).await {
+                    Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
+                        g.session = Session::Registering { since_tick: tick };
+                    }
+                    Ok(RequestOutcome::Answered) => {}
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(group = group.0, %error, "register failed"),
+                }
+                return;
+            }
+        };
+        while let Some((call, reply)) = g.queued.pop_front() {
+            let op = match call {
+                Call::Produce { batch } => ClientOp::Append(batch),
+                Call::StoreOffset { kind, id, offset } => {
+                    ClientOp::StoreOffset { kind, id, offset }
+                }
+                Call::DeleteOffset { kind, id } => ClientOp::DeleteOffset { kind, id },
+                Call::Purge { generation } => ClientOp::Purge { generation },
+                other => {
+                    let _ = reply.send(Err(CallError::Rejected {
+                        reason: format!("{} is not replicated", other.name()),
+                    }));
+                    continue;
+                }
+            };
+            let request_number = g.next_request;
+            let request = ClientRequest {
+                client,
+                session,
+                request: request_number,
+                user_id: 0,
+                op,
+            };
+            match g.partition.submit(request, now_us).await {
+                Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
+                    g.next_request += 1;
+                    g.in_flight.insert(request_number, InFlight { reply });
+                    self.in_flight_groups.insert(group);
+                }
+                Ok(RequestOutcome::Answered) => {
+                    g.next_request += 1;
+                    g.in_flight.insert(request_number, InFlight { reply });
+                    self.in_flight_groups.insert(group);
+                }
+                Ok(RequestOutcome::Unavailable) => {
+                    let _ = reply.send(Err(CallError::Unavailable {
+                        reason: "the group is not taking requests (view change, transfer or full pipeline)",
+                    }));
+                }
+                Ok(RequestOutcome::ReservedClient) => {
+                    let _ = reply.send(Err(CallError::Rejected {
+                        reason: "reserved client id".into(),
+                    }));
+                }
+                Err(error) => {
+                    let _ = reply.send(Err(partition_error(error)));
+                }
+            }
+        }
+    }
+
+    /// Matches the replies the partitions delivered to waiting calls, and
+    /// submits the calls of sessions that just opened (whose submission
+    /// may deliver replies in turn; bounded, as each round opens a session
+    /// at most once per group).
+    pub(super) async fn settle(&mut self) {
+        self.serve_reads().await;
+        for _ in 0..4 {
+            let opened = self.settle_replies();
+            if opened.is_empty() {
+                break;
+            }
+            for group in opened {
+                self.pump_session(group).await;
+            }
+        }
+        self.reschedule_touched();
+    }
+
+    /// Matches delivered replies to waiting calls; returns the groups whose
+    /// session opened.
+    fn settle_replies(&mut self) -> Vec<GroupId> {
+        let replies = std::mem::take(&mut *self.replies.borrow_mut());
+        let mut opened = Vec::new();
+        for (group, reply) in replies {
+            if reply.client != self.client {
+                continue;
+            }
+            let Some(g) = self.groups.get_mut(&group) else {
+                continue;
+            };
+            if reply.operation == OPERATION_REGISTER {
+                if g.session.on_register_reply(&reply) {
+                    opened.push(group);
+                }
+                continue;
+            }
+            let Some(flight) = g.in_flight.remove(&reply.request) else {
+                continue;
+            };
+            self.stats.calls += 1;
+            let answer = match reply.status {
+                ReplyStatus::Ok => Ok(Answer::Committed {
+                    op: reply.op,
+                    // Set when the partition applied the batch, and kept
+                    // with the cached reply, so a retry answered from the
+                    // client table reports the original offsets.
+                    base_offset: (reply.operation == consensus::vsr::OPERATION_APPEND)
+                        .then_some(Offset(reply.result)),
+                }),
+                ReplyStatus::AlreadyApplied => Err(CallError::Indeterminate {
+                    reason: "already applied; its reply is no longer cached",
+                }),
+                ReplyStatus::NoSession | ReplyStatus::Fenced => {
+                    g.session = Session::Closed;
+                    Err(CallError::Unavailable {
+                        reason: "the group lost this shard's session",
+                    })
+                }
+            };
+            let _ = flight.reply.send(answer);
+        }
+        // Calls whose primary moved away will not be answered by this
+        // replica's core: tell their callers the outcome is unknown.
+        let flying: Vec<GroupId> = self.in_flight_groups.iter().copied().collect();
+        for id in flying {
+            let Some(g) = self.groups.get_mut(&id) else {
+                self.in_flight_groups.remove(&id);
+                continue;
+            };
+            if g.in_flight.is_empty() {
+                self.in_flight_groups.remove(&id);
+                continue;
+            }
+            if !g.partition.replica().is_primary() {
+                for (_, flight) in std::mem::take(&mut g.in_flight) {
+                    let _ = flight.reply.send(Err(CallError::Indeterminate {
+                        reason: "the primary lost its view before the op committed",
+                    }));
+                }
+                g.session = Session::Closed;
+            }
+        }
+        opened
+    }
+}
+
+/// A call this replica answers from its own state: a read (after its read
+/// check), a flush or the counters.
+async fn answer_locally<E: Env>(
+    partition: &mut ShardPartition<E>,
+    call: Call,
+) -> Result<Answer, CallError> {
+    match call {
+        Call::Poll(request) => partition
+            .poll(&request)
+            .await
+            .map(Answer::Polled)
+            .map_err(|e| match e {
+                partitions::PollError::HistoryMissing { .. } => CallError::Unavailable {
+                    reason: "history missing until a state transfer",
+                },
+                other => CallError::Local {
+                    reason: other.to_string(),
+                },
+            }),
+        Call::GetOffset { kind, id } => Ok(Answer::Offset(partition.stored_offset(kind, id))),
+        Call::Flush => partition
+            .flush_committed_messages()
+            .await
+            .map(|_| Answer::Done)
+            .map_err(partition_error),
+        Call::Stats => Ok(Answer::Stats(partition.stats())),
+        // Replicated calls go through the group's session.
+        replicated => Err(CallError::Rejected {
+            reason: format!("{} is replicated", replicated.name()),
+        }),
+    }
+}
+
+fn primary_check<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
+    partition: &Partition<B, S, F>,
+) -> Result<(), CallError> {
+    let replica = partition.replica();
+    if partition.state_transfer_needed().is_some() || partition.missing_history().is_some() {
+        return Err(CallError::Unavailable {
+            reason: "state transfer in progress",
+        });
+    }
+    if !replica.is_primary() {
+        let view = replica.view();
+        return Err(CallError::NotPrimary {
+            view,
+            primary: replica.primary_index(view),
+        });
+    }
+    if !replica.is_caught_up_primary() {
+        return Err(CallError::Unavailable {
+            reason: "view change in progress",
+        });
+    }
+    Ok(())
+}
+
+fn partition_error(error: PartitionError) -> CallError {
+    match error {
+        PartitionError::Fenced { .. } => CallError::Fenced {
+            reason: error.to_string(),
+        },
+        PartitionError::InstallInProgress { .. } => CallError::Unavailable {
+            reason: "the partition is installing a state transfer",
+        },
+        PartitionError::InvalidOp(_)
+        | PartitionError::StoreOffsetBeyondEnd { .. }
+        | PartitionError::PurgeGenerationNotNewer { .. } => CallError::Rejected {
+            reason: error.to_string(),
+        },
+        other => CallError::Local {
+            reason: other.to_string(),
+        },
+    }
+}
