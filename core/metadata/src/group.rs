@@ -190,16 +190,16 @@ pub enum TransferError {
     /// The snapshot's op is not the manifest's frontier.
     FrontierMismatch {
         /// The manifest's frontier.
-        frontier: u64,
+        frontier: Op,
         /// The snapshot's applied op.
-        applied: u64,
+        applied: Op,
     },
     /// The offer is not ahead of what this replica applied.
     StaleTransfer {
         /// The offer's op.
-        offer: u64,
+        offer: Op,
         /// This replica's applied op.
-        applied: u64,
+        applied: Op,
     },
 }
 
@@ -541,15 +541,15 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             .map_err(|e| GroupError::Transfer(TransferError::ClientTable(e)))?;
         if state.applied() != snapshot_op {
             return refuse(TransferError::FrontierMismatch {
-                frontier: snapshot_op.0,
-                applied: state.applied().0,
+                frontier: snapshot_op,
+                applied: state.applied(),
             });
         }
         let applied = self.store.applied();
         if state.applied() <= applied || state.applied() < self.replica.commit_min() {
             return Err(GroupError::Transfer(TransferError::StaleTransfer {
-                offer: state.applied().0,
-                applied: applied.0,
+                offer: state.applied(),
+                applied,
             }));
         }
         // Checked on a copy first, so a refusal changes nothing.

@@ -126,7 +126,7 @@ pub enum StoreError {
     /// A WAL entry's body is not a metadata op.
     WalEntryUndecodable {
         /// The op.
-        op: u64,
+        op: Op,
         /// Why.
         error: OpDecodeError,
     },
@@ -445,7 +445,7 @@ impl<F: Fs> MetadataStore<F> {
                 continue;
             }
             let op = MetadataOp::decode(frame.body)
-                .map_err(|error| StoreError::WalEntryUndecodable { op: p.op.0, error })?;
+                .map_err(|error| StoreError::WalEntryUndecodable { op: p.op, error })?;
             match state.apply(p.op, &op) {
                 // A refusal replays as a refusal: the same as when committed.
                 Ok(_) | Err(ApplyError::Refused(_)) => report.replayed += 1,

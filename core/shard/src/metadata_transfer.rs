@@ -142,9 +142,9 @@ pub enum MetadataDescriptorRefusal {
         /// Manifest index.
         index: usize,
         /// The entry's frontier.
-        frontier: u64,
+        frontier: Op,
         /// The offer's op.
-        commit_op: u64,
+        commit_op: Op,
     },
     /// An artifact that declares no bytes (both formats have a header).
     EmptyArtifact {
@@ -166,9 +166,9 @@ pub enum MetadataDescriptorRefusal {
     /// The offer is not ahead of what this replica applied.
     NotAhead {
         /// The offer's op.
-        commit_op: u64,
+        commit_op: Op,
         /// This replica's applied op.
-        applied: u64,
+        applied: Op,
     },
 }
 
@@ -1101,8 +1101,8 @@ fn accept_descriptor(
     check_offer_header(view, h, &facts(replica)).map_err(R::Header)?;
     if h.commit_op <= replica.commit_min() {
         return Err(R::NotAhead {
-            commit_op: h.commit_op.0,
-            applied: replica.commit_min().0,
+            commit_op: h.commit_op,
+            applied: replica.commit_min(),
         });
     }
     let manifest = decode_manifest(body).map_err(R::Manifest)?;
@@ -1132,8 +1132,8 @@ fn accept_descriptor(
         if entry.kind.commit_op() != Some(h.commit_op) {
             return Err(R::FrontierMismatch {
                 index,
-                frontier: entry.kind.wire_frontier(),
-                commit_op: h.commit_op.0,
+                frontier: Op(entry.kind.wire_frontier()),
+                commit_op: h.commit_op,
             });
         }
         if entry.len == 0 {
