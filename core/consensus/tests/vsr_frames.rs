@@ -373,8 +373,8 @@ fn given_empty_repair_range_should_refuse() {
     assert_eq!(
         r.on_frame(frame(m)),
         Err(FrameError::BadRange {
-            from_op: 5,
-            to_op: 4
+            from_op: Op(5),
+            to_op: Op(4)
         })
     );
 }

@@ -217,9 +217,9 @@ pub enum FrameError {
     /// A RequestPrepares range is empty or starts at op 0.
     BadRange {
         /// First op asked for.
-        from_op: u64,
+        from_op: Op,
         /// Last op asked for.
-        to_op: u64,
+        to_op: Op,
     },
 }
 
@@ -373,7 +373,7 @@ pub enum RequestOutcome {
     /// Ordered as this op; the reply follows when it commits.
     Prepared {
         /// The op assigned.
-        op: u64,
+        op: Op,
     },
     /// Already committed: answered from the client table.
     Answered,

@@ -79,13 +79,13 @@ pub enum MergeStall {
     /// Some op is undecidable with the votes so far; more may settle it.
     AwaitingRepair {
         /// The undecidable op.
-        op: u64,
+        op: Op,
     },
     /// Every replica voted and an op is still undecidable, or the votes
     /// contradict each other: the view cannot start safely.
     Deadlocked {
         /// The op at which the merge gave up.
-        op: u64,
+        op: Op,
     },
 }
 
@@ -186,7 +186,7 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
                 headers.insert(op, h);
                 holders.insert(op, copies);
             }
-            _ => return Err(stall(op)),
+            _ => return Err(stall(Op(op))),
         }
         op += 1;
     }
@@ -206,7 +206,9 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
         headers.insert(commit_max, h);
     }
     if op_head < commit_max {
-        return Err(MergeStall::Deadlocked { op: op_head + 1 });
+        return Err(MergeStall::Deadlocked {
+            op: Op(op_head + 1),
+        });
     }
     headers.retain(|op, _| *op <= op_head);
     let mut previous: Option<&PrepareHeader> = None;
@@ -215,7 +217,7 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
             && p.op.0 + 1 == h.op.0
             && h.parent != p.checksum
         {
-            return Err(MergeStall::Deadlocked { op: h.op.0 });
+            return Err(MergeStall::Deadlocked { op: h.op });
         }
         previous = Some(h);
     }
@@ -332,7 +334,7 @@ mod tests {
         let b = dvc(&l[..4], 1, 2);
         assert_eq!(
             merge(&[(0, &a), (1, &b)], Quorums::new(3)),
-            Err(MergeStall::AwaitingRepair { op: 5 })
+            Err(MergeStall::AwaitingRepair { op: Op(5) })
         );
     }
 

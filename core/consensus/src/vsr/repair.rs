@@ -182,7 +182,10 @@ impl Replica {
         to_op: u64,
     ) -> Result<Handled, FrameError> {
         if from_op == 0 || from_op > to_op {
-            return Err(FrameError::BadRange { from_op, to_op });
+            return Err(FrameError::BadRange {
+                from_op: Op(from_op),
+                to_op: Op(to_op),
+            });
         }
         if self.transferring {
             return Ok(Handled::Ignored(Ignored::Transferring));

@@ -992,7 +992,7 @@ impl Replica {
             self.timers.prepare.start();
         }
         self.try_commit();
-        RequestOutcome::Prepared { op }
+        RequestOutcome::Prepared { op: Op(op) }
     }
 
     fn refuse(&mut self, request: &Request, status: ReplyStatus) -> RequestOutcome {

@@ -76,16 +76,16 @@ pub enum WireError {
     /// frame.
     SuffixGroupMismatch {
         /// The frame's group.
-        group: u64,
+        group: GroupId,
         /// The entry's group.
-        entry: u64,
+        entry: GroupId,
     },
     /// A suffix entry's op is not the one its position implies.
     SuffixOpMismatch {
         /// The op the position implies.
-        expected: u64,
+        expected: Op,
         /// The op the entry names.
-        found: u64,
+        found: Op,
     },
     /// A suffix would run below op 1.
     SuffixBelowOpOne,
@@ -529,8 +529,8 @@ fn decode_suffix(body: &[u8], group: GroupId, head_op: Op) -> Result<Vec<SuffixS
             .ok_or(WireError::SuffixBelowOpOne)?;
         if tail.op != Op(expected) {
             return Err(WireError::SuffixOpMismatch {
-                expected,
-                found: tail.op.0,
+                expected: Op(expected),
+                found: tail.op,
             });
         }
         if entry.checksum == 0 {
@@ -539,8 +539,8 @@ fn decode_suffix(body: &[u8], group: GroupId, head_op: Op) -> Result<Vec<SuffixS
         }
         if tail.group != group {
             return Err(WireError::SuffixGroupMismatch {
-                group: group.0,
-                entry: tail.group.0,
+                group,
+                entry: tail.group,
             });
         }
         slots.push(SuffixSlot::Header(core_header(entry, &tail)));

@@ -234,8 +234,8 @@ fn given_suffix_entry_of_another_group_when_decoded_should_refuse() {
     assert_eq!(
         decode(&encode(CLUSTER, &frame), &expect(None)),
         Err(WireError::SuffixGroupMismatch {
-            group: 9,
-            entry: 10
+            group: GroupId(9),
+            entry: GroupId(10)
         })
     );
 }
@@ -256,8 +256,8 @@ fn given_suffix_entry_out_of_position_when_decoded_should_refuse() {
     assert_eq!(
         decode(&encode(CLUSTER, &frame), &expect(None)),
         Err(WireError::SuffixOpMismatch {
-            expected: 7,
-            found: 6
+            expected: Op(7),
+            found: Op(6)
         })
     );
 }
