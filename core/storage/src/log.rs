@@ -829,83 +829,10 @@ impl<F: Fs> SegmentedLog<F> {
             .ok_or(StorageError::NoSuchSegment {
                 start_offset: segment_start,
             })?;
-        let seg = &self.segments[idx];
-        if position > seg.meta.size_bytes {
-            return Err(StorageError::NotABatchBoundary {
-                path: seg.log_path.clone(),
-                position,
-            });
-        }
-        // Find the batch boundary and the last batch before it, from the
-        // index hint (read-only: nothing changes if the position is wrong).
-        // Strictly before `position`: the walk must cover the last batch
-        // before the cut, whose header gives the new end.
-        let hint = seg
-            .index
-            .iter()
-            .rev()
-            .find(|e| e.position < position)
-            .copied();
-        let mut meta = SegmentMeta::empty(segment_start);
-        if position > 0 {
-            let handle = self.reader(seg).await?;
-            let from = hint.map_or(0, |e| e.position);
-            let mut last: Option<(u64, BatchHeader)> = None;
-            let mut at = from;
-            while at < position {
-                let found = find_batch(
-                    handle.file(),
-                    &seg.log_path,
-                    at,
-                    seg.meta.size_bytes,
-                    self.config.batch_length_max,
-                    |_| true,
-                )
-                .await?;
-                let Some((p, h)) = found else { break };
-                last = Some((p, h));
-                at = p + h.batch_length;
-            }
-            let Some((_, h)) = last.filter(|_| at == position) else {
-                return Err(StorageError::NotABatchBoundary {
-                    path: seg.log_path.clone(),
-                    position,
-                });
-            };
-            meta = SegmentMeta {
-                start_offset: segment_start,
-                next_offset: h.next_offset(),
-                size_bytes: position,
-                start_timestamp: seg.meta.start_timestamp,
-                end_timestamp: h.base_timestamp,
-            };
-        }
+        let meta = self.cut_meta(idx, segment_start, position).await?;
         // Files are about to be cut or deleted: drop the cached handle.
         self.sealed_reader.borrow_mut().take();
-        // Delete later segments newest first, so a crash mid-way leaves a
-        // contiguous prefix of the chain.
-        while self.segments.len() > idx + 1 {
-            let Some(victim) = self.segments.pop() else {
-                break;
-            };
-            for path in [&victim.log_path, &victim.index_path] {
-                match self.fs.remove_file(path).await {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        self.poisoned = true;
-                        return Err(StorageError::io("remove", path, e));
-                    }
-                }
-            }
-            // One directory sync per segment: unlinks that are not yet
-            // durable may survive a crash in any combination, and an older
-            // segment gone while a newer one stays would be a hole.
-            if let Err(e) = self.fs.sync_dir(&self.dir).await {
-                self.poisoned = true;
-                return Err(StorageError::io("sync_dir", &self.dir, e));
-            }
-        }
+        self.delete_segments_after(idx).await?;
         // Entries of the active segment past `index_written` are not in
         // its file yet; a sealed segment's are all there.
         let on_file = if idx + 1 == self.segments.len() {
@@ -961,6 +888,99 @@ impl<F: Fs> SegmentedLog<F> {
             self.unsynced = false;
         }
         res
+    }
+
+    /// The metadata segment `idx` has once cut at byte `position`, found by
+    /// walking its batches from the index hint (read-only: nothing changes
+    /// if `position` is not a batch boundary).
+    async fn cut_meta(
+        &self,
+        idx: usize,
+        segment_start: u64,
+        position: u64,
+    ) -> Result<SegmentMeta, StorageError> {
+        let seg = &self.segments[idx];
+        if position > seg.meta.size_bytes {
+            return Err(StorageError::NotABatchBoundary {
+                path: seg.log_path.clone(),
+                position,
+            });
+        }
+        // Find the batch boundary and the last batch before it, from the
+        // index hint (read-only: nothing changes if the position is wrong).
+        // Strictly before `position`: the walk must cover the last batch
+        // before the cut, whose header gives the new end.
+        let hint = seg
+            .index
+            .iter()
+            .rev()
+            .find(|e| e.position < position)
+            .copied();
+        let mut meta = SegmentMeta::empty(segment_start);
+        if position > 0 {
+            let handle = self.reader(seg).await?;
+            let from = hint.map_or(0, |e| e.position);
+            let mut last: Option<(u64, BatchHeader)> = None;
+            let mut at = from;
+            while at < position {
+                let found = find_batch(
+                    handle.file(),
+                    &seg.log_path,
+                    at,
+                    seg.meta.size_bytes,
+                    self.config.batch_length_max,
+                    |_| true,
+                )
+                .await?;
+                let Some((p, h)) = found else { break };
+                last = Some((p, h));
+                at = p + h.batch_length;
+            }
+            let Some((_, h)) = last.filter(|_| at == position) else {
+                return Err(StorageError::NotABatchBoundary {
+                    path: seg.log_path.clone(),
+                    position,
+                });
+            };
+            meta = SegmentMeta {
+                start_offset: segment_start,
+                next_offset: h.next_offset(),
+                size_bytes: position,
+                start_timestamp: seg.meta.start_timestamp,
+                end_timestamp: h.base_timestamp,
+            };
+        }
+        Ok(meta)
+    }
+
+    /// Deletes every segment after `idx`, newest first, with a directory
+    /// sync after each.
+    async fn delete_segments_after(&mut self, idx: usize) -> Result<(), StorageError> {
+        // Delete later segments newest first, so a crash mid-way leaves a
+        // contiguous prefix of the chain.
+        while self.segments.len() > idx + 1 {
+            let Some(victim) = self.segments.pop() else {
+                break;
+            };
+            for path in [&victim.log_path, &victim.index_path] {
+                match self.fs.remove_file(path).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        self.poisoned = true;
+                        return Err(StorageError::io("remove", path, e));
+                    }
+                }
+            }
+            // One directory sync per segment: unlinks that are not yet
+            // durable may survive a crash in any combination, and an older
+            // segment gone while a newer one stays would be a hole.
+            if let Err(e) = self.fs.sync_dir(&self.dir).await {
+                self.poisoned = true;
+                return Err(StorageError::io("sync_dir", &self.dir, e));
+            }
+        }
+        Ok(())
     }
 }
 
