@@ -337,6 +337,130 @@ impl<F: Fs> fmt::Debug for SuperblockTable<F> {
     }
 }
 
+/// Opens both copies in `dir`, creating a missing one durably (copy A
+/// before copy B), and reads the existing ones whole.
+async fn open_copies<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    paths: &[PathBuf; 2],
+) -> Result<([F::File; 2], [Vec<u8>; 2]), SuperblockError> {
+    let mut contents: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+    let mut opened = Vec::with_capacity(2);
+    for (copy, path) in paths.iter().enumerate() {
+        let existed = fs.exists(path).await.map_err(|e| io_error(path, e))?;
+        let file = fs
+            .open(path, OpenOptions::create_read_write())
+            .await
+            .map_err(|e| io_error(path, e))?;
+        if existed {
+            let ceiling = u64::from(TABLE_SLOTS_MAX) * TABLE_SLOT_LEN as u64;
+            contents[copy] = file
+                .read_to_end_bounded(ceiling)
+                .await
+                .map_err(|e| io_error(path, e))?;
+        } else {
+            file.sync_all().await.map_err(|e| io_error(path, e))?;
+            fs.sync_dir(dir).await.map_err(|e| io_error(dir, e))?;
+        }
+        opened.push(file);
+    }
+    let Ok(files) = <[F::File; 2]>::try_from(opened) else {
+        unreachable!("two copies opened");
+    };
+    Ok((files, contents))
+}
+
+/// The table as the two copies' bytes describe it, slot by slot: records,
+/// free slots, slots to repair, and lost ones.
+fn read_slots(dir: &Path, contents: &[Vec<u8>; 2]) -> Inner {
+    let mut inner = Inner::default();
+    let slots = contents[0]
+        .len()
+        .max(contents[1].len())
+        .div_ceil(TABLE_SLOT_LEN);
+    let slot_of = |copy: &[u8], i: usize| -> SlotRead {
+        let start = i * TABLE_SLOT_LEN;
+        if start >= copy.len() {
+            return SlotRead::Zero;
+        }
+        decode_slot(&copy[start..(start + TABLE_SLOT_LEN).min(copy.len())])
+    };
+    let mut damaged = 0u32;
+    for i in 0..slots {
+        // Bounded by the ceiling on the file's length above.
+        let index = u32::try_from(i).unwrap_or(u32::MAX);
+        let copies = (slot_of(&contents[0], i), slot_of(&contents[1], i));
+        match combine(copies.0, copies.1) {
+            Combined::Free if copies == (SlotRead::Zero, SlotRead::Zero) => {
+                inner.free.insert(index);
+            }
+            // Zeros beside a torn copy: zeroed again (with the first
+            // batch) before the slot is handed out, so that a torn
+            // first write of its next owner cannot sit beside the old
+            // torn bytes and read as a lost slot.
+            Combined::Free => {
+                inner.queued.insert(
+                    index,
+                    Queued {
+                        bytes: [0; TABLE_SLOT_LEN],
+                        record: None,
+                        tickets: Vec::new(),
+                    },
+                );
+            }
+            Combined::Record {
+                key,
+                sequence,
+                state,
+                damaged: d,
+            } => {
+                damaged += u32::from(d);
+                let mut entry = Entry {
+                    index,
+                    next_sequence: sequence.saturating_add(1),
+                    state: Some(state),
+                };
+                // One copy unusable: the record is written again, to
+                // both, before the table serves (below), so a second
+                // fault on the other copy finds a whole one.
+                if d {
+                    inner.queued.insert(
+                        index,
+                        Queued {
+                            bytes: encode_slot(key, entry.next_sequence, &state),
+                            record: Some((key, state)),
+                            tickets: Vec::new(),
+                        },
+                    );
+                    entry.next_sequence = entry.next_sequence.saturating_add(1);
+                }
+                if let Some(other) = inner.entries.insert(key, entry) {
+                    // Never written so: one slot per key while it lives.
+                    tracing::error!(
+                        dir = %dir.display(),
+                        group = %key.group,
+                        slots = ?(other.index, index),
+                        "superblock table holds one group in two slots; both left unused"
+                    );
+                    inner.entries.remove(&key);
+                    inner.lost += 2;
+                }
+            }
+            Combined::Lost => inner.lost += 1,
+        }
+    }
+    inner.high_water = u32::try_from(slots).unwrap_or(u32::MAX);
+    if damaged > 0 || inner.lost > 0 {
+        tracing::warn!(
+            dir = %dir.display(),
+            damaged,
+            lost = inner.lost,
+            "superblock table slots unusable in one copy (repaired by their next write) or in both (lost)"
+        );
+    }
+    inner
+}
+
 fn io_error(path: &Path, source: io::Error) -> SuperblockError {
     SuperblockError::Io {
         path: path.to_path_buf(),
@@ -350,114 +474,8 @@ impl<F: Fs> SuperblockTable<F> {
     /// B beside no A means A was removed by something other than us.
     pub async fn open(fs: F, dir: &Path) -> Result<Self, SuperblockError> {
         let paths = TABLE_NAMES.map(|n| dir.join(n));
-        let mut contents: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
-        let mut opened = Vec::with_capacity(2);
-        for (copy, path) in paths.iter().enumerate() {
-            let existed = fs.exists(path).await.map_err(|e| io_error(path, e))?;
-            let file = fs
-                .open(path, OpenOptions::create_read_write())
-                .await
-                .map_err(|e| io_error(path, e))?;
-            if existed {
-                let ceiling = u64::from(TABLE_SLOTS_MAX) * TABLE_SLOT_LEN as u64;
-                contents[copy] = file
-                    .read_to_end_bounded(ceiling)
-                    .await
-                    .map_err(|e| io_error(path, e))?;
-            } else {
-                file.sync_all().await.map_err(|e| io_error(path, e))?;
-                fs.sync_dir(dir).await.map_err(|e| io_error(dir, e))?;
-            }
-            opened.push(file);
-        }
-        let Ok(files) = <[F::File; 2]>::try_from(opened) else {
-            unreachable!("two copies opened");
-        };
-        let mut inner = Inner::default();
-        let slots = contents[0]
-            .len()
-            .max(contents[1].len())
-            .div_ceil(TABLE_SLOT_LEN);
-        let slot_of = |copy: &[u8], i: usize| -> SlotRead {
-            let start = i * TABLE_SLOT_LEN;
-            if start >= copy.len() {
-                return SlotRead::Zero;
-            }
-            decode_slot(&copy[start..(start + TABLE_SLOT_LEN).min(copy.len())])
-        };
-        let mut damaged = 0u32;
-        for i in 0..slots {
-            // Bounded by the ceiling on the file's length above.
-            let index = u32::try_from(i).unwrap_or(u32::MAX);
-            let copies = (slot_of(&contents[0], i), slot_of(&contents[1], i));
-            match combine(copies.0, copies.1) {
-                Combined::Free if copies == (SlotRead::Zero, SlotRead::Zero) => {
-                    inner.free.insert(index);
-                }
-                // Zeros beside a torn copy: zeroed again (with the first
-                // batch) before the slot is handed out, so that a torn
-                // first write of its next owner cannot sit beside the old
-                // torn bytes and read as a lost slot.
-                Combined::Free => {
-                    inner.queued.insert(
-                        index,
-                        Queued {
-                            bytes: [0; TABLE_SLOT_LEN],
-                            record: None,
-                            tickets: Vec::new(),
-                        },
-                    );
-                }
-                Combined::Record {
-                    key,
-                    sequence,
-                    state,
-                    damaged: d,
-                } => {
-                    damaged += u32::from(d);
-                    let mut entry = Entry {
-                        index,
-                        next_sequence: sequence.saturating_add(1),
-                        state: Some(state),
-                    };
-                    // One copy unusable: the record is written again, to
-                    // both, before the table serves (below), so a second
-                    // fault on the other copy finds a whole one.
-                    if d {
-                        inner.queued.insert(
-                            index,
-                            Queued {
-                                bytes: encode_slot(key, entry.next_sequence, &state),
-                                record: Some((key, state)),
-                                tickets: Vec::new(),
-                            },
-                        );
-                        entry.next_sequence = entry.next_sequence.saturating_add(1);
-                    }
-                    if let Some(other) = inner.entries.insert(key, entry) {
-                        // Never written so: one slot per key while it lives.
-                        tracing::error!(
-                            dir = %dir.display(),
-                            group = %key.group,
-                            slots = ?(other.index, index),
-                            "superblock table holds one group in two slots; both left unused"
-                        );
-                        inner.entries.remove(&key);
-                        inner.lost += 2;
-                    }
-                }
-                Combined::Lost => inner.lost += 1,
-            }
-        }
-        inner.high_water = u32::try_from(slots).unwrap_or(u32::MAX);
-        if damaged > 0 || inner.lost > 0 {
-            tracing::warn!(
-                dir = %dir.display(),
-                damaged,
-                lost = inner.lost,
-                "superblock table slots unusable in one copy (repaired by their next write) or in both (lost)"
-            );
-        }
+        let (files, contents) = open_copies(&fs, dir, &paths).await?;
+        let inner = read_slots(dir, &contents);
         let table = Self {
             fs,
             dir: dir.to_path_buf(),
