@@ -116,13 +116,7 @@ impl Node {
     pub fn start(config: NodeConfig, clients: Option<ClientStarter>) -> Result<Self, String> {
         let identity = identity::of(&config);
         let recorded = identity::check(&config.data_dir, &identity)?;
-        let multi = config.bus.as_ref().is_some_and(|b| b.roster.len() > 1);
-        let rejoin = config.rejoin && !recorded && multi;
-        if config.rejoin && !rejoin {
-            tracing::warn!(data_dir = %config.data_dir.display(), "--rejoin ignored: {}", if recorded { "the data directory already holds this replica's state" } else { "a single replica has no peers to catch up from" });
-        } else if !recorded && multi {
-            tracing::warn!(data_dir = %config.data_dir.display(), "empty data directory: starting as a new member of the cluster; if this replica's disk was replaced, stop it now and start it with --rejoin (docs/operations.md)");
-        }
+        let rejoin = rejoin_decision(&config, recorded);
         let listener = bind_retrying(config.client_addr, "client")?;
         let client_addr = listener
             .local_addr()
@@ -203,13 +197,7 @@ impl Node {
             threads.push(thread);
         }
         drop(ready_tx);
-        for _ in 0..config.shard_count {
-            match ready_rx.recv() {
-                Ok(Ok(_)) => {}
-                Ok(Err(reason)) => return Err(reason),
-                Err(_) => return Err("a shard thread ended during boot".into()),
-            }
-        }
+        await_shards_booted(&ready_rx, config.shard_count)?;
         // After the shards booted: a rejoining shard 0 has recorded its
         // marker by now, so a crash before this line finds either an empty
         // directory (and starts again as the operator says) or the marker.
@@ -301,6 +289,36 @@ impl Node {
 
 /// How long a listener's address may stay in use before start-up fails.
 const BIND_RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// Whether this start rejoins (`--rejoin` on an empty directory of a
+/// multi-replica cluster), warning when the flag is ignored or when an
+/// empty directory starts a new member.
+fn rejoin_decision(config: &NodeConfig, recorded: bool) -> bool {
+    let multi = config.bus.as_ref().is_some_and(|b| b.roster.len() > 1);
+    let rejoin = config.rejoin && !recorded && multi;
+    if config.rejoin && !rejoin {
+        tracing::warn!(data_dir = %config.data_dir.display(), "--rejoin ignored: {}", if recorded { "the data directory already holds this replica's state" } else { "a single replica has no peers to catch up from" });
+    } else if !recorded && multi {
+        tracing::warn!(data_dir = %config.data_dir.display(), "empty data directory: starting as a new member of the cluster; if this replica's disk was replaced, stop it now and start it with --rejoin (docs/operations.md)");
+    }
+    rejoin
+}
+
+/// Waits for every shard thread's boot report; the first failure ends
+/// the start.
+fn await_shards_booted(
+    ready: &std_mpsc::Receiver<Result<u16, String>>,
+    shard_count: u16,
+) -> Result<(), String> {
+    for _ in 0..shard_count {
+        match ready.recv() {
+            Ok(Ok(_)) => {}
+            Ok(Err(reason)) => return Err(reason),
+            Err(_) => return Err("a shard thread ended during boot".into()),
+        }
+    }
+    Ok(())
+}
 
 /// Binds a listener, retrying while its address is in use: after a
 /// `kill -9`, the kernel releases the dead process's sockets only once
