@@ -233,8 +233,26 @@ impl<E: Env> Shard<E> {
                     Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
                         g.session = Session::Registering { since_tick: tick };
                     }
+                    // A retried Register the table had answered: the cached
+                    // reply went out to this shard's client queue, and
+                    // `settle_replies` opens the session when it takes it.
                     Ok(RequestOutcome::Answered) => {}
-                    Ok(_) => {}
+                    // Not taking requests now (a view change, a transfer,
+                    // a full pipeline): the session stays as it was, the
+                    // calls keep waiting, and the next pump registers again.
+                    Ok(RequestOutcome::Unavailable) => {
+                        tracing::trace!(group = group.0, "register deferred: group unavailable");
+                    }
+                    // Never for this shard's id (only id 0 is reserved, and
+                    // bit 127 of this one is set); logged so a change there
+                    // is not silent.
+                    Ok(RequestOutcome::ReservedClient) => {
+                        tracing::error!(
+                            group = group.0,
+                            client,
+                            "register refused: reserved client id"
+                        );
+                    }
                     Err(error) => tracing::warn!(group = group.0, %error, "register failed"),
                 }
                 return;

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use common::{GroupId, METADATA_GROUP};
 use consensus::vsr::Config as VsrConfig;
-use journal::{SuperblockTable, TableSuperblock};
+use journal::{CleanStop, SuperblockTable, TableSuperblock};
 use partitions::state_transfer::{BuildClock, TransferDriver, TransferSlots};
 use partitions::{Partition, RetentionPolicy};
 use storage::fs::Fs;
@@ -236,52 +236,79 @@ impl<E: Env> Shard<E> {
             env,
         };
         if shard.config.host_metadata {
-            let mut vsr = VsrConfig::new(
-                shard.config.replica,
-                shard.config.replica_count,
-                METADATA_GROUP,
-            );
-            vsr.timeouts = shard.config.timeouts;
-            vsr.retention_ops = shard.config.metadata_retention_ops;
-            vsr.seed = shard.config.seed ^ 0x0E7A;
-            if shard.config.rejoin && rejoin::read(&fs, &shard.config.dir).await?.is_none() {
-                // Before group 0 exists on disk: a crash after this finds
-                // the marker, a crash before it finds an empty directory.
-                rejoin::write(&fs, &shard.config.dir, &Rejoin { through_op: None }).await?;
-                tracing::warn!(dir = %shard.config.dir.display(), "rejoining after a disk replacement: every group stays out of every quorum until it caught up");
-            }
-            shard.rejoin = rejoin::read(&fs, &shard.config.dir).await?;
-            let dir = shard.config.dir.join(METADATA_DIR);
-            let rejoining = shard.rejoin.is_some();
-            let mut transfer = MetadataTransferConfig::new(shard.config.cluster);
-            transfer.frame_size_max = shard.config.frame_size_max;
-            match MetadataHost::open(Rc::clone(&shard.env), &dir, vsr, transfer, rejoining).await {
-                Ok(host) => shard.metadata = Some(host),
-                Err(reason) => {
-                    return Err(std::io::Error::other(reason));
-                }
-            }
+            shard.open_metadata_host().await?;
         }
-        for name in listing.foreign.iter().filter(|n| {
-            n.as_str() != METADATA_DIR
-                && !n.starts_with(rejoin::REJOIN_FILE)
-                && !n.starts_with(journal::CLEAN_STOPS_FILE)
-                && !journal::TABLE_NAMES.contains(&n.as_str())
-        }) {
-            tracing::warn!(dir = %shard.config.dir.display(), name, "unknown entry in shard directory left alone");
-        }
+        shard.warn_foreign_entries(&listing.foreign);
         // Taken (read and removed durably) before any group opens, so no
         // group sends anything while a record that vouches for it stands.
-        let mut clean_stops = journal::take_clean_stops(&fs, &shard.config.dir).await;
+        let clean_stops = journal::take_clean_stops(&fs, &shard.config.dir).await;
         for group in listing.deleted {
             if let Err(error) = catalog::finish_delete(&fs, &shard.config.dir, group).await {
                 tracing::error!(group = group.0, %error, "could not finish an interrupted delete");
             }
         }
+        shard.free_deleted_records().await;
+        shard.open_listed_groups(listing.groups, clean_stops).await;
+        tracing::info!(
+            replica = shard.config.replica.0,
+            shard = shard.config.shard.0,
+            groups = shard.groups.len(),
+            dir = %shard.config.dir.display(),
+            "shard open"
+        );
+        Ok(shard)
+    }
+
+    /// Opens group 0 on a shard that hosts it, writing the rejoin marker
+    /// first when the replica rejoins after a disk replacement.
+    async fn open_metadata_host(&mut self) -> std::io::Result<()> {
+        let fs = self.env.fs().clone();
+        let mut vsr = VsrConfig::new(
+            self.config.replica,
+            self.config.replica_count,
+            METADATA_GROUP,
+        );
+        vsr.timeouts = self.config.timeouts;
+        vsr.retention_ops = self.config.metadata_retention_ops;
+        vsr.seed = self.config.seed ^ 0x0E7A;
+        if self.config.rejoin && rejoin::read(&fs, &self.config.dir).await?.is_none() {
+            // Before group 0 exists on disk: a crash after this finds
+            // the marker, a crash before it finds an empty directory.
+            rejoin::write(&fs, &self.config.dir, &Rejoin { through_op: None }).await?;
+            tracing::warn!(dir = %self.config.dir.display(), "rejoining after a disk replacement: every group stays out of every quorum until it caught up");
+        }
+        self.rejoin = rejoin::read(&fs, &self.config.dir).await?;
+        let dir = self.config.dir.join(METADATA_DIR);
+        let rejoining = self.rejoin.is_some();
+        let mut transfer = MetadataTransferConfig::new(self.config.cluster);
+        transfer.frame_size_max = self.config.frame_size_max;
+        match MetadataHost::open(Rc::clone(&self.env), &dir, vsr, transfer, rejoining).await {
+            Ok(host) => self.metadata = Some(host),
+            Err(reason) => {
+                return Err(std::io::Error::other(reason));
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs every entry of the shard directory that no code here owns.
+    fn warn_foreign_entries(&self, foreign: &[String]) {
+        for name in foreign.iter().filter(|n| {
+            n.as_str() != METADATA_DIR
+                && !n.starts_with(rejoin::REJOIN_FILE)
+                && !n.starts_with(journal::CLEAN_STOPS_FILE)
+                && !journal::TABLE_NAMES.contains(&n.as_str())
+        }) {
+            tracing::warn!(dir = %self.config.dir.display(), name, "unknown entry in shard directory left alone");
+        }
+    }
+
+    /// Frees the superblock records of groups whose directory is gone.
+    async fn free_deleted_records(&self) {
         // Records of groups whose directory is gone: a delete the process
         // did not live to free (the directory goes first, then the record).
-        let booted = shard.booted.clone();
-        match shard
+        let booted = self.booted.clone();
+        match self
             .superblocks
             .free_unless(|key| booted.contains(&key.group))
             .await
@@ -290,13 +317,23 @@ impl<E: Env> Shard<E> {
             Ok(freed) => tracing::info!(freed, "freed the superblock records of deleted groups"),
             Err(error) => tracing::warn!(%error, "superblock records of deleted groups not freed"),
         }
-        for group in listing.groups {
-            let dir = catalog::group_dir(&shard.config.dir, group);
+    }
+
+    /// Opens every listed group with its clean-stop record, removing the
+    /// ones whose create never finished.
+    async fn open_listed_groups(
+        &mut self,
+        groups: Vec<GroupId>,
+        mut clean_stops: BTreeMap<u64, CleanStop>,
+    ) {
+        let fs = self.env.fs().clone();
+        for group in groups {
+            let dir = catalog::group_dir(&self.config.dir, group);
             match catalog::read_spec(&fs, &dir).await {
                 Ok(Some(spec)) if spec.group == group => {
                     let stop = clean_stops.remove(&group.0);
-                    if let Err(error) = shard.open_group(spec, stop).await {
-                        shard.stats.groups_not_opened += 1;
+                    if let Err(error) = self.open_group(spec, stop).await {
+                        self.stats.groups_not_opened += 1;
                         tracing::error!(group = group.0, %error, "group left closed");
                     }
                 }
@@ -311,7 +348,7 @@ impl<E: Env> Shard<E> {
                         "removing a group whose create never finished"
                     );
                     if let Err(error) =
-                        catalog::remove_unfinished(&fs, &shard.config.dir, group).await
+                        catalog::remove_unfinished(&fs, &self.config.dir, group).await
                     {
                         tracing::error!(group = group.0, %error, "could not remove it");
                     }
@@ -321,14 +358,6 @@ impl<E: Env> Shard<E> {
                 }
             }
         }
-        tracing::info!(
-            replica = shard.config.replica.0,
-            shard = shard.config.shard.0,
-            groups = shard.groups.len(),
-            dir = %shard.config.dir.display(),
-            "shard open"
-        );
-        Ok(shard)
     }
 
     /// The configuration.
