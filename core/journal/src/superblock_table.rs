@@ -295,6 +295,17 @@ struct Queued {
     tickets: Vec<Rc<Ticket>>,
 }
 
+impl Queued {
+    /// Zeroes for the slot: a free, nobody waiting.
+    fn free() -> Self {
+        Self {
+            bytes: [0; TABLE_SLOT_LEN],
+            record: None,
+            tickets: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     index: u32,
@@ -399,14 +410,7 @@ fn read_slots(dir: &Path, contents: &[Vec<u8>; 2]) -> Inner {
             // first write of its next owner cannot sit beside the old
             // torn bytes and read as a lost slot.
             Combined::Free => {
-                inner.queued.insert(
-                    index,
-                    Queued {
-                        bytes: [0; TABLE_SLOT_LEN],
-                        record: None,
-                        tickets: Vec::new(),
-                    },
-                );
+                inner.queued.insert(index, Queued::free());
             }
             Combined::Record {
                 key,
@@ -598,11 +602,7 @@ impl<F: Fs> SuperblockTable<F> {
                 let Some(entry) = inner.entries.remove(key) else {
                     continue;
                 };
-                let queued = inner.queued.entry(entry.index).or_insert_with(|| Queued {
-                    bytes: [0; TABLE_SLOT_LEN],
-                    record: None,
-                    tickets: Vec::new(),
-                });
+                let queued = inner.queued.entry(entry.index).or_insert_with(Queued::free);
                 queued.bytes = [0; TABLE_SLOT_LEN];
                 queued.record = None;
                 queued.tickets.push(Rc::clone(&ticket));
@@ -674,14 +674,7 @@ impl<F: Fs> SuperblockTable<F> {
                 // A free that failed leaves the slot neither reusable nor
                 // anyone's: it is queued again for the next batch.
                 (Err(_), None) if !inner.queued.contains_key(&index) => {
-                    inner.queued.insert(
-                        index,
-                        Queued {
-                            bytes: [0; TABLE_SLOT_LEN],
-                            record: None,
-                            tickets: Vec::new(),
-                        },
-                    );
+                    inner.queued.insert(index, Queued::free());
                 }
                 (Err(_), _) => {}
             }

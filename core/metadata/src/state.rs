@@ -888,6 +888,22 @@ impl MetadataState {
         Ok(Applied::done(Vec::new()))
     }
 
+    /// A topic's consumer group, resolved, with the id it resolved to and
+    /// the topic's partition ids (what a join or leave rebalances over).
+    fn consumer_group_mut(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<(ConsumerGroupId, Vec<PartitionId>, &mut ConsumerGroup), Refusal> {
+        let (s, t) = self.resolve_topic(stream, topic)?;
+        let tp = self.topic_mut(s, t);
+        let g = tp.resolve_consumer_group(group)?;
+        let ids = tp.partition_ids();
+        let cg = tp.consumer_groups.get_mut(&g).expect("resolved");
+        Ok((g, ids, cg))
+    }
+
     /// Adds `session` to the group (a member already in it stays, and does
     /// not count against the ceiling) and rebalances the partitions.
     fn join_consumer_group(
@@ -897,11 +913,7 @@ impl MetadataState {
         group: &Identifier,
         session: SessionId,
     ) -> Result<Applied, Refusal> {
-        let (s, t) = self.resolve_topic(stream, topic)?;
-        let tp = self.topic_mut(s, t);
-        let g = tp.resolve_consumer_group(group)?;
-        let ids = tp.partition_ids();
-        let cg = tp.consumer_groups.get_mut(&g).expect("resolved");
+        let (_, ids, cg) = self.consumer_group_mut(stream, topic, group)?;
         if cg.member_of(session).is_none() && cg.members.len() as u32 >= MEMBERS_PER_GROUP_MAX {
             return Err(Refusal::LimitReached {
                 what: "members per consumer group",
@@ -921,11 +933,7 @@ impl MetadataState {
         group: &Identifier,
         session: SessionId,
     ) -> Result<Applied, Refusal> {
-        let (s, t) = self.resolve_topic(stream, topic)?;
-        let tp = self.topic_mut(s, t);
-        let g = tp.resolve_consumer_group(group)?;
-        let ids = tp.partition_ids();
-        let cg = tp.consumer_groups.get_mut(&g).expect("resolved");
+        let (g, ids, cg) = self.consumer_group_mut(stream, topic, group)?;
         if !cg.leave(session, &ids) {
             return Err(Refusal::ConsumerGroupMemberNotFound { session, group: g });
         }
