@@ -378,7 +378,8 @@ impl fmt::Display for SuperblockError {
             ),
             Self::TableSlotsLost { dir, group, lost } => write!(
                 f,
-                "group {group} has no record in the superblock table in {}, which lost {lost} slot(s) in both copies; one may have been this group's",
+                "group {} has no record in the superblock table in {}, which lost {lost} slot(s) in both copies; one may have been this group's",
+                group.0,
                 dir.display()
             ),
             Self::Io { path, source } => {

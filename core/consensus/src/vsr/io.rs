@@ -227,7 +227,7 @@ impl fmt::Display for FrameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::WrongGroup { group } => {
-                write!(f, "frame for group {group} reached another group")
+                write!(f, "frame for group {} reached another group", group.0)
             }
             Self::BadSender { replica } => write!(f, "frame claims an invalid sender {replica}"),
             Self::BadChecksum { op } => write!(f, "prepare for op {op} fails its checksum"),

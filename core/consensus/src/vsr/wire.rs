@@ -110,7 +110,8 @@ impl std::fmt::Display for WireError {
             }
             Self::SuffixGroupMismatch { group, entry } => write!(
                 f,
-                "suffix entry of group {entry} inside a frame of group {group}"
+                "suffix entry of group {} inside a frame of group {}",
+                entry.0, group.0
             ),
             Self::SuffixOpMismatch { expected, found } => write!(
                 f,
