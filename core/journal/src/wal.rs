@@ -271,35 +271,8 @@ impl<F: Fs> MetadataWal<F> {
     /// Opens (creating if absent) the WAL at `path`, walks it, truncates a
     /// torn tail, and refuses interior corruption.
     pub async fn open(fs: &F, path: &Path, slots: usize) -> Result<(Self, WalRecovery), WalError> {
-        let io_err = |offset: u64| {
-            let path = path.to_path_buf();
-            move |source| WalError::Io {
-                path,
-                offset,
-                source,
-            }
-        };
-        let existed = fs.exists(path).await.map_err(io_err(0))?;
-        let file = fs
-            .open(path, OpenOptions::create_read_write())
-            .await
-            .map_err(io_err(0))?;
-        if !existed {
-            // Make the new name durable before anything is acknowledged
-            // from it.
-            if let Some(parent) = path.parent() {
-                fs.sync_dir(parent).await.map_err(io_err(0))?;
-            }
-        }
-        let len = file.len().await.map_err(io_err(0))?;
-        let len_usize = usize::try_from(len).map_err(|_| {
-            io_err(0)(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "WAL larger than memory",
-            ))
-        })?;
-        let bytes = file.read_exact_at(len_usize, 0).await.map_err(io_err(0))?;
-
+        let (file, bytes) = open_and_read(fs, path).await?;
+        let io_err = |offset: u64| wal_io(path, offset);
         let slots = slots.max(1);
         let mut index = VecDeque::with_capacity(slots);
         let mut recovery = WalRecovery::default();
@@ -494,6 +467,43 @@ fn find_valid_entry_after(bytes: &[u8], damaged: usize) -> Option<usize> {
     (damaged + 1..bytes.len().saturating_sub(HEADER_SIZE - 1))
         .filter(|&q| bytes[q + 60] == command)
         .find(|&q| entry_at(&bytes[q..], None).is_ok())
+}
+
+/// The error of an I/O step on the WAL at `path`, at file `offset`.
+fn wal_io(path: &Path, offset: u64) -> impl FnOnce(io::Error) -> WalError {
+    let path = path.to_path_buf();
+    move |source| WalError::Io {
+        path,
+        offset,
+        source,
+    }
+}
+
+/// Opens the WAL at `path` (a new one's name made durable first) and
+/// reads it whole.
+async fn open_and_read<F: Fs>(fs: &F, path: &Path) -> Result<(F::File, Vec<u8>), WalError> {
+    let io_err = |offset: u64| wal_io(path, offset);
+    let existed = fs.exists(path).await.map_err(io_err(0))?;
+    let file = fs
+        .open(path, OpenOptions::create_read_write())
+        .await
+        .map_err(io_err(0))?;
+    if !existed {
+        // Make the new name durable before anything is acknowledged
+        // from it.
+        if let Some(parent) = path.parent() {
+            fs.sync_dir(parent).await.map_err(io_err(0))?;
+        }
+    }
+    let len = file.len().await.map_err(io_err(0))?;
+    let len_usize = usize::try_from(len).map_err(|_| {
+        io_err(0)(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "WAL larger than memory",
+        ))
+    })?;
+    let bytes = file.read_exact_at(len_usize, 0).await.map_err(io_err(0))?;
+    Ok((file, bytes))
 }
 
 /// Builds a sealed prepare frame chained to `parent`: for tests, tools and
