@@ -298,15 +298,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         // lead view 0 again from an empty log and reuse op numbers its
         // peers hold (and may have committed) with other contents
         // (replog-sim seed 359, mixed profile).
-        let mut superblock = superblock;
-        let never_written = superblock
-            .read_latest()
-            .await
-            .map_err(GroupError::Superblock)?
-            .is_none();
-        let durable = Superblock::open(superblock, initial)
-            .await
-            .map_err(GroupError::Superblock)?;
+        let (never_written, durable) = open_superblock(superblock, initial).await?;
         let sb = *durable.state();
         let applied = store.applied();
         let rejoining = rejoin && config.replica_count > 1 && never_written && applied == Op(0);
@@ -320,45 +312,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         let replica = if fresh {
             Replica::new(config)
         } else {
-            let identity = store.state().applied_identity();
-            if applied != Op(0) && identity == 0 {
-                return Err(GroupError::AppliedIdentityUnknown { applied });
-            }
-            let durable_state = DurableState {
-                view: sb.view,
-                log_view: sb.log_view,
-                commit: sb.commit_max.max(applied),
-            };
-            let applied_state = AppliedState {
-                commit_min: applied,
-                checksum: identity,
-            };
-            // A clean stop with nothing acknowledged past the applied op
-            // resumes as a full member (journal::clean_stop); anything
-            // else restarts under the rule.
-            let clean = journal::take_clean_stop(store.fs(), store.dir())
-                .await
-                .is_some_and(|stop| {
-                    stop.view == sb.view
-                        && stop.log_view == sb.log_view
-                        && stop.op == applied
-                        && stop.checksum == identity
-                        && sb.commit_max <= applied
-                });
-            if clean {
-                tracing::info!(
-                    view = sb.view,
-                    op = applied.0,
-                    "metadata group resuming after a clean stop"
-                );
-                Replica::resume(config, durable_state, applied_state)
-            } else if rejoin && config.replica_count > 1 && sb.view == 0 && sb.log_view == 0 {
-                // A replaced disk's group 0 that adopted no view yet (this
-                // boot or an earlier one): the peers bound its view.
-                Replica::restart_rejoining(config, durable_state, applied_state)
-            } else {
-                Replica::restart(config, durable_state, applied_state)
-            }
+            restart_replica(config, &store, &sb, rejoin).await?
         };
         Ok(Self {
             replica,
@@ -818,4 +772,72 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         self.outcomes.push_back((h.op.0, outcome));
         Ok(())
     }
+}
+
+/// Reads the superblock, noting whether a record was ever written, and
+/// opens it with `initial` for a replica that has none.
+async fn open_superblock<S: SuperblockStore>(
+    superblock: S,
+    initial: VsrState,
+) -> Result<(bool, Superblock<S>), GroupError> {
+    let mut superblock = superblock;
+    let never_written = superblock
+        .read_latest()
+        .await
+        .map_err(GroupError::Superblock)?
+        .is_none();
+    let durable = Superblock::open(superblock, initial)
+        .await
+        .map_err(GroupError::Superblock)?;
+    Ok((never_written, durable))
+}
+
+/// The core for a replica that is not new: resumed after a clean stop,
+/// rejoining after a replaced disk, or restarted under the rule.
+async fn restart_replica<F: Fs>(
+    config: VsrConfig,
+    store: &MetadataStore<F>,
+    sb: &VsrState,
+    rejoin: bool,
+) -> Result<Replica, GroupError> {
+    let applied = store.applied();
+    let identity = store.state().applied_identity();
+    if applied != Op(0) && identity == 0 {
+        return Err(GroupError::AppliedIdentityUnknown { applied });
+    }
+    let durable_state = DurableState {
+        view: sb.view,
+        log_view: sb.log_view,
+        commit: sb.commit_max.max(applied),
+    };
+    let applied_state = AppliedState {
+        commit_min: applied,
+        checksum: identity,
+    };
+    // A clean stop with nothing acknowledged past the applied op
+    // resumes as a full member (journal::clean_stop); anything
+    // else restarts under the rule.
+    let clean = journal::take_clean_stop(store.fs(), store.dir())
+        .await
+        .is_some_and(|stop| {
+            stop.view == sb.view
+                && stop.log_view == sb.log_view
+                && stop.op == applied
+                && stop.checksum == identity
+                && sb.commit_max <= applied
+        });
+    Ok(if clean {
+        tracing::info!(
+            view = sb.view,
+            op = applied.0,
+            "metadata group resuming after a clean stop"
+        );
+        Replica::resume(config, durable_state, applied_state)
+    } else if rejoin && config.replica_count > 1 && sb.view == 0 && sb.log_view == 0 {
+        // A replaced disk's group 0 that adopted no view yet (this
+        // boot or an earlier one): the peers bound its view.
+        Replica::restart_rejoining(config, durable_state, applied_state)
+    } else {
+        Replica::restart(config, durable_state, applied_state)
+    })
 }
