@@ -2,11 +2,14 @@
 //! submitted through the shard's session with the group and answered when
 //! their ops commit.
 
+use std::collections::BTreeSet;
+
 use common::{GroupId, Offset};
 use consensus::vsr::{OPERATION_REGISTER, ReplyStatus, RequestOutcome};
 use partitions::{ClientOp, ClientRequest, MessageBus, Partition, PartitionError};
 use storage::fs::Fs;
 
+use super::group::Group;
 use super::tick::touch;
 use super::{Shard, ShardPartition};
 use crate::call::{Answer, Call, CallError, Envelope, ReplyTx};
@@ -222,91 +225,19 @@ impl<E: Env> Shard<E> {
             SessionStep::Submit(session) => session,
             SessionStep::Wait => return,
             SessionStep::Register => {
-                let request = ClientRequest {
-                    client,
-                    session: 0,
-                    request: 0,
-                    user_id: 0,
-                    op: ClientOp::Register,
-                };
-                match g.partition.submit(request, now_us).await {
-                    Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
-                        g.session = Session::Registering { since_tick: tick };
-                    }
-                    // A retried Register the table had answered: the cached
-                    // reply went out to this shard's client queue, and
-                    // `settle_replies` opens the session when it takes it.
-                    Ok(RequestOutcome::Answered) => {}
-                    // Not taking requests now (a view change, a transfer,
-                    // a full pipeline): the session stays as it was, the
-                    // calls keep waiting, and the next pump registers again.
-                    Ok(RequestOutcome::Unavailable) => {
-                        tracing::trace!(group = group.0, "register deferred: group unavailable");
-                    }
-                    // Never for this shard's id (only id 0 is reserved, and
-                    // bit 127 of this one is set); logged so a change there
-                    // is not silent.
-                    Ok(RequestOutcome::ReservedClient) => {
-                        tracing::error!(
-                            group = group.0,
-                            client,
-                            "register refused: reserved client id"
-                        );
-                    }
-                    Err(error) => tracing::warn!(group = group.0, %error, "register failed"),
-                }
+                register(g, client, tick, now_us, group).await;
                 return;
             }
         };
-        while let Some((call, reply)) = g.queued.pop_front() {
-            let op = match call {
-                Call::Produce { batch } => ClientOp::Append(batch),
-                Call::StoreOffset { kind, id, offset } => {
-                    ClientOp::StoreOffset { kind, id, offset }
-                }
-                Call::DeleteOffset { kind, id } => ClientOp::DeleteOffset { kind, id },
-                Call::Purge { generation } => ClientOp::Purge { generation },
-                other => {
-                    let _ = reply.send(Err(CallError::Rejected {
-                        reason: format!("{} is not replicated", other.name()),
-                    }));
-                    continue;
-                }
-            };
-            let request_number = g.next_request;
-            let request = ClientRequest {
-                client,
-                session,
-                request: request_number,
-                user_id: 0,
-                op,
-            };
-            match g.partition.submit(request, now_us).await {
-                Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
-                    g.next_request += 1;
-                    g.in_flight.insert(request_number, InFlight { reply });
-                    self.in_flight_groups.insert(group);
-                }
-                Ok(RequestOutcome::Answered) => {
-                    g.next_request += 1;
-                    g.in_flight.insert(request_number, InFlight { reply });
-                    self.in_flight_groups.insert(group);
-                }
-                Ok(RequestOutcome::Unavailable) => {
-                    let _ = reply.send(Err(CallError::Unavailable {
-                        reason: "the group is not taking requests (view change, transfer or full pipeline)",
-                    }));
-                }
-                Ok(RequestOutcome::ReservedClient) => {
-                    let _ = reply.send(Err(CallError::Rejected {
-                        reason: "reserved client id".into(),
-                    }));
-                }
-                Err(error) => {
-                    let _ = reply.send(Err(partition_error(error)));
-                }
-            }
-        }
+        submit_queued(
+            g,
+            session,
+            client,
+            now_us,
+            group,
+            &mut self.in_flight_groups,
+        )
+        .await;
     }
 
     /// Matches the replies the partitions delivered to waiting calls, and
@@ -468,5 +399,103 @@ fn partition_error(error: PartitionError) -> CallError {
         other => CallError::Local {
             reason: other.to_string(),
         },
+    }
+}
+
+/// Sends the group's session a Register (request 0) and notes it in
+/// flight; an outcome that opens nothing leaves the session as it was.
+async fn register<E: Env>(g: &mut Group<E>, client: u128, tick: u64, now_us: u64, group: GroupId) {
+    let request = ClientRequest {
+        client,
+        session: 0,
+        request: 0,
+        user_id: 0,
+        op: ClientOp::Register,
+    };
+    match g.partition.submit(request, now_us).await {
+        Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
+            g.session = Session::Registering { since_tick: tick };
+        }
+        // A retried Register the table had answered: the cached
+        // reply went out to this shard's client queue, and
+        // `settle_replies` opens the session when it takes it.
+        Ok(RequestOutcome::Answered) => {}
+        // Not taking requests now (a view change, a transfer,
+        // a full pipeline): the session stays as it was, the
+        // calls keep waiting, and the next pump registers again.
+        Ok(RequestOutcome::Unavailable) => {
+            tracing::trace!(group = group.0, "register deferred: group unavailable");
+        }
+        // Never for this shard's id (only id 0 is reserved, and
+        // bit 127 of this one is set); logged so a change there
+        // is not silent.
+        Ok(RequestOutcome::ReservedClient) => {
+            tracing::error!(
+                group = group.0,
+                client,
+                "register refused: reserved client id"
+            );
+        }
+        Err(error) => tracing::warn!(group = group.0, %error, "register failed"),
+    }
+}
+
+/// Submits the group's queued calls under `session`, in order: each one
+/// the partition takes waits in flight for its commit, each one it refuses
+/// is answered now.
+async fn submit_queued<E: Env>(
+    g: &mut Group<E>,
+    session: u64,
+    client: u128,
+    now_us: u64,
+    group: GroupId,
+    in_flight_groups: &mut BTreeSet<GroupId>,
+) {
+    while let Some((call, reply)) = g.queued.pop_front() {
+        let op = match call {
+            Call::Produce { batch } => ClientOp::Append(batch),
+            Call::StoreOffset { kind, id, offset } => ClientOp::StoreOffset { kind, id, offset },
+            Call::DeleteOffset { kind, id } => ClientOp::DeleteOffset { kind, id },
+            Call::Purge { generation } => ClientOp::Purge { generation },
+            other => {
+                let _ = reply.send(Err(CallError::Rejected {
+                    reason: format!("{} is not replicated", other.name()),
+                }));
+                continue;
+            }
+        };
+        let request_number = g.next_request;
+        let request = ClientRequest {
+            client,
+            session,
+            request: request_number,
+            user_id: 0,
+            op,
+        };
+        match g.partition.submit(request, now_us).await {
+            Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
+                g.next_request += 1;
+                g.in_flight.insert(request_number, InFlight { reply });
+                in_flight_groups.insert(group);
+            }
+            Ok(RequestOutcome::Answered) => {
+                g.next_request += 1;
+                g.in_flight.insert(request_number, InFlight { reply });
+                in_flight_groups.insert(group);
+            }
+            Ok(RequestOutcome::Unavailable) => {
+                let _ = reply.send(Err(CallError::Unavailable {
+                    reason: "the group is not taking requests (view change, transfer or full pipeline)",
+                }));
+            }
+            Ok(RequestOutcome::ReservedClient) => {
+                let _ = reply.send(Err(CallError::Rejected {
+                    reason: "reserved client id".into(),
+                }));
+            }
+            Err(error) => {
+                let _ = reply.send(Err(partition_error(error)));
+            }
+        }
     }
 }
