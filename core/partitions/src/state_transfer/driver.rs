@@ -691,9 +691,30 @@ impl<F: Fs> TransferDriver<F> {
             self.sync_slots(slots);
             return out;
         }
+        self.serve_tick(partition, clock, &mut out).await;
+        self.receive_tick(partition, slots, &mut out).await;
+        if self.receiver.session().is_some() {
+            partition.hold_state_transfer();
+        }
+        self.sync_slots(slots);
+        out
+    }
+
+    /// The serving side's tick: offers age, loads advance, and a pending
+    /// offer build runs one more round.
+    async fn serve_tick<B, S, C>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        clock: &C,
+        out: &mut DriverOutput,
+    ) where
+        B: MessageBus,
+        S: SuperblockStore,
+        C: BuildClock,
+    {
         self.server.on_tick();
         for (requester, nonce, answer) in self.server.advance_loads(partition.fs()).await {
-            self.push_chunk_answer(partition, requester, nonce, answer, &mut out);
+            self.push_chunk_answer(partition, requester, nonce, answer, out);
         }
         if self.build_pending {
             self.stats.tick_build_rounds += 1;
@@ -705,6 +726,16 @@ impl<F: Fs> TransferDriver<F> {
                 Ok(_) | Err(_) => self.build_pending = false,
             }
         }
+    }
+
+    /// The receiving side's tick: arms, re-arms or ticks the receiver while
+    /// the partition needs a transfer, and disarms it once it does not.
+    async fn receive_tick<B: MessageBus, S: SuperblockStore>(
+        &mut self,
+        partition: &mut Partition<B, S, F>,
+        slots: &mut TransferSlots,
+        out: &mut DriverOutput,
+    ) {
         let facts = LocalFacts::of(partition);
         // The core stops reporting the need while it retries repair between
         // FloorRefused conclusions; a session survives that, and is only
@@ -734,7 +765,7 @@ impl<F: Fs> TransferDriver<F> {
                         if self.take_receive_slot(slots) {
                             let request = self.receiver.arm(need.peer);
                             out.events.push(TransferEvent::Armed { peer: need.peer });
-                            self.push_request(partition, request, &mut out);
+                            self.push_request(partition, request, out);
                         }
                     }
                     // A re-arm about to fire needs a slot first; without
@@ -747,21 +778,16 @@ impl<F: Fs> TransferDriver<F> {
                             {
                                 out.events.push(TransferEvent::Armed { peer: *peer });
                             }
-                            self.on_step(partition, step, &mut out).await;
+                            self.on_step(partition, step, out).await;
                         }
                     }
                     _ => {
                         let step = self.receiver.on_tick(&facts).await;
-                        self.on_step(partition, step, &mut out).await;
+                        self.on_step(partition, step, out).await;
                     }
                 }
             }
         }
-        if self.receiver.session().is_some() {
-            partition.hold_state_transfer();
-        }
-        self.sync_slots(slots);
-        out
     }
 
     /// One inbound frame from replica `from`.
