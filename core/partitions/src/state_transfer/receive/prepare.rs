@@ -220,37 +220,7 @@ pub(super) async fn advance_preparation<F: Fs>(
             let Some((index, candidate, rehash)) = preparation.current.take() else {
                 continue;
             };
-            let start_offset = rehash.entry().kind.wire_frontier();
-            match candidate {
-                Candidate::Adopt => match rehash.adopt(fs).await {
-                    Ok(Some(meta)) => {
-                        preparation.keep.insert(meta.log_staging.clone());
-                        preparation.keep.insert(meta.index_staging.clone());
-                        preparation.adopted.insert(index, meta);
-                        preparation.newly_adopted += 1;
-                    }
-                    Ok(None) => {}
-                    Err(error) => {
-                        tracing::warn!(start_offset, %error, "cannot adopt staged segment");
-                    }
-                },
-                Candidate::Resume => match SegmentSpill::from_rehash(rehash, config.spill).await {
-                    Ok(spill) => {
-                        stats.resumed_spills += 1;
-                        stats.resumed_bytes += spill.received_len_bytes();
-                        tracing::info!(
-                            start_offset,
-                            resumed_bytes = spill.received_len_bytes(),
-                            "resuming an interrupted segment spill"
-                        );
-                        preparation.keep.insert(spill.log_path().to_path_buf());
-                        preparation.resumed = Some((index, spill));
-                    }
-                    Err(error) => {
-                        tracing::warn!(start_offset, %error, "cannot resume spill; pulling it whole");
-                    }
-                },
-            }
+            finish_candidate(fs, config, preparation, index, candidate, rehash, stats).await;
             continue;
         }
         let index = preparation.next_index;
@@ -285,4 +255,49 @@ pub(super) async fn advance_preparation<F: Fs>(
     stats.rehashed_bytes += spent_this_call;
     stats.rehashed_bytes_max_per_call = stats.rehashed_bytes_max_per_call.max(spent_this_call);
     done
+}
+
+/// Takes a candidate whose re-read completed: an adopted segment is kept
+/// as staged, a resumed spill continues from its synced length. A
+/// candidate that fails is pulled whole instead.
+async fn finish_candidate<F: Fs>(
+    fs: &F,
+    config: &ReceiverConfig,
+    preparation: &mut Preparation<F::File>,
+    index: usize,
+    candidate: Candidate,
+    rehash: PrefixRehash<F::File>,
+    stats: &mut ReceiverStats,
+) {
+    let start_offset = rehash.entry().kind.wire_frontier();
+    match candidate {
+        Candidate::Adopt => match rehash.adopt(fs).await {
+            Ok(Some(meta)) => {
+                preparation.keep.insert(meta.log_staging.clone());
+                preparation.keep.insert(meta.index_staging.clone());
+                preparation.adopted.insert(index, meta);
+                preparation.newly_adopted += 1;
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(start_offset, %error, "cannot adopt staged segment");
+            }
+        },
+        Candidate::Resume => match SegmentSpill::from_rehash(rehash, config.spill).await {
+            Ok(spill) => {
+                stats.resumed_spills += 1;
+                stats.resumed_bytes += spill.received_len_bytes();
+                tracing::info!(
+                    start_offset,
+                    resumed_bytes = spill.received_len_bytes(),
+                    "resuming an interrupted segment spill"
+                );
+                preparation.keep.insert(spill.log_path().to_path_buf());
+                preparation.resumed = Some((index, spill));
+            }
+            Err(error) => {
+                tracing::warn!(start_offset, %error, "cannot resume spill; pulling it whole");
+            }
+        },
+    }
 }
