@@ -897,77 +897,11 @@ impl Replica {
 
     /// A client request routed to this group.
     pub fn on_client_request(&mut self, request: Request) -> RequestOutcome {
-        if request.client == crate::client_table::CLIENT_RESERVED {
-            return RequestOutcome::ReservedClient;
-        }
-        if !self.is_caught_up_primary() {
-            return RequestOutcome::Unavailable;
-        }
-        if self
-            .pipeline
-            .contains_request(request.client, request.request)
-        {
-            return RequestOutcome::InFlight;
-        }
-        let register = request.operation == OPERATION_REGISTER;
-        if register && (request.request != 0 || request.session != 0) {
-            return self.refuse(&request, ReplyStatus::NoSession);
-        }
-        if !register && request.request == 0 {
-            return self.refuse(&request, ReplyStatus::NoSession);
-        }
-        match self
-            .client_table
-            .check(request.client, request.session, request.request)
-        {
-            RequestCheck::New => {}
-            RequestCheck::Duplicate(reply) => {
-                self.actions.push(Action::Reply(reply));
-                return RequestOutcome::Answered;
-            }
-            RequestCheck::AlreadyApplied => {
-                return self.refuse(&request, ReplyStatus::AlreadyApplied);
-            }
-            RequestCheck::NoSession => return self.refuse(&request, ReplyStatus::NoSession),
-            RequestCheck::Fenced => return self.refuse(&request, ReplyStatus::Fenced),
-        }
-        if self.pipeline.is_full() {
-            return RequestOutcome::Unavailable;
-        }
-        let op = self.head() + 1;
-        if op == self.commit_min + 1 && !self.commit_min_checksum_known() {
-            // Chaining to an unknown identity would fork the hash chain;
-            // the client retries once the log or a peer has named it.
-            return RequestOutcome::Unavailable;
-        }
-        let parent = self.parent_of(op);
-        // After the parent's, whoever ordered it: the clock is this
-        // replica's ticks since it booted, which a restarted primary's
-        // trails (simulator seed 12100326).
-        let after_parent = self
-            .journal
-            .header(op - 1)
-            .map_or(0, |h| h.timestamp.saturating_add(1));
-        self.last_timestamp = self
-            .last_timestamp
-            .saturating_add(1)
-            .max(self.ticks)
-            .max(after_parent);
-        let mut header = PrepareHeader {
-            checksum: 0,
-            checksum_body: body_checksum(&request.body),
-            parent,
-            client: request.client,
-            request_checksum: 0,
-            view: self.view,
-            op: Op(op),
-            commit: Op(self.commit_max),
-            timestamp: self.last_timestamp,
-            request: request.request,
-            operation: request.operation,
-            group: self.config.group,
-            user_id: request.user_id,
+        let op = match self.admit(&request) {
+            Ok(op) => op,
+            Err(outcome) => return outcome,
         };
+        let mut header = self.next_prepare_header(&request, op);
         header.checksum = header.compute_checksum();
         let prepare = Prepare {
             header,
@@ -993,6 +927,88 @@ impl Replica {
         }
         self.try_commit();
         RequestOutcome::Prepared { op: Op(op) }
+    }
+
+    /// Whether this primary orders `request` now: the op it would get, or
+    /// the outcome that answers it instead (refusals reply to the client).
+    fn admit(&mut self, request: &Request) -> Result<u64, RequestOutcome> {
+        if request.client == crate::client_table::CLIENT_RESERVED {
+            return Err(RequestOutcome::ReservedClient);
+        }
+        if !self.is_caught_up_primary() {
+            return Err(RequestOutcome::Unavailable);
+        }
+        if self
+            .pipeline
+            .contains_request(request.client, request.request)
+        {
+            return Err(RequestOutcome::InFlight);
+        }
+        let register = request.operation == OPERATION_REGISTER;
+        if register && (request.request != 0 || request.session != 0) {
+            return Err(self.refuse(request, ReplyStatus::NoSession));
+        }
+        if !register && request.request == 0 {
+            return Err(self.refuse(request, ReplyStatus::NoSession));
+        }
+        match self
+            .client_table
+            .check(request.client, request.session, request.request)
+        {
+            RequestCheck::New => {}
+            RequestCheck::Duplicate(reply) => {
+                self.actions.push(Action::Reply(reply));
+                return Err(RequestOutcome::Answered);
+            }
+            RequestCheck::AlreadyApplied => {
+                return Err(self.refuse(request, ReplyStatus::AlreadyApplied));
+            }
+            RequestCheck::NoSession => return Err(self.refuse(request, ReplyStatus::NoSession)),
+            RequestCheck::Fenced => return Err(self.refuse(request, ReplyStatus::Fenced)),
+        }
+        if self.pipeline.is_full() {
+            return Err(RequestOutcome::Unavailable);
+        }
+        let op = self.head() + 1;
+        if op == self.commit_min + 1 && !self.commit_min_checksum_known() {
+            // Chaining to an unknown identity would fork the hash chain;
+            // the client retries once the log or a peer has named it.
+            return Err(RequestOutcome::Unavailable);
+        }
+        Ok(op)
+    }
+
+    /// The header of the prepare that orders `request` as `op`, its
+    /// checksum not yet computed; advances the prepare clock.
+    fn next_prepare_header(&mut self, request: &Request, op: u64) -> PrepareHeader {
+        let parent = self.parent_of(op);
+        // After the parent's, whoever ordered it: the clock is this
+        // replica's ticks since it booted, which a restarted primary's
+        // trails (simulator seed 12100326).
+        let after_parent = self
+            .journal
+            .header(op - 1)
+            .map_or(0, |h| h.timestamp.saturating_add(1));
+        self.last_timestamp = self
+            .last_timestamp
+            .saturating_add(1)
+            .max(self.ticks)
+            .max(after_parent);
+        PrepareHeader {
+            checksum: 0,
+            checksum_body: body_checksum(&request.body),
+            parent,
+            client: request.client,
+            request_checksum: 0,
+            view: self.view,
+            op: Op(op),
+            commit: Op(self.commit_max),
+            timestamp: self.last_timestamp,
+            request: request.request,
+            operation: request.operation,
+            group: self.config.group,
+            user_id: request.user_id,
+        }
     }
 
     fn refuse(&mut self, request: &Request, status: ReplyStatus) -> RequestOutcome {
