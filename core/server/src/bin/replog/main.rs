@@ -97,6 +97,26 @@ fn init_logging() {
 fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
     init_logging();
     report_open_file_limit();
+    let node_config = node_config(&config, rejoin);
+    let starter = client_starter(&config);
+    let node = match Node::start(node_config, Some(starter)) {
+        Ok(node) => node,
+        Err(reason) => {
+            eprintln!("replog: {reason}");
+            return ExitCode::from(1);
+        }
+    };
+    // The serving line, which tools and tests wait for, goes out once
+    // every listener is up and the stop signals are caught: a SIGTERM
+    // right after it must stop the replica cleanly, not kill it.
+    wait_for_stop_signal(exit_with_stdin, || print_serving(&node, &config));
+    tracing::info!("stopping: finishing in-flight inputs and flushing");
+    node.stop();
+    ExitCode::SUCCESS
+}
+
+/// The node's configuration from the file's and the flags'.
+fn node_config(config: &Config, rejoin: bool) -> NodeConfig {
     let roster = config.roster();
     let replica_count = u8::try_from(roster.len()).unwrap_or(u8::MAX);
     let bus = (roster.len() > 1).then(|| BusSetup {
@@ -106,7 +126,7 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
             .map(|r| (ReplicaId(r.id), r.replica_address))
             .collect(),
     });
-    let node_config = NodeConfig {
+    NodeConfig {
         cluster: u128::from(config.cluster_id),
         replica: ReplicaId(config.replica_id),
         replica_count,
@@ -130,7 +150,12 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
                 shard::SnapshotDetail::Totals
             },
         }),
-    };
+    }
+}
+
+/// What shard 0 runs once the node is up: the root user's creation and
+/// the Iggy client listener.
+fn client_starter(config: &Config) -> ClientStarter {
     let topic_defaults = metadata::TopicConfig {
         segment_size_bytes: config.storage.segment_size_bytes,
         durability: if config.storage.fsync {
@@ -145,7 +170,8 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
     let tag = boot_tag(config.replica_id);
     let identity = std::sync::Arc::new(Identity {
         replica: config.replica_id,
-        roster: roster
+        roster: config
+            .roster()
             .iter()
             .map(|r| RosterAddress {
                 id: r.id,
@@ -153,7 +179,7 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
             })
             .collect(),
     });
-    let starter: ClientStarter = Box::new(move |ctx| {
+    Box::new(move |ctx| {
         let handles = ctx.handles.clone();
         compio::runtime::spawn(async move {
             create_root_user(&handles, &username, &password).await;
@@ -175,44 +201,33 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
             Some(metrics),
         ))
         .detach();
-    });
-    let node = match Node::start(node_config, Some(starter)) {
-        Ok(node) => node,
-        Err(reason) => {
-            eprintln!("replog: {reason}");
-            return ExitCode::from(1);
-        }
-    };
-    // The serving line, which tools and tests wait for, goes out once
-    // every listener is up and the stop signals are caught: a SIGTERM
-    // right after it must stop the replica cleanly, not kill it.
-    wait_for_stop_signal(exit_with_stdin, || {
-        // Before the serving line, which tools and tests wait for: once it is
-        // out, every listener is up.
-        if let Some(metrics_addr) = node.metrics_addr() {
-            println!(
-                "replog: replica {} metrics on http://{metrics_addr}/metrics",
-                config.replica_id
-            );
-        }
-        match node.replica_addr() {
-            Some(replica_addr) => println!(
-                "replog: replica {} serving Iggy clients on {} (replicas on {replica_addr}; data in {})",
-                config.replica_id,
-                node.client_addr(),
-                config.data_dir.display()
-            ),
-            None => println!(
-                "replog: replica {} serving Iggy clients on {} (data in {})",
-                config.replica_id,
-                node.client_addr(),
-                config.data_dir.display()
-            ),
-        }
-    });
-    tracing::info!("stopping: finishing in-flight inputs and flushing");
-    node.stop();
-    ExitCode::SUCCESS
+    })
+}
+
+/// The serving lines, which tools and tests wait for.
+fn print_serving(node: &Node, config: &Config) {
+    // Before the serving line, which tools and tests wait for: once it is
+    // out, every listener is up.
+    if let Some(metrics_addr) = node.metrics_addr() {
+        println!(
+            "replog: replica {} metrics on http://{metrics_addr}/metrics",
+            config.replica_id
+        );
+    }
+    match node.replica_addr() {
+        Some(replica_addr) => println!(
+            "replog: replica {} serving Iggy clients on {} (replicas on {replica_addr}; data in {})",
+            config.replica_id,
+            node.client_addr(),
+            config.data_dir.display()
+        ),
+        None => println!(
+            "replog: replica {} serving Iggy clients on {} (data in {})",
+            config.replica_id,
+            node.client_addr(),
+            config.data_dir.display()
+        ),
+    }
 }
 
 /// Retries the root user's creation while group 0 elects its first
