@@ -210,7 +210,7 @@ fn initial_state(config: &PartitionConfig) -> VsrState {
 /// replacement sibling (swept; the record itself is whole either way), an
 /// interrupted install (converged to an empty partition at the recorded
 /// frontier, or dropped if that frontier never became durable:
-/// state_transfer/install/marker.rs), and the transfer-needed record a converge
+/// install/marker.rs), and the transfer-needed record a converge
 /// wrote (returned; honoured by the caller).
 async fn recover_records<F: Fs>(
     fs: &F,
@@ -225,7 +225,7 @@ async fn recover_records<F: Fs>(
     if let Ok(true) = crate::offset_storage::delete_persisted_offset(fs, &sibling).await {
         tracing::warn!(path = %sibling.display(), "swept a purge-generation replacement left by a crash");
     }
-    crate::state_transfer::install::recover_interrupted_install(
+    crate::install::recover_interrupted_install(
         fs,
         dir,
         (
@@ -692,7 +692,7 @@ async fn set_aside_damaged_history<F: Fs>(
 ) -> std::io::Result<()> {
     crate::missing_history::write_missing_history(fs, dir, record).await?;
     if set_aside_segments {
-        crate::state_transfer::fence_partition(fs, dir).await?;
+        crate::install::fence_partition(fs, dir).await?;
     }
     Ok(())
 }

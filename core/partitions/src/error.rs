@@ -157,7 +157,7 @@ pub enum PartitionError {
         reason: String,
     },
     /// A state-transfer install is in flight (it runs in steps between the
-    /// shard's ticks, `state_transfer/install/`): the partition takes no
+    /// shard's ticks, `install/`): the partition takes no
     /// input until it ends. Transient.
     InstallInProgress {
         /// The partition directory.

@@ -6,7 +6,7 @@
 //! converge or on damage) or removal (after a completed install). Each is
 //! retried on every tick until it lands, and until then the partition
 //! holds back what the write would vouch for (`partition.rs`, `flush.rs`,
-//! `state_transfer/install/`). A failure it cannot go on from fences it:
+//! `install/`). A failure it cannot go on from fences it:
 //! every later input is refused until a reboot.
 //!
 //! One [`Health`] value holds all of it, written only through its methods,

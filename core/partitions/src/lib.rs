@@ -21,7 +21,13 @@
 //! - `bus`: the bus trait and an in-memory network for tests;
 //! - `offset_storage`: consumer-offset files and `purge.gen` on disk;
 //! - `client_sessions`: the client table on disk, so dedup survives a
-//!   restart.
+//!   restart;
+//! - `install`: a transferred state made live, crash-safely, a bounded
+//!   number of file operations per step (the driver in `state_transfer`
+//!   runs it);
+//! - `missing_history`: the durable record that history below the
+//!   frontier is missing after a failed install;
+//! - `state_transfer`: the offer, the pull and the driver.
 
 mod append;
 mod boot;
@@ -30,6 +36,7 @@ mod client_sessions;
 mod error;
 mod flush;
 mod health;
+mod install;
 mod missing_history;
 mod offset_storage;
 mod offsets;

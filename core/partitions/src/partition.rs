@@ -373,10 +373,10 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// retry (`health.rs`).
     pub(crate) health: Health,
     /// The state-transfer install in flight, carried out a bounded number
-    /// of file operations per call (`state_transfer/install/`, its owner). While it
+    /// of file operations per call (`install/`, its owner). While it
     /// is set the partition refuses every input: its log is being swapped
     /// on disk under the one in memory.
-    pub(crate) install: Option<Box<crate::state_transfer::install::InstallJob<F>>>,
+    pub(crate) install: Option<Box<crate::install::InstallJob<F>>>,
 }
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> fmt::Debug for Partition<B, S, F> {
@@ -1367,7 +1367,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     }
 
     /// An install recorded the offered purge generation durably
-    /// (`state_transfer/install/`).
+    /// (`install/`).
     pub(crate) fn purge_generation_installed(&mut self, generation: u64) {
         self.applied_purge_generation = generation;
     }

@@ -59,14 +59,16 @@ use consensus::vsr::{Replica, UNKNOWN_CHECKSUM};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
-use super::errors::{PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable};
-use super::install::{INSTALL_FILE_OPS_PER_STEP, InstallInput};
+use super::errors::PartitionTransferUnavailable;
 use super::offer::BuildClock;
 use super::receive::{
     LocalFacts, ReceiveError, ReceiveStep, ReceiverConfig, TransferReceiver, TransferRequest,
 };
 use super::serve::{ChunkAnswer, ChunkRequest, OfferServer, OfferServerConfig};
 use crate::bus::MessageBus;
+use crate::install::{
+    INSTALL_FILE_OPS_PER_STEP, InstallInput, PartitionInstallError, PartitionInstallOutcome,
+};
 use crate::partition::{Partition, StateTransferNeeded};
 
 /// Partitions of one shard pulling a transfer at once (the reference's

@@ -15,13 +15,14 @@
 //!   handling, reuse of staged files, re-arm backoff.
 //! - `spill`: streaming a segment artifact to its staging files, resume
 //!   from the last synced byte, adoption of staged files.
-//! - `install`: the crash-safe install, its converge and the fence.
-//! - The durable record that history below the frontier is missing after
-//!   a converge, until an install clears it, is the partition's own
-//!   (`missing_history.rs` at the crate root, re-exported here): the
-//!   partition reads it at boot and consults it on every poll, and keeping
-//!   it there leaves the partition's files depending on this module only
-//!   for the install job they hold.
+//! - Two parts of a transfer are the partition's own, at the crate root and
+//!   re-exported here: the crash-safe install, its converge and the fence
+//!   (`install/`: the partition holds the job between steps and boot
+//!   finishes an interrupted one), and the durable record that history
+//!   below the frontier is missing after a converge (`missing_history.rs`:
+//!   the partition reads it at boot and consults it on every poll). So the
+//!   partition's files never import this module; `install` uses only the
+//!   `wire` codec, which imports nothing else of the crate.
 //! - `driver`: what a shard calls per partition: frames in and out on the
 //!   consensus header, ticks, arming, admission, install and the fence.
 //!
@@ -30,7 +31,6 @@
 
 pub(crate) mod driver;
 pub(crate) mod errors;
-pub(crate) mod install;
 pub(crate) mod offer;
 pub(crate) mod receive;
 pub(crate) mod serve;
@@ -38,6 +38,10 @@ pub(crate) mod spill;
 pub(crate) mod walk;
 pub(crate) mod wire;
 
+pub use crate::install::{
+    INSTALL_FILE_OPS_PER_STEP, INSTALL_MARKER_FILE, InstallInput, PartitionInstallError,
+    PartitionInstallOutcome, StagedSegment, fence_partition,
+};
 pub use crate::missing_history::{MissingHistory, TRANSFER_NEEDED_FILE};
 pub use driver::{
     CheckedTransferFrame, DRIVER_CHUNKS_IN_FLIGHT_DEFAULT, DRIVER_LOAD_BLOCKS_PER_CALL,
@@ -47,11 +51,8 @@ pub use driver::{
     check_transfer_frame, encode_transfer_frame,
 };
 pub use errors::{
-    PartitionInstallError, PartitionInstallOutcome, PartitionTransferUnavailable, SegmentLoadError,
-    SpillError, validate_consumer_offset_transfer_count,
-};
-pub use install::{
-    INSTALL_FILE_OPS_PER_STEP, INSTALL_MARKER_FILE, InstallInput, StagedSegment, fence_partition,
+    PartitionTransferUnavailable, SegmentLoadError, SpillError,
+    validate_consumer_offset_transfer_count,
 };
 pub use offer::{
     BuildBudget, BuildClock, HashRound, HashedPlan, MonotonicClock, OFFER_READ_CHUNK_BYTES,

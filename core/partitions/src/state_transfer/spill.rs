@@ -34,6 +34,7 @@ use storage::{STAGING_SUFFIX, index_file_name, log_file_name};
 
 use super::errors::SpillError;
 use super::walk::{SegmentWalkStats, SegmentWalker};
+use crate::install::StagedSegment;
 
 /// Default interval between data syncs of a log staging file (8 MiB): the
 /// most a resume re-pulls, and one sync per 32 chunks of 256 KiB.
@@ -93,6 +94,21 @@ pub struct StagedSegmentMeta {
     pub log_staging: PathBuf,
     /// `{base:020}.index.staging`.
     pub index_staging: PathBuf,
+}
+
+/// The install reads a staged segment by the description the spill
+/// checked as it wrote it.
+impl From<&StagedSegmentMeta> for StagedSegment {
+    fn from(meta: &StagedSegmentMeta) -> Self {
+        Self {
+            start_offset: meta.start_offset,
+            end_offset: meta.end_offset,
+            size_bytes: meta.size_bytes,
+            start_timestamp: meta.start_timestamp,
+            end_timestamp: meta.end_timestamp,
+            max_timestamp: meta.max_timestamp,
+        }
+    }
 }
 
 impl StagedSegmentMeta {

@@ -51,6 +51,7 @@ use super::spill::{
 };
 use super::wire::{ConsumerOffsetsWire, ConsumerOffsetsWireError};
 use crate::bus::MessageBus;
+use crate::install::{InstallInput, StagedSegment};
 use crate::partition::Partition;
 
 mod backoff;
@@ -454,6 +455,20 @@ pub struct ReceivedTransfer {
     /// The same artifact as received (verified against its manifest entry),
     /// for an install that decodes it itself.
     pub offsets_bytes: Vec<u8>,
+}
+
+impl InstallInput {
+    /// The install input of a completed pull. The receive side does not
+    /// know the identity of op `commit_op`; the caller passes it (from the
+    /// offer or the prepare header it repaired).
+    pub fn from_received(received: &ReceivedTransfer, commit_checksum: u128) -> Self {
+        Self {
+            commit_op: received.descriptor.commit_op,
+            commit_checksum,
+            staged: received.staged.iter().map(StagedSegment::from).collect(),
+            offsets_artifact: received.offsets_bytes.clone(),
+        }
+    }
 }
 
 /// What a frame or a tick did.

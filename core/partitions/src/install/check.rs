@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
+use super::errors::PartitionInstallError;
 use super::{InstallInput, StagedSegment, segment_files, swap_io, with_retry};
 use crate::bus::MessageBus;
 use crate::offset_storage::{discard_offset_replacement, stage_offset_replacement};
 use crate::partition::Partition;
-use crate::state_transfer::errors::PartitionInstallError;
 use crate::state_transfer::wire::ConsumerOffsetsWire;
 
 /// One consumer-offset file the install will write.

@@ -1,7 +1,8 @@
 //! The receiving replica's install of a transferred partition state
-//! (SPEC §7 ST-I1..I5). By file: `check` (the check phase), `marker` (the
-//! install marker and boot's recovery of an interrupted install), `fence`
-//! (the converge and the fence), and here the install's steps.
+//! (SPEC §7 ST-I1..I5). By file: `check` (the check phase), `errors` (its
+//! outcome and failures), `marker` (the install marker and boot's
+//! recovery of an interrupted install), `fence` (the converge and the
+//! fence), and here the install's steps.
 //!
 //! The input is what the receive side left behind: validated segment
 //! artifacts staged as `{base:020}.log.staging` + `{base:020}.index.staging`
@@ -95,9 +96,6 @@ use storage::fs::{FileKind, Fs, replace_file_durably};
 use storage::{RecoveredSegment, recover_segment};
 use storage::{SegmentFileName, index_file_name, log_file_name, parse_file_name};
 
-use super::errors::{PartitionInstallError, PartitionInstallOutcome};
-use super::receive::ReceivedTransfer;
-use super::spill::StagedSegmentMeta;
 use crate::bus::MessageBus;
 use crate::missing_history::{MissingHistory, clear_missing_history, write_missing_history};
 use crate::offset_storage::{
@@ -107,10 +105,12 @@ use crate::offset_storage::{
 use crate::partition::{AppliedPoint, Partition};
 
 mod check;
+mod errors;
 mod fence;
 mod marker;
 
 use check::CheckedInstall;
+pub use errors::{PartitionInstallError, PartitionInstallOutcome};
 pub use fence::fence_partition;
 pub use marker::INSTALL_MARKER_FILE;
 use marker::InstallMarker;
@@ -155,19 +155,6 @@ impl StagedSegment {
     }
 }
 
-impl From<&StagedSegmentMeta> for StagedSegment {
-    fn from(meta: &StagedSegmentMeta) -> Self {
-        Self {
-            start_offset: meta.start_offset,
-            end_offset: meta.end_offset,
-            size_bytes: meta.size_bytes,
-            start_timestamp: meta.start_timestamp,
-            end_timestamp: meta.end_timestamp,
-            max_timestamp: meta.max_timestamp,
-        }
-    }
-}
-
 /// Everything an install needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstallInput {
@@ -180,20 +167,6 @@ pub struct InstallInput {
     pub staged: Vec<StagedSegment>,
     /// The encoded consumer-offsets artifact (ICO2; ICO1 decodes).
     pub offsets_artifact: Vec<u8>,
-}
-
-impl InstallInput {
-    /// The install input of a completed pull. The receive side does not
-    /// know the identity of op `commit_op`; the caller passes it (from the
-    /// offer or the prepare header it repaired).
-    pub fn from_received(received: &ReceivedTransfer, commit_checksum: u128) -> Self {
-        Self {
-            commit_op: received.descriptor.commit_op,
-            commit_checksum,
-            staged: received.staged.iter().map(StagedSegment::from).collect(),
-            offsets_artifact: received.offsets_bytes.clone(),
-        }
-    }
 }
 
 /// Filesystem calls an install makes per call of
@@ -653,59 +626,82 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 if let Some(s) = staged.get(segments.len()) {
                     *spent += SEGMENT_LOAD_COST - 1;
                     let last = segments.len() + 1 == staged.len();
-                    let (segment, written) = recover_segment(
-                        &fs,
-                        &dir,
-                        s.start_offset.0,
-                        last,
-                        self.config.log.recovery(),
-                    )
-                    .await
-                    .map_err(|e| PartitionInstallError::SegmentOpen {
-                        path: dir.join(log_file_name(s.start_offset.0)),
-                        source: io::Error::other(e.to_string()),
-                    })?;
-                    check_installed_segment(&dir, s, &segment)?;
+                    let (segment, written) = self.load_installed_segment(s, last).await?;
                     segments.push(segment);
                     *index_written |= written;
                 } else {
-                    if *index_written {
-                        fs.sync_dir(&dir).await.map_err(swap_io(&dir))?;
-                    }
-                    // An empty offer has no segment: the log plants one at
-                    // the frontier, which recovery reads as a frontier
-                    // marker.
-                    let log = SegmentedLog::from_recovered(
-                        fs.clone(),
-                        &dir,
-                        self.config.log,
-                        std::mem::take(segments),
-                        job.checked.frontier,
-                    )
-                    .await
-                    .map_err(|e| PartitionInstallError::SegmentOpen {
-                        path: dir.clone(),
-                        source: io::Error::other(e.to_string()),
-                    })?;
-                    if log.next_offset() != job.checked.frontier {
-                        return Err(PartitionInstallError::SegmentOpen {
-                            path: dir.clone(),
-                            source: io::Error::new(
-                                io::ErrorKind::InvalidData,
-                                format!(
-                                    "installed chain ends at {} but the offer's frontier is {}",
-                                    log.next_offset(),
-                                    job.checked.frontier
-                                ),
-                            ),
-                        });
-                    }
+                    let log = self
+                        .assemble_installed_log(
+                            std::mem::take(segments),
+                            *index_written,
+                            job.checked.frontier,
+                        )
+                        .await?;
                     job.step = SwapStep::Loaded(log);
                 }
             }
             SwapStep::Loaded(_) => {}
         }
         Ok(())
+    }
+
+    /// Recovers one renamed segment as boot would read it and checks it
+    /// against the staged description. Returns whether recovery wrote its
+    /// index (the directory then needs a sync before the log is trusted).
+    async fn load_installed_segment(
+        &self,
+        s: &StagedSegment,
+        last: bool,
+    ) -> Result<(RecoveredSegment, bool), PartitionInstallError> {
+        let (segment, written) = recover_segment(
+            &self.fs,
+            &self.dir,
+            s.start_offset.0,
+            last,
+            self.config.log.recovery(),
+        )
+        .await
+        .map_err(|e| PartitionInstallError::SegmentOpen {
+            path: self.dir.join(log_file_name(s.start_offset.0)),
+            source: io::Error::other(e.to_string()),
+        })?;
+        check_installed_segment(&self.dir, s, &segment)?;
+        Ok((segment, written))
+    }
+
+    /// The installed chain as one log, which must end exactly at the
+    /// offer's frontier. An empty offer has no segment: the log plants one
+    /// at the frontier, which recovery reads as a frontier marker.
+    async fn assemble_installed_log(
+        &self,
+        segments: Vec<RecoveredSegment>,
+        index_written: bool,
+        frontier: u64,
+    ) -> Result<SegmentedLog<F>, PartitionInstallError> {
+        let dir = &self.dir;
+        if index_written {
+            self.fs.sync_dir(dir).await.map_err(swap_io(dir))?;
+        }
+        let log =
+            SegmentedLog::from_recovered(self.fs.clone(), dir, self.config.log, segments, frontier)
+                .await
+                .map_err(|e| PartitionInstallError::SegmentOpen {
+                    path: dir.clone(),
+                    source: io::Error::other(e.to_string()),
+                })?;
+        if log.next_offset() != frontier {
+            return Err(PartitionInstallError::SegmentOpen {
+                path: dir.clone(),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "installed chain ends at {} but the offer's frontier is {frontier}",
+                        log.next_offset(),
+                    ),
+                ),
+            });
+        }
+        Ok(log)
     }
 
     /// ST-I4 over the installed log: journal, offsets, dedup, counters,
