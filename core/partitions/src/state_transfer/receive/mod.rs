@@ -38,8 +38,8 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use consensus::header::StateTransferTargetHeader;
+use consensus::{AcceptedChunk, ChunkProgress, ChunkRejection, check_chunk};
 use consensus::{ArtifactProgress, StateArtifact, append_chunk, next_pending_chunk};
-use consensus::{ChunkProgress, ChunkRejection, check_chunk};
 use journal::SuperblockStore;
 use storage::fs::Fs;
 
@@ -931,37 +931,22 @@ impl<F: Fs> TransferReceiver<F> {
         let payload_len = payload.len() as u64;
         let mut held = payload_len + self.window.early_bytes;
         let mut staged = None;
-        let result = match accepted.artifacts.get_mut(landed.artifact) {
-            Some(TransferArtifact::Pending(PendingArtifact::Segment { entry, spill })) => {
-                let entry = *entry;
-                spill_chunk(
-                    &self.fs,
-                    &self.dir,
-                    self.config.spill,
-                    entry,
-                    spill,
-                    payload,
-                )
-                .await
-                .map(|carried| held += carried)
-                .map_err(ReceiveError::Spill)
-            }
-            Some(TransferArtifact::Pending(PendingArtifact::Offsets(_))) => {
-                let appended = append_chunk(&mut accepted.artifacts, artifact, offset, &payload);
-                debug_assert!(appended.is_ok(), "checked above");
-                if let Some(TransferArtifact::Pending(PendingArtifact::Offsets(p))) =
-                    accepted.artifacts.get(landed.artifact)
-                {
-                    held += p.buf.len() as u64;
-                }
-                Ok(())
-            }
-            Some(TransferArtifact::Staged(_)) | None => {
-                return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::Chunk(
-                    ChunkRejection::AllComplete,
-                )));
-            }
+        let Some(result) = write_chunk(
+            &self.fs,
+            &self.dir,
+            self.config.spill,
+            &mut accepted.artifacts,
+            &landed,
+            (artifact, offset),
+            payload,
+        )
+        .await
+        else {
+            return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::Chunk(
+                ChunkRejection::AllComplete,
+            )));
         };
+        let result = result.map(|carried| held += carried);
         if let Err(error) = result {
             return Landed::Stop(self.fail(error, local).await);
         }
@@ -1005,17 +990,7 @@ impl<F: Fs> TransferReceiver<F> {
                 "segment staged"
             );
             let digest = segment_manifest_digest(&accepted.descriptor.manifest);
-            match self.reuse_memo.as_mut().filter(|m| m.digest == digest) {
-                Some(memo) => {
-                    memo.adopted.insert(landed.artifact, meta);
-                }
-                None => {
-                    self.reuse_memo = Some(ReuseScanMemo {
-                        digest,
-                        adopted: BTreeMap::from([(landed.artifact, meta)]),
-                    });
-                }
-            }
+            ReuseScanMemo::remember(&mut self.reuse_memo, digest, landed.artifact, meta);
         }
         Landed::Accepted
     }
@@ -1098,6 +1073,43 @@ impl<F: Fs> TransferReceiver<F> {
             }
             Err(error) => self.fail_after_session(error, peer, local).await,
         }
+    }
+}
+
+/// Writes one checked chunk where its artifact collects: a segment's
+/// bytes through its spill, the offsets artifact into its buffer. Returns
+/// the bytes held beyond the payload (the spill's carried walk, or the
+/// whole offsets buffer), or `None` when the artifact is already staged.
+async fn write_chunk<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    config: SpillConfig,
+    artifacts: &mut [TransferArtifact<F::File>],
+    landed: &AcceptedChunk,
+    (artifact, offset): (u32, u64),
+    payload: Bytes,
+) -> Option<Result<u64, ReceiveError>> {
+    let index = landed.artifact;
+    match artifacts.get_mut(index) {
+        Some(TransferArtifact::Pending(PendingArtifact::Segment { entry, spill })) => {
+            let entry = *entry;
+            Some(
+                spill_chunk(fs, dir, config, entry, spill, payload)
+                    .await
+                    .map_err(ReceiveError::Spill),
+            )
+        }
+        Some(TransferArtifact::Pending(PendingArtifact::Offsets(_))) => {
+            let appended = append_chunk(artifacts, artifact, offset, &payload);
+            debug_assert!(appended.is_ok(), "checked by the caller");
+            match artifacts.get(index) {
+                Some(TransferArtifact::Pending(PendingArtifact::Offsets(p))) => {
+                    Some(Ok(p.buf.len() as u64))
+                }
+                _ => Some(Ok(0)),
+            }
+        }
+        Some(TransferArtifact::Staged(_)) | None => None,
     }
 }
 

@@ -27,6 +27,30 @@ pub(super) struct ReuseScanMemo {
     pub(super) adopted: BTreeMap<usize, StagedSegmentMeta>,
 }
 
+impl ReuseScanMemo {
+    /// Records a segment staged for the offer with manifest `digest`, so a
+    /// re-armed pull of the same offer adopts it without a re-read. A memo
+    /// for another offer is replaced.
+    pub(super) fn remember(
+        memo: &mut Option<Self>,
+        digest: u64,
+        artifact: usize,
+        meta: StagedSegmentMeta,
+    ) {
+        match memo.as_mut().filter(|m| m.digest == digest) {
+            Some(memo) => {
+                memo.adopted.insert(artifact, meta);
+            }
+            None => {
+                *memo = Some(Self {
+                    digest,
+                    adopted: BTreeMap::from([(artifact, meta)]),
+                });
+            }
+        }
+    }
+}
+
 /// Which staged file an accepted offer's preparation is re-reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Candidate {
