@@ -494,34 +494,76 @@ async fn plan_segment<F: Fs>(
         .len()
         .await
         .map_err(|e| RecoveryError::io("stat", &log_path, e))?;
-    let batch_length_max = config.batch_length_max;
-
     let (stored, stored_len) = read_stored_index(fs, &index_path, has_index, file_len).await?;
-    let mut sane = well_formed_prefix(&stored, start, file_len);
+    let trusted =
+        trusted_index_entries(&log, &log_path, &stored, start, file_len, last, config).await?;
+    let (meta, index, stop) = walk_from_trusted(
+        &log,
+        &log_path,
+        start,
+        stored[..trusted].to_vec(),
+        file_len,
+        config,
+    )
+    .await?;
+    let (index_ok, index_behind) = stored_index_state(has_index, &stored, stored_len, &index);
+    Ok(Plan {
+        log_path,
+        index_path,
+        meta,
+        file_len,
+        stop,
+        index,
+        index_ok,
+        index_behind,
+    })
+}
+
+/// How many stored index entries the walk may trust: a well-formed
+/// prefix whose first entry names the first batch, in the last segment
+/// only the entries that name their batches, cut back to the last entry
+/// that still points at a valid batch.
+async fn trusted_index_entries<F: FsFile>(
+    log: &F,
+    log_path: &Path,
+    stored: &[IndexEntry],
+    start: u64,
+    file_len: u64,
+    last: bool,
+    config: RecoveryConfig,
+) -> Result<usize, RecoveryError> {
+    let batch_length_max = config.batch_length_max;
+    let mut sane = well_formed_prefix(stored, start, file_len);
     if sane > 0
-        && !first_entry_names_first_batch(&log, &log_path, &stored[0], batch_length_max).await?
+        && !first_entry_names_first_batch(log, log_path, &stored[0], batch_length_max).await?
     {
         sane = 0;
     }
     if last {
-        sane = entries_naming_their_batches(
-            &log,
-            &log_path,
-            &stored,
-            sane,
-            file_len,
-            batch_length_max,
-        )
-        .await?;
+        sane =
+            entries_naming_their_batches(log, log_path, stored, sane, file_len, batch_length_max)
+                .await?;
     }
-    let trusted =
-        trusted_prefix(&log, &log_path, &stored, sane, file_len, batch_length_max).await?;
-    let mut index: Vec<IndexEntry> = stored[..trusted].to_vec();
+    trusted_prefix(log, log_path, stored, sane, file_len, batch_length_max).await
+}
+
+/// The verifying walk from the last trusted index entry (or byte 0) to the
+/// first batch that fails: the segment's metadata, the index extended by
+/// the policy, and where and why the walk stopped. A first batch that is
+/// whole and verified but carries the wrong offset is a misplaced file,
+/// refused rather than truncated away.
+async fn walk_from_trusted<F: FsFile>(
+    log: &F,
+    log_path: &Path,
+    start: u64,
+    mut index: Vec<IndexEntry>,
+    file_len: u64,
+    config: RecoveryConfig,
+) -> Result<(SegmentMeta, Vec<IndexEntry>, WalkStop), RecoveryError> {
     let (walk_from, expected) = match index.last() {
         Some(e) => (e.position, e.offset),
         None => (0, start),
     };
-
     let mut meta = SegmentMeta::empty(start);
     if let Some(first) = index.first() {
         meta.start_timestamp = first.timestamp;
@@ -529,7 +571,7 @@ async fn plan_segment<F: Fs>(
     let mut last_header: Option<BatchHeader> = None;
     let policy = config.index;
     let Walk { end_position, stop } = walk_batches(
-        &log,
+        log,
         walk_from,
         file_len,
         expected,
@@ -550,15 +592,14 @@ async fn plan_segment<F: Fs>(
         },
     )
     .await
-    .map_err(|e| RecoveryError::io("read", &log_path, e))?;
+    .map_err(|e| RecoveryError::io("read", log_path, e))?;
 
     if end_position == 0
         && let WalkStop::OffsetGap { expected, found } = stop
     {
-        // A whole, verified first batch with the wrong offset is a misplaced
-        // file, not a torn append: refuse rather than truncate it away.
+        // Not a torn append: truncating would throw away a whole file.
         return Err(RecoveryError::SegmentStartMismatch {
-            path: log_path,
+            path: log_path.to_path_buf(),
             expected,
             found,
         });
@@ -577,21 +618,23 @@ async fn plan_segment<F: Fs>(
             meta = SegmentMeta::empty(start);
         }
     }
+    Ok((meta, index, stop))
+}
 
+/// Whether the stored index file already equals the derived index (`ok`),
+/// or, failing that, is a clean prefix of it that appending completes
+/// (`behind`).
+fn stored_index_state(
+    has_index: bool,
+    stored: &[IndexEntry],
+    stored_len: u64,
+    index: &[IndexEntry],
+) -> (bool, bool) {
     let index_ok =
         has_index && stored_len == (index.len() * INDEX_ENTRY_SIZE) as u64 && stored == index;
     let index_behind = !index_ok
         && stored_len == (stored.len() * INDEX_ENTRY_SIZE) as u64
         && stored.len() < index.len()
-        && index.starts_with(&stored);
-    Ok(Plan {
-        log_path,
-        index_path,
-        meta,
-        file_len,
-        stop,
-        index,
-        index_ok,
-        index_behind,
-    })
+        && index.starts_with(stored);
+    (index_ok, index_behind)
 }
