@@ -646,7 +646,7 @@ fn given_a_backup_stopped_past_retention_when_restarted_should_catch_up_by_state
             c.storage.segment_size_bytes = 4096;
             c.storage.fsync = false;
         },
-        Some("warn,partitions::state_transfer=info"),
+        Some("warn,partitions::state_transfer=info,partitions::install=info"),
     );
     let rt = runtime();
     let via = cluster.clients[0];
