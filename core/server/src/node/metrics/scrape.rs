@@ -458,8 +458,21 @@ impl SnapshotCollector {
         Ok(())
     }
 
+    /// Every group this node's live shards hold.
+    fn groups(&self) -> impl Iterator<Item = &shard::snapshot::GroupSnapshot> + Clone {
+        self.live().flat_map(|s| s.groups.iter())
+    }
+
+    /// The families per group (consensus), per partition and per receiving
+    /// transfer.
     fn group_families(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
-        let groups = || self.live().flat_map(|s| s.groups.iter());
+        self.consensus_families(e)?;
+        self.partition_families(e)?;
+        self.transfer_families(e)
+    }
+
+    /// One gauge family per consensus field, labelled by group.
+    fn consensus_families(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         type Field = fn(&shard::snapshot::ConsensusSnapshot) -> u64;
         let per_group: [(&str, &str, Field); 7] = [
             ("replog_group_view", "The group's view", |c| {
@@ -497,14 +510,20 @@ impl SnapshotCollector {
             ),
         ];
         for (name, help, field) in per_group {
-            let rows = groups().map(|g| {
+            let rows = self.groups().map(|g| {
                 let label: Label1 = [("group", g.group.0)];
                 (label, field(&g.consensus))
             });
             family(e, name, help, Gauge, rows)?;
         }
+        Ok(())
+    }
+
+    /// One gauge family per partition statistic, labelled by group and by
+    /// the stream, topic and partition the metadata names it.
+    fn partition_families(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let partitions = || {
-            groups().filter_map(|g| {
+            self.groups().filter_map(|g| {
                 let p = g.partition.as_ref()?;
                 let name = self.0.names.get(&g.group)?;
                 let labels = PartitionLabels {
@@ -553,8 +572,13 @@ impl SnapshotCollector {
                 partitions().map(|(l, p)| (l, field(p))),
             )?;
         }
+        Ok(())
+    }
+
+    /// A receiving state transfer's progress, labelled by group and peer.
+    fn transfer_families(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let transfers = || {
-            groups().filter_map(|g| {
+            self.groups().filter_map(|g| {
                 let t = g.transfer?;
                 Some((
                     GroupPeer {
