@@ -86,28 +86,18 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if rejoining {
             tracing::warn!(dir = %dir.display(), group = %config.vsr.group, "partition rejoining with an empty directory: out of every quorum until caught up");
         }
-        // A record in the directory is taken (removed) even when the
-        // caller brought one: left behind, it could match a later crash's
-        // superblock and vouch for acknowledgements made after this boot.
-        // Absent, it costs one lookup.
-        let stop = if takes_clean_stop(fresh, config.rejoin, config.vsr.replica_count, &sb) {
-            let in_dir = journal::take_clean_stop(&fs, dir).await;
-            clean_stop.or(in_dir)
-        } else {
-            None
-        };
-        let point = restart_point(&RestartFacts {
+        let table_op = recorded_table.as_ref().map(|t| t.op);
+        let point = choose_restart_point(
+            &fs,
+            dir,
+            &config,
+            &sb,
             fresh,
-            rejoin: config.rejoin,
-            replica_count: config.vsr.replica_count,
-            superblock: sb,
-            table_op: recorded_table.as_ref().map(|t| t.op),
-            log_next_offset: Offset(next),
-            clean_stop: stop,
-        })?;
-        if point == RestartPoint::Resume {
-            tracing::info!(dir = %dir.display(), view = sb.view, op = sb.checkpoint_op.0, "resuming after a clean stop");
-        }
+            table_op,
+            Offset(next),
+            clean_stop,
+        )
+        .await?;
         let (mut replica, journaled_point) = start_replica(&config, &sb, point, next);
         restore_sessions(&mut replica, recorded_table, dir, &config, &sb, fresh);
         let applied_next_offset = journaled_point.next_offset;
@@ -166,6 +156,45 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         tracing::info!(dir = %partition.dir.display(), log_next_offset = next, applied_next_offset, applied_op = partition.replica.commit_min().0, generation, view = partition.replica.view(), "partition booted");
         Ok(partition)
     }
+}
+
+/// Where the VSR core resumes, from what is on disk: the clean-stop
+/// record (the caller's, else the directory's) when one may vouch for this
+/// boot, then the pure [`restart_point`].
+#[allow(clippy::too_many_arguments)]
+async fn choose_restart_point<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    config: &PartitionConfig,
+    sb: &VsrState,
+    fresh: bool,
+    table_op: Option<Op>,
+    log_next_offset: Offset,
+    clean_stop: Option<CleanStop>,
+) -> Result<RestartPoint, BootError> {
+    // A record in the directory is taken (removed) even when the
+    // caller brought one: left behind, it could match a later crash's
+    // superblock and vouch for acknowledgements made after this boot.
+    // Absent, it costs one lookup.
+    let stop = if takes_clean_stop(fresh, config.rejoin, config.vsr.replica_count, sb) {
+        let in_dir = journal::take_clean_stop(fs, dir).await;
+        clean_stop.or(in_dir)
+    } else {
+        None
+    };
+    let point = restart_point(&RestartFacts {
+        fresh,
+        rejoin: config.rejoin,
+        replica_count: config.vsr.replica_count,
+        superblock: *sb,
+        table_op,
+        log_next_offset,
+        clean_stop: stop,
+    })?;
+    if point == RestartPoint::Resume {
+        tracing::info!(dir = %dir.display(), view = sb.view, op = sb.checkpoint_op.0, "resuming after a clean stop");
+    }
+    Ok(point)
 }
 
 fn io_error(op: &'static str, dir: &Path) -> impl FnOnce(std::io::Error) -> BootError {
