@@ -231,55 +231,7 @@ impl RecordedTable {
         let short = |Truncated| truncated(needed);
         let mut sessions = Vec::with_capacity(count as usize);
         for index in 0..count as usize {
-            let client = at.u128().map_err(short)?;
-            let session = at.u64().map_err(short)?;
-            let user_id = at.u32().map_err(short)?;
-            let watermark = at.u64().map_err(short)?;
-            let latest_commit = at.u64().map_err(short)?;
-            let committed_window = at.u128().map_err(short)?;
-            let flag = at.u8().map_err(short)?;
-            let request = at.u64().map_err(short)?;
-            let reply_op = at.u64().map_err(short)?;
-            let commit = at.u64().map_err(short)?;
-            let timestamp = at.u64().map_err(short)?;
-            let operation = at.u8().map_err(short)?;
-            let status = at.u8().map_err(short)?;
-            let reply_session = at.u64().map_err(short)?;
-            let result = at.u64().map_err(short)?;
-            let reply = match (flag, status_from(status)) {
-                (1, Some(status)) => Some(Reply {
-                    client,
-                    request,
-                    op: Op(reply_op),
-                    commit: Op(commit),
-                    timestamp,
-                    operation,
-                    status,
-                    session: reply_session,
-                    result,
-                }),
-                // An absent reply is written as zeros; anything else is
-                // not this code's.
-                (0, _)
-                    if request | reply_op | commit | timestamp | reply_session | result == 0
-                        && operation == 0
-                        && status == 0 =>
-                {
-                    None
-                }
-                _ => return Err(ClientTableFileError::BadRecord { index }),
-            };
-            sessions.push(SessionRecord {
-                session,
-                watermark: DedupWatermark {
-                    client,
-                    user_id,
-                    watermark,
-                    latest_commit: Op(latest_commit),
-                    committed_window,
-                },
-                reply,
-            });
+            sessions.push(read_record(&mut at, index, short)?);
         }
         Ok(Self {
             op: Op(op),
@@ -288,6 +240,65 @@ impl RecordedTable {
             sessions,
         })
     }
+}
+
+/// Reads one session record at the cursor. An absent reply must be all
+/// zeros and a present one must carry a known status; anything else is
+/// refused as [`ClientTableFileError::BadRecord`].
+fn read_record(
+    at: &mut LeCursor<'_>,
+    index: usize,
+    short: impl Fn(Truncated) -> ClientTableFileError + Copy,
+) -> Result<SessionRecord, ClientTableFileError> {
+    let client = at.u128().map_err(short)?;
+    let session = at.u64().map_err(short)?;
+    let user_id = at.u32().map_err(short)?;
+    let watermark = at.u64().map_err(short)?;
+    let latest_commit = at.u64().map_err(short)?;
+    let committed_window = at.u128().map_err(short)?;
+    let flag = at.u8().map_err(short)?;
+    let request = at.u64().map_err(short)?;
+    let reply_op = at.u64().map_err(short)?;
+    let commit = at.u64().map_err(short)?;
+    let timestamp = at.u64().map_err(short)?;
+    let operation = at.u8().map_err(short)?;
+    let status = at.u8().map_err(short)?;
+    let reply_session = at.u64().map_err(short)?;
+    let result = at.u64().map_err(short)?;
+    let reply = match (flag, status_from(status)) {
+        (1, Some(status)) => Some(Reply {
+            client,
+            request,
+            op: Op(reply_op),
+            commit: Op(commit),
+            timestamp,
+            operation,
+            status,
+            session: reply_session,
+            result,
+        }),
+        // An absent reply is written as zeros; anything else is
+        // not this code's.
+        (0, _)
+            if request | reply_op | commit | timestamp | reply_session | result == 0
+                && operation == 0
+                && status == 0 =>
+        {
+            None
+        }
+        _ => return Err(ClientTableFileError::BadRecord { index }),
+    };
+    Ok(SessionRecord {
+        session,
+        watermark: DedupWatermark {
+            client,
+            user_id,
+            watermark,
+            latest_commit: Op(latest_commit),
+            committed_window,
+        },
+        reply,
+    })
 }
 
 /// Which slot the next write goes to, and which slot names are known to
