@@ -10,7 +10,6 @@ use partitions::{ClientOp, ClientRequest, MessageBus, Partition, PartitionError}
 use storage::fs::Fs;
 
 use super::group::Group;
-use super::tick::touch;
 use super::{Shard, ShardPartition};
 use crate::call::{Answer, Call, CallError, Envelope, ReplyTx};
 use crate::env::Env;
@@ -63,12 +62,7 @@ impl<E: Env> Shard<E> {
             let _ = reply.send(Err(CallError::UnknownGroup { group }));
             return;
         }
-        let Some(g) = touch(
-            &mut self.groups,
-            &mut self.touched,
-            self.settled_tick,
-            group,
-        ) else {
+        let Some(g) = self.visits.touch(&mut self.groups, group) else {
             self.stats.calls += 1;
             let _ = reply.send(Err(CallError::UnknownGroup { group }));
             return;
@@ -143,7 +137,7 @@ impl<E: Env> Shard<E> {
         }
         let reading: Vec<GroupId> = self.reading_groups.iter().copied().collect();
         for id in reading {
-            let Some(g) = touch(&mut self.groups, &mut self.touched, self.settled_tick, id) else {
+            let Some(g) = self.visits.touch(&mut self.groups, id) else {
                 self.reading_groups.remove(&id);
                 continue;
             };
@@ -204,12 +198,7 @@ impl<E: Env> Shard<E> {
         let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
         let tick = self.tick;
         let client = self.client;
-        let Some(g) = touch(
-            &mut self.groups,
-            &mut self.touched,
-            self.settled_tick,
-            group,
-        ) else {
+        let Some(g) = self.visits.touch(&mut self.groups, group) else {
             return;
         };
         if g.queued.is_empty() || g.partition.fenced().is_some() {

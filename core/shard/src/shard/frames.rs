@@ -9,7 +9,7 @@ use consensus::vsr::wire::{self, Expect};
 use partitions::state_transfer::{DriverOutput, Outgoing, TransferDriver, TransferEvent};
 
 use super::errors::FrameRefusal;
-use super::tick::{TICK_GROUPS_AT_ONCE, touch};
+use super::tick::TICK_GROUPS_AT_ONCE;
 use super::{EnvClock, Shard};
 use crate::call::CallError;
 use crate::env::{Env, Sent};
@@ -67,7 +67,7 @@ impl<E: Env> Shard<E> {
         }
         let mut taken = Vec::with_capacity(by_group.len());
         for (id, frames) in by_group {
-            if touch(&mut self.groups, &mut self.touched, self.settled_tick, id).is_none() {
+            if self.visits.touch(&mut self.groups, id).is_none() {
                 continue;
             }
             if let Some(g) = self.groups.remove(&id) {
@@ -172,12 +172,7 @@ impl<E: Env> Shard<E> {
             return Ok(());
         }
         self.check_owner(group.0)?;
-        let Some(g) = touch(
-            &mut self.groups,
-            &mut self.touched,
-            self.settled_tick,
-            group,
-        ) else {
+        let Some(g) = self.visits.touch(&mut self.groups, group) else {
             return Err(FrameRefusal::UnknownGroup { group });
         };
         let clock = EnvClock(&*self.env);

@@ -224,7 +224,7 @@ impl<E: Env> Shard<E> {
         let Some(mut removed) = self.groups.remove(&group) else {
             return Err(GroupError::Unknown(group));
         };
-        self.schedule.remove(&(removed.due_at, group));
+        self.visits.schedule.remove(&(removed.due_at, group));
         removed.driver.release(&mut self.slots);
         add_transfer_totals(&mut self.transfer_retired, &removed.driver);
         self.ignored_retired.add(removed.partition.replica());
@@ -375,14 +375,14 @@ impl<E: Env> Shard<E> {
                 seen_view,
                 seen_census: 0,
                 transfer_armed_at: None,
-                counted_to: self.settled_tick,
+                counted_to: self.visits.settled_tick,
                 due_at: self.tick + 1,
                 handles_seen_op: None,
                 retained_seen_op: None,
                 purge_proposed: None,
             },
         );
-        self.schedule.insert((self.tick + 1, group));
+        self.visits.schedule.insert((self.tick + 1, group));
         Ok(())
     }
 }

@@ -61,6 +61,7 @@ use crate::snapshot::{
 
 use bus::ReplyQueue;
 use group::Group;
+use tick::Visits;
 
 /// Group 0's directory under shard 0's.
 pub const METADATA_DIR: &str = "metadata";
@@ -137,16 +138,9 @@ pub struct Shard<E: Env> {
     in_flight_groups: BTreeSet<GroupId>,
     /// Groups with reads waiting for their read check.
     reading_groups: BTreeSet<GroupId>,
-    /// Every group by the tick it is next due at: a tick visits only the
-    /// groups whose entry has come (docs/architecture.md, "What a tick
-    /// costs").
-    schedule: BTreeSet<(u64, GroupId)>,
-    /// Groups an input reached since the last rescheduling (a group may
-    /// appear more than once).
-    touched: Vec<GroupId>,
-    /// The last tick whose due groups have all been visited: an input
-    /// catches a group up to it before handing it anything.
-    settled_tick: u64,
+    /// Which groups the next tick visits, and which inputs reached since
+    /// the last rescheduling.
+    visits: Visits,
     /// Group 0, on the shard that hosts it.
     metadata: Option<MetadataHost<E>>,
     /// The rejoin marker, on the shard that hosts group 0, while this
@@ -217,9 +211,7 @@ impl<E: Env> Shard<E> {
             client,
             in_flight_groups: BTreeSet::new(),
             reading_groups: BTreeSet::new(),
-            schedule: BTreeSet::new(),
-            touched: Vec::new(),
-            settled_tick: 0,
+            visits: Visits::default(),
             metadata: None,
             rejoin: None,
             siblings: Vec::new(),

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use common::{GroupId, Op};
 
 use super::Shard;
-use super::tick::touch;
 use crate::call::{Call, Envelope};
 use crate::catalog::{self, GroupSpec};
 use crate::env::Env;
@@ -232,12 +231,7 @@ impl<E: Env> Shard<E> {
 
     /// Hands a committed purge generation to the group's transfer driver.
     pub fn learn_purge_generation(&mut self, group: GroupId, generation: u64) {
-        if let Some(g) = touch(
-            &mut self.groups,
-            &mut self.touched,
-            self.settled_tick,
-            group,
-        ) {
+        if let Some(g) = self.visits.touch(&mut self.groups, group) {
             g.driver.learn_committed_purge_generation(generation);
         }
         self.reschedule_touched();
@@ -290,12 +284,7 @@ impl<E: Env> Shard<E> {
     ) {
         let fs = self.env.fs().clone();
         let root = self.config.dir.clone();
-        let Some(g) = touch(
-            &mut self.groups,
-            &mut self.touched,
-            self.settled_tick,
-            group,
-        ) else {
+        let Some(g) = self.visits.touch(&mut self.groups, group) else {
             return;
         };
         if g.spec.message_expiry_us == message_expiry_us

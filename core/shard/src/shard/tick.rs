@@ -1,7 +1,7 @@
 //! The shard's tick: which groups are due, their own ticks side by side,
 //! and the passes spread over ticks (scrub, file handles, retention).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use common::GroupId;
 use partitions::state_transfer::DriverOutput;
@@ -54,11 +54,11 @@ impl<E: Env> Shard<E> {
         let tick = self.tick;
         let tick_us = u64::try_from(self.config.tick.as_micros()).unwrap_or(u64::MAX);
         let mut due = Vec::new();
-        while let Some(&(at, id)) = self.schedule.first() {
+        while let Some(&(at, id)) = self.visits.schedule.first() {
             if at > tick {
                 break;
             }
-            self.schedule.pop_first();
+            self.visits.schedule.pop_first();
             if let Some(g) = self.groups.remove(&id) {
                 due.push((id, g));
             }
@@ -103,11 +103,13 @@ impl<E: Env> Shard<E> {
             // Rescheduled while its state is still in cache; what runs
             // after the pass reschedules the groups it reaches again.
             g.due_at = next_visit(&g, tick_us, tick);
-            self.schedule.insert((g.due_at, id));
+            self.visits.schedule.insert((g.due_at, id));
             self.groups.insert(id, g);
         }
-        self.settled_tick = tick;
-        self.touched.extend(outputs.iter().map(|(id, _)| *id));
+        self.visits.settled_tick = tick;
+        self.visits
+            .touched
+            .extend(outputs.iter().map(|(id, _)| *id));
         for (id, out) in outputs {
             self.carry_out(id, out);
         }
@@ -177,7 +179,7 @@ impl<E: Env> Shard<E> {
             syncs += 1;
             // A failed flush fences the group: it must be visited to
             // report that.
-            let Some(g) = touch(&mut self.groups, &mut self.touched, self.settled_tick, id) else {
+            let Some(g) = self.visits.touch(&mut self.groups, id) else {
                 continue;
             };
             match g.partition.flush_committed_messages().await {
@@ -192,24 +194,24 @@ impl<E: Env> Shard<E> {
     /// Puts every group an input reached back into the schedule at the
     /// tick it is next due ([`next_visit`]).
     pub(super) fn reschedule_touched(&mut self) {
-        if self.touched.is_empty() {
+        if self.visits.touched.is_empty() {
             return;
         }
         let tick_us = u64::try_from(self.config.tick.as_micros()).unwrap_or(u64::MAX);
-        let mut touched = std::mem::take(&mut self.touched);
+        let mut touched = std::mem::take(&mut self.visits.touched);
         for id in touched.drain(..) {
             let Some(g) = self.groups.get_mut(&id) else {
                 continue;
             };
-            let at = next_visit(g, tick_us, self.settled_tick);
+            let at = next_visit(g, tick_us, self.visits.settled_tick);
             if at != g.due_at {
-                self.schedule.remove(&(g.due_at, id));
+                self.visits.schedule.remove(&(g.due_at, id));
                 g.due_at = at;
             }
-            self.schedule.insert((at, id));
+            self.visits.schedule.insert((at, id));
         }
         // The buffer is kept for the next input.
-        self.touched = touched;
+        self.visits.touched = touched;
     }
 
     /// This tick's share of scrubbing: groups in turn after the last one
@@ -224,7 +226,7 @@ impl<E: Env> Shard<E> {
         let order = self.groups_in_turn(self.scrub_after, SCRUB_GROUPS_PER_TICK);
         for id in order {
             self.scrub_after = id;
-            let Some(g) = touch(&mut self.groups, &mut self.touched, self.settled_tick, id) else {
+            let Some(g) = self.visits.touch(&mut self.groups, id) else {
                 continue;
             };
             let read = g.partition.scrub_step(budget).await;
@@ -236,23 +238,39 @@ impl<E: Env> Shard<E> {
     }
 }
 
-/// The group `id`, caught up on the ticks it was not visited for (through
-/// `settled`, the last tick whose due groups were all visited), so it is
-/// exactly where ticking it every tick would have left it, and marked for
-/// rescheduling. Every input to a group goes through here.
-pub(super) fn touch<'a, E: Env>(
-    groups: &'a mut BTreeMap<GroupId, Group<E>>,
-    touched: &mut Vec<GroupId>,
-    settled: u64,
-    id: GroupId,
-) -> Option<&'a mut Group<E>> {
-    let g = groups.get_mut(&id)?;
-    if g.counted_to < settled {
-        g.partition.skip_ticks(settled - g.counted_to);
-        g.counted_to = settled;
+/// Which groups a tick visits, and what an input owes the schedule.
+#[derive(Default)]
+pub(super) struct Visits {
+    /// Every group by the tick it is next due at: a tick visits only the
+    /// groups whose entry has come (docs/architecture.md, "What a tick
+    /// costs").
+    pub(super) schedule: BTreeSet<(u64, GroupId)>,
+    /// Groups an input reached since the last rescheduling (a group may
+    /// appear more than once).
+    pub(super) touched: Vec<GroupId>,
+    /// The last tick whose due groups have all been visited: an input
+    /// catches a group up to it before handing it anything.
+    pub(super) settled_tick: u64,
+}
+
+impl Visits {
+    /// The group `id`, caught up on the ticks it was not visited for
+    /// (through the settled tick), so it is exactly where ticking it every
+    /// tick would have left it, and marked for rescheduling. Every input to
+    /// a group goes through here.
+    pub(super) fn touch<'a, E: Env>(
+        &mut self,
+        groups: &'a mut BTreeMap<GroupId, Group<E>>,
+        id: GroupId,
+    ) -> Option<&'a mut Group<E>> {
+        let g = groups.get_mut(&id)?;
+        if g.counted_to < self.settled_tick {
+            g.partition.skip_ticks(self.settled_tick - g.counted_to);
+            g.counted_to = self.settled_tick;
+        }
+        self.touched.push(id);
+        Some(g)
     }
-    touched.push(id);
-    Some(g)
 }
 
 /// The shard tick a group is next due at, after `settled` (the last tick
