@@ -38,18 +38,12 @@ use common::{ConsumerKind, GroupId, ReplicaId};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::simnet::NetworkFaults;
 use compio::buf::{BufResult, IoBuf};
 use compio::io::{AsyncReadAt, AsyncWriteAtExt};
 use consensus::vsr::{Config, RequestOutcome};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use journal::MemSuperblock;
-use partitions::{
-    ClientOp, ClientRequest, InMemoryNetwork, Partition, PartitionConfig, PollRequest,
-    PollingStrategy,
-};
+use partitions::{ClientOp, ClientRequest, PartitionConfig, PollRequest, PollingStrategy};
 use storage::BatchBuilder;
-use storage::fs::RealFs;
 
 mod support;
 use support::*;
@@ -112,16 +106,7 @@ fn config(enforce_fsync: bool, segment_size_bytes: u64) -> PartitionConfig {
 }
 
 async fn open(dir: &Path, config: PartitionConfig) -> (BenchPartition, u64) {
-    let net = InMemoryNetwork::new(1, 1, NetworkFaults::default());
-    let mut p = Partition::open(
-        config,
-        RealFs,
-        dir,
-        net.endpoint(ReplicaId(0)),
-        MemSuperblock::new(),
-    )
-    .await
-    .unwrap();
+    let (mut p, net) = open_partition(dir, config).await;
     let out = p
         .submit(
             ClientRequest {
