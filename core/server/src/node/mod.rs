@@ -117,84 +117,42 @@ impl Node {
         let identity = identity::of(&config);
         let recorded = identity::check(&config.data_dir, &identity)?;
         let rejoin = rejoin_decision(&config, recorded);
-        let listener = bind_retrying(config.client_addr, "client")?;
-        let client_addr = listener
-            .local_addr()
-            .map_err(|e| format!("reading the listener's address: {e}"))?;
-        // Bound before any shard starts, so a taken port fails the start
-        // at once; served once the shards are up.
-        let metrics_listener = match &config.metrics {
-            Some(setup) => Some(bind_retrying(setup.listen, "metrics")?),
-            None => None,
-        };
         let metrics = Arc::new(Metrics::new());
+        let Bound {
+            client: listener,
+            client_addr,
+            metrics: metrics_listener,
+            bus,
+        } = Bound::bind(&config, &metrics)?;
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..config.shard_count)
             .map(|_| shard::inbox(INBOX_CAPACITY))
             .unzip();
-        let bus = match &config.bus {
-            Some(setup) if setup.roster.len() > 1 => Some(open_bus(&config, setup, metrics.bus())?),
-            _ => None,
-        };
-        let (routes, mut lane_receivers, mut forward_rx) = match &bus {
-            Some(_) => {
-                let (shards, receivers): (Vec<_>, Vec<_>) = (0..config.shard_count)
-                    .map(|_| mpsc::unbounded::<Greeted>())
-                    .unzip();
-                let (forward, forward_rx) = mpsc::unbounded();
-                (
-                    Some(Routes { shards, forward }),
-                    receivers.into_iter().map(Some).collect(),
-                    Some(forward_rx),
-                )
-            }
-            None => (None, Vec::new(), None),
-        };
+        let (routes, lanes) = lane_routes(bus.as_ref().map(|(c, _)| c), config.shard_count);
         let handles = ShardHandles::new(senders.clone());
+        let mut clients = clients.map(|start| ClientSide {
+            listener: Some(listener),
+            handles: handles.clone(),
+            session: Arc::new(session_config(&config, client_addr)),
+            metrics: metrics.client().clone(),
+            start,
+        });
         let (ready_tx, ready_rx) = std_mpsc::channel::<Result<u16, String>>();
         let mut stops = Vec::new();
         let mut threads = Vec::new();
-        let mut listener = Some(listener);
-        let mut clients = clients;
-        for (index, inbox) in receivers.into_iter().enumerate() {
-            let index = index as u16;
+        for ((index, inbox), lanes) in (0u16..).zip(receivers).zip(lanes) {
             let (stop_tx, stop_rx) = oneshot::channel();
             stops.push(stop_tx);
-            let lanes = bus.as_ref().and_then(|(bus_config, _)| {
-                lane_receivers
-                    .get_mut(usize::from(index))
-                    .and_then(Option::take)
-                    .map(|accepted| ShardLanes {
-                        config: Arc::clone(bus_config),
-                        accepted,
-                        forward: if index == 0 { forward_rx.take() } else { None },
-                    })
-            });
-            let boot = ShardBoot {
+            threads.push(spawn_shard(ShardBoot {
                 config: shard_config(&config, ShardIndex(index), rejoin),
                 siblings: senders.clone(),
                 inbox,
                 stop: stop_rx,
                 fsync: metrics.fsync_histogram(index),
                 ready: ready_tx.clone(),
-                clients: if index == 0 {
-                    clients.take().map(|start| ClientSide {
-                        listener: listener.take(),
-                        handles: handles.clone(),
-                        session: Arc::new(session_config(&config, client_addr)),
-                        metrics: metrics.client().clone(),
-                        start,
-                    })
-                } else {
-                    None
-                },
+                clients: if index == 0 { clients.take() } else { None },
                 lanes,
                 handles: handles.clone(),
-            };
-            let thread = std::thread::Builder::new()
-                .name(format!("shard-{index}"))
-                .spawn(move || run_shard(boot))
-                .map_err(|e| format!("starting shard thread {index}: {e}"))?;
-            threads.push(thread);
+            })?);
         }
         drop(ready_tx);
         await_shards_booted(&ready_rx, config.shard_count)?;
@@ -210,26 +168,15 @@ impl Node {
             }
             _ => None,
         };
-        let metrics_server = match (metrics_listener, &config.metrics) {
-            (Some(listener), Some(setup)) => {
-                let handles = handles.clone();
-                let detail = setup.detail;
-                let source = Arc::clone(&metrics);
-                let render = Arc::new(move || source.render(&handles, detail));
-                Some(HttpServer::start(listener, HttpLimits::default(), render)?)
-            }
-            _ => None,
-        };
-        tracing::info!(
-            replica = config.replica.0,
-            cluster = format!("{:#x}", config.cluster),
-            shards = config.shard_count,
-            replicas = config.replica_count,
-            %client_addr,
-            replica_addr = %acceptor.as_ref().map_or_else(|| "none".to_owned(), |a| a.addr().to_string()),
-            metrics_addr = %metrics_server.as_ref().map_or_else(|| "none".to_owned(), |m| m.addr().to_string()),
-            data_dir = %config.data_dir.display(),
-            "replica serving"
+        let metrics_server = metrics_listener
+            .zip(config.metrics.as_ref())
+            .map(|(listener, setup)| serve_metrics(listener, setup.detail, &handles, &metrics))
+            .transpose()?;
+        log_serving(
+            &config,
+            client_addr,
+            acceptor.as_ref(),
+            metrics_server.as_ref(),
         );
         Ok(Self {
             handles,
@@ -289,6 +236,112 @@ impl Node {
 
 /// How long a listener's address may stay in use before start-up fails.
 const BIND_RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// The sockets a replica serves on, all bound before any shard starts, so
+/// a taken port fails the start at once; each is served once the shards
+/// are up.
+struct Bound {
+    client: std::net::TcpListener,
+    client_addr: SocketAddr,
+    metrics: Option<std::net::TcpListener>,
+    /// The replica bus, for a cluster of more than one replica.
+    bus: Option<(Arc<BusConfig>, std::net::TcpListener)>,
+}
+
+impl Bound {
+    fn bind(config: &NodeConfig, metrics: &Metrics) -> Result<Self, String> {
+        let client = bind_retrying(config.client_addr, "client")?;
+        let client_addr = client
+            .local_addr()
+            .map_err(|e| format!("reading the listener's address: {e}"))?;
+        let metrics_listener = match &config.metrics {
+            Some(setup) => Some(bind_retrying(setup.listen, "metrics")?),
+            None => None,
+        };
+        let bus = match &config.bus {
+            Some(setup) if setup.roster.len() > 1 => Some(open_bus(config, setup, metrics.bus())?),
+            _ => None,
+        };
+        Ok(Self {
+            client,
+            client_addr,
+            metrics: metrics_listener,
+            bus,
+        })
+    }
+}
+
+/// The accepter's routes to each shard's replica-bus lanes, and each
+/// shard's receiving end (shard 0's also takes the forward lanes); no
+/// routes and no lanes without a bus.
+fn lane_routes(
+    bus_config: Option<&Arc<BusConfig>>,
+    shard_count: u16,
+) -> (Option<Routes>, Vec<Option<ShardLanes>>) {
+    let Some(bus_config) = bus_config else {
+        return (None, (0..shard_count).map(|_| None).collect());
+    };
+    let (shards, receivers): (Vec<_>, Vec<_>) = (0..shard_count)
+        .map(|_| mpsc::unbounded::<Greeted>())
+        .unzip();
+    let (forward, forward_rx) = mpsc::unbounded();
+    let mut forward_rx = Some(forward_rx);
+    let lanes = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(index, accepted)| {
+            Some(ShardLanes {
+                config: Arc::clone(bus_config),
+                accepted,
+                forward: if index == 0 { forward_rx.take() } else { None },
+            })
+        })
+        .collect();
+    (Some(Routes { shards, forward }), lanes)
+}
+
+/// Starts one shard's thread, which boots the shard and runs its pump.
+fn spawn_shard(boot: ShardBoot) -> Result<JoinHandle<()>, String> {
+    let index = boot.config.shard.0;
+    std::thread::Builder::new()
+        .name(format!("shard-{index}"))
+        .spawn(move || run_shard(boot))
+        .map_err(|e| format!("starting shard thread {index}: {e}"))
+}
+
+/// Serves the metrics endpoint on `listener`, each scrape rendered from
+/// the shards' answers at that moment.
+fn serve_metrics(
+    listener: std::net::TcpListener,
+    detail: shard::SnapshotDetail,
+    handles: &ShardHandles,
+    metrics: &Arc<Metrics>,
+) -> Result<HttpServer, String> {
+    let handles = handles.clone();
+    let source = Arc::clone(metrics);
+    let render = Arc::new(move || source.render(&handles, detail));
+    HttpServer::start(listener, HttpLimits::default(), render)
+}
+
+/// The one line an operator looks for once a replica is up.
+fn log_serving(
+    config: &NodeConfig,
+    client_addr: SocketAddr,
+    acceptor: Option<&Acceptor>,
+    metrics_server: Option<&HttpServer>,
+) {
+    tracing::info!(
+        replica = config.replica.0,
+        cluster = format!("{:#x}", config.cluster),
+        shards = config.shard_count,
+        replicas = config.replica_count,
+        %client_addr,
+        replica_addr = %acceptor.map_or_else(|| "none".to_owned(), |a| a.addr().to_string()),
+        metrics_addr = %metrics_server.map_or_else(|| "none".to_owned(), |m| m.addr().to_string()),
+        data_dir = %config.data_dir.display(),
+        "replica serving"
+    );
+}
 
 /// Whether this start rejoins (`--rejoin` on an empty directory of a
 /// multi-replica cluster), warning when the flag is ignored or when an
