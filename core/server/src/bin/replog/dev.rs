@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use server::config::{Config, DevArgs, ROOT_PASSWORD_ENV};
+use server::config::{Config, DevArgs, ROOT_PASSWORD_ENV, RosterEntry};
 
 /// How long a child may take to stop after its stdin closed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -38,72 +38,15 @@ pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
     let cluster_exists = roster.iter().any(|r| started(r.id));
     let mut children: Vec<(u8, Child)> = Vec::new();
     for entry in &roster {
-        let mut config = base.clone();
-        config.data_dir = dev_dir.join(format!("r{}", entry.id));
-        config.replica_id = entry.id;
-        config.client.listen = entry.client_address;
-        config.replica.listen = entry.replica_address;
-        config.replicas = roster.clone();
-        // Each replica its own metrics port: the configured one plus its
-        // id (port 0 stays 0, a free port each).
-        config.metrics.listen = match base.metrics.listen {
-            Some(mut addr) if addr.port() != 0 => {
-                let Some(port) = addr.port().checked_add(u16::from(entry.id)) else {
-                    eprintln!("replog dev: the metrics ports run past 65535");
-                    stop_all(children);
-                    return ExitCode::from(2);
-                };
-                addr.set_port(port);
-                Some(addr)
-            }
-            other => other,
-        };
-        let file = dev_dir.join(format!("r{}.toml", entry.id));
-        if let Err(e) = write_config(&config, &file) {
-            eprintln!("replog dev: writing {}: {e}", file.display());
-            stop_all(children);
-            return ExitCode::from(1);
-        }
         let rejoin = cluster_exists && !started(entry.id) && roster.len() > 1;
-        if rejoin {
-            println!(
-                "replog dev: replica {} has no data but the cluster does: it rejoins",
-                entry.id
-            );
-        }
-        // The password travels in the environment, not in the file.
-        let spawned = Command::new(&exe)
-            .arg("--config")
-            .arg(&file)
-            .arg("--exit-with-stdin")
-            .args(rejoin.then_some("--rejoin"))
-            .env(ROOT_PASSWORD_ENV, &base.root.password)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn();
-        match spawned {
-            Ok(mut child) => {
-                prefix_output(entry.id, &mut child);
-                children.push((entry.id, child));
-            }
-            Err(e) => {
-                eprintln!("replog dev: starting replica {}: {e}", entry.id);
+        match start_replica(base, &roster, entry, &dev_dir, &exe, rejoin) {
+            Ok(child) => children.push((entry.id, child)),
+            Err((code, message)) => {
+                eprintln!("replog dev: {message}");
                 stop_all(children);
-                return ExitCode::from(1);
+                return code;
             }
         }
-        let metrics = config
-            .metrics
-            .listen
-            .map_or_else(String::new, |addr| format!(" metrics {addr}"));
-        println!(
-            "replog dev: replica {} clients {} replicas {}{metrics} data {}",
-            entry.id,
-            entry.client_address,
-            entry.replica_address,
-            config.data_dir.display()
-        );
     }
     // Announced once the stop signals are caught (see main.rs).
     super::wait_for_stop_signal(false, || {
@@ -120,6 +63,95 @@ pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// Writes replica `entry`'s configuration, starts it with its output
+/// prefixed, and prints its addresses; on failure, the exit code and what
+/// went wrong.
+fn start_replica(
+    base: &Config,
+    roster: &[RosterEntry],
+    entry: &RosterEntry,
+    dev_dir: &Path,
+    exe: &Path,
+    rejoin: bool,
+) -> Result<Child, (ExitCode, String)> {
+    let config = replica_config(base, roster, entry, dev_dir)?;
+    let file = dev_dir.join(format!("r{}.toml", entry.id));
+    write_config(&config, &file).map_err(|e| {
+        (
+            ExitCode::from(1),
+            format!("writing {}: {e}", file.display()),
+        )
+    })?;
+    if rejoin {
+        println!(
+            "replog dev: replica {} has no data but the cluster does: it rejoins",
+            entry.id
+        );
+    }
+    // The password travels in the environment, not in the file.
+    let mut child = Command::new(exe)
+        .arg("--config")
+        .arg(&file)
+        .arg("--exit-with-stdin")
+        .args(rejoin.then_some("--rejoin"))
+        .env(ROOT_PASSWORD_ENV, &base.root.password)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            (
+                ExitCode::from(1),
+                format!("starting replica {}: {e}", entry.id),
+            )
+        })?;
+    prefix_output(entry.id, &mut child);
+    let metrics = config
+        .metrics
+        .listen
+        .map_or_else(String::new, |addr| format!(" metrics {addr}"));
+    println!(
+        "replog dev: replica {} clients {} replicas {}{metrics} data {}",
+        entry.id,
+        entry.client_address,
+        entry.replica_address,
+        config.data_dir.display()
+    );
+    Ok(child)
+}
+
+/// Replica `entry`'s configuration: the base one with its own data
+/// directory, addresses and the whole roster.
+fn replica_config(
+    base: &Config,
+    roster: &[RosterEntry],
+    entry: &RosterEntry,
+    dev_dir: &Path,
+) -> Result<Config, (ExitCode, String)> {
+    let mut config = base.clone();
+    config.data_dir = dev_dir.join(format!("r{}", entry.id));
+    config.replica_id = entry.id;
+    config.client.listen = entry.client_address;
+    config.replica.listen = entry.replica_address;
+    config.replicas = roster.to_vec();
+    // Each replica its own metrics port: the configured one plus its
+    // id (port 0 stays 0, a free port each).
+    config.metrics.listen = match base.metrics.listen {
+        Some(mut addr) if addr.port() != 0 => {
+            let Some(port) = addr.port().checked_add(u16::from(entry.id)) else {
+                return Err((
+                    ExitCode::from(2),
+                    "the metrics ports run past 65535".to_owned(),
+                ));
+            };
+            addr.set_port(port);
+            Some(addr)
+        }
+        other => other,
+    };
+    Ok(config)
 }
 
 fn write_config(config: &Config, file: &Path) -> std::io::Result<()> {
