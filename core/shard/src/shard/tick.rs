@@ -35,34 +35,15 @@ impl<E: Env> Shard<E> {
         self.stats.ticks += 1;
         let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
         let retention_due = self.tick.is_multiple_of(RETENTION_EVERY_TICKS);
-        if let Some(host) = self.metadata.as_mut() {
-            if let Err(error) = host.group.on_tick().await {
-                tracing::warn!(%error, "metadata tick failed");
-            }
-            let out = host.transfer.on_tick(&mut host.group);
-            self.send_frames(out);
-            self.after_metadata_input().await;
-        }
+        self.tick_metadata().await;
         // Effects of group 0 may have reached groups: any that became due
         // now is visited below.
         self.reschedule_touched();
         // The due groups leave the map for the pass, so that their own
         // ticks can run side by side (below); what needs the whole shard
         // (sending, reporting, sessions) is collected and done after it.
-        let mut outputs = Vec::new();
-        let mut waiting = Vec::new();
         let tick = self.tick;
-        let tick_us = u64::try_from(self.config.tick.as_micros()).unwrap_or(u64::MAX);
-        let mut due = Vec::new();
-        while let Some(&(at, id)) = self.visits.schedule.first() {
-            if at > tick {
-                break;
-            }
-            self.visits.schedule.pop_first();
-            if let Some(g) = self.groups.remove(&id) {
-                due.push((id, g));
-            }
-        }
+        let mut due = self.take_due(tick);
         // Each group's own tick (timeouts, flush thresholds, the applied
         // point's time-based record, retention) touches only that group's
         // files, so up to `TICK_GROUPS_AT_ONCE` of them run at once: a record
@@ -81,6 +62,64 @@ impl<E: Env> Shard<E> {
                 .map(|(id, g)| g.own_tick(*id, tick, now_us, retention_due.then_some(&retention)));
             futures::future::join_all(ticks).await;
         }
+        let (outputs, waiting) = self.visit_due(due, tick).await;
+        self.visits.settled_tick = tick;
+        self.visits
+            .touched
+            .extend(outputs.iter().map(|(id, _)| *id));
+        for (id, out) in outputs {
+            self.carry_out(id, out);
+        }
+        for id in waiting {
+            self.pump_session(id).await;
+        }
+        self.scrub().await;
+        self.release_handles().await;
+        self.settle().await;
+    }
+
+    /// Group 0's tick, on the shard that hosts it: its consensus timeouts
+    /// and its metadata transfer, with what they produced carried out.
+    async fn tick_metadata(&mut self) {
+        let Some(host) = self.metadata.as_mut() else {
+            return;
+        };
+        if let Err(error) = host.group.on_tick().await {
+            tracing::warn!(%error, "metadata tick failed");
+        }
+        let out = host.transfer.on_tick(&mut host.group);
+        self.send_frames(out);
+        self.after_metadata_input().await;
+    }
+
+    /// The groups due by `tick`, taken out of the map and the schedule in
+    /// schedule order.
+    fn take_due(&mut self, tick: u64) -> Vec<(GroupId, Group<E>)> {
+        let mut due = Vec::new();
+        while let Some(&(at, id)) = self.visits.schedule.first() {
+            if at > tick {
+                break;
+            }
+            self.visits.schedule.pop_first();
+            if let Some(g) = self.groups.remove(&id) {
+                due.push((id, g));
+            }
+        }
+        due
+    }
+
+    /// The rest of each due group's visit once its own tick ran: its
+    /// transfer driver, a fence to report, a purge it owes; then it is
+    /// rescheduled and put back. Returns the driver outputs to carry out
+    /// and the groups with calls waiting for their session.
+    async fn visit_due(
+        &mut self,
+        due: Vec<(GroupId, Group<E>)>,
+        tick: u64,
+    ) -> (Vec<(GroupId, DriverOutput)>, Vec<GroupId>) {
+        let mut outputs = Vec::new();
+        let mut waiting = Vec::new();
+        let tick_us = u64::try_from(self.config.tick.as_micros()).unwrap_or(u64::MAX);
         let clock = EnvClock(&*self.env);
         for (id, mut g) in due {
             self.stats.group_visits += 1;
@@ -106,19 +145,7 @@ impl<E: Env> Shard<E> {
             self.visits.schedule.insert((g.due_at, id));
             self.groups.insert(id, g);
         }
-        self.visits.settled_tick = tick;
-        self.visits
-            .touched
-            .extend(outputs.iter().map(|(id, _)| *id));
-        for (id, out) in outputs {
-            self.carry_out(id, out);
-        }
-        for id in waiting {
-            self.pump_session(id).await;
-        }
-        self.scrub().await;
-        self.release_handles().await;
-        self.settle().await;
+        (outputs, waiting)
     }
 
     /// Up to `count` groups in id order after `after`, wrapping round to the
