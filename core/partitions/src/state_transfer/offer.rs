@@ -484,59 +484,24 @@ impl OfferBuilder {
         clock: &C,
     ) -> Result<HashRound, PartitionTransferUnavailable> {
         self.retain_planned(&plan);
-        let started = clock.now();
-        let budget = self.budget;
-        let mut spent_bytes = 0u64;
-        let mut exhausted = false;
+        let mut spend = RoundSpend {
+            budget: self.budget,
+            started: clock.now(),
+            spent_bytes: 0,
+            exhausted: false,
+        };
         let mut buf = Vec::new();
         for segment in &plan.segments {
             let memo = self.memos.entry(segment.identity).or_default();
-            if memo.hasher.hashed_len_bytes() > segment.len_bytes {
-                // A segment instance only grows; a memo longer than the
-                // segment means the file is not the one that was hashed.
-                tracing::warn!(
-                    start_offset = segment.identity.start_offset.0,
-                    memo_bytes = memo.hasher.hashed_len_bytes(),
-                    planned_bytes = segment.len_bytes,
-                    "segment shorter than its checksum memo; hashing it again"
-                );
-                *memo = SegmentChecksumMemo::default();
-            }
+            forget_if_shrunk(memo, segment);
             if memo.hasher.hashed_len_bytes() == segment.len_bytes {
                 continue;
             }
-            if exhausted {
+            if spend.exhausted {
                 break;
             }
-            let file = fs
-                .open(&segment.path, OpenOptions::read_only())
-                .await
-                .map_err(|source| hash_failure(segment, source))?;
-            while memo.hasher.hashed_len_bytes() < segment.len_bytes {
-                let position = memo.hasher.hashed_len_bytes();
-                let bytes_left = budget.bytes_max.saturating_sub(spent_bytes).max(1);
-                let want = (segment.len_bytes - position)
-                    .min(OFFER_READ_CHUNK_BYTES as u64)
-                    .min(bytes_left);
-                // `want` ≤ OFFER_READ_CHUNK_BYTES, so it fits a usize.
-                let want = usize::try_from(want).unwrap_or(OFFER_READ_CHUNK_BYTES);
-                buf = file
-                    .read_exact_into(buf, want, position)
-                    .await
-                    .map_err(|source| hash_failure(segment, source))?;
-                memo.hasher.update(&buf);
-                spent_bytes += want as u64;
-                clock.observe_hashed(want as u64);
-                fs.yield_now().await;
-                let out_of_time = budget
-                    .time_max
-                    .is_some_and(|max| clock.now().saturating_sub(started) >= max);
-                if spent_bytes >= budget.bytes_max || out_of_time {
-                    exhausted = true;
-                    break;
-                }
-            }
-            if exhausted && memo.hasher.hashed_len_bytes() < segment.len_bytes {
+            buf = hash_segment(fs, segment, memo, &mut spend, clock, buf).await?;
+            if spend.exhausted && memo.hasher.hashed_len_bytes() < segment.len_bytes {
                 break;
             }
         }
@@ -544,7 +509,7 @@ impl OfferBuilder {
         let total = plan.total_segment_bytes();
         tracing::debug!(
             commit_op = plan.commit_op.0,
-            round_bytes = spent_bytes,
+            round_bytes = spend.spent_bytes,
             hashed,
             total,
             "offer checksum round"
@@ -555,18 +520,96 @@ impl OfferBuilder {
                 remaining: total - hashed,
             });
         }
+        let checksums = self.finished_checksums(&plan)?;
+        Ok(HashRound::Complete(HashedPlan { plan, checksums }))
+    }
+
+    /// Every planned segment's checksum, once all of them are hashed whole.
+    fn finished_checksums(
+        &self,
+        plan: &OfferPlan,
+    ) -> Result<Vec<u64>, PartitionTransferUnavailable> {
         let mut checksums = Vec::with_capacity(plan.segments.len());
         for segment in &plan.segments {
             let Some(memo) = self.memos.get(&segment.identity) else {
-                // Covered by `hashed == total` above; a missing memo here
-                // would be this module's own bug.
+                // Covered by `hashed == total` in the round; a missing memo
+                // here would be this module's own bug.
                 return Err(PartitionTransferUnavailable::SegmentSetChanged);
             };
             debug_assert_eq!(memo.hasher.hashed_len_bytes(), segment.len_bytes);
             checksums.push(memo.hasher.finish());
         }
-        Ok(HashRound::Complete(HashedPlan { plan, checksums }))
+        Ok(checksums)
     }
+}
+
+/// What one hashing round has spent of its budget, and whether it is spent.
+struct RoundSpend {
+    budget: BuildBudget,
+    started: Duration,
+    spent_bytes: u64,
+    exhausted: bool,
+}
+
+/// A memo longer than its segment is dropped: a segment instance only
+/// grows, so the file is not the one that was hashed.
+fn forget_if_shrunk(memo: &mut SegmentChecksumMemo, segment: &PlannedSegment) {
+    if memo.hasher.hashed_len_bytes() > segment.len_bytes {
+        tracing::warn!(
+            start_offset = segment.identity.start_offset.0,
+            memo_bytes = memo.hasher.hashed_len_bytes(),
+            planned_bytes = segment.len_bytes,
+            "segment shorter than its checksum memo; hashing it again"
+        );
+        *memo = SegmentChecksumMemo::default();
+    }
+}
+
+/// Hashes `segment` on from where its memo stopped, a chunk at a time,
+/// until it is whole or the round's budget (bytes or time) is spent.
+/// Returns the read buffer for the next segment to reuse.
+async fn hash_segment<F: Fs, C: BuildClock>(
+    fs: &F,
+    segment: &PlannedSegment,
+    memo: &mut SegmentChecksumMemo,
+    spend: &mut RoundSpend,
+    clock: &C,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>, PartitionTransferUnavailable> {
+    let file = fs
+        .open(&segment.path, OpenOptions::read_only())
+        .await
+        .map_err(|source| hash_failure(segment, source))?;
+    while memo.hasher.hashed_len_bytes() < segment.len_bytes {
+        let position = memo.hasher.hashed_len_bytes();
+        let bytes_left = spend
+            .budget
+            .bytes_max
+            .saturating_sub(spend.spent_bytes)
+            .max(1);
+        let want = (segment.len_bytes - position)
+            .min(OFFER_READ_CHUNK_BYTES as u64)
+            .min(bytes_left);
+        // `want` ≤ OFFER_READ_CHUNK_BYTES, so it fits a usize.
+        let want = usize::try_from(want).unwrap_or(OFFER_READ_CHUNK_BYTES);
+        buf = file
+            .read_exact_into(buf, want, position)
+            .await
+            .map_err(|source| hash_failure(segment, source))?;
+        memo.hasher.update(&buf);
+        spend.spent_bytes += want as u64;
+        clock.observe_hashed(want as u64);
+        fs.yield_now().await;
+        let out_of_time = spend
+            .budget
+            .time_max
+            .is_some_and(|max| clock.now().saturating_sub(spend.started) >= max);
+        if spend.spent_bytes >= spend.budget.bytes_max || out_of_time {
+            spend.exhausted = true;
+            break;
+        }
+    }
+    Ok(buf)
 }
 
 impl Default for OfferBuilder {
