@@ -929,9 +929,8 @@ impl<F: Fs> TransferReceiver<F> {
             }
         };
         let payload_len = payload.len() as u64;
-        let mut held = payload_len + self.window.early_bytes;
         let mut staged = None;
-        let Some(result) = write_chunk(
+        let Some(written) = write_chunk(
             &self.fs,
             &self.dir,
             self.config.spill,
@@ -946,38 +945,33 @@ impl<F: Fs> TransferReceiver<F> {
                 ChunkRejection::AllComplete,
             )));
         };
-        let result = result.map(|carried| held += carried);
-        if let Err(error) = result {
-            return Landed::Stop(self.fail(error, local).await);
-        }
-        if arrived {
-            self.window.in_flight = self.window.in_flight.saturating_sub(1);
-        }
-        if payload_len < u64::from(self.config.chunk_len_max_bytes.max(1)) && !landed.completes {
-            // A shorter answer than asked (the peer clamps lower): the
-            // window restarts right after it, so no byte goes unrequested.
-            self.window.frontier = Some((artifact, offset + payload_len));
-            self.window.in_flight = 0;
-        }
+        let carried = match written {
+            Ok(carried) => carried,
+            Err(error) => return Landed::Stop(self.fail(error, local).await),
+        };
+        let held = payload_len + self.window.early_bytes + carried;
+        let asked = u64::from(self.config.chunk_len_max_bytes.max(1));
+        self.window.note_landed(
+            arrived,
+            (artifact, offset),
+            payload_len,
+            asked,
+            landed.completes,
+        );
         self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(held);
         self.stats.chunk_bytes += payload_len;
         if landed.completes {
-            let Some(slot) = accepted.artifacts.get_mut(landed.artifact) else {
-                return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NotAccepted));
-            };
-            if let TransferArtifact::Pending(PendingArtifact::Segment { spill, .. }) = slot {
-                let Some(done) = spill.take() else {
-                    return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NotAccepted));
-                };
-                match done.finish(&self.fs, &self.dir).await {
-                    Ok(meta) => {
-                        *slot = TransferArtifact::Staged(meta.clone());
-                        staged = Some(meta);
-                    }
-                    Err(error) => {
-                        return Landed::Stop(self.fail(ReceiveError::Spill(error), local).await);
-                    }
-                }
+            match finish_segment(
+                &self.fs,
+                &self.dir,
+                &mut accepted.artifacts,
+                landed.artifact,
+            )
+            .await
+            {
+                Some(Ok(meta)) => staged = meta,
+                Some(Err(error)) => return Landed::Stop(self.fail(error, local).await),
+                None => return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NotAccepted)),
             }
         }
         // Bytes landed: the only chunk event that counts as liveness.
@@ -1074,6 +1068,30 @@ impl<F: Fs> TransferReceiver<F> {
             Err(error) => self.fail_after_session(error, peer, local).await,
         }
     }
+}
+
+/// Finishes the artifact a chunk just completed: a segment's spill
+/// becomes its staged file, which replaces the pending slot and is
+/// returned; the offsets artifact needs nothing (`Some(Ok(None))`). `None`
+/// when the slot is gone or its spill already taken.
+async fn finish_segment<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    artifacts: &mut [TransferArtifact<F::File>],
+    index: usize,
+) -> Option<Result<Option<StagedSegmentMeta>, ReceiveError>> {
+    let slot = artifacts.get_mut(index)?;
+    let TransferArtifact::Pending(PendingArtifact::Segment { spill, .. }) = slot else {
+        return Some(Ok(None));
+    };
+    let done = spill.take()?;
+    Some(match done.finish(fs, dir).await {
+        Ok(meta) => {
+            *slot = TransferArtifact::Staged(meta.clone());
+            Ok(Some(meta))
+        }
+        Err(error) => Err(ReceiveError::Spill(error)),
+    })
 }
 
 /// Writes one checked chunk where its artifact collects: a segment's

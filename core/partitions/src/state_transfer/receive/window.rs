@@ -39,6 +39,28 @@ impl ChunkWindow {
         self.early_bytes -= payload.len() as u64;
         Some(payload)
     }
+
+    /// A chunk of `len` bytes landed at `at`: one fewer in flight when it
+    /// `arrived` (answered a request rather than being held), and when it
+    /// is shorter than `asked` without completing its artifact (the peer
+    /// clamps lower), the window restarts right after it, so no byte goes
+    /// unrequested.
+    pub(super) fn note_landed(
+        &mut self,
+        arrived: bool,
+        (artifact, offset): (u32, u64),
+        len: u64,
+        asked: u64,
+        completes: bool,
+    ) {
+        if arrived {
+            self.in_flight = self.in_flight.saturating_sub(1);
+        }
+        if len < asked && !completes {
+            self.frontier = Some((artifact, offset + len));
+            self.in_flight = 0;
+        }
+    }
 }
 
 /// The next request of a window: from `frontier` (or `cursor` when the
