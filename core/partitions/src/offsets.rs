@@ -264,48 +264,8 @@ impl ConsumerOffsets {
             }
             let mut removed_any = false;
             for (id, record) in stored.offsets {
-                let rolled_back = recorded_point.is_some_and(|point| record.op > point);
-                let mut value = if rolled_back {
-                    tracing::warn!(
-                        ?kind,
-                        id,
-                        op = record.op.0,
-                        recorded_point = recorded_point.map(|p| p.0),
-                        offset = record.offset.map(|o| o.0),
-                        before = record.before.map(|o| o.0),
-                        "rolling back a consumer offset written above the recorded applied point"
-                    );
-                    loaded.rolled_back += 1;
-                    record.before
-                } else {
-                    record.offset
-                };
-                if let Some(offset) = value {
-                    match last_offset {
-                        Some(last) if offset > last => {
-                            tracing::warn!(
-                                ?kind,
-                                id,
-                                offset = offset.0,
-                                last = last.0,
-                                "clamping a stored offset to the recovered end"
-                            );
-                            loaded.adjusted += 1;
-                            value = Some(last);
-                        }
-                        Some(_) => {}
-                        None => {
-                            tracing::warn!(
-                                ?kind,
-                                id,
-                                offset = offset.0,
-                                "dropping a stored offset: the log is empty"
-                            );
-                            loaded.adjusted += 1;
-                            value = None;
-                        }
-                    }
-                }
+                let (value, rolled_back) =
+                    settled_value(kind, id, &record, recorded_point, last_offset, &mut loaded);
                 match value {
                     Some(v) => {
                         if value != record.offset || rolled_back {
@@ -518,6 +478,64 @@ impl ConsumerOffsets {
         self.durable = DurableOffsets::default();
         self.undo = [BTreeMap::new(), BTreeMap::new()];
         Ok(())
+    }
+}
+
+/// What a stored record settles to at boot, and whether it was rolled
+/// back: with `recorded_point`, a record an op above it wrote goes back to
+/// the value it replaced; then a value above `last_offset` (the recovered
+/// end, `None` for an empty log) is clamped to it, or dropped when the log
+/// is empty. Each change is logged and counted in `loaded`.
+fn settled_value(
+    kind: ConsumerKind,
+    id: u32,
+    record: &OffsetRecord,
+    recorded_point: Option<Op>,
+    last_offset: Option<Offset>,
+    loaded: &mut LoadedOffsets,
+) -> (Option<Offset>, bool) {
+    let rolled_back = recorded_point.is_some_and(|point| record.op > point);
+    let value = if rolled_back {
+        tracing::warn!(
+            ?kind,
+            id,
+            op = record.op.0,
+            recorded_point = recorded_point.map(|p| p.0),
+            offset = record.offset.map(|o| o.0),
+            before = record.before.map(|o| o.0),
+            "rolling back a consumer offset written above the recorded applied point"
+        );
+        loaded.rolled_back += 1;
+        record.before
+    } else {
+        record.offset
+    };
+    let Some(offset) = value else {
+        return (None, rolled_back);
+    };
+    match last_offset {
+        Some(last) if offset > last => {
+            tracing::warn!(
+                ?kind,
+                id,
+                offset = offset.0,
+                last = last.0,
+                "clamping a stored offset to the recovered end"
+            );
+            loaded.adjusted += 1;
+            (Some(last), rolled_back)
+        }
+        Some(_) => (Some(offset), rolled_back),
+        None => {
+            tracing::warn!(
+                ?kind,
+                id,
+                offset = offset.0,
+                "dropping a stored offset: the log is empty"
+            );
+            loaded.adjusted += 1;
+            (None, rolled_back)
+        }
     }
 }
 
