@@ -309,7 +309,7 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks ranges and the roster.
+    /// Checks ranges, then the roster.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.tick_ms == 0 {
             return Err(invalid("tick_ms", "must be at least 1"));
@@ -354,6 +354,12 @@ impl Config {
                 "must not share the client or replica listener's port",
             ));
         }
+        self.validate_roster()
+    }
+
+    /// Checks the roster: ids 0..n for 1, 3 or 5 replicas, this replica
+    /// among them, on its own listeners' ports.
+    fn validate_roster(&self) -> Result<(), ConfigError> {
         if self.replicas.is_empty() {
             if self.replica_id != 0 {
                 return Err(invalid(
