@@ -77,31 +77,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 .map(|(_, rest)| rest.to_vec())
                 .unwrap_or_default()
         };
-        let Some(&(oldest, _)) = sealed.first() else {
+        let Some((start, size, position)) = scrub_target(&sealed, self.scrub_cursor) else {
             self.scrub_cursor = ScrubCursor::default();
             return 0;
         };
-        let cursor = self.scrub_cursor;
-        // The cursor's segment, or the next one if retention removed it,
-        // or the oldest after the newest.
-        let (start, size, position) = match sealed.iter().find(|(s, _)| *s >= cursor.segment_start)
-        {
-            Some(&(s, size)) if s == cursor.segment_start && cursor.position < size => {
-                (s, size, cursor.position)
-            }
-            Some(&(s, size)) if s != cursor.segment_start => (s, size, 0),
-            _ => {
-                let next = sealed.iter().find(|(s, _)| *s > cursor.segment_start);
-                let &(s, size) = next.unwrap_or(&sealed[0]);
-                (s, size, 0)
-            }
-        };
-        let advance = |from: u64| {
-            sealed
-                .iter()
-                .find(|(s, _)| *s > from)
-                .map_or(oldest, |(s, _)| *s)
-        };
+        let advance = |from: u64| next_sealed(&sealed, from);
         match self.log.read_at(start, position, max_bytes).await {
             Ok(read) if read.next_position > position => {
                 let bytes = read.next_position - position;
@@ -224,5 +204,83 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// rewrote, since this partition was opened.
     pub fn scrub_index_rewrites(&self) -> u64 {
         self.scrub_index_rewrites
+    }
+}
+
+/// Where the next scrub step reads, among `sealed` (start offset and size
+/// of every sealed segment, by start offset): the cursor's segment where
+/// it stopped, or the next one if retention removed it, or the oldest
+/// after the newest. `None` when nothing is sealed.
+fn scrub_target(sealed: &[(u64, u64)], cursor: ScrubCursor) -> Option<(u64, u64, u64)> {
+    let first = *sealed.first()?;
+    Some(
+        match sealed.iter().find(|(s, _)| *s >= cursor.segment_start) {
+            Some(&(s, size)) if s == cursor.segment_start && cursor.position < size => {
+                (s, size, cursor.position)
+            }
+            Some(&(s, size)) if s != cursor.segment_start => (s, size, 0),
+            _ => {
+                let next = sealed.iter().find(|(s, _)| *s > cursor.segment_start);
+                let &(s, size) = next.unwrap_or(&first);
+                (s, size, 0)
+            }
+        },
+    )
+}
+
+/// The sealed segment after the one starting at `from`, wrapping round to
+/// the oldest.
+fn next_sealed(sealed: &[(u64, u64)], from: u64) -> u64 {
+    sealed
+        .iter()
+        .find(|(s, _)| *s > from)
+        .or(sealed.first())
+        .map_or(0, |(s, _)| *s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEALED: [(u64, u64); 3] = [(0, 100), (10, 200), (20, 300)];
+
+    fn at(segment_start: u64, position: u64) -> ScrubCursor {
+        ScrubCursor {
+            segment_start,
+            position,
+        }
+    }
+
+    #[test]
+    fn given_nothing_sealed_when_targeted_should_read_nothing() {
+        assert_eq!(scrub_target(&[], at(10, 5)), None);
+    }
+
+    #[test]
+    fn given_a_cursor_inside_a_segment_when_targeted_should_resume_where_it_stopped() {
+        assert_eq!(scrub_target(&SEALED, at(10, 50)), Some((10, 200, 50)));
+        assert_eq!(
+            scrub_target(&SEALED, ScrubCursor::default()),
+            Some((0, 100, 0))
+        );
+    }
+
+    #[test]
+    fn given_a_cursor_whose_segment_retention_removed_when_targeted_should_start_the_next() {
+        assert_eq!(scrub_target(&SEALED, at(5, 40)), Some((10, 200, 0)));
+    }
+
+    #[test]
+    fn given_a_cursor_at_a_segment_end_or_past_the_newest_when_targeted_should_move_on_or_wrap() {
+        assert_eq!(scrub_target(&SEALED, at(10, 200)), Some((20, 300, 0)));
+        assert_eq!(scrub_target(&SEALED, at(20, 300)), Some((0, 100, 0)));
+        assert_eq!(scrub_target(&SEALED, at(99, 0)), Some((0, 100, 0)));
+    }
+
+    #[test]
+    fn given_sealed_segments_when_advancing_should_take_the_next_and_wrap_to_the_oldest() {
+        assert_eq!(next_sealed(&SEALED, 0), 10);
+        assert_eq!(next_sealed(&SEALED, 15), 20);
+        assert_eq!(next_sealed(&SEALED, 20), 0);
     }
 }
