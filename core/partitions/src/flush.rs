@@ -289,51 +289,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         record_frontier: bool,
     ) -> Result<FlushOutcome, PartitionError> {
         let segments_before = self.log.segments().count();
-        let entries: Vec<(Op, Option<FlushedBatch>)> = self
-            .journal
-            .live()
-            .map(|e| {
-                (
-                    e.op,
-                    (e.stats.messages > 0).then(|| FlushedBatch {
-                        bytes: e.frame.clone(),
-                        messages: e.stats.messages,
-                        base_offset: e.stats.base_offset.0,
-                    }),
-                )
-            })
-            .collect();
         let mut outcome = FlushOutcome::default();
-        let mut written_to = None;
-        // The bodies now in segments, which the core may let go of.
-        let mut in_segments = Vec::new();
-        for (op, batch) in entries {
-            if let Some(FlushedBatch {
-                bytes,
-                messages,
-                base_offset,
-            }) = batch
-            {
-                in_segments.push((op, base_offset, bytes.len() as u64));
-                let (res, _) = self.log.append(bytes).await;
-                if let Err(e) = res {
-                    // What was written stays written: evict it so a retry
-                    // does not append it twice.
-                    if let Some(up_to) = written_to {
-                        self.journal.evict_flushed(up_to);
-                    }
-                    return Err(PartitionError::Storage(e));
-                }
-                outcome.batches += 1;
-                outcome.messages += u64::from(messages);
-            }
-            written_to = Some(op);
-        }
-        // Written batches are readable from the segment now; evicting before
-        // the sync means a failed sync cannot lead to a second append.
-        if let Some(up_to) = written_to {
-            self.journal.evict_flushed(up_to);
-        }
+        let in_segments = self.write_journaled(&mut outcome).await?;
         if self.config.vsr.replica_count > 1 {
             for (op, base_offset, len) in in_segments {
                 self.retained
@@ -364,5 +321,60 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             self.recorded_at_us = self.now_us;
         }
         Ok(outcome)
+    }
+
+    /// Appends the journal's batches to the log, counting them in
+    /// `outcome`, and evicts what was written. Returns each written body's
+    /// op, base offset and length: the bodies now in segments, which the
+    /// core may let go of.
+    async fn write_journaled(
+        &mut self,
+        outcome: &mut FlushOutcome,
+    ) -> Result<Vec<(Op, u64, u64)>, PartitionError> {
+        let entries: Vec<(Op, Option<FlushedBatch>)> = self
+            .journal
+            .live()
+            .map(|e| {
+                (
+                    e.op,
+                    (e.stats.messages > 0).then(|| FlushedBatch {
+                        bytes: e.frame.clone(),
+                        messages: e.stats.messages,
+                        base_offset: e.stats.base_offset.0,
+                    }),
+                )
+            })
+            .collect();
+        let mut written_to = None;
+        // The bodies now in segments, which the core may let go of.
+        let mut in_segments = Vec::new();
+        for (op, batch) in entries {
+            if let Some(FlushedBatch {
+                bytes,
+                messages,
+                base_offset,
+            }) = batch
+            {
+                in_segments.push((op, base_offset, bytes.len() as u64));
+                let (res, _) = self.log.append(bytes).await;
+                if let Err(e) = res {
+                    // What was written stays written: evict it so a retry
+                    // does not append it twice.
+                    if let Some(up_to) = written_to {
+                        self.journal.evict_flushed(up_to);
+                    }
+                    return Err(PartitionError::Storage(e));
+                }
+                outcome.batches += 1;
+                outcome.messages += u64::from(messages);
+            }
+            written_to = Some(op);
+        }
+        // Written batches are readable from the segment now; evicting before
+        // the sync means a failed sync cannot lead to a second append.
+        if let Some(up_to) = written_to {
+            self.journal.evict_flushed(up_to);
+        }
+        Ok(in_segments)
     }
 }
