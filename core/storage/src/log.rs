@@ -352,23 +352,10 @@ impl<F: Fs> SegmentedLog<F> {
     /// fills the active segment.
     /// The buffer is handed back whatever the outcome.
     pub async fn append<B: IoBuf>(&mut self, batch: B) -> (Result<Appended, StorageError>, B) {
-        if self.poisoned {
-            return (Err(StorageError::Poisoned), batch);
-        }
-        let header = match check_append(batch.as_init(), self.config.batch_length_max) {
-            Ok(h) => h,
-            Err(e) => return (Err(StorageError::InvalidBatch(e)), batch),
+        let header = match self.admit(batch.as_init()) {
+            Ok(header) => header,
+            Err(e) => return (Err(e), batch),
         };
-        let expected = self.next_offset();
-        if header.base_offset != expected {
-            return (
-                Err(StorageError::OffsetMismatch {
-                    expected,
-                    actual: header.base_offset,
-                }),
-                batch,
-            );
-        }
         // A segment recovered at or past the size (or a smaller configured
         // size) rotates before it takes another batch.
         if self.active_segment().meta.size_bytes >= self.config.segment_size_bytes
@@ -397,24 +384,7 @@ impl<F: Fs> SegmentedLog<F> {
             }
             return (Err(StorageError::io("append", path, e)), batch);
         }
-        let seg = &mut self.segments[seg_index];
-        if self.config.index.should_index(seg.index.last(), position) {
-            seg.index.push(IndexEntry {
-                offset: header.base_offset,
-                timestamp: header.base_timestamp,
-                position,
-            });
-        }
-        let seg = &mut self.segments[seg_index];
-        seg.meta.record(&header);
-        debug_assert_eq!(seg.meta.size_bytes, cursor);
-        self.unsynced = !self.config.fsync;
-        let appended = Appended {
-            segment_start: seg.meta.start_offset,
-            position,
-            base_offset: header.base_offset,
-            next_offset: header.next_offset(),
-        };
+        let appended = self.note_appended(seg_index, &header, position, cursor);
         if self.config.fsync
             && let Err(e) = self.write_index(false).await
         {
@@ -429,6 +399,53 @@ impl<F: Fs> SegmentedLog<F> {
             return (Err(e), batch);
         }
         (Ok(appended), batch)
+    }
+
+    /// Whether the log takes `bytes` next: not poisoned, a valid batch
+    /// header for the whole buffer, and its base offset the next offset.
+    fn admit(&self, bytes: &[u8]) -> Result<BatchHeader, StorageError> {
+        if self.poisoned {
+            return Err(StorageError::Poisoned);
+        }
+        let header = check_append(bytes, self.config.batch_length_max)
+            .map_err(StorageError::InvalidBatch)?;
+        let expected = self.next_offset();
+        if header.base_offset != expected {
+            return Err(StorageError::OffsetMismatch {
+                expected,
+                actual: header.base_offset,
+            });
+        }
+        Ok(header)
+    }
+
+    /// A batch written at `position` of segment `seg_index` (whose log now
+    /// ends at `cursor`): its sparse index entry when one is due, and the
+    /// segment's totals.
+    fn note_appended(
+        &mut self,
+        seg_index: usize,
+        header: &BatchHeader,
+        position: u64,
+        cursor: u64,
+    ) -> Appended {
+        let seg = &mut self.segments[seg_index];
+        if self.config.index.should_index(seg.index.last(), position) {
+            seg.index.push(IndexEntry {
+                offset: header.base_offset,
+                timestamp: header.base_timestamp,
+                position,
+            });
+        }
+        seg.meta.record(header);
+        debug_assert_eq!(seg.meta.size_bytes, cursor);
+        self.unsynced = !self.config.fsync;
+        Appended {
+            segment_start: seg.meta.start_offset,
+            position,
+            base_offset: header.base_offset,
+            next_offset: header.next_offset(),
+        }
     }
 
     /// Cuts the active log back to before a failed append. If that fails
