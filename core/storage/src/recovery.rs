@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use crate::batch::{BATCH_HEADER_SIZE, BatchHeader, BatchView, Integrity};
 use crate::error::RecoveryError;
-use crate::fs::{BufResult, FileKind, Fs, FsFile, OpenOptions};
+use crate::fs::{BufResult, DirEntry, FileKind, Fs, FsFile, OpenOptions};
 use crate::index::{INDEX_ENTRY_SIZE, IndexEntry, IndexPolicy, decode_entries, encode_entries};
 use crate::segment::{
     SegmentFileName, SegmentMeta, Walk, WalkStop, index_file_name, log_file_name, parse_file_name,
@@ -101,6 +101,51 @@ struct Plan {
     index_behind: bool,
 }
 
+/// A partition directory's files by kind: segment logs and indexes (start
+/// offsets, ascending), staging files left by an interrupted write, and
+/// indexes without a log.
+struct DirFiles {
+    logs: Vec<u64>,
+    indexes: Vec<u64>,
+    staging: Vec<PathBuf>,
+    orphans: Vec<PathBuf>,
+}
+
+impl DirFiles {
+    fn sort(dir: &Path, entries: &[DirEntry]) -> Self {
+        let mut logs = Vec::new();
+        let mut indexes = Vec::new();
+        let mut staging = Vec::new();
+        for entry in entries {
+            if entry.kind != FileKind::File {
+                continue;
+            }
+            let Some(name) = entry.name_str() else {
+                continue;
+            };
+            match parse_file_name(name) {
+                SegmentFileName::Log(start) => logs.push(start),
+                SegmentFileName::Index(start) => indexes.push(start),
+                SegmentFileName::Staging => staging.push(dir.join(name)),
+                SegmentFileName::Other => {}
+            }
+        }
+        logs.sort_unstable();
+        indexes.sort_unstable();
+        let orphans = indexes
+            .iter()
+            .filter(|s| logs.binary_search(s).is_err())
+            .map(|s| dir.join(index_file_name(*s)))
+            .collect();
+        Self {
+            logs,
+            indexes,
+            staging,
+            orphans,
+        }
+    }
+}
+
 /// Recovers the partition directory `dir`. A missing directory is an empty
 /// partition (no segments). See the module comment for the rules.
 pub async fn recover_partition<F: Fs>(
@@ -114,30 +159,12 @@ pub async fn recover_partition<F: Fs>(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(report),
         Err(e) => return Err(RecoveryError::io("read_dir", dir, e)),
     };
-    let mut logs = Vec::new();
-    let mut indexes = Vec::new();
-    let mut staging = Vec::new();
-    for entry in &entries {
-        if entry.kind != FileKind::File {
-            continue;
-        }
-        let Some(name) = entry.name_str() else {
-            continue;
-        };
-        match parse_file_name(name) {
-            SegmentFileName::Log(start) => logs.push(start),
-            SegmentFileName::Index(start) => indexes.push(start),
-            SegmentFileName::Staging => staging.push(dir.join(name)),
-            SegmentFileName::Other => {}
-        }
-    }
-    logs.sort_unstable();
-    indexes.sort_unstable();
-    let orphans: Vec<PathBuf> = indexes
-        .iter()
-        .filter(|s| logs.binary_search(s).is_err())
-        .map(|s| dir.join(index_file_name(*s)))
-        .collect();
+    let DirFiles {
+        logs,
+        indexes,
+        staging,
+        orphans,
+    } = DirFiles::sort(dir, &entries);
 
     let mut plans = Vec::with_capacity(logs.len());
     for (i, &start) in logs.iter().enumerate() {
