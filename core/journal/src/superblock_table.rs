@@ -381,6 +381,50 @@ async fn open_copies<F: Fs>(
     Ok((files, contents))
 }
 
+impl Inner {
+    /// Takes slot `index`'s record of `key` into the table. A record with
+    /// one copy `damaged` is queued to be written again, to both copies,
+    /// before the table serves, so a second fault on the other copy finds
+    /// a whole one. A key found in two slots (never written so: one slot
+    /// per key while it lives) leaves both unused.
+    fn take_record(
+        &mut self,
+        dir: &Path,
+        index: u32,
+        key: TableKey,
+        sequence: u64,
+        state: VsrState,
+        damaged: bool,
+    ) {
+        let mut entry = Entry {
+            index,
+            next_sequence: sequence.saturating_add(1),
+            state: Some(state),
+        };
+        if damaged {
+            self.queued.insert(
+                index,
+                Queued {
+                    bytes: encode_slot(key, entry.next_sequence, &state),
+                    record: Some((key, state)),
+                    tickets: Vec::new(),
+                },
+            );
+            entry.next_sequence = entry.next_sequence.saturating_add(1);
+        }
+        if let Some(other) = self.entries.insert(key, entry) {
+            tracing::error!(
+                dir = %dir.display(),
+                group = %key.group,
+                slots = ?(other.index, index),
+                "superblock table holds one group in two slots; both left unused"
+            );
+            self.entries.remove(&key);
+            self.lost += 2;
+        }
+    }
+}
+
 /// The table as the two copies' bytes describe it, slot by slot: records,
 /// free slots, slots to repair, and lost ones.
 fn read_slots(dir: &Path, contents: &[Vec<u8>; 2]) -> Inner {
@@ -419,36 +463,7 @@ fn read_slots(dir: &Path, contents: &[Vec<u8>; 2]) -> Inner {
                 damaged: d,
             } => {
                 damaged += u32::from(d);
-                let mut entry = Entry {
-                    index,
-                    next_sequence: sequence.saturating_add(1),
-                    state: Some(state),
-                };
-                // One copy unusable: the record is written again, to
-                // both, before the table serves (below), so a second
-                // fault on the other copy finds a whole one.
-                if d {
-                    inner.queued.insert(
-                        index,
-                        Queued {
-                            bytes: encode_slot(key, entry.next_sequence, &state),
-                            record: Some((key, state)),
-                            tickets: Vec::new(),
-                        },
-                    );
-                    entry.next_sequence = entry.next_sequence.saturating_add(1);
-                }
-                if let Some(other) = inner.entries.insert(key, entry) {
-                    // Never written so: one slot per key while it lives.
-                    tracing::error!(
-                        dir = %dir.display(),
-                        group = %key.group,
-                        slots = ?(other.index, index),
-                        "superblock table holds one group in two slots; both left unused"
-                    );
-                    inner.entries.remove(&key);
-                    inner.lost += 2;
-                }
+                inner.take_record(dir, index, key, sequence, state, d);
             }
             Combined::Lost => inner.lost += 1,
         }
