@@ -969,36 +969,22 @@ fn given_failed_peer_when_rotating_should_prefer_primary_else_walk_the_ring_skip
         primary: ReplicaId(primary),
         ..local()
     };
-    assert_eq!(
-        rotate_peer(&facts(2, 0, 3), ReplicaId(1)),
-        ReplicaId(0),
-        "the primary"
-    );
-    assert_eq!(
-        rotate_peer(&facts(2, 0, 3), ReplicaId(0)),
-        ReplicaId(1),
-        "primary failed: next in ring"
-    );
-    assert_eq!(
-        rotate_peer(&facts(2, 2, 3), ReplicaId(0)),
-        ReplicaId(1),
-        "self is primary"
-    );
-    assert_eq!(
-        rotate_peer(&facts(2, 2, 3), ReplicaId(1)),
-        ReplicaId(0),
-        "ring wraps, skipping self"
-    );
-    assert_eq!(
-        rotate_peer(&facts(0, 0, 5), ReplicaId(4)),
-        ReplicaId(1),
-        "wraps past self at 0"
-    );
-    assert_eq!(
-        rotate_peer(&facts(1, 0, 2), ReplicaId(0)),
-        ReplicaId(0),
-        "only one other replica"
-    );
+    // (this replica, the primary, replicas, the peer that failed, the next
+    // peer, why)
+    for (me, primary, count, failed, next, why) in [
+        (2, 0, 3, 1, 0, "the primary"),
+        (2, 0, 3, 0, 1, "primary failed: next in ring"),
+        (2, 2, 3, 0, 1, "self is primary"),
+        (2, 2, 3, 1, 0, "ring wraps, skipping self"),
+        (0, 0, 5, 4, 1, "wraps past self at 0"),
+        (1, 0, 2, 0, 0, "only one other replica"),
+    ] {
+        assert_eq!(
+            rotate_peer(&facts(me, primary, count), ReplicaId(failed)),
+            ReplicaId(next),
+            "{why}"
+        );
+    }
 }
 
 fn unavailable(nonce: u128, transient: bool) -> StateTransferTargetHeader {
