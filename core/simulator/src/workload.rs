@@ -1026,7 +1026,8 @@ impl Workload {
         Ok(())
     }
 
-    /// What an answer means for the oracle and for the client's next move.
+    /// What an answer means for the oracle and for the client's next move:
+    /// each kind of request has its own judge.
     fn judge(
         &mut self,
         request: Request,
@@ -1035,224 +1036,218 @@ impl Workload {
         cluster: &Cluster,
         oracle: &mut Oracle,
     ) -> Result<Next, Violation> {
-        let retry = |request: Request, at: Option<u8>| Next::Retry {
-            request,
-            attempts,
-            at,
-        };
-        // Requests that ran out of attempts after only "nothing changed"
-        // answers end here.
-        let exhausted = attempts >= ATTEMPTS_MAX;
         match request {
-            Request::Meta(op) => {
-                let result = match answer {
-                    Got::Meta(r) => r,
-                    Got::Cancelled | Got::TimedOut => {
-                        return Ok(retry(Request::Meta(op), None));
-                    }
-                    Got::Call(_) => unreachable_answer(),
-                };
-                self.stats.metadata_ops += 1;
-                match result {
-                    Ok(_) => {
-                        self.meta_done(&op, cluster);
-                        Ok(Next::Done)
-                    }
-                    // A retry of an op whose first attempt landed.
-                    Err(MetaError::Refused(
-                        Refusal::StreamNameAlreadyExists(_)
-                        | Refusal::TopicNameAlreadyExists { .. }
-                        | Refusal::TopicNameNotFound { .. }
-                        | Refusal::StreamNameNotFound(_)
-                        | Refusal::ConsumerGroupNameAlreadyExists { .. }
-                        | Refusal::ConsumerGroupMemberNotFound { .. },
-                    )) if attempts > 1 => {
-                        self.meta_done(&op, cluster);
-                        Ok(Next::Done)
-                    }
-                    Err(MetaError::Refused(refusal)) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("metadata op {} refused: {refusal}", meta_name(&op)),
-                    )),
-                    Err(MetaError::NotPrimary { primary, .. }) => {
-                        Ok(retry(Request::Meta(op), Some(primary.0)))
-                    }
-                    // Metadata ops are named, so a retry of one that landed
-                    // is refused as existing (handled above): retrying is
-                    // safe after every other answer.
-                    Err(
-                        MetaError::Unavailable { .. }
-                        | MetaError::Indeterminate { .. }
-                        | MetaError::Local { .. }
-                        | MetaError::NotHosted,
-                    ) => Ok(retry(Request::Meta(op), None)),
-                }
-            }
+            Request::Meta(op) => self.judge_meta(op, attempts, answer, cluster),
             Request::Produce { group, tag, batch } => {
-                let result = match answer {
-                    Got::Call(r) => r,
-                    Got::Cancelled | Got::TimedOut => {
-                        oracle.settle(tag, Fate::Unknown);
-                        return Ok(Next::Done);
-                    }
-                    Got::Meta(_) => unreachable_answer(),
-                };
-                match result {
-                    Ok(Answer::Committed { base_offset, .. }) => {
-                        oracle.acknowledged(tag, base_offset.map(|o| o.0))?;
-                        Ok(Next::Done)
-                    }
-                    Ok(other) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("produce of batch {tag} answered {other:?}"),
-                    )),
-                    Err(e) if nothing_changed(&e) => {
-                        if exhausted {
-                            oracle.settle(tag, Fate::NeverApplied);
-                            return Ok(Next::Done);
-                        }
-                        let at = match e {
-                            CallError::NotPrimary { primary, .. } => Some(primary.0),
-                            _ => None,
-                        };
-                        Ok(retry(Request::Produce { group, tag, batch }, at))
-                    }
-                    Err(CallError::Rejected { reason }) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!(
-                            "produce of batch {tag} to group {} rejected: {reason}",
-                            group.0
-                        ),
-                    )),
-                    Err(_) => {
-                        oracle.settle(tag, Fate::Unknown);
-                        Ok(Next::Done)
-                    }
-                }
+                judge_produce(group, tag, batch, attempts, answer, oracle)
             }
             Request::Poll { group, request } => {
-                let result = match answer {
-                    Got::Call(r) => r,
-                    Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
-                    Got::Meta(_) => unreachable_answer(),
-                };
-                match result {
-                    Ok(Answer::Polled(polled)) => {
-                        self.stats.polls += 1;
-                        let messages: Vec<(u64, Vec<u8>)> = polled
-                            .messages()
-                            .map(|m| (m.offset, m.payload.to_vec()))
-                            .collect();
-                        if messages.len() as u64 != polled.count {
-                            return Err(Violation::new(
-                                Property::OffsetsNotDense,
-                                format!(
-                                    "group {}: a poll claimed {} messages and held {}",
-                                    group.0,
-                                    polled.count,
-                                    messages.len()
-                                ),
-                            ));
-                        }
-                        oracle.polled(group, &messages)?;
-                        check_timestamps(group, request.strategy, &polled)?;
-                        Ok(Next::Done)
-                    }
-                    Ok(other) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("poll answered {other:?}"),
-                    )),
-                    Err(e) if nothing_changed(&e) && !exhausted => {
-                        let at = match e {
-                            CallError::NotPrimary { primary, .. } => Some(primary.0),
-                            _ => None,
-                        };
-                        Ok(retry(Request::Poll { group, request }, at))
-                    }
-                    Err(CallError::Rejected { reason }) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("poll of group {} rejected: {reason}", group.0),
-                    )),
-                    Err(_) => Ok(Next::Done),
-                }
+                self.judge_poll(group, request, attempts, answer, oracle)
             }
             Request::Store {
                 group,
                 consumer,
                 offset,
-            } => {
-                let outcome = match answer {
-                    Got::Call(Ok(Answer::Committed { .. })) => StoreOutcome::Acknowledged,
-                    Got::Call(Ok(other)) => {
-                        return Err(Violation::new(
-                            Property::UnexpectedRefusal,
-                            format!("offset store answered {other:?}"),
-                        ));
-                    }
-                    Got::Call(Err(e)) if nothing_changed(&e) && !exhausted => {
-                        let at = match e {
-                            CallError::NotPrimary { primary, .. } => Some(primary.0),
-                            _ => None,
-                        };
-                        return Ok(retry(
-                            Request::Store {
-                                group,
-                                consumer,
-                                offset,
-                            },
-                            at,
-                        ));
-                    }
-                    Got::Call(Err(e)) if nothing_changed(&e) => StoreOutcome::NeverApplied,
-                    Got::Call(Err(CallError::Rejected { reason })) => {
-                        let what = match offset {
-                            Some(offset) => format!("store of committed offset {offset}"),
-                            None => "delete of the stored offset".to_string(),
-                        };
-                        return Err(Violation::new(
-                            Property::UnexpectedRefusal,
-                            format!("{what} in group {} rejected: {reason}", group.0),
-                        ));
-                    }
-                    Got::Call(Err(_)) | Got::Cancelled => StoreOutcome::Unknown,
-                    Got::TimedOut => StoreOutcome::MayLandLater,
-                    Got::Meta(_) => unreachable_answer(),
-                };
-                if outcome == StoreOutcome::Acknowledged {
-                    match offset {
-                        Some(_) => self.stats.stores_acknowledged += 1,
-                        None => self.stats.deletes_acknowledged += 1,
-                    }
-                }
-                oracle.store_settled(group, consumer, offset, outcome);
+            } => self.judge_store(group, consumer, offset, attempts, answer, oracle),
+            Request::Get { group, consumer } => {
+                self.judge_get(group, consumer, attempts, answer, oracle)
+            }
+        }
+    }
+
+    /// A metadata op's answer: done once it committed (or a retry finds
+    /// its first attempt landed), a violation if refused, sent again after
+    /// anything else.
+    fn judge_meta(
+        &mut self,
+        op: MetadataOp,
+        attempts: u32,
+        answer: Got,
+        cluster: &Cluster,
+    ) -> Result<Next, Violation> {
+        let result = match answer {
+            Got::Meta(r) => r,
+            Got::Cancelled | Got::TimedOut => {
+                return Ok(retry(Request::Meta(op), attempts, None));
+            }
+            Got::Call(_) => unreachable_answer(),
+        };
+        self.stats.metadata_ops += 1;
+        match result {
+            Ok(_) => {
+                self.meta_done(&op, cluster);
                 Ok(Next::Done)
             }
-            Request::Get { group, consumer } => {
-                let result = match answer {
-                    Got::Call(r) => r,
-                    Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
-                    Got::Meta(_) => unreachable_answer(),
-                };
-                match result {
-                    Ok(Answer::Offset(got)) => {
-                        self.stats.offset_reads += 1;
-                        oracle.offset_read(group, consumer, got.map(|o| o.0))?;
-                        Ok(Next::Done)
-                    }
-                    Ok(other) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("offset read answered {other:?}"),
-                    )),
-                    Err(e) if nothing_changed(&e) && !exhausted => {
-                        let at = match e {
-                            CallError::NotPrimary { primary, .. } => Some(primary.0),
-                            _ => None,
-                        };
-                        Ok(retry(Request::Get { group, consumer }, at))
-                    }
-                    Err(_) => Ok(Next::Done),
-                }
+            // A retry of an op whose first attempt landed.
+            Err(MetaError::Refused(
+                Refusal::StreamNameAlreadyExists(_)
+                | Refusal::TopicNameAlreadyExists { .. }
+                | Refusal::TopicNameNotFound { .. }
+                | Refusal::StreamNameNotFound(_)
+                | Refusal::ConsumerGroupNameAlreadyExists { .. }
+                | Refusal::ConsumerGroupMemberNotFound { .. },
+            )) if attempts > 1 => {
+                self.meta_done(&op, cluster);
+                Ok(Next::Done)
             }
+            Err(MetaError::Refused(refusal)) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("metadata op {} refused: {refusal}", meta_name(&op)),
+            )),
+            Err(MetaError::NotPrimary { primary, .. }) => {
+                Ok(retry(Request::Meta(op), attempts, Some(primary.0)))
+            }
+            // Metadata ops are named, so a retry of one that landed
+            // is refused as existing (handled above): retrying is
+            // safe after every other answer.
+            Err(
+                MetaError::Unavailable { .. }
+                | MetaError::Indeterminate { .. }
+                | MetaError::Local { .. }
+                | MetaError::NotHosted,
+            ) => Ok(retry(Request::Meta(op), attempts, None)),
+        }
+    }
+
+    /// A poll's answer: the polled messages must be dense, match what the
+    /// oracle knows and carry ordered timestamps; a "nothing changed"
+    /// answer sends the poll again.
+    fn judge_poll(
+        &mut self,
+        group: GroupId,
+        request: PollRequest,
+        attempts: u32,
+        answer: Got,
+        oracle: &mut Oracle,
+    ) -> Result<Next, Violation> {
+        let result = match answer {
+            Got::Call(r) => r,
+            Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
+            Got::Meta(_) => unreachable_answer(),
+        };
+        match result {
+            Ok(Answer::Polled(polled)) => {
+                self.stats.polls += 1;
+                let messages: Vec<(u64, Vec<u8>)> = polled
+                    .messages()
+                    .map(|m| (m.offset, m.payload.to_vec()))
+                    .collect();
+                if messages.len() as u64 != polled.count {
+                    return Err(Violation::new(
+                        Property::OffsetsNotDense,
+                        format!(
+                            "group {}: a poll claimed {} messages and held {}",
+                            group.0,
+                            polled.count,
+                            messages.len()
+                        ),
+                    ));
+                }
+                oracle.polled(group, &messages)?;
+                check_timestamps(group, request.strategy, &polled)?;
+                Ok(Next::Done)
+            }
+            Ok(other) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("poll answered {other:?}"),
+            )),
+            Err(e) if nothing_changed(&e) && !exhausted(attempts) => Ok(retry(
+                Request::Poll { group, request },
+                attempts,
+                retry_target(&e),
+            )),
+            Err(CallError::Rejected { reason }) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("poll of group {} rejected: {reason}", group.0),
+            )),
+            Err(_) => Ok(Next::Done),
+        }
+    }
+
+    /// An offset store's (or delete's) answer: the oracle learns how it
+    /// settled; a "nothing changed" answer sends it again until the
+    /// attempts run out.
+    fn judge_store(
+        &mut self,
+        group: GroupId,
+        consumer: Consumer,
+        offset: Option<u64>,
+        attempts: u32,
+        answer: Got,
+        oracle: &mut Oracle,
+    ) -> Result<Next, Violation> {
+        let outcome = match answer {
+            Got::Call(Ok(Answer::Committed { .. })) => StoreOutcome::Acknowledged,
+            Got::Call(Ok(other)) => {
+                return Err(Violation::new(
+                    Property::UnexpectedRefusal,
+                    format!("offset store answered {other:?}"),
+                ));
+            }
+            Got::Call(Err(e)) if nothing_changed(&e) && !exhausted(attempts) => {
+                let request = Request::Store {
+                    group,
+                    consumer,
+                    offset,
+                };
+                return Ok(retry(request, attempts, retry_target(&e)));
+            }
+            Got::Call(Err(e)) if nothing_changed(&e) => StoreOutcome::NeverApplied,
+            Got::Call(Err(CallError::Rejected { reason })) => {
+                let what = match offset {
+                    Some(offset) => format!("store of committed offset {offset}"),
+                    None => "delete of the stored offset".to_string(),
+                };
+                return Err(Violation::new(
+                    Property::UnexpectedRefusal,
+                    format!("{what} in group {} rejected: {reason}", group.0),
+                ));
+            }
+            Got::Call(Err(_)) | Got::Cancelled => StoreOutcome::Unknown,
+            Got::TimedOut => StoreOutcome::MayLandLater,
+            Got::Meta(_) => unreachable_answer(),
+        };
+        if outcome == StoreOutcome::Acknowledged {
+            match offset {
+                Some(_) => self.stats.stores_acknowledged += 1,
+                None => self.stats.deletes_acknowledged += 1,
+            }
+        }
+        oracle.store_settled(group, consumer, offset, outcome);
+        Ok(Next::Done)
+    }
+
+    /// An offset read's answer: the offset read must be one the oracle
+    /// allows; a "nothing changed" answer reads again.
+    fn judge_get(
+        &mut self,
+        group: GroupId,
+        consumer: Consumer,
+        attempts: u32,
+        answer: Got,
+        oracle: &mut Oracle,
+    ) -> Result<Next, Violation> {
+        let result = match answer {
+            Got::Call(r) => r,
+            Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
+            Got::Meta(_) => unreachable_answer(),
+        };
+        match result {
+            Ok(Answer::Offset(got)) => {
+                self.stats.offset_reads += 1;
+                oracle.offset_read(group, consumer, got.map(|o| o.0))?;
+                Ok(Next::Done)
+            }
+            Ok(other) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("offset read answered {other:?}"),
+            )),
+            Err(e) if nothing_changed(&e) && !exhausted(attempts) => Ok(retry(
+                Request::Get { group, consumer },
+                attempts,
+                retry_target(&e),
+            )),
+            Err(_) => Ok(Next::Done),
         }
     }
 
@@ -1383,6 +1378,80 @@ impl Workload {
             }
             _ => {}
         }
+    }
+}
+
+/// A produce's answer: the oracle learns the batch acknowledged (at its
+/// offset), never applied or of unknown fate; only a "nothing changed"
+/// answer sends the same batch again.
+fn judge_produce(
+    group: GroupId,
+    tag: u64,
+    batch: Vec<u8>,
+    attempts: u32,
+    answer: Got,
+    oracle: &mut Oracle,
+) -> Result<Next, Violation> {
+    let result = match answer {
+        Got::Call(r) => r,
+        Got::Cancelled | Got::TimedOut => {
+            oracle.settle(tag, Fate::Unknown);
+            return Ok(Next::Done);
+        }
+        Got::Meta(_) => unreachable_answer(),
+    };
+    match result {
+        Ok(Answer::Committed { base_offset, .. }) => {
+            oracle.acknowledged(tag, base_offset.map(|o| o.0))?;
+            Ok(Next::Done)
+        }
+        Ok(other) => Err(Violation::new(
+            Property::UnexpectedRefusal,
+            format!("produce of batch {tag} answered {other:?}"),
+        )),
+        Err(e) if nothing_changed(&e) => {
+            if exhausted(attempts) {
+                oracle.settle(tag, Fate::NeverApplied);
+                return Ok(Next::Done);
+            }
+            let at = retry_target(&e);
+            Ok(retry(Request::Produce { group, tag, batch }, attempts, at))
+        }
+        Err(CallError::Rejected { reason }) => Err(Violation::new(
+            Property::UnexpectedRefusal,
+            format!(
+                "produce of batch {tag} to group {} rejected: {reason}",
+                group.0
+            ),
+        )),
+        Err(_) => {
+            oracle.settle(tag, Fate::Unknown);
+            Ok(Next::Done)
+        }
+    }
+}
+
+/// Whether a request has run out of attempts: one that got only "nothing
+/// changed" answers this often ends here.
+fn exhausted(attempts: u32) -> bool {
+    attempts >= ATTEMPTS_MAX
+}
+
+/// The client's next move when it sends `request` again.
+fn retry(request: Request, attempts: u32, at: Option<u8>) -> Next {
+    Next::Retry {
+        request,
+        attempts,
+        at,
+    }
+}
+
+/// The replica a retry goes to: the primary a `NotPrimary` answer names,
+/// or `None` for one picked at random a little later.
+fn retry_target(e: &CallError) -> Option<u8> {
+    match e {
+        CallError::NotPrimary { primary, .. } => Some(primary.0),
+        _ => None,
     }
 }
 
