@@ -1251,36 +1251,12 @@ impl Workload {
         }
     }
 
-    /// A metadata op committed: learn what it created.
+    /// A metadata op committed: learn what it created or removed.
     fn meta_done(&mut self, op: &MetadataOp, cluster: &Cluster) {
         self.meta_busy = false;
         match op {
             MetadataOp::CreateStream { .. } => self.stream_created = true,
-            MetadataOp::CreateTopic { name, .. } => {
-                self.stats.topics += 1;
-                // The answering primary applied the op: its metadata names
-                // every group so far. Any replica that has applied it does.
-                for r in 0..cluster.replica_count {
-                    if let Some(mut groups) = cluster.metadata_groups(r) {
-                        groups.retain(|g| !self.deleted_groups.contains(g));
-                        if groups.len() > self.groups.len() {
-                            self.groups = groups;
-                        }
-                    }
-                }
-                // This topic's groups, as a replica that applied its create
-                // names them; looked up again later if none shows them
-                // now (the groups new since the last create may include
-                // an earlier topic's that were not visible then).
-                let n = self.topic_groups.len();
-                match self.named_topic_groups(cluster, name) {
-                    Some(groups) => self.topic_groups.push(groups),
-                    None => {
-                        self.topic_groups.push(Vec::new());
-                        self.unresolved_topics.insert(n);
-                    }
-                }
-            }
+            MetadataOp::CreateTopic { name, .. } => self.topic_created(name, cluster),
             MetadataOp::CreateConsumerGroup {
                 topic: Identifier::Name(name),
                 ..
@@ -1309,74 +1285,114 @@ impl Workload {
             MetadataOp::DeleteTopic {
                 topic: Identifier::Name(name),
                 ..
-            } => {
-                let Some(n) = name
-                    .strip_prefix('t')
-                    .and_then(|n| n.parse::<usize>().ok())
-                    .filter(|n| *n < self.topic_groups.len())
-                else {
-                    return;
-                };
-                // Nothing was in flight to its groups, and nothing will be:
-                // the oracle's final checks cover the groups the metadata
-                // names, so they drop out there too.
-                let gone = std::mem::take(&mut self.topic_groups[n]);
-                self.unresolved_topics.remove(&n);
-                // Its consumer group and every membership in it went too.
-                self.groups_created.remove(&n);
-                self.joined.retain(|_, joined| *joined != n);
-                self.groups.retain(|g| !gone.contains(g));
-                self.deleted_groups.extend(gone.iter().copied());
-                for g in &gone {
-                    self.held.remove(g);
-                }
-                self.stats.topic_deletes += 1;
-            }
-            MetadataOp::DeleteStream { .. } => {
-                // Every topic, its consumer group and every membership in
-                // it went with the stream; the next request creates both
-                // again (under new group ids).
-                for gone in &mut self.topic_groups {
-                    self.deleted_groups.extend(std::mem::take(gone));
-                }
-                self.groups.clear();
-                self.unresolved_topics.clear();
-                self.stats.topic_deletes = self.stats.topics;
-                self.groups_created.clear();
-                self.joined.clear();
-                self.held.clear();
-                self.stream_created = false;
-                self.stats.stream_deletes += 1;
-            }
+            } => self.topic_deleted(name),
+            MetadataOp::DeleteStream { .. } => self.stream_deleted(),
             MetadataOp::PurgeTopic { .. } | MetadataOp::PurgeStream { .. } => {
-                let purged: Vec<GroupId> = match op {
-                    MetadataOp::PurgeTopic {
-                        topic: Identifier::Name(name),
-                        ..
-                    } => topic_number(name)
-                        .and_then(|n| self.topic_groups.get(n).cloned())
-                        .unwrap_or_default(),
-                    // Every topic's groups: the held ones, all live.
-                    MetadataOp::PurgeStream { .. } => {
-                        self.topic_groups.iter().flatten().copied().collect()
-                    }
-                    _ => Vec::new(),
-                };
-                for g in purged {
-                    // The generation group 0 committed (the answering
-                    // primary holds it; a later one may too), and at least
-                    // one more than the last purge of the group.
-                    let committed = (0..cluster.replica_count)
-                        .filter_map(|r| cluster.metadata_purge_generation(r, g))
-                        .max()
-                        .unwrap_or(0);
-                    let last = self.purge_targets.get(&g).copied().unwrap_or(0);
-                    let target = committed.max(last + 1);
-                    self.purge_targets.insert(g, target);
-                    self.held.insert(g, Some(target));
-                }
+                self.purge_committed(op, cluster);
             }
             _ => {}
+        }
+    }
+
+    /// Topic `name`'s create committed: the groups clients write to grow
+    /// to every group a replica's metadata names, and the topic's own
+    /// groups are learnt now or looked up again later.
+    fn topic_created(&mut self, name: &str, cluster: &Cluster) {
+        self.stats.topics += 1;
+        // The answering primary applied the op: its metadata names
+        // every group so far. Any replica that has applied it does.
+        for r in 0..cluster.replica_count {
+            if let Some(mut groups) = cluster.metadata_groups(r) {
+                groups.retain(|g| !self.deleted_groups.contains(g));
+                if groups.len() > self.groups.len() {
+                    self.groups = groups;
+                }
+            }
+        }
+        // This topic's groups, as a replica that applied its create
+        // names them; looked up again later if none shows them
+        // now (the groups new since the last create may include
+        // an earlier topic's that were not visible then).
+        let n = self.topic_groups.len();
+        match self.named_topic_groups(cluster, name) {
+            Some(groups) => self.topic_groups.push(groups),
+            None => {
+                self.topic_groups.push(Vec::new());
+                self.unresolved_topics.insert(n);
+            }
+        }
+    }
+
+    /// Topic `name`'s delete committed: its groups, its consumer group and
+    /// every membership in it are gone (a name the workload never created
+    /// changes nothing).
+    fn topic_deleted(&mut self, name: &str) {
+        let Some(n) = name
+            .strip_prefix('t')
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n < self.topic_groups.len())
+        else {
+            return;
+        };
+        // Nothing was in flight to its groups, and nothing will be:
+        // the oracle's final checks cover the groups the metadata
+        // names, so they drop out there too.
+        let gone = std::mem::take(&mut self.topic_groups[n]);
+        self.unresolved_topics.remove(&n);
+        // Its consumer group and every membership in it went too.
+        self.groups_created.remove(&n);
+        self.joined.retain(|_, joined| *joined != n);
+        self.groups.retain(|g| !gone.contains(g));
+        self.deleted_groups.extend(gone.iter().copied());
+        for g in &gone {
+            self.held.remove(g);
+        }
+        self.stats.topic_deletes += 1;
+    }
+
+    /// The stream's delete committed: every topic, its consumer group and
+    /// every membership in it went with the stream; the next request
+    /// creates both again (under new group ids).
+    fn stream_deleted(&mut self) {
+        for gone in &mut self.topic_groups {
+            self.deleted_groups.extend(std::mem::take(gone));
+        }
+        self.groups.clear();
+        self.unresolved_topics.clear();
+        self.stats.topic_deletes = self.stats.topics;
+        self.groups_created.clear();
+        self.joined.clear();
+        self.held.clear();
+        self.stream_created = false;
+        self.stats.stream_deletes += 1;
+    }
+
+    /// A topic or stream purge committed: each purged group stays held
+    /// until it is seen applying the generation this settles on.
+    fn purge_committed(&mut self, op: &MetadataOp, cluster: &Cluster) {
+        let purged: Vec<GroupId> = match op {
+            MetadataOp::PurgeTopic {
+                topic: Identifier::Name(name),
+                ..
+            } => topic_number(name)
+                .and_then(|n| self.topic_groups.get(n).cloned())
+                .unwrap_or_default(),
+            // Every topic's groups: the held ones, all live.
+            MetadataOp::PurgeStream { .. } => self.topic_groups.iter().flatten().copied().collect(),
+            _ => Vec::new(),
+        };
+        for g in purged {
+            // The generation group 0 committed (the answering
+            // primary holds it; a later one may too), and at least
+            // one more than the last purge of the group.
+            let committed = (0..cluster.replica_count)
+                .filter_map(|r| cluster.metadata_purge_generation(r, g))
+                .max()
+                .unwrap_or(0);
+            let last = self.purge_targets.get(&g).copied().unwrap_or(0);
+            let target = committed.max(last + 1);
+            self.purge_targets.insert(g, target);
+            self.held.insert(g, Some(target));
         }
     }
 }
