@@ -341,6 +341,25 @@ fn consumer_group_of(client: u8) -> u32 {
     u32::from(client) + 101
 }
 
+/// The key `client` writes and reads offsets under: its own consumer
+/// group with `group_kind`, else its own lone consumer. Every client
+/// writes only its own keys (one writer per key, as the oracle's
+/// expectations assume).
+fn offset_key(client: u8, group_kind: bool) -> Consumer {
+    Consumer {
+        kind: if group_kind {
+            ConsumerKind::ConsumerGroup
+        } else {
+            ConsumerKind::Consumer
+        },
+        id: if group_kind {
+            consumer_group_of(client)
+        } else {
+            consumer_of(client)
+        },
+    }
+}
+
 impl Workload {
     pub(crate) fn new(
         seed: u64,
@@ -705,14 +724,7 @@ impl Workload {
     /// Picks the next request of client `i`.
     fn next_request(&mut self, i: usize, tick: u64, oracle: &mut Oracle) -> Option<Request> {
         if !self.stream_created {
-            if i != 0 || self.meta_busy {
-                return None;
-            }
-            self.meta_busy = true;
-            return Some(Request::Meta(MetadataOp::CreateStream {
-                name: STREAM.into(),
-                created_at_us: 1,
-            }));
+            return self.create_stream_request(i);
         }
         // No live topic: the first, or the first after a stream delete.
         if self.stats.topics == self.stats.topic_deletes {
@@ -740,23 +752,9 @@ impl Workload {
             return None;
         }
         let client = self.clients[i].id;
-        let consumer = consumer_of(client);
-        // Every client writes its own lone consumer and its own consumer
-        // group (one writer per key, as the oracle's expectations assume).
-        // The kind follows from draws the workload always made, so every
-        // seed's schedule is the one it had before groups were written.
-        let key = |group_kind: bool| Consumer {
-            kind: if group_kind {
-                ConsumerKind::ConsumerGroup
-            } else {
-                ConsumerKind::Consumer
-            },
-            id: if group_kind {
-                consumer_group_of(client)
-            } else {
-                consumer
-            },
-        };
+        // Which kind of offset key a request writes or reads follows from
+        // draws the workload always made, so every seed's schedule is the
+        // one it had before groups were written.
         match roll {
             0..=1
                 if self.stats.topics - self.stats.topic_deletes < TOPICS_MAX
@@ -764,69 +762,91 @@ impl Workload {
             {
                 self.create_topic_request()
             }
-            0..=54 => {
-                let tag = self.next_tag;
-                self.next_tag += 1;
-                let messages = 1 + self.prng.below_inclusive(4) as u32;
-                let mut builder = BatchBuilder::new(tag);
-                for index in 0..messages {
-                    let filler = self.prng.below_inclusive(300) as usize;
-                    builder.push(
-                        (u128::from(tag) << 32) | u128::from(index),
-                        index,
-                        &payload(tag, index, filler),
-                        b"",
-                    );
-                }
-                oracle.produced(tag, group, messages, tick);
-                Some(Request::Produce {
-                    group,
-                    tag,
-                    batch: builder.build(),
-                })
-            }
-            55..=79 => {
-                let highest = oracle.highest_offset(group).unwrap_or(0);
-                let strategy = match self.prng.below_inclusive(4) {
-                    0 => PollingStrategy::Offset(self.prng.below_inclusive(highest + 1)),
-                    1 => PollingStrategy::First,
-                    2 => PollingStrategy::Last,
-                    // Any moment of the run so far: primaries stamp
-                    // batches with their clock, the run's virtual time.
-                    3 => PollingStrategy::Timestamp(
-                        self.prng.below_inclusive(tick.saturating_mul(TICK_US)),
-                    ),
-                    _ => PollingStrategy::Next,
-                };
-                Some(Request::Poll {
-                    group,
-                    request: PollRequest {
-                        consumer: (ConsumerKind::Consumer, consumer),
-                        strategy,
-                        count: 1 + self.prng.below_inclusive(40) as u32,
-                        auto_commit: false,
-                    },
-                })
-            }
+            0..=54 => Some(self.produce_request(group, tick, oracle)),
+            55..=79 => Some(self.poll_request(group, client, tick, oracle)),
             // One offset write in twelve deletes the stored offset, so
             // stores, deletes and their retries interleave.
             80..=90 => {
                 let highest = oracle.highest_offset(group)?;
                 Some(Request::Store {
                     group,
-                    consumer: key(roll >= 86),
+                    consumer: offset_key(client, roll >= 86),
                     offset: Some(self.prng.below_inclusive(highest)),
                 })
             }
             91 => Some(Request::Store {
                 group,
-                consumer: key(group.0 % 2 == 1),
+                consumer: offset_key(client, group.0 % 2 == 1),
                 offset: None,
             }),
             _ => Some(Request::Get {
                 group,
-                consumer: key(roll >= 96),
+                consumer: offset_key(client, roll >= 96),
             }),
+        }
+    }
+
+    /// The stream's create, sent by client 0 alone while no other
+    /// metadata op is in flight.
+    fn create_stream_request(&mut self, i: usize) -> Option<Request> {
+        if i != 0 || self.meta_busy {
+            return None;
+        }
+        self.meta_busy = true;
+        Some(Request::Meta(MetadataOp::CreateStream {
+            name: STREAM.into(),
+            created_at_us: 1,
+        }))
+    }
+
+    /// A produce of a fresh batch of one to five messages to `group`,
+    /// which the oracle learns of before it is sent.
+    fn produce_request(&mut self, group: GroupId, tick: u64, oracle: &mut Oracle) -> Request {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let messages = 1 + self.prng.below_inclusive(4) as u32;
+        let mut builder = BatchBuilder::new(tag);
+        for index in 0..messages {
+            let filler = self.prng.below_inclusive(300) as usize;
+            builder.push(
+                (u128::from(tag) << 32) | u128::from(index),
+                index,
+                &payload(tag, index, filler),
+                b"",
+            );
+        }
+        oracle.produced(tag, group, messages, tick);
+        Request::Produce {
+            group,
+            tag,
+            batch: builder.build(),
+        }
+    }
+
+    /// A poll of `group` as `client`'s lone consumer, from a strategy
+    /// drawn at random (an offset up to the highest the oracle knows, the
+    /// first, the last, a moment of the run so far or the next).
+    fn poll_request(&mut self, group: GroupId, client: u8, tick: u64, oracle: &Oracle) -> Request {
+        let highest = oracle.highest_offset(group).unwrap_or(0);
+        let strategy = match self.prng.below_inclusive(4) {
+            0 => PollingStrategy::Offset(self.prng.below_inclusive(highest + 1)),
+            1 => PollingStrategy::First,
+            2 => PollingStrategy::Last,
+            // Any moment of the run so far: primaries stamp
+            // batches with their clock, the run's virtual time.
+            3 => {
+                PollingStrategy::Timestamp(self.prng.below_inclusive(tick.saturating_mul(TICK_US)))
+            }
+            _ => PollingStrategy::Next,
+        };
+        Request::Poll {
+            group,
+            request: PollRequest {
+                consumer: (ConsumerKind::Consumer, consumer_of(client)),
+                strategy,
+                count: 1 + self.prng.below_inclusive(40) as u32,
+                auto_commit: false,
+            },
         }
     }
 
