@@ -582,132 +582,17 @@ impl Run {
     /// Every replica is up, names the same groups, and holds each group
     /// at one commit with nothing pending.
     fn converged(&self) -> Result<(), Violation> {
-        let c = &self.cluster;
-        let not = |detail: String| Violation::new(Property::NotConverged, detail);
-        let reference = c
-            .metadata_groups(0)
-            .ok_or_else(|| not("replica 0 is down".into()))?;
-        if reference.len() < self.workload.groups().len() {
-            return Err(not(format!(
-                "replica 0 names {} groups, clients created {}",
-                reference.len(),
-                self.workload.groups().len()
-            )));
-        }
-        for r in 0..c.replica_count {
-            let groups = c
-                .metadata_groups(r)
-                .ok_or_else(|| not(format!("replica {r} is down")))?;
-            if groups != reference {
-                return Err(not(format!(
-                    "replica {r}'s metadata names {} groups, replica 0's {}",
-                    groups.len(),
-                    reference.len()
-                )));
-            }
-        }
-        let mut meta = None;
-        for r in 0..c.replica_count {
-            let v = c
-                .replica_of(r, METADATA_GROUP)
-                .ok_or_else(|| not(format!("replica {r} hosts no group 0")))?;
-            let here = (v.status(), v.commit_min().0, v.commit_max().0);
-            if here.0 != Status::Normal
-                || here.1 != here.2
-                || v.op().0 != here.1
-                || meta.is_some_and(|m| m != here)
-            {
-                return Err(not(format!(
-                    "group 0 on replica {r}: {:?} view {} applied {} of {} (another replica: {meta:?})",
-                    here.0,
-                    v.view(),
-                    here.1,
-                    here.2
-                )));
-            }
-            meta = Some(here);
-        }
-        // No replica holds a group the metadata no longer names (a delete
-        // carried out everywhere, never undone by a restart).
-        for r in 0..c.replica_count {
-            for s in 0..c.shard_count {
-                if let Some(extra) = c
-                    .shard_at(r, s)
-                    .and_then(|shard| shard.groups().find(|g| !reference.contains(g)))
-                {
-                    return Err(not(format!(
-                        "replica {r} shard {s} holds group {}, which the metadata does not name",
-                        extra.0
-                    )));
-                }
-            }
-        }
+        let reference = self.metadata_groups_agree()?;
+        self.metadata_group_settled()?;
+        self.no_unnamed_groups(&reference)?;
         for &group in &reference {
             let mut state = None;
-            for r in 0..c.replica_count {
-                let p = c
-                    .shard(r, group)
-                    .and_then(|s| s.partition(group))
-                    .ok_or_else(|| not(format!("group {} missing on replica {r}", group.0)))?;
-                if let Some(reason) = p.fenced() {
-                    return Err(not(format!(
-                        "group {} fenced on replica {r}: {reason}",
-                        group.0
-                    )));
-                }
-                let v = p.replica();
-                // Serving again: an idle group stuck waiting (a census that
-                // cannot complete) holds nothing anywhere and would
-                // otherwise pass every check below.
-                if v.status() != Status::Normal || !v.is_quorum_visible() {
-                    return Err(not(format!(
-                        "group {} on replica {r}: {:?}{}; {}",
-                        group.0,
-                        v.status(),
-                        if v.is_quorum_visible() {
-                            ""
-                        } else {
-                            ", out of every quorum"
-                        },
-                        self.describe_group(group)
-                    )));
-                }
-                // Nothing prepared past the commit either: a primary that
-                // installed a transfer re-proposes its view's uncommitted
-                // ops, and the checks below would otherwise run before an
-                // acknowledged one is committed again (mixed 23004981).
-                if v.commit_min() != v.commit_max()
-                    || v.op() != v.commit_min()
-                    || p.state_transfer_needed().is_some()
-                {
-                    return Err(not(format!(
-                        "group {} on replica {r}: applied {} of {} committed{}; {}",
-                        group.0,
-                        v.commit_min().0,
-                        v.commit_max().0,
-                        if p.state_transfer_needed().is_some() {
-                            ", transfer needed"
-                        } else {
-                            ""
-                        },
-                        self.describe_group(group)
-                    )));
-                }
-                // Every purge group 0 committed is applied, on every replica.
-                let committed = c.metadata_purge_generation(r, group).unwrap_or(0);
-                if p.purge_generation() < committed {
-                    return Err(not(format!(
-                        "group {} on replica {r}: purge generation {} applied, {committed} committed by group 0; {}",
-                        group.0,
-                        p.purge_generation(),
-                        self.describe_group(group)
-                    )));
-                }
-                let here = (v.commit_min().0, p.offset_frontier().0);
+            for r in 0..self.cluster.replica_count {
+                let here = self.group_settled_on(r, group)?;
                 match state {
                     None => state = Some(here),
                     Some(s) if s != here => {
-                        return Err(not(format!(
+                        return Err(not_converged(format!(
                             "group {}: replica {r} at (commit, frontier) {here:?}, another at {s:?}; {}",
                             group.0,
                             self.describe_group(group)
@@ -718,6 +603,150 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// The groups replica 0's metadata names, once every replica is up
+    /// and names the same ones, at least as many as the clients created.
+    fn metadata_groups_agree(&self) -> Result<Vec<GroupId>, Violation> {
+        let c = &self.cluster;
+        let reference = c
+            .metadata_groups(0)
+            .ok_or_else(|| not_converged("replica 0 is down".into()))?;
+        if reference.len() < self.workload.groups().len() {
+            return Err(not_converged(format!(
+                "replica 0 names {} groups, clients created {}",
+                reference.len(),
+                self.workload.groups().len()
+            )));
+        }
+        for r in 0..c.replica_count {
+            let groups = c
+                .metadata_groups(r)
+                .ok_or_else(|| not_converged(format!("replica {r} is down")))?;
+            if groups != reference {
+                return Err(not_converged(format!(
+                    "replica {r}'s metadata names {} groups, replica 0's {}",
+                    groups.len(),
+                    reference.len()
+                )));
+            }
+        }
+        Ok(reference)
+    }
+
+    /// Group 0 is normal on every replica, applied all it committed and
+    /// prepared nothing past it, at the same commit everywhere.
+    fn metadata_group_settled(&self) -> Result<(), Violation> {
+        let c = &self.cluster;
+        let mut meta = None;
+        for r in 0..c.replica_count {
+            let v = c
+                .replica_of(r, METADATA_GROUP)
+                .ok_or_else(|| not_converged(format!("replica {r} hosts no group 0")))?;
+            let here = (v.status(), v.commit_min().0, v.commit_max().0);
+            if here.0 != Status::Normal
+                || here.1 != here.2
+                || v.op().0 != here.1
+                || meta.is_some_and(|m| m != here)
+            {
+                return Err(not_converged(format!(
+                    "group 0 on replica {r}: {:?} view {} applied {} of {} (another replica: {meta:?})",
+                    here.0,
+                    v.view(),
+                    here.1,
+                    here.2
+                )));
+            }
+            meta = Some(here);
+        }
+        Ok(())
+    }
+
+    /// No replica holds a group the metadata no longer names (a delete
+    /// carried out everywhere, never undone by a restart).
+    fn no_unnamed_groups(&self, reference: &[GroupId]) -> Result<(), Violation> {
+        let c = &self.cluster;
+        for r in 0..c.replica_count {
+            for s in 0..c.shard_count {
+                if let Some(extra) = c
+                    .shard_at(r, s)
+                    .and_then(|shard| shard.groups().find(|g| !reference.contains(g)))
+                {
+                    return Err(not_converged(format!(
+                        "replica {r} shard {s} holds group {}, which the metadata does not name",
+                        extra.0
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `group` on replica `r` is unfenced, serving, has applied all it
+    /// committed with nothing prepared past it, and has applied every
+    /// purge group 0 committed: its (commit, frontier) then, for the
+    /// replicas to agree on.
+    fn group_settled_on(&self, r: u8, group: GroupId) -> Result<(u64, u64), Violation> {
+        let c = &self.cluster;
+        let p = c
+            .shard(r, group)
+            .and_then(|s| s.partition(group))
+            .ok_or_else(|| not_converged(format!("group {} missing on replica {r}", group.0)))?;
+        if let Some(reason) = p.fenced() {
+            return Err(not_converged(format!(
+                "group {} fenced on replica {r}: {reason}",
+                group.0
+            )));
+        }
+        let v = p.replica();
+        // Serving again: an idle group stuck waiting (a census that
+        // cannot complete) holds nothing anywhere and would
+        // otherwise pass every check below.
+        if v.status() != Status::Normal || !v.is_quorum_visible() {
+            return Err(not_converged(format!(
+                "group {} on replica {r}: {:?}{}; {}",
+                group.0,
+                v.status(),
+                if v.is_quorum_visible() {
+                    ""
+                } else {
+                    ", out of every quorum"
+                },
+                self.describe_group(group)
+            )));
+        }
+        // Nothing prepared past the commit either: a primary that
+        // installed a transfer re-proposes its view's uncommitted
+        // ops, and the checks below would otherwise run before an
+        // acknowledged one is committed again (mixed 23004981).
+        if v.commit_min() != v.commit_max()
+            || v.op() != v.commit_min()
+            || p.state_transfer_needed().is_some()
+        {
+            return Err(not_converged(format!(
+                "group {} on replica {r}: applied {} of {} committed{}; {}",
+                group.0,
+                v.commit_min().0,
+                v.commit_max().0,
+                if p.state_transfer_needed().is_some() {
+                    ", transfer needed"
+                } else {
+                    ""
+                },
+                self.describe_group(group)
+            )));
+        }
+        // Every purge group 0 committed is applied, on every replica.
+        let committed = c.metadata_purge_generation(r, group).unwrap_or(0);
+        if p.purge_generation() < committed {
+            return Err(not_converged(format!(
+                "group {} on replica {r}: purge generation {} applied, {committed} committed by group 0; {}",
+                group.0,
+                p.purge_generation(),
+                self.describe_group(group)
+            )));
+        }
+        Ok((v.commit_min().0, p.offset_frontier().0))
     }
 
     /// Each replica's view of `group`, for a failure report.
@@ -958,6 +987,11 @@ impl Run {
 /// nothing to compare; an empty file anywhere else is a hole.
 /// A replica's segment files of one group: `(name, bytes)`.
 type SegmentFiles = Vec<(String, Vec<u8>)>;
+
+/// A convergence check that failed, with what it found.
+fn not_converged(detail: String) -> Violation {
+    Violation::new(Property::NotConverged, detail)
+}
 
 /// The first field in which two metadata states differ, for a report.
 fn describe_state_difference(
