@@ -797,10 +797,30 @@ impl Run {
     fn final_checks(&mut self) -> Result<(), Stop> {
         self.cluster.flush_all()?;
         let groups = self.cluster.metadata_groups(0).unwrap_or_default();
-        let diverge = |detail: String| Violation::new(Property::ReplicasDiverge, detail);
-        // Group 0 applied the same op everywhere (convergence): the whole
-        // metadata state must be equal too, however each replica got there
-        // (its own log, a snapshot transfer, a reboot from a snapshot).
+        self.metadata_states_agree()?;
+        let now_us = u64::try_from(self.cluster.clock.now().as_micros()).unwrap_or(u64::MAX);
+        let tick_us = u64::try_from(TICK.as_micros()).unwrap_or(1).max(1);
+        for &group in &groups {
+            let (expired_before, share) = self.retention_of(group, now_us, tick_us);
+            let held = self.final_logs(group, expired_before, share)?;
+            let from_offset = if expired_before.is_some() {
+                common_start(&held)
+            } else {
+                0
+            };
+            self.expired += held.iter().map(|(_, _, start)| *start).min().unwrap_or(0);
+            logs_agree(group, held, from_offset)?;
+            self.consumer_offsets_agree(group)?;
+            self.durable_offsets_agree(group)?;
+        }
+        Ok(())
+    }
+
+    /// Group 0 applied the same op everywhere (convergence): the whole
+    /// metadata state must be equal too, however each replica got there
+    /// (its own log, a snapshot transfer, a reboot from a snapshot), and
+    /// its memberships those the committed ops left.
+    fn metadata_states_agree(&self) -> Result<(), Violation> {
         let reference = self.cluster.metadata_state(0);
         if let Some(state) = &reference {
             self.workload.check_membership(state)?;
@@ -808,148 +828,130 @@ impl Run {
         for r in 1..self.cluster.replica_count {
             let here = self.cluster.metadata_state(r);
             if here != reference {
-                return Err(Stop::Violation(diverge(format!(
+                return Err(diverged(format!(
                     "metadata state of replica {r} differs from replica 0's: {}",
                     describe_state_difference(reference.as_ref(), here.as_ref())
-                ))));
+                )));
             }
         }
-        let now_us = u64::try_from(self.cluster.clock.now().as_micros()).unwrap_or(u64::MAX);
-        let tick_us = u64::try_from(TICK.as_micros()).unwrap_or(1).max(1);
-        for &group in &groups {
-            // A topic that expires messages: each replica's retention runs
-            // on its own ticks, so each may have removed a different
-            // prefix; they must agree from the latest start on.
-            let expired_before = self
+        Ok(())
+    }
+
+    /// How far retention may have cut `group`'s log on each replica: the
+    /// tick before which expiry may have removed messages (`Some(u64::MAX)`
+    /// under a size ceiling, where any prefix may be gone), and the size
+    /// share (0 without a ceiling).
+    fn retention_of(&self, group: GroupId, now_us: u64, tick_us: u64) -> (Option<u64>, u64) {
+        // A topic that expires messages: each replica's retention runs
+        // on its own ticks, so each may have removed a different
+        // prefix; they must agree from the latest start on.
+        let expired_before = self
+            .cluster
+            .metadata_message_expiry_us(0, group)
+            .filter(|&expiry| expiry > 0)
+            // Retention removes a segment once its newest stamp plus
+            // the expiry is at most the time, and a batch is stamped
+            // no earlier than the tick it was sent.
+            .map(|expiry| now_us.saturating_sub(expiry) / tick_us + 1);
+        // A topic with a size ceiling: any prefix may be gone, by
+        // each replica's own passes.
+        let share = self
+            .cluster
+            .metadata_retained_bytes_max(0, group)
+            .unwrap_or(0);
+        let expired_before = if share > 0 {
+            Some(u64::MAX)
+        } else {
+            expired_before
+        };
+        (expired_before, share)
+    }
+
+    /// Each replica's messages of `group` (which the oracle checks), its
+    /// committed segment files (within the size share, if any) and where
+    /// its log starts.
+    fn final_logs(
+        &mut self,
+        group: GroupId,
+        expired_before: Option<u64>,
+        share: u64,
+    ) -> Result<Vec<(Messages, SegmentFiles, u64)>, Violation> {
+        let mut held = Vec::new();
+        for r in 0..self.cluster.replica_count {
+            let messages = self
                 .cluster
-                .metadata_message_expiry_us(0, group)
-                .filter(|&expiry| expiry > 0)
-                // Retention removes a segment once its newest stamp plus
-                // the expiry is at most the time, and a batch is stamped
-                // no earlier than the tick it was sent.
-                .map(|expiry| now_us.saturating_sub(expiry) / tick_us + 1);
-            // A topic with a size ceiling: any prefix may be gone, by
-            // each replica's own passes.
-            let share = self
-                .cluster
-                .metadata_retained_bytes_max(0, group)
-                .unwrap_or(0);
-            let expired_before = if share > 0 {
-                Some(u64::MAX)
-            } else {
-                expired_before
-            };
-            let mut held = Vec::new();
-            for r in 0..self.cluster.replica_count {
-                let messages = self
-                    .cluster
-                    .read_all(r, group)
-                    .map_err(|e| {
-                        diverge(format!("group {} on replica {r} unreadable: {e}", group.0))
-                    })?
-                    .unwrap_or_default();
-                self.oracle.final_log(group, &messages, expired_before)?;
-                let files = committed_files(self.cluster.segment_files(r, group))
-                    .map_err(|e| diverge(format!("group {} on replica {r}: {e}", group.0)))?;
-                if share > 0 {
-                    kept_within_share(group, r, &files, share)?;
-                }
-                // Where this replica's log starts: its first message, or
-                // when retention removed every sealed segment and the
-                // active one is empty, the log's end.
-                let start = match messages.first() {
-                    Some((offset, _)) => *offset,
-                    None => self
-                        .cluster
-                        .shard(r, group)
-                        .and_then(|s| s.partition(group))
-                        .map_or(0, |p| p.log().next_offset()),
-                };
-                held.push((messages, files, start));
+                .read_all(r, group)
+                .map_err(|e| diverged(format!("group {} on replica {r} unreadable: {e}", group.0)))?
+                .unwrap_or_default();
+            self.oracle.final_log(group, &messages, expired_before)?;
+            let files = committed_files(self.cluster.segment_files(r, group))
+                .map_err(|e| diverged(format!("group {} on replica {r}: {e}", group.0)))?;
+            if share > 0 {
+                kept_within_share(group, r, &files, share)?;
             }
-            let from_offset = if expired_before.is_some() {
-                common_start(&held)
-            } else {
-                0
-            };
-            self.expired += held.iter().map(|(_, _, start)| *start).min().unwrap_or(0);
-            let mut reference: Option<Vec<(u64, Vec<u8>)>> = None;
-            let mut files_reference: Option<Vec<(String, Vec<u8>)>> = None;
-            for (r, (mut messages, mut files, _)) in held.into_iter().enumerate() {
-                messages.retain(|(offset, _)| *offset >= from_offset);
-                files.retain(|(name, _)| file_base(name).is_some_and(|b| b >= from_offset));
-                match &reference {
-                    None => reference = Some(messages),
-                    Some(m) if *m != messages => {
-                        return Err(Stop::Violation(diverge(format!(
-                            "group {}: replica {r} holds {} messages from offset {from_offset}, replica 0 {}",
-                            group.0,
-                            messages.len(),
-                            m.len()
-                        ))));
-                    }
-                    Some(_) => {}
-                }
-                match &files_reference {
-                    None => files_reference = Some(files),
-                    Some(f) if *f != files => {
-                        let names = |v: &[(String, Vec<u8>)]| {
-                            v.iter()
-                                .map(|(n, b)| format!("{n}:{}", b.len()))
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        };
-                        return Err(Stop::Violation(diverge(format!(
-                            "group {}: segment files differ: replica {r} [{}] vs replica 0 [{}]",
-                            group.0,
-                            names(&files),
-                            names(f)
-                        ))));
-                    }
-                    Some(_) => {}
-                }
-            }
-            for consumer in self.oracle.consumers(group) {
-                let mut first: Option<Option<u64>> = None;
-                for r in 0..self.cluster.replica_count {
-                    let got = self
-                        .cluster
-                        .shard(r, group)
-                        .and_then(|s| s.partition(group))
-                        .and_then(|p| p.stored_offset(consumer.kind, consumer.id));
-                    self.oracle.offset_read(group, consumer, got.map(|v| v.0))?;
-                    match first {
-                        None => first = Some(got.map(|v| v.0)),
-                        Some(f) if f != got.map(|v| v.0) => {
-                            return Err(Stop::Violation(diverge(format!(
-                                "group {} {consumer}: replica {r} stores {got:?}, replica 0 {f:?}",
-                                group.0
-                            ))));
-                        }
-                        Some(_) => {}
-                    }
-                }
-            }
-            // Every committed record, not only those a client wrote: a
-            // record nobody asked for (a store applied by an op the group
-            // lost) diverges here.
-            let mut first = None;
-            for r in 0..self.cluster.replica_count {
-                let held = self
+            // Where this replica's log starts: its first message, or
+            // when retention removed every sealed segment and the
+            // active one is empty, the log's end.
+            let start = match messages.first() {
+                Some((offset, _)) => *offset,
+                None => self
                     .cluster
                     .shard(r, group)
                     .and_then(|s| s.partition(group))
-                    .map(|p| p.durable_offsets().clone());
-                match &first {
-                    None => first = Some(held),
-                    Some(f) if *f != held => {
-                        return Err(Stop::Violation(diverge(format!(
-                            "group {}: replica {r} commits consumer offsets {held:?}, replica 0 {f:?}",
+                    .map_or(0, |p| p.log().next_offset()),
+            };
+            held.push((messages, files, start));
+        }
+        Ok(held)
+    }
+
+    /// Every replica stores the same offset for each consumer of `group`
+    /// the oracle knows, one the oracle allows.
+    fn consumer_offsets_agree(&mut self, group: GroupId) -> Result<(), Violation> {
+        for consumer in self.oracle.consumers(group) {
+            let mut first: Option<Option<u64>> = None;
+            for r in 0..self.cluster.replica_count {
+                let got = self
+                    .cluster
+                    .shard(r, group)
+                    .and_then(|s| s.partition(group))
+                    .and_then(|p| p.stored_offset(consumer.kind, consumer.id));
+                self.oracle.offset_read(group, consumer, got.map(|v| v.0))?;
+                match first {
+                    None => first = Some(got.map(|v| v.0)),
+                    Some(f) if f != got.map(|v| v.0) => {
+                        return Err(diverged(format!(
+                            "group {} {consumer}: replica {r} stores {got:?}, replica 0 {f:?}",
                             group.0
-                        ))));
+                        )));
                     }
                     Some(_) => {}
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every replica commits the same consumer offsets of `group`: every
+    /// committed record, not only those a client wrote, so a record nobody
+    /// asked for (a store applied by an op the group lost) diverges here.
+    fn durable_offsets_agree(&self, group: GroupId) -> Result<(), Violation> {
+        let mut first = None;
+        for r in 0..self.cluster.replica_count {
+            let held = self
+                .cluster
+                .shard(r, group)
+                .and_then(|s| s.partition(group))
+                .map(|p| p.durable_offsets().clone());
+            match &first {
+                None => first = Some(held),
+                Some(f) if *f != held => {
+                    return Err(diverged(format!(
+                        "group {}: replica {r} commits consumer offsets {held:?}, replica 0 {f:?}",
+                        group.0
+                    )));
+                }
+                Some(_) => {}
             }
         }
         Ok(())
@@ -991,6 +993,57 @@ type SegmentFiles = Vec<(String, Vec<u8>)>;
 /// A convergence check that failed, with what it found.
 fn not_converged(detail: String) -> Violation {
     Violation::new(Property::NotConverged, detail)
+}
+
+/// A comparison of replicas that found them different.
+fn diverged(detail: String) -> Violation {
+    Violation::new(Property::ReplicasDiverge, detail)
+}
+
+/// Every replica holds the same messages and segment files of `group`
+/// from `from_offset` on.
+fn logs_agree(
+    group: GroupId,
+    held: Vec<(Messages, SegmentFiles, u64)>,
+    from_offset: u64,
+) -> Result<(), Violation> {
+    let mut reference: Option<Vec<(u64, Vec<u8>)>> = None;
+    let mut files_reference: Option<Vec<(String, Vec<u8>)>> = None;
+    for (r, (mut messages, mut files, _)) in held.into_iter().enumerate() {
+        messages.retain(|(offset, _)| *offset >= from_offset);
+        files.retain(|(name, _)| file_base(name).is_some_and(|b| b >= from_offset));
+        match &reference {
+            None => reference = Some(messages),
+            Some(m) if *m != messages => {
+                return Err(diverged(format!(
+                    "group {}: replica {r} holds {} messages from offset {from_offset}, replica 0 {}",
+                    group.0,
+                    messages.len(),
+                    m.len()
+                )));
+            }
+            Some(_) => {}
+        }
+        match &files_reference {
+            None => files_reference = Some(files),
+            Some(f) if *f != files => {
+                let names = |v: &[(String, Vec<u8>)]| {
+                    v.iter()
+                        .map(|(n, b)| format!("{n}:{}", b.len()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                return Err(diverged(format!(
+                    "group {}: segment files differ: replica {r} [{}] vs replica 0 [{}]",
+                    group.0,
+                    names(&files),
+                    names(f)
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// The first field in which two metadata states differ, for a report.
