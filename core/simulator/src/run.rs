@@ -1146,108 +1146,136 @@ fn committed_files(mut files: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec
 pub fn run(options: &Options) -> Result<Summary, SimError> {
     options.validate().map_err(SimError::Options)?;
     let seed = options.seed;
-    let faults = FaultPlan::new(
-        seed,
-        options.profile,
-        options.replicas,
-        options.mutate_wipe_as_new,
-        options.exceed_f,
-    );
-    let cluster = Cluster::new(seed, options.replicas, options.shards, faults.base_faults())?;
-    let mut run = Run {
-        options: options.clone(),
-        cluster,
-        trace: Trace::new(seed),
-        faults,
-        workload: Workload::new(
-            seed,
-            options.clients,
-            options.replicas,
-            options.profile.persisted_only() || options.exceed_f,
-            Mix {
-                purges: options.purges,
-                deletes: options.deletes,
-                retention: options.retention,
-                consumer_groups: options.consumer_groups,
-                stream_purges: options.stream_purges,
-                stream_deletes: options.stream_deletes,
-                size_retention: options.size_retention,
-            },
-        ),
-        oracle: Oracle::default(),
-        monitor: Monitor::default(),
-        order_prng: Prng::new(seed ^ 0x0DE7_0003),
-        ticks_run: 0,
-        stalled: false,
-        expired: 0,
-    };
+    let mut run = Run::new(options)?;
     tracing::info!(seed, profile = %options.profile, replicas = options.replicas, shards = options.shards, ticks = options.ticks, "simulation starts");
-    // A panic in shard, partition or consensus code (an assertion on its
-    // own invariants) is a finding like any other: report it with the
-    // seed and the trace instead of losing them. The run is abandoned, so
-    // whatever the panic left half-done is never touched again.
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.phases()))
-        .unwrap_or_else(|payload| {
-            let message = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            Err(Stop::Violation(Violation::new(Property::Panicked, message)))
-        });
-    match outcome {
+    match run.phases_catching_panics() {
         Ok(()) => {}
         Err(Stop::Cluster(e)) => return Err(SimError::Cluster(e)),
         Err(Stop::Violation(violation)) => {
-            let tick = run.cluster.tick();
-            run.trace.record(Event::Fault {
-                tick,
-                what: format!("violation: {violation}"),
-            });
-            tracing::error!(seed, %violation, tick, "simulation failed");
-            return Err(SimError::Failed(Box::new(Failure {
-                options: options.clone(),
-                tick,
-                violation,
-                recent: run.trace.recent(),
-                schedule_hash: run.trace.hash(),
-            })));
+            return Err(SimError::Failed(Box::new(run.failure(violation))));
         }
     }
-    let (state_hash, messages) = run.state_hash();
-    let stats: WorkloadStats = run.workload.stats;
-    let summary = Summary {
-        options: options.clone(),
-        produces_acknowledged: run.oracle.count(Fate::Acknowledged),
-        produces_confirmed: run.oracle.confirmed(),
-        produces_unknown: run.oracle.count(Fate::Unknown),
-        stores_acknowledged: stats.stores_acknowledged,
-        deletes_acknowledged: stats.deletes_acknowledged,
-        purges: stats.purges,
-        topic_deletes: stats.topic_deletes,
-        stream_deletes: stats.stream_deletes,
-        polls: stats.polls,
-        calls: stats.calls,
-        topics: stats.topics,
-        groups: run.cluster.metadata_groups(0).map_or(0, |g| g.len()),
-        messages,
-        faults: run.faults.stats.into(),
-        transfers: run.cluster.installs(),
-        metadata_transfers: run.cluster.metadata_installs(),
-        read_backs: run.cluster.read_backs(),
-        slow_disks: run.cluster.slow_disks(),
-        task_switches: run.cluster.task_switches(),
-        stalled: run.stalled,
-        expired: run.expired,
-        membership_ops: stats.membership_ops,
-        superblock: run.cluster.superblock_writes(),
-        frames: run.cluster.net.counts(),
-        ticks_run: run.ticks_run,
-        schedule_hash: run.trace.hash(),
-        state_hash,
-    };
+    let summary = run.summary();
     tracing::info!(seed, events = run.trace.events(), "simulation clean");
     Ok(summary)
+}
+
+impl Run {
+    /// A run at tick 0: the cluster, the fault plan, the workload and the
+    /// checks `options` ask for, each seeded from the run's seed.
+    fn new(options: &Options) -> Result<Self, SimError> {
+        let seed = options.seed;
+        let faults = FaultPlan::new(
+            seed,
+            options.profile,
+            options.replicas,
+            options.mutate_wipe_as_new,
+            options.exceed_f,
+        );
+        let cluster = Cluster::new(seed, options.replicas, options.shards, faults.base_faults())?;
+        Ok(Self {
+            options: options.clone(),
+            cluster,
+            trace: Trace::new(seed),
+            faults,
+            workload: Workload::new(
+                seed,
+                options.clients,
+                options.replicas,
+                options.profile.persisted_only() || options.exceed_f,
+                Mix {
+                    purges: options.purges,
+                    deletes: options.deletes,
+                    retention: options.retention,
+                    consumer_groups: options.consumer_groups,
+                    stream_purges: options.stream_purges,
+                    stream_deletes: options.stream_deletes,
+                    size_retention: options.size_retention,
+                },
+            ),
+            oracle: Oracle::default(),
+            monitor: Monitor::default(),
+            order_prng: Prng::new(seed ^ 0x0DE7_0003),
+            ticks_run: 0,
+            stalled: false,
+            expired: 0,
+        })
+    }
+
+    /// The run's phases, with a panic turned into a violation.
+    ///
+    /// A panic in shard, partition or consensus code (an assertion on its
+    /// own invariants) is a finding like any other: report it with the
+    /// seed and the trace instead of losing them. The run is abandoned, so
+    /// whatever the panic left half-done is never touched again.
+    fn phases_catching_panics(&mut self) -> Result<(), Stop> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.phases())).unwrap_or_else(
+            |payload| {
+                let message = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                Err(Stop::Violation(Violation::new(Property::Panicked, message)))
+            },
+        )
+    }
+
+    /// The failure report of a run that broke `violation`, which the trace
+    /// records as its last event.
+    fn failure(&mut self, violation: Violation) -> Failure {
+        let seed = self.options.seed;
+        let tick = self.cluster.tick();
+        self.trace.record(Event::Fault {
+            tick,
+            what: format!("violation: {violation}"),
+        });
+        tracing::error!(seed, %violation, tick, "simulation failed");
+        Failure {
+            options: self.options.clone(),
+            tick,
+            violation,
+            recent: self.trace.recent(),
+            schedule_hash: self.trace.hash(),
+        }
+    }
+
+    /// The summary of a clean run: its counters and the hashes of its
+    /// schedule and final state.
+    fn summary(&self) -> Summary {
+        let (state_hash, messages) = self.state_hash();
+        let stats: WorkloadStats = self.workload.stats;
+        Summary {
+            options: self.options.clone(),
+            produces_acknowledged: self.oracle.count(Fate::Acknowledged),
+            produces_confirmed: self.oracle.confirmed(),
+            produces_unknown: self.oracle.count(Fate::Unknown),
+            stores_acknowledged: stats.stores_acknowledged,
+            deletes_acknowledged: stats.deletes_acknowledged,
+            purges: stats.purges,
+            topic_deletes: stats.topic_deletes,
+            stream_deletes: stats.stream_deletes,
+            polls: stats.polls,
+            calls: stats.calls,
+            topics: stats.topics,
+            groups: self.cluster.metadata_groups(0).map_or(0, |g| g.len()),
+            messages,
+            faults: self.faults.stats.into(),
+            transfers: self.cluster.installs(),
+            metadata_transfers: self.cluster.metadata_installs(),
+            read_backs: self.cluster.read_backs(),
+            slow_disks: self.cluster.slow_disks(),
+            task_switches: self.cluster.task_switches(),
+            stalled: self.stalled,
+            expired: self.expired,
+            membership_ops: stats.membership_ops,
+            superblock: self.cluster.superblock_writes(),
+            frames: self.cluster.net.counts(),
+            ticks_run: self.ticks_run,
+            schedule_hash: self.trace.hash(),
+            state_hash,
+        }
+    }
 }
 
 #[cfg(test)]
