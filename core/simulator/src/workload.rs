@@ -441,42 +441,10 @@ impl Workload {
             if client != i {
                 return (None, false);
             }
-            let held: Vec<GroupId> = self.held.keys().copied().collect();
-            if self.meta_busy || !self.quiet(&held) {
-                return (None, true);
-            }
-            self.topic_action_waiting = None;
-            self.meta_busy = true;
-            let (stream, topic) = (
-                Identifier::Name(STREAM.into()),
-                Identifier::Name(format!("t{n}")),
-            );
-            let op = match action {
-                TopicAction::Purge => MetadataOp::PurgeTopic { stream, topic },
-                TopicAction::Delete => MetadataOp::DeleteTopic { stream, topic },
-                TopicAction::PurgeStream => MetadataOp::PurgeStream { stream },
-                TopicAction::DeleteStream => MetadataOp::DeleteStream { stream },
-            };
-            return (Some(Request::Meta(op)), true);
+            return self.send_topic_action_once_quiet(n, action);
         }
         let idle = self.held.is_empty() && !self.meta_busy && !self.topic_groups.is_empty();
-        let whole_stream = if self.stream_purges
-            && idle
-            && self.stream_prng.below_inclusive(STREAM_PURGE_ONE_IN - 1) == 0
-        {
-            Some(TopicAction::PurgeStream)
-        } else if self.stream_deletes
-            && idle
-            && self
-                .stream_delete_prng
-                .below_inclusive(STREAM_DELETE_ONE_IN - 1)
-                == 0
-        {
-            Some(TopicAction::DeleteStream)
-        } else {
-            None
-        };
-        if let Some(action) = whole_stream {
+        if let Some(action) = self.draw_stream_action(idle) {
             for &g in self.topic_groups.iter().flatten() {
                 self.held.insert(g, None);
             }
@@ -513,6 +481,55 @@ impl Workload {
         }
         self.topic_action_waiting = Some((i, n, action));
         (None, true)
+    }
+
+    /// The waiting client's `action` on topic `n` (or the stream): its
+    /// metadata op once no other is in flight and the held groups are
+    /// quiet, else a turn spent waiting.
+    fn send_topic_action_once_quiet(
+        &mut self,
+        n: usize,
+        action: TopicAction,
+    ) -> (Option<Request>, bool) {
+        let held: Vec<GroupId> = self.held.keys().copied().collect();
+        if self.meta_busy || !self.quiet(&held) {
+            return (None, true);
+        }
+        self.topic_action_waiting = None;
+        self.meta_busy = true;
+        let (stream, topic) = (
+            Identifier::Name(STREAM.into()),
+            Identifier::Name(format!("t{n}")),
+        );
+        let op = match action {
+            TopicAction::Purge => MetadataOp::PurgeTopic { stream, topic },
+            TopicAction::Delete => MetadataOp::DeleteTopic { stream, topic },
+            TopicAction::PurgeStream => MetadataOp::PurgeStream { stream },
+            TopicAction::DeleteStream => MetadataOp::DeleteStream { stream },
+        };
+        (Some(Request::Meta(op)), true)
+    }
+
+    /// Whether a whole-stream purge or delete starts now: drawn only when
+    /// that kind is in the workload and nothing is held or in flight
+    /// (`idle`), a purge's draw first.
+    fn draw_stream_action(&mut self, idle: bool) -> Option<TopicAction> {
+        if self.stream_purges
+            && idle
+            && self.stream_prng.below_inclusive(STREAM_PURGE_ONE_IN - 1) == 0
+        {
+            Some(TopicAction::PurgeStream)
+        } else if self.stream_deletes
+            && idle
+            && self
+                .stream_delete_prng
+                .below_inclusive(STREAM_DELETE_ONE_IN - 1)
+                == 0
+        {
+            Some(TopicAction::DeleteStream)
+        } else {
+            None
+        }
     }
 
     /// Ends the purges whose partition groups applied the generation group
