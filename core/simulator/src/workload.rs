@@ -644,6 +644,8 @@ impl Workload {
         Ok(())
     }
 
+    /// Sends client `i`'s `request` (its `attempts + 1`th attempt) to the
+    /// replica it targets.
     fn send(
         &mut self,
         i: usize,
@@ -665,50 +667,7 @@ impl Workload {
         if attempts > 0 {
             self.stats.retries += 1;
         }
-        let waiting = match &request {
-            Request::Meta(op) => cluster.meta(target, op.clone())?.map(Waiting::Meta),
-            Request::Produce { group, batch, .. } => cluster
-                .call(
-                    target,
-                    *group,
-                    Call::Produce {
-                        batch: batch.clone(),
-                    },
-                )?
-                .map(Waiting::Call),
-            Request::Poll { group, request } => cluster
-                .call(target, *group, Call::Poll(*request))?
-                .map(Waiting::Call),
-            Request::Store {
-                group,
-                consumer,
-                offset,
-            } => {
-                let call = match offset {
-                    Some(offset) => Call::StoreOffset {
-                        kind: consumer.kind,
-                        id: consumer.id,
-                        offset: Offset(*offset),
-                    },
-                    None => Call::DeleteOffset {
-                        kind: consumer.kind,
-                        id: consumer.id,
-                    },
-                };
-                cluster.call(target, *group, call)?.map(Waiting::Call)
-            }
-            Request::Get { group, consumer } => cluster
-                .call(
-                    target,
-                    *group,
-                    Call::GetOffset {
-                        kind: consumer.kind,
-                        id: consumer.id,
-                    },
-                )?
-                .map(Waiting::Call),
-        };
-        let Some(waiting) = waiting else {
+        let Some(waiting) = issue(cluster, target, &request)? else {
             // The replica is down: the connection was refused and nothing
             // was sent. Try another replica a little later.
             trace.record(Event::Answer {
@@ -1506,6 +1465,59 @@ fn retry_target(e: &CallError) -> Option<u8> {
         CallError::NotPrimary { primary, .. } => Some(primary.0),
         _ => None,
     }
+}
+
+/// Hands `request` to replica `target`: what to wait on for its answer,
+/// or `None` when the replica is down and refused the connection.
+fn issue(
+    cluster: &mut Cluster,
+    target: u8,
+    request: &Request,
+) -> Result<Option<Waiting>, ClusterError> {
+    let waiting = match request {
+        Request::Meta(op) => cluster.meta(target, op.clone())?.map(Waiting::Meta),
+        Request::Produce { group, batch, .. } => cluster
+            .call(
+                target,
+                *group,
+                Call::Produce {
+                    batch: batch.clone(),
+                },
+            )?
+            .map(Waiting::Call),
+        Request::Poll { group, request } => cluster
+            .call(target, *group, Call::Poll(*request))?
+            .map(Waiting::Call),
+        Request::Store {
+            group,
+            consumer,
+            offset,
+        } => {
+            let call = match offset {
+                Some(offset) => Call::StoreOffset {
+                    kind: consumer.kind,
+                    id: consumer.id,
+                    offset: Offset(*offset),
+                },
+                None => Call::DeleteOffset {
+                    kind: consumer.kind,
+                    id: consumer.id,
+                },
+            };
+            cluster.call(target, *group, call)?.map(Waiting::Call)
+        }
+        Request::Get { group, consumer } => cluster
+            .call(
+                target,
+                *group,
+                Call::GetOffset {
+                    kind: consumer.kind,
+                    id: consumer.id,
+                },
+            )?
+            .map(Waiting::Call),
+    };
+    Ok(waiting)
 }
 
 /// Answers after which the same request may be sent again: the shard
