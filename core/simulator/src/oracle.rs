@@ -307,43 +307,57 @@ impl Oracle {
                 ),
             ));
         };
+        self.check_sent(group, offset, id)?;
+        self.record_served(group, offset, id)
+    }
+
+    /// Message `id` (batch tag, index) served at `offset` of `group` is
+    /// one a client sent there, not erased by a purge, at its batch's
+    /// confirmed place if it has one.
+    fn check_sent(&self, group: GroupId, offset: u64, id: (u64, u32)) -> Result<(), Violation> {
         let (tag, index) = id;
         match self.sent.get(&tag) {
-            Some(s) if s.purged => {
-                return Err(Violation::new(
-                    Property::PurgedValueRead,
-                    format!(
-                        "group {} offset {offset}: message {index} of batch {tag}, which a purge erased",
-                        group.0
-                    ),
-                ));
-            }
+            Some(s) if s.purged => Err(Violation::new(
+                Property::PurgedValueRead,
+                format!(
+                    "group {} offset {offset}: message {index} of batch {tag}, which a purge erased",
+                    group.0
+                ),
+            )),
             Some(s) if s.group == group && index < s.messages => {
                 if let Some(base) = s.confirmed_base
                     && offset != base + u64::from(index)
                 {
                     return Err(not_at_confirmed(tag, index, base, group, offset));
                 }
+                Ok(())
             }
-            Some(s) => {
-                return Err(Violation::new(
-                    Property::UnknownValue,
-                    format!(
-                        "group {} offset {offset}: message {index} of batch {tag}, which was sent to group {} with {} messages",
-                        group.0, s.group.0, s.messages
-                    ),
-                ));
-            }
-            None => {
-                return Err(Violation::new(
-                    Property::UnknownValue,
-                    format!(
-                        "group {} offset {offset}: batch {tag} was never sent",
-                        group.0
-                    ),
-                ));
-            }
+            Some(s) => Err(Violation::new(
+                Property::UnknownValue,
+                format!(
+                    "group {} offset {offset}: message {index} of batch {tag}, which was sent to group {} with {} messages",
+                    group.0, s.group.0, s.messages
+                ),
+            )),
+            None => Err(Violation::new(
+                Property::UnknownValue,
+                format!(
+                    "group {} offset {offset}: batch {tag} was never sent",
+                    group.0
+                ),
+            )),
         }
+    }
+
+    /// Records message `id` served at `offset` of `group`: no other value
+    /// was ever served at that offset, nor this one at another.
+    fn record_served(
+        &mut self,
+        group: GroupId,
+        offset: u64,
+        id: (u64, u32),
+    ) -> Result<(), Violation> {
+        let (tag, index) = id;
         let slot = self.at_offset.entry(group).or_default();
         if let Some(&earlier) = slot.get(&offset)
             && earlier != id
