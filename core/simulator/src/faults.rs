@@ -436,100 +436,105 @@ impl FaultPlan {
         let Some(r) = self.victim(cluster, false) else {
             return;
         };
-        // (group, path, start, length) of every candidate, by kind.
-        let mut sealed = Vec::new();
-        let mut active = Vec::new();
-        let mut records = Vec::new();
-        let mut small = Vec::new();
-        let mut indexes = Vec::new();
+        let mut places = RotPlaces::default();
         for s in 0..cluster.shard_count {
             let Some(shard) = cluster.shard_at(r, s) else {
                 continue;
             };
             for group in shard.groups() {
-                let dir = cluster.group_dir(group);
-                let files = cluster.segment_files(r, group);
-                let logs: Vec<(String, usize)> = files
-                    .iter()
-                    .filter(|(n, b)| n.ends_with(".log") && !b.is_empty())
-                    .map(|(n, b)| (n.clone(), b.len()))
-                    .collect();
-                // A sealed segment's index: every non-empty one but the
-                // active segment's, which is rewritten as it grows.
-                let active_index = logs
-                    .last()
-                    .map(|(n, _)| n.replace(".log", ".index"))
-                    .unwrap_or_default();
-                for (name, bytes) in &files {
-                    if name.ends_with(".index") && !bytes.is_empty() && *name != active_index {
-                        indexes.push((group, dir.join(name), 0, bytes.len()));
-                    }
-                }
-                // Every segment but the last is sealed.
-                for (i, (name, len)) in logs.iter().enumerate() {
-                    let place = (group, dir.join(name), 0, *len);
-                    if i + 1 < logs.len() {
-                        sealed.push(place);
-                    } else {
-                        active.push(place);
-                    }
-                }
-                for (path, len) in cluster.offset_records(r, group) {
-                    records.push((group, path, 0, len));
-                }
-                for name in &partitions::CLIENT_TABLE_FILES {
-                    let path = dir.join(name);
-                    let len = cluster.fs(r).contents(&path).map_or(0, |b| b.len());
-                    if len > 0 {
-                        small.push((group, path, 0, len));
-                    }
-                }
-                // The group's slot in either copy of its shard's superblock
-                // table, at most one copy per group and replica.
-                if !self.superblock_rotted.contains(&(r, group))
-                    && let Some(shard_dir) = dir.parent()
-                {
-                    for name in journal::TABLE_NAMES {
-                        let path = shard_dir.join(name);
-                        let bytes = cluster.fs(r).contents(&path).unwrap_or_default();
-                        let slot = journal::TABLE_SLOT_LEN;
-                        for (i, record) in bytes.chunks_exact(slot).enumerate() {
-                            if record[8..16] == group.0.to_le_bytes() {
-                                small.push((group, path.clone(), i * slot, slot));
-                            }
-                        }
-                    }
-                }
+                self.group_rot_places(cluster, r, group, &mut places);
             }
         }
         let kind = self.pick(6);
-        // Group 0's WAL (its first half, so the damage is mostly interior:
-        // a later entry still verifies) or its snapshot.
-        let mut metadata = Vec::new();
-        if kind == 5 {
-            let dir = cluster.metadata_dir();
-            for (name, half) in [(metadata::WAL_FILE, true), (metadata::SNAPSHOT_FILE, false)] {
-                let path = dir.join(name);
-                let len = cluster.fs(r).contents(&path).map_or(0, |b| b.len());
-                let len = if half { len / 2 } else { len };
-                if len > 0 {
-                    metadata.push((common::METADATA_GROUP, path, 0, len));
-                }
-            }
-        }
+        let metadata = if kind == 5 {
+            metadata_rot_places(cluster, r)
+        } else {
+            Vec::new()
+        };
         let candidates = match kind {
-            0 if !active.is_empty() => &active,
-            1 if !records.is_empty() => &records,
-            2 if !small.is_empty() => &small,
-            3 if !indexes.is_empty() => &indexes,
+            0 if !places.active.is_empty() => &places.active,
+            1 if !places.records.is_empty() => &places.records,
+            2 if !places.small.is_empty() => &places.small,
+            3 if !places.indexes.is_empty() => &places.indexes,
             5 if !metadata.is_empty() => &metadata,
-            _ => &sealed,
+            _ => &places.sealed,
         };
         if candidates.is_empty() {
             return;
         }
-        let (group, path, start, len) =
-            candidates[self.pick(candidates.len() as u64) as usize].clone();
+        let place = candidates[self.pick(candidates.len() as u64) as usize].clone();
+        self.flip_bit(cluster, trace, tick, r, place);
+    }
+
+    /// Adds every place of `group` on replica `r` that rot may strike to
+    /// `places`, by kind.
+    fn group_rot_places(&self, cluster: &Cluster, r: u8, group: GroupId, places: &mut RotPlaces) {
+        let dir = cluster.group_dir(group);
+        let files = cluster.segment_files(r, group);
+        let logs: Vec<(String, usize)> = files
+            .iter()
+            .filter(|(n, b)| n.ends_with(".log") && !b.is_empty())
+            .map(|(n, b)| (n.clone(), b.len()))
+            .collect();
+        // A sealed segment's index: every non-empty one but the
+        // active segment's, which is rewritten as it grows.
+        let active_index = logs
+            .last()
+            .map(|(n, _)| n.replace(".log", ".index"))
+            .unwrap_or_default();
+        for (name, bytes) in &files {
+            if name.ends_with(".index") && !bytes.is_empty() && *name != active_index {
+                places.indexes.push((group, dir.join(name), 0, bytes.len()));
+            }
+        }
+        // Every segment but the last is sealed.
+        for (i, (name, len)) in logs.iter().enumerate() {
+            let place = (group, dir.join(name), 0, *len);
+            if i + 1 < logs.len() {
+                places.sealed.push(place);
+            } else {
+                places.active.push(place);
+            }
+        }
+        for (path, len) in cluster.offset_records(r, group) {
+            places.records.push((group, path, 0, len));
+        }
+        for name in &partitions::CLIENT_TABLE_FILES {
+            let path = dir.join(name);
+            let len = cluster.fs(r).contents(&path).map_or(0, |b| b.len());
+            if len > 0 {
+                places.small.push((group, path, 0, len));
+            }
+        }
+        // The group's slot in either copy of its shard's superblock
+        // table, at most one copy per group and replica.
+        if !self.superblock_rotted.contains(&(r, group))
+            && let Some(shard_dir) = dir.parent()
+        {
+            for name in journal::TABLE_NAMES {
+                let path = shard_dir.join(name);
+                let bytes = cluster.fs(r).contents(&path).unwrap_or_default();
+                let slot = journal::TABLE_SLOT_LEN;
+                for (i, record) in bytes.chunks_exact(slot).enumerate() {
+                    if record[8..16] == group.0.to_le_bytes() {
+                        places.small.push((group, path.clone(), i * slot, slot));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Flips a random bit of `place` on replica `r`, half the time with
+    /// the replica crashed first (and restarted 20–300 ticks later).
+    fn flip_bit(
+        &mut self,
+        cluster: &mut Cluster,
+        trace: &mut Trace,
+        tick: u64,
+        r: u8,
+        place: RotPlace,
+    ) {
+        let (group, path, start, len) = place;
         let pos = start as u64 + self.pick(len as u64);
         let mask = 1u8 << self.pick(8);
         let down = self.prng.chance(1, 2).then(|| self.between(20, 300));
@@ -764,6 +769,40 @@ impl FaultPlan {
         });
         Ok(())
     }
+}
+
+/// A place rot may strike: `(group, path, start, length)`.
+type RotPlace = (GroupId, std::path::PathBuf, usize, usize);
+
+/// The places of one replica rot may strike, by kind.
+#[derive(Default)]
+struct RotPlaces {
+    /// Sealed segments' logs.
+    sealed: Vec<RotPlace>,
+    /// Active segments' logs.
+    active: Vec<RotPlace>,
+    /// Consumer-offset records.
+    records: Vec<RotPlace>,
+    /// Client-table files and superblock-table slots.
+    small: Vec<RotPlace>,
+    /// Sealed segments' indexes.
+    indexes: Vec<RotPlace>,
+}
+
+/// Group 0's WAL (its first half, so the damage is mostly interior: a
+/// later entry still verifies) or its snapshot, on replica `r`.
+fn metadata_rot_places(cluster: &Cluster, r: u8) -> Vec<RotPlace> {
+    let mut metadata = Vec::new();
+    let dir = cluster.metadata_dir();
+    for (name, half) in [(metadata::WAL_FILE, true), (metadata::SNAPSHOT_FILE, false)] {
+        let path = dir.join(name);
+        let len = cluster.fs(r).contents(&path).map_or(0, |b| b.len());
+        let len = if half { len / 2 } else { len };
+        if len > 0 {
+            metadata.push((common::METADATA_GROUP, path, 0, len));
+        }
+    }
+    metadata
 }
 
 /// Every group replica `r` hosts now, group 0 first.

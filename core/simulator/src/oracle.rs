@@ -307,43 +307,57 @@ impl Oracle {
                 ),
             ));
         };
+        self.check_sent(group, offset, id)?;
+        self.record_served(group, offset, id)
+    }
+
+    /// Message `id` (batch tag, index) served at `offset` of `group` is
+    /// one a client sent there, not erased by a purge, at its batch's
+    /// confirmed place if it has one.
+    fn check_sent(&self, group: GroupId, offset: u64, id: (u64, u32)) -> Result<(), Violation> {
         let (tag, index) = id;
         match self.sent.get(&tag) {
-            Some(s) if s.purged => {
-                return Err(Violation::new(
-                    Property::PurgedValueRead,
-                    format!(
-                        "group {} offset {offset}: message {index} of batch {tag}, which a purge erased",
-                        group.0
-                    ),
-                ));
-            }
+            Some(s) if s.purged => Err(Violation::new(
+                Property::PurgedValueRead,
+                format!(
+                    "group {} offset {offset}: message {index} of batch {tag}, which a purge erased",
+                    group.0
+                ),
+            )),
             Some(s) if s.group == group && index < s.messages => {
                 if let Some(base) = s.confirmed_base
                     && offset != base + u64::from(index)
                 {
                     return Err(not_at_confirmed(tag, index, base, group, offset));
                 }
+                Ok(())
             }
-            Some(s) => {
-                return Err(Violation::new(
-                    Property::UnknownValue,
-                    format!(
-                        "group {} offset {offset}: message {index} of batch {tag}, which was sent to group {} with {} messages",
-                        group.0, s.group.0, s.messages
-                    ),
-                ));
-            }
-            None => {
-                return Err(Violation::new(
-                    Property::UnknownValue,
-                    format!(
-                        "group {} offset {offset}: batch {tag} was never sent",
-                        group.0
-                    ),
-                ));
-            }
+            Some(s) => Err(Violation::new(
+                Property::UnknownValue,
+                format!(
+                    "group {} offset {offset}: message {index} of batch {tag}, which was sent to group {} with {} messages",
+                    group.0, s.group.0, s.messages
+                ),
+            )),
+            None => Err(Violation::new(
+                Property::UnknownValue,
+                format!(
+                    "group {} offset {offset}: batch {tag} was never sent",
+                    group.0
+                ),
+            )),
         }
+    }
+
+    /// Records message `id` served at `offset` of `group`: no other value
+    /// was ever served at that offset, nor this one at another.
+    fn record_served(
+        &mut self,
+        group: GroupId,
+        offset: u64,
+        id: (u64, u32),
+    ) -> Result<(), Violation> {
+        let (tag, index) = id;
         let slot = self.at_offset.entry(group).or_default();
         if let Some(&earlier) = slot.get(&offset)
             && earlier != id
@@ -464,6 +478,38 @@ impl Oracle {
         expired_before: Option<u64>,
     ) -> Result<(), Violation> {
         let start = messages.first().map(|&(first, _)| first);
+        self.check_log_start(group, start, expired_before)?;
+        self.polled(group, messages)?;
+        let mut seen: BTreeMap<u64, Vec<(u32, u64)>> = BTreeMap::new();
+        for (offset, payload) in messages {
+            if let Some((tag, index)) = identify(payload) {
+                seen.entry(tag).or_default().push((index, *offset));
+            }
+        }
+        for (tag, s) in self
+            .sent
+            .iter()
+            .filter(|(_, s)| s.group == group && !s.purged)
+        {
+            let expired = expired_before.is_some_and(|before| {
+                s.sent_tick < before
+                    && s.confirmed_base
+                        .is_none_or(|base| start.is_none_or(|first| base < first))
+            });
+            check_batch_in_log(group, *tag, s, seen.get(tag), expired)?;
+        }
+        Ok(())
+    }
+
+    /// `group`'s log starts at 0 (`start` is its first offset, `None`
+    /// when it is empty) or, when its topic expires messages, past only
+    /// offsets whose batches were sent before `expired_before`.
+    fn check_log_start(
+        &self,
+        group: GroupId,
+        start: Option<u64>,
+        expired_before: Option<u64>,
+    ) -> Result<(), Violation> {
         match expired_before {
             None => {
                 if let Some(first) = start
@@ -497,62 +543,6 @@ impl Oracle {
                         ));
                     }
                 }
-            }
-        }
-        self.polled(group, messages)?;
-        let mut seen: BTreeMap<u64, Vec<(u32, u64)>> = BTreeMap::new();
-        for (offset, payload) in messages {
-            if let Some((tag, index)) = identify(payload) {
-                seen.entry(tag).or_default().push((index, *offset));
-            }
-        }
-        for (tag, s) in self
-            .sent
-            .iter()
-            .filter(|(_, s)| s.group == group && !s.purged)
-        {
-            let parts = seen.get(tag);
-            let expired = expired_before.is_some_and(|before| {
-                s.sent_tick < before
-                    && s.confirmed_base
-                        .is_none_or(|base| start.is_none_or(|first| base < first))
-            });
-            match (s.fate, parts) {
-                (Fate::Acknowledged, None) if expired => {}
-                (Fate::Acknowledged, None) => {
-                    return Err(Violation::new(
-                        Property::AcknowledgedLost,
-                        format!(
-                            "group {}: batch {tag} ({} messages) was acknowledged and is not in the log",
-                            group.0, s.messages
-                        ),
-                    ));
-                }
-                (Fate::NeverApplied, Some(_)) => {
-                    return Err(Violation::new(
-                        Property::RefusedButApplied,
-                        format!(
-                            "group {}: batch {tag} was only ever refused with nothing changed, yet it is in the log",
-                            group.0
-                        ),
-                    ));
-                }
-                (_, Some(parts)) => {
-                    let whole = parts.len() == s.messages as usize
-                        && parts.iter().enumerate().all(|(i, (index, offset))| {
-                            *index == i as u32 && *offset == parts[0].1 + i as u64
-                        });
-                    if !whole {
-                        return Err(Violation::new(
-                            Property::BatchTorn,
-                            format!(
-                                "group {}: batch {tag} of {} messages is in the log as {parts:?} (index, offset)",
-                                group.0, s.messages
-                            ),
-                        ));
-                    }
-                }
-                (_, None) => {}
             }
         }
         Ok(())
@@ -592,6 +582,56 @@ impl Oracle {
             .map(|(_, c)| *c)
             .collect()
     }
+}
+
+/// Batch `tag` (sent as `s`) against the `(index, offset)` parts of it a
+/// converged log holds: an acknowledged batch is there unless `expired`,
+/// a batch only ever refused is not, and one that is there is whole.
+fn check_batch_in_log(
+    group: GroupId,
+    tag: u64,
+    s: &Sent,
+    parts: Option<&Vec<(u32, u64)>>,
+    expired: bool,
+) -> Result<(), Violation> {
+    match (s.fate, parts) {
+        (Fate::Acknowledged, None) if expired => {}
+        (Fate::Acknowledged, None) => {
+            return Err(Violation::new(
+                Property::AcknowledgedLost,
+                format!(
+                    "group {}: batch {tag} ({} messages) was acknowledged and is not in the log",
+                    group.0, s.messages
+                ),
+            ));
+        }
+        (Fate::NeverApplied, Some(_)) => {
+            return Err(Violation::new(
+                Property::RefusedButApplied,
+                format!(
+                    "group {}: batch {tag} was only ever refused with nothing changed, yet it is in the log",
+                    group.0
+                ),
+            ));
+        }
+        (_, Some(parts)) => {
+            let whole = parts.len() == s.messages as usize
+                && parts.iter().enumerate().all(|(i, (index, offset))| {
+                    *index == i as u32 && *offset == parts[0].1 + i as u64
+                });
+            if !whole {
+                return Err(Violation::new(
+                    Property::BatchTorn,
+                    format!(
+                        "group {}: batch {tag} of {} messages is in the log as {parts:?} (index, offset)",
+                        group.0, s.messages
+                    ),
+                ));
+            }
+        }
+        (_, None) => {}
+    }
+    Ok(())
 }
 
 fn not_at_confirmed(tag: u64, index: u32, base: u64, group: GroupId, offset: u64) -> Violation {

@@ -143,11 +143,7 @@ impl FaultProfile {
                 ..quiet
             },
             Self::Wipe => FaultRates {
-                base: NetworkFaults {
-                    drop_per_mille: 10,
-                    duplicate_per_mille: 5,
-                    delay_ticks_max: 4,
-                },
+                base: LIGHT_LOSS,
                 partition_per_mille: 3,
                 crash_per_mille: 2,
                 wipe_per_mille: 4,
@@ -158,11 +154,7 @@ impl FaultProfile {
                 ..quiet
             },
             Self::Blackout => FaultRates {
-                base: NetworkFaults {
-                    drop_per_mille: 10,
-                    duplicate_per_mille: 5,
-                    delay_ticks_max: 4,
-                },
+                base: LIGHT_LOSS,
                 crash_per_mille: 1,
                 blackout_per_mille: 3,
                 ..quiet
@@ -205,6 +197,14 @@ impl FromStr for FaultProfile {
             .ok_or_else(|| UnknownProfile(s.to_owned()))
     }
 }
+
+/// The light network-wide loss the wipe and blackout profiles both run
+/// with, beside their disk and whole-cluster faults.
+const LIGHT_LOSS: NetworkFaults = NetworkFaults {
+    drop_per_mille: 10,
+    duplicate_per_mille: 5,
+    delay_ticks_max: 4,
+};
 
 /// Per-tick chances (per mille) of each fault class, and the network-wide
 /// fault mix.

@@ -582,132 +582,17 @@ impl Run {
     /// Every replica is up, names the same groups, and holds each group
     /// at one commit with nothing pending.
     fn converged(&self) -> Result<(), Violation> {
-        let c = &self.cluster;
-        let not = |detail: String| Violation::new(Property::NotConverged, detail);
-        let reference = c
-            .metadata_groups(0)
-            .ok_or_else(|| not("replica 0 is down".into()))?;
-        if reference.len() < self.workload.groups().len() {
-            return Err(not(format!(
-                "replica 0 names {} groups, clients created {}",
-                reference.len(),
-                self.workload.groups().len()
-            )));
-        }
-        for r in 0..c.replica_count {
-            let groups = c
-                .metadata_groups(r)
-                .ok_or_else(|| not(format!("replica {r} is down")))?;
-            if groups != reference {
-                return Err(not(format!(
-                    "replica {r}'s metadata names {} groups, replica 0's {}",
-                    groups.len(),
-                    reference.len()
-                )));
-            }
-        }
-        let mut meta = None;
-        for r in 0..c.replica_count {
-            let v = c
-                .replica_of(r, METADATA_GROUP)
-                .ok_or_else(|| not(format!("replica {r} hosts no group 0")))?;
-            let here = (v.status(), v.commit_min().0, v.commit_max().0);
-            if here.0 != Status::Normal
-                || here.1 != here.2
-                || v.op().0 != here.1
-                || meta.is_some_and(|m| m != here)
-            {
-                return Err(not(format!(
-                    "group 0 on replica {r}: {:?} view {} applied {} of {} (another replica: {meta:?})",
-                    here.0,
-                    v.view(),
-                    here.1,
-                    here.2
-                )));
-            }
-            meta = Some(here);
-        }
-        // No replica holds a group the metadata no longer names (a delete
-        // carried out everywhere, never undone by a restart).
-        for r in 0..c.replica_count {
-            for s in 0..c.shard_count {
-                if let Some(extra) = c
-                    .shard_at(r, s)
-                    .and_then(|shard| shard.groups().find(|g| !reference.contains(g)))
-                {
-                    return Err(not(format!(
-                        "replica {r} shard {s} holds group {}, which the metadata does not name",
-                        extra.0
-                    )));
-                }
-            }
-        }
+        let reference = self.metadata_groups_agree()?;
+        self.metadata_group_settled()?;
+        self.no_unnamed_groups(&reference)?;
         for &group in &reference {
             let mut state = None;
-            for r in 0..c.replica_count {
-                let p = c
-                    .shard(r, group)
-                    .and_then(|s| s.partition(group))
-                    .ok_or_else(|| not(format!("group {} missing on replica {r}", group.0)))?;
-                if let Some(reason) = p.fenced() {
-                    return Err(not(format!(
-                        "group {} fenced on replica {r}: {reason}",
-                        group.0
-                    )));
-                }
-                let v = p.replica();
-                // Serving again: an idle group stuck waiting (a census that
-                // cannot complete) holds nothing anywhere and would
-                // otherwise pass every check below.
-                if v.status() != Status::Normal || !v.is_quorum_visible() {
-                    return Err(not(format!(
-                        "group {} on replica {r}: {:?}{}; {}",
-                        group.0,
-                        v.status(),
-                        if v.is_quorum_visible() {
-                            ""
-                        } else {
-                            ", out of every quorum"
-                        },
-                        self.describe_group(group)
-                    )));
-                }
-                // Nothing prepared past the commit either: a primary that
-                // installed a transfer re-proposes its view's uncommitted
-                // ops, and the checks below would otherwise run before an
-                // acknowledged one is committed again (mixed 23004981).
-                if v.commit_min() != v.commit_max()
-                    || v.op() != v.commit_min()
-                    || p.state_transfer_needed().is_some()
-                {
-                    return Err(not(format!(
-                        "group {} on replica {r}: applied {} of {} committed{}; {}",
-                        group.0,
-                        v.commit_min().0,
-                        v.commit_max().0,
-                        if p.state_transfer_needed().is_some() {
-                            ", transfer needed"
-                        } else {
-                            ""
-                        },
-                        self.describe_group(group)
-                    )));
-                }
-                // Every purge group 0 committed is applied, on every replica.
-                let committed = c.metadata_purge_generation(r, group).unwrap_or(0);
-                if p.purge_generation() < committed {
-                    return Err(not(format!(
-                        "group {} on replica {r}: purge generation {} applied, {committed} committed by group 0; {}",
-                        group.0,
-                        p.purge_generation(),
-                        self.describe_group(group)
-                    )));
-                }
-                let here = (v.commit_min().0, p.offset_frontier().0);
+            for r in 0..self.cluster.replica_count {
+                let here = self.group_settled_on(r, group)?;
                 match state {
                     None => state = Some(here),
                     Some(s) if s != here => {
-                        return Err(not(format!(
+                        return Err(not_converged(format!(
                             "group {}: replica {r} at (commit, frontier) {here:?}, another at {s:?}; {}",
                             group.0,
                             self.describe_group(group)
@@ -718,6 +603,150 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// The groups replica 0's metadata names, once every replica is up
+    /// and names the same ones, at least as many as the clients created.
+    fn metadata_groups_agree(&self) -> Result<Vec<GroupId>, Violation> {
+        let c = &self.cluster;
+        let reference = c
+            .metadata_groups(0)
+            .ok_or_else(|| not_converged("replica 0 is down".into()))?;
+        if reference.len() < self.workload.groups().len() {
+            return Err(not_converged(format!(
+                "replica 0 names {} groups, clients created {}",
+                reference.len(),
+                self.workload.groups().len()
+            )));
+        }
+        for r in 0..c.replica_count {
+            let groups = c
+                .metadata_groups(r)
+                .ok_or_else(|| not_converged(format!("replica {r} is down")))?;
+            if groups != reference {
+                return Err(not_converged(format!(
+                    "replica {r}'s metadata names {} groups, replica 0's {}",
+                    groups.len(),
+                    reference.len()
+                )));
+            }
+        }
+        Ok(reference)
+    }
+
+    /// Group 0 is normal on every replica, applied all it committed and
+    /// prepared nothing past it, at the same commit everywhere.
+    fn metadata_group_settled(&self) -> Result<(), Violation> {
+        let c = &self.cluster;
+        let mut meta = None;
+        for r in 0..c.replica_count {
+            let v = c
+                .replica_of(r, METADATA_GROUP)
+                .ok_or_else(|| not_converged(format!("replica {r} hosts no group 0")))?;
+            let here = (v.status(), v.commit_min().0, v.commit_max().0);
+            if here.0 != Status::Normal
+                || here.1 != here.2
+                || v.op().0 != here.1
+                || meta.is_some_and(|m| m != here)
+            {
+                return Err(not_converged(format!(
+                    "group 0 on replica {r}: {:?} view {} applied {} of {} (another replica: {meta:?})",
+                    here.0,
+                    v.view(),
+                    here.1,
+                    here.2
+                )));
+            }
+            meta = Some(here);
+        }
+        Ok(())
+    }
+
+    /// No replica holds a group the metadata no longer names (a delete
+    /// carried out everywhere, never undone by a restart).
+    fn no_unnamed_groups(&self, reference: &[GroupId]) -> Result<(), Violation> {
+        let c = &self.cluster;
+        for r in 0..c.replica_count {
+            for s in 0..c.shard_count {
+                if let Some(extra) = c
+                    .shard_at(r, s)
+                    .and_then(|shard| shard.groups().find(|g| !reference.contains(g)))
+                {
+                    return Err(not_converged(format!(
+                        "replica {r} shard {s} holds group {}, which the metadata does not name",
+                        extra.0
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `group` on replica `r` is unfenced, serving, has applied all it
+    /// committed with nothing prepared past it, and has applied every
+    /// purge group 0 committed: its (commit, frontier) then, for the
+    /// replicas to agree on.
+    fn group_settled_on(&self, r: u8, group: GroupId) -> Result<(u64, u64), Violation> {
+        let c = &self.cluster;
+        let p = c
+            .shard(r, group)
+            .and_then(|s| s.partition(group))
+            .ok_or_else(|| not_converged(format!("group {} missing on replica {r}", group.0)))?;
+        if let Some(reason) = p.fenced() {
+            return Err(not_converged(format!(
+                "group {} fenced on replica {r}: {reason}",
+                group.0
+            )));
+        }
+        let v = p.replica();
+        // Serving again: an idle group stuck waiting (a census that
+        // cannot complete) holds nothing anywhere and would
+        // otherwise pass every check below.
+        if v.status() != Status::Normal || !v.is_quorum_visible() {
+            return Err(not_converged(format!(
+                "group {} on replica {r}: {:?}{}; {}",
+                group.0,
+                v.status(),
+                if v.is_quorum_visible() {
+                    ""
+                } else {
+                    ", out of every quorum"
+                },
+                self.describe_group(group)
+            )));
+        }
+        // Nothing prepared past the commit either: a primary that
+        // installed a transfer re-proposes its view's uncommitted
+        // ops, and the checks below would otherwise run before an
+        // acknowledged one is committed again (mixed 23004981).
+        if v.commit_min() != v.commit_max()
+            || v.op() != v.commit_min()
+            || p.state_transfer_needed().is_some()
+        {
+            return Err(not_converged(format!(
+                "group {} on replica {r}: applied {} of {} committed{}; {}",
+                group.0,
+                v.commit_min().0,
+                v.commit_max().0,
+                if p.state_transfer_needed().is_some() {
+                    ", transfer needed"
+                } else {
+                    ""
+                },
+                self.describe_group(group)
+            )));
+        }
+        // Every purge group 0 committed is applied, on every replica.
+        let committed = c.metadata_purge_generation(r, group).unwrap_or(0);
+        if p.purge_generation() < committed {
+            return Err(not_converged(format!(
+                "group {} on replica {r}: purge generation {} applied, {committed} committed by group 0; {}",
+                group.0,
+                p.purge_generation(),
+                self.describe_group(group)
+            )));
+        }
+        Ok((v.commit_min().0, p.offset_frontier().0))
     }
 
     /// Each replica's view of `group`, for a failure report.
@@ -768,10 +797,30 @@ impl Run {
     fn final_checks(&mut self) -> Result<(), Stop> {
         self.cluster.flush_all()?;
         let groups = self.cluster.metadata_groups(0).unwrap_or_default();
-        let diverge = |detail: String| Violation::new(Property::ReplicasDiverge, detail);
-        // Group 0 applied the same op everywhere (convergence): the whole
-        // metadata state must be equal too, however each replica got there
-        // (its own log, a snapshot transfer, a reboot from a snapshot).
+        self.metadata_states_agree()?;
+        let now_us = u64::try_from(self.cluster.clock.now().as_micros()).unwrap_or(u64::MAX);
+        let tick_us = u64::try_from(TICK.as_micros()).unwrap_or(1).max(1);
+        for &group in &groups {
+            let (expired_before, share) = self.retention_of(group, now_us, tick_us);
+            let held = self.final_logs(group, expired_before, share)?;
+            let from_offset = if expired_before.is_some() {
+                common_start(&held)
+            } else {
+                0
+            };
+            self.expired += held.iter().map(|(_, _, start)| *start).min().unwrap_or(0);
+            logs_agree(group, held, from_offset)?;
+            self.consumer_offsets_agree(group)?;
+            self.durable_offsets_agree(group)?;
+        }
+        Ok(())
+    }
+
+    /// Group 0 applied the same op everywhere (convergence): the whole
+    /// metadata state must be equal too, however each replica got there
+    /// (its own log, a snapshot transfer, a reboot from a snapshot), and
+    /// its memberships those the committed ops left.
+    fn metadata_states_agree(&self) -> Result<(), Violation> {
         let reference = self.cluster.metadata_state(0);
         if let Some(state) = &reference {
             self.workload.check_membership(state)?;
@@ -779,148 +828,130 @@ impl Run {
         for r in 1..self.cluster.replica_count {
             let here = self.cluster.metadata_state(r);
             if here != reference {
-                return Err(Stop::Violation(diverge(format!(
+                return Err(diverged(format!(
                     "metadata state of replica {r} differs from replica 0's: {}",
                     describe_state_difference(reference.as_ref(), here.as_ref())
-                ))));
+                )));
             }
         }
-        let now_us = u64::try_from(self.cluster.clock.now().as_micros()).unwrap_or(u64::MAX);
-        let tick_us = u64::try_from(TICK.as_micros()).unwrap_or(1).max(1);
-        for &group in &groups {
-            // A topic that expires messages: each replica's retention runs
-            // on its own ticks, so each may have removed a different
-            // prefix; they must agree from the latest start on.
-            let expired_before = self
+        Ok(())
+    }
+
+    /// How far retention may have cut `group`'s log on each replica: the
+    /// tick before which expiry may have removed messages (`Some(u64::MAX)`
+    /// under a size ceiling, where any prefix may be gone), and the size
+    /// share (0 without a ceiling).
+    fn retention_of(&self, group: GroupId, now_us: u64, tick_us: u64) -> (Option<u64>, u64) {
+        // A topic that expires messages: each replica's retention runs
+        // on its own ticks, so each may have removed a different
+        // prefix; they must agree from the latest start on.
+        let expired_before = self
+            .cluster
+            .metadata_message_expiry_us(0, group)
+            .filter(|&expiry| expiry > 0)
+            // Retention removes a segment once its newest stamp plus
+            // the expiry is at most the time, and a batch is stamped
+            // no earlier than the tick it was sent.
+            .map(|expiry| now_us.saturating_sub(expiry) / tick_us + 1);
+        // A topic with a size ceiling: any prefix may be gone, by
+        // each replica's own passes.
+        let share = self
+            .cluster
+            .metadata_retained_bytes_max(0, group)
+            .unwrap_or(0);
+        let expired_before = if share > 0 {
+            Some(u64::MAX)
+        } else {
+            expired_before
+        };
+        (expired_before, share)
+    }
+
+    /// Each replica's messages of `group` (which the oracle checks), its
+    /// committed segment files (within the size share, if any) and where
+    /// its log starts.
+    fn final_logs(
+        &mut self,
+        group: GroupId,
+        expired_before: Option<u64>,
+        share: u64,
+    ) -> Result<Vec<(Messages, SegmentFiles, u64)>, Violation> {
+        let mut held = Vec::new();
+        for r in 0..self.cluster.replica_count {
+            let messages = self
                 .cluster
-                .metadata_message_expiry_us(0, group)
-                .filter(|&expiry| expiry > 0)
-                // Retention removes a segment once its newest stamp plus
-                // the expiry is at most the time, and a batch is stamped
-                // no earlier than the tick it was sent.
-                .map(|expiry| now_us.saturating_sub(expiry) / tick_us + 1);
-            // A topic with a size ceiling: any prefix may be gone, by
-            // each replica's own passes.
-            let share = self
-                .cluster
-                .metadata_retained_bytes_max(0, group)
-                .unwrap_or(0);
-            let expired_before = if share > 0 {
-                Some(u64::MAX)
-            } else {
-                expired_before
-            };
-            let mut held = Vec::new();
-            for r in 0..self.cluster.replica_count {
-                let messages = self
-                    .cluster
-                    .read_all(r, group)
-                    .map_err(|e| {
-                        diverge(format!("group {} on replica {r} unreadable: {e}", group.0))
-                    })?
-                    .unwrap_or_default();
-                self.oracle.final_log(group, &messages, expired_before)?;
-                let files = committed_files(self.cluster.segment_files(r, group))
-                    .map_err(|e| diverge(format!("group {} on replica {r}: {e}", group.0)))?;
-                if share > 0 {
-                    kept_within_share(group, r, &files, share)?;
-                }
-                // Where this replica's log starts: its first message, or
-                // when retention removed every sealed segment and the
-                // active one is empty, the log's end.
-                let start = match messages.first() {
-                    Some((offset, _)) => *offset,
-                    None => self
-                        .cluster
-                        .shard(r, group)
-                        .and_then(|s| s.partition(group))
-                        .map_or(0, |p| p.log().next_offset()),
-                };
-                held.push((messages, files, start));
+                .read_all(r, group)
+                .map_err(|e| diverged(format!("group {} on replica {r} unreadable: {e}", group.0)))?
+                .unwrap_or_default();
+            self.oracle.final_log(group, &messages, expired_before)?;
+            let files = committed_files(self.cluster.segment_files(r, group))
+                .map_err(|e| diverged(format!("group {} on replica {r}: {e}", group.0)))?;
+            if share > 0 {
+                kept_within_share(group, r, &files, share)?;
             }
-            let from_offset = if expired_before.is_some() {
-                common_start(&held)
-            } else {
-                0
-            };
-            self.expired += held.iter().map(|(_, _, start)| *start).min().unwrap_or(0);
-            let mut reference: Option<Vec<(u64, Vec<u8>)>> = None;
-            let mut files_reference: Option<Vec<(String, Vec<u8>)>> = None;
-            for (r, (mut messages, mut files, _)) in held.into_iter().enumerate() {
-                messages.retain(|(offset, _)| *offset >= from_offset);
-                files.retain(|(name, _)| file_base(name).is_some_and(|b| b >= from_offset));
-                match &reference {
-                    None => reference = Some(messages),
-                    Some(m) if *m != messages => {
-                        return Err(Stop::Violation(diverge(format!(
-                            "group {}: replica {r} holds {} messages from offset {from_offset}, replica 0 {}",
-                            group.0,
-                            messages.len(),
-                            m.len()
-                        ))));
-                    }
-                    Some(_) => {}
-                }
-                match &files_reference {
-                    None => files_reference = Some(files),
-                    Some(f) if *f != files => {
-                        let names = |v: &[(String, Vec<u8>)]| {
-                            v.iter()
-                                .map(|(n, b)| format!("{n}:{}", b.len()))
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        };
-                        return Err(Stop::Violation(diverge(format!(
-                            "group {}: segment files differ: replica {r} [{}] vs replica 0 [{}]",
-                            group.0,
-                            names(&files),
-                            names(f)
-                        ))));
-                    }
-                    Some(_) => {}
-                }
-            }
-            for consumer in self.oracle.consumers(group) {
-                let mut first: Option<Option<u64>> = None;
-                for r in 0..self.cluster.replica_count {
-                    let got = self
-                        .cluster
-                        .shard(r, group)
-                        .and_then(|s| s.partition(group))
-                        .and_then(|p| p.stored_offset(consumer.kind, consumer.id));
-                    self.oracle.offset_read(group, consumer, got.map(|v| v.0))?;
-                    match first {
-                        None => first = Some(got.map(|v| v.0)),
-                        Some(f) if f != got.map(|v| v.0) => {
-                            return Err(Stop::Violation(diverge(format!(
-                                "group {} {consumer}: replica {r} stores {got:?}, replica 0 {f:?}",
-                                group.0
-                            ))));
-                        }
-                        Some(_) => {}
-                    }
-                }
-            }
-            // Every committed record, not only those a client wrote: a
-            // record nobody asked for (a store applied by an op the group
-            // lost) diverges here.
-            let mut first = None;
-            for r in 0..self.cluster.replica_count {
-                let held = self
+            // Where this replica's log starts: its first message, or
+            // when retention removed every sealed segment and the
+            // active one is empty, the log's end.
+            let start = match messages.first() {
+                Some((offset, _)) => *offset,
+                None => self
                     .cluster
                     .shard(r, group)
                     .and_then(|s| s.partition(group))
-                    .map(|p| p.durable_offsets().clone());
-                match &first {
-                    None => first = Some(held),
-                    Some(f) if *f != held => {
-                        return Err(Stop::Violation(diverge(format!(
-                            "group {}: replica {r} commits consumer offsets {held:?}, replica 0 {f:?}",
+                    .map_or(0, |p| p.log().next_offset()),
+            };
+            held.push((messages, files, start));
+        }
+        Ok(held)
+    }
+
+    /// Every replica stores the same offset for each consumer of `group`
+    /// the oracle knows, one the oracle allows.
+    fn consumer_offsets_agree(&mut self, group: GroupId) -> Result<(), Violation> {
+        for consumer in self.oracle.consumers(group) {
+            let mut first: Option<Option<u64>> = None;
+            for r in 0..self.cluster.replica_count {
+                let got = self
+                    .cluster
+                    .shard(r, group)
+                    .and_then(|s| s.partition(group))
+                    .and_then(|p| p.stored_offset(consumer.kind, consumer.id));
+                self.oracle.offset_read(group, consumer, got.map(|v| v.0))?;
+                match first {
+                    None => first = Some(got.map(|v| v.0)),
+                    Some(f) if f != got.map(|v| v.0) => {
+                        return Err(diverged(format!(
+                            "group {} {consumer}: replica {r} stores {got:?}, replica 0 {f:?}",
                             group.0
-                        ))));
+                        )));
                     }
                     Some(_) => {}
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every replica commits the same consumer offsets of `group`: every
+    /// committed record, not only those a client wrote, so a record nobody
+    /// asked for (a store applied by an op the group lost) diverges here.
+    fn durable_offsets_agree(&self, group: GroupId) -> Result<(), Violation> {
+        let mut first = None;
+        for r in 0..self.cluster.replica_count {
+            let held = self
+                .cluster
+                .shard(r, group)
+                .and_then(|s| s.partition(group))
+                .map(|p| p.durable_offsets().clone());
+            match &first {
+                None => first = Some(held),
+                Some(f) if *f != held => {
+                    return Err(diverged(format!(
+                        "group {}: replica {r} commits consumer offsets {held:?}, replica 0 {f:?}",
+                        group.0
+                    )));
+                }
+                Some(_) => {}
             }
         }
         Ok(())
@@ -958,6 +989,62 @@ impl Run {
 /// nothing to compare; an empty file anywhere else is a hole.
 /// A replica's segment files of one group: `(name, bytes)`.
 type SegmentFiles = Vec<(String, Vec<u8>)>;
+
+/// A convergence check that failed, with what it found.
+fn not_converged(detail: String) -> Violation {
+    Violation::new(Property::NotConverged, detail)
+}
+
+/// A comparison of replicas that found them different.
+fn diverged(detail: String) -> Violation {
+    Violation::new(Property::ReplicasDiverge, detail)
+}
+
+/// Every replica holds the same messages and segment files of `group`
+/// from `from_offset` on.
+fn logs_agree(
+    group: GroupId,
+    held: Vec<(Messages, SegmentFiles, u64)>,
+    from_offset: u64,
+) -> Result<(), Violation> {
+    let mut reference: Option<Vec<(u64, Vec<u8>)>> = None;
+    let mut files_reference: Option<Vec<(String, Vec<u8>)>> = None;
+    for (r, (mut messages, mut files, _)) in held.into_iter().enumerate() {
+        messages.retain(|(offset, _)| *offset >= from_offset);
+        files.retain(|(name, _)| file_base(name).is_some_and(|b| b >= from_offset));
+        match &reference {
+            None => reference = Some(messages),
+            Some(m) if *m != messages => {
+                return Err(diverged(format!(
+                    "group {}: replica {r} holds {} messages from offset {from_offset}, replica 0 {}",
+                    group.0,
+                    messages.len(),
+                    m.len()
+                )));
+            }
+            Some(_) => {}
+        }
+        match &files_reference {
+            None => files_reference = Some(files),
+            Some(f) if *f != files => {
+                let names = |v: &[(String, Vec<u8>)]| {
+                    v.iter()
+                        .map(|(n, b)| format!("{n}:{}", b.len()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                return Err(diverged(format!(
+                    "group {}: segment files differ: replica {r} [{}] vs replica 0 [{}]",
+                    group.0,
+                    names(&files),
+                    names(f)
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
 
 /// The first field in which two metadata states differ, for a report.
 fn describe_state_difference(
@@ -1059,108 +1146,136 @@ fn committed_files(mut files: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec
 pub fn run(options: &Options) -> Result<Summary, SimError> {
     options.validate().map_err(SimError::Options)?;
     let seed = options.seed;
-    let faults = FaultPlan::new(
-        seed,
-        options.profile,
-        options.replicas,
-        options.mutate_wipe_as_new,
-        options.exceed_f,
-    );
-    let cluster = Cluster::new(seed, options.replicas, options.shards, faults.base_faults())?;
-    let mut run = Run {
-        options: options.clone(),
-        cluster,
-        trace: Trace::new(seed),
-        faults,
-        workload: Workload::new(
-            seed,
-            options.clients,
-            options.replicas,
-            options.profile.persisted_only() || options.exceed_f,
-            Mix {
-                purges: options.purges,
-                deletes: options.deletes,
-                retention: options.retention,
-                consumer_groups: options.consumer_groups,
-                stream_purges: options.stream_purges,
-                stream_deletes: options.stream_deletes,
-                size_retention: options.size_retention,
-            },
-        ),
-        oracle: Oracle::default(),
-        monitor: Monitor::default(),
-        order_prng: Prng::new(seed ^ 0x0DE7_0003),
-        ticks_run: 0,
-        stalled: false,
-        expired: 0,
-    };
+    let mut run = Run::new(options)?;
     tracing::info!(seed, profile = %options.profile, replicas = options.replicas, shards = options.shards, ticks = options.ticks, "simulation starts");
-    // A panic in shard, partition or consensus code (an assertion on its
-    // own invariants) is a finding like any other: report it with the
-    // seed and the trace instead of losing them. The run is abandoned, so
-    // whatever the panic left half-done is never touched again.
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.phases()))
-        .unwrap_or_else(|payload| {
-            let message = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            Err(Stop::Violation(Violation::new(Property::Panicked, message)))
-        });
-    match outcome {
+    match run.phases_catching_panics() {
         Ok(()) => {}
         Err(Stop::Cluster(e)) => return Err(SimError::Cluster(e)),
         Err(Stop::Violation(violation)) => {
-            let tick = run.cluster.tick();
-            run.trace.record(Event::Fault {
-                tick,
-                what: format!("violation: {violation}"),
-            });
-            tracing::error!(seed, %violation, tick, "simulation failed");
-            return Err(SimError::Failed(Box::new(Failure {
-                options: options.clone(),
-                tick,
-                violation,
-                recent: run.trace.recent(),
-                schedule_hash: run.trace.hash(),
-            })));
+            return Err(SimError::Failed(Box::new(run.failure(violation))));
         }
     }
-    let (state_hash, messages) = run.state_hash();
-    let stats: WorkloadStats = run.workload.stats;
-    let summary = Summary {
-        options: options.clone(),
-        produces_acknowledged: run.oracle.count(Fate::Acknowledged),
-        produces_confirmed: run.oracle.confirmed(),
-        produces_unknown: run.oracle.count(Fate::Unknown),
-        stores_acknowledged: stats.stores_acknowledged,
-        deletes_acknowledged: stats.deletes_acknowledged,
-        purges: stats.purges,
-        topic_deletes: stats.topic_deletes,
-        stream_deletes: stats.stream_deletes,
-        polls: stats.polls,
-        calls: stats.calls,
-        topics: stats.topics,
-        groups: run.cluster.metadata_groups(0).map_or(0, |g| g.len()),
-        messages,
-        faults: run.faults.stats.into(),
-        transfers: run.cluster.installs(),
-        metadata_transfers: run.cluster.metadata_installs(),
-        read_backs: run.cluster.read_backs(),
-        slow_disks: run.cluster.slow_disks(),
-        task_switches: run.cluster.task_switches(),
-        stalled: run.stalled,
-        expired: run.expired,
-        membership_ops: stats.membership_ops,
-        superblock: run.cluster.superblock_writes(),
-        frames: run.cluster.net.counts(),
-        ticks_run: run.ticks_run,
-        schedule_hash: run.trace.hash(),
-        state_hash,
-    };
+    let summary = run.summary();
     tracing::info!(seed, events = run.trace.events(), "simulation clean");
     Ok(summary)
+}
+
+impl Run {
+    /// A run at tick 0: the cluster, the fault plan, the workload and the
+    /// checks `options` ask for, each seeded from the run's seed.
+    fn new(options: &Options) -> Result<Self, SimError> {
+        let seed = options.seed;
+        let faults = FaultPlan::new(
+            seed,
+            options.profile,
+            options.replicas,
+            options.mutate_wipe_as_new,
+            options.exceed_f,
+        );
+        let cluster = Cluster::new(seed, options.replicas, options.shards, faults.base_faults())?;
+        Ok(Self {
+            options: options.clone(),
+            cluster,
+            trace: Trace::new(seed),
+            faults,
+            workload: Workload::new(
+                seed,
+                options.clients,
+                options.replicas,
+                options.profile.persisted_only() || options.exceed_f,
+                Mix {
+                    purges: options.purges,
+                    deletes: options.deletes,
+                    retention: options.retention,
+                    consumer_groups: options.consumer_groups,
+                    stream_purges: options.stream_purges,
+                    stream_deletes: options.stream_deletes,
+                    size_retention: options.size_retention,
+                },
+            ),
+            oracle: Oracle::default(),
+            monitor: Monitor::default(),
+            order_prng: Prng::new(seed ^ 0x0DE7_0003),
+            ticks_run: 0,
+            stalled: false,
+            expired: 0,
+        })
+    }
+
+    /// The run's phases, with a panic turned into a violation.
+    ///
+    /// A panic in shard, partition or consensus code (an assertion on its
+    /// own invariants) is a finding like any other: report it with the
+    /// seed and the trace instead of losing them. The run is abandoned, so
+    /// whatever the panic left half-done is never touched again.
+    fn phases_catching_panics(&mut self) -> Result<(), Stop> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.phases())).unwrap_or_else(
+            |payload| {
+                let message = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                Err(Stop::Violation(Violation::new(Property::Panicked, message)))
+            },
+        )
+    }
+
+    /// The failure report of a run that broke `violation`, which the trace
+    /// records as its last event.
+    fn failure(&mut self, violation: Violation) -> Failure {
+        let seed = self.options.seed;
+        let tick = self.cluster.tick();
+        self.trace.record(Event::Fault {
+            tick,
+            what: format!("violation: {violation}"),
+        });
+        tracing::error!(seed, %violation, tick, "simulation failed");
+        Failure {
+            options: self.options.clone(),
+            tick,
+            violation,
+            recent: self.trace.recent(),
+            schedule_hash: self.trace.hash(),
+        }
+    }
+
+    /// The summary of a clean run: its counters and the hashes of its
+    /// schedule and final state.
+    fn summary(&self) -> Summary {
+        let (state_hash, messages) = self.state_hash();
+        let stats: WorkloadStats = self.workload.stats;
+        Summary {
+            options: self.options.clone(),
+            produces_acknowledged: self.oracle.count(Fate::Acknowledged),
+            produces_confirmed: self.oracle.confirmed(),
+            produces_unknown: self.oracle.count(Fate::Unknown),
+            stores_acknowledged: stats.stores_acknowledged,
+            deletes_acknowledged: stats.deletes_acknowledged,
+            purges: stats.purges,
+            topic_deletes: stats.topic_deletes,
+            stream_deletes: stats.stream_deletes,
+            polls: stats.polls,
+            calls: stats.calls,
+            topics: stats.topics,
+            groups: self.cluster.metadata_groups(0).map_or(0, |g| g.len()),
+            messages,
+            faults: self.faults.stats.into(),
+            transfers: self.cluster.installs(),
+            metadata_transfers: self.cluster.metadata_installs(),
+            read_backs: self.cluster.read_backs(),
+            slow_disks: self.cluster.slow_disks(),
+            task_switches: self.cluster.task_switches(),
+            stalled: self.stalled,
+            expired: self.expired,
+            membership_ops: stats.membership_ops,
+            superblock: self.cluster.superblock_writes(),
+            frames: self.cluster.net.counts(),
+            ticks_run: self.ticks_run,
+            schedule_hash: self.trace.hash(),
+            state_hash,
+        }
+    }
 }
 
 #[cfg(test)]

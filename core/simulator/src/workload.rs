@@ -341,6 +341,25 @@ fn consumer_group_of(client: u8) -> u32 {
     u32::from(client) + 101
 }
 
+/// The key `client` writes and reads offsets under: its own consumer
+/// group with `group_kind`, else its own lone consumer. Every client
+/// writes only its own keys (one writer per key, as the oracle's
+/// expectations assume).
+fn offset_key(client: u8, group_kind: bool) -> Consumer {
+    Consumer {
+        kind: if group_kind {
+            ConsumerKind::ConsumerGroup
+        } else {
+            ConsumerKind::Consumer
+        },
+        id: if group_kind {
+            consumer_group_of(client)
+        } else {
+            consumer_of(client)
+        },
+    }
+}
+
 impl Workload {
     pub(crate) fn new(
         seed: u64,
@@ -422,42 +441,10 @@ impl Workload {
             if client != i {
                 return (None, false);
             }
-            let held: Vec<GroupId> = self.held.keys().copied().collect();
-            if self.meta_busy || !self.quiet(&held) {
-                return (None, true);
-            }
-            self.topic_action_waiting = None;
-            self.meta_busy = true;
-            let (stream, topic) = (
-                Identifier::Name(STREAM.into()),
-                Identifier::Name(format!("t{n}")),
-            );
-            let op = match action {
-                TopicAction::Purge => MetadataOp::PurgeTopic { stream, topic },
-                TopicAction::Delete => MetadataOp::DeleteTopic { stream, topic },
-                TopicAction::PurgeStream => MetadataOp::PurgeStream { stream },
-                TopicAction::DeleteStream => MetadataOp::DeleteStream { stream },
-            };
-            return (Some(Request::Meta(op)), true);
+            return self.send_topic_action_once_quiet(n, action);
         }
         let idle = self.held.is_empty() && !self.meta_busy && !self.topic_groups.is_empty();
-        let whole_stream = if self.stream_purges
-            && idle
-            && self.stream_prng.below_inclusive(STREAM_PURGE_ONE_IN - 1) == 0
-        {
-            Some(TopicAction::PurgeStream)
-        } else if self.stream_deletes
-            && idle
-            && self
-                .stream_delete_prng
-                .below_inclusive(STREAM_DELETE_ONE_IN - 1)
-                == 0
-        {
-            Some(TopicAction::DeleteStream)
-        } else {
-            None
-        };
-        if let Some(action) = whole_stream {
+        if let Some(action) = self.draw_stream_action(idle) {
             for &g in self.topic_groups.iter().flatten() {
                 self.held.insert(g, None);
             }
@@ -494,6 +481,55 @@ impl Workload {
         }
         self.topic_action_waiting = Some((i, n, action));
         (None, true)
+    }
+
+    /// The waiting client's `action` on topic `n` (or the stream): its
+    /// metadata op once no other is in flight and the held groups are
+    /// quiet, else a turn spent waiting.
+    fn send_topic_action_once_quiet(
+        &mut self,
+        n: usize,
+        action: TopicAction,
+    ) -> (Option<Request>, bool) {
+        let held: Vec<GroupId> = self.held.keys().copied().collect();
+        if self.meta_busy || !self.quiet(&held) {
+            return (None, true);
+        }
+        self.topic_action_waiting = None;
+        self.meta_busy = true;
+        let (stream, topic) = (
+            Identifier::Name(STREAM.into()),
+            Identifier::Name(format!("t{n}")),
+        );
+        let op = match action {
+            TopicAction::Purge => MetadataOp::PurgeTopic { stream, topic },
+            TopicAction::Delete => MetadataOp::DeleteTopic { stream, topic },
+            TopicAction::PurgeStream => MetadataOp::PurgeStream { stream },
+            TopicAction::DeleteStream => MetadataOp::DeleteStream { stream },
+        };
+        (Some(Request::Meta(op)), true)
+    }
+
+    /// Whether a whole-stream purge or delete starts now: drawn only when
+    /// that kind is in the workload and nothing is held or in flight
+    /// (`idle`), a purge's draw first.
+    fn draw_stream_action(&mut self, idle: bool) -> Option<TopicAction> {
+        if self.stream_purges
+            && idle
+            && self.stream_prng.below_inclusive(STREAM_PURGE_ONE_IN - 1) == 0
+        {
+            Some(TopicAction::PurgeStream)
+        } else if self.stream_deletes
+            && idle
+            && self
+                .stream_delete_prng
+                .below_inclusive(STREAM_DELETE_ONE_IN - 1)
+                == 0
+        {
+            Some(TopicAction::DeleteStream)
+        } else {
+            None
+        }
     }
 
     /// Ends the purges whose partition groups applied the generation group
@@ -608,6 +644,8 @@ impl Workload {
         Ok(())
     }
 
+    /// Sends client `i`'s `request` (its `attempts + 1`th attempt) to the
+    /// replica it targets.
     fn send(
         &mut self,
         i: usize,
@@ -629,50 +667,7 @@ impl Workload {
         if attempts > 0 {
             self.stats.retries += 1;
         }
-        let waiting = match &request {
-            Request::Meta(op) => cluster.meta(target, op.clone())?.map(Waiting::Meta),
-            Request::Produce { group, batch, .. } => cluster
-                .call(
-                    target,
-                    *group,
-                    Call::Produce {
-                        batch: batch.clone(),
-                    },
-                )?
-                .map(Waiting::Call),
-            Request::Poll { group, request } => cluster
-                .call(target, *group, Call::Poll(*request))?
-                .map(Waiting::Call),
-            Request::Store {
-                group,
-                consumer,
-                offset,
-            } => {
-                let call = match offset {
-                    Some(offset) => Call::StoreOffset {
-                        kind: consumer.kind,
-                        id: consumer.id,
-                        offset: Offset(*offset),
-                    },
-                    None => Call::DeleteOffset {
-                        kind: consumer.kind,
-                        id: consumer.id,
-                    },
-                };
-                cluster.call(target, *group, call)?.map(Waiting::Call)
-            }
-            Request::Get { group, consumer } => cluster
-                .call(
-                    target,
-                    *group,
-                    Call::GetOffset {
-                        kind: consumer.kind,
-                        id: consumer.id,
-                    },
-                )?
-                .map(Waiting::Call),
-        };
-        let Some(waiting) = waiting else {
+        let Some(waiting) = issue(cluster, target, &request)? else {
             // The replica is down: the connection was refused and nothing
             // was sent. Try another replica a little later.
             trace.record(Event::Answer {
@@ -705,14 +700,7 @@ impl Workload {
     /// Picks the next request of client `i`.
     fn next_request(&mut self, i: usize, tick: u64, oracle: &mut Oracle) -> Option<Request> {
         if !self.stream_created {
-            if i != 0 || self.meta_busy {
-                return None;
-            }
-            self.meta_busy = true;
-            return Some(Request::Meta(MetadataOp::CreateStream {
-                name: STREAM.into(),
-                created_at_us: 1,
-            }));
+            return self.create_stream_request(i);
         }
         // No live topic: the first, or the first after a stream delete.
         if self.stats.topics == self.stats.topic_deletes {
@@ -740,23 +728,9 @@ impl Workload {
             return None;
         }
         let client = self.clients[i].id;
-        let consumer = consumer_of(client);
-        // Every client writes its own lone consumer and its own consumer
-        // group (one writer per key, as the oracle's expectations assume).
-        // The kind follows from draws the workload always made, so every
-        // seed's schedule is the one it had before groups were written.
-        let key = |group_kind: bool| Consumer {
-            kind: if group_kind {
-                ConsumerKind::ConsumerGroup
-            } else {
-                ConsumerKind::Consumer
-            },
-            id: if group_kind {
-                consumer_group_of(client)
-            } else {
-                consumer
-            },
-        };
+        // Which kind of offset key a request writes or reads follows from
+        // draws the workload always made, so every seed's schedule is the
+        // one it had before groups were written.
         match roll {
             0..=1
                 if self.stats.topics - self.stats.topic_deletes < TOPICS_MAX
@@ -764,69 +738,91 @@ impl Workload {
             {
                 self.create_topic_request()
             }
-            0..=54 => {
-                let tag = self.next_tag;
-                self.next_tag += 1;
-                let messages = 1 + self.prng.below_inclusive(4) as u32;
-                let mut builder = BatchBuilder::new(tag);
-                for index in 0..messages {
-                    let filler = self.prng.below_inclusive(300) as usize;
-                    builder.push(
-                        (u128::from(tag) << 32) | u128::from(index),
-                        index,
-                        &payload(tag, index, filler),
-                        b"",
-                    );
-                }
-                oracle.produced(tag, group, messages, tick);
-                Some(Request::Produce {
-                    group,
-                    tag,
-                    batch: builder.build(),
-                })
-            }
-            55..=79 => {
-                let highest = oracle.highest_offset(group).unwrap_or(0);
-                let strategy = match self.prng.below_inclusive(4) {
-                    0 => PollingStrategy::Offset(self.prng.below_inclusive(highest + 1)),
-                    1 => PollingStrategy::First,
-                    2 => PollingStrategy::Last,
-                    // Any moment of the run so far: primaries stamp
-                    // batches with their clock, the run's virtual time.
-                    3 => PollingStrategy::Timestamp(
-                        self.prng.below_inclusive(tick.saturating_mul(TICK_US)),
-                    ),
-                    _ => PollingStrategy::Next,
-                };
-                Some(Request::Poll {
-                    group,
-                    request: PollRequest {
-                        consumer: (ConsumerKind::Consumer, consumer),
-                        strategy,
-                        count: 1 + self.prng.below_inclusive(40) as u32,
-                        auto_commit: false,
-                    },
-                })
-            }
+            0..=54 => Some(self.produce_request(group, tick, oracle)),
+            55..=79 => Some(self.poll_request(group, client, tick, oracle)),
             // One offset write in twelve deletes the stored offset, so
             // stores, deletes and their retries interleave.
             80..=90 => {
                 let highest = oracle.highest_offset(group)?;
                 Some(Request::Store {
                     group,
-                    consumer: key(roll >= 86),
+                    consumer: offset_key(client, roll >= 86),
                     offset: Some(self.prng.below_inclusive(highest)),
                 })
             }
             91 => Some(Request::Store {
                 group,
-                consumer: key(group.0 % 2 == 1),
+                consumer: offset_key(client, group.0 % 2 == 1),
                 offset: None,
             }),
             _ => Some(Request::Get {
                 group,
-                consumer: key(roll >= 96),
+                consumer: offset_key(client, roll >= 96),
             }),
+        }
+    }
+
+    /// The stream's create, sent by client 0 alone while no other
+    /// metadata op is in flight.
+    fn create_stream_request(&mut self, i: usize) -> Option<Request> {
+        if i != 0 || self.meta_busy {
+            return None;
+        }
+        self.meta_busy = true;
+        Some(Request::Meta(MetadataOp::CreateStream {
+            name: STREAM.into(),
+            created_at_us: 1,
+        }))
+    }
+
+    /// A produce of a fresh batch of one to five messages to `group`,
+    /// which the oracle learns of before it is sent.
+    fn produce_request(&mut self, group: GroupId, tick: u64, oracle: &mut Oracle) -> Request {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let messages = 1 + self.prng.below_inclusive(4) as u32;
+        let mut builder = BatchBuilder::new(tag);
+        for index in 0..messages {
+            let filler = self.prng.below_inclusive(300) as usize;
+            builder.push(
+                (u128::from(tag) << 32) | u128::from(index),
+                index,
+                &payload(tag, index, filler),
+                b"",
+            );
+        }
+        oracle.produced(tag, group, messages, tick);
+        Request::Produce {
+            group,
+            tag,
+            batch: builder.build(),
+        }
+    }
+
+    /// A poll of `group` as `client`'s lone consumer, from a strategy
+    /// drawn at random (an offset up to the highest the oracle knows, the
+    /// first, the last, a moment of the run so far or the next).
+    fn poll_request(&mut self, group: GroupId, client: u8, tick: u64, oracle: &Oracle) -> Request {
+        let highest = oracle.highest_offset(group).unwrap_or(0);
+        let strategy = match self.prng.below_inclusive(4) {
+            0 => PollingStrategy::Offset(self.prng.below_inclusive(highest + 1)),
+            1 => PollingStrategy::First,
+            2 => PollingStrategy::Last,
+            // Any moment of the run so far: primaries stamp
+            // batches with their clock, the run's virtual time.
+            3 => {
+                PollingStrategy::Timestamp(self.prng.below_inclusive(tick.saturating_mul(TICK_US)))
+            }
+            _ => PollingStrategy::Next,
+        };
+        Request::Poll {
+            group,
+            request: PollRequest {
+                consumer: (ConsumerKind::Consumer, consumer_of(client)),
+                strategy,
+                count: 1 + self.prng.below_inclusive(40) as u32,
+                auto_commit: false,
+            },
         }
     }
 
@@ -1026,7 +1022,8 @@ impl Workload {
         Ok(())
     }
 
-    /// What an answer means for the oracle and for the client's next move.
+    /// What an answer means for the oracle and for the client's next move:
+    /// each kind of request has its own judge.
     fn judge(
         &mut self,
         request: Request,
@@ -1035,257 +1032,227 @@ impl Workload {
         cluster: &Cluster,
         oracle: &mut Oracle,
     ) -> Result<Next, Violation> {
-        let retry = |request: Request, at: Option<u8>| Next::Retry {
-            request,
-            attempts,
-            at,
-        };
-        // Requests that ran out of attempts after only "nothing changed"
-        // answers end here.
-        let exhausted = attempts >= ATTEMPTS_MAX;
         match request {
-            Request::Meta(op) => {
-                let result = match answer {
-                    Got::Meta(r) => r,
-                    Got::Cancelled | Got::TimedOut => {
-                        return Ok(retry(Request::Meta(op), None));
-                    }
-                    Got::Call(_) => unreachable_answer(),
-                };
-                self.stats.metadata_ops += 1;
-                match result {
-                    Ok(_) => {
-                        self.meta_done(&op, cluster);
-                        Ok(Next::Done)
-                    }
-                    // A retry of an op whose first attempt landed.
-                    Err(MetaError::Refused(
-                        Refusal::StreamNameAlreadyExists(_)
-                        | Refusal::TopicNameAlreadyExists { .. }
-                        | Refusal::TopicNameNotFound { .. }
-                        | Refusal::StreamNameNotFound(_)
-                        | Refusal::ConsumerGroupNameAlreadyExists { .. }
-                        | Refusal::ConsumerGroupMemberNotFound { .. },
-                    )) if attempts > 1 => {
-                        self.meta_done(&op, cluster);
-                        Ok(Next::Done)
-                    }
-                    Err(MetaError::Refused(refusal)) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("metadata op {} refused: {refusal}", meta_name(&op)),
-                    )),
-                    Err(MetaError::NotPrimary { primary, .. }) => {
-                        Ok(retry(Request::Meta(op), Some(primary.0)))
-                    }
-                    // Metadata ops are named, so a retry of one that landed
-                    // is refused as existing (handled above): retrying is
-                    // safe after every other answer.
-                    Err(
-                        MetaError::Unavailable { .. }
-                        | MetaError::Indeterminate { .. }
-                        | MetaError::Local { .. }
-                        | MetaError::NotHosted,
-                    ) => Ok(retry(Request::Meta(op), None)),
-                }
-            }
+            Request::Meta(op) => self.judge_meta(op, attempts, answer, cluster),
             Request::Produce { group, tag, batch } => {
-                let result = match answer {
-                    Got::Call(r) => r,
-                    Got::Cancelled | Got::TimedOut => {
-                        oracle.settle(tag, Fate::Unknown);
-                        return Ok(Next::Done);
-                    }
-                    Got::Meta(_) => unreachable_answer(),
-                };
-                match result {
-                    Ok(Answer::Committed { base_offset, .. }) => {
-                        oracle.acknowledged(tag, base_offset.map(|o| o.0))?;
-                        Ok(Next::Done)
-                    }
-                    Ok(other) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("produce of batch {tag} answered {other:?}"),
-                    )),
-                    Err(e) if nothing_changed(&e) => {
-                        if exhausted {
-                            oracle.settle(tag, Fate::NeverApplied);
-                            return Ok(Next::Done);
-                        }
-                        let at = match e {
-                            CallError::NotPrimary { primary, .. } => Some(primary.0),
-                            _ => None,
-                        };
-                        Ok(retry(Request::Produce { group, tag, batch }, at))
-                    }
-                    Err(CallError::Rejected { reason }) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!(
-                            "produce of batch {tag} to group {} rejected: {reason}",
-                            group.0
-                        ),
-                    )),
-                    Err(_) => {
-                        oracle.settle(tag, Fate::Unknown);
-                        Ok(Next::Done)
-                    }
-                }
+                judge_produce(group, tag, batch, attempts, answer, oracle)
             }
             Request::Poll { group, request } => {
-                let result = match answer {
-                    Got::Call(r) => r,
-                    Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
-                    Got::Meta(_) => unreachable_answer(),
-                };
-                match result {
-                    Ok(Answer::Polled(polled)) => {
-                        self.stats.polls += 1;
-                        let messages: Vec<(u64, Vec<u8>)> = polled
-                            .messages()
-                            .map(|m| (m.offset, m.payload.to_vec()))
-                            .collect();
-                        if messages.len() as u64 != polled.count {
-                            return Err(Violation::new(
-                                Property::OffsetsNotDense,
-                                format!(
-                                    "group {}: a poll claimed {} messages and held {}",
-                                    group.0,
-                                    polled.count,
-                                    messages.len()
-                                ),
-                            ));
-                        }
-                        oracle.polled(group, &messages)?;
-                        check_timestamps(group, request.strategy, &polled)?;
-                        Ok(Next::Done)
-                    }
-                    Ok(other) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("poll answered {other:?}"),
-                    )),
-                    Err(e) if nothing_changed(&e) && !exhausted => {
-                        let at = match e {
-                            CallError::NotPrimary { primary, .. } => Some(primary.0),
-                            _ => None,
-                        };
-                        Ok(retry(Request::Poll { group, request }, at))
-                    }
-                    Err(CallError::Rejected { reason }) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("poll of group {} rejected: {reason}", group.0),
-                    )),
-                    Err(_) => Ok(Next::Done),
-                }
+                self.judge_poll(group, request, attempts, answer, oracle)
             }
             Request::Store {
                 group,
                 consumer,
                 offset,
-            } => {
-                let outcome = match answer {
-                    Got::Call(Ok(Answer::Committed { .. })) => StoreOutcome::Acknowledged,
-                    Got::Call(Ok(other)) => {
-                        return Err(Violation::new(
-                            Property::UnexpectedRefusal,
-                            format!("offset store answered {other:?}"),
-                        ));
-                    }
-                    Got::Call(Err(e)) if nothing_changed(&e) && !exhausted => {
-                        let at = match e {
-                            CallError::NotPrimary { primary, .. } => Some(primary.0),
-                            _ => None,
-                        };
-                        return Ok(retry(
-                            Request::Store {
-                                group,
-                                consumer,
-                                offset,
-                            },
-                            at,
-                        ));
-                    }
-                    Got::Call(Err(e)) if nothing_changed(&e) => StoreOutcome::NeverApplied,
-                    Got::Call(Err(CallError::Rejected { reason })) => {
-                        let what = match offset {
-                            Some(offset) => format!("store of committed offset {offset}"),
-                            None => "delete of the stored offset".to_string(),
-                        };
-                        return Err(Violation::new(
-                            Property::UnexpectedRefusal,
-                            format!("{what} in group {} rejected: {reason}", group.0),
-                        ));
-                    }
-                    Got::Call(Err(_)) | Got::Cancelled => StoreOutcome::Unknown,
-                    Got::TimedOut => StoreOutcome::MayLandLater,
-                    Got::Meta(_) => unreachable_answer(),
-                };
-                if outcome == StoreOutcome::Acknowledged {
-                    match offset {
-                        Some(_) => self.stats.stores_acknowledged += 1,
-                        None => self.stats.deletes_acknowledged += 1,
-                    }
-                }
-                oracle.store_settled(group, consumer, offset, outcome);
-                Ok(Next::Done)
-            }
+            } => self.judge_store(group, consumer, offset, attempts, answer, oracle),
             Request::Get { group, consumer } => {
-                let result = match answer {
-                    Got::Call(r) => r,
-                    Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
-                    Got::Meta(_) => unreachable_answer(),
-                };
-                match result {
-                    Ok(Answer::Offset(got)) => {
-                        self.stats.offset_reads += 1;
-                        oracle.offset_read(group, consumer, got.map(|o| o.0))?;
-                        Ok(Next::Done)
-                    }
-                    Ok(other) => Err(Violation::new(
-                        Property::UnexpectedRefusal,
-                        format!("offset read answered {other:?}"),
-                    )),
-                    Err(e) if nothing_changed(&e) && !exhausted => {
-                        let at = match e {
-                            CallError::NotPrimary { primary, .. } => Some(primary.0),
-                            _ => None,
-                        };
-                        Ok(retry(Request::Get { group, consumer }, at))
-                    }
-                    Err(_) => Ok(Next::Done),
-                }
+                self.judge_get(group, consumer, attempts, answer, oracle)
             }
         }
     }
 
-    /// A metadata op committed: learn what it created.
+    /// A metadata op's answer: done once it committed (or a retry finds
+    /// its first attempt landed), a violation if refused, sent again after
+    /// anything else.
+    fn judge_meta(
+        &mut self,
+        op: MetadataOp,
+        attempts: u32,
+        answer: Got,
+        cluster: &Cluster,
+    ) -> Result<Next, Violation> {
+        let result = match answer {
+            Got::Meta(r) => r,
+            Got::Cancelled | Got::TimedOut => {
+                return Ok(retry(Request::Meta(op), attempts, None));
+            }
+            Got::Call(_) => unreachable_answer(),
+        };
+        self.stats.metadata_ops += 1;
+        match result {
+            Ok(_) => {
+                self.meta_done(&op, cluster);
+                Ok(Next::Done)
+            }
+            // A retry of an op whose first attempt landed.
+            Err(MetaError::Refused(
+                Refusal::StreamNameAlreadyExists(_)
+                | Refusal::TopicNameAlreadyExists { .. }
+                | Refusal::TopicNameNotFound { .. }
+                | Refusal::StreamNameNotFound(_)
+                | Refusal::ConsumerGroupNameAlreadyExists { .. }
+                | Refusal::ConsumerGroupMemberNotFound { .. },
+            )) if attempts > 1 => {
+                self.meta_done(&op, cluster);
+                Ok(Next::Done)
+            }
+            Err(MetaError::Refused(refusal)) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("metadata op {} refused: {refusal}", meta_name(&op)),
+            )),
+            Err(MetaError::NotPrimary { primary, .. }) => {
+                Ok(retry(Request::Meta(op), attempts, Some(primary.0)))
+            }
+            // Metadata ops are named, so a retry of one that landed
+            // is refused as existing (handled above): retrying is
+            // safe after every other answer.
+            Err(
+                MetaError::Unavailable { .. }
+                | MetaError::Indeterminate { .. }
+                | MetaError::Local { .. }
+                | MetaError::NotHosted,
+            ) => Ok(retry(Request::Meta(op), attempts, None)),
+        }
+    }
+
+    /// A poll's answer: the polled messages must be dense, match what the
+    /// oracle knows and carry ordered timestamps; a "nothing changed"
+    /// answer sends the poll again.
+    fn judge_poll(
+        &mut self,
+        group: GroupId,
+        request: PollRequest,
+        attempts: u32,
+        answer: Got,
+        oracle: &mut Oracle,
+    ) -> Result<Next, Violation> {
+        let result = match answer {
+            Got::Call(r) => r,
+            Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
+            Got::Meta(_) => unreachable_answer(),
+        };
+        match result {
+            Ok(Answer::Polled(polled)) => {
+                self.stats.polls += 1;
+                let messages: Vec<(u64, Vec<u8>)> = polled
+                    .messages()
+                    .map(|m| (m.offset, m.payload.to_vec()))
+                    .collect();
+                if messages.len() as u64 != polled.count {
+                    return Err(Violation::new(
+                        Property::OffsetsNotDense,
+                        format!(
+                            "group {}: a poll claimed {} messages and held {}",
+                            group.0,
+                            polled.count,
+                            messages.len()
+                        ),
+                    ));
+                }
+                oracle.polled(group, &messages)?;
+                check_timestamps(group, request.strategy, &polled)?;
+                Ok(Next::Done)
+            }
+            Ok(other) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("poll answered {other:?}"),
+            )),
+            Err(e) if nothing_changed(&e) && !exhausted(attempts) => Ok(retry(
+                Request::Poll { group, request },
+                attempts,
+                retry_target(&e),
+            )),
+            Err(CallError::Rejected { reason }) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("poll of group {} rejected: {reason}", group.0),
+            )),
+            Err(_) => Ok(Next::Done),
+        }
+    }
+
+    /// An offset store's (or delete's) answer: the oracle learns how it
+    /// settled; a "nothing changed" answer sends it again until the
+    /// attempts run out.
+    fn judge_store(
+        &mut self,
+        group: GroupId,
+        consumer: Consumer,
+        offset: Option<u64>,
+        attempts: u32,
+        answer: Got,
+        oracle: &mut Oracle,
+    ) -> Result<Next, Violation> {
+        let outcome = match answer {
+            Got::Call(Ok(Answer::Committed { .. })) => StoreOutcome::Acknowledged,
+            Got::Call(Ok(other)) => {
+                return Err(Violation::new(
+                    Property::UnexpectedRefusal,
+                    format!("offset store answered {other:?}"),
+                ));
+            }
+            Got::Call(Err(e)) if nothing_changed(&e) && !exhausted(attempts) => {
+                let request = Request::Store {
+                    group,
+                    consumer,
+                    offset,
+                };
+                return Ok(retry(request, attempts, retry_target(&e)));
+            }
+            Got::Call(Err(e)) if nothing_changed(&e) => StoreOutcome::NeverApplied,
+            Got::Call(Err(CallError::Rejected { reason })) => {
+                let what = match offset {
+                    Some(offset) => format!("store of committed offset {offset}"),
+                    None => "delete of the stored offset".to_string(),
+                };
+                return Err(Violation::new(
+                    Property::UnexpectedRefusal,
+                    format!("{what} in group {} rejected: {reason}", group.0),
+                ));
+            }
+            Got::Call(Err(_)) | Got::Cancelled => StoreOutcome::Unknown,
+            Got::TimedOut => StoreOutcome::MayLandLater,
+            Got::Meta(_) => unreachable_answer(),
+        };
+        if outcome == StoreOutcome::Acknowledged {
+            match offset {
+                Some(_) => self.stats.stores_acknowledged += 1,
+                None => self.stats.deletes_acknowledged += 1,
+            }
+        }
+        oracle.store_settled(group, consumer, offset, outcome);
+        Ok(Next::Done)
+    }
+
+    /// An offset read's answer: the offset read must be one the oracle
+    /// allows; a "nothing changed" answer reads again.
+    fn judge_get(
+        &mut self,
+        group: GroupId,
+        consumer: Consumer,
+        attempts: u32,
+        answer: Got,
+        oracle: &mut Oracle,
+    ) -> Result<Next, Violation> {
+        let result = match answer {
+            Got::Call(r) => r,
+            Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
+            Got::Meta(_) => unreachable_answer(),
+        };
+        match result {
+            Ok(Answer::Offset(got)) => {
+                self.stats.offset_reads += 1;
+                oracle.offset_read(group, consumer, got.map(|o| o.0))?;
+                Ok(Next::Done)
+            }
+            Ok(other) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("offset read answered {other:?}"),
+            )),
+            Err(e) if nothing_changed(&e) && !exhausted(attempts) => Ok(retry(
+                Request::Get { group, consumer },
+                attempts,
+                retry_target(&e),
+            )),
+            Err(_) => Ok(Next::Done),
+        }
+    }
+
+    /// A metadata op committed: learn what it created or removed.
     fn meta_done(&mut self, op: &MetadataOp, cluster: &Cluster) {
         self.meta_busy = false;
         match op {
             MetadataOp::CreateStream { .. } => self.stream_created = true,
-            MetadataOp::CreateTopic { name, .. } => {
-                self.stats.topics += 1;
-                // The answering primary applied the op: its metadata names
-                // every group so far. Any replica that has applied it does.
-                for r in 0..cluster.replica_count {
-                    if let Some(mut groups) = cluster.metadata_groups(r) {
-                        groups.retain(|g| !self.deleted_groups.contains(g));
-                        if groups.len() > self.groups.len() {
-                            self.groups = groups;
-                        }
-                    }
-                }
-                // This topic's groups, as a replica that applied its create
-                // names them; looked up again later if none shows them
-                // now (the groups new since the last create may include
-                // an earlier topic's that were not visible then).
-                let n = self.topic_groups.len();
-                match self.named_topic_groups(cluster, name) {
-                    Some(groups) => self.topic_groups.push(groups),
-                    None => {
-                        self.topic_groups.push(Vec::new());
-                        self.unresolved_topics.insert(n);
-                    }
-                }
-            }
+            MetadataOp::CreateTopic { name, .. } => self.topic_created(name, cluster),
             MetadataOp::CreateConsumerGroup {
                 topic: Identifier::Name(name),
                 ..
@@ -1314,76 +1281,243 @@ impl Workload {
             MetadataOp::DeleteTopic {
                 topic: Identifier::Name(name),
                 ..
-            } => {
-                let Some(n) = name
-                    .strip_prefix('t')
-                    .and_then(|n| n.parse::<usize>().ok())
-                    .filter(|n| *n < self.topic_groups.len())
-                else {
-                    return;
-                };
-                // Nothing was in flight to its groups, and nothing will be:
-                // the oracle's final checks cover the groups the metadata
-                // names, so they drop out there too.
-                let gone = std::mem::take(&mut self.topic_groups[n]);
-                self.unresolved_topics.remove(&n);
-                // Its consumer group and every membership in it went too.
-                self.groups_created.remove(&n);
-                self.joined.retain(|_, joined| *joined != n);
-                self.groups.retain(|g| !gone.contains(g));
-                self.deleted_groups.extend(gone.iter().copied());
-                for g in &gone {
-                    self.held.remove(g);
-                }
-                self.stats.topic_deletes += 1;
-            }
-            MetadataOp::DeleteStream { .. } => {
-                // Every topic, its consumer group and every membership in
-                // it went with the stream; the next request creates both
-                // again (under new group ids).
-                for gone in &mut self.topic_groups {
-                    self.deleted_groups.extend(std::mem::take(gone));
-                }
-                self.groups.clear();
-                self.unresolved_topics.clear();
-                self.stats.topic_deletes = self.stats.topics;
-                self.groups_created.clear();
-                self.joined.clear();
-                self.held.clear();
-                self.stream_created = false;
-                self.stats.stream_deletes += 1;
-            }
+            } => self.topic_deleted(name),
+            MetadataOp::DeleteStream { .. } => self.stream_deleted(),
             MetadataOp::PurgeTopic { .. } | MetadataOp::PurgeStream { .. } => {
-                let purged: Vec<GroupId> = match op {
-                    MetadataOp::PurgeTopic {
-                        topic: Identifier::Name(name),
-                        ..
-                    } => topic_number(name)
-                        .and_then(|n| self.topic_groups.get(n).cloned())
-                        .unwrap_or_default(),
-                    // Every topic's groups: the held ones, all live.
-                    MetadataOp::PurgeStream { .. } => {
-                        self.topic_groups.iter().flatten().copied().collect()
-                    }
-                    _ => Vec::new(),
-                };
-                for g in purged {
-                    // The generation group 0 committed (the answering
-                    // primary holds it; a later one may too), and at least
-                    // one more than the last purge of the group.
-                    let committed = (0..cluster.replica_count)
-                        .filter_map(|r| cluster.metadata_purge_generation(r, g))
-                        .max()
-                        .unwrap_or(0);
-                    let last = self.purge_targets.get(&g).copied().unwrap_or(0);
-                    let target = committed.max(last + 1);
-                    self.purge_targets.insert(g, target);
-                    self.held.insert(g, Some(target));
-                }
+                self.purge_committed(op, cluster);
             }
             _ => {}
         }
     }
+
+    /// Topic `name`'s create committed: the groups clients write to grow
+    /// to every group a replica's metadata names, and the topic's own
+    /// groups are learnt now or looked up again later.
+    fn topic_created(&mut self, name: &str, cluster: &Cluster) {
+        self.stats.topics += 1;
+        // The answering primary applied the op: its metadata names
+        // every group so far. Any replica that has applied it does.
+        for r in 0..cluster.replica_count {
+            if let Some(mut groups) = cluster.metadata_groups(r) {
+                groups.retain(|g| !self.deleted_groups.contains(g));
+                if groups.len() > self.groups.len() {
+                    self.groups = groups;
+                }
+            }
+        }
+        // This topic's groups, as a replica that applied its create
+        // names them; looked up again later if none shows them
+        // now (the groups new since the last create may include
+        // an earlier topic's that were not visible then).
+        let n = self.topic_groups.len();
+        match self.named_topic_groups(cluster, name) {
+            Some(groups) => self.topic_groups.push(groups),
+            None => {
+                self.topic_groups.push(Vec::new());
+                self.unresolved_topics.insert(n);
+            }
+        }
+    }
+
+    /// Topic `name`'s delete committed: its groups, its consumer group and
+    /// every membership in it are gone (a name the workload never created
+    /// changes nothing).
+    fn topic_deleted(&mut self, name: &str) {
+        let Some(n) = name
+            .strip_prefix('t')
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n < self.topic_groups.len())
+        else {
+            return;
+        };
+        // Nothing was in flight to its groups, and nothing will be:
+        // the oracle's final checks cover the groups the metadata
+        // names, so they drop out there too.
+        let gone = std::mem::take(&mut self.topic_groups[n]);
+        self.unresolved_topics.remove(&n);
+        // Its consumer group and every membership in it went too.
+        self.groups_created.remove(&n);
+        self.joined.retain(|_, joined| *joined != n);
+        self.groups.retain(|g| !gone.contains(g));
+        self.deleted_groups.extend(gone.iter().copied());
+        for g in &gone {
+            self.held.remove(g);
+        }
+        self.stats.topic_deletes += 1;
+    }
+
+    /// The stream's delete committed: every topic, its consumer group and
+    /// every membership in it went with the stream; the next request
+    /// creates both again (under new group ids).
+    fn stream_deleted(&mut self) {
+        for gone in &mut self.topic_groups {
+            self.deleted_groups.extend(std::mem::take(gone));
+        }
+        self.groups.clear();
+        self.unresolved_topics.clear();
+        self.stats.topic_deletes = self.stats.topics;
+        self.groups_created.clear();
+        self.joined.clear();
+        self.held.clear();
+        self.stream_created = false;
+        self.stats.stream_deletes += 1;
+    }
+
+    /// A topic or stream purge committed: each purged group stays held
+    /// until it is seen applying the generation this settles on.
+    fn purge_committed(&mut self, op: &MetadataOp, cluster: &Cluster) {
+        let purged: Vec<GroupId> = match op {
+            MetadataOp::PurgeTopic {
+                topic: Identifier::Name(name),
+                ..
+            } => topic_number(name)
+                .and_then(|n| self.topic_groups.get(n).cloned())
+                .unwrap_or_default(),
+            // Every topic's groups: the held ones, all live.
+            MetadataOp::PurgeStream { .. } => self.topic_groups.iter().flatten().copied().collect(),
+            _ => Vec::new(),
+        };
+        for g in purged {
+            // The generation group 0 committed (the answering
+            // primary holds it; a later one may too), and at least
+            // one more than the last purge of the group.
+            let committed = (0..cluster.replica_count)
+                .filter_map(|r| cluster.metadata_purge_generation(r, g))
+                .max()
+                .unwrap_or(0);
+            let last = self.purge_targets.get(&g).copied().unwrap_or(0);
+            let target = committed.max(last + 1);
+            self.purge_targets.insert(g, target);
+            self.held.insert(g, Some(target));
+        }
+    }
+}
+
+/// A produce's answer: the oracle learns the batch acknowledged (at its
+/// offset), never applied or of unknown fate; only a "nothing changed"
+/// answer sends the same batch again.
+fn judge_produce(
+    group: GroupId,
+    tag: u64,
+    batch: Vec<u8>,
+    attempts: u32,
+    answer: Got,
+    oracle: &mut Oracle,
+) -> Result<Next, Violation> {
+    let result = match answer {
+        Got::Call(r) => r,
+        Got::Cancelled | Got::TimedOut => {
+            oracle.settle(tag, Fate::Unknown);
+            return Ok(Next::Done);
+        }
+        Got::Meta(_) => unreachable_answer(),
+    };
+    match result {
+        Ok(Answer::Committed { base_offset, .. }) => {
+            oracle.acknowledged(tag, base_offset.map(|o| o.0))?;
+            Ok(Next::Done)
+        }
+        Ok(other) => Err(Violation::new(
+            Property::UnexpectedRefusal,
+            format!("produce of batch {tag} answered {other:?}"),
+        )),
+        Err(e) if nothing_changed(&e) => {
+            if exhausted(attempts) {
+                oracle.settle(tag, Fate::NeverApplied);
+                return Ok(Next::Done);
+            }
+            let at = retry_target(&e);
+            Ok(retry(Request::Produce { group, tag, batch }, attempts, at))
+        }
+        Err(CallError::Rejected { reason }) => Err(Violation::new(
+            Property::UnexpectedRefusal,
+            format!(
+                "produce of batch {tag} to group {} rejected: {reason}",
+                group.0
+            ),
+        )),
+        Err(_) => {
+            oracle.settle(tag, Fate::Unknown);
+            Ok(Next::Done)
+        }
+    }
+}
+
+/// Whether a request has run out of attempts: one that got only "nothing
+/// changed" answers this often ends here.
+fn exhausted(attempts: u32) -> bool {
+    attempts >= ATTEMPTS_MAX
+}
+
+/// The client's next move when it sends `request` again.
+fn retry(request: Request, attempts: u32, at: Option<u8>) -> Next {
+    Next::Retry {
+        request,
+        attempts,
+        at,
+    }
+}
+
+/// The replica a retry goes to: the primary a `NotPrimary` answer names,
+/// or `None` for one picked at random a little later.
+fn retry_target(e: &CallError) -> Option<u8> {
+    match e {
+        CallError::NotPrimary { primary, .. } => Some(primary.0),
+        _ => None,
+    }
+}
+
+/// Hands `request` to replica `target`: what to wait on for its answer,
+/// or `None` when the replica is down and refused the connection.
+fn issue(
+    cluster: &mut Cluster,
+    target: u8,
+    request: &Request,
+) -> Result<Option<Waiting>, ClusterError> {
+    let waiting = match request {
+        Request::Meta(op) => cluster.meta(target, op.clone())?.map(Waiting::Meta),
+        Request::Produce { group, batch, .. } => cluster
+            .call(
+                target,
+                *group,
+                Call::Produce {
+                    batch: batch.clone(),
+                },
+            )?
+            .map(Waiting::Call),
+        Request::Poll { group, request } => cluster
+            .call(target, *group, Call::Poll(*request))?
+            .map(Waiting::Call),
+        Request::Store {
+            group,
+            consumer,
+            offset,
+        } => {
+            let call = match offset {
+                Some(offset) => Call::StoreOffset {
+                    kind: consumer.kind,
+                    id: consumer.id,
+                    offset: Offset(*offset),
+                },
+                None => Call::DeleteOffset {
+                    kind: consumer.kind,
+                    id: consumer.id,
+                },
+            };
+            cluster.call(target, *group, call)?.map(Waiting::Call)
+        }
+        Request::Get { group, consumer } => cluster
+            .call(
+                target,
+                *group,
+                Call::GetOffset {
+                    kind: consumer.kind,
+                    id: consumer.id,
+                },
+            )?
+            .map(Waiting::Call),
+    };
+    Ok(waiting)
 }
 
 /// Answers after which the same request may be sent again: the shard
