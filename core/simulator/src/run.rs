@@ -982,11 +982,6 @@ impl Run {
     }
 }
 
-/// The segment files that hold committed bytes. A replica may have opened
-/// the next (empty) active segment at the frontier while another opens it
-/// with the next append — a state-transfer install plants it at once, a
-/// running partition rotates lazily — so an empty trailing pair holds
-/// nothing to compare; an empty file anywhere else is a hole.
 /// A replica's segment files of one group: `(name, bytes)`.
 type SegmentFiles = Vec<(String, Vec<u8>)>;
 
@@ -1066,11 +1061,6 @@ fn describe_state_difference(
     format!("replica 0 …{}… vs …{}…", window(&a), window(&b))
 }
 
-/// Where replicas whose retention removed different prefixes must agree
-/// from: the latest start among them. Retention removes whole segments and
-/// every replica cuts segments at the same offsets, so that start is a
-/// segment base on every replica: messages and segment files compare from
-/// it.
 /// Retention by size removes the oldest sealed segments only while the
 /// sealed ones exceed the group's share, so once it removed any, what it
 /// kept sealed plus the last one it removed (at most a segment and a
@@ -1105,6 +1095,11 @@ fn kept_within_share(
     Ok(())
 }
 
+/// Where replicas whose retention removed different prefixes must agree
+/// from: the latest start among them. Retention removes whole segments and
+/// every replica cuts segments at the same offsets, so that start is a
+/// segment base on every replica: messages and segment files compare from
+/// it.
 fn common_start(held: &[(Messages, SegmentFiles, u64)]) -> u64 {
     held.iter().map(|(_, _, start)| *start).max().unwrap_or(0)
 }
@@ -1114,6 +1109,11 @@ fn file_base(name: &str) -> Option<u64> {
     name.split_once('.')?.0.parse().ok()
 }
 
+/// The segment files that hold committed bytes. A replica may have opened
+/// the next (empty) active segment at the frontier while another opens it
+/// with the next append — a state-transfer install plants it at once, a
+/// running partition rotates lazily — so an empty trailing pair holds
+/// nothing to compare; an empty file anywhere else is a hole.
 fn committed_files(mut files: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, Vec<u8>)>, String> {
     let last_stem = files
         .iter()
