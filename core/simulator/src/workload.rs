@@ -1116,10 +1116,8 @@ impl Workload {
         answer: Got,
         oracle: &mut Oracle,
     ) -> Result<Next, Violation> {
-        let result = match answer {
-            Got::Call(r) => r,
-            Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
-            Got::Meta(_) => unreachable_answer(),
+        let Some(result) = answer.into_call() else {
+            return Ok(Next::Done);
         };
         match result {
             Ok(Answer::Polled(polled)) => {
@@ -1223,10 +1221,8 @@ impl Workload {
         answer: Got,
         oracle: &mut Oracle,
     ) -> Result<Next, Violation> {
-        let result = match answer {
-            Got::Call(r) => r,
-            Got::Cancelled | Got::TimedOut => return Ok(Next::Done),
-            Got::Meta(_) => unreachable_answer(),
+        let Some(result) = answer.into_call() else {
+            return Ok(Next::Done);
         };
         match result {
             Ok(Answer::Offset(got)) => {
@@ -1404,13 +1400,9 @@ fn judge_produce(
     answer: Got,
     oracle: &mut Oracle,
 ) -> Result<Next, Violation> {
-    let result = match answer {
-        Got::Call(r) => r,
-        Got::Cancelled | Got::TimedOut => {
-            oracle.settle(tag, Fate::Unknown);
-            return Ok(Next::Done);
-        }
-        Got::Meta(_) => unreachable_answer(),
+    let Some(result) = answer.into_call() else {
+        oracle.settle(tag, Fate::Unknown);
+        return Ok(Next::Done);
     };
     match result {
         Ok(Answer::Committed { base_offset, .. }) => {
@@ -1541,6 +1533,17 @@ enum Got {
     Cancelled,
     /// No answer in time.
     TimedOut,
+}
+
+impl Got {
+    /// A call's answer; `None` when the call was cancelled or timed out.
+    fn into_call(self) -> Option<Result<Answer, CallError>> {
+        match self {
+            Self::Call(r) => Some(r),
+            Self::Cancelled | Self::TimedOut => None,
+            Self::Meta(_) => unreachable_answer(),
+        }
+    }
 }
 
 impl Got {
