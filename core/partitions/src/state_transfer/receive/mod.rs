@@ -969,9 +969,12 @@ impl<F: Fs> TransferReceiver<F> {
             )
             .await
             {
-                Some(Ok(meta)) => staged = meta,
-                Some(Err(error)) => return Landed::Stop(self.fail(error, local).await),
-                None => return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NotAccepted)),
+                Finished::Staged(meta) => staged = Some(meta),
+                Finished::NothingToFinish => {}
+                Finished::Failed(error) => return Landed::Stop(self.fail(error, local).await),
+                Finished::Gone => {
+                    return Landed::Stop(ReceiveStep::Ignored(IgnoreReason::NotAccepted));
+                }
             }
         }
         // Bytes landed: the only chunk event that counts as liveness.
@@ -1070,28 +1073,42 @@ impl<F: Fs> TransferReceiver<F> {
     }
 }
 
+/// What finishing a completed artifact came to.
+enum Finished {
+    /// A segment's spill became its staged file, now in the slot.
+    Staged(StagedSegmentMeta),
+    /// The offsets artifact: its buffer is all there is.
+    NothingToFinish,
+    /// The slot is gone or its spill already taken.
+    Gone,
+    /// Finishing the spill failed.
+    Failed(ReceiveError),
+}
+
 /// Finishes the artifact a chunk just completed: a segment's spill
-/// becomes its staged file, which replaces the pending slot and is
-/// returned; the offsets artifact needs nothing (`Some(Ok(None))`). `None`
-/// when the slot is gone or its spill already taken.
+/// becomes its staged file, which replaces the pending slot.
 async fn finish_segment<F: Fs>(
     fs: &F,
     dir: &Path,
     artifacts: &mut [TransferArtifact<F::File>],
     index: usize,
-) -> Option<Result<Option<StagedSegmentMeta>, ReceiveError>> {
-    let slot = artifacts.get_mut(index)?;
-    let TransferArtifact::Pending(PendingArtifact::Segment { spill, .. }) = slot else {
-        return Some(Ok(None));
+) -> Finished {
+    let Some(slot) = artifacts.get_mut(index) else {
+        return Finished::Gone;
     };
-    let done = spill.take()?;
-    Some(match done.finish(fs, dir).await {
+    let TransferArtifact::Pending(PendingArtifact::Segment { spill, .. }) = slot else {
+        return Finished::NothingToFinish;
+    };
+    let Some(done) = spill.take() else {
+        return Finished::Gone;
+    };
+    match done.finish(fs, dir).await {
         Ok(meta) => {
             *slot = TransferArtifact::Staged(meta.clone());
-            Ok(Some(meta))
+            Finished::Staged(meta)
         }
-        Err(error) => Err(ReceiveError::Spill(error)),
-    })
+        Err(error) => Finished::Failed(ReceiveError::Spill(error)),
+    }
 }
 
 /// Writes one checked chunk where its artifact collects: a segment's
