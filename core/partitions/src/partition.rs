@@ -228,6 +228,8 @@ pub struct PartitionStats {
     pub segments_count: u64,
     /// The last committed offset, `None` when nothing is committed.
     pub current_offset: Option<Offset>,
+    /// The purge generation applied (0 before any purge).
+    pub purge_generation: u64,
 }
 
 /// The offset state after a run of ops: what the next batch must start at
@@ -759,6 +761,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             size_bytes: self.size_bytes,
             segments_count: self.log.segments().count() as u64,
             current_offset: self.applied_next_offset.checked_sub(1).map(Offset),
+            purge_generation: self.applied_purge_generation,
         }
     }
 

@@ -884,24 +884,50 @@ fn given_a_topic_when_partitions_change_purged_flushed_and_renamed_should_report
         Err(3007)
     );
 
-    // Purge: the partition's messages are gone once the purge commits.
+    // Purge: once it is answered, the partitions have applied it. The
+    // next poll, with no time between, reads nothing, and the next produce
+    // lands after the purge, so it is not erased by it.
     let purge = PurgeTopicRequest {
         stream_id: wstr("s"),
         topic_id: wstr("t"),
     }
     .to_bytes();
     c.call(&mut node, 305, &purge).expect("purged");
+    let poll_first = |node: &mut Node, c: &mut Client| {
+        poll(
+            node,
+            c,
+            consumer("r"),
+            0,
+            WirePollingStrategy::first(),
+            10,
+            false,
+        )
+        .unwrap()
+    };
+    let after = poll_first(&mut node, &mut c);
+    assert!(after.messages.is_empty(), "{:?}", after.messages);
+    assert_eq!(
+        send(&mut node, &mut c, WirePartitioning::PartitionId(0), &["p"]),
+        Ok((0, 0)),
+        "the purge starts the offsets again"
+    );
     node.idle(50);
-    let after = poll(
-        &mut node,
-        &mut c,
-        consumer("r"),
-        0,
-        WirePollingStrategy::first(),
-        10,
-        false,
-    )
-    .unwrap();
+    let kept = poll_first(&mut node, &mut c);
+    assert_eq!(
+        kept.messages.len(),
+        1,
+        "a produce after the purge's answer is kept"
+    );
+
+    // A stream purge waits for its partitions the same way.
+    let purge_stream = PurgeStreamRequest {
+        stream_id: wstr("s"),
+    }
+    .to_bytes();
+    c.call(&mut node, 205, &purge_stream)
+        .expect("stream purged");
+    let after = poll_first(&mut node, &mut c);
     assert!(after.messages.is_empty(), "{:?}", after.messages);
 
     // Rename the stream: the old name is gone, the new one answers.

@@ -177,6 +177,9 @@ fn collect_logs(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
     }
 }
 
+/// Purge rounds of the low-level flow, on each replica.
+const PURGE_ROUNDS: u32 = 4;
+
 fn id(name: &str) -> Identifier {
     Identifier::named(name).unwrap()
 }
@@ -329,6 +332,50 @@ fn given_a_cluster_of_three_when_the_sdk_runs_the_low_level_flow_on_each_replica
                 .await
                 .unwrap_err();
             assert_eq!(err.as_code(), 3007, "{err:?}");
+
+            // A purge is answered once every partition has applied it: a
+            // poll right after finds nothing, and a produce sent right
+            // after is not erased by it. Several rounds, because which
+            // replica applies the purge first is a race.
+            for round in 0..PURGE_ROUNDS {
+                for partition in 0..3 {
+                    retried!(
+                        "send before the purge",
+                        client.send_messages(
+                            &id(&stream),
+                            &id("eu"),
+                            &Partitioning::partition_id(partition),
+                            &mut [IggyMessage::from_str("before").unwrap()],
+                        )
+                    );
+                }
+                retried!("purge topic", client.purge_topic(&id(&stream), &id("eu")));
+                for partition in 0..3 {
+                    let left = poll_all(&client, &stream, "eu", partition).await;
+                    assert_eq!(
+                        left,
+                        Vec::new(),
+                        "round {round}, partition {partition}, replica {i}"
+                    );
+                }
+                let after = format!("after-{round}");
+                let partition = round % 3;
+                retried!(
+                    "send after the purge",
+                    client.send_messages(
+                        &id(&stream),
+                        &id("eu"),
+                        &Partitioning::partition_id(partition),
+                        &mut [IggyMessage::from_str(&after).unwrap()],
+                    )
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let kept = poll_all(&client, &stream, "eu", partition).await;
+                assert_eq!(kept, vec![(0, after)], "round {round}, replica {i}");
+            }
+            retried!("purge stream", client.purge_stream(&id(&stream)));
+            let left = poll_all(&client, &stream, "eu", 1).await;
+            assert_eq!(left, Vec::new(), "stream purge through replica {i}");
         }));
     }
     cluster.stop();

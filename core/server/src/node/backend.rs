@@ -282,6 +282,53 @@ impl NodeBackend {
             .unwrap_or_default()
     }
 
+    /// Waits until every partition `scope` names has applied the purge
+    /// generation the metadata committed for it, on its group's primary.
+    ///
+    /// Group 0 commits a purge before the partitions carry it out, each
+    /// as its own op. Answering at the commit would let this client's
+    /// next poll still read what it purged, and its next produce land
+    /// before the purge op and be erased by it. So each group's primary is
+    /// asked for the purge itself: the answer comes once the op (this one,
+    /// or the copy the metadata effect proposed first) has applied, and
+    /// every later call on the group is ordered after it. A group that
+    /// cannot answer now fails the request with its transient error; the
+    /// purge is committed all the same and its group applies it once it
+    /// has a primary.
+    async fn settle_purges(&self, scope: PurgeScope) -> BackendResult<()> {
+        let targets = self.query(move |s| Ok(purge_targets(s, &scope))).await?;
+        let settles = targets
+            .into_iter()
+            .map(|(group, generation)| self.settle_purge(group, generation));
+        futures::future::join_all(settles)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// One group's part of [`Self::settle_purges`].
+    async fn settle_purge(&self, group: GroupId, generation: u64) -> BackendResult<()> {
+        match self.call_group(group, Call::Purge { generation }).await {
+            Ok(_) => Ok(()),
+            // The primary refuses a generation it has already applied.
+            Err(refused @ BackendError::InvalidOption(_)) => {
+                match self.call_group(group, Call::Stats).await? {
+                    Answer::Stats(s) if s.purge_generation >= generation => Ok(()),
+                    _ => Err(refused),
+                }
+            }
+            Err(other) => {
+                tracing::debug!(
+                    group = group.0,
+                    generation,
+                    error = %other,
+                    "a committed purge is not yet applied by its partition"
+                );
+                Err(other)
+            }
+        }
+    }
+
     /// The next balanced partition index for a topic.
     fn next_balanced(&mut self, topic: &TopicRef) -> u32 {
         if self.balanced.len() >= BALANCED_CURSORS_MAX && !self.balanced.contains_key(topic) {
@@ -504,10 +551,12 @@ impl Backend for NodeBackend {
     }
 
     async fn purge_stream(&mut self, caller: Caller, stream: &Identifier) -> BackendResult<()> {
+        let stream = meta_id(stream);
         let op = MetadataOp::PurgeStream {
-            stream: meta_id(stream),
+            stream: stream.clone(),
         };
-        self.submit(caller, op).await.map(drop)
+        self.submit(caller, op).await?;
+        self.settle_purges(PurgeScope::Stream(stream)).await
     }
 
     async fn update_topic(&mut self, caller: Caller, request: &UpdateTopic) -> BackendResult<()> {
@@ -523,11 +572,13 @@ impl Backend for NodeBackend {
     }
 
     async fn purge_topic(&mut self, caller: Caller, topic: &TopicRef) -> BackendResult<()> {
+        let (stream, topic) = (meta_id(&topic.stream), meta_id(&topic.topic));
         let op = MetadataOp::PurgeTopic {
-            stream: meta_id(&topic.stream),
-            topic: meta_id(&topic.topic),
+            stream: stream.clone(),
+            topic: topic.clone(),
         };
-        self.submit(caller, op).await.map(drop)
+        self.submit(caller, op).await?;
+        self.settle_purges(PurgeScope::Topic(stream, topic)).await
     }
 
     async fn create_partitions(
@@ -1382,6 +1433,34 @@ pub(crate) fn meta_failed(e: MetaError) -> BackendError {
             BackendError::LocalFault("shard 0 does not host the metadata group".into())
         }
     }
+}
+
+/// The partitions a purge covers: a topic's, or every topic's of a stream.
+enum PurgeScope {
+    Topic(metadata::Identifier, metadata::Identifier),
+    Stream(metadata::Identifier),
+}
+
+/// Each partition group `scope` names, with the purge generation the
+/// applied metadata holds for it. A stream or topic gone since the purge
+/// committed names none: nothing is left to purge.
+fn purge_targets(state: &MetadataState, scope: &PurgeScope) -> Vec<(GroupId, u64)> {
+    let covers: Box<dyn Fn(&metadata::PartitionGroupInfo) -> bool> = match scope {
+        PurgeScope::Topic(stream, topic) => match state.resolve_topic(stream, topic) {
+            Ok((s, t)) => Box::new(move |i| i.stream == s && i.topic == t),
+            Err(_) => return Vec::new(),
+        },
+        PurgeScope::Stream(stream) => match state.resolve_stream(stream) {
+            Ok(s) => Box::new(move |i| i.stream == s),
+            Err(_) => return Vec::new(),
+        },
+    };
+    state
+        .partition_groups()
+        .into_iter()
+        .filter(|i| i.purge_generation > 0 && covers(i))
+        .map(|i| (i.group, i.purge_generation))
+        .collect()
 }
 
 /// A forwarded request without an answer: nothing was sent, or the
