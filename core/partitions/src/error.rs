@@ -192,13 +192,9 @@ pub enum PartitionError {
         /// The next offset the partition will commit.
         next_offset: Offset,
     },
-    /// A purge that does not advance the purge generation.
-    PurgeGenerationNotNewer {
-        /// The generation asked for.
-        generation: u64,
-        /// The generation in effect.
-        current: u64,
-    },
+    /// A purge naming generation 0, which is the partition before any
+    /// purge and never one a purge brings in.
+    PurgeGenerationZero,
     /// A committed batch does not continue the applied offsets (an
     /// internal invariant; the partition is fenced).
     ApplyOffsetMismatch {
@@ -286,13 +282,9 @@ impl fmt::Display for PartitionError {
                 f,
                 "cannot store offset {offset}: the partition has committed only up to {next_offset}"
             ),
-            Self::PurgeGenerationNotNewer {
-                generation,
-                current,
-            } => write!(
-                f,
-                "purge generation {generation} does not advance the current generation {current}"
-            ),
+            Self::PurgeGenerationZero => {
+                f.write_str("purge generation 0 names no purge (generations start at 1)")
+            }
             Self::ApplyOffsetMismatch {
                 op,
                 expected,

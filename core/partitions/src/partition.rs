@@ -210,9 +210,11 @@ pub enum ClientOp {
         /// Its id.
         id: u32,
     },
-    /// Purge the partition under a new generation.
+    /// Purge the partition up to `generation`: a newer generation than the
+    /// applied one purges; one already applied commits as nothing, so its
+    /// answer confirms the purge is in the group's committed history.
     Purge {
-        /// The new generation (must exceed the current one).
+        /// The generation (1 or more).
         generation: u64,
     },
 }
@@ -228,8 +230,6 @@ pub struct PartitionStats {
     pub segments_count: u64,
     /// The last committed offset, `None` when nothing is committed.
     pub current_offset: Option<Offset>,
-    /// The purge generation applied (0 before any purge).
-    pub purge_generation: u64,
 }
 
 /// The offset state after a run of ops: what the next batch must start at
@@ -761,7 +761,6 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             size_bytes: self.size_bytes,
             segments_count: self.log.segments().count() as u64,
             current_offset: self.applied_next_offset.checked_sub(1).map(Offset),
-            purge_generation: self.applied_purge_generation,
         }
     }
 
@@ -969,11 +968,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             }
             ClientOp::DeleteOffset { kind, id } => PartitionOp::DeleteOffset { kind, id },
             ClientOp::Purge { generation } => {
-                if generation <= self.applied_purge_generation {
-                    return Err(PartitionError::PurgeGenerationNotNewer {
-                        generation,
-                        current: self.applied_purge_generation,
-                    });
+                if generation == 0 {
+                    return Err(PartitionError::PurgeGenerationZero);
                 }
                 PartitionOp::Purge { generation }
             }

@@ -199,10 +199,7 @@ fn given_invalid_client_batch_when_submitted_should_refuse_and_change_nothing() 
         },
         node.now_us,
     ));
-    assert!(matches!(
-        res,
-        Err(PartitionError::PurgeGenerationNotNewer { .. })
-    ));
+    assert!(matches!(res, Err(PartitionError::PurgeGenerationZero)));
 }
 
 #[test]

@@ -51,9 +51,12 @@ pub enum Call {
         /// Its id.
         id: u32,
     },
-    /// Purge the partition under a new generation (replicated).
+    /// Purge the partition up to a generation (replicated): a generation
+    /// the partition already applied commits as nothing, so the answer
+    /// always means the purge is in the group's committed history (and,
+    /// for `persisted`, recorded as applied on the primary).
     Purge {
-        /// The new generation (must exceed the current one).
+        /// The generation group 0 committed (1 or more).
         generation: u64,
     },
     /// Flush the committed prefix to the active segment.
@@ -147,7 +150,7 @@ pub enum CallError {
         reason: String,
     },
     /// The request itself is wrong (a batch that does not decode, an offset
-    /// past the end, a purge generation not newer…): the client's mistake.
+    /// past the end, a purge generation of 0…): the client's mistake.
     Rejected {
         /// The partition's error, as a sentence.
         reason: String,

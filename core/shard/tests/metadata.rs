@@ -8,11 +8,13 @@ mod harness;
 
 use std::collections::BTreeSet;
 
+use common::ConsumerKind;
 use common::GroupId;
 use common::simnet::NetworkFaults;
 use harness::{Cluster, batch};
 use metadata::{Identifier, MetadataOp, Outcome, TopicConfig};
-use shard::{Answer, Call, MetaError};
+use partitions::{PollRequest, PollingStrategy};
+use shard::{Answer, Call, CallError, MetaError};
 use storage::fs::CrashMode;
 
 fn partition_groups(c: &Cluster, r: u8) -> BTreeSet<GroupId> {
@@ -257,6 +259,57 @@ fn given_a_purge_committed_while_a_partitions_primary_is_down_should_be_applied_
             g.0
         );
     }
+}
+
+/// A primary that knows of a committed purge its partition has not
+/// applied refuses every call that reads or writes messages or offsets
+/// (transiently, so the caller retries) until the purge has applied: a
+/// poll would serve purged messages and a produce would be erased by the
+/// purge once acknowledged. It proposes the purge ahead of waiting calls
+/// and serves again once it applied.
+#[test]
+fn given_a_primary_owing_a_committed_purge_when_called_should_refuse_data_calls_until_applied() {
+    let mut c = Cluster::new(3, 2, 27, NetworkFaults::default());
+    c.run(100);
+    let groups = create_topic(&mut c, "w", 1, 100);
+    let g = *groups.iter().next().expect("a group");
+    c.call_until_done(g, Call::Produce { batch: batch(1, 3) }, 2_000)
+        .unwrap();
+    let primary = c.primary(g).expect("a primary");
+    // Group 0's effect reaching the primary: the purge is committed, its
+    // partition op not yet proposed.
+    c.node(primary.0, g).learn_purge_generation(g, 1);
+    let poll = Call::Poll(PollRequest {
+        consumer: (ConsumerKind::Consumer, 1),
+        strategy: PollingStrategy::First,
+        count: 10,
+        auto_commit: false,
+    });
+    let offsets = Call::GetOffset {
+        kind: ConsumerKind::Consumer,
+        id: 1,
+    };
+    for call in [poll.clone(), Call::Produce { batch: batch(2, 1) }, offsets] {
+        let mut pending = c.send(primary, g, call.clone());
+        match pending.rx.try_recv() {
+            Ok(Some(Err(e @ CallError::Unavailable { .. }))) => assert!(e.transient()),
+            other => panic!("{} while owing a purge answered {other:?}", call.name()),
+        }
+    }
+    // The counters are no data call.
+    let mut stats = c.send(primary, g, Call::Stats);
+    assert!(matches!(
+        stats.rx.try_recv(),
+        Ok(Some(Ok(Answer::Stats(_))))
+    ));
+    c.run(200);
+    assert_eq!(applied_purge_generation(&c, primary.0, g), Some(1));
+    let Answer::Polled(polled) = c.call_until_done(g, poll, 2_000).unwrap() else {
+        panic!("a poll answers Polled");
+    };
+    assert_eq!(polled.count, 0, "the purge applied");
+    c.call_until_done(g, Call::Produce { batch: batch(3, 2) }, 2_000)
+        .unwrap();
 }
 
 /// The bytes of `group`'s sealed segments on replica `r` (every log file

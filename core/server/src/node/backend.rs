@@ -282,19 +282,21 @@ impl NodeBackend {
             .unwrap_or_default()
     }
 
-    /// Waits until every partition `scope` names has applied the purge
-    /// generation the metadata committed for it, on its group's primary.
+    /// Waits until every partition `scope` names has the purge generation
+    /// the metadata committed for it in its group's committed history.
     ///
     /// Group 0 commits a purge before the partitions carry it out, each
     /// as its own op. Answering at the commit would let this client's
     /// next poll still read what it purged, and its next produce land
     /// before the purge op and be erased by it. So each group's primary is
-    /// asked for the purge itself: the answer comes once the op (this one,
-    /// or the copy the metadata effect proposed first) has applied, and
-    /// every later call on the group is ordered after it. A group that
-    /// cannot answer now fails the request with its transient error; the
-    /// purge is committed all the same and its group applies it once it
-    /// has a primary.
+    /// asked for the purge itself at that generation: it answers once the
+    /// op committed and applied (when the copy the metadata effect
+    /// proposed came first, this one commits as nothing), durably for a
+    /// `persisted` topic, and every later call on the group is ordered
+    /// after it. A group that cannot answer now fails the request with its
+    /// transient error; the purge is committed all the same and the
+    /// group's primary applies it once it has one (refusing data calls
+    /// until then).
     async fn settle_purges(&self, scope: PurgeScope) -> BackendResult<()> {
         let targets = self.query(move |s| Ok(purge_targets(s, &scope))).await?;
         let settles = targets
@@ -310,13 +312,6 @@ impl NodeBackend {
     async fn settle_purge(&self, group: GroupId, generation: u64) -> BackendResult<()> {
         match self.call_group(group, Call::Purge { generation }).await {
             Ok(_) => Ok(()),
-            // The primary refuses a generation it has already applied.
-            Err(refused @ BackendError::InvalidOption(_)) => {
-                match self.call_group(group, Call::Stats).await? {
-                    Answer::Stats(s) if s.purge_generation >= generation => Ok(()),
-                    _ => Err(refused),
-                }
-            }
             Err(other) => {
                 tracing::debug!(
                     group = group.0,

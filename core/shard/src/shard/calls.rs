@@ -74,7 +74,7 @@ impl<E: Env> Shard<E> {
             }));
             return;
         }
-        if let Err(refusal) = primary_check(&g.partition) {
+        if let Err(refusal) = primary_check(&g.partition).and_then(|()| purge_check(g, &call)) {
             self.stats.calls += 1;
             let _ = reply.send(Err(refusal));
             return;
@@ -147,7 +147,9 @@ impl<E: Env> Shard<E> {
                     Some(reason) => Some(CallError::Fenced {
                         reason: reason.to_owned(),
                     }),
-                    None => primary_check(&g.partition).err(),
+                    None => primary_check(&g.partition)
+                        .and_then(|()| purge_check(g, &front.call))
+                        .err(),
                 };
                 let confirmed =
                     refusal.is_none() && g.partition.replica().read_confirmed(front.round);
@@ -372,6 +374,28 @@ fn primary_check<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
     Ok(())
 }
 
+/// Refuses a call that reads or writes the partition's messages or
+/// offsets while it owes a purge group 0 committed: a poll would return
+/// what was purged, and a produce or offset store the purge would erase
+/// once applied. The primary proposes the purge ahead of waiting calls
+/// (`propose_missing_purge`); the caller retries.
+fn purge_check<E: Env>(g: &Group<E>, call: &Call) -> Result<(), CallError> {
+    let touches_data = matches!(
+        call,
+        Call::Produce { .. }
+            | Call::Poll(_)
+            | Call::GetOffset { .. }
+            | Call::StoreOffset { .. }
+            | Call::DeleteOffset { .. }
+    );
+    if touches_data && g.owes_purge() {
+        return Err(CallError::Unavailable {
+            reason: "a committed purge is not applied yet",
+        });
+    }
+    Ok(())
+}
+
 fn partition_error(error: PartitionError) -> CallError {
     match error {
         PartitionError::Fenced { .. } => CallError::Fenced {
@@ -382,7 +406,7 @@ fn partition_error(error: PartitionError) -> CallError {
         },
         PartitionError::InvalidOp(_)
         | PartitionError::StoreOffsetBeyondEnd { .. }
-        | PartitionError::PurgeGenerationNotNewer { .. } => CallError::Rejected {
+        | PartitionError::PurgeGenerationZero => CallError::Rejected {
             reason: error.to_string(),
         },
         other => CallError::Local {

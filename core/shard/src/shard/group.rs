@@ -64,6 +64,14 @@ pub(super) struct Group<E: Env> {
 }
 
 impl<E: Env> Group<E> {
+    /// Whether group 0 committed a purge generation this partition has not
+    /// applied yet.
+    pub(super) fn owes_purge(&self) -> bool {
+        self.driver
+            .committed_purge_generation()
+            .is_some_and(|committed| committed > self.partition.purge_generation())
+    }
+
     /// A purge group 0 committed is proposed to the partition group by
     /// whichever replica is its primary when the effect is applied; a
     /// primary that was down, changing views or not yet caught up then
@@ -75,7 +83,7 @@ impl<E: Env> Group<E> {
         let Some(committed) = self.driver.committed_purge_generation() else {
             return;
         };
-        let due = committed > self.partition.purge_generation()
+        let due = self.owes_purge()
             && self.partition.replica().is_caught_up_primary()
             && self.partition.fenced().is_none()
             && self.purge_proposed.is_none_or(|(generation, at)| {
@@ -91,9 +99,11 @@ impl<E: Env> Group<E> {
             "proposing a committed purge the group has not applied"
         );
         self.purge_proposed = Some((committed, tick));
-        // Nobody waits for the answer: the metadata op already answered.
+        // Nobody waits for the answer (the client's purge asks its own
+        // copy). Ahead of the calls already waiting: they are proposed
+        // after it, so the purge does not erase them once acknowledged.
         let (reply, _) = futures::channel::oneshot::channel();
-        self.queued.push_back((
+        self.queued.push_front((
             Call::Purge {
                 generation: committed,
             },

@@ -320,10 +320,7 @@ fn next_visit<E: Env>(g: &Group<E>, tick_us: u64, settled: u64) -> u64 {
     // A committed purge the partition has not applied: its primary
     // proposes it on a visit (`propose_missing_purge`), and a group with
     // no timers of its own (a single replica's) would never be visited.
-    if g.driver
-        .committed_purge_generation()
-        .is_some_and(|committed| committed > g.partition.purge_generation())
-    {
+    if g.owes_purge() {
         let retry = g.purge_proposed.map_or(g.counted_to + 1, |(_, proposed)| {
             proposed + PURGE_RETRY_TICKS
         });

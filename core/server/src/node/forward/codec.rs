@@ -495,7 +495,6 @@ fn put_answer(o: &mut Out, answer: &Answer) {
                 }
                 None => o.u8(0),
             }
-            o.u64(s.purge_generation);
         }
     }
 }
@@ -540,7 +539,6 @@ fn get_answer(i: &mut In<'_>) -> Result<Answer, CodecError> {
             size_bytes: i.u64()?,
             segments_count: i.u64()?,
             current_offset: get_option_u64(i, "current offset")?.map(Offset),
-            purge_generation: i.u64()?,
         }),
         tag => {
             return Err(CodecError::UnknownTag {
@@ -827,7 +825,6 @@ mod tests {
                 size_bytes: 2,
                 segments_count: 3,
                 current_offset: Some(Offset(4)),
-                purge_generation: 5,
             }),
         ];
         let outcomes = [
