@@ -676,13 +676,6 @@ impl Cluster {
             })
     }
 
-    /// The purge generation replica `r`'s copy of `group` applied.
-    pub(crate) fn applied_purge_generation(&self, r: u8, group: GroupId) -> Option<u64> {
-        self.shard(r, group)?
-            .partition(group)
-            .map(partitions::Partition::purge_generation)
-    }
-
     /// Flushes every live group's committed messages to its segments.
     pub(crate) fn flush_all(&mut self) -> Result<(), ClusterError> {
         for node in &mut self.nodes {

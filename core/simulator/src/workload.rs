@@ -140,6 +140,13 @@ enum Request {
         group: GroupId,
         consumer: Consumer,
     },
+    /// The partition's part of a committed purge: the server's backend
+    /// asks each group's primary for the generation group 0 committed and
+    /// answers the client once every group has (`NodeBackend::settle_purges`).
+    Purge {
+        group: GroupId,
+        generation: u64,
+    },
 }
 
 impl Request {
@@ -150,7 +157,8 @@ impl Request {
             Self::Produce { group, .. }
             | Self::Poll { group, .. }
             | Self::Store { group, .. }
-            | Self::Get { group, .. } => Some(*group),
+            | Self::Get { group, .. }
+            | Self::Purge { group, .. } => Some(*group),
         }
     }
 
@@ -172,6 +180,9 @@ impl Request {
                 offset: None,
             } => format!("delete the offset of {consumer} in {}", group.0),
             Self::Get { group, consumer } => format!("get the offset of {consumer} in {}", group.0),
+            Self::Purge { group, generation } => {
+                format!("purge {} to generation {generation}", group.0)
+            }
         }
     }
 }
@@ -302,9 +313,11 @@ pub(crate) struct Workload {
     /// their groups are looked up again until some replica names them.
     unresolved_topics: BTreeSet<usize>,
     /// Groups a purge or delete holds: no client sends to them until the
-    /// purge is seen applied (`Some(generation)` once group 0 committed
-    /// it) or the delete answered.
+    /// group's purge call is answered (`Some(generation)` once group 0
+    /// committed it) or the delete answered.
     held: BTreeMap<GroupId, Option<u64>>,
+    /// Held groups whose purge call a client has in flight or to retry.
+    settling: BTreeSet<GroupId>,
     /// A purge or delete of topic `n` that client `i` waits to send until
     /// no request to its groups is in flight: `(i, n, action)`.
     topic_action_waiting: Option<(usize, usize, TopicAction)>,
@@ -413,6 +426,7 @@ impl Workload {
             topic_groups: Vec::new(),
             unresolved_topics: BTreeSet::new(),
             held: BTreeMap::new(),
+            settling: BTreeSet::new(),
             topic_action_waiting: None,
             purge_targets: BTreeMap::new(),
             deleted_groups: BTreeSet::new(),
@@ -532,34 +546,26 @@ impl Workload {
         }
     }
 
-    /// Ends the purges whose partition groups applied the generation group
-    /// 0 committed (on any replica: applied is committed): the oracle
-    /// learns the purge while no request to the group is in flight.
-    fn watch_purges(&mut self, cluster: &Cluster, oracle: &mut Oracle, trace: &mut Trace) {
-        let tick = cluster.tick();
-        let applied: Vec<GroupId> = self
+    /// A purge call for a held group whose purge group 0 committed and no
+    /// client settles yet, as the backend makes one after the metadata op.
+    fn settle_request(&mut self) -> Option<Request> {
+        let (&group, &generation) = self
             .held
             .iter()
-            .filter_map(|(&g, target)| {
-                let target = (*target)?;
-                (0..cluster.replica_count)
-                    .any(|r| {
-                        cluster
-                            .applied_purge_generation(r, g)
-                            .is_some_and(|a| a >= target)
-                    })
-                    .then_some(g)
-            })
-            .collect();
-        for g in applied {
-            self.held.remove(&g);
-            oracle.purged(g);
-            self.stats.purges += 1;
-            trace.record(Event::State {
-                tick,
-                what: format!("group {} purged", g.0),
-            });
-        }
+            .find(|(g, target)| target.is_some() && !self.settling.contains(g))?;
+        let generation = generation?;
+        self.settling.insert(group);
+        Some(Request::Purge { group, generation })
+    }
+
+    /// A group's purge call answered: the oracle learns the purge (no
+    /// request to the group is in flight while it is held; the trace has
+    /// the answer).
+    fn purge_settled(&mut self, group: GroupId, oracle: &mut Oracle) {
+        self.settling.remove(&group);
+        self.held.remove(&group);
+        oracle.purged(group);
+        self.stats.purges += 1;
     }
 
     /// The groups of topic `name`, as the first replica whose metadata
@@ -594,11 +600,14 @@ impl Workload {
         &self.groups
     }
 
-    /// Whether every client is idle (nothing in flight or to retry).
+    /// Whether every client is idle (nothing in flight or to retry) and
+    /// no committed purge waits for its partitions' answers.
     pub(crate) fn idle(&self) -> bool {
-        self.clients
-            .iter()
-            .all(|c| matches!(c.state, ClientState::Idle))
+        self.held.values().all(Option::is_none)
+            && self
+                .clients
+                .iter()
+                .all(|c| matches!(c.state, ClientState::Idle))
     }
 
     fn random_replica(&mut self) -> u8 {
@@ -616,7 +625,6 @@ impl Workload {
     ) -> Result<(), StepError> {
         let tick = cluster.tick();
         self.resolve_topics(cluster);
-        self.watch_purges(cluster, oracle, trace);
         for i in 0..self.clients.len() {
             self.take_answer(i, tick, cluster, oracle, trace)?;
             if self.clients[i].wake_tick > tick {
@@ -630,12 +638,16 @@ impl Workload {
                 }
                 ClientState::Retry { request, attempts } => (request, attempts),
                 ClientState::Idle => {
-                    if !issue_new {
+                    // A purge's calls are part of a request already begun.
+                    if let Some(r) = self.settle_request() {
+                        (r, 0)
+                    } else if !issue_new {
                         continue;
-                    }
-                    match self.next_request(i, tick, oracle) {
-                        Some(r) => (r, 0),
-                        None => continue,
+                    } else {
+                        match self.next_request(i, tick, oracle) {
+                            Some(r) => (r, 0),
+                            None => continue,
+                        }
                     }
                 }
             };
@@ -1047,6 +1059,49 @@ impl Workload {
             } => self.judge_store(group, consumer, offset, attempts, answer, oracle),
             Request::Get { group, consumer } => {
                 self.judge_get(group, consumer, attempts, answer, oracle)
+            }
+            Request::Purge { group, generation } => {
+                self.judge_purge(group, generation, attempts, answer, oracle)
+            }
+        }
+    }
+
+    /// A purge call's answer: the purge is done once it committed; after
+    /// anything else the call is made again (the backend's client would
+    /// send its purge again), by this client or, once it gives up, by the
+    /// next idle one.
+    fn judge_purge(
+        &mut self,
+        group: GroupId,
+        generation: u64,
+        attempts: u32,
+        answer: Got,
+        oracle: &mut Oracle,
+    ) -> Result<Next, Violation> {
+        match answer.into_call() {
+            Some(Ok(Answer::Committed { .. })) => {
+                self.purge_settled(group, oracle);
+                Ok(Next::Done)
+            }
+            Some(Ok(other)) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!("purge of group {} answered {other:?}", group.0),
+            )),
+            Some(Err(CallError::Rejected { reason })) => Err(Violation::new(
+                Property::UnexpectedRefusal,
+                format!(
+                    "purge of group {} to generation {generation} rejected: {reason}",
+                    group.0
+                ),
+            )),
+            Some(Err(e)) if nothing_changed(&e) && !exhausted(attempts) => Ok(retry(
+                Request::Purge { group, generation },
+                attempts,
+                retry_target(&e),
+            )),
+            _ => {
+                self.settling.remove(&group);
+                Ok(Next::Done)
             }
         }
     }
@@ -1505,6 +1560,15 @@ fn issue(
                 Call::GetOffset {
                     kind: consumer.kind,
                     id: consumer.id,
+                },
+            )?
+            .map(Waiting::Call),
+        Request::Purge { group, generation } => cluster
+            .call(
+                target,
+                *group,
+                Call::Purge {
+                    generation: *generation,
                 },
             )?
             .map(Waiting::Call),

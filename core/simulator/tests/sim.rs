@@ -542,6 +542,30 @@ fn regression_exceed_f_19000159_19000132_offset_applied_by_a_lost_op() {
     }
 }
 
+/// Mixed seed 39602791 past f with every workload flag (3 × 2, 2,000
+/// ticks), the one failure of a 3,000-seed `--exceed-f` sweep. The one
+/// replica that applied group 4's purge went down before it recorded the
+/// op as applied, another fenced writing its own `purge.gen`, and the
+/// group's next view started without the purge; a replica then served the
+/// purged messages. The workload counted the purge done once any replica
+/// had applied it, which no client is ever told: the server answers a
+/// purge once each partition's primary answered the purge call for the
+/// committed generation (durable there for a `persisted` topic), and the
+/// workload now waits for the same answer. A primary that knows of a
+/// committed purge it has not applied also refuses polls, produces and
+/// offset calls until it has.
+#[test]
+fn regression_exceed_f_39602791_purge_done_only_when_its_partition_answers() {
+    let mut o = options(39_602_791, FaultProfile::Mixed, 3, 2, 2_000);
+    o.exceed_f = true;
+    o.purges = true;
+    o.deletes = true;
+    o.stream_deletes = true;
+    o.size_retention = true;
+    every_flag(&mut o);
+    clean(&o);
+}
+
 /// Topic purges through group 0 in the workload (`--purges`), under the
 /// profiles that crash, fault disks and cut the whole cluster's power: 12
 /// seeds each, 3 × 2, 1,500 ticks. The purges must happen (the oracle then
