@@ -613,6 +613,76 @@ fn given_a_produce_loop_when_a_backup_and_then_the_primary_are_killed_should_los
     cluster.stop();
 }
 
+/// A topic purged right after its partition's primary died: group 0
+/// commits the purge at once, and the answer waits (the backend asks the
+/// partition again) until the group's new primary has carried it out, so
+/// the client is told it is done, not asked to retry (the SDK retries a
+/// request answered 57/58 by itself, and each retry purged again). A poll right
+/// after reads nothing and a produce right after is kept.
+#[test]
+fn given_a_partitions_primary_killed_when_its_topic_is_purged_should_answer_once_the_next_primary_applied_it()
+ {
+    let mut cluster = Cluster::start_logging(
+        |_| {},
+        Some("warn,shard::shard=info,partitions::purge=info"),
+    );
+    let rt = runtime();
+    // As in the kill test above: the partition is group 1, whose view-0
+    // primary is replica 1; the client talks to replica 0.
+    let client = rt.block_on(bounded(
+        "set up",
+        load_topic(cluster.clients[0], TopicCreateOptions::default()),
+    ));
+    let texts: Vec<String> = (0..20).map(|n| format!("old-{n}")).collect();
+    Produced::default().range(&rt, &client, &texts);
+    cluster.kill9(1);
+    rt.block_on(bounded("purge across the view change", async {
+        let started = Instant::now();
+        if let Err(e) = client.purge_topic(&id("load"), &id("t")).await {
+            panic!(
+                "purge answered {e:?} (code {}) after {:?}",
+                e.as_code(),
+                started.elapsed()
+            );
+        }
+        println!("purge answered after {:?}", started.elapsed());
+        assert_eq!(poll_all(&client, "load", "t", 0).await, Vec::new());
+        retried!(
+            "send after the purge",
+            client.send_messages(
+                &id("load"),
+                &id("t"),
+                &Partitioning::partition_id(0),
+                &mut [IggyMessage::from_str("new").unwrap()],
+            )
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            poll_all(&client, "load", "t", 0).await,
+            vec![(0, "new".to_owned())]
+        );
+    }));
+    let moved = cluster.nodes[0]
+        .as_ref()
+        .is_some_and(|n| n.logged("group view changed group=1 "));
+    assert!(moved, "group 1 changed view when its primary died");
+    // One purge, not one per retry: the SDK sends a request answered
+    // 57/58 again, and each would have been a purge of its own.
+    for r in [0, 2] {
+        let node = cluster.nodes[r].as_ref().unwrap();
+        let purges = node.log_lines("purging partition");
+        assert!(!purges.is_empty(), "replica {r} purged");
+        for line in purges {
+            assert!(
+                line.ends_with(" generation=1"),
+                "replica {r}: one purge, generation 1: {line}"
+            );
+        }
+    }
+    drop(client);
+    cluster.stop();
+}
+
 /// A replica's disk is lost mid produce loop (killed, its whole data
 /// directory deleted) and it is started again by the documented procedure
 /// (`replog --config FILE --rejoin`): group 0 and the partition start out

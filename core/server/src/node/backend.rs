@@ -71,6 +71,12 @@ pub struct NodeBackend {
 /// what the primary had, before it answers anyway.
 const READ_YOUR_WRITES_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a purge's answer waits for a partition whose primary cannot
+/// take the purge call now (a cluster only: longer than a primary timeout
+/// and the view change after it), and how often it asks again.
+const PURGE_SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const PURGE_SETTLE_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl NodeBackend {
     /// A backend over `handles`. `node_tag` must differ between replicas
     /// and between boots of one replica (e.g. replica id and boot count
@@ -308,18 +314,33 @@ impl NodeBackend {
             .collect()
     }
 
-    /// One group's part of [`Self::settle_purges`].
+    /// One group's part of [`Self::settle_purges`]. In a cluster a
+    /// transient failure (a primary that just moved, a view change) is
+    /// retried for a while before it reaches the client: the purge is
+    /// committed already, and a client told to retry would purge again.
+    /// The call is safe to repeat, since a generation already applied
+    /// commits as nothing.
     async fn settle_purge(&self, group: GroupId, generation: u64) -> BackendResult<()> {
-        match self.call_group(group, Call::Purge { generation }).await {
-            Ok(_) => Ok(()),
-            Err(other) => {
-                tracing::debug!(
-                    group = group.0,
-                    generation,
-                    error = %other,
-                    "a committed purge is not yet applied by its partition"
-                );
-                Err(other)
+        let deadline = std::time::Instant::now() + PURGE_SETTLE_WAIT;
+        loop {
+            match self.call_group(group, Call::Purge { generation }).await {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if e.class() == crate::session::ErrorClass::Transient
+                        && self.forwarder.is_some()
+                        && std::time::Instant::now() < deadline =>
+                {
+                    compio::time::sleep(PURGE_SETTLE_RETRY).await;
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        group = group.0,
+                        generation,
+                        error = %e,
+                        "a committed purge is not yet applied by its partition"
+                    );
+                    return Err(e);
+                }
             }
         }
     }

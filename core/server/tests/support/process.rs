@@ -100,6 +100,12 @@ impl Replog {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// The log lines so far that contain `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|l| l.contains(needle)).cloned().collect()
+    }
+
     /// Whether a log line containing `needle` arrives within `timeout`
     /// (the line may trail what the test observed on disk: the process
     /// writes it after the step, and a thread relays stderr).
