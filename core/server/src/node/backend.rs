@@ -299,10 +299,10 @@ impl NodeBackend {
     /// op committed and applied (when the copy the metadata effect
     /// proposed came first, this one commits as nothing), durably for a
     /// `persisted` topic, and every later call on the group is ordered
-    /// after it. A group that cannot answer now fails the request with its
-    /// transient error; the purge is committed all the same and the
-    /// group's primary applies it once it has one (refusing data calls
-    /// until then).
+    /// after it. A group that cannot answer in time fails the request with
+    /// `NotCommitted`; the purge is committed all the same and the group's
+    /// primary applies it once it has one (refusing data calls until
+    /// then).
     async fn settle_purges(&self, scope: PurgeScope) -> BackendResult<()> {
         let targets = self.query(move |s| Ok(purge_targets(s, &scope))).await?;
         let settles = targets
@@ -339,7 +339,12 @@ impl NodeBackend {
                         error = %e,
                         "a committed purge is not yet applied by its partition"
                     );
-                    return Err(e);
+                    // Admitted and committed, so never "not accepted"
+                    // (58, which tells the client nothing happened).
+                    return Err(match e.class() {
+                        crate::session::ErrorClass::Transient => BackendError::NotCommitted,
+                        _ => e,
+                    });
                 }
             }
         }
