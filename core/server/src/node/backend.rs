@@ -1466,20 +1466,22 @@ enum PurgeScope {
 /// applied metadata holds for it. A stream or topic gone since the purge
 /// committed names none: nothing is left to purge.
 fn purge_targets(state: &MetadataState, scope: &PurgeScope) -> Vec<(GroupId, u64)> {
-    let covers: Box<dyn Fn(&metadata::PartitionGroupInfo) -> bool> = match scope {
-        PurgeScope::Topic(stream, topic) => match state.resolve_topic(stream, topic) {
-            Ok((s, t)) => Box::new(move |i| i.stream == s && i.topic == t),
-            Err(_) => return Vec::new(),
-        },
-        PurgeScope::Stream(stream) => match state.resolve_stream(stream) {
-            Ok(s) => Box::new(move |i| i.stream == s),
-            Err(_) => return Vec::new(),
-        },
+    // The stream, and the topic unless the whole stream was purged.
+    let resolved = match scope {
+        PurgeScope::Topic(stream, topic) => state
+            .resolve_topic(stream, topic)
+            .map(|(s, t)| (s, Some(t))),
+        PurgeScope::Stream(stream) => state.resolve_stream(stream).map(|s| (s, None)),
+    };
+    let Ok((stream, topic)) = resolved else {
+        return Vec::new();
     };
     state
         .partition_groups()
         .into_iter()
-        .filter(|i| i.purge_generation > 0 && covers(i))
+        .filter(|i| {
+            i.purge_generation > 0 && i.stream == stream && topic.is_none_or(|t| i.topic == t)
+        })
         .map(|i| (i.group, i.purge_generation))
         .collect()
 }
