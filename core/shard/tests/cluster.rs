@@ -678,6 +678,96 @@ fn given_a_primary_cut_off_while_the_others_move_on_when_read_from_should_never_
     );
 }
 
+/// Cuts `old`, the primary of `g`, off and steps until another replica
+/// leads a newer view; returns it.
+fn elect_without(c: &mut Cluster, g: GroupId, old: ReplicaId) -> ReplicaId {
+    let old_view = c.node(old.0, g).partition(g).unwrap().replica().view();
+    c.net.set_isolated(old, true);
+    for _ in 0..3000 {
+        c.step();
+        let new = (0..3u8).map(ReplicaId).find(|&r| {
+            r != old && {
+                let replica = c.node(r.0, g).partition(g).unwrap().replica();
+                replica.is_caught_up_primary() && replica.view() > old_view
+            }
+        });
+        if let Some(new) = new {
+            return new;
+        }
+    }
+    panic!("the others elected no new primary");
+}
+
+/// A produce whose primary lost its view before the op committed is
+/// answered by what became of its op once the deposed primary has
+/// applied it: `Committed` at its offset when the next view kept it,
+/// `Unavailable` (nothing changed, send it again) when the view change
+/// dropped it; never `Indeterminate` while the replica lives.
+#[test]
+fn given_a_primary_deposed_with_a_produce_in_flight_when_it_catches_up_should_answer_what_became_of_it()
+ {
+    let mut c = Cluster::new(3, 1, 5, NetworkFaults::default());
+    let g = group(7);
+    c.create_everywhere(g);
+    c.run(100);
+    let produce = |tag| Call::Produce {
+        batch: batch(tag, 10),
+    };
+    c.call_until_done(g, produce(1), 2000).unwrap();
+
+    // Dropped: the prepare never leaves the cut-off primary, and the next
+    // view gives its op to another batch.
+    let old = c.primary(g).unwrap();
+    c.net.set_isolated(old, true);
+    let mut dropped = c.send(old, g, produce(2));
+    let new = elect_without(&mut c, g, old);
+    let mut p = c.send(new, g, produce(3));
+    assert!(matches!(
+        answer_within(&mut c, &mut p, 500),
+        Some(Ok(Answer::Committed { .. }))
+    ));
+    c.net.set_isolated(old, false);
+    let answer = answer_within(&mut c, &mut dropped, 3000);
+    assert!(
+        matches!(answer, Some(Err(CallError::Unavailable { .. }))),
+        "a dropped produce answered {answer:?}"
+    );
+
+    // Kept: the backups hold the prepare but their acknowledgements never
+    // reach the primary, which is then cut off; the next view commits it.
+    let old = c.primary(g).unwrap();
+    let backups: Vec<ReplicaId> = (0..3u8).map(ReplicaId).filter(|&r| r != old).collect();
+    for &b in &backups {
+        c.net.set_link_cut(b, old, true);
+    }
+    let head = c.node(old.0, g).partition(g).unwrap().replica().op();
+    let mut kept = c.send(old, g, produce(4));
+    for _ in 0..200 {
+        c.step();
+    }
+    for &b in &backups {
+        let op = c.node(b.0, g).partition(g).unwrap().replica().op();
+        assert!(op > head, "backup {} journaled the prepare", b.0);
+    }
+    elect_without(&mut c, g, old);
+    for &b in &backups {
+        c.net.set_link_cut(b, old, false);
+    }
+    c.net.set_isolated(old, false);
+    let answer = answer_within(&mut c, &mut kept, 3000);
+    let Some(Ok(Answer::Committed {
+        base_offset: Some(base),
+        ..
+    })) = answer
+    else {
+        panic!("a kept produce answered {answer:?}");
+    };
+    // Batch 1 (10 messages) and batch 3 before it; batch 2 is nowhere.
+    assert_eq!(base, Offset(20));
+    let messages = poll_all(&mut c, old.0, g);
+    assert_eq!(messages.len(), 30);
+}
+
 #[test]
 fn given_unknown_group_when_called_should_answer_unknown_group() {
     let mut c = Cluster::new(1, 1, 1, NetworkFaults::default());

@@ -644,6 +644,12 @@ impl Replica {
         self.journal.entry(op.0)
     }
 
+    /// The header at `op` if this replica's journal still knows it (with
+    /// its body, as a canonical header, or spilled after apply).
+    pub fn journal_header(&self, op: Op) -> Option<&PrepareHeader> {
+        self.journal.header(op.0)
+    }
+
     /// Lets go of the body of applied op `op`, which the driver can read
     /// back at `locator` when a peer's repair needs it
     /// ([`Effect::ReadBack`]). Returns the body's length, or `None` when no

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use common::{GroupId, Offset};
+use common::{GroupId, Offset, Op};
 use consensus::vsr::{OPERATION_REGISTER, ReplyStatus, RequestOutcome};
 use partitions::{ClientOp, ClientRequest, MessageBus, Partition, PartitionError};
 use storage::fs::Fs;
@@ -24,10 +24,28 @@ const READ_CHECK_TICKS_MAX: u64 = 100;
 /// Reads a group holds while their read check is out.
 const PENDING_READS_MAX: usize = 4096;
 
+/// Ticks a call whose primary lost its view waits to learn whether its op
+/// survived the view change before it is answered `Indeterminate`.
+const ORPHAN_TICKS_MAX: u64 = 1_000;
+
 /// A replicated call waiting for its commit.
 #[derive(Debug)]
 pub(super) struct InFlight {
     pub(super) reply: ReplyTx,
+    /// The op it was prepared as, when this replica prepared it.
+    pub(super) op: Option<Op>,
+    /// The tick this replica stopped being its primary, if it has.
+    pub(super) orphaned_at: Option<u64>,
+}
+
+impl InFlight {
+    fn new(reply: ReplyTx, op: Option<Op>) -> Self {
+        Self {
+            reply,
+            op,
+            orphaned_at: None,
+        }
+    }
 }
 
 /// A call that reads the group's state, waiting until its primary has
@@ -293,28 +311,95 @@ impl<E: Env> Shard<E> {
             let _ = flight.reply.send(answer);
         }
         // Calls whose primary moved away will not be answered by this
-        // replica's core: tell their callers the outcome is unknown.
+        // replica's core. One it prepared itself waits until this replica
+        // has applied that op and can tell whether it is the call's;
+        // otherwise its caller learns the outcome is unknown.
+        let (tick, client) = (self.tick, self.client);
         let flying: Vec<GroupId> = self.in_flight_groups.iter().copied().collect();
         for id in flying {
             let Some(g) = self.groups.get_mut(&id) else {
                 self.in_flight_groups.remove(&id);
                 continue;
             };
-            if g.in_flight.is_empty() {
-                self.in_flight_groups.remove(&id);
-                continue;
-            }
             if !g.partition.replica().is_primary() {
-                for (_, flight) in std::mem::take(&mut g.in_flight) {
-                    let _ = flight.reply.send(Err(CallError::Indeterminate {
-                        reason: "the primary lost its view before the op committed",
-                    }));
+                for flight in g.in_flight.values_mut() {
+                    flight.orphaned_at.get_or_insert(tick);
                 }
                 g.session = Session::Closed;
+            }
+            settle_orphans(g, client, tick);
+            if g.in_flight.is_empty() {
+                self.in_flight_groups.remove(&id);
             }
         }
         opened
     }
+}
+
+/// Answers the calls of `g` whose primary lost its view, where the
+/// outcome is known. A call is its client's request number, never sent
+/// again, and a prepare keeps its op through a view change, so once this
+/// replica has applied the op a call was prepared as, the op's header
+/// says it all: the call's request (it committed, whichever view
+/// committed it), or another one (the view change dropped the call, and
+/// nothing of it will ever apply: the caller may send it again). A call
+/// without its op, whose op's header is gone, or that waited
+/// `ORPHAN_TICKS_MAX` ticks is answered `Indeterminate`.
+fn settle_orphans<E: Env>(g: &mut Group<E>, client: u128, tick: u64) {
+    let orphans: Vec<u64> = g
+        .in_flight
+        .iter()
+        .filter(|(_, f)| f.orphaned_at.is_some())
+        .map(|(request, _)| *request)
+        .collect();
+    for request in orphans {
+        let Some(flight) = g.in_flight.get(&request) else {
+            continue;
+        };
+        let answer = orphan_outcome(&g.partition, flight, request, client, tick);
+        if let Some(answer) = answer
+            && let Some(flight) = g.in_flight.remove(&request)
+        {
+            let _ = flight.reply.send(answer);
+        }
+    }
+}
+
+/// What an orphaned call is known to have come to, if anything yet.
+fn orphan_outcome<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
+    partition: &Partition<B, S, F>,
+    flight: &InFlight,
+    request: u64,
+    client: u128,
+    tick: u64,
+) -> Option<Result<Answer, CallError>> {
+    let unknown = Err(CallError::Indeterminate {
+        reason: "the primary lost its view before the op committed",
+    });
+    let Some(op) = flight.op else {
+        return Some(unknown);
+    };
+    let replica = partition.replica();
+    if replica.commit_min() < op {
+        let waited = tick.saturating_sub(flight.orphaned_at.unwrap_or(tick));
+        return (waited > ORPHAN_TICKS_MAX).then_some(unknown);
+    }
+    let Some(header) = replica.journal_header(op) else {
+        return Some(unknown);
+    };
+    if header.client != client || header.request != request {
+        return Some(Err(CallError::Unavailable {
+            reason: "a view change dropped the op before it committed",
+        }));
+    }
+    let base_offset = (header.operation == consensus::vsr::OPERATION_APPEND)
+        .then(|| replica.journal_entry(op))
+        .flatten()
+        .and_then(|p| {
+            storage::BatchView::decode_exact(&p.body, storage::Integrity::LayoutOnly, u64::MAX).ok()
+        })
+        .map(|view| Offset(view.header().base_offset));
+    Some(Ok(Answer::Committed { op, base_offset }))
 }
 
 /// A call this replica answers from its own state: a read (after its read
@@ -486,14 +571,16 @@ async fn submit_queued<E: Env>(
             op,
         };
         match g.partition.submit(request, now_us).await {
-            Ok(RequestOutcome::Prepared { .. } | RequestOutcome::InFlight) => {
+            Ok(RequestOutcome::Prepared { op }) => {
                 g.next_request += 1;
-                g.in_flight.insert(request_number, InFlight { reply });
+                g.in_flight
+                    .insert(request_number, InFlight::new(reply, Some(op)));
                 in_flight_groups.insert(group);
             }
-            Ok(RequestOutcome::Answered) => {
+            Ok(RequestOutcome::InFlight | RequestOutcome::Answered) => {
                 g.next_request += 1;
-                g.in_flight.insert(request_number, InFlight { reply });
+                g.in_flight
+                    .insert(request_number, InFlight::new(reply, None));
                 in_flight_groups.insert(group);
             }
             Ok(RequestOutcome::Unavailable) => {
