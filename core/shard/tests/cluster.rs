@@ -621,24 +621,9 @@ fn given_a_primary_cut_off_while_the_others_move_on_when_read_from_should_never_
     c.call_until_done(g, produce(1), 2000).unwrap();
     c.call_until_done(g, consumer(4), 2000).unwrap();
     let old = c.primary(g).unwrap();
-    let old_view = c.node(old.0, g).partition(g).unwrap().replica().view();
-    c.net.set_isolated(old, true);
     // The others elect a new primary and acknowledge a batch and a store
     // the cut-off primary never hears of.
-    let mut new = None;
-    for _ in 0..3000 {
-        c.step();
-        new = (0..3u8).map(ReplicaId).find(|&r| {
-            r != old && {
-                let replica = c.node(r.0, g).partition(g).unwrap().replica();
-                replica.is_caught_up_primary() && replica.view() > old_view
-            }
-        });
-        if new.is_some() {
-            break;
-        }
-    }
-    let new = new.expect("the others elected no new primary");
+    let new = elect_without(&mut c, g, old);
     let mut p = c.send(new, g, produce(2));
     assert!(matches!(
         answer_within(&mut c, &mut p, 500),
