@@ -8,6 +8,7 @@ use common::{GroupId, Offset, Op};
 use consensus::vsr::{OPERATION_REGISTER, ReplyStatus, RequestOutcome};
 use partitions::{ClientOp, ClientRequest, MessageBus, Partition, PartitionError};
 use storage::fs::Fs;
+use storage::{BatchView, Integrity};
 
 use super::group::Group;
 use super::{Shard, ShardPartition};
@@ -34,18 +35,16 @@ pub(super) struct InFlight {
     pub(super) reply: ReplyTx,
     /// The op it was prepared as, when this replica prepared it.
     pub(super) op: Option<Op>,
-    /// The tick this replica stopped being its primary, if it has.
-    pub(super) orphaned_at: Option<u64>,
 }
 
-impl InFlight {
-    fn new(reply: ReplyTx, op: Option<Op>) -> Self {
-        Self {
-            reply,
-            op,
-            orphaned_at: None,
-        }
-    }
+/// A call this replica prepared as `op` and then stopped being the
+/// group's primary, waiting to learn what became of the op.
+#[derive(Debug)]
+pub(super) struct Orphan {
+    pub(super) reply: ReplyTx,
+    op: Op,
+    /// The tick this replica was found no longer primary.
+    since_tick: u64,
 }
 
 /// A call that reads the group's state, waiting until its primary has
@@ -321,14 +320,28 @@ impl<E: Env> Shard<E> {
                 self.in_flight_groups.remove(&id);
                 continue;
             };
-            if !g.partition.replica().is_primary() {
-                for flight in g.in_flight.values_mut() {
-                    flight.orphaned_at.get_or_insert(tick);
+            if !g.in_flight.is_empty() && !g.partition.replica().is_primary() {
+                for (request, flight) in std::mem::take(&mut g.in_flight) {
+                    match flight.op {
+                        Some(op) => {
+                            let orphan = Orphan {
+                                reply: flight.reply,
+                                op,
+                                since_tick: tick,
+                            };
+                            g.orphans.insert(request, orphan);
+                        }
+                        None => {
+                            let _ = flight.reply.send(Err(outcome_unknown()));
+                        }
+                    }
                 }
                 g.session = Session::Closed;
             }
-            settle_orphans(g, client, tick);
-            if g.in_flight.is_empty() {
+            if !g.orphans.is_empty() {
+                settle_orphans(g, client, tick);
+            }
+            if g.in_flight.is_empty() && g.orphans.is_empty() {
                 self.in_flight_groups.remove(&id);
             }
         }
@@ -343,24 +356,19 @@ impl<E: Env> Shard<E> {
 /// says it all: the call's request (it committed, whichever view
 /// committed it), or another one (the view change dropped the call, and
 /// nothing of it will ever apply: the caller may send it again). A call
-/// without its op, whose op's header is gone, or that waited
-/// `ORPHAN_TICKS_MAX` ticks is answered `Indeterminate`.
+/// whose op's header is gone, or that waited `ORPHAN_TICKS_MAX` ticks, is
+/// answered `Indeterminate`.
 fn settle_orphans<E: Env>(g: &mut Group<E>, client: u128, tick: u64) {
-    let orphans: Vec<u64> = g
-        .in_flight
+    let known: Vec<(u64, Result<Answer, CallError>)> = g
+        .orphans
         .iter()
-        .filter(|(_, f)| f.orphaned_at.is_some())
-        .map(|(request, _)| *request)
+        .filter_map(|(&request, orphan)| {
+            orphan_outcome(&g.partition, orphan, request, client, tick).map(|a| (request, a))
+        })
         .collect();
-    for request in orphans {
-        let Some(flight) = g.in_flight.get(&request) else {
-            continue;
-        };
-        let answer = orphan_outcome(&g.partition, flight, request, client, tick);
-        if let Some(answer) = answer
-            && let Some(flight) = g.in_flight.remove(&request)
-        {
-            let _ = flight.reply.send(answer);
+    for (request, answer) in known {
+        if let Some(orphan) = g.orphans.remove(&request) {
+            let _ = orphan.reply.send(answer);
         }
     }
 }
@@ -368,24 +376,19 @@ fn settle_orphans<E: Env>(g: &mut Group<E>, client: u128, tick: u64) {
 /// What an orphaned call is known to have come to, if anything yet.
 fn orphan_outcome<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
     partition: &Partition<B, S, F>,
-    flight: &InFlight,
+    orphan: &Orphan,
     request: u64,
     client: u128,
     tick: u64,
 ) -> Option<Result<Answer, CallError>> {
-    let unknown = Err(CallError::Indeterminate {
-        reason: "the primary lost its view before the op committed",
-    });
-    let Some(op) = flight.op else {
-        return Some(unknown);
-    };
     let replica = partition.replica();
+    let op = orphan.op;
     if replica.commit_min() < op {
-        let waited = tick.saturating_sub(flight.orphaned_at.unwrap_or(tick));
-        return (waited > ORPHAN_TICKS_MAX).then_some(unknown);
+        let waited = tick.saturating_sub(orphan.since_tick);
+        return (waited > ORPHAN_TICKS_MAX).then(|| Err(outcome_unknown()));
     }
     let Some(header) = replica.journal_header(op) else {
-        return Some(unknown);
+        return Some(Err(outcome_unknown()));
     };
     if header.client != client || header.request != request {
         return Some(Err(CallError::Unavailable {
@@ -395,11 +398,16 @@ fn orphan_outcome<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
     let base_offset = (header.operation == consensus::vsr::OPERATION_APPEND)
         .then(|| replica.journal_entry(op))
         .flatten()
-        .and_then(|p| {
-            storage::BatchView::decode_exact(&p.body, storage::Integrity::LayoutOnly, u64::MAX).ok()
-        })
+        .and_then(|p| BatchView::decode_exact(&p.body, Integrity::LayoutOnly, u64::MAX).ok())
         .map(|view| Offset(view.header().base_offset));
     Some(Ok(Answer::Committed { op, base_offset }))
+}
+
+/// A call whose primary lost its view with no way to tell its outcome.
+fn outcome_unknown() -> CallError {
+    CallError::Indeterminate {
+        reason: "the primary lost its view before the op committed",
+    }
 }
 
 /// A call this replica answers from its own state: a read (after its read
@@ -573,14 +581,17 @@ async fn submit_queued<E: Env>(
         match g.partition.submit(request, now_us).await {
             Ok(RequestOutcome::Prepared { op }) => {
                 g.next_request += 1;
-                g.in_flight
-                    .insert(request_number, InFlight::new(reply, Some(op)));
+                let flight = InFlight {
+                    reply,
+                    op: Some(op),
+                };
+                g.in_flight.insert(request_number, flight);
                 in_flight_groups.insert(group);
             }
             Ok(RequestOutcome::InFlight | RequestOutcome::Answered) => {
                 g.next_request += 1;
                 g.in_flight
-                    .insert(request_number, InFlight::new(reply, None));
+                    .insert(request_number, InFlight { reply, op: None });
                 in_flight_groups.insert(group);
             }
             Ok(RequestOutcome::Unavailable) => {

@@ -14,7 +14,7 @@ use partitions::{Partition, PartitionConfig, PartitionError, RetentionPolicy};
 use storage::fs::Fs;
 
 use super::bus::ShardBus;
-use super::calls::{InFlight, PendingRead};
+use super::calls::{InFlight, Orphan, PendingRead};
 use super::errors::GroupError;
 use super::{Shard, ShardPartition, add_transfer_totals};
 use crate::call::{Call, CallError, ReplyTx};
@@ -37,6 +37,9 @@ pub(super) struct Group<E: Env> {
     pub(super) queued: VecDeque<(Call, ReplyTx)>,
     /// Replicated calls sent, by request number.
     pub(super) in_flight: BTreeMap<u64, InFlight>,
+    /// Calls prepared here before this replica stopped being primary, by
+    /// request number, until their op's fate is known here.
+    pub(super) orphans: BTreeMap<u64, Orphan>,
     /// Reads waiting for their read check, oldest first.
     pub(super) reads: VecDeque<PendingRead>,
     pub(super) fenced_reported: bool,
@@ -241,8 +244,16 @@ impl<E: Env> Shard<E> {
         for (_, reply) in removed.queued.drain(..) {
             let _ = reply.send(Err(CallError::UnknownGroup { group }));
         }
-        for (_, flight) in std::mem::take(&mut removed.in_flight) {
-            let _ = flight.reply.send(Err(CallError::Indeterminate {
+        let replies = std::mem::take(&mut removed.in_flight)
+            .into_values()
+            .map(|f| f.reply)
+            .chain(
+                std::mem::take(&mut removed.orphans)
+                    .into_values()
+                    .map(|o| o.reply),
+            );
+        for reply in replies {
+            let _ = reply.send(Err(CallError::Indeterminate {
                 reason: "the group was deleted",
             }));
         }
@@ -380,6 +391,7 @@ impl<E: Env> Shard<E> {
                 next_request: 1,
                 queued: VecDeque::new(),
                 in_flight: BTreeMap::new(),
+                orphans: BTreeMap::new(),
                 reads: VecDeque::new(),
                 fenced_reported: false,
                 seen_view,
