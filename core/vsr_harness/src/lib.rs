@@ -35,7 +35,8 @@ use consensus::ClientTable;
 use consensus::vsr::Retained;
 use consensus::vsr::TimeoutConfig;
 use consensus::vsr::{
-    Action, AppliedState, Config, DurableState, Effect, Replica, RequestOutcome, Status, Topology,
+    Action, AppliedState, Config, DurableState, Effect, LoggedJournal, Replica, RequestOutcome,
+    Status, Topology,
 };
 use consensus::vsr::{
     Frame, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Reply, ReplyStatus, Request,
@@ -100,6 +101,14 @@ pub struct SimConfig {
     /// Per-mille chance that reading a spilled body back fails; as often
     /// again it comes back with a flipped byte.
     pub read_back_fail_per_mille: u64,
+    /// Each replica keeps its journal in a durable log synced before the
+    /// frames of every step (a `persisted` group's prepare log) and boots
+    /// with [`Replica::resume_with_log`]. Crashes are then not limited to
+    /// `f` replicas at a time.
+    pub durable_journal: bool,
+    /// Per-mille chance per tick, with a durable journal, that every
+    /// replica crashes at once (a power loss of the whole cluster).
+    pub power_loss_per_mille: u64,
 }
 
 impl SimConfig {
@@ -129,7 +138,21 @@ impl SimConfig {
             lazy_ticks: false,
             spill_per_mille: 0,
             read_back_fail_per_mille: 0,
+            durable_journal: false,
+            power_loss_per_mille: 0,
         }
+    }
+
+    /// A seed's own mix ([`SimConfig::for_seed`]) with durable journals:
+    /// crashes of any replica at any time, more of them, and whole-cluster
+    /// power losses.
+    pub fn for_seed_durable(seed: u64) -> Self {
+        let mut c = Self::for_seed(seed);
+        let mut prng = Prng::new(seed ^ 0x5EED_C0FF_EE00_0005);
+        c.durable_journal = true;
+        c.crash_per_mille = [2, 4, 10][(prng.next_u64() % 3) as usize];
+        c.power_loss_per_mille = [0, 1, 3][(prng.next_u64() % 3) as usize];
+        c
     }
 
     /// The seed's own mix: everything [`SimConfig::for_seed_v1`] draws,
@@ -260,6 +283,8 @@ pub struct Node {
     stored: BTreeMap<u64, Prepare>,
     /// The first applied op not yet considered for spilling.
     spill_from: u64,
+    /// The durable journal as last synced (with `durable_journal`).
+    pub log: LoggedJournal,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -328,6 +353,10 @@ impl Simulation {
                     tick_phase: 0,
                     stored: BTreeMap::new(),
                     spill_from: 1,
+                    log: LoggedJournal {
+                        visible: true,
+                        ..LoggedJournal::default()
+                    },
                 }
             })
             .collect();
@@ -510,7 +539,11 @@ impl Simulation {
             commit_min: Op(node.applied.len() as u64),
             checksum: node.applied.last().map_or(0, |a| a.checksum),
         };
-        let mut replica = Replica::restart(node.config, node.superblock, applied);
+        let mut replica = if self.config.durable_journal {
+            Replica::resume_with_log(node.config, node.superblock, applied, &node.log)
+        } else {
+            Replica::restart(node.config, node.superblock, applied)
+        };
         *replica.client_table_mut() = node.table.clone();
         // Ticks count from the restart.
         node.counted_to = if node.tick_phase == self.tick {
@@ -686,6 +719,7 @@ impl Simulation {
             let actions = replica.take_actions();
             if actions.is_empty() {
                 self.spill(r);
+                self.sync_log(r);
                 return Ok(());
             }
             for action in actions {
@@ -699,6 +733,20 @@ impl Simulation {
                     Action::Effect(effect) => self.effect(r, effect)?,
                 }
             }
+        }
+    }
+
+    /// With durable journals, replica `r`'s log takes its journal as it
+    /// stands after the step. The frames the step sent are only delivered
+    /// from the next step on, and a crash comes between steps, so this is
+    /// a log synced before the step's frames left.
+    fn sync_log(&mut self, r: u8) {
+        if !self.config.durable_journal {
+            return;
+        }
+        let node = &mut self.nodes[usize::from(r)];
+        if let Some(replica) = node.replica.as_ref() {
+            node.log = replica.logged_journal();
         }
     }
 
@@ -845,7 +893,17 @@ impl Simulation {
         let requester_primary = self
             .replica(r)
             .is_some_and(|x| x.primary_index(x.view()).0 == r);
+        // With durable journals, the serving side of a real partition
+        // (docs/state-transfer.md §2): a primary with everything it knows
+        // committed applied, or a replica in a view change to anyone. A
+        // cluster whose crashes are not limited to `f` can leave a primary
+        // whose starting log needs acknowledgements from the replicas that
+        // wait for this transfer.
+        let wider = self.config.durable_journal
+            && (source.serves_applied_state()
+                || source.serves_transfer_as_non_primary(ReplicaId(r)));
         let servable = source.is_caught_up_primary()
+            || wider
             || (requester_primary && !source.is_transferring() && source.commit_min().0 >= floor);
         let commit_op = source.commit_min().0;
         let table = source.client_table().export();
@@ -986,6 +1044,9 @@ impl Simulation {
                 self.restart(r)?;
             }
         }
+        if self.config.durable_journal {
+            return self.inject_crashes_durable();
+        }
         if self.prng.chance(self.config.crash_per_mille, 1000) {
             let r = (self.prng.next_u64() % u64::from(n)) as u8;
             // Crash only while at most f replicas are down or catching up:
@@ -998,6 +1059,28 @@ impl Simulation {
             if up && (n == 1 || self.unhealthy() < f) {
                 self.crash(r);
             }
+        }
+        Ok(())
+    }
+
+    /// Crashes with durable journals: any replica that is up, however many
+    /// are down already, and now and then all of them at once. A replica
+    /// resumed from its log votes at once, so no limit is needed for
+    /// safety, and any `f + 1` replicas back form a view again.
+    fn inject_crashes_durable(&mut self) -> Result<(), SimFailure> {
+        let n = self.config.replica_count;
+        if n > 1 && self.prng.chance(self.config.power_loss_per_mille, 1000) {
+            if self.trace {
+                eprintln!("t{} POWER LOSS", self.tick);
+            }
+            for r in 0..n {
+                self.crash(r);
+            }
+            return Ok(());
+        }
+        if self.prng.chance(self.config.crash_per_mille, 1000) {
+            let r = (self.prng.next_u64() % u64::from(n)) as u8;
+            self.crash(r);
         }
         Ok(())
     }

@@ -510,6 +510,186 @@ fn given_whole_group_restart_with_one_replica_missing_when_waiting_should_not_st
     assert_eq!(s.acknowledged().len(), 2 * 40);
 }
 
+/// A quiet group of `n` whose replicas keep their journals in durable
+/// logs (`Replica::resume_with_log` at boot), crashed replicas staying
+/// down until restarted.
+fn durable_sim(seed: u64, n: u8) -> Simulation {
+    let mut config = quiet(seed, n);
+    config.requests_per_client = 40;
+    config.down_ticks_max = 0;
+    config.durable_journal = true;
+    sim(config)
+}
+
+/// Power loss with replicas missing, durable journals: every replica
+/// crashes at once mid-run, and `f` of them stay down. The `f + 1` that
+/// come back resume from their logs and vote at once, so they form a view
+/// without the census (which needs every replica) and serve again; the
+/// missing ones then catch up, and nothing acknowledged is lost.
+#[test]
+fn given_durable_journals_when_power_is_lost_and_f_replicas_stay_down_should_serve_with_the_rest() {
+    for n in [3u8, 5] {
+        let f = (n - 1) / 2;
+        let mut s = durable_sim(40 + u64::from(n), n);
+        assert!(
+            s.run_until(10_000, |s| s.acknowledged().len() >= 10)
+                .unwrap(),
+            "n={n}: no progress before the power loss"
+        );
+        let acked = s.acknowledged().len();
+        for r in 0..n {
+            s.crash(r);
+        }
+        for r in f..n {
+            s.restart(r).unwrap();
+        }
+        let serving = s
+            .run_until(20_000, |s| {
+                serving_primary(s, n).is_some() && s.acknowledged().len() >= acked + 10
+            })
+            .unwrap();
+        assert!(
+            serving,
+            "n={n}: {} replicas back did not serve again",
+            n - f
+        );
+        for r in f..n {
+            assert_eq!(
+                s.replica(r).unwrap().census_views_started(),
+                0,
+                "n={n}: replica {r} needed the census"
+            );
+        }
+        converge(&mut s);
+        assert_eq!(s.acknowledged().len(), 2 * 40, "n={n}");
+    }
+}
+
+/// The last replica standing, durable journals: two of three crash for
+/// good and the third restarts uncleanly. Alone it cannot form a view and
+/// must not lead one; once a second replica returns, the two serve
+/// again without losing anything acknowledged.
+#[test]
+fn given_durable_journals_when_one_replica_of_three_is_left_should_wait_until_a_second_returns() {
+    let mut s = durable_sim(47, 3);
+    assert!(
+        s.run_until(10_000, |s| s.acknowledged().len() >= 10)
+            .unwrap()
+    );
+    let acked = s.acknowledged().len();
+    let committed = s.committed().len();
+    for r in 0..3 {
+        s.crash(r);
+    }
+    s.restart(2).unwrap();
+    for _ in 0..5_000 {
+        s.step().unwrap();
+        assert!(
+            !s.replica(2).unwrap().is_primary(),
+            "a lone replica leads a view"
+        );
+    }
+    assert_eq!(
+        s.acknowledged().len(),
+        acked,
+        "acknowledged with one replica"
+    );
+    assert_eq!(s.committed().len(), committed, "committed with one replica");
+    s.restart(0).unwrap();
+    let serving = s
+        .run_until(20_000, |s| {
+            serving_primary(s, 3).is_some() && s.acknowledged().len() >= acked + 10
+        })
+        .unwrap();
+    assert!(serving, "two replicas back did not serve again");
+    converge(&mut s);
+    assert_eq!(s.acknowledged().len(), 2 * 40);
+}
+
+/// What `Replica::resume_with_log` makes of a log, by the log's state: a
+/// backup of a view whose log it installed resumes `Normal` with its
+/// journal, a primary starts a view change past its view, one caught in a
+/// view change votes again in it, a log newer than the superblock raises
+/// the view and persists it before any send, and a log written while
+/// invisible (or by a single replica) gives an ordinary restart.
+#[test]
+fn given_a_logged_journal_when_resumed_should_take_the_state_its_log_allows() {
+    use common::{GroupId, Op, ReplicaId};
+    use consensus::vsr::{
+        Action, AppliedState, Config, DurableState, Effect, LoggedJournal, Replica,
+    };
+    let mut s = durable_sim(48, 3);
+    assert!(
+        s.run_until(10_000, |s| s
+            .replica(1)
+            .is_some_and(|x| x.op() > x.commit_min()))
+            .unwrap(),
+        "backup 1 never held an op above its applied point"
+    );
+    let x = s.replica(1).unwrap();
+    let logged = x.logged_journal();
+    assert!(logged.visible && !logged.ops.is_empty());
+    let applied = AppliedState {
+        commit_min: x.commit_min(),
+        checksum: x.commit_min_checksum(),
+    };
+    let head = x.op();
+    let config = |r: u8, n: u8| Config::new(ReplicaId(r), n, GroupId(0));
+    let superblock = DurableState {
+        view: logged.view,
+        log_view: logged.log_view,
+        commit: Op(0),
+    };
+    let backup = Replica::resume_with_log(config(1, 3), superblock, applied, &logged);
+    assert_eq!(
+        (backup.status(), backup.view(), backup.op()),
+        (Status::Normal, logged.view, head)
+    );
+    assert!(backup.is_quorum_visible());
+    assert!(backup.commit_max() >= logged.commit);
+
+    let empty = |view: u32, log_view: u32| LoggedJournal {
+        view,
+        log_view,
+        visible: true,
+        ..LoggedJournal::default()
+    };
+    let zero = DurableState::default();
+    let none = AppliedState::default();
+    let primary = Replica::resume_with_log(config(0, 3), zero, none, &empty(0, 0));
+    assert_eq!((primary.status(), primary.view()), (Status::ViewChange, 1));
+    let voter = Replica::resume_with_log(config(1, 3), zero, none, &empty(2, 1));
+    assert_eq!((voter.status(), voter.view()), (Status::ViewChange, 2));
+
+    let mut raised = Replica::resume_with_log(config(1, 3), zero, none, &empty(5, 5));
+    assert_eq!((raised.status(), raised.view()), (Status::Normal, 5));
+    let persisted = raised.take_actions().into_iter().any(|a| {
+        matches!(
+            a,
+            Action::Effect(Effect::PersistState {
+                view: 5,
+                log_view: 5,
+                ..
+            })
+        )
+    });
+    assert!(
+        persisted,
+        "the raised view must be persisted before any send"
+    );
+
+    let mut invisible = empty(0, 0);
+    invisible.visible = false;
+    let amnesiac = Replica::resume_with_log(config(1, 3), zero, none, &invisible);
+    assert!(!amnesiac.is_quorum_visible());
+    let single = Replica::resume_with_log(config(0, 1), zero, none, &logged);
+    assert_eq!(
+        single.op(),
+        Op(0),
+        "a single replica keeps nothing unapplied"
+    );
+}
+
 /// The primary of the sim's current view among `0..n`, if one is serving.
 fn serving_primary(s: &Simulation, n: u8) -> Option<u8> {
     (0..n).find(|&r| s.replica(r).is_some_and(|x| x.is_caught_up_primary()))

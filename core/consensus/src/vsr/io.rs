@@ -9,7 +9,7 @@ use std::fmt;
 use common::{GroupId, Op, ReplicaId};
 
 use super::journal::Retained;
-use super::message::{Frame, Prepare, Reply};
+use super::message::{Frame, Prepare, PrepareHeader, Reply};
 use super::timeout::TimeoutConfig;
 
 /// Replicas in one group at most (one bit each in a `u32` ack set).
@@ -95,6 +95,32 @@ pub struct AppliedState {
     pub commit_min: Op,
     /// Its identity (0 when nothing was applied).
     pub checksum: u128,
+}
+
+/// A replica's journal as a durable log held it when last synced: what
+/// [`Replica::logged_journal`] returned, written before any frame of that
+/// step left, so it holds every op the replica vouched for since it last
+/// became quorum-visible (docs/consensus.md §4, "Resume from a durable
+/// journal").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoggedJournal {
+    /// The view then (may be newer than the superblock's: the log is
+    /// synced before the superblock records a view).
+    pub view: u32,
+    /// The log view then.
+    pub log_view: u32,
+    /// The commit point it knew then. A primary counts its own
+    /// acknowledgement for ops above holes in its journal, so its vote
+    /// must not deny ops it committed, and the superblock's commit is
+    /// only a lower bound written now and then.
+    pub commit: Op,
+    /// Whether the replica was quorum-visible. A log written while it was
+    /// not (after a restart without its journal, before the barrier) does
+    /// not hold what an earlier life acknowledged, and vouches for nothing.
+    pub visible: bool,
+    /// Every op above the applied point, in op order: its header, and the
+    /// prepare when the body was held.
+    pub ops: Vec<(PrepareHeader, Option<Prepare>)>,
 }
 
 /// The replica's protocol status.

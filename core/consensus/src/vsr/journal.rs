@@ -69,6 +69,26 @@ impl Retained {
     }
 }
 
+/// Why a durable log could not refill a journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreRefused {
+    /// An op at or below the applied point, or not above the one before.
+    OutOfOrder {
+        /// The op.
+        op: u64,
+    },
+    /// A body whose header is not the one logged with it.
+    BodyMismatch {
+        /// The op.
+        op: u64,
+    },
+    /// An op whose parent is not the identity of the op below it.
+    Unchained {
+        /// The op.
+        op: u64,
+    },
+}
+
 /// What an insertion did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inserted {
@@ -146,6 +166,70 @@ impl Journal {
     #[cfg(test)]
     fn spilled_count(&self) -> usize {
         self.spilled.len()
+    }
+
+    /// Every op above `commit_min` the journal knows: its header, and its
+    /// prepare when the body is held (op order). What a durable journal
+    /// must hold to vouch for this replica's acknowledgements.
+    pub fn unapplied(&self, commit_min: u64) -> Vec<(PrepareHeader, Option<Prepare>)> {
+        let from = commit_min.saturating_add(1);
+        let ops: std::collections::BTreeSet<u64> = self
+            .headers
+            .range(from..)
+            .chain(self.entries.range(from..).map(|(op, p)| (op, &p.header)))
+            .map(|(op, _)| *op)
+            .collect();
+        ops.into_iter()
+            .filter_map(|op| {
+                let body = self.entries.get(&op);
+                let header = body.map(|p| &p.header).or_else(|| self.headers.get(&op))?;
+                Some((*header, body.cloned()))
+            })
+            .collect()
+    }
+
+    /// Refill an empty journal from a durable log of the ops above
+    /// `commit_min` (as [`Journal::unapplied`] gave them). Refused, leaving
+    /// the journal empty, when an entry lies at or below `commit_min`,
+    /// repeats an op, carries a body whose header is not the entry's, or
+    /// breaks the hash chain with its neighbour (`commit_checksum` is the
+    /// identity at `commit_min`, 0 when unknown).
+    pub fn restore(
+        &mut self,
+        log: &[(PrepareHeader, Option<Prepare>)],
+        commit_min: u64,
+        commit_checksum: u128,
+    ) -> Result<(), RestoreRefused> {
+        let mut below: Option<&PrepareHeader> = None;
+        for (header, body) in log {
+            let op = header.op.0;
+            if op <= commit_min || below.is_some_and(|b| b.op.0 >= op) {
+                return Err(self.refuse(RestoreRefused::OutOfOrder { op }));
+            }
+            if body.as_ref().is_some_and(|p| p.header != *header) {
+                return Err(self.refuse(RestoreRefused::BodyMismatch { op }));
+            }
+            let parent = match below {
+                Some(b) if b.op.0 + 1 == op => Some(b.checksum),
+                None if op == commit_min + 1 && commit_checksum != 0 => Some(commit_checksum),
+                _ => None,
+            };
+            if parent.is_some_and(|p| p != header.parent) {
+                return Err(self.refuse(RestoreRefused::Unchained { op }));
+            }
+            self.headers.insert(op, *header);
+            if let Some(p) = body {
+                self.entries.insert(op, p.clone());
+            }
+            below = Some(header);
+        }
+        Ok(())
+    }
+
+    fn refuse(&mut self, why: RestoreRefused) -> RestoreRefused {
+        self.headers.clear();
+        self.entries.clear();
+        why
     }
 
     /// The highest op with a known header, or `floor` if none is above it.
@@ -431,6 +515,71 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// A journal with ops 3..=5 above applied op 2: 3 and 5 with bodies,
+    /// 4 only a header.
+    fn logged_suffix(log: &[Prepare]) -> Vec<(PrepareHeader, Option<Prepare>)> {
+        vec![
+            (log[2].header, Some(log[2].clone())),
+            (log[3].header, None),
+            (log[4].header, Some(log[4].clone())),
+        ]
+    }
+
+    #[test]
+    fn given_a_journal_logged_above_its_applied_op_when_restored_should_be_the_same_journal() {
+        let log = chain(5);
+        let mut j = Journal::new(1);
+        for p in &log[..3] {
+            j.insert_authoritative(p.clone(), 2);
+        }
+        j.install_log(&[log[4].header, log[3].header], 5, 2);
+        j.insert_verified(log[4].clone(), 2);
+        let logged = j.unapplied(2);
+        assert_eq!(logged, logged_suffix(&log));
+        let mut restored = Journal::new(3);
+        restored
+            .restore(&logged, 2, log[1].header.checksum)
+            .unwrap();
+        assert_eq!(restored.unapplied(2), logged);
+        assert_eq!(restored.contiguous_to(2), 3);
+        assert_eq!(restored.head(2), 5);
+    }
+
+    #[test]
+    fn given_a_damaged_log_when_restored_should_refuse_and_hold_nothing() {
+        let log = chain(5);
+        let good = logged_suffix(&log);
+        let parent = log[1].header.checksum;
+        let mut swapped = good.clone();
+        swapped.swap(0, 1);
+        let mut wrong_body = good.clone();
+        wrong_body[0].1 = Some(log[0].clone());
+        let mut unchained = good.clone();
+        unchained[1].0.parent ^= 1;
+        let cases = [
+            (swapped, RestoreRefused::OutOfOrder { op: 3 }),
+            (wrong_body, RestoreRefused::BodyMismatch { op: 3 }),
+            (unchained, RestoreRefused::Unchained { op: 4 }),
+        ];
+        for (damaged, why) in cases {
+            let mut j = Journal::new(3);
+            assert_eq!(j.restore(&damaged, 2, parent), Err(why));
+            assert!(j.unapplied(2).is_empty(), "{why:?} left entries behind");
+        }
+        let mut j = Journal::new(3);
+        assert_eq!(
+            j.restore(&good, 2, parent ^ 1),
+            Err(RestoreRefused::Unchained { op: 3 }),
+            "the first op must chain to the applied identity"
+        );
+        let mut j = Journal::new(4);
+        assert_eq!(
+            j.restore(&good, 3, 0),
+            Err(RestoreRefused::OutOfOrder { op: 3 }),
+            "an op at the applied point is refused"
+        );
     }
 
     #[test]

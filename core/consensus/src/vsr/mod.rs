@@ -44,10 +44,10 @@ pub mod wire;
 
 pub use invariants::InvariantViolation;
 pub use io::{
-    Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored, OP_MAX,
-    REPLICAS_MAX, RequestOutcome, Status, Topology, VIEW_MAX,
+    Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored,
+    LoggedJournal, OP_MAX, REPLICAS_MAX, RequestOutcome, Status, Topology, VIEW_MAX,
 };
-pub use journal::{Retained, Spilled};
+pub use journal::{RestoreRefused, Retained, Spilled};
 pub use merge::{DVC_HEADERS_MAX, MergeStall, MergedLog, Quorums};
 pub use message::{
     Census, DoViewChange, Frame, Message, OPERATION_APPEND, OPERATION_REGISTER, Prepare,

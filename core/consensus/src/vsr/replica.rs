@@ -26,8 +26,8 @@
 //! state-transfer hooks in `repair.rs`.
 
 use super::io::{
-    Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored, OP_MAX,
-    REPLICAS_MAX, RequestOutcome, Status, Topology, VIEW_MAX,
+    Action, AppliedState, Config, DurableState, Effect, FrameError, Handled, Ignored,
+    LoggedJournal, OP_MAX, REPLICAS_MAX, RequestOutcome, Status, Topology, VIEW_MAX,
 };
 use super::journal::{Inserted, Journal};
 use super::merge::Quorums;
@@ -472,6 +472,72 @@ impl Replica {
         r.log_view = r.view;
         r.enter_normal_timers();
         r
+    }
+
+    /// A replica whose journal survived its restart in a durable log
+    /// synced before every frame that vouched for it (a `persisted`
+    /// group's prepare log). It has forgotten nothing it acknowledged, so
+    /// unlike [`Replica::restart`] it votes at once, like a replica that
+    /// was only cut off: `Normal` as a backup of its view when it had
+    /// installed that view's log; otherwise (a primary, whose pipeline is
+    /// gone, or one caught in a view change) it starts a view change, in
+    /// its view when it had not installed that view's log and past it
+    /// when it was that view's primary. The log's view and log view raise
+    /// the superblock's (the log is synced first) and are persisted before
+    /// any send. A log written while the replica was invisible, or one
+    /// that does not refill the journal (an op out of order, a broken
+    /// chain), gives [`Replica::restart`]; so does a single replica, which
+    /// committed nothing past what it applied (docs/consensus.md §4,
+    /// "Resume from a durable journal").
+    pub fn resume_with_log(
+        config: Config,
+        durable: DurableState,
+        applied: AppliedState,
+        log: &LoggedJournal,
+    ) -> Self {
+        let view = durable.view.max(log.view);
+        let log_view = durable.log_view.max(log.log_view);
+        if config.replica_count == 1 || !log.visible || log_view > view {
+            return Self::restart(config, durable, applied);
+        }
+        let mut r = Self::blank(config, durable, applied);
+        r.commit_max = r.commit_max.max(log.commit.0);
+        if r.journal
+            .restore(&log.ops, applied.commit_min.0, applied.checksum)
+            .is_err()
+        {
+            return Self::restart(config, durable, applied);
+        }
+        let headers: Vec<PrepareHeader> = log.ops.iter().map(|(h, _)| *h).collect();
+        r.learn_timestamps(&headers);
+        r.acknowledged_max = r.journal.contiguous_to(r.commit_min);
+        r.view = view;
+        r.log_view = log_view;
+        if log_view < view {
+            r.start_view_change(view);
+        } else if r.primary_of(view) == config.replica.0 {
+            r.start_view_change(view.saturating_add(1));
+        } else {
+            if (view, log_view) != (durable.view, durable.log_view) {
+                r.persist();
+            }
+            r.enter_normal_timers();
+            r.after_journal_change();
+        }
+        r
+    }
+
+    /// This replica's journal as a durable log must hold it (see
+    /// [`LoggedJournal`]): the driver of a group whose journal is durable
+    /// writes it, synced, before it sends the frames of the step.
+    pub fn logged_journal(&self) -> LoggedJournal {
+        LoggedJournal {
+            view: self.view,
+            log_view: self.log_view,
+            commit: Op(self.commit_max),
+            visible: self.recovering.is_none(),
+            ops: self.journal.unapplied(self.commit_min),
+        }
     }
 
     // ----- accessors -------------------------------------------------------
