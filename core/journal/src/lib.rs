@@ -16,6 +16,7 @@
 
 mod clean_stop;
 mod prepare_journal;
+mod replica_log;
 mod superblock;
 mod superblock_table;
 mod wal;
@@ -26,6 +27,10 @@ pub use clean_stop::{
 };
 pub use prepare_journal::{
     EntryStats, JournalEntry, JournalError, JournalInfo, JournalLimits, PrepareJournal,
+};
+pub use replica_log::{
+    COMPACT_BYTES, RECORD_MAGIC, REPLICA_LOG_FILE, RecordDamage, Replayed, ReplicaLog,
+    ReplicaLogError,
 };
 pub use superblock::{
     FileSuperblock, MemSuperblock, SLOT_NAMES, SUPERBLOCK_MAGIC, SUPERBLOCK_PAYLOAD_MAX,
