@@ -19,8 +19,11 @@ use std::cell::{Cell, RefCell};
 use std::path::Path;
 
 use common::{Offset, Op};
-use consensus::vsr::{AppliedState, DurableState, Replica};
-use journal::{CleanStop, PrepareJournal, Superblock, SuperblockStore, VsrState};
+use consensus::vsr::{AppliedState, DurableState, LoggedJournal, Replica};
+use journal::{
+    CleanStop, PrepareJournal, REPLICA_LOG_FILE, Replayed, ReplicaLog, Superblock, SuperblockStore,
+    VsrState,
+};
 use storage::fs::Fs;
 use storage::{LogConfig, RecoveryError, SegmentedLog};
 
@@ -98,7 +101,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             clean_stop,
         )
         .await?;
-        let (mut replica, journaled_point) = start_replica(&config, &sb, point, next);
+        let (replica_log, logged) = open_replica_log(&fs, dir, &config, &sb).await?;
+        let (mut replica, journaled_point) =
+            start_replica(&config, &sb, point, next, logged.as_ref());
         restore_sessions(&mut replica, recorded_table, dir, &config, &sb, fresh);
         let applied_next_offset = journaled_point.next_offset;
         let journal = PrepareJournal::new(config.journal, replica.commit_min() + 1);
@@ -144,6 +149,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             }),
             health: Health::default(),
             install: None,
+            replica_log,
+            held_frames: Vec::new(),
             config,
         };
         if let Some(record) = missing {
@@ -587,6 +594,7 @@ fn start_replica(
     sb: &VsrState,
     point: RestartPoint,
     log_next_offset: u64,
+    logged: Option<&LoggedJournal>,
 ) -> (Replica, AppliedPoint) {
     let durable = DurableState {
         view: sb.view,
@@ -630,8 +638,41 @@ fn start_replica(
             Replica::restart_rejoining(config.vsr, durable, applied),
             recorded,
         ),
-        RestartPoint::Restart => (Replica::restart(config.vsr, durable, applied), recorded),
+        RestartPoint::Restart => match logged {
+            Some(logged) => {
+                let replica = Replica::resume_with_log(config.vsr, durable, applied, logged);
+                tracing::info!(group = %config.vsr.group, applied_op = applied.commit_min.0, logged_ops = logged.ops.len(), view = replica.view(), visible = replica.is_quorum_visible(), "partition resumed from its replica log");
+                (replica, recorded)
+            }
+            None => (Replica::restart(config.vsr, durable, applied), recorded),
+        },
     }
+}
+
+/// The replica log of a `persisted` group member (docs/consensus.md §4,
+/// "Resume from a durable journal"), and the journal it vouches for above
+/// the recorded applied point, if any. Other groups keep none.
+async fn open_replica_log<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    config: &PartitionConfig,
+    sb: &VsrState,
+) -> Result<(Option<ReplicaLog<F>>, Option<LoggedJournal>), BootError> {
+    if !config.enforce_fsync || config.vsr.replica_count == 1 {
+        return Ok((None, None));
+    }
+    let (log, replayed) = ReplicaLog::open(fs, &dir.join(REPLICA_LOG_FILE), sb.checkpoint_op.0)
+        .await
+        .map_err(BootError::ReplicaLog)?;
+    let logged = match replayed {
+        Replayed::Journal(logged) => Some(logged),
+        Replayed::Empty => None,
+        Replayed::Damaged { offset, reason } => {
+            tracing::warn!(dir = %dir.display(), group = %config.vsr.group, offset, %reason, "replica log damaged: restarting without the journal");
+            None
+        }
+    };
+    Ok((Some(log), logged))
 }
 
 /// Hands the restored client table to the core, or says why dedup starts

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use common::{ConsumerKind, Offset, Op};
 use consensus::vsr::FrameError;
-use journal::{JournalError, SuperblockError};
+use journal::{JournalError, ReplicaLogError, SuperblockError};
 use storage::{RecoveryError, StorageError};
 
 use crate::ops::OpDecodeError;
@@ -36,6 +36,8 @@ pub enum BootError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The replica log (`replica.log`) could not be opened or read.
+    ReplicaLog(ReplicaLogError),
     /// The consumer-offset directories could not be loaded.
     OffsetsUnreadable {
         /// The partition directory.
@@ -101,6 +103,7 @@ impl fmt::Display for BootError {
                 "client-table slot {} could not be read: {source}",
                 path.display()
             ),
+            Self::ReplicaLog(e) => write!(f, "{e}"),
             Self::TruncateToAppliedPoint {
                 dir,
                 frontier,
@@ -140,6 +143,7 @@ impl std::error::Error for BootError {
             | Self::OffsetsUnreadable { source, .. }
             | Self::ClientTableUnreadable { source, .. } => Some(source),
             Self::TruncateToAppliedPoint { source, .. } => Some(source),
+            Self::ReplicaLog(e) => Some(e),
             Self::FrontierAheadOfLog { .. }
             | Self::RestartNeedsStateTransfer { .. }
             | Self::SuperblockOpOutOfRange { .. } => None,
@@ -248,6 +252,9 @@ pub enum PartitionError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The replica log could not be written or synced: the step's frames,
+    /// which vouch for it, were not sent (the partition is fenced).
+    ReplicaLog(ReplicaLogError),
 }
 
 impl fmt::Display for PartitionError {
@@ -317,6 +324,7 @@ impl fmt::Display for PartitionError {
                 "client table could not be recorded in {}: {source}",
                 dir.display()
             ),
+            Self::ReplicaLog(e) => write!(f, "{e}"),
         }
     }
 }

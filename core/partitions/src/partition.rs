@@ -379,6 +379,13 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// is set the partition refuses every input: its log is being swapped
     /// on disk under the one in memory.
     pub(crate) install: Option<Box<crate::install::InstallJob<F>>>,
+    /// A `persisted` group member's durable log of its VSR journal,
+    /// written and synced at the end of each step before the step's frames
+    /// leave (docs/consensus.md §4, "Resume from a durable journal").
+    pub(crate) replica_log: Option<journal::ReplicaLog<F>>,
+    /// The frames of the current step, held until the replica log holds
+    /// what they vouch for.
+    pub(crate) held_frames: Vec<(ReplicaId, Frame)>,
 }
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> fmt::Debug for Partition<B, S, F> {
@@ -1037,7 +1044,11 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                         if vote_or_authority && self.quorum_withheld() {
                             continue;
                         }
-                        self.bus.send_to_replica(to, frame);
+                        if self.replica_log.is_some() {
+                            self.held_frames.push((to, frame));
+                        } else {
+                            self.bus.send_to_replica(to, frame);
+                        }
                     }
                     Action::Reply(mut reply) => {
                         if reply.client == INTERNAL_CLIENT {
@@ -1065,6 +1076,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             }
         }
         self.reply_results.clear();
+        if failure.is_none()
+            && let Err(e) = self.write_replica_log().await
+        {
+            failure = Some(e);
+        }
+        if failure.is_none() {
+            for (to, frame) in std::mem::take(&mut self.held_frames) {
+                self.bus.send_to_replica(to, frame);
+            }
+        } else {
+            // They vouch for a journal the log may not hold.
+            self.held_frames.clear();
+        }
         if failure.is_none()
             && let Err(e) = self.flush_if_due().await
         {
@@ -1096,14 +1120,12 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 view,
                 log_view,
                 commit,
-            } => match self.durable.persist_view(view, log_view, commit).await {
-                Ok(()) => self.replica.on_persisted(view, log_view),
-                Err(error) => {
-                    // Sends stay held by the core; retried on the next tick.
-                    tracing::warn!(%error, view, log_view, "superblock write failed; sends held");
-                    self.health.view_unpersisted();
-                }
-            },
+            } => {
+                // A suffix the core replaced is in the log before the
+                // superblock records the view it belongs to.
+                self.write_replica_log().await?;
+                self.persist_state(view, log_view, commit).await;
+            }
             Effect::Apply { prepare, duplicate } => self.apply(prepare, duplicate).await?,
             Effect::Journal { .. } | Effect::TruncateJournal { .. } => {}
             Effect::ReadBack {
@@ -1123,6 +1145,32 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             }
         }
         Ok(())
+    }
+
+    /// Writes what changed in the core's journal to the replica log and
+    /// syncs it, when this group keeps one.
+    async fn write_replica_log(&mut self) -> Result<(), PartitionError> {
+        let Some(log) = self.replica_log.as_mut() else {
+            return Ok(());
+        };
+        let logged = self.replica.logged_journal();
+        let applied = self.replica.commit_min().0;
+        let recorded = self.durable.state().checkpoint_op.0;
+        log.record(&self.fs, &logged, applied, recorded)
+            .await
+            .map(|_| ())
+            .map_err(PartitionError::ReplicaLog)
+    }
+
+    async fn persist_state(&mut self, view: u32, log_view: u32, commit: Op) {
+        match self.durable.persist_view(view, log_view, commit).await {
+            Ok(()) => self.replica.on_persisted(view, log_view),
+            Err(error) => {
+                // Sends stay held by the core; retried on the next tick.
+                tracing::warn!(%error, view, log_view, "superblock write failed; sends held");
+                self.health.view_unpersisted();
+            }
+        }
     }
 
     /// Applies one committed op, in op order.

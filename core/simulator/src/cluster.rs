@@ -780,8 +780,9 @@ impl Cluster {
             let Some(name) = entry.name_str() else {
                 continue;
             };
-            if entry.kind == FileKind::File && (name.ends_with(".log") || name.ends_with(".index"))
-            {
+            // The replica log is the replica's own journal, not data.
+            let segment = name.ends_with(".log") || name.ends_with(".index");
+            if entry.kind == FileKind::File && segment && name != journal::REPLICA_LOG_FILE {
                 let bytes = fs.contents(&dir.join(name)).unwrap_or_default();
                 out.push((name.to_owned(), bytes));
             }

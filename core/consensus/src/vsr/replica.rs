@@ -521,8 +521,10 @@ impl Replica {
             if (view, log_view) != (durable.view, durable.log_view) {
                 r.persist();
             }
+            // No commit walk here: the driver sets up its applied state
+            // from this replica's `commit_min` before it carries out any
+            // effect, and the next heartbeat or commit walks the log.
             r.enter_normal_timers();
-            r.after_journal_change();
         }
         r
     }

@@ -450,6 +450,19 @@ impl Cluster {
         }
     }
 
+    /// The client gives up its request in flight (lost with the cluster).
+    /// It never sends another request under that number: a durable group
+    /// may still commit the one it gave up (the replica log keeps what a
+    /// quorum acknowledged), and the client table would then answer a
+    /// different request under the same number from that one's result.
+    pub fn abandon_in_flight(&mut self) {
+        if let Some((request, _, _)) = self.in_flight.take()
+            && request != 0
+        {
+            self.next_request = request + 1;
+        }
+    }
+
     /// Produces until `batches` more batches are acknowledged.
     pub fn produce(&mut self, batches: u64) {
         let goal = self.next_request + batches;
@@ -760,7 +773,9 @@ pub fn segment_files(fs: &SimFs) -> Vec<(String, Vec<u8>)> {
         .filter(|e| e.kind == FileKind::File)
         .filter_map(|e| {
             let name = e.name_str()?.to_owned();
-            (name.ends_with(".log") || name.ends_with(".index")).then_some(name)
+            // The replica log is each replica's own journal, not data.
+            let segment = name.ends_with(".log") || name.ends_with(".index");
+            (segment && name != journal::REPLICA_LOG_FILE).then_some(name)
         })
         .map(|name| {
             let bytes = fs.contents(&pdir().join(&name)).unwrap();
