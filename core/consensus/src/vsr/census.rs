@@ -399,6 +399,7 @@ impl Replica {
         self.census_views_started += 1;
         self.view = view;
         self.log_view = view;
+        self.cut_head = 0;
         self.status = Status::Normal;
         self.recovering = None;
         self.census = CensusBook::default();

@@ -114,6 +114,10 @@ pub struct LoggedJournal {
     /// must not deny ops it committed, and the superblock's commit is
     /// only a lower bound written now and then.
     pub commit: Op,
+    /// The head of the log view's log before a state-transfer install cut
+    /// the journal above the installed op (0 when none was cut): a vote
+    /// after the restart reports the log up to it, as it would have.
+    pub cut_head: Op,
     /// Whether the replica was quorum-visible. A log written while it was
     /// not (after a restart without its journal, before the barrier) does
     /// not hold what an earlier life acknowledged, and vouches for nothing.

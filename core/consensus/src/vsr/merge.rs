@@ -173,7 +173,15 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
                     copies |= 1u32 << replica;
                 }
                 (SuffixSlot::Header(h), Some(c)) if h.checksum == c.checksum => {}
-                (SuffixSlot::Header(_), _) if d.log_view < log_view => nacks += 1,
+                // A lower log view's different header proves it acked
+                // another op here. When no canonical voter names the
+                // op's header (a blank: it proves nothing), a lower log
+                // view's header may be the committed one: it abstains.
+                (SuffixSlot::Header(h), Some(c))
+                    if d.log_view < log_view && h.checksum != c.checksum =>
+                {
+                    nacks += 1;
+                }
                 _ => {}
             }
         }

@@ -223,6 +223,12 @@ pub struct Replica {
     /// clients) by an earlier primary, so nothing is served as the current
     /// state until they are committed again here.
     pub(super) view_start_op: u64,
+    /// The head of this replica's log before a state-transfer install cut
+    /// the suffix above the installed op, in its current log view (0 when
+    /// none was cut). The cut ops belonged to that view's log, which a
+    /// DoViewChange reports: a vote must not present the log as ending
+    /// below them (see `build_do_view_change`). Cleared with a new log.
+    pub(super) cut_head: u64,
     pub(super) journal: Journal,
     pub(super) pipeline: Pipeline,
     pub(super) client_table: ClientTable,
@@ -284,6 +290,7 @@ impl Replica {
             commit_min_checksum: applied.checksum,
             acknowledged_max: 0,
             view_start_op: 0,
+            cut_head: 0,
             commit_max: durable.commit.max(applied.commit_min).0,
             journal: Journal::new(applied.commit_min.0.saturating_add(1)),
             pipeline: Pipeline::new(),
@@ -484,11 +491,13 @@ impl Replica {
     /// its view when it had not installed that view's log and past it
     /// when it was that view's primary. The log's view and log view raise
     /// the superblock's (the log is synced first) and are persisted before
-    /// any send. A log written while the replica was invisible, or one
-    /// that does not refill the journal (an op out of order, a broken
-    /// chain), gives [`Replica::restart`]; so does a single replica, which
-    /// committed nothing past what it applied (docs/consensus.md §4,
-    /// "Resume from a durable journal").
+    /// any send, and the log's commit point and cut head are restored. A
+    /// log written while the replica was invisible, one that does not
+    /// refill the journal (an op out of order, a broken chain), or one
+    /// with ops above an applied op whose identity is unknown gives
+    /// [`Replica::restart`]; so does a single replica, which committed
+    /// nothing past what it applied (docs/consensus.md §4, "Resume from a
+    /// durable journal").
     pub fn resume_with_log(
         config: Config,
         durable: DurableState,
@@ -497,11 +506,15 @@ impl Replica {
     ) -> Self {
         let view = durable.view.max(log.view);
         let log_view = durable.log_view.max(log.log_view);
-        if config.replica_count == 1 || !log.visible || log_view > view {
+        // Ops above an applied op whose identity is unknown (a transfer
+        // installed without it) cannot be shown to continue its history.
+        let unverifiable = applied.checksum == 0 && applied.commit_min.0 > 0 && !log.ops.is_empty();
+        if config.replica_count == 1 || !log.visible || log_view > view || unverifiable {
             return Self::restart(config, durable, applied);
         }
         let mut r = Self::blank(config, durable, applied);
         r.commit_max = r.commit_max.max(log.commit.0);
+        r.cut_head = log.cut_head.0;
         if r.journal
             .restore(&log.ops, applied.commit_min.0, applied.checksum)
             .is_err()
@@ -537,6 +550,7 @@ impl Replica {
             view: self.view,
             log_view: self.log_view,
             commit: Op(self.commit_max),
+            cut_head: Op(self.cut_head),
             visible: self.recovering.is_none(),
             ops: self.journal.unapplied(self.commit_min),
         }
@@ -1627,9 +1641,11 @@ impl Replica {
     /// above `commit_min` belongs to the current log.
     pub fn set_sequence(&mut self, op: Op) {
         let op = op.0;
-        if self.is_primary() || op >= self.head() {
+        let head = self.head();
+        if self.is_primary() || op >= head {
             return;
         }
+        self.cut_head = self.cut_head.max(head);
         self.journal.truncate_from(op + 1, self.commit_min);
         self.effect(Effect::TruncateJournal {
             from_op: Op(op + 1),

@@ -198,7 +198,14 @@ impl Replica {
     /// never acknowledged that op in a way a commit could count. Ops above
     /// the head are nacked implicitly by `op`.
     pub(super) fn build_do_view_change(&self) -> DoViewChange {
-        let op = self.head();
+        // A state-transfer install cut this log view's suffix above the
+        // installed op: the log did not end there, so the vote reports
+        // the old head with blanks (it proves nothing about those ops but
+        // the nacks it can truthfully give). Without it, the only voters
+        // of the highest log view could present that log as ending at the
+        // installed op and outvote an op committed in it (durable-journal
+        // harness seed 13345).
+        let op = self.head().max(self.cut_head);
         let commit = self.commit_max.min(op);
         let frontier = self.journal.contiguous_to(self.commit_min);
         let mut suffix = Vec::new();
@@ -411,6 +418,7 @@ impl Replica {
         // in time (simulator seed 1000005, partition profile).
         self.view_start_op = op_head;
         self.log_view = self.view;
+        self.cut_head = 0;
         self.persist();
         self.pipeline.clear();
         let me = 1u32 << self.config.replica.0;
@@ -516,6 +524,7 @@ impl Replica {
         }
         self.view = view;
         self.log_view = view;
+        self.cut_head = 0;
         self.status = Status::Normal;
         self.forget_census_reports();
         self.reset_view_change_state();
