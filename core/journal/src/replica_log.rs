@@ -8,7 +8,7 @@
 //! [`LoggedJournal`] and syncs it; at boot the records are replayed into
 //! the journal the replica held when its last record was written.
 //!
-//! # Format (docs/formats.md §18)
+//! # Format (docs/formats.md §19)
 //!
 //! The file is a sequence of records, each
 //!
@@ -21,12 +21,13 @@
 //!     0   u32  view
 //!     4   u32  log_view
 //!     8   u64  commit
-//!     16  u8   visible (0 or 1)
-//!     17  7    zero
-//!     24  u64  from_op: every op at or above it is replaced
-//!     32  u32  entries
-//!     36  u32  zero
-//!     40  entries, in strictly increasing op order, all at or above
+//!     16  u64  cut head (0: none)
+//!     24  u8   visible (0 or 1)
+//!     25  7    zero
+//!     32  u64  from_op: every op at or above it is replaced
+//!     40  u32  entries
+//!     44  u32  zero
+//!     48  entries, in strictly increasing op order, all at or above
 //!         from_op, each a 129-byte prepare header, a u8 (1 = the body
 //!         follows), a u32 body length and the body
 //! ```
@@ -76,7 +77,7 @@ pub const RECORD_MAGIC: u32 = 0x474F_4C52;
 /// Bytes before a record's payload.
 pub const RECORD_HEADER_LEN: usize = 24;
 /// The fixed part of a payload.
-pub const RECORD_META_LEN: usize = 40;
+pub const RECORD_META_LEN: usize = 48;
 /// An encoded prepare header.
 pub const LOGGED_HEADER_LEN: usize = 129;
 /// The smallest entry: a header, the body flag and the body length.
@@ -167,6 +168,7 @@ struct LogState {
     view: u32,
     log_view: u32,
     commit: u64,
+    cut_head: u64,
     visible: bool,
     ops: BTreeMap<u64, (PrepareHeader, Option<Prepare>)>,
 }
@@ -186,6 +188,7 @@ impl LogState {
         self.view = record.view;
         self.log_view = record.log_view;
         self.commit = record.commit;
+        self.cut_head = record.cut_head;
         self.visible = record.visible;
         self.ops.split_off(&record.from_op);
         for (header, body) in record.entries {
@@ -198,6 +201,7 @@ impl LogState {
             view: self.view,
             log_view: self.log_view,
             commit: Op(self.commit),
+            cut_head: Op(self.cut_head),
             visible: self.visible,
             ops: self
                 .ops
@@ -214,6 +218,7 @@ struct Record {
     view: u32,
     log_view: u32,
     commit: u64,
+    cut_head: u64,
     visible: bool,
     from_op: u64,
     entries: Vec<(PrepareHeader, Option<Prepare>)>,
@@ -370,6 +375,7 @@ impl<F: Fs> ReplicaLog<F> {
             view: logged.view,
             log_view: logged.log_view,
             commit: logged.commit.0,
+            cut_head: logged.cut_head.0,
             visible: logged.visible,
             from_op,
             entries: logged
@@ -398,6 +404,42 @@ impl<F: Fs> ReplicaLog<F> {
         Ok(true)
     }
 
+    /// Writes a record that vouches for nothing (not visible), keeping
+    /// the ops, and syncs it. Called before a durable step that moves the
+    /// recorded applied point to another history than the logged ops
+    /// chain from (a state-transfer install, whose op's identity may be
+    /// unknown): a crash after that step must not resume with ops the
+    /// install replaced. The next [`Self::record`] vouches again for the
+    /// core's journal as it then stands.
+    pub async fn withdraw(&mut self) -> Result<(), ReplicaLogError> {
+        if !self.state.visible && self.described {
+            return Ok(());
+        }
+        let record = Record {
+            view: self.state.view,
+            log_view: self.state.log_view,
+            commit: self.state.commit,
+            cut_head: self.state.cut_head,
+            visible: false,
+            from_op: u64::MAX,
+            entries: Vec::new(),
+        };
+        let bytes = encode_record(&record);
+        self.state.apply(record);
+        self.described = true;
+        let err = |source| ReplicaLogError {
+            path: self.path.clone(),
+            source,
+        };
+        let len = bytes.len() as u64;
+        let BufResult(res, _) = self.file.write_all_at(bytes, self.end).await;
+        res.map_err(err)?;
+        self.file.sync_data().await.map_err(err)?;
+        self.end += len;
+        self.syncs += 1;
+        Ok(())
+    }
+
     /// Rewrites the file as one record of the current state.
     async fn compact(&mut self, fs: &F) -> Result<(), ReplicaLogError> {
         let err = |source| ReplicaLogError {
@@ -408,6 +450,7 @@ impl<F: Fs> ReplicaLog<F> {
             view: self.state.view,
             log_view: self.state.log_view,
             commit: self.state.commit,
+            cut_head: self.state.cut_head,
             visible: self.state.visible,
             from_op: 0,
             entries: self.state.ops.values().cloned().collect(),
@@ -465,6 +508,7 @@ fn encode_record(record: &Record) -> Vec<u8> {
     payload.extend_from_slice(&record.view.to_le_bytes());
     payload.extend_from_slice(&record.log_view.to_le_bytes());
     payload.extend_from_slice(&record.commit.to_le_bytes());
+    payload.extend_from_slice(&record.cut_head.to_le_bytes());
     payload.push(u8::from(record.visible));
     payload.extend_from_slice(&[0; 7]);
     payload.extend_from_slice(&record.from_op.to_le_bytes());
@@ -606,6 +650,7 @@ fn decode_payload(payload: &[u8]) -> Result<Record, RecordDamage> {
     let view = meta(r.u32())?;
     let log_view = meta(r.u32())?;
     let commit = meta(r.u64())?;
+    let cut_head = meta(r.u64())?;
     let visible = match meta(r.u8())? {
         0 => false,
         1 => true,
@@ -658,6 +703,7 @@ fn decode_payload(payload: &[u8]) -> Result<Record, RecordDamage> {
         view,
         log_view,
         commit,
+        cut_head,
         visible,
         from_op,
         entries,

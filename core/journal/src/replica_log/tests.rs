@@ -56,6 +56,7 @@ fn journal(log: &[Prepare], from: u64, to: u64, headers_only: &[u64], view: u32)
         view,
         log_view: view,
         commit: Op(from.saturating_sub(1)),
+        cut_head: Op(0),
         visible: true,
         ops: (from..=to)
             .map(|op| {
@@ -83,8 +84,12 @@ fn given_records_of_a_changing_journal_when_reopened_should_replay_the_last_jour
         // Op 4's body arrives.
         journal(&log, 1, 5, &[], 1),
         // Ops 1 and 2 applied: no longer in the core's journal, still
-        // logged until a boot's applied point passes them.
-        journal(&log, 3, 6, &[], 2),
+        // logged until a boot's applied point passes them; an install cut
+        // the log view's log at op 9 before.
+        LoggedJournal {
+            cut_head: Op(9),
+            ..journal(&log, 3, 6, &[], 2)
+        },
     ];
     let applied = [0, 0, 0, 2];
     for (step, applied) in steps.iter().zip(applied) {
@@ -97,9 +102,12 @@ fn given_records_of_a_changing_journal_when_reopened_should_replay_the_last_jour
     let (_, replayed) = open(&fs, 0);
     let mut expected = journal(&log, 1, 6, &[], 2);
     expected.commit = Op(2);
+    expected.cut_head = Op(9);
     assert_eq!(replayed, Replayed::Journal(expected));
     let (_, replayed) = open(&fs, 2);
-    assert_eq!(replayed, Replayed::Journal(journal(&log, 3, 6, &[], 2)));
+    let mut expected = journal(&log, 3, 6, &[], 2);
+    expected.cut_head = Op(9);
+    assert_eq!(replayed, Replayed::Journal(expected));
 }
 
 #[test]
@@ -235,7 +243,7 @@ fn given_a_power_loss_mid_record_when_reopened_should_describe_a_synced_journal(
             if to == 6 {
                 // The last record is written but the power goes before
                 // its sync completes.
-                fs.cut_power_after(fs.total_calls() + 1);
+                fs.cut_power_after(1);
                 let _ = block_on(w.record(&fs, &step, 0, 0));
             } else {
                 block_on(w.record(&fs, &step, 0, 0)).unwrap();
@@ -253,4 +261,29 @@ fn given_a_power_loss_mid_record_when_reopened_should_describe_a_synced_journal(
             Replayed::Empty => panic!("seed {seed}: synced records lost"),
         }
     }
+}
+
+#[test]
+fn given_a_withdrawn_log_when_reopened_should_vouch_for_nothing_until_the_next_record() {
+    let fs = fresh();
+    let log = chain(4);
+    let (mut w, _) = open(&fs, 0);
+    let step = journal(&log, 1, 3, &[], 1);
+    block_on(w.record(&fs, &step, 0, 0)).unwrap();
+    block_on(w.withdraw()).unwrap();
+    let (mut w, replayed) = open(&fs, 0);
+    let Replayed::Journal(j) = replayed else {
+        panic!("a withdrawn log still describes its journal")
+    };
+    assert!(!j.visible, "a withdrawn log vouches for nothing");
+    assert_eq!(j.ops, step.ops, "the ops stay for the record that follows");
+    // An install moved the applied point to op 2 of another history: the
+    // next record drops the ops above it and vouches again.
+    let after = journal(&log, 3, 2, &[], 1);
+    assert!(block_on(w.record(&fs, &after, 2, 2)).unwrap());
+    let (_, replayed) = open(&fs, 2);
+    let Replayed::Journal(j) = replayed else {
+        panic!("the log vouches for nothing after the next record")
+    };
+    assert!(j.visible && j.ops.is_empty(), "{j:?}");
 }
