@@ -503,6 +503,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// the check phase proved it is at least the durable one, so the reset
     /// is an advance.
     async fn record_install_frontier(&mut self, checked: &CheckedInstall) -> io::Result<()> {
+        // The replica log's ops chain from the applied point this record
+        // replaces: from here until the next step's record it vouches for
+        // nothing, so a crash never resumes them on the installed state.
+        if let Some(log) = self.replica_log.as_mut() {
+            log.withdraw()
+                .await
+                .map_err(|e| io::Error::new(e.source.kind(), e.to_string()))?;
+        }
         let marker = InstallMarker {
             commit_op: checked.commit_op,
             checksum: checked.checksum,
