@@ -48,9 +48,13 @@ use bytes::Bytes;
 use common::{Op, ReplicaId};
 use consensus::vsr::{
     Action, AppliedState, Config as VsrConfig, DurableState, Effect, Frame, FrameError, Handled,
-    OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request, RequestOutcome,
+    LoggedJournal, OPERATION_APPEND, OPERATION_REGISTER, Prepare, Replica, Reply, Request,
+    RequestOutcome,
 };
-use journal::{Superblock, SuperblockError, SuperblockStore, VsrState};
+use journal::{
+    REPLICA_LOG_FILE, Replayed, ReplicaLog, ReplicaLogError, Superblock, SuperblockError,
+    SuperblockStore, VsrState,
+};
 use storage::fs::Fs;
 
 use consensus::verify_state_artifact;
@@ -117,6 +121,9 @@ pub enum GroupError {
     },
     /// An earlier store failure fenced this replica.
     Fenced,
+    /// The replica log could not be opened, written or synced (the step's
+    /// frames, which vouch for it, were not sent).
+    ReplicaLog(ReplicaLogError),
     /// A state-transfer offer was refused.
     Transfer(TransferError),
 }
@@ -135,6 +142,7 @@ impl fmt::Display for GroupError {
             ),
             Self::Fenced => f.write_str("the metadata replica is fenced after a store failure"),
             Self::Transfer(e) => write!(f, "metadata state transfer: {e}"),
+            Self::ReplicaLog(e) => write!(f, "metadata {e}"),
         }
     }
 }
@@ -242,6 +250,13 @@ pub struct MetadataGroup<F: Fs, S: SuperblockStore, B: MetadataBus> {
     persist_failed: bool,
     fenced: bool,
     transfer_needed: Option<TransferNeeded>,
+    /// With peers, the durable log of the core's journal, written and
+    /// synced after each step before its frames leave (docs/consensus.md
+    /// §4, "Resume from a durable journal").
+    replica_log: Option<ReplicaLog<F>>,
+    /// The current step's frames, held until the log holds what they
+    /// vouch for.
+    held_frames: Vec<(u8, Frame)>,
 }
 
 impl<F: Fs, S: SuperblockStore, B: MetadataBus> fmt::Debug for MetadataGroup<F, S, B> {
@@ -309,10 +324,11 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             );
         }
         let fresh = never_written && applied == Op(0) && !rejoining;
+        let (replica_log, logged) = open_replica_log(&config, &store).await?;
         let replica = if fresh {
             Replica::new(config)
         } else {
-            restart_replica(config, &store, &sb, rejoin).await?
+            restart_replica(config, &store, &sb, rejoin, logged.as_ref()).await?
         };
         Ok(Self {
             replica,
@@ -324,6 +340,8 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             persist_failed: false,
             fenced: false,
             transfer_needed: None,
+            replica_log,
+            held_frames: Vec::new(),
         })
     }
 
@@ -513,6 +531,12 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         }
         let effects = reconcile_effects(self.store.state(), &state);
         let (op, identity) = (state.applied(), state.applied_identity());
+        // The replica log's ops chain from the applied op the install
+        // replaces: withdrawn first, so a crash never resumes them on the
+        // installed state (the next step's record vouches again).
+        if let Some(log) = self.replica_log.as_mut() {
+            log.withdraw().await.map_err(GroupError::ReplicaLog)?;
+        }
         // Durable first: a crash after this boots the installed state.
         self.store.install(state).await.map_err(|e| {
             self.fenced = true;
@@ -657,10 +681,32 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         }
     }
 
+    /// Writes what changed in the core's journal to the replica log and
+    /// syncs it, when this replica keeps one. A failure fences the
+    /// replica: its frames would vouch for what the log may not hold.
+    async fn write_replica_log(&mut self) -> Result<(), GroupError> {
+        let Some(log) = self.replica_log.as_mut() else {
+            return Ok(());
+        };
+        let logged = self.replica.logged_journal();
+        let applied = self.store.applied().0;
+        if let Err(e) = log.record(self.store.fs(), &logged, applied, applied).await {
+            tracing::error!(error = %e, "metadata replica log could not be written; fencing");
+            self.fenced = true;
+            self.held_frames.clear();
+            return Err(GroupError::ReplicaLog(e));
+        }
+        Ok(())
+    }
+
     async fn drive(&mut self) -> Result<(), GroupError> {
         loop {
             let actions = self.replica.take_actions();
             if actions.is_empty() {
+                self.write_replica_log().await?;
+                for (to, frame) in std::mem::take(&mut self.held_frames) {
+                    self.bus.send_to_replica(to, frame);
+                }
                 if cfg!(debug_assertions) {
                     self.invariants();
                 }
@@ -668,6 +714,9 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             }
             for action in actions {
                 match action {
+                    Action::Send { to, frame } if self.replica_log.is_some() => {
+                        self.held_frames.push((to.0, frame));
+                    }
                     Action::Send { to, frame } => self.bus.send_to_replica(to.0, frame),
                     Action::Reply(reply) => {
                         let outcome = self
@@ -677,7 +726,12 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
                             .map(|(_, o)| o.clone());
                         self.bus.send_to_client(MetadataReply { reply, outcome });
                     }
-                    Action::Effect(Effect::PersistState { .. }) => self.persist().await,
+                    Action::Effect(Effect::PersistState { .. }) => {
+                        // A suffix the core replaced is in the log before
+                        // the superblock records the view it belongs to.
+                        self.write_replica_log().await?;
+                        self.persist().await;
+                    }
                     Action::Effect(Effect::Apply { prepare, duplicate }) => {
                         if let Err(e) = self.apply(prepare, duplicate).await {
                             tracing::error!(error = %e, "metadata op could not be committed; fencing");
@@ -792,13 +846,39 @@ async fn open_superblock<S: SuperblockStore>(
     Ok((never_written, durable))
 }
 
+/// With peers, the replica log in the store's directory and the journal
+/// it vouches for above the store's applied op, if any.
+async fn open_replica_log<F: Fs>(
+    config: &VsrConfig,
+    store: &MetadataStore<F>,
+) -> Result<(Option<ReplicaLog<F>>, Option<LoggedJournal>), GroupError> {
+    if config.replica_count == 1 {
+        return Ok((None, None));
+    }
+    let path = store.dir().join(REPLICA_LOG_FILE);
+    let (log, replayed) = ReplicaLog::open(store.fs(), &path, store.applied().0)
+        .await
+        .map_err(GroupError::ReplicaLog)?;
+    let logged = match replayed {
+        Replayed::Journal(logged) => Some(logged),
+        Replayed::Empty => None,
+        Replayed::Damaged { offset, reason } => {
+            tracing::warn!(path = %path.display(), offset, %reason, "metadata replica log damaged: restarting without the journal");
+            None
+        }
+    };
+    Ok((Some(log), logged))
+}
+
 /// The core for a replica that is not new: resumed after a clean stop,
-/// rejoining after a replaced disk, or restarted under the rule.
+/// rejoining after a replaced disk, resumed from its replica log, or
+/// restarted under the rule.
 async fn restart_replica<F: Fs>(
     config: VsrConfig,
     store: &MetadataStore<F>,
     sb: &VsrState,
     rejoin: bool,
+    logged: Option<&LoggedJournal>,
 ) -> Result<Replica, GroupError> {
     let applied = store.applied();
     let identity = store.state().applied_identity();
@@ -837,6 +917,16 @@ async fn restart_replica<F: Fs>(
         // A replaced disk's group 0 that adopted no view yet (this
         // boot or an earlier one): the peers bound its view.
         Replica::restart_rejoining(config, durable_state, applied_state)
+    } else if let Some(logged) = logged {
+        let replica = Replica::resume_with_log(config, durable_state, applied_state, logged);
+        tracing::info!(
+            applied_op = applied.0,
+            logged_ops = logged.ops.len(),
+            view = replica.view(),
+            visible = replica.is_quorum_visible(),
+            "metadata group resumed from its replica log"
+        );
+        replica
     } else {
         Replica::restart(config, durable_state, applied_state)
     })
