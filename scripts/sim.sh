@@ -64,7 +64,7 @@ echo "seeds $base..$((base + count - 1)): $failed failed in ${elapsed}s (${SIM_A
 awk '{
     for (i = 1; i <= NF; i++) {
         split($i, kv, "=")
-        if (kv[1] ~ /^(crashes|restarts|disk_faults|partitions|wipes|rejoin_crashes|wiped_reboots|blackouts|transfers|metadata_transfers|read_backs|slow_disks|beyond_f|stalled|purges|topic_deletes|stream_deletes|expired)$/) {
+        if (kv[1] ~ /^(crashes|restarts|disk_faults|partitions|wipes|rejoin_crashes|wiped_reboots|blackouts|outages|outage_acks|transfers|metadata_transfers|read_backs|slow_disks|beyond_f|stalled|purges|topic_deletes|stream_deletes|expired)$/) {
             sum[kv[1]] += kv[2]
             if (kv[2] > 0) seeds[kv[1]]++
         }
@@ -72,7 +72,7 @@ awk '{
 }
 END {
     line = "clean seeds " NR ":"
-    n = split("crashes restarts disk_faults partitions wipes rejoin_crashes wiped_reboots blackouts transfers metadata_transfers read_backs slow_disks beyond_f stalled purges topic_deletes stream_deletes expired", keys, " ")
+    n = split("crashes restarts disk_faults partitions wipes rejoin_crashes wiped_reboots blackouts outages outage_acks transfers metadata_transfers read_backs slow_disks beyond_f stalled purges topic_deletes stream_deletes expired", keys, " ")
     for (k = 1; k <= n; k++) line = line " " keys[k] "=" sum[keys[k]] + 0 " (in " seeds[keys[k]] + 0 " seeds)"
     print line
 }' "$clean"

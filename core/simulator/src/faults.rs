@@ -41,6 +41,12 @@ pub(crate) struct FaultStats {
     pub wiped_reboots: u64,
     /// Whole-cluster crashes (every replica at once).
     pub blackouts: u64,
+    /// Whole-cluster crashes after which f replicas stayed down until the
+    /// heal (the `outage` profile).
+    pub outages: u64,
+    /// Writes acknowledged while such a minority was down: the majority
+    /// that came back served by itself.
+    pub outage_acks: u64,
     /// Crashes and disk faults that took a replica while f were already
     /// faulty (runs marked to exceed f).
     pub beyond_f: u64,
@@ -236,21 +242,48 @@ impl FaultPlan {
         } else {
             CrashMode::KeepAll
         };
+        // The `outage` profile: f replicas, drawn, stay down until the heal.
+        let mut stay_down = Vec::new();
+        if self.rates.blackout_keeps_minority_down {
+            let mut all: Vec<u8> = (0..self.replica_count).collect();
+            for _ in 0..self.f {
+                let i = self.prng.below_inclusive(all.len() as u64 - 1) as usize;
+                stay_down.push(all.swap_remove(i));
+            }
+            self.stats.outages += 1;
+        }
         let mut downs = Vec::new();
         for r in 0..self.replica_count {
             let down_ticks = self.between(20, 300);
             cluster.crash(r, mode);
             self.stats.crashes += 1;
-            self.health[usize::from(r)] = Health::Crashed {
-                restart_tick: tick + down_ticks,
+            let restart_tick = if stay_down.contains(&r) {
+                u64::MAX
+            } else {
+                tick + down_ticks
             };
+            self.health[usize::from(r)] = Health::Crashed { restart_tick };
             downs.push(down_ticks);
         }
         self.stats.blackouts += 1;
         trace.record(Event::Fault {
             tick,
-            what: format!("blackout: every replica crashed ({mode:?}), down for {downs:?} ticks"),
+            what: format!(
+                "blackout: every replica crashed ({mode:?}), down for {downs:?} ticks, {stay_down:?} until the heal"
+            ),
         });
+    }
+
+    /// Whether replicas of an outage are still down (until the heal).
+    pub(crate) fn outage_active(&self) -> bool {
+        self.health.iter().any(|h| {
+            matches!(
+                h,
+                Health::Crashed {
+                    restart_tick: u64::MAX
+                }
+            )
+        })
     }
 
     /// A replica that may take a fault now, if the budget allows one:

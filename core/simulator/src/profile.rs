@@ -43,11 +43,16 @@ pub enum FaultProfile {
     /// once and boots again; the groups must come back by themselves (the
     /// census). Topics are all `persisted`, whose promise covers it.
     Blackout,
+    /// Whole-cluster crashes after which a minority (f replicas) stays
+    /// down until the run heals: the majority that comes back must serve
+    /// by itself (each replica resumes from its replica log). Topics are
+    /// all `persisted`, the only mode whose groups keep that log.
+    Outage,
 }
 
 impl FaultProfile {
     /// Every profile, in the order CI sweeps them.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::None,
         Self::Network,
         Self::Reorder,
@@ -58,12 +63,13 @@ impl FaultProfile {
         Self::Wipe,
         Self::Rot,
         Self::Blackout,
+        Self::Outage,
     ];
 
     /// Whether the workload creates only `persisted` topics: a whole-
     /// cluster crash may lose acknowledged writes of `replicated` ones.
     pub fn persisted_only(self) -> bool {
-        self == Self::Blackout
+        matches!(self, Self::Blackout | Self::Outage)
     }
 
     /// The name on the command line.
@@ -79,6 +85,7 @@ impl FaultProfile {
             Self::Wipe => "wipe",
             Self::Rot => "rot",
             Self::Blackout => "blackout",
+            Self::Outage => "outage",
         }
     }
 
@@ -159,6 +166,13 @@ impl FaultProfile {
                 blackout_per_mille: 3,
                 ..quiet
             },
+            Self::Outage => FaultRates {
+                base: LIGHT_LOSS,
+                crash_per_mille: 1,
+                blackout_per_mille: 3,
+                blackout_keeps_minority_down: true,
+                ..quiet
+            },
         }
     }
 }
@@ -229,6 +243,8 @@ pub(crate) struct FaultRates {
     /// Chance every replica crashes at once (only when all are healthy;
     /// never on a single replica, whose crash is `crash_per_mille`'s).
     pub blackout_per_mille: u64,
+    /// After a whole-cluster crash, f replicas stay down until the heal.
+    pub blackout_keeps_minority_down: bool,
 }
 
 #[cfg(test)]

@@ -236,6 +236,11 @@ pub struct FaultCounts {
     pub wiped_reboots: u64,
     /// Whole-cluster crashes.
     pub blackouts: u64,
+    /// Whole-cluster crashes after which f replicas stayed down until the
+    /// heal (`outage`).
+    pub outages: u64,
+    /// Writes acknowledged while such a minority was down.
+    pub outage_acks: u64,
     /// Crashes and disk faults past f (runs marked to exceed f).
     pub beyond_f: u64,
 }
@@ -253,6 +258,8 @@ impl From<FaultStats> for FaultCounts {
             rejoin_crashes: s.rejoin_crashes,
             wiped_reboots: s.wiped_reboots,
             blackouts: s.blackouts,
+            outages: s.outages,
+            outage_acks: s.outage_acks,
             beyond_f: s.beyond_f,
         }
     }
@@ -263,7 +270,7 @@ impl fmt::Display for Summary {
         let o = &self.options;
         write!(
             f,
-            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} stream_deletes={} expired={} memberships={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} transfers={} metadata_transfers={} read_backs={} slow_disks={} task_switches={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
+            "seed={} profile={} replicas={} shards={} ticks={} ok: acked={} (produces={} confirmed={} offsets={} deletes={}) purges={} topic_deletes={} stream_deletes={} expired={} memberships={} unknown={} polls={} messages={} groups={} crashes={} restarts={} disk_faults={} partitions={} degraded_links={} rotted_bits={} wipes={} rejoin_crashes={} wiped_reboots={} blackouts={} outages={} outage_acks={} transfers={} metadata_transfers={} read_backs={} slow_disks={} task_switches={} beyond_f={} stalled={} superblock={}/{}batches frames={}/{}dropped schedule={:016x} state={:016x}",
             o.seed,
             o.profile,
             o.replicas,
@@ -293,6 +300,8 @@ impl fmt::Display for Summary {
             self.faults.rejoin_crashes,
             self.faults.wiped_reboots,
             self.faults.blackouts,
+            self.faults.outages,
+            self.faults.outage_acks,
             self.transfers,
             self.metadata_transfers,
             self.read_backs,
@@ -478,6 +487,8 @@ struct Run {
     ticks_run: u64,
     /// A run past f whose groups did not converge after healing.
     stalled: bool,
+    /// Produces acknowledged as of the last step (for `outage_acks`).
+    acked_seen: u64,
     /// Messages retention removed everywhere, counted by the final checks.
     expired: u64,
 }
@@ -531,6 +542,11 @@ impl Run {
             &mut self.trace,
             issue_new,
         )?;
+        let acked = self.oracle.count(Fate::Acknowledged);
+        if self.faults.outage_active() {
+            self.faults.stats.outage_acks += acked.saturating_sub(self.acked_seen);
+        }
+        self.acked_seen = acked;
         self.monitor.check(&self.cluster, &mut self.trace)?;
         self.cluster.clock.advance(TICK);
         self.ticks_run += 1;
@@ -1198,6 +1214,7 @@ impl Run {
             order_prng: Prng::new(seed ^ 0x0DE7_0003),
             ticks_run: 0,
             stalled: false,
+            acked_seen: 0,
             expired: 0,
         })
     }

@@ -156,6 +156,28 @@ fn sweep_blackout() {
     );
 }
 
+/// Whole-cluster crashes with a minority left down until the heal: the
+/// majority that comes back must serve by itself, every replica resuming
+/// from its replica log (topics are all `persisted`). Without the resume
+/// (replicas restarting as if their journal were lost) no seed
+/// acknowledges anything while the minority is down, and every run still
+/// passes its safety checks: the acknowledgements are what this asserts.
+#[test]
+fn sweep_outage() {
+    let runs = sweep_shapes(FaultProfile::Outage, &[(3, 2), (5, 1), (3, 3)]);
+    let outages = runs.iter().filter(|s| s.faults.outages > 0).count();
+    assert!(
+        outages * 2 >= runs.len(),
+        "only {outages} of {} seeds had an outage",
+        runs.len()
+    );
+    let served = runs.iter().filter(|s| s.faults.outage_acks > 0).count();
+    assert!(
+        served * 3 >= outages * 2,
+        "only {served} of {outages} outages acknowledged a write with a minority down"
+    );
+}
+
 /// The mutation check behind the `wipe` profile, run by hand
 /// (`cargo test -p simulator --test sim -- --ignored mutation`): a
 /// replaced disk that boots as a brand-new member instead of rejoining
