@@ -227,7 +227,10 @@ struct Record {
 /// The writer of one group's log.
 pub struct ReplicaLog<F: Fs> {
     path: PathBuf,
-    file: F::File,
+    /// Open while in use; [`ReplicaLog::release_handle`] closes it (every
+    /// record is synced before it returns, so nothing waits on it) and the
+    /// next write opens it again, so an idle group holds no descriptor.
+    file: Option<F::File>,
     end: u64,
     state: LogState,
     /// Whether any record was written or read: an empty log describes no
@@ -306,7 +309,7 @@ impl<F: Fs> ReplicaLog<F> {
         }
         let mut log = Self {
             path: path.to_path_buf(),
-            file,
+            file: Some(file),
             end: pos as u64,
             state,
             described,
@@ -317,14 +320,16 @@ impl<F: Fs> ReplicaLog<F> {
             log.state = LogState::default();
             log.described = false;
             log.end = 0;
-            log.file.set_len(0).await.map_err(err)?;
-            log.file.sync_data().await.map_err(err)?;
+            let file = log.file.as_ref().ok_or_else(|| err(not_open()))?;
+            file.set_len(0).await.map_err(err)?;
+            file.sync_data().await.map_err(err)?;
             return Ok((log, Replayed::Damaged { offset, reason }));
         }
         if log.end < len {
             tracing::info!(path = %path.display(), offset = log.end, bytes = len - log.end, "replica log: cutting off a record whose append never finished");
-            log.file.set_len(log.end).await.map_err(err)?;
-            log.file.sync_data().await.map_err(err)?;
+            let file = log.file.as_ref().ok_or_else(|| err(not_open()))?;
+            file.set_len(log.end).await.map_err(err)?;
+            file.sync_data().await.map_err(err)?;
         }
         let replayed = if log.described {
             Replayed::Journal(log.state.journal_above(applied))
@@ -391,17 +396,42 @@ impl<F: Fs> ReplicaLog<F> {
         if self.end + bytes.len() as u64 > COMPACT_BYTES {
             return self.compact(fs).await.map(|()| true);
         }
+        self.append(fs, bytes).await?;
+        Ok(true)
+    }
+
+    /// Appends `bytes` at the end and syncs them.
+    async fn append(&mut self, fs: &F, bytes: Vec<u8>) -> Result<(), ReplicaLogError> {
         let err = |source| ReplicaLogError {
             path: self.path.clone(),
             source,
         };
+        if self.file.is_none() {
+            let file = fs
+                .open(&self.path, OpenOptions::read_write())
+                .await
+                .map_err(err)?;
+            self.file = Some(file);
+        }
+        let file = self.file.as_ref().ok_or_else(|| err(not_open()))?;
         let len = bytes.len() as u64;
-        let BufResult(res, _) = self.file.write_all_at(bytes, self.end).await;
+        let BufResult(res, _) = file.write_all_at(bytes, self.end).await;
         res.map_err(err)?;
-        self.file.sync_data().await.map_err(err)?;
+        file.sync_data().await.map_err(err)?;
         self.end += len;
         self.syncs += 1;
-        Ok(true)
+        Ok(())
+    }
+
+    /// Closes the file; the next write opens it again. Every record is
+    /// synced before its call returns, so this is always safe.
+    pub fn release_handle(&mut self) {
+        self.file = None;
+    }
+
+    /// Whether the file is open.
+    pub fn holds_handle(&self) -> bool {
+        self.file.is_some()
     }
 
     /// Writes a record that vouches for nothing (not visible), keeping
@@ -411,7 +441,7 @@ impl<F: Fs> ReplicaLog<F> {
     /// unknown): a crash after that step must not resume with ops the
     /// install replaced. The next [`Self::record`] vouches again for the
     /// core's journal as it then stands.
-    pub async fn withdraw(&mut self) -> Result<(), ReplicaLogError> {
+    pub async fn withdraw(&mut self, fs: &F) -> Result<(), ReplicaLogError> {
         if !self.state.visible && self.described {
             return Ok(());
         }
@@ -427,17 +457,7 @@ impl<F: Fs> ReplicaLog<F> {
         let bytes = encode_record(&record);
         self.state.apply(record);
         self.described = true;
-        let err = |source| ReplicaLogError {
-            path: self.path.clone(),
-            source,
-        };
-        let len = bytes.len() as u64;
-        let BufResult(res, _) = self.file.write_all_at(bytes, self.end).await;
-        res.map_err(err)?;
-        self.file.sync_data().await.map_err(err)?;
-        self.end += len;
-        self.syncs += 1;
-        Ok(())
+        self.append(fs, bytes).await
     }
 
     /// Rewrites the file as one record of the current state.
@@ -460,15 +480,20 @@ impl<F: Fs> ReplicaLog<F> {
         replace_file_durably(fs, &self.path, bytes, SIBLING_SUFFIX)
             .await
             .map_err(err)?;
-        self.file = fs
-            .open(&self.path, OpenOptions::read_write())
-            .await
-            .map_err(err)?;
+        self.file = Some(
+            fs.open(&self.path, OpenOptions::read_write())
+                .await
+                .map_err(err)?,
+        );
         self.end = len;
         self.syncs += 1;
         tracing::debug!(path = %self.path.display(), bytes = len, ops = self.state.ops.len(), "replica log compacted");
         Ok(())
     }
+}
+
+fn not_open() -> io::Error {
+    io::Error::other("replica log file not open")
 }
 
 /// The lowest op above `applied` at which the log's ops and `logged`'s

@@ -535,7 +535,9 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
         // replaces: withdrawn first, so a crash never resumes them on the
         // installed state (the next step's record vouches again).
         if let Some(log) = self.replica_log.as_mut() {
-            log.withdraw().await.map_err(GroupError::ReplicaLog)?;
+            log.withdraw(self.store.fs())
+                .await
+                .map_err(GroupError::ReplicaLog)?;
         }
         // Durable first: a crash after this boots the installed state.
         self.store.install(state).await.map_err(|e| {

@@ -110,12 +110,15 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// host of many idle partitions calls it so that its descriptor limit
     /// does not bound how many it can hold.
     pub fn release_handles(&mut self) -> bool {
+        if let Some(log) = self.replica_log.as_mut() {
+            log.release_handle();
+        }
         self.log.release_handles()
     }
 
-    /// Whether the log holds any open file handle.
+    /// Whether the log (or the replica log) holds any open file handle.
     pub fn holds_handles(&self) -> bool {
-        self.log.holds_handles()
+        self.log.holds_handles() || self.replica_log.as_ref().is_some_and(|l| l.holds_handle())
     }
 
     /// The threshold check run after every drive step. In a multi-replica

@@ -507,7 +507,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // replaces: from here until the next step's record it vouches for
         // nothing, so a crash never resumes them on the installed state.
         if let Some(log) = self.replica_log.as_mut() {
-            log.withdraw()
+            log.withdraw(&self.fs)
                 .await
                 .map_err(|e| io::Error::new(e.source.kind(), e.to_string()))?;
         }
