@@ -1016,3 +1016,19 @@ fn regression_mixed_33006971_census_led_from_a_report_that_outlived_its_wait() {
         o.size_retention = true;
     });
 }
+
+/// A backup resumed from a replica log with a gap below its last logged
+/// op (ops it applied in the step that brought them were never logged)
+/// nacked ops it had acknowledged, so a view change without the old
+/// primary truncated an op that primary had committed, and the primary's
+/// return broke the hash chain (`resumed_head`, docs/consensus.md §4).
+#[test]
+fn regression_blackout_75100955_resumed_gap_is_no_nack() {
+    let mut o = options(75_100_955, FaultProfile::Blackout, 3, 2, 2_000);
+    o.purges = true;
+    o.deletes = true;
+    o.stream_deletes = true;
+    o.size_retention = true;
+    every_flag(&mut o);
+    clean(&o);
+}

@@ -229,6 +229,14 @@ pub struct Replica {
     /// DoViewChange reports: a vote must not present the log as ending
     /// below them (see `build_do_view_change`). Cleared with a new log.
     pub(super) cut_head: u64,
+    /// The highest op whose body the replica log held when this replica
+    /// resumed from it (0 otherwise). The log may lack ops below it that
+    /// the replica applied in the step it received them (never logged
+    /// above the applied point), so the journal's contiguous frontier no
+    /// longer shows what it acknowledged: a vote must not nack ops up to
+    /// here (blackout seed 75100955: a resumed backup nacked the op it had
+    /// acknowledged, and an op the old primary committed was truncated).
+    pub(super) resumed_head: u64,
     pub(super) journal: Journal,
     pub(super) pipeline: Pipeline,
     pub(super) client_table: ClientTable,
@@ -291,6 +299,7 @@ impl Replica {
             acknowledged_max: 0,
             view_start_op: 0,
             cut_head: 0,
+            resumed_head: 0,
             commit_max: durable.commit.max(applied.commit_min).0,
             journal: Journal::new(applied.commit_min.0.saturating_add(1)),
             pipeline: Pipeline::new(),
@@ -523,6 +532,13 @@ impl Replica {
         }
         let headers: Vec<PrepareHeader> = log.ops.iter().map(|(h, _)| *h).collect();
         r.learn_timestamps(&headers);
+        r.resumed_head = log
+            .ops
+            .iter()
+            .filter(|(_, body)| body.is_some())
+            .map(|(h, _)| h.op.0)
+            .max()
+            .unwrap_or(0);
         r.acknowledged_max = r.journal.contiguous_to(r.commit_min);
         r.view = view;
         r.log_view = log_view;

@@ -195,8 +195,10 @@ impl Replica {
     /// and sent only for a contiguous journal, and entries above the commit
     /// point leave the journal only when they were not the log's (a
     /// conflicting primary prepare or a new view's log), so this replica
-    /// never acknowledged that op in a way a commit could count. Ops above
-    /// the head are nacked implicitly by `op`.
+    /// never acknowledged that op in a way a commit could count; except up
+    /// to the last body a resumed replica log held (`resumed_head`: the
+    /// log need not show every op below it). Ops above the head are
+    /// nacked implicitly by `op`.
     pub(super) fn build_do_view_change(&self) -> DoViewChange {
         // A state-transfer install cut this log view's suffix above the
         // installed op: the log did not end there, so the vote reports
@@ -213,7 +215,7 @@ impl Replica {
         let mut nack = 0u128;
         let mut x = op;
         while x >= 1 && x >= commit && suffix.len() < DVC_HEADERS_MAX {
-            if x > frontier && x > commit {
+            if x > frontier && x > commit && x > self.resumed_head {
                 nack |= 1u128 << suffix.len();
             }
             // A header that does not chain to the one above it (a
