@@ -366,7 +366,7 @@ fn facts(replica: &Replica) -> LocalFacts {
     LocalFacts {
         replica: replica.replica(),
         replica_count: replica.replica_count(),
-        view: replica.view(),
+        view: replica.established_view(),
         primary: ReplicaId(replica.primary_index(replica.view()).0),
         commit_max: replica.commit_max(),
         purge_generation: 0,

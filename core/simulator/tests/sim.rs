@@ -1032,3 +1032,18 @@ fn regression_blackout_75100955_resumed_gap_is_no_nack() {
     every_flag(&mut o);
     clean(&o);
 }
+
+/// A backup that needed a state transfer kept timing out into views no
+/// peer joined (it is not heard while it lacks history) and refused every
+/// offer as "from an older view", so it never caught up. Offers are now
+/// judged against the view it is established in (`established_view`).
+#[test]
+fn regression_mixed_75200181_transfer_offer_judged_by_the_established_view() {
+    let mut o = options(75_200_181, FaultProfile::Mixed, 3, 2, 2_000);
+    o.purges = true;
+    o.deletes = true;
+    o.stream_deletes = true;
+    o.size_retention = true;
+    every_flag(&mut o);
+    clean(&o);
+}

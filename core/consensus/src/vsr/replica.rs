@@ -599,6 +599,19 @@ impl Replica {
         self.log_view
     }
 
+    /// The view this replica is known to be current in: its view while it
+    /// is `Normal` in it, else the last view whose log it installed. A
+    /// replica that keeps timing out into views no peer joined (one that
+    /// waits for a state transfer, and is not heard) has a high `view`
+    /// that says nothing about how current a peer's offer is.
+    pub fn established_view(&self) -> u32 {
+        if self.status == Status::Normal {
+            self.view
+        } else {
+            self.log_view
+        }
+    }
+
     /// The protocol status.
     pub fn status(&self) -> Status {
         self.status

@@ -127,7 +127,10 @@ pub struct LocalFacts {
     pub replica: ReplicaId,
     /// Replicas in the group.
     pub replica_count: u8,
-    /// The current view.
+    /// The view this replica is established in ([`Replica::established_view`]):
+    /// an offer from an older view is stale.
+    ///
+    /// [`Replica::established_view`]: consensus::vsr::Replica::established_view
     pub view: u32,
     /// The view's primary.
     pub primary: ReplicaId,
@@ -144,7 +147,7 @@ impl LocalFacts {
         Self {
             replica: replica.replica(),
             replica_count: partition.config().vsr.replica_count,
-            view: replica.view(),
+            view: replica.established_view(),
             primary: replica.primary_index(replica.view()),
             commit_max: replica.commit_max(),
             purge_generation: partition.purge_generation(),
