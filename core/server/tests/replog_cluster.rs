@@ -951,6 +951,44 @@ fn given_a_cluster_stopped_whole_when_restarted_should_serve_everything_again() 
     cluster.stop();
 }
 
+/// The whole-cluster SIGKILL of the two tests below: produces 200
+/// messages named `{prefix}-N` to a new `load/t` created with `options`,
+/// waits `settle` if given, kills every replica at once, starts them all
+/// again and produces 100 more. Returns what was produced and what a poll
+/// from offset 0 then reads, checked: every acknowledged message at its
+/// confirmed offset, nothing unsent, offsets dense, all 300 acknowledged.
+fn kill_whole_between_loads(
+    cluster: &mut Cluster,
+    options: TopicCreateOptions,
+    prefix: &str,
+    settle: Option<Duration>,
+) -> (Produced, Vec<(u64, String)>) {
+    let rt = runtime();
+    let via = cluster.clients[0];
+    let texts = |from: usize, to: usize| -> Vec<String> {
+        (from..to).map(|n| format!("{prefix}-{n:05}")).collect()
+    };
+    let client = rt.block_on(bounded("set up", load_topic(via, options)));
+    let mut produced = Produced::default();
+    produced.range(&rt, &client, &texts(0, 200));
+    drop(client);
+    if let Some(settle) = settle {
+        std::thread::sleep(settle);
+    }
+    for i in 0..3 {
+        cluster.kill9(i);
+    }
+    for i in 0..3 {
+        cluster.start_replica(i);
+    }
+    let client = rt.block_on(bounded("log in again", logged_in(via)));
+    produced.range(&rt, &client, &texts(200, 300));
+    let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
+    check_read_back(&read, &produced.acked, &produced.attempted);
+    assert_eq!(produced.acked.len(), 300);
+    (produced, read)
+}
+
 /// A whole-cluster crash: every replica is killed with SIGKILL at once
 /// (no clean stop) and started again. The topic is `persisted` (the SDK
 /// asks for it by name: its default options name `replicated`), so each
@@ -963,30 +1001,11 @@ fn given_a_cluster_killed_whole_when_restarted_should_serve_again_by_itself_and_
  {
     let mut cluster =
         Cluster::start_logging(|_| {}, Some("warn,shard::shard=info,partitions::boot=info"));
-    let rt = runtime();
-    let via = cluster.clients[0];
-    let texts = |from: usize, to: usize| -> Vec<String> {
-        (from..to).map(|n| format!("blackout-{n:05}")).collect()
-    };
     let persisted = TopicCreateOptions {
         durability: Durability::Persisted,
         ..TopicCreateOptions::default()
     };
-    let client = rt.block_on(bounded("set up", load_topic(via, persisted)));
-    let mut produced = Produced::default();
-    produced.range(&rt, &client, &texts(0, 200));
-    drop(client);
-    for i in 0..3 {
-        cluster.kill9(i);
-    }
-    for i in 0..3 {
-        cluster.start_replica(i);
-    }
-    let client = rt.block_on(bounded("log in again", logged_in(via)));
-    produced.range(&rt, &client, &texts(200, 300));
-    let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
-    check_read_back(&read, &produced.acked, &produced.attempted);
-    assert_eq!(produced.acked.len(), 300);
+    let (produced, read) = kill_whole_between_loads(&mut cluster, persisted, "blackout", None);
     // Every replica resumed the partition from its replica log at boot;
     // none needed the census.
     for (i, node) in cluster.nodes.iter().enumerate() {
@@ -1007,7 +1026,6 @@ fn given_a_cluster_killed_whole_when_restarted_should_serve_again_by_itself_and_
         read.len(),
         segments.len()
     );
-    drop(client);
     cluster.stop();
 }
 
@@ -1022,31 +1040,14 @@ fn given_a_cluster_killed_whole_when_restarted_should_serve_again_by_itself_and_
 fn given_a_replicated_topic_when_the_cluster_is_killed_whole_should_come_back_by_census_and_keep_what_was_recorded()
  {
     let mut cluster = Cluster::start_logging(|_| {}, Some("warn,shard::shard=info"));
-    let rt = runtime();
-    let via = cluster.clients[0];
-    let texts = |from: usize, to: usize| -> Vec<String> {
-        (from..to).map(|n| format!("census-{n:05}")).collect()
-    };
-    let client = rt.block_on(bounded(
-        "set up",
-        load_topic(via, TopicCreateOptions::default()),
-    ));
-    let mut produced = Produced::default();
-    produced.range(&rt, &client, &texts(0, 200));
-    drop(client);
     // Well past the 100 ms time bound and the tick that makes its record.
-    std::thread::sleep(Duration::from_millis(600));
-    for i in 0..3 {
-        cluster.kill9(i);
-    }
-    for i in 0..3 {
-        cluster.start_replica(i);
-    }
-    let client = rt.block_on(bounded("log in again", logged_in(via)));
-    produced.range(&rt, &client, &texts(200, 300));
-    let read = rt.block_on(bounded("read back", poll_all(&client, "load", "t", 0)));
-    check_read_back(&read, &produced.acked, &produced.attempted);
-    assert_eq!(produced.acked.len(), 300);
+    let settle = Some(Duration::from_millis(600));
+    let (produced, read) = kill_whole_between_loads(
+        &mut cluster,
+        TopicCreateOptions::default(),
+        "census",
+        settle,
+    );
     assert_eq!(read.len(), 300, "every recorded message survived");
     let census = cluster.nodes.iter().flatten().any(|n| {
         n.logged_within(
@@ -1062,7 +1063,6 @@ fn given_a_replicated_topic_when_the_cluster_is_killed_whole_should_come_back_by
         read.len(),
         segments.len()
     );
-    drop(client);
     cluster.stop();
 }
 

@@ -1024,13 +1024,11 @@ fn regression_mixed_33006971_census_led_from_a_report_that_outlived_its_wait() {
 /// return broke the hash chain (`resumed_head`, docs/consensus.md §4).
 #[test]
 fn regression_blackout_75100955_resumed_gap_is_no_nack() {
-    let mut o = options(75_100_955, FaultProfile::Blackout, 3, 2, 2_000);
-    o.purges = true;
-    o.deletes = true;
-    o.stream_deletes = true;
-    o.size_retention = true;
-    every_flag(&mut o);
-    clean(&o);
+    lifecycle_regression(75_100_955, FaultProfile::Blackout, |o| {
+        o.stream_deletes = true;
+        o.size_retention = true;
+        every_flag(o);
+    });
 }
 
 /// A backup that needed a state transfer kept timing out into views no
@@ -1039,11 +1037,9 @@ fn regression_blackout_75100955_resumed_gap_is_no_nack() {
 /// judged against the view it is established in (`established_view`).
 #[test]
 fn regression_mixed_75200181_transfer_offer_judged_by_the_established_view() {
-    let mut o = options(75_200_181, FaultProfile::Mixed, 3, 2, 2_000);
-    o.purges = true;
-    o.deletes = true;
-    o.stream_deletes = true;
-    o.size_retention = true;
-    every_flag(&mut o);
-    clean(&o);
+    lifecycle_regression(75_200_181, FaultProfile::Mixed, |o| {
+        o.stream_deletes = true;
+        o.size_retention = true;
+        every_flag(o);
+    });
 }
