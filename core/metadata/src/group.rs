@@ -640,6 +640,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             request: 0,
             operation: OPERATION_REGISTER,
             user_id,
+            request_checksum: 0,
             body: Bytes::new(),
         });
         self.drive().await?;
@@ -665,6 +666,7 @@ impl<F: Fs, S: SuperblockStore, B: MetadataBus> MetadataGroup<F, S, B> {
             request,
             operation: OPERATION_APPEND,
             user_id,
+            request_checksum: 0,
             body: Bytes::from(body),
         });
         self.drive().await?;

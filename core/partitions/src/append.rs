@@ -23,7 +23,7 @@
 //! once more, and fences the partition if that ever fails.
 
 use bytes::Bytes;
-use common::Offset;
+use common::{Offset, Op};
 use consensus::vsr::Prepare;
 use journal::SuperblockStore;
 use storage::fs::Fs;
@@ -33,6 +33,23 @@ use crate::bus::MessageBus;
 use crate::error::PartitionError;
 use crate::ops::{OpDecodeError, PartitionOp};
 use crate::partition::Partition;
+
+/// What a primary's journal knows of a producer's send it is asked again
+/// (a replay of a request whose answer was lost or unknown), found by the
+/// producer key the send was ordered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyedAppend {
+    /// Ordered at `op` and not committed yet: the replay must wait.
+    Pending(Op),
+    /// Committed at `op`; its batch starts at `base_offset` when the
+    /// journal still holds its header's body or locator.
+    Committed {
+        /// The op.
+        op: Op,
+        /// The batch's first offset, if known.
+        base_offset: Option<Offset>,
+    },
+}
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Validates a client's batch whole (layout and every checksum; bytes
@@ -59,6 +76,31 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         )
         .map_err(|e| PartitionError::InvalidOp(OpDecodeError::InvalidBatch(e)))?;
         Ok(Some(Bytes::from(batch)))
+    }
+
+    /// What this replica's journal knows of the append ordered with
+    /// producer key `key` (nonzero), if anything: a producer's replay is
+    /// looked up here before it is ordered again, so a send the client
+    /// made once is stored once. The journal holds the retained applied
+    /// ops and the log above them; an older send is not found (the
+    /// replay is then ordered as new).
+    pub fn keyed_append(&self, key: u128) -> Option<KeyedAppend> {
+        let (op, locator) = self.replica.find_request_checksum(key)?;
+        if op > self.replica.commit_min() {
+            return Some(KeyedAppend::Pending(op));
+        }
+        let base_offset = match locator {
+            // A spilled body's locator is its batch's base offset.
+            Some(offset) => Some(Offset(offset)),
+            None => self
+                .replica
+                .journal_entry(op)
+                .and_then(|p| {
+                    BatchView::decode_exact(&p.body, Integrity::LayoutOnly, u64::MAX).ok()
+                })
+                .map(|view| Offset(view.header().base_offset)),
+        };
+        Some(KeyedAppend::Committed { op, base_offset })
     }
 
     /// Checks a verified prepare from a peer before the core may journal

@@ -49,6 +49,7 @@ mod retention;
 mod scrub;
 pub mod state_transfer;
 
+pub use append::KeyedAppend;
 pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus};
 pub use client_sessions::CLIENT_TABLE_FILES;
 pub use error::{BootError, PartitionError};

@@ -943,6 +943,18 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         request: ClientRequest,
         now_us: u64,
     ) -> Result<RequestOutcome, PartitionError> {
+        self.submit_keyed(request, 0, now_us).await
+    }
+
+    /// [`Partition::submit`] with the producer key an append is ordered
+    /// with (0 for none): the prepare carries it as its
+    /// `request_checksum`, and [`Partition::keyed_append`] finds it.
+    pub async fn submit_keyed(
+        &mut self,
+        request: ClientRequest,
+        key: u128,
+        now_us: u64,
+    ) -> Result<RequestOutcome, PartitionError> {
         self.check_fenced()?;
         self.now_us = self.now_us.max(now_us);
         if self.quorum_withheld() {
@@ -981,11 +993,17 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 PartitionOp::Purge { generation }
             }
         };
+        let key = if matches!(op, PartitionOp::Append(_)) {
+            key
+        } else {
+            0
+        };
         let outcome = self.submit_op(
             request.client,
             request.session,
             request.request,
             request.user_id,
+            key,
             &op,
         );
         self.drive().await?;
@@ -998,6 +1016,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         session: u64,
         request: u64,
         user_id: u32,
+        key: u128,
         op: &PartitionOp,
     ) -> RequestOutcome {
         self.replica.on_client_request(Request {
@@ -1006,6 +1025,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             request,
             operation: op.operation(),
             user_id,
+            request_checksum: key,
             body: op.encode_body(),
         })
     }
@@ -1509,7 +1529,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         match session {
             None if register_due => {
                 self.auto_commits.borrow_mut().registering_since_us = Some(self.now_us);
-                let outcome = self.submit_op(INTERNAL_CLIENT, 0, 0, 0, &PartitionOp::Register);
+                let outcome = self.submit_op(INTERNAL_CLIENT, 0, 0, 0, 0, &PartitionOp::Register);
                 if outcome == RequestOutcome::Unavailable {
                     self.auto_commits.borrow_mut().registering_since_us = None;
                 }
@@ -1530,7 +1550,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                         offset,
                         auto_commit: true,
                     };
-                    let outcome = self.submit_op(INTERNAL_CLIENT, session, request, 0, &op);
+                    let outcome = self.submit_op(INTERNAL_CLIENT, session, request, 0, 0, &op);
                     let mut ac = self.auto_commits.borrow_mut();
                     match outcome {
                         RequestOutcome::Prepared { .. } => {

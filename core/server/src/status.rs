@@ -66,6 +66,7 @@ error_codes! {
     InvalidCredentials = 42, "wrong username or password";
     TransientNotCommitted = 57, "not committed yet; retry on this connection";
     TransientNotAccepted = 58, "not accepted now (no primary); retry";
+    RequestAlreadyApplied = 59, "applied already; its answer is no longer known";
     StreamIdNotFound = 1009, "no stream with this id";
     StreamNameNotFound = 1010, "no stream with this name";
     StreamNameAlreadyExists = 1012, "a stream with this name exists";
@@ -172,6 +173,7 @@ impl From<&BackendError> for ErrorCode {
             B::UnsupportedOptionKey(_) => Self::UnsupportedOptionKey,
             B::NotCommitted => Self::TransientNotCommitted,
             B::NoPrimary => Self::TransientNotAccepted,
+            B::AlreadyApplied => Self::RequestAlreadyApplied,
             B::Unsupported => Self::FeatureUnavailable,
             B::LocalFault(_) => Self::Error,
         }

@@ -147,12 +147,10 @@ fn given_a_running_replica_when_topics_are_created_and_written_should_serve_them
         for b in 0..3 {
             let answer = retry(
                 || {
-                    block_on(node.handles().call(
-                        *g,
-                        Call::Produce {
-                            batch: batch(n as u64 * 10 + b),
-                        },
-                    ))
+                    block_on(
+                        node.handles()
+                            .call(*g, Call::produce(batch(n as u64 * 10 + b))),
+                    )
                 },
                 call_transient,
             );

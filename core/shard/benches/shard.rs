@@ -126,7 +126,7 @@ fn produce_through_shard(batches: &[Vec<u8>]) -> Duration {
         let (tx, mut rx) = oneshot::channel();
         block_on(shard.on_call(Envelope {
             group,
-            call: Call::Produce { batch: b.clone() },
+            call: Call::produce(b.clone()),
             reply: tx,
         }));
         // A single replica commits at once; a session opens on the first

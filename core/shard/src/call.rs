@@ -25,6 +25,8 @@ pub enum Call {
     Produce {
         /// The batch bytes (storage::batch layout).
         batch: Vec<u8>,
+        /// Who sent it and whether this is a replay of that send.
+        key: ProducerKey,
     },
     /// Read committed messages.
     Poll(PollRequest),
@@ -65,7 +67,41 @@ pub enum Call {
     Stats,
 }
 
+/// The identity of a producer's send, carried with its produce call to the
+/// group's primary, which orders the batch with it (the prepare's
+/// `request_checksum`).
+///
+/// A client whose answer was lost or unknown (Iggy's 57) sends the same
+/// request again; the primary looks such a replay up in its journal before
+/// ordering it, so a send the client made once is stored once: a replay of
+/// a committed send is answered with the original offsets, one still
+/// being committed waits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProducerKey {
+    /// A digest of the sender's session, request number and batch header
+    /// (0: none, never looked up).
+    pub key: u128,
+    /// Whether the sender has sent this very request before.
+    pub replay: bool,
+}
+
+impl ProducerKey {
+    /// No identity: the call is ordered as new.
+    pub const NONE: Self = Self {
+        key: 0,
+        replay: false,
+    };
+}
+
 impl Call {
+    /// A produce without a producer identity.
+    pub fn produce(batch: Vec<u8>) -> Self {
+        Self::Produce {
+            batch,
+            key: ProducerKey::NONE,
+        }
+    }
+
     /// Whether the call becomes a replicated op (and so needs the shard's
     /// session with the group).
     pub fn is_replicated(&self) -> bool {
@@ -144,6 +180,13 @@ pub enum CallError {
         /// Why.
         reason: &'static str,
     },
+    /// The op committed already and its answer is no longer known (its
+    /// reply is not cached, or a replayed send's batch is no longer held
+    /// to read its offsets from). Retrying would apply it again.
+    AlreadyApplied {
+        /// Why.
+        reason: &'static str,
+    },
     /// The partition is fenced (its data could not be made serviceable).
     Fenced {
         /// The fence reason.
@@ -184,6 +227,7 @@ impl fmt::Display for CallError {
             }
             Self::Unavailable { reason } => write!(f, "group unavailable: {reason}"),
             Self::Indeterminate { reason } => write!(f, "outcome unknown: {reason}"),
+            Self::AlreadyApplied { reason } => write!(f, "applied already: {reason}"),
             Self::Fenced { reason } => write!(f, "partition fenced: {reason}"),
             Self::Rejected { reason } => write!(f, "request rejected: {reason}"),
             Self::Local { reason } => write!(f, "local fault: {reason}"),

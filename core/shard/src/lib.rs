@@ -32,7 +32,7 @@ mod shard;
 pub mod snapshot;
 pub mod testing;
 
-pub use call::{Answer, Call, CallError, Envelope, ReplyTx};
+pub use call::{Answer, Call, CallError, Envelope, ProducerKey, ReplyTx};
 pub use catalog::{GroupSpec, group_dir, read_spec};
 pub use env::{Env, LocalFuture, Sent};
 pub use metadata_host::{MetaCall, MetaError, MetaQuery, MetaReplyTx, MetadataHost};

@@ -10,7 +10,7 @@ use common::{ConsumerKind, GroupId, Offset, ReplicaId};
 use futures::executor::block_on;
 use harness::{Cluster, batch};
 use partitions::{PollRequest, PollingStrategy};
-use shard::{Answer, Call, CallError};
+use shard::{Answer, Call, CallError, ProducerKey};
 use storage::fs::{CrashMode, Fs};
 
 const GROUPS: u64 = 64;
@@ -39,13 +39,7 @@ fn produce_all(c: &mut Cluster, round: u64) {
     for n in 0..GROUPS {
         let g = group(n);
         let primary = c.primary(g).unwrap_or(ReplicaId(0));
-        pending.push(c.send(
-            primary,
-            g,
-            Call::Produce {
-                batch: batch(round * 1000 + n, 5),
-            },
-        ));
+        pending.push(c.send(primary, g, Call::produce(batch(round * 1000 + n, 5))));
     }
     let mut retry = Vec::new();
     for _ in 0..400 {
@@ -70,13 +64,7 @@ fn produce_all(c: &mut Cluster, round: u64) {
     );
     for g in retry {
         let answer = c
-            .call_until_done(
-                g,
-                Call::Produce {
-                    batch: batch(round * 1000 + g.0 % 1000, 5),
-                },
-                3000,
-            )
+            .call_until_done(g, Call::produce(batch(round * 1000 + g.0 % 1000, 5)), 3000)
             .unwrap();
         assert!(matches!(answer, Answer::Committed { .. }));
     }
@@ -193,14 +181,8 @@ fn given_a_replica_down_while_8_groups_pass_retention_when_restarted_should_tran
     }
     c.run(100);
     for (i, g) in groups.iter().enumerate() {
-        c.call_until_done(
-            *g,
-            Call::Produce {
-                batch: batch(1_000 + i as u64, 3),
-            },
-            2000,
-        )
-        .unwrap();
+        c.call_until_done(*g, Call::produce(batch(1_000 + i as u64, 3)), 2000)
+            .unwrap();
     }
     let victim = 2u8;
     c.crash(victim, CrashMode::KeepAll);
@@ -209,9 +191,7 @@ fn given_a_replica_down_while_8_groups_pass_retention_when_restarted_should_tran
         for (i, g) in behind.iter().enumerate() {
             c.call_until_done(
                 *g,
-                Call::Produce {
-                    batch: batch(10_000 + round * 100 + i as u64, 2),
-                },
+                Call::produce(batch(10_000 + round * 100 + i as u64, 2)),
                 2000,
             )
             .unwrap();
@@ -236,14 +216,8 @@ fn given_a_replica_down_while_8_groups_pass_retention_when_restarted_should_tran
         // One produce to a quiet group per round, timed in ticks.
         let g = quiet[(round % 8) as usize];
         let sent = c.ticks();
-        c.call_until_done(
-            g,
-            Call::Produce {
-                batch: batch(50_000 + round, 1),
-            },
-            2000,
-        )
-        .unwrap();
+        c.call_until_done(g, Call::produce(batch(50_000 + round, 1)), 2000)
+            .unwrap();
         slowest_commit = slowest_commit.max(c.ticks() - sent);
         let node = c.nodes[usize::from(victim)][0].as_ref().unwrap();
         receiving_peak = receiving_peak.max(node.slots().receiving());
@@ -407,13 +381,7 @@ fn given_spilled_batches_purged_and_their_offsets_reused_when_a_backup_repairs_s
     c.run(100);
     let produce = |c: &mut Cluster, tag: u64| {
         let answer = c
-            .call_until_done(
-                g,
-                Call::Produce {
-                    batch: batch(tag, 3),
-                },
-                3000,
-            )
+            .call_until_done(g, Call::produce(batch(tag, 3)), 3000)
             .unwrap();
         assert!(matches!(answer, Answer::Committed { .. }), "{answer:?}");
     };
@@ -535,14 +503,8 @@ fn given_stored_offset_when_read_back_should_answer_it_from_the_primary() {
     let g = group(5);
     c.create_everywhere(g);
     c.run(100);
-    c.call_until_done(
-        g,
-        Call::Produce {
-            batch: batch(1, 10),
-        },
-        2000,
-    )
-    .unwrap();
+    c.call_until_done(g, Call::produce(batch(1, 10)), 2000)
+        .unwrap();
     c.call_until_done(
         g,
         Call::StoreOffset {
@@ -615,9 +577,7 @@ fn given_a_primary_cut_off_while_the_others_move_on_when_read_from_should_never_
         kind: ConsumerKind::Consumer,
         id: 9,
     };
-    let produce = |tag| Call::Produce {
-        batch: batch(tag, 10),
-    };
+    let produce = |tag| Call::produce(batch(tag, 10));
     c.call_until_done(g, produce(1), 2000).unwrap();
     c.call_until_done(g, consumer(4), 2000).unwrap();
     let old = c.primary(g).unwrap();
@@ -695,9 +655,7 @@ fn given_a_primary_deposed_with_a_produce_in_flight_when_it_catches_up_should_an
     let g = group(7);
     c.create_everywhere(g);
     c.run(100);
-    let produce = |tag| Call::Produce {
-        batch: batch(tag, 10),
-    };
+    let produce = |tag| Call::produce(batch(tag, 10));
     c.call_until_done(g, produce(1), 2000).unwrap();
 
     // Dropped: the prepare never leaves the cut-off primary, and the next
@@ -963,7 +921,7 @@ fn given_one_partition_fenced_when_others_are_called_should_keep_serving_them() 
     }
     c.run(50);
     c.fss[0].fail_nth(storage::fs::FaultKind::Write, 1, storage::fs::EIO);
-    let result = c.call_until_done(doomed, Call::Produce { batch: batch(1, 3) }, 500);
+    let result = c.call_until_done(doomed, Call::produce(batch(1, 3)), 500);
     // The call that hit the fault reports it as local; the partition
     // fenced itself (a flush a reply waits for cannot be skipped).
     assert!(
@@ -983,7 +941,7 @@ fn given_one_partition_fenced_when_others_are_called_should_keep_serving_them() 
     for n in 0..8 {
         let g = group(n);
         let answer = c
-            .call_until_done(g, Call::Produce { batch: batch(n, 3) }, 500)
+            .call_until_done(g, Call::produce(batch(n, 3)), 500)
             .unwrap();
         assert!(matches!(answer, Answer::Committed { .. }));
         assert_eq!(poll_count(&mut c, g), 3, "group {n}");
@@ -1029,7 +987,7 @@ fn given_groups_written_then_idle_when_a_handle_pass_ran_should_hold_no_files_an
     }
     for n in 0..count {
         let answer = c
-            .call_until_done(group(n), Call::Produce { batch: batch(n, 3) }, 500)
+            .call_until_done(group(n), Call::produce(batch(n, 3)), 500)
             .unwrap();
         assert!(matches!(answer, Answer::Committed { .. }));
     }
@@ -1067,13 +1025,7 @@ fn given_groups_written_then_idle_when_a_handle_pass_ran_should_hold_no_files_an
     // Files reopen on use: reads above, appends now.
     for n in 0..count {
         let answer = c
-            .call_until_done(
-                group(n),
-                Call::Produce {
-                    batch: batch(100 + n, 2),
-                },
-                500,
-            )
+            .call_until_done(group(n), Call::produce(batch(100 + n, 2)), 500)
             .unwrap();
         assert!(matches!(answer, Answer::Committed { .. }));
         assert_eq!(poll_count(&mut c, group(n)), 5, "group {n}");
@@ -1188,7 +1140,7 @@ fn given_a_single_replica_group_owing_a_committed_purge_when_idle_should_propose
     let g = group(3);
     c.create_everywhere(g);
     c.run(20);
-    c.call_until_done(g, Call::Produce { batch: batch(1, 4) }, 200)
+    c.call_until_done(g, Call::produce(batch(1, 4)), 200)
         .unwrap();
     c.run(20);
     let node = c.node(0, g);
@@ -1202,4 +1154,84 @@ fn given_a_single_replica_group_owing_a_committed_purge_when_idle_should_propose
         "the committed purge was never applied"
     );
     assert_eq!(p.log().next_offset(), 0, "the purge erased the log");
+}
+
+/// A produce keyed with a producer's identity and flagged as a replay
+/// (the SDK resends a request answered 57 under the same number).
+fn keyed(tag: u64, replay: bool) -> Call {
+    Call::Produce {
+        batch: batch(tag, 3),
+        key: ProducerKey {
+            key: 0xfeed_0000 + u128::from(tag),
+            replay,
+        },
+    }
+}
+
+/// A replay is looked up by its key before it is ordered: a committed
+/// send is answered with its original op and offsets and stored once, one
+/// still in flight is answered `Indeterminate` (the client sends it
+/// again), and a replay of a send the primary never saw is ordered as
+/// new.
+#[test]
+fn given_a_replayed_send_when_the_original_committed_should_answer_its_offsets_and_store_it_once() {
+    let mut c = Cluster::new(3, 2, 29, NetworkFaults::default());
+    let g = group(1);
+    c.create_everywhere(g);
+    c.run(100);
+    c.call_until_done(g, Call::produce(batch(1, 2)), 500)
+        .unwrap();
+    let original = c.call_until_done(g, keyed(2, false), 500).unwrap();
+    assert!(
+        matches!(
+            original,
+            Answer::Committed {
+                base_offset: Some(Offset(2)),
+                ..
+            }
+        ),
+        "{original:?}"
+    );
+    let replayed = c.call_until_done(g, keyed(2, true), 500).unwrap();
+    assert_eq!(replayed, original, "the replay gets the original's answer");
+    assert_eq!(
+        poll_count(&mut c, g),
+        5,
+        "the replayed batch is stored once"
+    );
+
+    // Never seen: ordered as new.
+    let fresh = c.call_until_done(g, keyed(3, true), 500).unwrap();
+    assert!(matches!(
+        fresh,
+        Answer::Committed {
+            base_offset: Some(Offset(5)),
+            ..
+        }
+    ));
+    assert_eq!(poll_count(&mut c, g), 8);
+
+    // Still in flight: the replay waits, then gets the original's answer.
+    let primary = c.primary(g).unwrap();
+    let mut first = c.send(primary, g, keyed(4, false));
+    let mut early = c.send(primary, g, keyed(4, true));
+    assert!(
+        matches!(
+            early.rx.try_recv(),
+            Ok(Some(Err(CallError::Indeterminate { .. })))
+        ),
+        "a replay of a send still being committed waits"
+    );
+    let mut answer = None;
+    for _ in 0..500 {
+        if let Ok(Some(a)) = first.rx.try_recv() {
+            answer = Some(a.unwrap());
+            break;
+        }
+        c.step();
+    }
+    let answer = answer.expect("the original send commits");
+    let late = c.call_until_done(g, keyed(4, true), 500).unwrap();
+    assert_eq!(late, answer);
+    assert_eq!(poll_count(&mut c, g), 11, "three sends of 3 and one of 2");
 }

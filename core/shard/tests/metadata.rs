@@ -99,13 +99,7 @@ fn given_topic_created_when_committed_should_create_its_groups_on_every_replica(
     // The groups serve.
     for g in &expected {
         let answer = c
-            .call_until_done(
-                *g,
-                Call::Produce {
-                    batch: batch(g.0, 3),
-                },
-                2000,
-            )
+            .call_until_done(*g, Call::produce(batch(g.0, 3)), 2000)
             .unwrap();
         assert!(matches!(answer, Answer::Committed { .. }));
     }
@@ -273,7 +267,7 @@ fn given_a_primary_owing_a_committed_purge_when_called_should_refuse_data_calls_
     c.run(100);
     let groups = create_topic(&mut c, "w", 1, 100);
     let g = *groups.iter().next().expect("a group");
-    c.call_until_done(g, Call::Produce { batch: batch(1, 3) }, 2_000)
+    c.call_until_done(g, Call::produce(batch(1, 3)), 2_000)
         .unwrap();
     let primary = c.primary(g).expect("a primary");
     // Group 0's effect reaching the primary: the purge is committed, its
@@ -289,7 +283,7 @@ fn given_a_primary_owing_a_committed_purge_when_called_should_refuse_data_calls_
         kind: ConsumerKind::Consumer,
         id: 1,
     };
-    for call in [poll.clone(), Call::Produce { batch: batch(2, 1) }, offsets] {
+    for call in [poll.clone(), Call::produce(batch(2, 1)), offsets] {
         let mut pending = c.send(primary, g, call.clone());
         match pending.rx.try_recv() {
             Ok(Some(Err(e @ CallError::Unavailable { .. }))) => assert!(e.transient()),
@@ -308,7 +302,7 @@ fn given_a_primary_owing_a_committed_purge_when_called_should_refuse_data_calls_
         panic!("a poll answers Polled");
     };
     assert_eq!(polled.count, 0, "the purge applied");
-    c.call_until_done(g, Call::Produce { batch: batch(3, 2) }, 2_000)
+    c.call_until_done(g, Call::produce(batch(3, 2)), 2_000)
         .unwrap();
 }
 
@@ -369,9 +363,7 @@ fn given_a_topic_size_ceiling_when_partitions_fill_should_keep_each_within_its_s
         for n in 0..80u64 {
             c.call_until_done(
                 *g,
-                Call::Produce {
-                    batch: batch(1_000 * (i as u64 + 1) + n, 5),
-                },
+                Call::produce(batch(1_000 * (i as u64 + 1) + n, 5)),
                 2_000,
             )
             .unwrap();
@@ -445,14 +437,8 @@ fn given_a_flipped_bit_in_one_replicas_metadata_wal_when_rebooted_should_repair_
     c.run(100);
     let groups = create_topic(&mut c, "rot", 3, 50);
     for g in &groups {
-        c.call_until_done(
-            *g,
-            Call::Produce {
-                batch: batch(g.0, 3),
-            },
-            2_000,
-        )
-        .unwrap();
+        c.call_until_done(*g, Call::produce(batch(g.0, 3)), 2_000)
+            .unwrap();
     }
     c.run(50);
     let victim = 2u8;

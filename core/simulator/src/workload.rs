@@ -1524,13 +1524,7 @@ fn issue(
     let waiting = match request {
         Request::Meta(op) => cluster.meta(target, op.clone())?.map(Waiting::Meta),
         Request::Produce { group, batch, .. } => cluster
-            .call(
-                target,
-                *group,
-                Call::Produce {
-                    batch: batch.clone(),
-                },
-            )?
+            .call(target, *group, Call::produce(batch.clone()))?
             .map(Waiting::Call),
         Request::Poll { group, request } => cluster
             .call(target, *group, Call::Poll(*request))?

@@ -87,6 +87,7 @@ fn request(session: u64, number: u64, operation: u8, body: &Bytes) -> Request {
         request: number,
         operation,
         user_id: 1,
+        request_checksum: 0,
         body: body.clone(),
     }
 }

@@ -1011,6 +1011,7 @@ impl Simulation {
                 request: out.request,
                 operation: out.operation,
                 user_id: 1,
+                request_checksum: 0,
                 body: Bytes::from(format!("{}:{}", client.id, out.request)),
             });
         }

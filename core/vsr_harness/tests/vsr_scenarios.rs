@@ -242,6 +242,7 @@ fn request(client: u128, session: u64, number: u64, operation: u8) -> Request {
         request: number,
         operation,
         user_id: 1,
+        request_checksum: 0,
         body: Bytes::from_static(b"x"),
     }
 }

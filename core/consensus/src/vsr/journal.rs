@@ -140,6 +140,39 @@ impl Journal {
             .or_else(|| self.spilled.get(&op).map(|s| &s.header))
     }
 
+    /// The newest op this journal knows whose header carries
+    /// `request_checksum` (nonzero), with the spilled locator when only
+    /// its header is held. Looks at every op it holds: at most the
+    /// retained applied ops and the log above them.
+    pub fn find_request_checksum(&self, request_checksum: u128) -> Option<(u64, Option<u64>)> {
+        if request_checksum == 0 {
+            return None;
+        }
+        let matches = |h: &PrepareHeader| h.request_checksum == request_checksum;
+        let entry = self
+            .entries
+            .iter()
+            .rev()
+            .find(|(_, p)| matches(&p.header))
+            .map(|(op, _)| (*op, None));
+        let header = self
+            .headers
+            .iter()
+            .rev()
+            .find(|(_, h)| matches(h))
+            .map(|(op, _)| (*op, None));
+        let spilled = self
+            .spilled
+            .iter()
+            .rev()
+            .find(|(_, s)| matches(&s.header))
+            .map(|(op, s)| (*op, Some(s.locator)));
+        [entry, header, spilled]
+            .into_iter()
+            .flatten()
+            .max_by_key(|(op, _)| *op)
+    }
+
     /// Lets go of the body of applied op `op` (at or below `commit_min`),
     /// keeping its header and `locator`, where the driver can read it back.
     /// Returns the body's length, or `None` when no applied body is held

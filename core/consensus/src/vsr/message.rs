@@ -280,6 +280,11 @@ pub struct Request {
     pub operation: u8,
     /// The user the session belongs to.
     pub user_id: u32,
+    /// The client's own digest of what it asked (0 = none), carried into
+    /// the prepare's `request_checksum`. A partition append takes the
+    /// producer's key here (the Iggy session and request number it came
+    /// with), so a replay of the same send can be recognised in the log.
+    pub request_checksum: u128,
     /// The request body.
     pub body: Bytes,
 }

@@ -761,6 +761,17 @@ impl Replica {
         self.journal.header(op.0)
     }
 
+    /// The newest op this replica's journal knows (retained applied ops
+    /// and the log above them) whose request carried `request_checksum`
+    /// (nonzero), with the driver's locator when its body was spilled.
+    /// A producer's replay of a send it may already have made is looked
+    /// up here before it is ordered again.
+    pub fn find_request_checksum(&self, request_checksum: u128) -> Option<(Op, Option<u64>)> {
+        self.journal
+            .find_request_checksum(request_checksum)
+            .map(|(op, locator)| (Op(op), locator))
+    }
+
     /// Lets go of the body of applied op `op`, which the driver can read
     /// back at `locator` when a peer's repair needs it
     /// ([`Effect::ReadBack`]). Returns the body's length, or `None` when no
@@ -1116,7 +1127,7 @@ impl Replica {
             checksum_body: body_checksum(&request.body),
             parent,
             client: request.client,
-            request_checksum: 0,
+            request_checksum: request.request_checksum,
             view: self.view,
             op: Op(op),
             commit: Op(self.commit_max),

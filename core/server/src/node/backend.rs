@@ -25,7 +25,7 @@ use metadata::{
     HashParams, MetadataOp, MetadataState, Outcome, PartitionRoute, PartitionStats, Refusal,
     SessionId, TopicConfig,
 };
-use shard::{Answer, Call, CallError, MetaError};
+use shard::{Answer, Call, CallError, MetaError, ProducerKey};
 
 use super::admin::{self, Identity};
 use super::forward::codec::{Reply, Request};
@@ -672,29 +672,41 @@ impl Backend for NodeBackend {
         let route = self
             .query(move |s| route_send(s, &stream, &topic, choice))
             .await?;
-        let batch = request.batch.to_vec();
-        let stamped = match self.call(&route, Call::Produce { batch }).await? {
-            Answer::Committed { base_offset, .. } => base_offset,
-            _ => return Err(unexpected("produce")),
+        let call = Call::Produce {
+            batch: request.batch.to_vec(),
+            key: ProducerKey {
+                key: request.producer_key,
+                replay: request.replay,
+            },
         };
-        let base = match stamped {
-            Some(base) => base.0,
-            None => {
-                // The prepare was gone before the answer was made (it is
-                // read from the journal right after the commit, so only
-                // a transfer in between does this): derive it from the
-                // head, exact unless another produce committed since.
-                let head = self.partition_stats(&route).await;
-                head.current_offset
-                    .saturating_add(1)
-                    .saturating_sub(u64::from(request.messages_count))
+        let answer = match self.call(&route, call).await {
+            // A replay's original may have committed: "not accepted" (58)
+            // would let the SDK send it again under a new session, where
+            // it is a new send. Only a same-session replay (57) can be
+            // recognised.
+            Err(BackendError::NoPrimary) if request.replay && request.producer_key != 0 => {
+                return Err(BackendError::NotCommitted);
             }
+            other => other?,
+        };
+        let base = match answer {
+            Answer::Committed {
+                base_offset: Some(base),
+                ..
+            } => base,
+            // Committed, but the prepare was gone before the answer was
+            // made (a transfer in between): no offset is confirmed rather
+            // than one that may name another batch.
+            Answer::Committed {
+                base_offset: None, ..
+            } => return Err(BackendError::AlreadyApplied),
+            _ => return Err(unexpected("produce")),
         };
         Ok(SendConfirmation {
             stream_id: route.stream,
             topic_id: route.topic,
             partition_id: route.partition,
-            base_offset: Offset(base),
+            base_offset: base,
         })
     }
 
@@ -1511,6 +1523,7 @@ pub(crate) fn call_failed(e: CallError) -> BackendError {
         // with its not-found code.
         CallError::UnknownGroup { .. } => BackendError::NoPrimary,
         CallError::Indeterminate { .. } => BackendError::NotCommitted,
+        CallError::AlreadyApplied { .. } => BackendError::AlreadyApplied,
         // The status table has no closer client-fault code for a request
         // the partition refuses (an offset past the end); the sentence
         // names the cause.

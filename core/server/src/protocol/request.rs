@@ -167,6 +167,13 @@ pub struct SendMessages {
     /// The batch exactly as sent: 256-byte header and frames, every
     /// checksum verified. A slice of the request frame (no copy).
     pub batch: Bytes,
+    /// The send's identity: a digest of the connection's Iggy client id,
+    /// the request number and the batch header (0 until the session sets
+    /// it; see [`SendMessages::producer_key`]).
+    pub producer_key: u128,
+    /// Whether the connection sent this very request before (the SDK
+    /// replays a request answered 57 under the same number).
+    pub replay: bool,
 }
 
 impl SendMessages {
@@ -199,7 +206,26 @@ impl SendMessages {
             partitioning,
             messages_count,
             batch,
+            producer_key: 0,
+            replay: false,
         })
+    }
+
+    /// The identity of this send from Iggy client `client` as request
+    /// `request`: xxh3-128 of both and of the batch header as sent (which
+    /// holds the batch checksum over every message), never 0. A client
+    /// that reuses a request number for another batch therefore gets
+    /// another key. 0 for a client or request of 0 (no identity).
+    pub fn producer_key(&self, client: u128, request: u64) -> u128 {
+        if client == 0 || request == 0 {
+            return 0;
+        }
+        let mut input = [0u8; 16 + 8 + 52];
+        input[..16].copy_from_slice(&client.to_le_bytes());
+        input[16..24].copy_from_slice(&request.to_le_bytes());
+        let header = &self.batch[..52.min(self.batch.len())];
+        input[24..24 + header.len()].copy_from_slice(header);
+        xxhash_rust::xxh3::xxh3_128(&input).max(1)
     }
 }
 

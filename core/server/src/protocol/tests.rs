@@ -213,6 +213,8 @@ fn samples() -> Vec<(u32, Vec<u8>, ClientCommand)> {
                 partitioning: Partitioning::PartitionId(PartitionId(1)),
                 messages_count: 2,
                 batch: Bytes::copy_from_slice(&batch_body[batch_start..]),
+                producer_key: 0,
+                replay: false,
             }),
         ),
         (

@@ -94,6 +94,10 @@ pub enum BackendError {
     NotCommitted,
     /// The group has no primary right now.
     NoPrimary,
+    /// The request committed already and its answer is gone (a replay of
+    /// a send whose offsets are no longer known): retrying would store it
+    /// again.
+    AlreadyApplied,
     /// The operation is not implemented.
     Unsupported,
     /// This node failed serving it.
@@ -138,6 +142,9 @@ impl fmt::Display for BackendError {
             }
             Self::NotCommitted => f.write_str("not committed yet"),
             Self::NoPrimary => f.write_str("the group has no primary right now"),
+            Self::AlreadyApplied => {
+                f.write_str("the request was applied already; its answer is no longer known")
+            }
             Self::Unsupported => f.write_str("not implemented"),
             Self::LocalFault(why) => write!(f, "local fault: {why}"),
         }

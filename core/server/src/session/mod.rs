@@ -77,6 +77,10 @@ pub struct Session {
     failed: bool,
     /// The command of the last request handled, until taken.
     handled: Option<CommandCode>,
+    /// The Iggy client id and request number of the last send, to tell a
+    /// replay of it (the SDK resends a request answered 57 under the same
+    /// number) from a new send.
+    last_send: Option<(u128, u64)>,
 }
 
 impl Session {
@@ -92,6 +96,7 @@ impl Session {
             joined: BTreeSet::new(),
             failed: false,
             handled: None,
+            last_send: None,
         }
     }
 
@@ -250,7 +255,13 @@ impl Session {
                 encode_reply(h, Outcome::Ok(&[]))
             }
             C::PollMessages(r) => answer(h, b.poll_messages(caller, &r).await),
-            C::SendMessages(r) => answer(h, b.send_messages(caller, &r).await),
+            C::SendMessages(mut r) => {
+                let this = (h.client, h.request);
+                r.replay = self.last_send == Some(this);
+                r.producer_key = r.producer_key(h.client, h.request);
+                self.last_send = Some(this);
+                answer(h, b.send_messages(caller, &r).await)
+            }
             C::FlushUnsavedBuffer(r) => unit(h, b.flush_unsaved_buffer(caller, &r).await),
             C::GetConsumerOffset(r) => maybe(h, b.get_consumer_offset(caller, &r).await),
             C::StoreConsumerOffset(r) => unit(h, b.store_consumer_offset(caller, &r).await),

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use common::{GroupId, Offset, Op};
 use consensus::vsr::{OPERATION_REGISTER, ReplyStatus, RequestOutcome};
-use partitions::{ClientOp, ClientRequest, MessageBus, Partition, PartitionError};
+use partitions::{ClientOp, ClientRequest, KeyedAppend, MessageBus, Partition, PartitionError};
 use storage::fs::Fs;
 use storage::{BatchView, Integrity};
 
@@ -126,6 +126,15 @@ impl<E: Env> Shard<E> {
                 self.reading_groups.insert(group);
                 return;
             }
+        }
+        if let Call::Produce { key, .. } = &call
+            && key.replay
+            && key.key != 0
+            && let Some(answer) = replayed_send(g, key.key)
+        {
+            self.stats.calls += 1;
+            let _ = reply.send(answer);
+            return;
         }
         if call.is_replicated() {
             if g.queued.len() >= QUEUED_CALLS_MAX {
@@ -297,8 +306,8 @@ impl<E: Env> Shard<E> {
                     base_offset: (reply.operation == consensus::vsr::OPERATION_APPEND)
                         .then_some(Offset(reply.result)),
                 }),
-                ReplyStatus::AlreadyApplied => Err(CallError::Indeterminate {
-                    reason: "already applied; its reply is no longer cached",
+                ReplyStatus::AlreadyApplied => Err(CallError::AlreadyApplied {
+                    reason: "its reply is no longer cached",
                 }),
                 ReplyStatus::NoSession | ReplyStatus::Fenced => {
                     g.session = Session::Closed;
@@ -401,6 +410,46 @@ fn orphan_outcome<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
         .and_then(|p| BatchView::decode_exact(&p.body, Integrity::LayoutOnly, u64::MAX).ok())
         .map(|view| Offset(view.header().base_offset));
     Some(Ok(Answer::Committed { op, base_offset }))
+}
+
+/// What a replayed send (a client's same-session resend of a request it
+/// got no answer for) already came to on this primary, if anything: one
+/// still waiting or being committed is answered `Indeterminate` (the
+/// client sends it again), a committed one with its original op and
+/// offsets. `None`: the send is not known here, and is ordered as new.
+///
+/// A primary's journal holds every op that can still commit in its view
+/// (a view's log is complete), so a send missing from it above the
+/// applied point never will; below it, the journal holds the retained
+/// applied ops (`retention_ops`), which covers a replay's window of
+/// seconds unless the partition took more appends than that meanwhile.
+fn replayed_send<E: Env>(g: &Group<E>, key: u128) -> Option<Result<Answer, CallError>> {
+    let queued = g
+        .queued
+        .iter()
+        .any(|(call, _)| matches!(call, Call::Produce { key: k, .. } if k.key == key));
+    if queued {
+        return Some(Err(CallError::Indeterminate {
+            reason: "the original send is still waiting to be ordered",
+        }));
+    }
+    Some(match g.partition.keyed_append(key)? {
+        KeyedAppend::Pending(_) => Err(CallError::Indeterminate {
+            reason: "the original send is still being committed",
+        }),
+        KeyedAppend::Committed {
+            op,
+            base_offset: Some(base_offset),
+        } => Ok(Answer::Committed {
+            op,
+            base_offset: Some(base_offset),
+        }),
+        KeyedAppend::Committed {
+            base_offset: None, ..
+        } => Err(CallError::AlreadyApplied {
+            reason: "the original send committed and its batch is no longer held",
+        }),
+    })
 }
 
 /// A call whose primary lost its view with no way to tell its outcome.
@@ -558,8 +607,12 @@ async fn submit_queued<E: Env>(
     in_flight_groups: &mut BTreeSet<GroupId>,
 ) {
     while let Some((call, reply)) = g.queued.pop_front() {
+        let mut keyed = 0;
         let op = match call {
-            Call::Produce { batch } => ClientOp::Append(batch),
+            Call::Produce { batch, key } => {
+                keyed = key.key;
+                ClientOp::Append(batch)
+            }
             Call::StoreOffset { kind, id, offset } => ClientOp::StoreOffset { kind, id, offset },
             Call::DeleteOffset { kind, id } => ClientOp::DeleteOffset { kind, id },
             Call::Purge { generation } => ClientOp::Purge { generation },
@@ -578,7 +631,7 @@ async fn submit_queued<E: Env>(
             user_id: 0,
             op,
         };
-        match g.partition.submit(request, now_us).await {
+        match g.partition.submit_keyed(request, keyed, now_us).await {
             Ok(RequestOutcome::Prepared { op }) => {
                 g.next_request += 1;
                 let flight = InFlight {

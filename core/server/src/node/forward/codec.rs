@@ -20,7 +20,7 @@ use common::le_cursor::{LeCursor, Truncated};
 use common::{ConsumerKind, GroupId, Offset, Op, PartitionId, StreamId, TopicId};
 use metadata::{ConsumerGroupId, MetadataOp, Outcome, UserId};
 use partitions::{PartitionStats, PollRequest, Polled, PollingStrategy};
-use shard::{Answer, Call};
+use shard::{Answer, Call, ProducerKey};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::protocol::{Identifier, Name};
@@ -350,8 +350,11 @@ fn get_kind(i: &mut In<'_>) -> Result<ConsumerKind, CodecError> {
 
 fn put_call(o: &mut Out, call: &Call) {
     match call {
-        Call::Produce { batch } => {
+        Call::Produce { batch, key } => {
             o.u8(1);
+            o.u64(key.key as u64);
+            o.u64((key.key >> 64) as u64);
+            o.u8(u8::from(key.replay));
             o.bytes(batch);
         }
         Call::Poll(p) => {
@@ -397,9 +400,18 @@ fn put_call(o: &mut Out, call: &Call) {
 
 fn get_call(i: &mut In<'_>) -> Result<Call, CodecError> {
     Ok(match i.u8()? {
-        1 => Call::Produce {
-            batch: i.bytes("batch")?.to_vec(),
-        },
+        1 => {
+            let low = u128::from(i.u64()?);
+            let high = u128::from(i.u64()?);
+            let replay = i.bool("replay")?;
+            Call::Produce {
+                key: ProducerKey {
+                    key: (high << 64) | low,
+                    replay,
+                },
+                batch: i.bytes("batch")?.to_vec(),
+            }
+        }
         2 => {
             let kind = get_kind(i)?;
             let id = i.u32()?;
@@ -680,6 +692,7 @@ fn put_error(o: &mut Out, e: &BackendError) {
             o.u8(20);
             o.text(s);
         }
+        B::AlreadyApplied => o.u8(21),
     }
 }
 
@@ -706,6 +719,7 @@ fn get_error(i: &mut In<'_>) -> Result<BackendError, CodecError> {
         18 => B::Unsupported,
         19 => B::LocalFault(i.text("fault")?),
         20 => B::UnsupportedOptionKey(i.text("option key")?),
+        21 => B::AlreadyApplied,
         tag => {
             return Err(CodecError::UnknownTag {
                 field: "error",
@@ -732,8 +746,12 @@ mod tests {
         let mut calls = vec![
             Call::Produce {
                 batch: vec![1, 2, 3, 4],
+                key: ProducerKey {
+                    key: u128::MAX - 7,
+                    replay: true,
+                },
             },
-            Call::Produce { batch: vec![] },
+            Call::produce(vec![]),
             Call::Purge { generation: 9 },
             Call::Flush,
             Call::Stats,
