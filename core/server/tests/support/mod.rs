@@ -1,4 +1,5 @@
 //! Shared test support.
+pub mod cluster;
 pub mod metrics;
 pub mod process;
 pub mod sdk_flows;
