@@ -103,3 +103,52 @@ fn given_a_report_heard_before_this_replica_joined_a_view_when_a_census_could_st
         r.status()
     );
 }
+
+/// Seed 1007353 (five replicas): replica 0, in a view change, heard
+/// replica 3 report while it waited after a restart; replica 3 then
+/// adopted a view, asked replica 0 for the ops below its barrier, and
+/// voted in the next view changes, whose frames to replica 0 were lost.
+/// When replicas 1 and 4 reported (they restarted), replica 0 counted
+/// three waiting peers, found its vote useless, started waiting in place
+/// and left two voters of five: no view change, no `Normal` primary to
+/// answer the waiting ones, and no census (the two voters never report).
+/// A repair request is sent only by a replica that is not waiting, so it
+/// voids the report, and replica 0 keeps its vote.
+#[test]
+fn given_a_reporter_that_then_asks_for_repair_when_counting_waiting_peers_should_not_count_it() {
+    let mut r = Replica::new(Config::new(ReplicaId(0), 5, GroupId(0)));
+    persist(&mut r);
+    r.on_frame(frame(1, 1, Message::StartViewChange)).unwrap();
+    persist(&mut r);
+    assert_eq!((r.status(), r.view()), (Status::ViewChange, 1));
+    r.on_frame(report(3, 0xA3)).unwrap();
+    persist(&mut r);
+    r.on_frame(frame(
+        3,
+        1,
+        Message::RequestPrepares {
+            nonce: 7,
+            from_op: Op(1),
+            to_op: Op(1),
+        },
+    ))
+    .unwrap();
+    persist(&mut r);
+    r.on_frame(report(1, 0xA1)).unwrap();
+    r.on_frame(report(4, 0xA4)).unwrap();
+    persist(&mut r);
+    assert_eq!(
+        r.status(),
+        Status::ViewChange,
+        "a report its sender stopped waiting after made this replica give up its vote"
+    );
+    // A fresh report from replica 3 (it restarted again) makes three
+    // waiting peers: the vote is useless now, and the rule goes on.
+    r.on_frame(report(3, 0xB3)).unwrap();
+    persist(&mut r);
+    assert_eq!(
+        r.status(),
+        Status::Recovering,
+        "three waiting peers of four"
+    );
+}

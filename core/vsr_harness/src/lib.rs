@@ -285,6 +285,8 @@ pub struct Node {
     spill_from: u64,
     /// The durable journal as last synced (with `durable_journal`).
     pub log: LoggedJournal,
+    /// The status and quorum visibility the trace last printed.
+    traced: Option<(Status, bool)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -357,6 +359,7 @@ impl Simulation {
                         visible: true,
                         ..LoggedJournal::default()
                     },
+                    traced: None,
                 }
             })
             .collect();
@@ -524,6 +527,7 @@ impl Simulation {
         if let Some(replica) = node.replica.take() {
             node.table = replica.client_table().clone();
             node.pending_persist.clear();
+            node.traced = None;
             node.restart_at = tick + 1 + down;
             self.report.crashes += 1;
         }
@@ -720,6 +724,7 @@ impl Simulation {
             if actions.is_empty() {
                 self.spill(r);
                 self.sync_log(r);
+                self.trace_status(r);
                 return Ok(());
             }
             for action in actions {
@@ -733,6 +738,34 @@ impl Simulation {
                     Action::Effect(effect) => self.effect(r, effect)?,
                 }
             }
+        }
+    }
+
+    /// With the trace on, prints replica `r`'s status and quorum
+    /// visibility when either changed: a replica that starts waiting in
+    /// place, or leaves the quorum some other way, shows in the trace.
+    fn trace_status(&mut self, r: u8) {
+        if !self.trace {
+            return;
+        }
+        let tick = self.tick;
+        let node = &mut self.nodes[usize::from(r)];
+        let Some(replica) = node.replica.as_ref() else {
+            return;
+        };
+        let now = (replica.status(), replica.is_quorum_visible());
+        if node.traced != Some(now) {
+            node.traced = Some(now);
+            eprintln!(
+                "t{tick} r{r} STATUS {:?} visible {} v{} lv{} min{} max{} op{}",
+                now.0,
+                now.1,
+                replica.view(),
+                replica.log_view(),
+                replica.commit_min().0,
+                replica.commit_max().0,
+                replica.op().0
+            );
         }
     }
 

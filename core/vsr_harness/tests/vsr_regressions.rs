@@ -146,3 +146,16 @@ fn caught_up_primary_has_applied_everything_ever_committed() {
     }
     assert!(exercised > 0, "no seed reached a view change");
 }
+
+/// Seed 1007353 (five replicas, two crashed): a member in a view change
+/// counted a report whose sender had since adopted a view (its repair
+/// request reached the member, its votes did not), judged its vote
+/// useless and started waiting in place, leaving two voters of five, no
+/// primary to answer the waiting ones and no census. A repair request now
+/// voids its sender's report (docs/consensus.md §4).
+#[test]
+fn seed_1007353_member_keeps_its_vote_when_a_reporter_asked_for_repair() {
+    if let Err(failure) = run_config(SimConfig::for_seed(1_007_353)) {
+        panic!("{failure}");
+    }
+}

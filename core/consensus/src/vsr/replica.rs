@@ -877,15 +877,24 @@ impl Replica {
             bound.heard(from, view);
         }
         // A replica that is waiting for the census sends nothing but its
-        // probes, each with its report: any of these frames shows that its
-        // sender stopped waiting, so a report held from it is stale.
+        // probes, each with its report, and answers to repair: any of these
+        // frames shows that its sender stopped waiting, so a report held
+        // from it is stale. A repair request counts: a waiting replica has
+        // no repair target (`Recovering`), while one that adopted a view
+        // asks for the ops below its barrier at once, often the only frame
+        // a member hears from it before it votes elsewhere (seed 1007353:
+        // a member counted such a reporter as waiting, gave up its vote
+        // and left two voters of five).
         let stops_waiting = match &frame.message {
             Message::Prepare(_)
             | Message::PrepareOk { .. }
             | Message::Commit { .. }
             | Message::StartViewChange
             | Message::DoViewChange(_)
-            | Message::StartView(_) => true,
+            | Message::StartView(_)
+            | Message::RequestPrepares { .. }
+            | Message::Ping { .. }
+            | Message::Pong { .. } => true,
             Message::RequestStartView { census, .. } => census.is_none(),
             _ => false,
         };
