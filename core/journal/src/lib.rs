@@ -29,8 +29,8 @@ pub use prepare_journal::{
     EntryStats, JournalEntry, JournalError, JournalInfo, JournalLimits, PrepareJournal,
 };
 pub use replica_log::{
-    COMPACT_BYTES, RECORD_MAGIC, REPLICA_LOG_FILE, RecordDamage, Replayed, ReplicaLog,
-    ReplicaLogError,
+    COMPACT_BYTES, LogMode, RECORD_MAGIC, REPLICA_LOG_FILE, RecordDamage, Replayed, ReplicaLog,
+    ReplicaLogError, boot_tag_of,
 };
 pub use superblock::{
     FileSuperblock, MemSuperblock, SLOT_NAMES, SUPERBLOCK_MAGIC, SUPERBLOCK_PAYLOAD_MAX,

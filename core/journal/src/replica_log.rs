@@ -23,10 +23,11 @@
 //!     8   u64  commit
 //!     16  u64  cut head (0: none)
 //!     24  u8   visible (0 or 1)
-//!     25  7    zero
+//!     25  u8   kept: 1 when written without a sync (see below), else 0
+//!     26  6    zero
 //!     32  u64  from_op: every op at or above it is replaced
 //!     40  u32  entries
-//!     44  u32  zero
+//!     44  u32  the writing machine boot's tag when kept, else 0
 //!     48  entries, in strictly increasing op order, all at or above
 //!         from_op, each a 129-byte prepare header, a u8 (1 = the body
 //!         follows), a u32 body length and the body
@@ -51,6 +52,18 @@
 //! replica restarts as one that lost its journal, which is always safe.
 //! The damaged file is replaced by an empty one before anything is
 //! appended, so the next boot does not find the same damage again.
+//!
+//! # Kept records (a `replicated` group)
+//!
+//! A log opened with [`LogMode::kept`] writes its records without syncing
+//! them: a `kill -9` keeps every page the process wrote (the page cache
+//! belongs to the kernel), so such a record is as good as a synced one
+//! for as long as the machine has not restarted; a power loss or a kernel
+//! crash may drop any unsynced page. Each kept record therefore carries
+//! the tag of the machine boot that wrote it (from
+//! `/proc/sys/kernel/random/boot_id`), and the log vouches for its journal
+//! only when its last record is synced or was kept by the boot that reads
+//! it ([`Replayed::Stale`] otherwise, and tag 0, unknown, never matches).
 //!
 //! # Size
 //!
@@ -96,6 +109,14 @@ pub enum Replayed {
     Empty,
     /// The journal as the last whole record left it.
     Journal(LoggedJournal),
+    /// The last record was written without a sync by an earlier machine
+    /// boot (its unsynced pages may be gone): nothing is vouched for.
+    Stale {
+        /// The boot tag the record carries.
+        written: u32,
+        /// The boot reading it.
+        now: u32,
+    },
     /// A record is damaged: nothing is vouched for.
     Damaged {
         /// The record's offset in the file.
@@ -103,6 +124,49 @@ pub enum Replayed {
         /// What was wrong.
         reason: RecordDamage,
     },
+}
+
+/// How a log's records reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogMode {
+    /// Whether each record is synced before its call returns.
+    pub sync: bool,
+    /// The tag of this machine boot (0: unknown), written into records
+    /// kept without a sync and compared with the last one at open.
+    pub boot_tag: u32,
+}
+
+impl LogMode {
+    /// Every record synced (a `persisted` group, the metadata group).
+    pub const SYNCED: Self = Self {
+        sync: true,
+        boot_tag: 0,
+    };
+
+    /// Records kept in the page cache, good until the machine restarts
+    /// (a `replicated` group): they survive a process kill, not a power
+    /// loss.
+    pub fn kept(boot_tag: u32) -> Self {
+        Self {
+            sync: false,
+            boot_tag,
+        }
+    }
+
+    /// The boot tag a record written in this mode carries (`None`: synced).
+    fn record_tag(self) -> Option<u32> {
+        (!self.sync).then_some(self.boot_tag)
+    }
+}
+
+/// The tag of a machine boot: the low 32 bits of xxh3-64 of the kernel's
+/// boot id text (never 0; 0 when there is none).
+pub fn boot_tag_of(boot_id: &str) -> u32 {
+    let boot_id = boot_id.trim();
+    if boot_id.is_empty() {
+        return 0;
+    }
+    (xxh3_64(boot_id.as_bytes()) as u32).max(1)
 }
 
 /// Why a record is not believed.
@@ -170,6 +234,8 @@ struct LogState {
     commit: u64,
     cut_head: u64,
     visible: bool,
+    /// The boot tag of the last record, when it was kept without a sync.
+    kept_by: Option<u32>,
     ops: BTreeMap<u64, (PrepareHeader, Option<Prepare>)>,
 }
 
@@ -190,6 +256,7 @@ impl LogState {
         self.commit = record.commit;
         self.cut_head = record.cut_head;
         self.visible = record.visible;
+        self.kept_by = record.kept_by;
         self.ops.split_off(&record.from_op);
         for (header, body) in record.entries {
             self.ops.insert(header.op.0, (header, body));
@@ -220,6 +287,8 @@ struct Record {
     commit: u64,
     cut_head: u64,
     visible: bool,
+    /// The writing boot's tag, for a record kept without a sync.
+    kept_by: Option<u32>,
     from_op: u64,
     entries: Vec<(PrepareHeader, Option<Prepare>)>,
 }
@@ -237,6 +306,7 @@ pub struct ReplicaLog<F: Fs> {
     /// journal, even an empty one.
     described: bool,
     syncs: u64,
+    mode: LogMode,
 }
 
 impl<F: Fs> fmt::Debug for ReplicaLog<F> {
@@ -253,11 +323,13 @@ impl<F: Fs> ReplicaLog<F> {
     /// Opens the log at `path` (creating it), replays its records, cuts off
     /// a record whose append never finished, and replaces a damaged file
     /// with an empty one. Returns the writer and the journal the log
-    /// describes above `applied` (the recorded applied op).
+    /// describes above `applied` (the recorded applied op). Records are
+    /// written as `mode` says.
     pub async fn open(
         fs: &F,
         path: &Path,
         applied: u64,
+        mode: LogMode,
     ) -> Result<(Self, Replayed), ReplicaLogError> {
         let err = |source| ReplicaLogError {
             path: path.to_path_buf(),
@@ -314,6 +386,7 @@ impl<F: Fs> ReplicaLog<F> {
             state,
             described,
             syncs: 0,
+            mode,
         };
         if let Some((offset, reason)) = damage {
             tracing::warn!(path = %path.display(), offset, %reason, "replica log damaged: it vouches for nothing, and is started again empty");
@@ -330,6 +403,21 @@ impl<F: Fs> ReplicaLog<F> {
             let file = log.file.as_ref().ok_or_else(|| err(not_open()))?;
             file.set_len(log.end).await.map_err(err)?;
             file.sync_data().await.map_err(err)?;
+        }
+        if let Some(written) = log.state.kept_by
+            && (written == 0 || written != mode.boot_tag)
+        {
+            // Any of its unsynced records may be gone, so later records
+            // must not build on what it replays: started again empty.
+            tracing::info!(path = %path.display(), written, now = mode.boot_tag, "replica log kept without a sync by an earlier machine boot: it vouches for nothing, and is started again empty");
+            log.state = LogState::default();
+            log.described = false;
+            log.end = 0;
+            let file = log.file.as_ref().ok_or_else(|| err(not_open()))?;
+            file.set_len(0).await.map_err(err)?;
+            file.sync_data().await.map_err(err)?;
+            let now = mode.boot_tag;
+            return Ok((log, Replayed::Stale { written, now }));
         }
         let replayed = if log.described {
             Replayed::Journal(log.state.journal_above(applied))
@@ -382,6 +470,7 @@ impl<F: Fs> ReplicaLog<F> {
             commit: logged.commit.0,
             cut_head: logged.cut_head.0,
             visible: logged.visible,
+            kept_by: self.mode.record_tag(),
             from_op,
             entries: logged
                 .ops
@@ -400,7 +489,8 @@ impl<F: Fs> ReplicaLog<F> {
         Ok(true)
     }
 
-    /// Appends `bytes` at the end and syncs them.
+    /// Appends `bytes` at the end and syncs them (unless the mode keeps
+    /// records in the page cache).
     async fn append(&mut self, fs: &F, bytes: Vec<u8>) -> Result<(), ReplicaLogError> {
         let err = |source| ReplicaLogError {
             path: self.path.clone(),
@@ -417,14 +507,17 @@ impl<F: Fs> ReplicaLog<F> {
         let len = bytes.len() as u64;
         let BufResult(res, _) = file.write_all_at(bytes, self.end).await;
         res.map_err(err)?;
-        file.sync_data().await.map_err(err)?;
+        if self.mode.sync {
+            file.sync_data().await.map_err(err)?;
+            self.syncs += 1;
+        }
         self.end += len;
-        self.syncs += 1;
         Ok(())
     }
 
     /// Closes the file; the next write opens it again. Every record is
-    /// synced before its call returns, so this is always safe.
+    /// synced before its call returns, or kept in the page cache, which a
+    /// close does not drop, so this is always safe.
     pub fn release_handle(&mut self) {
         self.file = None;
     }
@@ -451,6 +544,7 @@ impl<F: Fs> ReplicaLog<F> {
             commit: self.state.commit,
             cut_head: self.state.cut_head,
             visible: false,
+            kept_by: self.mode.record_tag(),
             from_op: u64::MAX,
             entries: Vec::new(),
         };
@@ -472,6 +566,7 @@ impl<F: Fs> ReplicaLog<F> {
             commit: self.state.commit,
             cut_head: self.state.cut_head,
             visible: self.state.visible,
+            kept_by: None,
             from_op: 0,
             entries: self.state.ops.values().cloned().collect(),
         };
@@ -535,11 +630,12 @@ fn encode_record(record: &Record) -> Vec<u8> {
     payload.extend_from_slice(&record.commit.to_le_bytes());
     payload.extend_from_slice(&record.cut_head.to_le_bytes());
     payload.push(u8::from(record.visible));
-    payload.extend_from_slice(&[0; 7]);
+    payload.push(u8::from(record.kept_by.is_some()));
+    payload.extend_from_slice(&[0; 6]);
     payload.extend_from_slice(&record.from_op.to_le_bytes());
     let count = u32::try_from(record.entries.len()).unwrap_or(u32::MAX);
     payload.extend_from_slice(&count.to_le_bytes());
-    payload.extend_from_slice(&[0; 4]);
+    payload.extend_from_slice(&record.kept_by.unwrap_or(0).to_le_bytes());
     for (header, body) in &record.entries {
         encode_header(header, &mut payload);
         match body {
@@ -681,14 +777,21 @@ fn decode_payload(payload: &[u8]) -> Result<Record, RecordDamage> {
         1 => true,
         _ => return Err(RecordDamage::Meta),
     };
-    if meta(r.array::<7>())? != [0; 7] {
+    let kept = match meta(r.u8())? {
+        0 => false,
+        1 => true,
+        _ => return Err(RecordDamage::Meta),
+    };
+    if meta(r.array::<6>())? != [0; 6] {
         return Err(RecordDamage::Meta);
     }
     let from_op = meta(r.u64())?;
     let count = meta(r.u32())?;
-    if meta(r.u32())? != 0 {
+    let tag = meta(r.u32())?;
+    if !kept && tag != 0 {
         return Err(RecordDamage::Meta);
     }
+    let kept_by = kept.then_some(tag);
     // Checked against the bytes present before anything is allocated.
     if (count as usize).saturating_mul(ENTRY_LEN_MIN) > r.bytes.len() {
         return Err(RecordDamage::Meta);
@@ -730,6 +833,7 @@ fn decode_payload(payload: &[u8]) -> Result<Record, RecordDamage> {
         commit,
         cut_head,
         visible,
+        kept_by,
         from_op,
         entries,
     })

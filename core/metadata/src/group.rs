@@ -860,12 +860,17 @@ async fn open_replica_log<F: Fs>(
         return Ok((None, None));
     }
     let path = store.dir().join(REPLICA_LOG_FILE);
-    let (log, replayed) = ReplicaLog::open(store.fs(), &path, store.applied().0)
-        .await
-        .map_err(GroupError::ReplicaLog)?;
+    let (log, replayed) = ReplicaLog::open(
+        store.fs(),
+        &path,
+        store.applied().0,
+        journal::LogMode::SYNCED,
+    )
+    .await
+    .map_err(GroupError::ReplicaLog)?;
     let logged = match replayed {
         Replayed::Journal(logged) => Some(logged),
-        Replayed::Empty => None,
+        Replayed::Empty | Replayed::Stale { .. } => None,
         Replayed::Damaged { offset, reason } => {
             tracing::warn!(path = %path.display(), offset, %reason, "metadata replica log damaged: restarting without the journal");
             None

@@ -34,6 +34,54 @@ use crate::error::PartitionError;
 use crate::ops::{OpDecodeError, PartitionOp};
 use crate::partition::Partition;
 
+/// How far back a replayed send's original can lie: the SDK replays a
+/// request answered 57 for at most 30 s after it first sent it, so a
+/// journal that holds every op committed in the last 35 s holds the
+/// original of any replay, if it committed.
+pub const REPLAY_WINDOW_US: u64 = 35_000_000;
+/// How often the applied point is sampled for [`ReplaySamples`].
+const REPLAY_SAMPLE_US: u64 = 1_000_000;
+
+/// Samples of `(driver time, applied op)`, taken at ticks while the
+/// partition lives, to tell whether its journal reaches back across the
+/// replay window: the oldest kept sample is the newest one at least
+/// [`REPLAY_WINDOW_US`] old, so every op committed since then is above its
+/// op. Memory only: a restarted replica, which holds no journal from
+/// before its boot, has no such sample until the window has passed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ReplaySamples {
+    samples: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl ReplaySamples {
+    /// Records the applied op `applied` at driver time `now_us`.
+    pub(crate) fn sample(&mut self, now_us: u64, applied: u64) {
+        let due = self
+            .samples
+            .back()
+            .is_none_or(|(at, _)| now_us >= at.saturating_add(REPLAY_SAMPLE_US));
+        if due {
+            self.samples.push_back((now_us, applied));
+        }
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|(at, _)| at.saturating_add(REPLAY_WINDOW_US) <= now_us)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// An op at or below what was applied [`REPLAY_WINDOW_US`] before
+    /// `now_us`, if this replica has been sampling that long.
+    pub(crate) fn applied_a_window_ago(&self, now_us: u64) -> Option<u64> {
+        self.samples
+            .front()
+            .filter(|(at, _)| at.saturating_add(REPLAY_WINDOW_US) <= now_us)
+            .map(|(_, op)| *op)
+    }
+}
+
 /// What a primary's journal knows of a producer's send it is asked again
 /// (a replay of a request whose answer was lost or unknown), found by the
 /// producer key the send was ordered with.
@@ -49,6 +97,11 @@ pub enum KeyedAppend {
         /// The batch's first offset, if known.
         base_offset: Option<Offset>,
     },
+    /// Not in the journal, which does not reach back across the replay
+    /// window (a replica restarted or installed a transfer since, or took
+    /// more than `retention_ops` appends): the original may have committed
+    /// before what it holds, so ordering the replay could store it twice.
+    Unknown,
 }
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
@@ -82,10 +135,18 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// producer key `key` (nonzero), if anything: a producer's replay is
     /// looked up here before it is ordered again, so a send the client
     /// made once is stored once. The journal holds the retained applied
-    /// ops and the log above them; an older send is not found (the
-    /// replay is then ordered as new).
+    /// ops and the log above them. `None`: the journal reaches back
+    /// across the whole replay window and never saw the send, so it never
+    /// committed and never will (a primary's log holds every op that
+    /// still may), and the replay is ordered as new.
     pub fn keyed_append(&self, key: u128) -> Option<KeyedAppend> {
-        let (op, locator) = self.replica.find_request_checksum(key)?;
+        let Some((op, locator)) = self.replica.find_request_checksum(key) else {
+            let covered = self
+                .replay_samples
+                .applied_a_window_ago(self.now_us)
+                .is_some_and(|applied| self.replica.retained_from().0 <= applied.saturating_add(1));
+            return (!covered).then_some(KeyedAppend::Unknown);
+        };
         if op > self.replica.commit_min() {
             return Some(KeyedAppend::Pending(op));
         }

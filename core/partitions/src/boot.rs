@@ -21,8 +21,8 @@ use std::path::Path;
 use common::{Offset, Op};
 use consensus::vsr::{AppliedState, DurableState, LoggedJournal, Replica};
 use journal::{
-    CleanStop, PrepareJournal, REPLICA_LOG_FILE, Replayed, ReplicaLog, Superblock, SuperblockStore,
-    VsrState,
+    CleanStop, LogMode, PrepareJournal, REPLICA_LOG_FILE, Replayed, ReplicaLog, Superblock,
+    SuperblockStore, VsrState,
 };
 use storage::fs::Fs;
 use storage::{LogConfig, RecoveryError, SegmentedLog};
@@ -133,6 +133,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             scrub_index_rewrites: 0,
             now_us: 0,
             recorded_at_us: 0,
+            replay_samples: Default::default(),
             ticking: false,
             retained: crate::retained::RetainedBodies::new(
                 crate::retained::RetainedBudget::unbounded(),
@@ -649,24 +650,32 @@ fn start_replica(
     }
 }
 
-/// The replica log of a `persisted` group member (docs/consensus.md §4,
-/// "Resume from a durable journal"), and the journal it vouches for above
-/// the recorded applied point, if any. Other groups keep none.
+/// The replica log of a group member (docs/consensus.md §4, "Resume from
+/// a durable journal"), and the journal it vouches for above the recorded
+/// applied point, if any: synced for a `persisted` group, kept in the page
+/// cache for a `replicated` one when the machine boot is known. A single
+/// replica keeps none.
 async fn open_replica_log<F: Fs>(
     fs: &F,
     dir: &Path,
     config: &PartitionConfig,
     sb: &VsrState,
 ) -> Result<(Option<ReplicaLog<F>>, Option<LoggedJournal>), BootError> {
-    if !config.enforce_fsync || config.vsr.replica_count == 1 {
+    let mode = if config.enforce_fsync {
+        LogMode::SYNCED
+    } else {
+        LogMode::kept(config.boot_tag)
+    };
+    if config.vsr.replica_count == 1 || (!mode.sync && mode.boot_tag == 0) {
         return Ok((None, None));
     }
-    let (log, replayed) = ReplicaLog::open(fs, &dir.join(REPLICA_LOG_FILE), sb.checkpoint_op.0)
+    let path = dir.join(REPLICA_LOG_FILE);
+    let (log, replayed) = ReplicaLog::open(fs, &path, sb.checkpoint_op.0, mode)
         .await
         .map_err(BootError::ReplicaLog)?;
     let logged = match replayed {
         Replayed::Journal(logged) => Some(logged),
-        Replayed::Empty => None,
+        Replayed::Empty | Replayed::Stale { .. } => None,
         Replayed::Damaged { offset, reason } => {
             tracing::warn!(dir = %dir.display(), group = %config.vsr.group, offset, %reason, "replica log damaged: restarting without the journal");
             None

@@ -49,7 +49,7 @@ mod retention;
 mod scrub;
 pub mod state_transfer;
 
-pub use append::KeyedAppend;
+pub use append::{KeyedAppend, REPLAY_WINDOW_US};
 pub use bus::{InMemoryBus, InMemoryNetwork, MessageBus};
 pub use client_sessions::CLIENT_TABLE_FILES;
 pub use error::{BootError, PartitionError};

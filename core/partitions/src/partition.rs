@@ -141,6 +141,13 @@ pub struct PartitionConfig {
     /// from the segments at most (`retained.rs`); the highest ops of the
     /// slice are served first and the peer asks again for the rest.
     pub read_back_bytes_per_slice: u64,
+    /// The tag of this machine boot (`journal::boot_tag_of`; 0 unknown).
+    /// A member of a multi-replica group without `enforce_fsync` keeps
+    /// its replica log in the page cache, unsynced, when it is known: the
+    /// log then survives a process kill (not a power loss), and the
+    /// replica resumes from it instead of restarting without its journal
+    /// (docs/consensus.md §4, "Kept replica logs").
+    pub boot_tag: u32,
 }
 
 /// Default `record_interval_us`: a tenth of a second.
@@ -167,6 +174,7 @@ impl PartitionConfig {
             rejoin: false,
             record_interval_us: RECORD_INTERVAL_US_DEFAULT,
             read_back_bytes_per_slice: crate::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
+            boot_tag: 0,
         }
     }
 }
@@ -347,6 +355,8 @@ pub struct Partition<B: MessageBus, S: SuperblockStore, F: Fs> {
     /// rewrote (`scrub.rs`).
     pub(crate) scrub_index_rewrites: u64,
     pub(crate) now_us: u64,
+    /// The applied op sampled over the replay window (`append.rs`).
+    pub(crate) replay_samples: crate::append::ReplaySamples,
     /// Driver time of the last applied-point record (or of the boot;
     /// `flush.rs`).
     pub(crate) recorded_at_us: u64,
@@ -914,6 +924,8 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         }
         self.check_fenced()?;
         self.now_us = self.now_us.max(now_us);
+        self.replay_samples
+            .sample(self.now_us, self.replica.commit_min().0);
         // Each retry reads the state the one before it left.
         if self.health.retries().view() {
             self.retry_persist().await;

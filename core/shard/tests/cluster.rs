@@ -1171,14 +1171,27 @@ fn keyed(tag: u64, replay: bool) -> Call {
 /// A replay is looked up by its key before it is ordered: a committed
 /// send is answered with its original op and offsets and stored once, one
 /// still in flight is answered `Indeterminate` (the client sends it
-/// again), and a replay of a send the primary never saw is ordered as
-/// new.
+/// again), and a replay of a send the primary never saw is ordered as new
+/// once its journal reaches back across the replay window, and told to
+/// wait before.
 #[test]
 fn given_a_replayed_send_when_the_original_committed_should_answer_its_offsets_and_store_it_once() {
     let mut c = Cluster::new(3, 2, 29, NetworkFaults::default());
     let g = group(1);
     c.create_everywhere(g);
     c.run(100);
+    // Too young to tell: the original may predate what the journal holds.
+    let primary = c.primary(g).unwrap();
+    let mut young = c.send(primary, g, keyed(9, true));
+    assert!(
+        matches!(
+            young.rx.try_recv(),
+            Ok(Some(Err(CallError::Indeterminate { .. })))
+        ),
+        "a replay the primary cannot place waits"
+    );
+    // Past the window (ticks of 10 ms): the journal holds every op since.
+    c.run(partitions::REPLAY_WINDOW_US / 10_000 + 200);
     c.call_until_done(g, Call::produce(batch(1, 2)), 500)
         .unwrap();
     let original = c.call_until_done(g, keyed(2, false), 500).unwrap();

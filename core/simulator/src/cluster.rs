@@ -91,6 +91,11 @@ struct Node {
     wipes: u64,
     /// Boots so far (a new boot resets the per-boot checks).
     boots: u64,
+    /// Machine boots so far: a crash that loses unsynced writes (a power
+    /// loss) restarts the machine, a process kill does not. Its shards'
+    /// `boot_tag` derives from it, so a `replicated` group's replica log,
+    /// kept unsynced, is trusted only by the machine boot that wrote it.
+    machine_boots: u32,
     shards: Option<Vec<Shard<TestEnv>>>,
     inboxes: Vec<mpsc::Receiver<Input>>,
 }
@@ -205,6 +210,7 @@ impl Cluster {
                 fresh_disk: false,
                 wipes: 0,
                 boots: 0,
+                machine_boots: 0,
                 shards: None,
                 inboxes: Vec::new(),
             });
@@ -253,6 +259,7 @@ impl Cluster {
             .wrapping_add(self.boots * 1_000 + u64::from(r) * 37 + u64::from(s));
         config.tick = TICK;
         config.rejoin = self.nodes[usize::from(r)].rejoin_next_boot;
+        config.boot_tag = machine_boot_tag(self.seed, r, self.nodes[usize::from(r)].machine_boots);
         // Installs of a few segments would end in one call at the default
         // budget; most runs make them span ticks, with frames and client
         // calls arriving between the steps.
@@ -327,6 +334,9 @@ impl Cluster {
         node.inboxes.clear();
         node.fs.clear_faults();
         node.fs.crash_with(mode);
+        if mode != CrashMode::KeepAll {
+            node.machine_boots += 1;
+        }
     }
 
     /// Replica `r`'s process dies and its disk is replaced by an empty
@@ -790,4 +800,14 @@ impl Cluster {
         out.sort();
         out
     }
+}
+
+/// The boot tag of replica `r`'s machine in its `machine_boot`-th boot:
+/// distinct per run, replica and machine boot, never 0.
+fn machine_boot_tag(seed: u64, r: u8, machine_boot: u32) -> u32 {
+    let mixed = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(u64::from(r) << 40)
+        .wrapping_add(u64::from(machine_boot));
+    journal::boot_tag_of(&format!("{mixed:016x}"))
 }

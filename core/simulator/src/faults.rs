@@ -336,7 +336,7 @@ impl FaultPlan {
         self.note_beyond_f(r);
         // A single replica is killed, not power-cut: f = 0 tolerates no
         // lost disk state (SPEC §6.1).
-        let mode = if self.replica_count == 1 {
+        let mode = if self.replica_count == 1 || self.rates.rolling_kills {
             CrashMode::KeepAll
         } else {
             CrashMode::Seeded
@@ -746,7 +746,12 @@ impl FaultPlan {
         }
         cluster.boot(r)?;
         self.stats.restarts += 1;
-        self.health[usize::from(r)] = Health::Recovering { targets, rejoining };
+        self.health[usize::from(r)] = if self.rates.rolling_kills && !rejoining {
+            // A rolling restart moves on once the process is up.
+            Health::Up
+        } else {
+            Health::Recovering { targets, rejoining }
+        };
         trace.record(Event::Fault { tick, what });
         Ok(())
     }

@@ -48,11 +48,18 @@ pub enum FaultProfile {
     /// by itself (each replica resumes from its replica log). Topics are
     /// all `persisted`, the only mode whose groups keep that log.
     Outage,
+    /// A rolling restart, as an operator (or the real-process nemesis)
+    /// does it: one replica's process is killed at a time (its page cache
+    /// survives: no power loss) and started again a little later, and it
+    /// counts as healthy as soon as its process is up, so the next kill
+    /// may land while it is still catching up. Both durabilities; a
+    /// restarted replica must not forget what it acknowledged.
+    Rolling,
 }
 
 impl FaultProfile {
     /// Every profile, in the order CI sweeps them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::None,
         Self::Network,
         Self::Reorder,
@@ -64,6 +71,7 @@ impl FaultProfile {
         Self::Rot,
         Self::Blackout,
         Self::Outage,
+        Self::Rolling,
     ];
 
     /// Whether the workload creates only `persisted` topics: a whole-
@@ -86,6 +94,7 @@ impl FaultProfile {
             Self::Rot => "rot",
             Self::Blackout => "blackout",
             Self::Outage => "outage",
+            Self::Rolling => "rolling",
         }
     }
 
@@ -173,6 +182,12 @@ impl FaultProfile {
                 blackout_keeps_minority_down: true,
                 ..quiet
             },
+            Self::Rolling => FaultRates {
+                base: LIGHT_LOSS,
+                crash_per_mille: 8,
+                rolling_kills: true,
+                ..quiet
+            },
         }
     }
 }
@@ -245,6 +260,10 @@ pub(crate) struct FaultRates {
     pub blackout_per_mille: u64,
     /// After a whole-cluster crash, f replicas stay down until the heal.
     pub blackout_keeps_minority_down: bool,
+    /// Crashes are process kills (the page cache survives), at most one
+    /// process is down at a time, and a restarted replica counts as
+    /// healthy once its process is up (`rolling`).
+    pub rolling_kills: bool,
 }
 
 #[cfg(test)]

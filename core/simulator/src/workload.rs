@@ -4,11 +4,15 @@
 //!
 //! A client retries the same request only after an answer that promises
 //! nothing changed (`NotPrimary`, `Unavailable`, `Overloaded`, an unknown
-//! group on a replica that has not created it yet). After anything else —
-//! `Indeterminate`, a local fault, a replica that crashed with the call,
-//! no answer in time — the outcome is unknown: the oracle is told so and
-//! the client moves on with a fresh request, never resending the batch
-//! (which would make a duplicate indistinguishable from a replay bug).
+//! group on a replica that has not created it yet). A produce answered
+//! `Indeterminate` is replayed as the Iggy SDK replays a request answered
+//! 57: the same batch under the same producer key, flagged as a replay,
+//! which the primary must recognise (the oracle catches a batch stored
+//! twice as one value at two offsets). After anything else — a local
+//! fault, a replica that crashed with the call, no answer in time, a
+//! replay that ran out of attempts — the outcome is unknown: the oracle is
+//! told so and the client moves on with a fresh request, never resending
+//! the batch.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,7 +23,7 @@ use metadata::{
     Refusal, SessionId, TopicConfig,
 };
 use partitions::{PollRequest, PollingStrategy};
-use shard::{Answer, Call, CallError, MetaError};
+use shard::{Answer, Call, CallError, MetaError, ProducerKey};
 use storage::BatchBuilder;
 use storage::{BatchView, Integrity};
 
@@ -125,6 +129,8 @@ enum Request {
         group: GroupId,
         tag: u64,
         batch: Vec<u8>,
+        /// Whether this sends the batch again after an `Indeterminate`.
+        replay: bool,
     },
     Poll {
         group: GroupId,
@@ -808,6 +814,7 @@ impl Workload {
             group,
             tag,
             batch: builder.build(),
+            replay: false,
         }
     }
 
@@ -1046,9 +1053,12 @@ impl Workload {
     ) -> Result<Next, Violation> {
         match request {
             Request::Meta(op) => self.judge_meta(op, attempts, answer, cluster),
-            Request::Produce { group, tag, batch } => {
-                judge_produce(group, tag, batch, attempts, answer, oracle)
-            }
+            Request::Produce {
+                group,
+                tag,
+                batch,
+                replay,
+            } => judge_produce(group, tag, (batch, replay), attempts, answer, oracle),
             Request::Poll { group, request } => {
                 self.judge_poll(group, request, attempts, answer, oracle)
             }
@@ -1450,7 +1460,7 @@ impl Workload {
 fn judge_produce(
     group: GroupId,
     tag: u64,
-    batch: Vec<u8>,
+    (batch, replay): (Vec<u8>, bool),
     attempts: u32,
     answer: Got,
     oracle: &mut Oracle,
@@ -1474,7 +1484,24 @@ fn judge_produce(
                 return Ok(Next::Done);
             }
             let at = retry_target(&e);
-            Ok(retry(Request::Produce { group, tag, batch }, attempts, at))
+            // Once replayed, every later send of it is a replay too.
+            let request = Request::Produce {
+                group,
+                tag,
+                batch,
+                replay,
+            };
+            Ok(retry(request, attempts, at))
+        }
+        // The SDK's same-session replay of a request answered 57.
+        Err(CallError::Indeterminate { .. }) if !exhausted(attempts) => {
+            let request = Request::Produce {
+                group,
+                tag,
+                batch,
+                replay: true,
+            };
+            Ok(retry(request, attempts, None))
         }
         Err(CallError::Rejected { reason }) => Err(Violation::new(
             Property::UnexpectedRefusal,
@@ -1488,6 +1515,13 @@ fn judge_produce(
             Ok(Next::Done)
         }
     }
+}
+
+/// The producer key a batch is sent with: one per tag, never 0 (the
+/// server's is a digest of the Iggy session and request number; any
+/// identity unique per send does).
+fn producer_key(tag: u64) -> u128 {
+    (1 << 127) | u128::from(tag)
 }
 
 /// Whether a request has run out of attempts: one that got only "nothing
@@ -1523,9 +1557,21 @@ fn issue(
 ) -> Result<Option<Waiting>, ClusterError> {
     let waiting = match request {
         Request::Meta(op) => cluster.meta(target, op.clone())?.map(Waiting::Meta),
-        Request::Produce { group, batch, .. } => cluster
-            .call(target, *group, Call::produce(batch.clone()))?
-            .map(Waiting::Call),
+        Request::Produce {
+            group,
+            tag,
+            batch,
+            replay,
+        } => {
+            let call = Call::Produce {
+                batch: batch.clone(),
+                key: ProducerKey {
+                    key: producer_key(*tag),
+                    replay: *replay,
+                },
+            };
+            cluster.call(target, *group, call)?.map(Waiting::Call)
+        }
         Request::Poll { group, request } => cluster
             .call(target, *group, Call::Poll(*request))?
             .map(Waiting::Call),

@@ -1043,3 +1043,15 @@ fn regression_mixed_75200181_transfer_offer_judged_by_the_established_view() {
         every_flag(o);
     });
 }
+
+/// Rolling process kills (page caches survive), one process down at a
+/// time, the next kill free to land while the last victim still catches
+/// up: what an operator's rolling restart and the real-process nemesis
+/// (`scripts/nemesis.sh`) do. Topics of both durabilities; every
+/// acknowledged write is kept and none is stored twice.
+#[test]
+fn sweep_rolling() {
+    let runs = sweep_shapes(FaultProfile::Rolling, &[(3, 2), (5, 1), (3, 3)]);
+    let crashes: u64 = runs.iter().map(|s| s.faults.crashes).sum();
+    assert!(crashes >= runs.len() as u64, "only {crashes} kills");
+}

@@ -69,7 +69,11 @@ fn journal(log: &[Prepare], from: u64, to: u64, headers_only: &[u64], view: u32)
 }
 
 fn open(fs: &SimFs, applied: u64) -> (ReplicaLog<SimFs>, Replayed) {
-    block_on(ReplicaLog::open(fs, &path(), applied)).unwrap()
+    open_in(fs, applied, LogMode::SYNCED)
+}
+
+fn open_in(fs: &SimFs, applied: u64, mode: LogMode) -> (ReplicaLog<SimFs>, Replayed) {
+    block_on(ReplicaLog::open(fs, &path(), applied, mode)).unwrap()
 }
 
 #[test]
@@ -262,7 +266,9 @@ fn given_a_power_loss_mid_record_when_reopened_should_describe_a_synced_journal(
                 "seed {seed}: {j:?}"
             ),
             Replayed::Damaged { .. } => {}
-            Replayed::Empty => panic!("seed {seed}: synced records lost"),
+            Replayed::Empty | Replayed::Stale { .. } => {
+                panic!("seed {seed}: synced records lost: {replayed:?}")
+            }
         }
     }
 }
@@ -290,4 +296,85 @@ fn given_a_withdrawn_log_when_reopened_should_vouch_for_nothing_until_the_next_r
         panic!("the log vouches for nothing after the next record")
     };
     assert!(j.visible && j.ops.is_empty(), "{j:?}");
+}
+
+#[test]
+fn given_kept_records_when_the_process_dies_should_replay_them_in_the_same_machine_boot() {
+    let fs = fresh();
+    let log = chain(5);
+    let boot = LogMode::kept(0xb007);
+    let (mut w, _) = open_in(&fs, 0, boot);
+    for to in 1..=5u64 {
+        block_on(w.record(&fs, &journal(&log, 1, to, &[], 1), 0, 0)).unwrap();
+    }
+    assert_eq!(w.syncs(), 0, "kept records are not synced");
+    // A kill -9: every page written survives.
+    fs.crash_with(CrashMode::KeepAll);
+    let (_, replayed) = open_in(&fs, 0, boot);
+    assert_eq!(replayed, Replayed::Journal(journal(&log, 1, 5, &[], 1)));
+}
+
+#[test]
+fn given_kept_records_when_the_machine_restarted_should_vouch_for_nothing_and_start_empty() {
+    let log = chain(5);
+    for crash in [CrashMode::KeepAll, CrashMode::Seeded, CrashMode::DropAll] {
+        let fs = fresh();
+        let (mut w, _) = open_in(&fs, 0, LogMode::kept(0xb007));
+        for to in 1..=5u64 {
+            block_on(w.record(&fs, &journal(&log, 1, to, &[], 1), 0, 0)).unwrap();
+        }
+        fs.crash_with(crash);
+        // Another boot: whatever survived may miss any unsynced page.
+        let (_, replayed) = open_in(&fs, 0, LogMode::kept(0xb008));
+        assert!(
+            matches!(
+                replayed,
+                Replayed::Stale {
+                    written: 0xb007,
+                    now: 0xb008
+                } | Replayed::Empty
+            ),
+            "{crash:?}: {replayed:?}"
+        );
+        // Started again empty: nothing later builds on the stale records.
+        let (_, replayed) = open_in(&fs, 0, LogMode::kept(0xb008));
+        assert_eq!(replayed, Replayed::Empty, "{crash:?}");
+    }
+    // An unknown boot (tag 0) never vouches, even for itself.
+    let fs = fresh();
+    let (mut w, _) = open_in(&fs, 0, LogMode::kept(0));
+    block_on(w.record(&fs, &journal(&log, 1, 2, &[], 1), 0, 0)).unwrap();
+    let (_, replayed) = open_in(&fs, 0, LogMode::kept(0));
+    assert!(matches!(replayed, Replayed::Stale { written: 0, .. }));
+}
+
+#[test]
+fn given_a_kept_record_after_synced_ones_when_read_by_a_synced_log_of_another_boot_should_vouch_for_nothing()
+ {
+    let fs = fresh();
+    let log = chain(3);
+    let (mut w, _) = open(&fs, 0);
+    block_on(w.record(&fs, &journal(&log, 1, 2, &[], 1), 0, 0)).unwrap();
+    drop(w);
+    let (mut w, _) = open_in(&fs, 0, LogMode::kept(5));
+    block_on(w.record(&fs, &journal(&log, 1, 3, &[], 1), 0, 0)).unwrap();
+    let (_, replayed) = open_in(
+        &fs,
+        0,
+        LogMode {
+            sync: true,
+            boot_tag: 6,
+        },
+    );
+    assert!(matches!(replayed, Replayed::Stale { written: 5, now: 6 }));
+}
+
+#[test]
+fn given_boot_ids_should_tag_them_apart_and_never_zero() {
+    assert_eq!(boot_tag_of(""), 0);
+    assert_eq!(boot_tag_of(" \n"), 0);
+    let a = boot_tag_of("6c1a3e0e-3f2d-4c8e-9a55-0f4c1b9d2e71\n");
+    assert_ne!(a, 0);
+    assert_eq!(a, boot_tag_of("6c1a3e0e-3f2d-4c8e-9a55-0f4c1b9d2e71"));
+    assert_ne!(a, boot_tag_of("6c1a3e0e-3f2d-4c8e-9a55-0f4c1b9d2e72"));
 }

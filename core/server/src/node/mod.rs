@@ -459,8 +459,27 @@ fn shard_config(config: &NodeConfig, index: ShardIndex, rejoin: bool) -> ShardCo
     // Per boot: a restarted shard's VSR client id must differ from the
     // last boot's (request numbers start again at 1).
     c.seed = boot_seed() ^ u64::from(index.0);
+    c.boot_tag = machine_boot_tag();
     c
 }
+
+/// The tag of this machine boot, from the kernel's boot id: a
+/// `replicated` group's replica log is kept unsynced and trusted only by
+/// the boot that wrote it (docs/consensus.md §4, "Kept replica logs").
+/// 0 (unknown, no such log) where the file cannot be read.
+fn machine_boot_tag() -> u32 {
+    static TAG: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *TAG.get_or_init(|| match std::fs::read_to_string(BOOT_ID_FILE) {
+        Ok(text) => journal::boot_tag_of(&text),
+        Err(error) => {
+            tracing::warn!(file = BOOT_ID_FILE, %error, "no machine boot id: replicated groups keep no replica log, and a killed replica restarts without its journal");
+            0
+        }
+    })
+}
+
+/// Where Linux names the current boot.
+const BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
 
 fn boot_seed() -> u64 {
     let nanos = std::time::SystemTime::now()

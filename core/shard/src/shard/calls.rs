@@ -421,8 +421,10 @@ fn orphan_outcome<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
 /// A primary's journal holds every op that can still commit in its view
 /// (a view's log is complete), so a send missing from it above the
 /// applied point never will; below it, the journal holds the retained
-/// applied ops (`retention_ops`), which covers a replay's window of
-/// seconds unless the partition took more appends than that meanwhile.
+/// applied ops (`retention_ops`). When those do not reach back across the
+/// SDK's replay window (a restart or an install since, or more appends
+/// than that), a miss proves nothing and the replay is told to wait: the
+/// SDK gives up after its budget, an error rather than a second copy.
 fn replayed_send<E: Env>(g: &Group<E>, key: u128) -> Option<Result<Answer, CallError>> {
     let queued = g
         .queued
@@ -443,6 +445,9 @@ fn replayed_send<E: Env>(g: &Group<E>, key: u128) -> Option<Result<Answer, CallE
         } => Ok(Answer::Committed {
             op,
             base_offset: Some(base_offset),
+        }),
+        KeyedAppend::Unknown => Err(CallError::Indeterminate {
+            reason: "this primary holds too little history to tell whether the original send committed",
         }),
         KeyedAppend::Committed {
             base_offset: None, ..

@@ -64,6 +64,9 @@ pub struct ShardConfig {
     pub retained_bytes_max: u64,
     /// Every partition group's `PartitionConfig::read_back_bytes_per_slice`.
     pub read_back_bytes_per_slice: u64,
+    /// Every partition group's `PartitionConfig::boot_tag`: the tag of
+    /// this machine boot, 0 when unknown.
+    pub boot_tag: u32,
 }
 
 impl ShardConfig {
@@ -96,6 +99,7 @@ impl ShardConfig {
             install_file_ops_per_step: partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP,
             retained_bytes_max: partitions::RETAINED_BYTES_MAX_DEFAULT,
             read_back_bytes_per_slice: partitions::READ_BACK_BYTES_PER_SLICE_DEFAULT,
+            boot_tag: 0,
         }
     }
 }

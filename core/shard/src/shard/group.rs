@@ -351,6 +351,7 @@ impl<E: Env> Shard<E> {
         config.rejoin = spec.rejoin;
         config.record_interval_us = self.config.record_interval_us;
         config.read_back_bytes_per_slice = self.config.read_back_bytes_per_slice;
+        config.boot_tag = self.config.boot_tag;
         let bus = ShardBus {
             env: Rc::clone(&self.env),
             cluster: self.config.cluster,
