@@ -23,11 +23,11 @@ fn persist(r: &mut Replica) {
     }
 }
 
-/// A probe of a replica waiting after a restart, with its report.
-fn report(from: u8, incarnation: u128) -> Frame {
+/// A probe of a replica waiting after a restart in `view`, with its report.
+fn report(from: u8, view: u32, incarnation: u128) -> Frame {
     frame(
         from,
-        0,
+        view,
         Message::RequestStartView {
             incarnation,
             census: Some(Census {
@@ -68,7 +68,7 @@ fn given_a_report_heard_before_this_replica_joined_a_view_when_a_census_could_st
     r.on_frame(frame(0, 1, Message::StartViewChange)).unwrap();
     persist(&mut r);
     assert_eq!((r.status(), r.view()), (Status::ViewChange, 1));
-    r.on_frame(report(0, 0xA0)).unwrap();
+    r.on_frame(report(0, 1, 0xA0)).unwrap();
     persist(&mut r);
     assert_eq!(r.status(), Status::ViewChange, "one report leads nothing");
     let start_view = StartView {
@@ -82,7 +82,8 @@ fn given_a_report_heard_before_this_replica_joined_a_view_when_a_census_could_st
     persist(&mut r);
     assert_eq!((r.status(), r.view()), (Status::Normal, 1));
     time_out_past(&mut r, 1);
-    r.on_frame(report(1, 0xB1)).unwrap();
+    let view = r.view();
+    r.on_frame(report(1, view, 0xB1)).unwrap();
     persist(&mut r);
     assert_eq!(
         r.census_views_started(),
@@ -95,7 +96,7 @@ fn given_a_report_heard_before_this_replica_joined_a_view_when_a_census_could_st
         "the stale report made it give up its vote"
     );
     // A fresh report from replica 0 completes the census as before.
-    r.on_frame(report(0, 0xA2)).unwrap();
+    r.on_frame(report(0, view, 0xA2)).unwrap();
     persist(&mut r);
     assert!(
         r.census_views_started() == 1 || r.status() == Status::Recovering,
@@ -121,7 +122,7 @@ fn given_a_reporter_that_then_asks_for_repair_when_counting_waiting_peers_should
     r.on_frame(frame(1, 1, Message::StartViewChange)).unwrap();
     persist(&mut r);
     assert_eq!((r.status(), r.view()), (Status::ViewChange, 1));
-    r.on_frame(report(3, 0xA3)).unwrap();
+    r.on_frame(report(3, 1, 0xA3)).unwrap();
     persist(&mut r);
     r.on_frame(frame(
         3,
@@ -134,8 +135,8 @@ fn given_a_reporter_that_then_asks_for_repair_when_counting_waiting_peers_should
     ))
     .unwrap();
     persist(&mut r);
-    r.on_frame(report(1, 0xA1)).unwrap();
-    r.on_frame(report(4, 0xA4)).unwrap();
+    r.on_frame(report(1, 1, 0xA1)).unwrap();
+    r.on_frame(report(4, 1, 0xA4)).unwrap();
     persist(&mut r);
     assert_eq!(
         r.status(),
@@ -144,11 +145,94 @@ fn given_a_reporter_that_then_asks_for_repair_when_counting_waiting_peers_should
     );
     // A fresh report from replica 3 (it restarted again) makes three
     // waiting peers: the vote is useless now, and the rule goes on.
-    r.on_frame(report(3, 0xB3)).unwrap();
+    r.on_frame(report(3, 1, 0xB3)).unwrap();
     persist(&mut r);
     assert_eq!(
         r.status(),
         Status::Recovering,
         "three waiting peers of four"
     );
+}
+
+/// Seed 2016646 (five replicas): replica 0 reported to replica 4 while it
+/// waited after a restart in view 0, then adopted view 0 from that view's
+/// primary (still `Normal` there) and from then on talked to it alone.
+/// Replica 4, in a view change of view 4, later heard replicas 2 and 3
+/// report and counted replica 0 as waiting too: three waiting peers of
+/// four, so it gave up its vote and started waiting in place — but the
+/// primary of view 0 ignores a probe of view 4, and the group was left
+/// with three waiting replicas and two voters for good. A report of a view
+/// older than the member's does not count: its sender may adopt a view
+/// whose primary will not answer the member. Once replica 0 reports in
+/// view 4 (it raised its view to replica 4's StartViewChange, see below),
+/// it can adopt no view older than 4, and the rule goes on.
+#[test]
+fn given_a_report_of_an_older_view_when_counting_waiting_peers_should_not_count_it() {
+    let mut r = Replica::new(Config::new(ReplicaId(4), 5, GroupId(0)));
+    persist(&mut r);
+    r.on_frame(frame(3, 4, Message::StartViewChange)).unwrap();
+    persist(&mut r);
+    assert_eq!((r.status(), r.view()), (Status::ViewChange, 4));
+    r.on_frame(report(0, 0, 0xA0)).unwrap();
+    r.on_frame(report(2, 4, 0xA2)).unwrap();
+    r.on_frame(report(3, 4, 0xA3)).unwrap();
+    persist(&mut r);
+    assert_eq!(
+        r.status(),
+        Status::ViewChange,
+        "a report from an older view made this replica give up its vote"
+    );
+    r.on_frame(report(0, 4, 0xB0)).unwrap();
+    persist(&mut r);
+    assert_eq!(
+        r.status(),
+        Status::Recovering,
+        "three waiting peers of four, each in this view"
+    );
+}
+
+/// The other half: a replica waiting after a restart that hears a
+/// member's StartViewChange raises its own view to it, persisted before
+/// anything leaves, and answers the member with its report in that view;
+/// from then on it refuses a StartView of an older view.
+#[test]
+fn given_a_waiting_replica_when_a_member_starts_a_view_change_should_raise_its_view_and_report() {
+    let config = Config::new(ReplicaId(0), 5, GroupId(0));
+    let durable = consensus::vsr::DurableState {
+        view: 0,
+        log_view: 0,
+        commit: Op(0),
+    };
+    let mut r = Replica::restart(config, durable, consensus::vsr::AppliedState::default());
+    persist(&mut r);
+    assert_eq!(r.status(), Status::Recovering);
+    r.on_frame(frame(4, 4, Message::StartViewChange)).unwrap();
+    let actions = r.take_actions();
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Effect(Effect::PersistState { view: 4, .. }))),
+        "the raised view is persisted"
+    );
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Send { .. })),
+        "nothing leaves before the raised view is durable"
+    );
+    r.on_persisted(4, 0);
+    let answered = r.take_actions().into_iter().any(|a| match a {
+        Action::Send { to, frame } => {
+            to == ReplicaId(4)
+                && frame.view == 4
+                && matches!(
+                    frame.message,
+                    Message::RequestStartView {
+                        census: Some(_),
+                        ..
+                    }
+                )
+        }
+        _ => false,
+    });
+    assert!(answered, "the member hears the report in its view");
+    assert_eq!((r.status(), r.view()), (Status::Recovering, 4));
 }

@@ -274,6 +274,9 @@ pub struct Node {
     restart_at: u64,
     view_seen: u32,
     commit_max_seen: u64,
+    /// The replica's `restarts_in_place()` when `commit_max_seen` was
+    /// taken: a restart in place begins a new life for that check.
+    restarts_in_place_seen: u64,
     /// Lazy ticking: the step through which the replica's ticks are
     /// counted, and the last step whose tick phase reached it.
     counted_to: u64,
@@ -351,6 +354,7 @@ impl Simulation {
                     restart_at: 0,
                     view_seen: 0,
                     commit_max_seen: 0,
+                    restarts_in_place_seen: 0,
                     counted_to: 0,
                     tick_phase: 0,
                     stored: BTreeMap::new(),
@@ -557,6 +561,7 @@ impl Simulation {
         };
         node.view_seen = replica.view();
         node.commit_max_seen = replica.commit_max().0;
+        node.restarts_in_place_seen = replica.restarts_in_place();
         node.replica = Some(replica);
         self.drain(r)
     }
@@ -926,15 +931,16 @@ impl Simulation {
         let requester_primary = self
             .replica(r)
             .is_some_and(|x| x.primary_index(x.view()).0 == r);
-        // With durable journals, the serving side of a real partition
-        // (docs/state-transfer.md §2): a primary with everything it knows
-        // committed applied, or a replica in a view change to anyone. A
-        // cluster whose crashes are not limited to `f` can leave a primary
-        // whose starting log needs acknowledgements from the replicas that
-        // wait for this transfer.
-        let wider = self.config.durable_journal
-            && (source.serves_applied_state()
-                || source.serves_transfer_as_non_primary(ReplicaId(r)));
+        // The serving side of a real partition (docs/state-transfer.md
+        // §2): a primary with everything it knows committed applied, or a
+        // replica in a view change to anyone. A primary's starting log can
+        // need acknowledgements from the very replicas that wait for this
+        // transfer: with durable journals after crashes past `f`, and
+        // without them too (vsr_sim seed 3013324: a primary of view 7 with
+        // ops 48 and 49 to commit again, one visible backup, and three
+        // backups behind its retention asking it for a transfer).
+        let wider =
+            source.serves_applied_state() || source.serves_transfer_as_non_primary(ReplicaId(r));
         let servable = source.is_caught_up_primary()
             || wider
             || (requester_primary && !source.is_transferring() && source.commit_min().0 >= floor);
@@ -1125,10 +1131,11 @@ impl Simulation {
             let Some(replica) = node.replica.as_ref() else {
                 continue;
             };
-            let (view, commit_max, commit_min) = (
+            let (view, commit_max, commit_min, restarts_in_place) = (
                 replica.view(),
                 replica.commit_max().0,
                 replica.commit_min().0,
+                replica.restarts_in_place(),
             );
             if view < node.view_seen {
                 return self.failure_here(format!(
@@ -1136,7 +1143,18 @@ impl Simulation {
                     node.view_seen
                 ));
             }
-            if commit_max < node.commit_max_seen {
+            // A restart in place, like a crash, begins a new life: the
+            // replica drops what it knew committed past its applied op and
+            // learns it again from the primary that answers it. Within a
+            // life `commit_max` never goes back, and across one it never
+            // falls below what was applied (checked just below).
+            let restarted_in_place = restarts_in_place != node.restarts_in_place_seen;
+            if restarted_in_place && commit_max < commit_min {
+                return self.failure_here(format!(
+                    "replica {r} restarted in place with commit_max {commit_max} below its applied op {commit_min}"
+                ));
+            }
+            if !restarted_in_place && commit_max < node.commit_max_seen {
                 return self.failure_here(format!(
                     "replica {r} commit_max went back from {} to {commit_max}",
                     node.commit_max_seen
@@ -1158,6 +1176,7 @@ impl Simulation {
             let node = &mut self.nodes[usize::from(r)];
             node.view_seen = view;
             node.commit_max_seen = commit_max;
+            node.restarts_in_place_seen = restarts_in_place;
         }
         Ok(())
     }

@@ -159,3 +159,31 @@ fn seed_1007353_member_keeps_its_vote_when_a_reporter_asked_for_repair() {
         panic!("{failure}");
     }
 }
+
+/// Seed 2016646 (five replicas): replica 0 reported to replica 4 while it
+/// waited in view 0, then adopted view 0 from that view's primary and
+/// talked to it alone. Replica 4, in a view change of view 4, counted the
+/// old report next to two fresh ones, started waiting in place and left
+/// two voters of five for good: the primary of view 0 ignores a probe of
+/// view 4. A member now counts only reports of its own view or a later
+/// one, and a waiting replica raises its view to a member's
+/// StartViewChange and answers it with its report (docs/consensus.md §4).
+#[test]
+fn seed_2016646_member_counts_only_reports_of_its_view() {
+    if let Err(failure) = run_config(SimConfig::for_seed(2_016_646)) {
+        panic!("{failure}");
+    }
+}
+
+/// Seed 2013461 (five replicas): a member that started waiting in place
+/// lowered `commit_max` to its applied op (19 to 18), as a restarted
+/// replica does, and the harness checked it as if the life went on. A
+/// restart in place now begins a new life for that check (within a life
+/// it never goes back). The member had also counted a report of view 0
+/// whose sender then adopted view 10; that report no longer counts.
+#[test]
+fn seed_2013461_restart_in_place_begins_a_new_life() {
+    if let Err(failure) = run_config(SimConfig::for_seed(2_013_461)) {
+        panic!("{failure}");
+    }
+}

@@ -151,6 +151,56 @@ impl Replica {
             })
     }
 
+    /// The reports a member that never restarted may count
+    /// ([`Self::member_should_report`], [`Self::maybe_lead_census_as_member`]):
+    /// fresh, and sent from this replica's view or a later one. A waiting
+    /// replica leaves its waiting only by adopting a StartView of a view at
+    /// least its own, and such a view's primary answers this replica's
+    /// probe too (its view is at most that view), so no peer counted here
+    /// can go where this replica, waiting in place, cannot follow. A report
+    /// from an older view may be from a peer that since adopted an older
+    /// view, whose primary ignores this replica's probes: counted as
+    /// waiting, it took the third vote of five away for good (seeds
+    /// 2016646, 2013461). Waiting replicas raise their view to a member's
+    /// StartViewChange and answer it with their report
+    /// ([`Self::answer_member_with_report`]), so the member hears reports
+    /// of its view.
+    fn member_reports(&self) -> impl Iterator<Item = (u8, Option<Heard>)> + '_ {
+        let view = self.view;
+        self.others_reports()
+            .map(move |(index, heard)| (index, heard.filter(|h| h.view >= view)))
+    }
+
+    /// A waiting replica heard a StartViewChange of `view` from `from`, a
+    /// member in a view change: it raises its own view to it (persisted
+    /// before the answer leaves; it votes in no view, so the promise costs
+    /// nothing but StartViews of older views, and a member counts only
+    /// reports of its view or later, [`Self::member_reports`]) and answers
+    /// with its report, at most once per probe interval per peer. A
+    /// replica rejoining after a lost disk raises nothing: its view must be
+    /// bounded by its peers' before it is persisted (§4, "Rejoin").
+    pub(super) fn answer_member_with_report(&mut self, from: u8, view: u32) {
+        if self.census_report().is_none() || self.recovering.is_some_and(|r| r.rejoin.is_some()) {
+            return;
+        }
+        if view > self.view {
+            self.view = view;
+            self.persist();
+        }
+        if self.census.heard.len() != usize::from(self.config.replica_count) {
+            self.census = CensusBook::new(self.config.replica_count);
+        }
+        let ticks = self.ticks;
+        let interval = self.config.timeouts.request_start_view_message_ticks;
+        let Some(at) = self.census.answered_at.get_mut(usize::from(from)) else {
+            return;
+        };
+        if at.is_none_or(|at| ticks.saturating_sub(at) >= interval) {
+            *at = Some(ticks);
+            self.send_request_start_view_to(from);
+        }
+    }
+
     /// How long a report counts: longer than the longest probe interval
     /// (backoff caps at 16 times the base, plus as much jitter).
     fn census_window_ticks(&self) -> u64 {
@@ -245,7 +295,7 @@ impl Replica {
     /// them left it keeps its vote, which a member that never restarted
     /// may need to form a view that answers the waiting ones.
     fn member_should_report(&self) -> bool {
-        let fresh = self.others_reports().filter_map(|(_, heard)| heard);
+        let fresh = self.member_reports().filter_map(|(_, heard)| heard);
         let (heard, longest) = fresh.fold((0usize, None::<Census>), |(n, longest), h| {
             let longer = longest.is_none_or(|l| h.report.op.0 > l.op.0);
             (n + 1, if longer { Some(h.report) } else { longest })
@@ -280,7 +330,7 @@ impl Replica {
     fn maybe_lead_census_as_member(&mut self) {
         let mut highest_view = self.view.max(self.observed_newer_view);
         let mut answers = Vec::new();
-        for (index, heard) in self.others_reports() {
+        for (index, heard) in self.member_reports() {
             let Some(heard) = heard else {
                 return;
             };

@@ -266,6 +266,8 @@ pub struct Replica {
     pub(super) transferring: bool,
     pub(super) census: super::census::CensusBook,
     pub(super) census_views_started: u64,
+    /// Times this replica started waiting in place (`restart_in_place`).
+    pub(super) restarts_in_place: u64,
     /// Frames from peers that changed nothing, per [`Ignored`] reason.
     frames_ignored: [u64; Ignored::ALL.len()],
     pub(super) read_checks: super::read_check::ReadChecks,
@@ -320,6 +322,7 @@ impl Replica {
             transferring: false,
             census: super::census::CensusBook::default(),
             census_views_started: 0,
+            restarts_in_place: 0,
             frames_ignored: [0; Ignored::ALL.len()],
             read_checks: super::read_check::ReadChecks::default(),
             held: Vec::new(),
@@ -418,6 +421,7 @@ impl Replica {
         fresh.last_timestamp = self.last_timestamp;
         fresh.observed_newer_view = self.observed_newer_view;
         fresh.census_views_started = self.census_views_started;
+        fresh.restarts_in_place = self.restarts_in_place + 1;
         fresh.frames_ignored = self.frames_ignored;
         fresh.client_table = std::mem::replace(
             &mut self.client_table,
@@ -463,6 +467,15 @@ impl Replica {
     /// replica of its group restarted (docs/consensus.md §4).
     pub fn census_views_started(&self) -> u64 {
         self.census_views_started
+    }
+
+    /// How many times this replica gave up its vote and started waiting in
+    /// place, as a restarted replica does (docs/consensus.md §4, "A member
+    /// that never restarted"). Each begins a new life for what must not go
+    /// back within one: `commit_max` falls to the applied op, as it does
+    /// after a restart.
+    pub fn restarts_in_place(&self) -> u64 {
+        self.restarts_in_place
     }
 
     /// Whether this replica is still learning its peers' views after a

@@ -154,6 +154,10 @@ impl Replica {
     }
 
     pub(super) fn on_start_view_change(&mut self, from: u8, view: u32) -> Handled {
+        // A member in a view change may be weighing whether its vote is
+        // useless; a waiting replica tells it so in its view (census.rs).
+        // The vote itself is still ignored (`Invisible`) by a waiting one.
+        self.answer_member_with_report(from, view);
         if self.recovering.is_some() || view < self.view {
             self.note_newer_view(view);
             return Handled::Ignored(if self.recovering.is_some() {
