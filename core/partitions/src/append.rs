@@ -47,15 +47,21 @@ const REPLAY_SAMPLE_US: u64 = 1_000_000;
 /// replay window: the oldest kept sample is the newest one at least
 /// [`REPLAY_WINDOW_US`] old, so every op committed since then is above its
 /// op. Memory only: a restarted replica, which holds no journal from
-/// before its boot, has no such sample until the window has passed.
+/// before its boot, has no such sample until the window has passed —
+/// unless it had applied nothing before it (a new group, a new replica),
+/// when its journal holds the group's whole history.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ReplaySamples {
     samples: std::collections::VecDeque<(u64, u64)>,
+    /// The first sample `(driver time, applied op)`: what this process
+    /// found when it started sampling.
+    first: Option<(u64, u64)>,
 }
 
 impl ReplaySamples {
     /// Records the applied op `applied` at driver time `now_us`.
     pub(crate) fn sample(&mut self, now_us: u64, applied: u64) {
+        self.first.get_or_insert((now_us, applied));
         let due = self
             .samples
             .back()
@@ -72,13 +78,23 @@ impl ReplaySamples {
         }
     }
 
-    /// An op at or below what was applied [`REPLAY_WINDOW_US`] before
-    /// `now_us`, if this replica has been sampling that long.
+    /// An op that every op committed in the last [`REPLAY_WINDOW_US`]
+    /// before `now_us` lies above, if this replica knows one: what it had
+    /// applied that long ago, or 0 when it applied nothing before this
+    /// process.
     pub(crate) fn applied_a_window_ago(&self, now_us: u64) -> Option<u64> {
-        self.samples
+        let sampled = self
+            .samples
             .front()
             .filter(|(at, _)| at.saturating_add(REPLAY_WINDOW_US) <= now_us)
-            .map(|(_, op)| *op)
+            .map(|(_, op)| *op);
+        sampled.or(self.first.filter(|(_, op)| *op == 0).map(|_| 0))
+    }
+
+    /// The applied op of the first sample and how long ago (µs) it was
+    /// taken: every op committed since is above it.
+    pub(crate) fn first(&self, now_us: u64) -> Option<(u64, u64)> {
+        self.first.map(|(at, op)| (op, now_us.saturating_sub(at)))
     }
 }
 
@@ -101,7 +117,14 @@ pub enum KeyedAppend {
     /// window (a replica restarted or installed a transfer since, or took
     /// more than `retention_ops` appends): the original may have committed
     /// before what it holds, so ordering the replay could store it twice.
-    Unknown,
+    /// When the journal holds every op since this process started
+    /// sampling, `since` says so: a replay first received after that
+    /// moment ([`Partition::keyed_append`]'s `vouched`) is ordered as new.
+    Unknown {
+        /// This partition boot's identity and how long (µs) it has held
+        /// every op, if it does.
+        since: Option<(u64, u64)>,
+    },
 }
 
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
@@ -139,13 +162,24 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// across the whole replay window and never saw the send, so it never
     /// committed and never will (a primary's log holds every op that
     /// still may), and the replay is ordered as new.
-    pub fn keyed_append(&self, key: u128) -> Option<KeyedAppend> {
+    /// `vouched` is this partition boot's identity when the replica the
+    /// client talks to found the send first received after the moment
+    /// [`KeyedAppend::Unknown`] named (0: not vouched).
+    pub fn keyed_append(&self, key: u128, vouched: u64) -> Option<KeyedAppend> {
         let Some((op, locator)) = self.replica.find_request_checksum(key) else {
+            let retained_from = self.replica.retained_from().0;
+            let holds_above = |applied: u64| retained_from <= applied.saturating_add(1);
             let covered = self
                 .replay_samples
                 .applied_a_window_ago(self.now_us)
-                .is_some_and(|applied| self.replica.retained_from().0 <= applied.saturating_add(1));
-            return (!covered).then_some(KeyedAppend::Unknown);
+                .is_some_and(holds_above);
+            let since = self
+                .replay_samples
+                .first(self.now_us)
+                .filter(|(applied, _)| holds_above(*applied))
+                .map(|(_, held_us)| (self.boot_identity(), held_us));
+            let vouched_here = vouched != 0 && since.is_some_and(|(boot, _)| boot == vouched);
+            return (!covered && !vouched_here).then_some(KeyedAppend::Unknown { since });
         };
         if op > self.replica.commit_min() {
             return Some(KeyedAppend::Pending(op));
@@ -162,6 +196,23 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 .map(|view| Offset(view.header().base_offset)),
         };
         Some(KeyedAppend::Committed { op, base_offset })
+    }
+
+    /// Starts the replay window at driver time `now_us`, right after boot:
+    /// from here on the journal holds every op above the applied one (the
+    /// logged ops above it now, later ones as they arrive or are
+    /// repaired). The first tick would do too, but an idle group is not
+    /// ticked.
+    pub fn start_replay_window(&mut self, now_us: u64) {
+        self.now_us = self.now_us.max(now_us);
+        self.replay_samples
+            .sample(self.now_us, self.replica.commit_min().0);
+    }
+
+    /// This partition boot's identity (its core's seed, drawn per boot),
+    /// never 0.
+    fn boot_identity(&self) -> u64 {
+        self.config.vsr.seed.max(1)
     }
 
     /// Checks a verified prepare from a peer before the core may journal

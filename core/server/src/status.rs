@@ -171,7 +171,7 @@ impl From<&BackendError> for ErrorCode {
             B::PartitionNotOwned(_) => Self::ConsumerGroupPartitionNotOwned,
             B::InvalidOption(_) => Self::InvalidOptionValue,
             B::UnsupportedOptionKey(_) => Self::UnsupportedOptionKey,
-            B::NotCommitted => Self::TransientNotCommitted,
+            B::NotCommitted | B::ReplayUnplaced { .. } => Self::TransientNotCommitted,
             B::NoPrimary => Self::TransientNotAccepted,
             B::AlreadyApplied => Self::RequestAlreadyApplied,
             B::Unsupported => Self::FeatureUnavailable,

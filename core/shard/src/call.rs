@@ -83,6 +83,11 @@ pub struct ProducerKey {
     pub key: u128,
     /// Whether the sender has sent this very request before.
     pub replay: bool,
+    /// For a replay, the primary's partition boot that the replica the
+    /// client talks to found started before it first received the send
+    /// (from a [`CallError::ReplayUnplaced`] answer): that boot's journal
+    /// holds the original if it committed. 0: none.
+    pub vouched: u64,
 }
 
 impl ProducerKey {
@@ -90,6 +95,7 @@ impl ProducerKey {
     pub const NONE: Self = Self {
         key: 0,
         replay: false,
+        vouched: 0,
     };
 }
 
@@ -180,6 +186,17 @@ pub enum CallError {
         /// Why.
         reason: &'static str,
     },
+    /// A replayed send the primary cannot place: it is in no journal the
+    /// primary holds, and that journal may not reach back to the original
+    /// (the primary restarted since it could have been ordered). `since`:
+    /// the primary's partition boot and for how long (µs) its journal has
+    /// held every op, when it has; if the send was first received after
+    /// that moment, the caller may vouch for it
+    /// ([`ProducerKey::vouched`]). Retry.
+    ReplayUnplaced {
+        /// The boot's identity and how long it has held every op.
+        since: Option<(u64, u64)>,
+    },
     /// The op committed already and its answer is no longer known (its
     /// reply is not cached, or a replayed send's batch is no longer held
     /// to read its offsets from). Retrying would apply it again.
@@ -228,6 +245,9 @@ impl fmt::Display for CallError {
             Self::Unavailable { reason } => write!(f, "group unavailable: {reason}"),
             Self::Indeterminate { reason } => write!(f, "outcome unknown: {reason}"),
             Self::AlreadyApplied { reason } => write!(f, "applied already: {reason}"),
+            Self::ReplayUnplaced { .. } => {
+                f.write_str("the primary cannot tell whether the original send committed")
+            }
             Self::Fenced { reason } => write!(f, "partition fenced: {reason}"),
             Self::Rejected { reason } => write!(f, "request rejected: {reason}"),
             Self::Local { reason } => write!(f, "local fault: {reason}"),

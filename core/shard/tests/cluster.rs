@@ -1164,6 +1164,7 @@ fn keyed(tag: u64, replay: bool) -> Call {
         key: ProducerKey {
             key: 0xfeed_0000 + u128::from(tag),
             replay,
+            vouched: 0,
         },
     }
 }
@@ -1172,26 +1173,15 @@ fn keyed(tag: u64, replay: bool) -> Call {
 /// send is answered with its original op and offsets and stored once, one
 /// still in flight is answered `Indeterminate` (the client sends it
 /// again), and a replay of a send the primary never saw is ordered as new
-/// once its journal reaches back across the replay window, and told to
-/// wait before.
+/// when its journal holds every op since the replay window began (a group
+/// that applied nothing before this process, or one sampled for the whole
+/// window), and told to wait otherwise (every replica restarted since).
 #[test]
 fn given_a_replayed_send_when_the_original_committed_should_answer_its_offsets_and_store_it_once() {
     let mut c = Cluster::new(3, 2, 29, NetworkFaults::default());
     let g = group(1);
     c.create_everywhere(g);
     c.run(100);
-    // Too young to tell: the original may predate what the journal holds.
-    let primary = c.primary(g).unwrap();
-    let mut young = c.send(primary, g, keyed(9, true));
-    assert!(
-        matches!(
-            young.rx.try_recv(),
-            Ok(Some(Err(CallError::Indeterminate { .. })))
-        ),
-        "a replay the primary cannot place waits"
-    );
-    // Past the window (ticks of 10 ms): the journal holds every op since.
-    c.run(partitions::REPLAY_WINDOW_US / 10_000 + 200);
     c.call_until_done(g, Call::produce(batch(1, 2)), 500)
         .unwrap();
     let original = c.call_until_done(g, keyed(2, false), 500).unwrap();
@@ -1213,7 +1203,7 @@ fn given_a_replayed_send_when_the_original_committed_should_answer_its_offsets_a
         "the replayed batch is stored once"
     );
 
-    // Never seen: ordered as new.
+    // Never seen by a journal holding the group's whole history: new.
     let fresh = c.call_until_done(g, keyed(3, true), 500).unwrap();
     assert!(matches!(
         fresh,
@@ -1247,4 +1237,56 @@ fn given_a_replayed_send_when_the_original_committed_should_answer_its_offsets_a
     let late = c.call_until_done(g, keyed(4, true), 500).unwrap();
     assert_eq!(late, answer);
     assert_eq!(poll_count(&mut c, g), 11, "three sends of 3 and one of 2");
+
+    // Every process restarted: what they applied before is in no journal,
+    // so an unknown replay waits until the window has passed.
+    c.flush_all();
+    for r in 0..3 {
+        c.crash(r, CrashMode::KeepAll);
+    }
+    for r in 0..3 {
+        c.restart(r);
+    }
+    assert_eq!(poll_count(&mut c, g), 11);
+    let primary = c.primary(g).unwrap();
+    let mut young = c.send(primary, g, keyed(5, true));
+    let Ok(Some(Err(CallError::ReplayUnplaced {
+        since: Some((boot, _)),
+    }))) = young.rx.try_recv()
+    else {
+        panic!("a replay the primary cannot place waits, naming its boot")
+    };
+    // Vouched for another boot: still unplaced.
+    let mut vouched = keyed(5, true);
+    if let Call::Produce { key, .. } = &mut vouched {
+        key.vouched = boot ^ 1;
+    }
+    let mut wrong = c.send(primary, g, vouched.clone());
+    assert!(matches!(
+        wrong.rx.try_recv(),
+        Ok(Some(Err(CallError::ReplayUnplaced { .. })))
+    ));
+    // Vouched for this boot (the send was first received after it): new.
+    if let Call::Produce { key, .. } = &mut vouched {
+        key.vouched = boot;
+    }
+    let placed = c.call_until_done(g, vouched, 500).unwrap();
+    assert!(matches!(
+        placed,
+        Answer::Committed {
+            base_offset: Some(Offset(11)),
+            ..
+        }
+    ));
+    // Past the window (ticks of 10 ms): the journal holds every op since.
+    c.run(partitions::REPLAY_WINDOW_US / 10_000 + 200);
+    let placed = c.call_until_done(g, keyed(6, true), 500).unwrap();
+    assert!(matches!(
+        placed,
+        Answer::Committed {
+            base_offset: Some(Offset(14)),
+            ..
+        }
+    ));
+    assert_eq!(poll_count(&mut c, g), 17);
 }

@@ -131,6 +131,10 @@ enum Request {
         batch: Vec<u8>,
         /// Whether this sends the batch again after an `Indeterminate`.
         replay: bool,
+        /// The tick of its first send (a replay's age).
+        sent_tick: u64,
+        /// The primary boot this client vouches its replay for (0: none).
+        vouched: u64,
     },
     Poll {
         group: GroupId,
@@ -815,6 +819,8 @@ impl Workload {
             tag,
             batch: builder.build(),
             replay: false,
+            sent_tick: tick,
+            vouched: 0,
         }
     }
 
@@ -1058,7 +1064,16 @@ impl Workload {
                 tag,
                 batch,
                 replay,
-            } => judge_produce(group, tag, (batch, replay), attempts, answer, oracle),
+                sent_tick,
+                ..
+            } => judge_produce(
+                group,
+                tag,
+                (batch, replay, sent_tick, cluster.tick()),
+                attempts,
+                answer,
+                oracle,
+            ),
             Request::Poll { group, request } => {
                 self.judge_poll(group, request, attempts, answer, oracle)
             }
@@ -1460,7 +1475,7 @@ impl Workload {
 fn judge_produce(
     group: GroupId,
     tag: u64,
-    (batch, replay): (Vec<u8>, bool),
+    (batch, replay, sent_tick, now_tick): (Vec<u8>, bool, u64, u64),
     attempts: u32,
     answer: Got,
     oracle: &mut Oracle,
@@ -1490,6 +1505,8 @@ fn judge_produce(
                 tag,
                 batch,
                 replay,
+                sent_tick,
+                vouched: 0,
             };
             Ok(retry(request, attempts, at))
         }
@@ -1500,6 +1517,26 @@ fn judge_produce(
                 tag,
                 batch,
                 replay: true,
+                sent_tick,
+                vouched: 0,
+            };
+            Ok(retry(request, attempts, None))
+        }
+        // A primary that cannot place the replay by itself; vouched for
+        // when the send was first made after its journal began, as the
+        // server's backend does (ticks of 10 ms).
+        Err(CallError::ReplayUnplaced { since }) if !exhausted(attempts) => {
+            let age_us = now_tick.saturating_sub(sent_tick).saturating_mul(10_000);
+            let vouched = since
+                .filter(|(_, held_us)| *held_us >= age_us)
+                .map_or(0, |(boot, _)| boot);
+            let request = Request::Produce {
+                group,
+                tag,
+                batch,
+                replay: true,
+                sent_tick,
+                vouched,
             };
             Ok(retry(request, attempts, None))
         }
@@ -1562,12 +1599,15 @@ fn issue(
             tag,
             batch,
             replay,
+            vouched,
+            ..
         } => {
             let call = Call::Produce {
                 batch: batch.clone(),
                 key: ProducerKey {
                     key: producer_key(*tag),
                     replay: *replay,
+                    vouched: *vouched,
                 },
             };
             cluster.call(target, *group, call)?.map(Waiting::Call)

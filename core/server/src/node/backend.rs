@@ -672,14 +672,50 @@ impl Backend for NodeBackend {
         let route = self
             .query(move |s| route_send(s, &stream, &topic, choice))
             .await?;
-        let call = Call::Produce {
-            batch: request.batch.to_vec(),
-            key: ProducerKey {
-                key: request.producer_key,
-                replay: request.replay,
-            },
+        let started = std::time::Instant::now();
+        let mut key = ProducerKey {
+            key: request.producer_key,
+            replay: request.replay,
+            vouched: 0,
         };
-        let answer = match self.call(&route, call).await {
+        let mut answer = self
+            .call(
+                &route,
+                Call::Produce {
+                    batch: request.batch.to_vec(),
+                    key,
+                },
+            )
+            .await;
+        // A primary that restarted since cannot place a replay by itself:
+        // it says since when its journal holds every op, and if this
+        // connection first received the send after that moment (its
+        // original, if ordered at all, was ordered later), this replica
+        // vouches for it and it is ordered as new. Sound without clock
+        // agreement: `held` was measured before this answer arrived.
+        if let Err(BackendError::ReplayUnplaced {
+            since: Some((boot, held_us)),
+        }) = answer
+        {
+            let age = std::time::Duration::from_millis(u64::from(request.replay_age_ms))
+                .saturating_add(started.elapsed());
+            if std::time::Duration::from_micros(held_us) >= age {
+                key.vouched = boot;
+                answer = self
+                    .call(
+                        &route,
+                        Call::Produce {
+                            batch: request.batch.to_vec(),
+                            key,
+                        },
+                    )
+                    .await;
+            }
+        }
+        if let Err(e) = &answer {
+            tracing::debug!(replay = request.replay, key = request.producer_key, error = ?e, "send not answered");
+        }
+        let answer = match answer {
             // A replay's original may have committed: "not accepted" (58)
             // would let the SDK send it again under a new session, where
             // it is a new send. Only a same-session replay (57) can be
@@ -1524,6 +1560,7 @@ pub(crate) fn call_failed(e: CallError) -> BackendError {
         CallError::UnknownGroup { .. } => BackendError::NoPrimary,
         CallError::Indeterminate { .. } => BackendError::NotCommitted,
         CallError::AlreadyApplied { .. } => BackendError::AlreadyApplied,
+        CallError::ReplayUnplaced { since } => BackendError::ReplayUnplaced { since },
         // The status table has no closer client-fault code for a request
         // the partition refuses (an offset past the end); the sentence
         // names the cause.

@@ -174,6 +174,8 @@ pub struct SendMessages {
     /// Whether the connection sent this very request before (the SDK
     /// replays a request answered 57 under the same number).
     pub replay: bool,
+    /// For a replay, how long ago (ms) the connection first sent it.
+    pub replay_age_ms: u32,
 }
 
 impl SendMessages {
@@ -208,6 +210,7 @@ impl SendMessages {
             batch,
             producer_key: 0,
             replay: false,
+            replay_age_ms: 0,
         })
     }
 

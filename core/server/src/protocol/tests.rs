@@ -215,6 +215,7 @@ fn samples() -> Vec<(u32, Vec<u8>, ClientCommand)> {
                 batch: Bytes::copy_from_slice(&batch_body[batch_start..]),
                 producer_key: 0,
                 replay: false,
+                replay_age_ms: 0,
             }),
         ),
         (

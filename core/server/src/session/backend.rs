@@ -94,6 +94,13 @@ pub enum BackendError {
     NotCommitted,
     /// The group has no primary right now.
     NoPrimary,
+    /// A replayed send its primary cannot place (see
+    /// `shard::CallError::ReplayUnplaced`): the primary's partition boot
+    /// and how long its journal has held every op, if it has.
+    ReplayUnplaced {
+        /// Boot identity and µs held.
+        since: Option<(u64, u64)>,
+    },
     /// The request committed already and its answer is gone (a replay of
     /// a send whose offsets are no longer known): retrying would store it
     /// again.
@@ -108,7 +115,9 @@ impl BackendError {
     /// Where the fault lies.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::NotCommitted | Self::NoPrimary => ErrorClass::Transient,
+            Self::NotCommitted | Self::NoPrimary | Self::ReplayUnplaced { .. } => {
+                ErrorClass::Transient
+            }
             Self::LocalFault(_) => ErrorClass::Local,
             _ => ErrorClass::Client,
         }
@@ -142,6 +151,9 @@ impl fmt::Display for BackendError {
             }
             Self::NotCommitted => f.write_str("not committed yet"),
             Self::NoPrimary => f.write_str("the group has no primary right now"),
+            Self::ReplayUnplaced { .. } => {
+                f.write_str("the primary cannot tell yet whether the original send committed")
+            }
             Self::AlreadyApplied => {
                 f.write_str("the request was applied already; its answer is no longer known")
             }

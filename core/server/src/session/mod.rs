@@ -65,6 +65,17 @@ enum Login {
     LoggedIn(LoginGrant),
 }
 
+/// The last send of a connection (see [`Session::last_send`]).
+#[derive(Debug, Clone, Copy)]
+struct LastSend {
+    /// The Iggy client id and request number.
+    id: (u128, u64),
+    /// Whether an answer to it left its outcome unknown.
+    unknown: bool,
+    /// When it was first received.
+    first_at: std::time::Instant,
+}
+
 /// One client connection.
 #[derive(Debug)]
 pub struct Session {
@@ -77,10 +88,11 @@ pub struct Session {
     failed: bool,
     /// The command of the last request handled, until taken.
     handled: Option<CommandCode>,
-    /// The Iggy client id and request number of the last send, to tell a
+    /// The Iggy client id and request number of the last send, and
+    /// whether an answer to it left its outcome unknown (57), to tell a
     /// replay of it (the SDK resends a request answered 57 under the same
-    /// number) from a new send.
-    last_send: Option<(u128, u64)>,
+    /// number) from a new send or a resend of one never admitted (58).
+    last_send: Option<LastSend>,
 }
 
 impl Session {
@@ -256,11 +268,26 @@ impl Session {
             }
             C::PollMessages(r) => answer(h, b.poll_messages(caller, &r).await),
             C::SendMessages(mut r) => {
-                let this = (h.client, h.request);
-                r.replay = self.last_send == Some(this);
+                let id = (h.client, h.request);
+                let now = std::time::Instant::now();
+                let first_at = match self.last_send {
+                    Some(last) if last.id == id => {
+                        r.replay = last.unknown;
+                        last.first_at
+                    }
+                    _ => now,
+                };
+                let age = now.saturating_duration_since(first_at).as_millis();
+                r.replay_age_ms = u32::try_from(age).unwrap_or(u32::MAX);
                 r.producer_key = r.producer_key(h.client, h.request);
-                self.last_send = Some(this);
-                answer(h, b.send_messages(caller, &r).await)
+                let sent = b.send_messages(caller, &r).await;
+                let unknown = r.replay || matches!(sent, Err(BackendError::NotCommitted));
+                self.last_send = Some(LastSend {
+                    id,
+                    unknown,
+                    first_at,
+                });
+                answer(h, sent)
             }
             C::FlushUnsavedBuffer(r) => unit(h, b.flush_unsaved_buffer(caller, &r).await),
             C::GetConsumerOffset(r) => maybe(h, b.get_consumer_offset(caller, &r).await),

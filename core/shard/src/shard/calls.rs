@@ -130,7 +130,7 @@ impl<E: Env> Shard<E> {
         if let Call::Produce { key, .. } = &call
             && key.replay
             && key.key != 0
-            && let Some(answer) = replayed_send(g, key.key)
+            && let Some(answer) = replayed_send(g, key.key, key.vouched)
         {
             self.stats.calls += 1;
             let _ = reply.send(answer);
@@ -425,7 +425,11 @@ fn orphan_outcome<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
 /// SDK's replay window (a restart or an install since, or more appends
 /// than that), a miss proves nothing and the replay is told to wait: the
 /// SDK gives up after its budget, an error rather than a second copy.
-fn replayed_send<E: Env>(g: &Group<E>, key: u128) -> Option<Result<Answer, CallError>> {
+fn replayed_send<E: Env>(
+    g: &Group<E>,
+    key: u128,
+    vouched: u64,
+) -> Option<Result<Answer, CallError>> {
     let queued = g
         .queued
         .iter()
@@ -435,7 +439,7 @@ fn replayed_send<E: Env>(g: &Group<E>, key: u128) -> Option<Result<Answer, CallE
             reason: "the original send is still waiting to be ordered",
         }));
     }
-    Some(match g.partition.keyed_append(key)? {
+    Some(match g.partition.keyed_append(key, vouched)? {
         KeyedAppend::Pending(_) => Err(CallError::Indeterminate {
             reason: "the original send is still being committed",
         }),
@@ -446,9 +450,7 @@ fn replayed_send<E: Env>(g: &Group<E>, key: u128) -> Option<Result<Answer, CallE
             op,
             base_offset: Some(base_offset),
         }),
-        KeyedAppend::Unknown => Err(CallError::Indeterminate {
-            reason: "this primary holds too little history to tell whether the original send committed",
-        }),
+        KeyedAppend::Unknown { since } => Err(CallError::ReplayUnplaced { since }),
         KeyedAppend::Committed {
             base_offset: None, ..
         } => Err(CallError::AlreadyApplied {

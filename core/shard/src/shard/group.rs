@@ -377,6 +377,9 @@ impl<E: Env> Shard<E> {
                     reason: e.to_string(),
                 })?;
         partition.share_retained_budget(self.retained.clone());
+        // From now on its journal holds every op above what it applied.
+        let now_us = u64::try_from(self.env.now().as_micros()).unwrap_or(u64::MAX);
+        partition.start_replay_window(now_us);
         let mut driver_config = TransferDriverConfig::new(self.config.cluster, group);
         driver_config.frame_size_max = self.config.frame_size_max;
         driver_config.install_file_ops_per_step = self.config.install_file_ops_per_step;

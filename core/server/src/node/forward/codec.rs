@@ -355,6 +355,7 @@ fn put_call(o: &mut Out, call: &Call) {
             o.u64(key.key as u64);
             o.u64((key.key >> 64) as u64);
             o.u8(u8::from(key.replay));
+            o.u64(key.vouched);
             o.bytes(batch);
         }
         Call::Poll(p) => {
@@ -404,10 +405,12 @@ fn get_call(i: &mut In<'_>) -> Result<Call, CodecError> {
             let low = u128::from(i.u64()?);
             let high = u128::from(i.u64()?);
             let replay = i.bool("replay")?;
+            let vouched = i.u64()?;
             Call::Produce {
                 key: ProducerKey {
                     key: (high << 64) | low,
                     replay,
+                    vouched,
                 },
                 batch: i.bytes("batch")?.to_vec(),
             }
@@ -693,6 +696,13 @@ fn put_error(o: &mut Out, e: &BackendError) {
             o.text(s);
         }
         B::AlreadyApplied => o.u8(21),
+        B::ReplayUnplaced { since } => {
+            o.u8(22);
+            let (boot, held_us) = since.unwrap_or((0, 0));
+            o.u8(u8::from(since.is_some()));
+            o.u64(boot);
+            o.u64(held_us);
+        }
     }
 }
 
@@ -720,6 +730,14 @@ fn get_error(i: &mut In<'_>) -> Result<BackendError, CodecError> {
         19 => B::LocalFault(i.text("fault")?),
         20 => B::UnsupportedOptionKey(i.text("option key")?),
         21 => B::AlreadyApplied,
+        22 => {
+            let known = i.bool("replay since")?;
+            let boot = i.u64()?;
+            let held_us = i.u64()?;
+            B::ReplayUnplaced {
+                since: known.then_some((boot, held_us)),
+            }
+        }
         tag => {
             return Err(CodecError::UnknownTag {
                 field: "error",
@@ -749,6 +767,7 @@ mod tests {
                 key: ProducerKey {
                     key: u128::MAX - 7,
                     replay: true,
+                    vouched: 1_234,
                 },
             },
             Call::produce(vec![]),
