@@ -712,8 +712,8 @@ impl Backend for NodeBackend {
                     .await;
             }
         }
-        if let Err(e) = &answer {
-            tracing::debug!(replay = request.replay, key = request.producer_key, error = ?e, "send not answered");
+        if let Err(error) = &answer {
+            tracing::debug!(replay = request.replay, %error, "send not answered");
         }
         let answer = match answer {
             // A replay's original may have committed: "not accepted" (58)
