@@ -1014,6 +1014,23 @@ impl Workload {
             return Ok(());
         };
         let client = self.clients[i].id;
+        // The client is connected to one replica, its origin, which
+        // forwards a call to the group's primary. When the primary dies
+        // with a produce, the origin answers 57 and the SDK replays the
+        // send; when the origin itself dies, the client only sees its
+        // connection drop.
+        let origin = client % self.replica_count;
+        let answer = match answer {
+            Got::Cancelled
+                if matches!(flight.request, Request::Produce { .. })
+                    && self.clients[i].target != origin =>
+            {
+                Got::Call(Err(CallError::Indeterminate {
+                    reason: "the forwarded send's primary died",
+                }))
+            }
+            other => other,
+        };
         trace.record(Event::Answer {
             tick,
             client,
@@ -1495,7 +1512,13 @@ fn judge_produce(
         )),
         Err(e) if nothing_changed(&e) => {
             if exhausted(attempts) {
-                oracle.settle(tag, Fate::NeverApplied);
+                // A refusal of a replay says nothing of the first send.
+                let fate = if replay {
+                    Fate::Unknown
+                } else {
+                    Fate::NeverApplied
+                };
+                oracle.settle(tag, fate);
                 return Ok(Next::Done);
             }
             let at = retry_target(&e);
