@@ -421,10 +421,13 @@ fn orphan_outcome<B: MessageBus, S: journal::SuperblockStore, F: Fs>(
 /// A primary's journal holds every op that can still commit in its view
 /// (a view's log is complete), so a send missing from it above the
 /// applied point never will; below it, the journal holds the retained
-/// applied ops (`retention_ops`). When those do not reach back across the
-/// SDK's replay window (a restart or an install since, or more appends
-/// than that), a miss proves nothing and the replay is told to wait: the
-/// SDK gives up after its budget, an error rather than a second copy.
+/// applied ops (`retention_ops`). When those may not reach back to the
+/// original (a restart or an install since, or more appends than that
+/// within the SDK's replay window), a miss proves nothing: the answer is
+/// `ReplayUnplaced`, naming since when this partition boot's journal holds
+/// every op, so that the client's replica can vouch for a send it first
+/// received after that (`vouched`); otherwise the client replays until
+/// its budget ends, an error rather than a second copy.
 fn replayed_send<E: Env>(
     g: &Group<E>,
     key: u128,
