@@ -187,3 +187,37 @@ fn seed_2013461_restart_in_place_begins_a_new_life() {
         panic!("{failure}");
     }
 }
+
+/// Seed 4002255 (three replicas): the primary of view 1 crashed with op 11
+/// of that view held by nobody else; the other member of view 1 held ops
+/// 12 and 13 but not 11, and the third replica (log view 0) held view 0's
+/// different op 11. The merge saw a blank and an abstention and waited for
+/// a vote that a recovering replica never gives, cycling views. The header
+/// above a canonical blank names it through its parent, so a lower log
+/// view's different op there is a nack (docs/consensus.md §3).
+#[test]
+fn seed_4002255_the_op_above_names_a_canonical_blank() {
+    if let Err(failure) = run_config(SimConfig::for_seed(4_002_255)) {
+        panic!("{failure}");
+    }
+}
+
+/// Seed 4091500 (three replicas): the same shape as 4002255 at op 32.
+#[test]
+fn seed_4091500_the_op_above_names_a_canonical_blank() {
+    if let Err(failure) = run_config(SimConfig::for_seed(4_091_500)) {
+        panic!("{failure}");
+    }
+}
+
+/// Seed 3025597 (five replicas, two waiting): the only voter of the
+/// highest log view had its log cut at op 32 by a state transfer and
+/// offered a blank there; two voters of log view 0 held the same op 32.
+/// Whichever op the canonical log had, those two and the canonical nack
+/// prove any other one never committed, so the merge keeps theirs.
+#[test]
+fn seed_3025597_lower_log_views_agreeing_with_a_nack_quorum_keep_their_op() {
+    if let Err(failure) = run_config(SimConfig::for_seed(3_025_597)) {
+        panic!("{failure}");
+    }
+}

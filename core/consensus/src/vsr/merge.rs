@@ -108,6 +108,47 @@ fn bit(set: u128, i: usize) -> bool {
     i < 128 && set & (1u128 << i) != 0
 }
 
+/// Whether `d` proves by its own vote that it never acknowledged `op`:
+/// its log ends below it, or it nacks it.
+fn nacked(d: &DoViewChange, op: u64) -> bool {
+    d.op.0 < op || slot(d, op).is_some_and(|(i, _)| bit(d.nack_bitset, i))
+}
+
+/// An op no canonical voter names (a blank, and nothing canonical above
+/// it) that lower log views agree on. The canonical op is either that
+/// header, or another one which every holder of it never acknowledged
+/// (a lower log view's different header is a nack, as below); when those
+/// holders and the explicit nacks reach the nack quorum, the other one
+/// cannot have committed, and keeping the agreed header is safe in both
+/// cases. Voters holding different older headers leave it undecided.
+fn older_header_safe_to_keep(
+    votes: &[Vote<'_>],
+    op: u64,
+    log_view: u32,
+    quorums: Quorums,
+) -> Option<PrepareHeader> {
+    let mut agreed: Option<PrepareHeader> = None;
+    let mut nacks = 0;
+    for (_, d) in votes {
+        if nacked(d, op) {
+            nacks += 1;
+            continue;
+        }
+        if d.log_view >= log_view {
+            continue;
+        }
+        let Some(h) = header_at(d, op) else {
+            continue;
+        };
+        match agreed {
+            Some(a) if a.checksum != h.checksum => return None,
+            _ => agreed = Some(h),
+        }
+        nacks += 1;
+    }
+    agreed.filter(|_| nacks >= quorums.nack_prepare)
+}
+
 /// Merge the votes into the new view's log.
 pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeStall> {
     if votes.len() < quorums.view_change {
@@ -152,6 +193,28 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
                 }
             }
         }
+        // When no canonical voter holds the op's header, the header above
+        // it still names it: its parent is the canonical op's checksum,
+        // and a voter of any log view holding that header has the op.
+        let mut named = chosen.map(|c| c.checksum).or_else(|| {
+            canonical
+                .iter()
+                .find_map(|d| header_at(d, op + 1))
+                .map(|h| h.parent)
+        });
+        if named.is_none()
+            && let Some(h) = older_header_safe_to_keep(votes, op, log_view, quorums)
+        {
+            chosen = Some(h);
+            named = Some(h.checksum);
+        }
+        if chosen.is_none()
+            && let Some(parent) = named
+        {
+            chosen = votes
+                .iter()
+                .find_map(|(_, d)| header_at(d, op).filter(|h| h.checksum == parent));
+        }
         let mut nacks = 0;
         let mut copies = 0u32;
         for (replica, d) in votes {
@@ -166,23 +229,19 @@ pub fn merge(votes: &[Vote<'_>], quorums: Quorums) -> Result<MergedLog, MergeSta
                 nacks += 1;
                 continue;
             }
-            match (s, chosen) {
-                (SuffixSlot::Header(h), Some(c))
-                    if h.checksum == c.checksum && bit(d.present_bitset, i) =>
-                {
+            let SuffixSlot::Header(h) = s else {
+                continue; // a blank proves nothing
+            };
+            if named == Some(h.checksum) {
+                if bit(d.present_bitset, i) {
                     copies |= 1u32 << replica;
                 }
-                (SuffixSlot::Header(h), Some(c)) if h.checksum == c.checksum => {}
+            } else if d.log_view < log_view && named.is_some() {
                 // A lower log view's different header proves it acked
-                // another op here. When no canonical voter names the
-                // op's header (a blank: it proves nothing), a lower log
+                // another op here. When nothing names the canonical op (a
+                // blank with a blank or nothing above it), a lower log
                 // view's header may be the committed one: it abstains.
-                (SuffixSlot::Header(h), Some(c))
-                    if d.log_view < log_view && h.checksum != c.checksum =>
-                {
-                    nacks += 1;
-                }
-                _ => {}
+                nacks += 1;
             }
         }
         if nacks >= quorums.nack_prepare {
@@ -344,6 +403,66 @@ mod tests {
             merge(&[(0, &a), (1, &b)], Quorums::new(3)),
             Err(MergeStall::AwaitingRepair { op: Op(5) })
         );
+    }
+
+    /// The canonical voter lost op 4's header but holds op 5, whose parent
+    /// names op 4; a lower log view's different op 4 is then a nack.
+    #[test]
+    fn given_canonical_blank_named_by_the_op_above_when_older_op_differs_should_truncate() {
+        let common = log(3, 0);
+        let mut canonical = common.clone();
+        let mut parent = common[2].checksum;
+        for op in 4..=5 {
+            let h = header(op, parent, 7);
+            parent = h.checksum;
+            canonical.push(h);
+        }
+        let mut older = common.clone();
+        older.push(header(4, common[2].checksum, 9));
+        let mut a = dvc(&canonical, 2, 3);
+        a.suffix[1] = SuffixSlot::Blank; // op 4
+        a.present_bitset = 0b01; // op 5's body only
+        a.nack_bitset = 0b11; // above its contiguous journal
+        let b = dvc(&older, 1, 3);
+        let merged = merge(&[(0, &a), (1, &b)], Quorums::new(3)).unwrap();
+        assert_eq!(merged.op_head, Op(3), "op 4 never committed: truncated");
+    }
+
+    /// As above, but the lower log view holds the op the one above names:
+    /// it supplies the header and the body.
+    #[test]
+    fn given_canonical_blank_named_by_the_op_above_when_older_op_matches_should_keep_it() {
+        let l = log(5, 0);
+        let mut a = dvc(&l, 2, 3);
+        a.suffix[1] = SuffixSlot::Blank; // op 4
+        a.present_bitset = 0b01;
+        let b = dvc(&l[..4], 1, 3);
+        let merged = merge(&[(0, &a), (1, &b)], Quorums::new(3)).unwrap();
+        assert_eq!(merged.op_head, Op(5));
+        assert_eq!(merged.holders[&4], 0b10);
+        assert_eq!(merged.headers[1].checksum, l[3].checksum);
+    }
+
+    /// Nothing canonical names op 4 (the canonical voter's log was cut
+    /// there), two lower log views agree on it and hold its body, and with
+    /// the canonical nack they reach the nack quorum of five: whichever op
+    /// the canonical log had, keeping theirs is safe.
+    #[test]
+    fn given_unnamed_op_when_lower_log_views_agree_with_nack_quorum_should_keep_theirs() {
+        let l = log(4, 0);
+        let mut a = dvc(&l, 2, 3);
+        a.suffix[0] = SuffixSlot::Blank;
+        a.present_bitset = 0;
+        a.nack_bitset = 0b01;
+        let b = dvc(&l, 0, 3);
+        let c = dvc(&l, 0, 3);
+        let merged = merge(&[(0, &a), (1, &b), (2, &c)], Quorums::new(5)).unwrap();
+        assert_eq!(merged.op_head, Op(4));
+        assert_eq!(merged.holders[&4], 0b110);
+        // One lower voter alone is not enough proof: it waits.
+        let other = log(4, 5);
+        let c = dvc(&other, 0, 3);
+        assert!(merge(&[(0, &a), (1, &b), (2, &c)], Quorums::new(5)).is_err());
     }
 
     #[test]
