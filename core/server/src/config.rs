@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 
 /// The environment variable that overrides the root password.
 pub const ROOT_PASSWORD_ENV: &str = "REPLOG_ROOT_PASSWORD";
+/// The environment variable holding the cluster secret itself (it wins
+/// over `replica.secret_file`).
+pub const CLUSTER_SECRET_ENV: &str = "REPLOG_CLUSTER_SECRET";
 
 /// A replica's whole configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +61,38 @@ pub struct ClientConfig {
     pub listen: SocketAddr,
     /// The largest request frame accepted, header included, in bytes.
     pub frame_size_max_bytes: u32,
+    /// The largest request frame accepted before the connection logged
+    /// in, in bytes.
+    pub frame_size_before_login_bytes: u32,
+    /// Client connections served at once; more are closed at accept.
+    pub connections_max: u32,
+    /// How long a connection may stay without logging in, in
+    /// milliseconds.
+    pub login_timeout_ms: u64,
+    /// How long a logged-in connection may send nothing, in milliseconds;
+    /// 0 never closes it.
+    pub idle_timeout_ms: u64,
+    /// How long the rest of a started request frame may take to arrive,
+    /// and a reply to be written, in milliseconds.
+    pub io_timeout_ms: u64,
+    /// Failed logins a connection gets before it is closed.
+    pub login_failures_max: u32,
+}
+
+impl ClientConfig {
+    /// The limits a listener enforces.
+    pub fn limits(&self) -> crate::session::ClientLimits {
+        use std::time::Duration;
+        crate::session::ClientLimits {
+            connections_max: self.connections_max,
+            frame_size_before_login_bytes: self.frame_size_before_login_bytes,
+            login_timeout: Duration::from_millis(self.login_timeout_ms),
+            idle_timeout: (self.idle_timeout_ms > 0)
+                .then(|| Duration::from_millis(self.idle_timeout_ms)),
+            io_timeout: Duration::from_millis(self.io_timeout_ms),
+            login_failures_max: self.login_failures_max,
+        }
+    }
 }
 
 /// The replica-to-replica listener.
@@ -66,6 +101,12 @@ pub struct ClientConfig {
 pub struct ReplicaConfig {
     /// The address other replicas connect to.
     pub listen: SocketAddr,
+    /// A file holding the cluster secret (at least 32 bytes; surrounding
+    /// whitespace is ignored), which every replica of a roster proves on
+    /// every replica connection. Required for more than one replica unless
+    /// `REPLOG_CLUSTER_SECRET` is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
 }
 
 /// The root user, the only user in this version.
@@ -189,11 +230,22 @@ impl Default for Config {
     }
 }
 
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Default for ClientConfig {
     fn default() -> Self {
+        let limits = crate::session::ClientLimits::default();
         Self {
             listen: addr("127.0.0.1:8090"),
             frame_size_max_bytes: consensus::header::FRAME_SIZE_MAX_DEFAULT,
+            frame_size_before_login_bytes: limits.frame_size_before_login_bytes,
+            connections_max: limits.connections_max,
+            login_timeout_ms: millis(limits.login_timeout),
+            idle_timeout_ms: limits.idle_timeout.map_or(0, millis),
+            io_timeout_ms: millis(limits.io_timeout),
+            login_failures_max: limits.login_failures_max,
         }
     }
 }
@@ -202,6 +254,7 @@ impl Default for ReplicaConfig {
     fn default() -> Self {
         Self {
             listen: addr("127.0.0.1:8091"),
+            secret_file: None,
         }
     }
 }
@@ -338,6 +391,24 @@ impl Config {
                 "must cover the 256-byte header",
             ));
         }
+        if (self.client.frame_size_before_login_bytes as usize) < consensus::header::HEADER_SIZE {
+            return Err(invalid(
+                "client.frame_size_before_login_bytes",
+                "must cover the 256-byte header",
+            ));
+        }
+        if self.client.connections_max == 0 {
+            return Err(invalid("client.connections_max", "must be at least 1"));
+        }
+        if self.client.login_timeout_ms == 0 || self.client.io_timeout_ms == 0 {
+            return Err(invalid(
+                "client.login_timeout_ms",
+                "the login and I/O timeouts must be at least 1 ms",
+            ));
+        }
+        if self.client.login_failures_max == 0 {
+            return Err(invalid("client.login_failures_max", "must be at least 1"));
+        }
         if !(1..=255).contains(&self.root.username.len()) {
             return Err(invalid("root.username", "must be 1..=255 bytes"));
         }
@@ -410,6 +481,48 @@ impl Config {
         self.replicas.clone()
     }
 
+    /// The key of the cluster secret: `env_secret` (the value of
+    /// [`CLUSTER_SECRET_ENV`]) if given, else `replica.secret_file`'s
+    /// contents; `None` without either. A roster of more than one replica
+    /// needs one.
+    ///
+    /// # Errors
+    /// An unreadable file (named), a secret shorter than 32 bytes, or no
+    /// secret for a roster.
+    pub fn cluster_key(
+        &self,
+        env_secret: Option<&str>,
+    ) -> Result<Option<crate::node::bus::auth::ClusterKey>, ConfigError> {
+        use crate::node::bus::auth::ClusterKey;
+        let key = match (env_secret, &self.replica.secret_file) {
+            (Some(secret), _) => Some(
+                ClusterKey::from_secret(secret.as_bytes())
+                    .map_err(|e| invalid("REPLOG_CLUSTER_SECRET", e.to_string()))?,
+            ),
+            (None, Some(path)) => {
+                let bytes = std::fs::read(path).map_err(|e| ConfigError::Read {
+                    path: path.clone(),
+                    error: e.to_string(),
+                })?;
+                Some(ClusterKey::from_secret(&bytes).map_err(|e| {
+                    invalid("replica.secret_file", format!("{}: {e}", path.display()))
+                })?)
+            }
+            (None, None) => None,
+        };
+        if key.is_none() && self.replicas.len() > 1 {
+            return Err(invalid(
+                "replica.secret_file",
+                format!(
+                    "a roster of {} replicas needs a cluster secret: set `replica.secret_file` \
+                     or {CLUSTER_SECRET_ENV} on every replica (`replog secret` prints a fresh one)",
+                    self.replicas.len()
+                ),
+            ));
+        }
+        Ok(key)
+    }
+
     /// The configuration as TOML, with the password redacted (`replog
     /// config` prints this; a printed secret ends up in terminals and logs).
     pub fn to_toml_redacted(&self) -> String {
@@ -452,6 +565,9 @@ pub enum Command {
     /// Run a local cluster on loopback, one child process per replica,
     /// data under `<data_dir>/dev/r<N>`; Ctrl-C stops them all.
     Dev(DevArgs),
+    /// Print a fresh cluster secret (64 hex digits) for
+    /// `replica.secret_file` or `REPLOG_CLUSTER_SECRET`.
+    Secret,
 }
 
 /// `replog dev` options.
@@ -523,6 +639,9 @@ pub struct Overrides {
     /// `replica.listen`.
     #[arg(long, global = true)]
     pub replica_listen: Option<SocketAddr>,
+    /// `replica.secret_file`.
+    #[arg(long, global = true)]
+    pub cluster_secret_file: Option<PathBuf>,
     /// `root.username`.
     #[arg(long, global = true)]
     pub root_username: Option<String>,
@@ -552,6 +671,9 @@ impl Overrides {
         set(&mut config.tick_ms, &self.tick_ms);
         set(&mut config.client.listen, &self.listen);
         set(&mut config.replica.listen, &self.replica_listen);
+        if self.cluster_secret_file.is_some() {
+            config.replica.secret_file = self.cluster_secret_file.clone();
+        }
         set(&mut config.root.username, &self.root_username);
         set(&mut config.root.password, &self.root_password);
         set(

@@ -53,6 +53,7 @@ fn start_server() -> TestServer {
     let stop = Arc::new(AtomicBool::new(false));
     let config = Arc::new(SessionConfig {
         frame_size_max_bytes: consensus::header::FRAME_SIZE_MAX_DEFAULT,
+        limits: crate::session::ClientLimits::default(),
         cluster: ClusterMetadata {
             name: "replog-test".to_owned(),
             node: ClusterNode {

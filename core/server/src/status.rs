@@ -172,7 +172,7 @@ impl From<&BackendError> for ErrorCode {
             B::InvalidOption(_) => Self::InvalidOptionValue,
             B::UnsupportedOptionKey(_) => Self::UnsupportedOptionKey,
             B::NotCommitted | B::ReplayUnplaced { .. } => Self::TransientNotCommitted,
-            B::NoPrimary => Self::TransientNotAccepted,
+            B::NoPrimary | B::Busy => Self::TransientNotAccepted,
             B::AlreadyApplied => Self::RequestAlreadyApplied,
             B::Unsupported => Self::FeatureUnavailable,
             B::LocalFault(_) => Self::Error,

@@ -24,6 +24,7 @@ fn config(dir: &std::path::Path) -> NodeConfig {
         tick: Duration::from_millis(10),
         client_addr: "127.0.0.1:0".parse().unwrap(),
         client_frame_size_max_bytes: 64 << 20,
+        client_limits: server::session::ClientLimits::default(),
         bus: None,
         rejoin: false,
         metrics: None,

@@ -167,6 +167,7 @@ impl Node {
 fn session_config() -> Arc<SessionConfig> {
     Arc::new(SessionConfig {
         frame_size_max_bytes: 1 << 20,
+        limits: server::session::ClientLimits::default(),
         cluster: ClusterMetadata {
             name: "c".to_owned(),
             node: ClusterNode {

@@ -263,3 +263,75 @@ fn given_a_consensus_section_when_validated_should_bound_it_by_ticks_and_heartbe
         "unknown key"
     );
 }
+
+fn three_replicas() -> Config {
+    let roster = DevArgs {
+        replicas: 3,
+        base_port: 9300,
+    }
+    .roster()
+    .unwrap();
+    let mut c = Config {
+        replicas: roster.clone(),
+        ..Config::default()
+    };
+    c.client.listen = roster[0].client_address;
+    c.replica.listen = roster[0].replica_address;
+    c
+}
+
+#[test]
+fn given_a_roster_when_keyed_should_need_a_secret_of_32_bytes_from_the_environment_or_a_file() {
+    let single = Config::default();
+    assert_eq!(
+        single.cluster_key(None),
+        Ok(None),
+        "a single replica needs none"
+    );
+    let mut c = three_replicas();
+    c.validate().unwrap();
+    match c.cluster_key(None) {
+        Err(ConfigError::Invalid { field, reason }) => {
+            assert_eq!(field, "replica.secret_file");
+            assert!(reason.contains("REPLOG_CLUSTER_SECRET"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let secret = "0123456789abcdef0123456789abcdef";
+    let from_env = c.cluster_key(Some(secret)).unwrap().unwrap();
+    assert!(matches!(
+        c.cluster_key(Some("too short")),
+        Err(ConfigError::Invalid {
+            field: "REPLOG_CLUSTER_SECRET",
+            ..
+        })
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    c.replica.secret_file = Some(file.clone());
+    assert!(
+        matches!(c.cluster_key(None), Err(ConfigError::Read { path, .. }) if path == file),
+        "a missing file is named"
+    );
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    assert_eq!(c.cluster_key(None).unwrap(), Some(from_env.clone()));
+    let other = "fedcba9876543210fedcba9876543210";
+    assert_ne!(
+        c.cluster_key(Some(other)).unwrap(),
+        Some(from_env),
+        "the environment wins over the file"
+    );
+    std::fs::write(&file, "short").unwrap();
+    let error = c.cluster_key(None).unwrap_err().to_string();
+    assert!(
+        error.contains("secret") && !error.contains("short"),
+        "{error}"
+    );
+    let flagged = cli(&["--cluster-secret-file", "/etc/replog/secret"]);
+    let mut d = Config::default();
+    flagged.overrides.apply(&mut d);
+    assert_eq!(
+        d.replica.secret_file,
+        Some(PathBuf::from("/etc/replog/secret"))
+    );
+}

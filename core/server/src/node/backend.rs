@@ -13,6 +13,7 @@
 //! metadata plane's [`Refusal`]s and the shard's errors into
 //! [`BackendError`]s; `crate::status` turns those into Iggy codes.
 
+use super::password_pool::{Busy, PasswordPool};
 use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU64;
 use std::sync::Arc;
@@ -65,6 +66,7 @@ pub struct NodeBackend {
     forwarder: Option<Rc<Forwarder>>,
     topic_defaults: TopicConfig,
     identity: Arc<Identity>,
+    passwords: Option<PasswordPool>,
 }
 
 /// How long a replica that forwarded a metadata op waits to have applied
@@ -93,7 +95,15 @@ impl NodeBackend {
             forwarder: None,
             topic_defaults: TopicConfig::default(),
             identity: Arc::new(Identity::default()),
+            passwords: None,
         }
+    }
+
+    /// Checks login passwords on `pool`'s threads; without one (tests),
+    /// on the calling thread.
+    pub fn with_password_pool(mut self, pool: PasswordPool) -> Self {
+        self.passwords = Some(pool);
+        self
     }
 
     /// This replica's id and the roster's client addresses, reported by
@@ -398,19 +408,36 @@ impl Backend for NodeBackend {
         let name = username.as_str().to_owned();
         // The hash is fetched and verified here, not in a query: Argon2
         // would otherwise stall shard 0 (and the metadata plane) per login.
-        let user = self
+        let (user, no_users) = self
             .handles
             .meta_query(move |s| {
-                s.users()
+                let user = s
+                    .users()
                     .values()
                     .find(|u| u.username == name)
-                    .map(|u| (u.id, u.password_hash.clone()))
+                    .map(|u| (u.id, u.password_hash.clone()));
+                (user, s.users().is_empty())
             })
             .await
             .map_err(meta_failed)?;
-        let user = match user {
-            Some((id, hash)) if metadata::verify_password(&hash, password) => id,
-            // Unknown user and wrong password answer alike.
+        if no_users {
+            // A new cluster whose root user group 0 has not created yet:
+            // not ready, rather than a failed login that would count
+            // against the address.
+            return Err(BackendError::NoPrimary);
+        }
+        // Unknown user and wrong password answer alike, after the same
+        // work (the pool checks an unknown name against a dummy hash).
+        let (id, hash) = user.unzip();
+        let matched = match &self.passwords {
+            Some(pool) => pool
+                .verify(hash, password)
+                .await
+                .map_err(|Busy| BackendError::Busy)?,
+            None => hash.is_some_and(|h| metadata::verify_password(&h, password)),
+        };
+        let user = match id {
+            Some(id) if matched => id,
             _ => return Err(BackendError::InvalidCredentials),
         };
         let session = NonZeroU64::new(self.sessions.fetch_add(1, Ordering::Relaxed))

@@ -21,6 +21,7 @@ pub mod identity;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod password_pool;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,6 +66,8 @@ pub struct NodeConfig {
     pub client_addr: SocketAddr,
     /// Ceiling on a client request frame.
     pub client_frame_size_max_bytes: u32,
+    /// The client listener's limits.
+    pub client_limits: crate::session::ClientLimits,
     /// The replica bus, for a cluster of more than one replica.
     pub bus: Option<BusSetup>,
     /// An empty data directory belongs to a replica whose disk was
@@ -93,6 +96,8 @@ pub struct BusSetup {
     pub listen: SocketAddr,
     /// Every replica's replica-bus address, this one included.
     pub roster: Vec<(ReplicaId, SocketAddr)>,
+    /// The cluster secret's key (`Config::cluster_key`).
+    pub key: bus::auth::ClusterKey,
 }
 
 /// A running replica.
@@ -422,6 +427,7 @@ fn open_bus(
         shard_count: config.shard_count,
         incarnation: incarnation(),
         frame_size_max: consensus::header::FRAME_SIZE_MAX_DEFAULT,
+        key: setup.key.clone(),
         metrics,
     };
     Ok((Arc::new(bus), listener))
@@ -493,6 +499,7 @@ fn session_config(config: &NodeConfig, client_addr: SocketAddr) -> SessionConfig
     use crate::protocol::records::{ClusterMetadata, ClusterNode, NodeRole, NodeStatus};
     SessionConfig {
         frame_size_max_bytes: config.client_frame_size_max_bytes,
+        limits: config.client_limits,
         cluster: ClusterMetadata {
             name: "replog".into(),
             node: ClusterNode {

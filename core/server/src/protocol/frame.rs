@@ -56,6 +56,12 @@ impl FrameReader {
         }
     }
 
+    /// Changes the ceiling for frames whose size is not yet checked (the
+    /// driver calls it between frames: at login and logout).
+    pub fn set_size_max(&mut self, size_max: u32) {
+        self.size_max = size_max;
+    }
+
     /// How many more bytes the current frame needs: the rest of the header
     /// until it is validated, then the rest of the body. Reading exactly
     /// this much never reads into the next frame.

@@ -105,6 +105,9 @@ pub enum BackendError {
     /// a send whose offsets are no longer known): retrying would store it
     /// again.
     AlreadyApplied,
+    /// The server is at a limit for this kind of request (password
+    /// checks queued to the ceiling); retrying later may succeed.
+    Busy,
     /// The operation is not implemented.
     Unsupported,
     /// This node failed serving it.
@@ -115,7 +118,7 @@ impl BackendError {
     /// Where the fault lies.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::NotCommitted | Self::NoPrimary | Self::ReplayUnplaced { .. } => {
+            Self::NotCommitted | Self::NoPrimary | Self::Busy | Self::ReplayUnplaced { .. } => {
                 ErrorClass::Transient
             }
             Self::LocalFault(_) => ErrorClass::Local,
@@ -127,6 +130,7 @@ impl BackendError {
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Busy => f.write_str("the server is busy with this kind of request; retry later"),
             Self::InvalidCredentials => f.write_str("wrong username or password"),
             Self::Unauthorized => f.write_str("the user may not do this"),
             Self::StreamNotFound(id) => write!(f, "stream {id} does not exist"),

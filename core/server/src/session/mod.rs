@@ -14,7 +14,11 @@
 //! served; everything else gets Unauthenticated (40). A failed login gets
 //! an eviction (reason 9 for bad credentials, 14 for a protocol version
 //! outside the window, 15 for a login body that does not decode), and the
-//! connection stays open, unauthenticated.
+//! connection stays open, unauthenticated, until
+//! [`ClientLimits::login_failures_max`] bad credentials: the driver closes
+//! it after that eviction ([`Session::take_login_event`]). Until a login
+//! succeeds, frames are held to the small
+//! [`ClientLimits::frame_size_before_login_bytes`] ceiling.
 
 mod backend;
 #[cfg(test)]
@@ -38,11 +42,63 @@ use consensus::header::RequestHeader;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// What a listener allows a client connection (docs/operations.md
+/// "Security"); every limit has a safe default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Connections served at once; one past it is closed at accept.
+    pub connections_max: u32,
+    /// Ceiling on a request frame before the connection logged in (a
+    /// login, a ping and a metadata request are all small).
+    pub frame_size_before_login_bytes: u32,
+    /// How long a connection may stay without logging in.
+    pub login_timeout: std::time::Duration,
+    /// How long a logged-in connection may send nothing; `None` never
+    /// closes it.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// How long the rest of a started frame may take to arrive, and a
+    /// reply to be written.
+    pub io_timeout: std::time::Duration,
+    /// Failed logins (bad credentials) a connection gets before it is
+    /// closed.
+    pub login_failures_max: u32,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            connections_max: 4096,
+            frame_size_before_login_bytes: 16 * 1024,
+            login_timeout: std::time::Duration::from_secs(10),
+            idle_timeout: Some(std::time::Duration::from_secs(300)),
+            io_timeout: std::time::Duration::from_secs(30),
+            login_failures_max: 3,
+        }
+    }
+}
+
+/// What a request did to the connection's login, for the driver: it
+/// delays a failed login's answer by its source address's recent failures
+/// and closes the connection after the last one allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginEvent {
+    /// A login succeeded.
+    Succeeded,
+    /// Bad credentials; `last` when the connection is to be closed once
+    /// the answer is written.
+    Failed {
+        /// Whether this was the last failure the connection is allowed.
+        last: bool,
+    },
+}
+
 /// What every session of a listener shares.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    /// Ceiling on a request frame, header included.
+    /// Ceiling on a request frame, header included (after login).
     pub frame_size_max_bytes: u32,
+    /// The listener's limits.
+    pub limits: ClientLimits,
     /// The GET_CLUSTER_METADATA answer: this replica as the one leader.
     pub cluster: ClusterMetadata,
     /// The version text sent in login replies.
@@ -93,12 +149,16 @@ pub struct Session {
     /// replay of it (the SDK resends a request answered 57 under the same
     /// number) from a new send or a resend of one never admitted (58).
     last_send: Option<LastSend>,
+    /// Logins refused for bad credentials on this connection.
+    login_failures: u32,
+    /// What the last request did to the login, until taken.
+    login_event: Option<LoginEvent>,
 }
 
 impl Session {
     /// A session for connection `member` from `address`.
     pub fn new(config: Arc<SessionConfig>, member: MemberId, address: impl Into<String>) -> Self {
-        let reader = FrameReader::new(config.frame_size_max_bytes);
+        let reader = FrameReader::new(before_login_ceiling(&config));
         Self {
             config,
             member,
@@ -109,12 +169,29 @@ impl Session {
             failed: false,
             handled: None,
             last_send: None,
+            login_failures: 0,
+            login_event: None,
         }
+    }
+
+    /// What the last request answered did to the login, once.
+    pub fn take_login_event(&mut self) -> Option<LoginEvent> {
+        self.login_event.take()
     }
 
     /// How many bytes to read next (never past the current frame).
     pub fn wanted(&self) -> usize {
         self.reader.wanted()
+    }
+
+    /// Bytes of a started frame buffered so far.
+    pub fn buffered(&self) -> usize {
+        self.reader.buffered()
+    }
+
+    /// The listener's limits.
+    pub fn limits(&self) -> ClientLimits {
+        self.config.limits
     }
 
     /// Buffers bytes read from the socket.
@@ -214,6 +291,8 @@ impl Session {
                         // the first (the SDK logs out first anyway).
                         self.end_login(backend).await;
                         self.login = Login::LoggedIn(grant);
+                        self.reader.set_size_max(self.config.frame_size_max_bytes);
+                        self.login_event = Some(LoginEvent::Succeeded);
                         let result = LoginResult {
                             user_id: grant.user,
                             session: grant.session,
@@ -223,6 +302,10 @@ impl Session {
                         encode_reply(h, Outcome::Ok(&result.to_bytes()))
                     }
                     Err(BackendError::InvalidCredentials) => {
+                        self.login_failures = self.login_failures.saturating_add(1);
+                        self.login_event = Some(LoginEvent::Failed {
+                            last: self.login_failures >= self.config.limits.login_failures_max,
+                        });
                         evict(h, EvictionReason::InvalidCredentials)
                     }
                     Err(e) => encode_reply(h, Outcome::Rejected(ErrorCode::from(&e))),
@@ -358,7 +441,16 @@ impl Session {
             tracing::debug!(member = self.member.0, error = %e, "logout failed");
         }
         self.login = Login::Anonymous;
+        self.reader.set_size_max(before_login_ceiling(&self.config));
     }
+}
+
+/// The frame ceiling until a login: the smaller of the two.
+fn before_login_ceiling(config: &SessionConfig) -> u32 {
+    config
+        .limits
+        .frame_size_before_login_bytes
+        .min(config.frame_size_max_bytes)
 }
 
 /// A logged-in connection's requests carry its session, except the

@@ -19,6 +19,7 @@ use iggy_binary_protocol::{ClientVersionInfo, WireIdentifier, WireName, WireOpti
 fn config() -> Arc<SessionConfig> {
     Arc::new(SessionConfig {
         frame_size_max_bytes: 1 << 20,
+        limits: ClientLimits::default(),
         cluster: ClusterMetadata {
             name: "c".to_owned(),
             node: ClusterNode {

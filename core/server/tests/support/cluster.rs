@@ -63,8 +63,16 @@ pub struct Cluster {
     pub nodes: Vec<Option<Replog>>,
     /// Each replica's client address, from the roster.
     pub clients: Vec<SocketAddr>,
+    /// Each replica's replica-bus address, from the roster.
+    pub peers: Vec<SocketAddr>,
     filter: Option<String>,
 }
+
+/// The cluster id every test cluster runs with.
+pub const CLUSTER_ID: u64 = 7;
+
+/// The cluster secret every test cluster's replicas prove to each other.
+pub const SECRET: &str = "a test cluster's secret, 32 bytes or more";
 
 impl Cluster {
     /// Three replicas of two shards each, started and serving.
@@ -85,18 +93,23 @@ impl Cluster {
                 replica_address: at(ports[usize::from(id) * 2 + 1]),
             })
             .collect();
+        // The replicas prove this secret to each other (docs/operations.md
+        // "Security").
+        let secret = dir.path().join("cluster.secret");
+        std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
         let mut files = Vec::new();
         let mut data = Vec::new();
         for entry in &roster {
             let mut config = Config {
                 data_dir: dir.path().join(format!("r{}", entry.id)),
-                cluster_id: 7,
+                cluster_id: CLUSTER_ID,
                 replica_id: entry.id,
                 shards: 2,
                 ..Config::default()
             };
             config.client.listen = entry.client_address;
             config.replica.listen = entry.replica_address;
+            config.replica.secret_file = Some(secret.clone());
             config.replicas = roster.clone();
             tune(&mut config);
             let file = dir.path().join(format!("r{}.toml", entry.id));
@@ -110,6 +123,7 @@ impl Cluster {
             data,
             nodes: vec![None, None, None],
             clients: roster.iter().map(|r| r.client_address).collect(),
+            peers: roster.iter().map(|r| r.replica_address).collect(),
             filter: filter.map(str::to_owned),
         };
         for i in 0..3 {

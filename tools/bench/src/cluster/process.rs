@@ -56,6 +56,9 @@ pub struct Cluster {
     /// The root user's password, passed in the environment (as `replog
     /// dev` does), not written to the files.
     password: String,
+    /// The cluster secret the replicas prove to each other, drawn for this
+    /// cluster and passed in the environment as well.
+    secret: String,
     /// The replicas, by id.
     pub specs: Vec<ReplicaSpec>,
     running: Vec<Option<Running>>,
@@ -91,9 +94,22 @@ impl Cluster {
                 source,
             })?;
         }
+        let mut bytes = [0u8; 32];
+        std::io::Read::read_exact(
+            &mut std::fs::File::open("/dev/urandom").map_err(|source| ClusterError::Io {
+                what: "opening /dev/urandom for a cluster secret".to_owned(),
+                source,
+            })?,
+            &mut bytes,
+        )
+        .map_err(|source| ClusterError::Io {
+            what: "reading a cluster secret from /dev/urandom".to_owned(),
+            source,
+        })?;
         Ok(Self {
             binary: binary.to_path_buf(),
             password: password.to_owned(),
+            secret: bytes.iter().map(|b| format!("{b:02x}")).collect(),
             running: (0..specs.len()).map(|_| None).collect(),
             specs,
         })
@@ -118,6 +134,7 @@ impl Cluster {
             .args(rejoin.then_some("--rejoin"))
             .env("RUST_LOG", "info")
             .env("REPLOG_ROOT_PASSWORD", &self.password)
+            .env("REPLOG_CLUSTER_SECRET", &self.secret)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)

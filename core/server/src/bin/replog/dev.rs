@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use server::config::{Config, DevArgs, ROOT_PASSWORD_ENV, RosterEntry};
+use server::config::{CLUSTER_SECRET_ENV, Config, DevArgs, ROOT_PASSWORD_ENV, RosterEntry};
 
 /// How long a child may take to stop after its stdin closed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -36,10 +36,33 @@ pub fn run(base: &Config, args: &DevArgs) -> ExitCode {
     // rejoins (its disk was "replaced"); all empty is a new cluster.
     let started = |id: u8| dev_dir.join(format!("r{id}")).join("replica.id").exists();
     let cluster_exists = roster.iter().any(|r| started(r.id));
+    // The replicas prove a cluster secret to each other: the operator's
+    // (a file in the configuration or the environment, which the children
+    // inherit), else a fresh one for this run, passed in the environment.
+    let secret =
+        if base.replica.secret_file.is_some() || std::env::var_os(CLUSTER_SECRET_ENV).is_some() {
+            None
+        } else {
+            match server::node::bus::auth::fresh_secret() {
+                Ok(secret) => Some(secret),
+                Err(e) => {
+                    eprintln!("replog dev: drawing a cluster secret from /dev/urandom: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+        };
     let mut children: Vec<(u8, Child)> = Vec::new();
     for entry in &roster {
         let rejoin = cluster_exists && !started(entry.id) && roster.len() > 1;
-        match start_replica(base, &roster, entry, &dev_dir, &exe, rejoin) {
+        match start_replica(
+            base,
+            &roster,
+            entry,
+            &dev_dir,
+            &exe,
+            rejoin,
+            secret.as_deref(),
+        ) {
             Ok(child) => children.push((entry.id, child)),
             Err((code, message)) => {
                 eprintln!("replog dev: {message}");
@@ -75,6 +98,7 @@ fn start_replica(
     dev_dir: &Path,
     exe: &Path,
     rejoin: bool,
+    secret: Option<&str>,
 ) -> Result<Child, (ExitCode, String)> {
     let config = replica_config(base, roster, entry, dev_dir)?;
     let file = dev_dir.join(format!("r{}.toml", entry.id));
@@ -90,13 +114,19 @@ fn start_replica(
             entry.id
         );
     }
-    // The password travels in the environment, not in the file.
-    let mut child = Command::new(exe)
+    // The password and the secret travel in the environment, not in the
+    // file.
+    let mut command = Command::new(exe);
+    command
         .arg("--config")
         .arg(&file)
         .arg("--exit-with-stdin")
         .args(rejoin.then_some("--rejoin"))
-        .env(ROOT_PASSWORD_ENV, &base.root.password)
+        .env(ROOT_PASSWORD_ENV, &base.root.password);
+    if let Some(secret) = secret {
+        command.env(CLUSTER_SECRET_ENV, secret);
+    }
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -21,10 +21,12 @@ use std::time::Duration;
 use clap::Parser;
 use common::ReplicaId;
 use common::admin::RosterAddress;
-use server::config::{Cli, Command, Config};
+use server::config::{CLUSTER_SECRET_ENV, Cli, Command, Config};
 use server::node::admin::Identity;
 use server::node::backend::{NodeBackend, ensure_root_user};
+use server::node::bus::auth::ClusterKey;
 use server::node::metrics::MetricsSetup;
+use server::node::password_pool::PasswordPool;
 use server::node::{BusSetup, ClientStarter, Node, NodeConfig, listener};
 use server::session::ErrorClass;
 
@@ -44,6 +46,16 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Command::Dev(dev)) => dev::run(&config, &dev),
+        Some(Command::Secret) => match server::node::bus::auth::fresh_secret() {
+            Ok(secret) => {
+                println!("{secret}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("replog secret: reading /dev/urandom: {e}");
+                ExitCode::from(1)
+            }
+        },
         None => serve(config, cli.exit_with_stdin, cli.rejoin),
     }
 }
@@ -96,8 +108,16 @@ fn init_logging() {
 
 fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
     init_logging();
+    let env_secret = std::env::var(CLUSTER_SECRET_ENV).ok();
+    let key = match config.cluster_key(env_secret.as_deref()) {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("replog: {e}");
+            return ExitCode::from(2);
+        }
+    };
     report_open_file_limit();
-    let node_config = node_config(&config, rejoin);
+    let node_config = node_config(&config, rejoin, key);
     let starter = client_starter(&config);
     let node = match Node::start(node_config, Some(starter)) {
         Ok(node) => node,
@@ -116,15 +136,17 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
 }
 
 /// The node's configuration from the file's and the flags'.
-fn node_config(config: &Config, rejoin: bool) -> NodeConfig {
+fn node_config(config: &Config, rejoin: bool, key: Option<ClusterKey>) -> NodeConfig {
     let roster = config.roster();
     let replica_count = u8::try_from(roster.len()).unwrap_or(u8::MAX);
-    let bus = (roster.len() > 1).then(|| BusSetup {
+    // `cluster_key` refused a roster without a secret.
+    let bus = key.filter(|_| roster.len() > 1).map(|key| BusSetup {
         listen: config.replica.listen,
         roster: roster
             .iter()
             .map(|r| (ReplicaId(r.id), r.replica_address))
             .collect(),
+        key,
     });
     NodeConfig {
         cluster: u128::from(config.cluster_id),
@@ -135,6 +157,7 @@ fn node_config(config: &Config, rejoin: bool) -> NodeConfig {
         tick: Duration::from_millis(config.tick_ms.max(1)),
         client_addr: config.client.listen,
         client_frame_size_max_bytes: config.client.frame_size_max_bytes,
+        client_limits: config.client.limits(),
         bus,
         rejoin,
         scrub_bytes_per_sec: config.storage.scrub_bytes_per_sec,
@@ -179,6 +202,15 @@ fn client_starter(config: &Config) -> ClientStarter {
             })
             .collect(),
     });
+    // Argon2 off the shard threads; without the pool (it failed to
+    // start, which the log says) logins are checked in place.
+    let passwords = match PasswordPool::start() {
+        Ok(pool) => Some(pool),
+        Err(error) => {
+            tracing::error!(%error, "no password-check threads; logins are checked on shard 0");
+            None
+        }
+    };
     Box::new(move |ctx| {
         let handles = ctx.handles.clone();
         compio::runtime::spawn(async move {
@@ -189,10 +221,14 @@ fn client_starter(config: &Config) -> ClientStarter {
         let forwarder = ctx.forwarder.clone();
         let metrics = ctx.metrics.clone();
         let make = Rc::new(move || {
-            NodeBackend::new(handles.clone(), tag)
+            let backend = NodeBackend::new(handles.clone(), tag)
                 .with_identity(identity.clone())
                 .with_forwarder(forwarder.clone())
-                .with_topic_defaults(topic_defaults)
+                .with_topic_defaults(topic_defaults);
+            match &passwords {
+                Some(pool) => backend.with_password_pool(pool.clone()),
+                None => backend,
+            }
         });
         compio::runtime::spawn(listener::serve(
             ctx.listener,

@@ -1,22 +1,33 @@
-//! The replica bus handshake: the dialer's [`Hello`] and the accepter's
-//! [`Verdict`], fixed-size, little-endian, each ending in an xxh3-64 of
-//! the bytes before it.
+//! The replica bus handshake: the dialer's [`Hello`], the accepter's
+//! [`Challenge`], the dialer's [`Proof`] and the accepter's [`Verdict`],
+//! fixed-size, little-endian, each ending in an xxh3-64 of the bytes
+//! before it. The two proofs are the cluster secret's (`auth.rs`); a hello
+//! that fails a check before them is answered by a refusing verdict at
+//! once.
 //!
 //! ```text
-//! Hello (64 bytes)                     Verdict (24 bytes)
-//!   0  magic "RPLB"                      0  magic "RPLV"
-//!   4  version u16 (1)                   4  version u16 (1)
-//!   6  lane u8 (0 shard, 1 forward)      6  code u8 (0 accepted, else a refusal)
-//!   7  from u8                           7  reserved u8 (0)
-//!   8  to u8                             8  accepter's incarnation u64
-//!   9  reserved u8 (0)                  16  xxh3-64 of bytes 0..16
+//! Hello (64 bytes)                     Challenge (64 bytes)
+//!   0  magic "RPLB"                      0  magic "RPLC"
+//!   4  version u16 (2)                   4  version u16 (2)
+//!   6  lane u8 (0 shard, 1 forward)      6  reserved u16 (0)
+//!   7  from u8                           8  accepter's nonce [u8; 16]
+//!   8  to u8                            24  accepter's proof [u8; 32]
+//!   9  reserved u8 (0)                  56  xxh3-64 of bytes 0..56
 //!  10  shard index u16
-//!  12  shard count u16
-//!  14  reserved u16 (0)
-//!  16  cluster u128
-//!  32  incarnation u64
-//!  40  reserved [u8; 16] (0)
-//!  56  xxh3-64 of bytes 0..56
+//!  12  shard count u16                 Proof (48 bytes)
+//!  14  reserved u16 (0)                  0  magic "RPLP"
+//!  16  cluster u128                      4  version u16 (2)
+//!  32  incarnation u64                   6  reserved u16 (0)
+//!  40  dialer's nonce [u8; 16]           8  dialer's proof [u8; 32]
+//!  56  xxh3-64 of bytes 0..56           40  xxh3-64 of bytes 0..40
+//!
+//! Verdict (24 bytes)
+//!   0  magic "RPLV"
+//!   4  version u16 (2)
+//!   6  code u8 (0 accepted, else a refusal)
+//!   7  reserved u8 (0)
+//!   8  accepter's incarnation u64
+//!  16  xxh3-64 of bytes 0..16
 //! ```
 //!
 //! The accepter checks a hello in a fixed order and names the first
@@ -29,16 +40,27 @@ use std::fmt;
 use common::ReplicaId;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::auth::{NONCE_SIZE, PROOF_SIZE};
+
 /// Bytes of an encoded [`Hello`].
 pub const HELLO_SIZE: usize = 64;
 /// Bytes of an encoded [`Verdict`].
 pub const VERDICT_SIZE: usize = 24;
+/// Bytes of an encoded [`Challenge`].
+pub const CHALLENGE_SIZE: usize = 64;
+/// Bytes of an encoded [`Proof`].
+pub const PROOF_MESSAGE_SIZE: usize = 48;
 
 /// "RPLB" as a little-endian u32.
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RPLB");
 /// "RPLV" as a little-endian u32.
 const VERDICT_MAGIC: u32 = u32::from_le_bytes(*b"RPLV");
-const VERSION: u16 = 1;
+/// "RPLC" as a little-endian u32.
+const CHALLENGE_MAGIC: u32 = u32::from_le_bytes(*b"RPLC");
+/// "RPLP" as a little-endian u32.
+const PROOF_MAGIC: u32 = u32::from_le_bytes(*b"RPLP");
+/// Version 1 had no proofs; a version-1 hello is refused as malformed.
+const VERSION: u16 = 2;
 
 /// The fields of a hello (docs/formats.md §14), each declared once for the
 /// encoder and the decoder.
@@ -58,7 +80,7 @@ mod hello_fields {
     pub(super) const RESERVED_B: LeField<u16> = LeField::at(14);
     pub(super) const CLUSTER: LeField<u128> = LeField::at(16);
     pub(super) const INCARNATION: LeField<u64> = LeField::at(32);
-    pub(super) const RESERVED_C: Range<usize> = INCARNATION.end()..SUM.start();
+    pub(super) const NONCE: Range<usize> = INCARNATION.end()..SUM.start();
     /// xxh3-64 of every byte before it.
     pub(super) const SUM: LeField<u64> = LeField::at(56);
     const _: () = assert!(tiles(
@@ -75,7 +97,7 @@ mod hello_fields {
             RESERVED_B.range(),
             CLUSTER.range(),
             INCARNATION.range(),
-            RESERVED_C,
+            NONCE,
             SUM.range(),
         ]
     ));
@@ -105,6 +127,48 @@ mod verdict_fields {
     ));
 }
 
+/// The fields of a challenge and a proof (docs/formats.md §14).
+mod proof_fields {
+    use std::ops::Range;
+
+    use common::le_cursor::{LeField, tiles};
+
+    pub(super) const MAGIC: LeField<u32> = LeField::at(0);
+    pub(super) const VERSION: LeField<u16> = LeField::at(4);
+    pub(super) const RESERVED: LeField<u16> = LeField::at(6);
+    /// The challenge's nonce.
+    pub(super) const NONCE: Range<usize> = 8..24;
+    /// The challenge's proof.
+    pub(super) const CHALLENGE_PROOF: Range<usize> = 24..56;
+    /// xxh3-64 of every byte before it, in a challenge.
+    pub(super) const CHALLENGE_SUM: LeField<u64> = LeField::at(56);
+    /// The proof message's proof.
+    pub(super) const PROOF: Range<usize> = 8..40;
+    /// xxh3-64 of every byte before it, in a proof message.
+    pub(super) const PROOF_SUM: LeField<u64> = LeField::at(40);
+    const _: () = assert!(tiles(
+        super::CHALLENGE_SIZE,
+        &[
+            MAGIC.range(),
+            VERSION.range(),
+            RESERVED.range(),
+            NONCE,
+            CHALLENGE_PROOF,
+            CHALLENGE_SUM.range(),
+        ]
+    ));
+    const _: () = assert!(tiles(
+        super::PROOF_MESSAGE_SIZE,
+        &[
+            MAGIC.range(),
+            VERSION.range(),
+            RESERVED.range(),
+            PROOF,
+            PROOF_SUM.range(),
+        ]
+    ));
+}
+
 /// What a connection carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Lane {
@@ -130,7 +194,23 @@ pub struct Hello {
     pub shard_count: u16,
     /// The dialer's boot: a later boot has a larger number.
     pub incarnation: u64,
+    /// Fresh for every dial (`auth::fresh_nonce`).
+    pub nonce: [u8; NONCE_SIZE],
 }
+
+/// The accepter's answer to a hello that passed its checks: its nonce and
+/// its proof of the secret over the hello and that nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    /// Fresh for every connection.
+    pub nonce: [u8; NONCE_SIZE],
+    /// `ClusterKey::accepter_proof`.
+    pub proof: [u8; PROOF_SIZE],
+}
+
+/// The dialer's proof of the secret over the hello and the challenge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proof(pub [u8; PROOF_SIZE]);
 
 /// Why an accepter refused a hello (or why a hello did not decode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +231,9 @@ pub enum Refusal {
     WrongDialer,
     /// A connection from a later boot of the dialer is already accepted.
     StaleIncarnation,
+    /// The dialer's proof is not the cluster secret's over this
+    /// handshake: no secret, another secret, or a recorded handshake.
+    Unauthenticated,
 }
 
 impl Refusal {
@@ -165,6 +248,7 @@ impl Refusal {
             Self::ShardOutOfRange => "shard_out_of_range",
             Self::WrongDialer => "wrong_dialer",
             Self::StaleIncarnation => "stale_incarnation",
+            Self::Unauthenticated => "unauthenticated",
         }
     }
 
@@ -178,6 +262,7 @@ impl Refusal {
             Self::ShardOutOfRange => 6,
             Self::WrongDialer => 7,
             Self::StaleIncarnation => 8,
+            Self::Unauthenticated => 9,
         }
     }
 
@@ -191,6 +276,7 @@ impl Refusal {
             6 => Self::ShardOutOfRange,
             7 => Self::WrongDialer,
             8 => Self::StaleIncarnation,
+            9 => Self::Unauthenticated,
             _ => return None,
         })
     }
@@ -207,6 +293,7 @@ impl fmt::Display for Refusal {
             Self::ShardOutOfRange => "the shard lane is past the shard count",
             Self::WrongDialer => "the higher replica id dialed a shard lane",
             Self::StaleIncarnation => "a later boot of the dialer is already connected",
+            Self::Unauthenticated => "the dialer did not prove the cluster secret",
         })
     }
 }
@@ -255,6 +342,7 @@ impl Hello {
         hello_fields::SHARD_COUNT.put(&mut out, self.shard_count);
         hello_fields::CLUSTER.put(&mut out, self.cluster);
         hello_fields::INCARNATION.put(&mut out, self.incarnation);
+        out[hello_fields::NONCE].copy_from_slice(&self.nonce);
         let sum = xxh3_64(&out[..hello_fields::SUM.start()]);
         hello_fields::SUM.put(&mut out, sum);
         out
@@ -272,10 +360,7 @@ impl Hello {
         if hello_fields::MAGIC.get(b) != HELLO_MAGIC || hello_fields::VERSION.get(b) != VERSION {
             return Err(Refusal::Malformed);
         }
-        if hello_fields::RESERVED_A.get(b) != 0
-            || hello_fields::RESERVED_B.get(b) != 0
-            || b[hello_fields::RESERVED_C].iter().any(|&b| b != 0)
-        {
+        if hello_fields::RESERVED_A.get(b) != 0 || hello_fields::RESERVED_B.get(b) != 0 {
             return Err(Refusal::Malformed);
         }
         let shard = hello_fields::SHARD.get(b);
@@ -291,6 +376,7 @@ impl Hello {
             lane,
             shard_count: hello_fields::SHARD_COUNT.get(b),
             incarnation: hello_fields::INCARNATION.get(b),
+            nonce: array(&b[hello_fields::NONCE]),
         })
     }
 
@@ -319,6 +405,83 @@ impl Hello {
             }
         }
         Ok(())
+    }
+}
+
+/// The bytes of a field whose range has the array's length.
+fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&bytes[..N]);
+    out
+}
+
+impl Challenge {
+    /// The challenge's bytes.
+    pub fn encode(&self) -> [u8; CHALLENGE_SIZE] {
+        let mut out = [0u8; CHALLENGE_SIZE];
+        proof_fields::MAGIC.put(&mut out, CHALLENGE_MAGIC);
+        proof_fields::VERSION.put(&mut out, VERSION);
+        out[proof_fields::NONCE].copy_from_slice(&self.nonce);
+        out[proof_fields::CHALLENGE_PROOF].copy_from_slice(&self.proof);
+        let sum = xxh3_64(&out[..proof_fields::CHALLENGE_SUM.start()]);
+        proof_fields::CHALLENGE_SUM.put(&mut out, sum);
+        out
+    }
+
+    /// Decodes a challenge.
+    ///
+    /// # Errors
+    /// `Err(())` for anything but the exact layout above.
+    #[allow(clippy::result_unit_err)]
+    pub fn decode(bytes: &[u8]) -> Result<Self, ()> {
+        let b = <&[u8; CHALLENGE_SIZE]>::try_from(bytes).map_err(drop)?;
+        if proof_fields::MAGIC.get(b) != CHALLENGE_MAGIC
+            || proof_fields::VERSION.get(b) != VERSION
+            || proof_fields::RESERVED.get(b) != 0
+            || proof_fields::CHALLENGE_SUM.get(b)
+                != xxh3_64(&b[..proof_fields::CHALLENGE_SUM.start()])
+        {
+            return Err(());
+        }
+        Ok(Self {
+            nonce: array(&b[proof_fields::NONCE]),
+            proof: array(&b[proof_fields::CHALLENGE_PROOF]),
+        })
+    }
+
+    /// Whether `bytes` start like a challenge (the dialer reads a
+    /// verdict's length first, then the rest of a challenge).
+    pub fn starts(bytes: &[u8]) -> bool {
+        bytes.get(..4) == Some(&CHALLENGE_MAGIC.to_le_bytes()[..])
+    }
+}
+
+impl Proof {
+    /// The proof message's bytes.
+    pub fn encode(&self) -> [u8; PROOF_MESSAGE_SIZE] {
+        let mut out = [0u8; PROOF_MESSAGE_SIZE];
+        proof_fields::MAGIC.put(&mut out, PROOF_MAGIC);
+        proof_fields::VERSION.put(&mut out, VERSION);
+        out[proof_fields::PROOF].copy_from_slice(&self.0);
+        let sum = xxh3_64(&out[..proof_fields::PROOF_SUM.start()]);
+        proof_fields::PROOF_SUM.put(&mut out, sum);
+        out
+    }
+
+    /// Decodes a proof message.
+    ///
+    /// # Errors
+    /// [`Refusal::Malformed`] for anything but the exact layout above.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Refusal> {
+        let b = <&[u8; PROOF_MESSAGE_SIZE]>::try_from(bytes).map_err(|_| Refusal::Malformed)?;
+        if proof_fields::MAGIC.get(b) != PROOF_MAGIC
+            || proof_fields::VERSION.get(b) != VERSION
+            || proof_fields::RESERVED.get(b) != 0
+            || proof_fields::PROOF_SUM.get(b) != xxh3_64(&b[..proof_fields::PROOF_SUM.start()])
+        {
+            return Err(Refusal::Malformed);
+        }
+        Ok(Self(array(&b[proof_fields::PROOF])))
     }
 }
 
@@ -378,6 +541,7 @@ mod tests {
             lane: Lane::Shard(1),
             shard_count: 2,
             incarnation: 77,
+            nonce: [0x5A; NONCE_SIZE],
         }
     }
 
@@ -398,11 +562,52 @@ mod tests {
             assert_eq!(Hello::decode(&h.encode()), Ok(h));
         }
         let mut verdicts = vec![Verdict::Accepted { incarnation: 9 }];
-        verdicts.extend((1..=8).filter_map(Refusal::from_code).map(Verdict::Refused));
-        assert_eq!(verdicts.len(), 9);
+        verdicts.extend((1..=9).filter_map(Refusal::from_code).map(Verdict::Refused));
+        assert_eq!(verdicts.len(), 10);
         for v in verdicts {
             assert_eq!(Verdict::decode(&v.encode()), Ok(v));
         }
+        let c = Challenge {
+            nonce: [3; NONCE_SIZE],
+            proof: [4; PROOF_SIZE],
+        };
+        assert_eq!(Challenge::decode(&c.encode()), Ok(c));
+        assert!(Challenge::starts(&c.encode()));
+        assert!(!Challenge::starts(
+            &Verdict::Accepted { incarnation: 1 }.encode()
+        ));
+        let p = Proof([6; PROOF_SIZE]);
+        assert_eq!(Proof::decode(&p.encode()), Ok(p));
+    }
+
+    #[test]
+    fn given_a_challenge_or_proof_with_any_byte_changed_when_decoded_should_fail_closed() {
+        let c = Challenge {
+            nonce: [3; NONCE_SIZE],
+            proof: [4; PROOF_SIZE],
+        }
+        .encode();
+        for at in 0..CHALLENGE_SIZE {
+            let mut bad = c;
+            bad[at] ^= 0x10;
+            assert_eq!(Challenge::decode(&bad), Err(()), "byte {at}");
+        }
+        let p = Proof([6; PROOF_SIZE]).encode();
+        for at in 0..PROOF_MESSAGE_SIZE {
+            let mut bad = p;
+            bad[at] ^= 0x10;
+            assert_eq!(Proof::decode(&bad), Err(Refusal::Malformed), "byte {at}");
+        }
+        assert_eq!(Proof::decode(&p[..47]), Err(Refusal::Malformed));
+    }
+
+    #[test]
+    fn given_a_version_1_hello_when_decoded_should_be_malformed() {
+        let mut v1 = hello().encode();
+        v1[4..6].copy_from_slice(&1u16.to_le_bytes());
+        let sum = xxh3_64(&v1[..56]);
+        v1[56..].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(Hello::decode(&v1), Err(Refusal::Malformed));
     }
 
     #[test]
@@ -493,6 +698,8 @@ mod tests {
         fn given_random_bytes_when_decoded_should_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
             let _ = Hello::decode(&bytes);
             let _ = Verdict::decode(&bytes);
+            let _ = Challenge::decode(&bytes);
+            let _ = Proof::decode(&bytes);
         }
     }
 }

@@ -16,6 +16,7 @@ use compio::io::{AsyncWrite, AsyncWriteExt};
 use futures::StreamExt;
 use futures::channel::mpsc;
 
+use super::auth::ClusterKey;
 use super::hello::{Hello, Lane};
 use super::{Backoff, DialError, LANE_FORWARD, LANE_SHARD, dial};
 use crate::node::metrics::BusMetrics;
@@ -40,6 +41,7 @@ fn label(lane: Lane) -> &'static str {
 pub async fn redial(
     addr: SocketAddr,
     hello: Hello,
+    key: &ClusterKey,
     seed: u64,
     metrics: &BusMetrics,
     mut connected: impl AsyncFnMut(std::net::TcpStream),
@@ -47,7 +49,7 @@ pub async fn redial(
     let mut backoff = Backoff::new(seed);
     let mut failures: u64 = 0;
     loop {
-        match dial(addr, hello).await {
+        match dial(addr, hello, key.clone()).await {
             Ok(stream) => {
                 failures = 0;
                 backoff.reset();

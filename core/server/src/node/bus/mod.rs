@@ -10,10 +10,12 @@
 //! - **The forward lane.** One connection from each replica to each other
 //!   replica it forwards client requests to ([`crate::node::forward`]).
 //!
-//! Every connection opens with a [`hello::Hello`] answered by a
-//! [`hello::Verdict`]; the accepter refuses with a typed reason the dialer
-//! logs. A later incarnation (boot) of a dialer replaces its older
-//! connection at once, and an older one is refused. Dialers reconnect
+//! Every connection opens with a [`hello::Hello`]. A hello that passes the
+//! accepter's checks is challenged: both sides prove the cluster secret
+//! over fresh nonces of both ([`auth`]); only then does the
+//! [`hello::Verdict`] accept it. The accepter refuses with a typed reason
+//! the dialer logs. A later incarnation (boot) of an authenticated dialer
+//! replaces its older connection at once, and an older one is refused. Dialers reconnect
 //! with jittered exponential backoff, capped ([`lane::redial`], for both
 //! kinds of lane). Every connection has TCP_NODELAY, one reader task (a
 //! socket read is never cancelled mid-frame: readers sit in no select)
@@ -28,6 +30,7 @@
 //! unanswered and counted). Dials run their connect and handshake on a
 //! blocking helper thread, so a slow peer never stalls a shard.
 
+pub mod auth;
 pub mod hello;
 pub mod lane;
 
@@ -53,7 +56,11 @@ use shard::{Inbox, Input};
 
 use super::env::{CompioEnv, PEER_QUEUE_FRAMES};
 use super::metrics::BusMetrics;
-use hello::{HELLO_SIZE, Hello, Lane, Local, Refusal, VERDICT_SIZE, Verdict};
+use auth::ClusterKey;
+use hello::{
+    CHALLENGE_SIZE, Challenge, HELLO_SIZE, Hello, Lane, Local, PROOF_MESSAGE_SIZE, Proof, Refusal,
+    VERDICT_SIZE, Verdict,
+};
 
 /// How long a dial may take to connect, and a handshake to complete.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -86,6 +93,8 @@ pub struct BusConfig {
     pub incarnation: u64,
     /// Ceiling on a consensus frame, header included.
     pub frame_size_max: u32,
+    /// The cluster secret's key: both ends of every connection prove it.
+    pub key: ClusterKey,
     /// Where lane events are counted.
     pub metrics: Arc<BusMetrics>,
 }
@@ -109,6 +118,8 @@ impl BusConfig {
             lane,
             shard_count: self.shard_count,
             incarnation: self.incarnation,
+            // Each dial draws its own (`dial_blocking`).
+            nonce: [0; auth::NONCE_SIZE],
         }
     }
 }
@@ -252,7 +263,8 @@ impl Drop for HandshakeSlot {
     }
 }
 
-/// Reads and checks a hello, answers it, and routes the connection.
+/// Reads and checks a hello, challenges it, checks the dialer's proof,
+/// answers with a verdict, and routes the connection.
 fn greet(
     mut stream: TcpStream,
     peer: SocketAddr,
@@ -268,23 +280,14 @@ fn greet(
         tracing::debug!(%peer, %error, "replica connection unusable");
         return;
     }
-    let mut bytes = [0u8; HELLO_SIZE];
-    if let Err(error) = stream.read_exact(&mut bytes) {
-        tracing::debug!(%peer, %error, "replica connection closed before its hello");
-        return;
-    }
-    let ids = config.ids();
-    let local = Local {
-        cluster: config.cluster,
-        me: config.me,
-        roster: &ids,
-        shard_count: config.shard_count,
+    let checked = match authenticate(&mut stream, config) {
+        Ok(hello) => admit(seen, &hello).map(|()| hello),
+        Err(Handshake::Refused(refusal)) => Err(refusal),
+        Err(Handshake::Io(error)) => {
+            tracing::debug!(%peer, %error, "replica connection closed during its handshake");
+            return;
+        }
     };
-    let checked = Hello::decode(&bytes).and_then(|hello| {
-        hello.check(&local)?;
-        admit(seen, &hello)?;
-        Ok(hello)
-    });
     let verdict = match checked {
         Ok(_) => Verdict::Accepted {
             incarnation: config.incarnation,
@@ -322,6 +325,49 @@ fn greet(
     }
 }
 
+/// Why an accepter's handshake ended before its verdict.
+enum Handshake {
+    /// Answer with this refusal.
+    Refused(Refusal),
+    /// The connection failed; nothing to answer.
+    Io(std::io::Error),
+}
+
+/// The accepter's side up to the verdict: the hello read and checked, the
+/// challenge sent, the dialer's proof read and checked. Incarnations are
+/// admitted by the caller, only for an authenticated hello.
+fn authenticate(stream: &mut TcpStream, config: &BusConfig) -> Result<Hello, Handshake> {
+    let mut bytes = [0u8; HELLO_SIZE];
+    stream.read_exact(&mut bytes).map_err(Handshake::Io)?;
+    let ids = config.ids();
+    let local = Local {
+        cluster: config.cluster,
+        me: config.me,
+        roster: &ids,
+        shard_count: config.shard_count,
+    };
+    let hello = Hello::decode(&bytes).map_err(Handshake::Refused)?;
+    hello.check(&local).map_err(Handshake::Refused)?;
+    let nonce = auth::fresh_nonce().map_err(Handshake::Io)?;
+    let challenge = Challenge {
+        nonce,
+        proof: config.key.accepter_proof(&bytes, &nonce),
+    };
+    stream
+        .write_all(&challenge.encode())
+        .map_err(Handshake::Io)?;
+    let mut answer = [0u8; PROOF_MESSAGE_SIZE];
+    stream.read_exact(&mut answer).map_err(Handshake::Io)?;
+    let proof = Proof::decode(&answer).map_err(Handshake::Refused)?;
+    if !config
+        .key
+        .check_dialer(&bytes, &nonce, &challenge.proof, &proof.0)
+    {
+        return Err(Handshake::Refused(Refusal::Unauthenticated));
+    }
+    Ok(hello)
+}
+
 /// Admits a hello unless a later boot of its dialer holds the lane.
 fn admit(seen: &Incarnations, hello: &Hello) -> Result<(), Refusal> {
     let mut seen = seen
@@ -342,8 +388,11 @@ pub enum DialError {
     Io(std::io::Error),
     /// The peer refused the hello.
     Refused(Refusal),
-    /// The peer's answer was not a verdict.
+    /// The peer's answer was not a challenge or a verdict.
     BadVerdict,
+    /// The peer's challenge did not prove the cluster secret: it is not a
+    /// replica of this cluster, or holds another secret.
+    AccepterUnauthenticated,
 }
 
 impl std::fmt::Display for DialError {
@@ -351,26 +400,61 @@ impl std::fmt::Display for DialError {
         match self {
             Self::Io(e) => write!(f, "{e}"),
             Self::Refused(r) => write!(f, "refused: {r}"),
-            Self::BadVerdict => f.write_str("the answer to the hello is not a verdict"),
+            Self::BadVerdict => {
+                f.write_str("the answer to the hello is not a challenge or verdict")
+            }
+            Self::AccepterUnauthenticated => {
+                f.write_str("the peer did not prove the cluster secret (another secret?)")
+            }
         }
     }
 }
 
-/// Connects to `addr` and greets it, on the calling (blocking) thread.
+/// Connects to `addr` and runs the handshake with a fresh nonce, on the
+/// calling (blocking) thread; the accepter's incarnation on success.
 ///
 /// # Errors
 /// [`DialError`] naming what failed.
-pub fn dial_blocking(addr: SocketAddr, hello: Hello) -> Result<(TcpStream, u64), DialError> {
+pub fn dial_blocking(
+    addr: SocketAddr,
+    hello: Hello,
+    key: &ClusterKey,
+) -> Result<(TcpStream, u64), DialError> {
     let mut stream = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT).map_err(DialError::Io)?;
     stream
         .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
         .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
         .and_then(|()| stream.set_nodelay(true))
         .map_err(DialError::Io)?;
-    stream.write_all(&hello.encode()).map_err(DialError::Io)?;
-    let mut bytes = [0u8; VERDICT_SIZE];
-    stream.read_exact(&mut bytes).map_err(DialError::Io)?;
-    match Verdict::decode(&bytes).map_err(|()| DialError::BadVerdict)? {
+    let hello = Hello {
+        nonce: auth::fresh_nonce().map_err(DialError::Io)?,
+        ..hello
+    };
+    let sent = hello.encode();
+    stream.write_all(&sent).map_err(DialError::Io)?;
+    let mut bytes = [0u8; CHALLENGE_SIZE];
+    stream
+        .read_exact(&mut bytes[..VERDICT_SIZE])
+        .map_err(DialError::Io)?;
+    if !Challenge::starts(&bytes) {
+        // A refusal before the proofs (another cluster, a stale boot...).
+        return match Verdict::decode(&bytes[..VERDICT_SIZE]) {
+            Ok(Verdict::Refused(refusal)) => Err(DialError::Refused(refusal)),
+            Ok(Verdict::Accepted { .. }) | Err(()) => Err(DialError::BadVerdict),
+        };
+    }
+    stream
+        .read_exact(&mut bytes[VERDICT_SIZE..])
+        .map_err(DialError::Io)?;
+    let challenge = Challenge::decode(&bytes).map_err(|()| DialError::BadVerdict)?;
+    if !key.check_accepter(&sent, &challenge.nonce, &challenge.proof) {
+        return Err(DialError::AccepterUnauthenticated);
+    }
+    let proof = Proof(key.dialer_proof(&sent, &challenge.nonce, &challenge.proof));
+    stream.write_all(&proof.encode()).map_err(DialError::Io)?;
+    let mut verdict = [0u8; VERDICT_SIZE];
+    stream.read_exact(&mut verdict).map_err(DialError::Io)?;
+    match Verdict::decode(&verdict).map_err(|()| DialError::BadVerdict)? {
         Verdict::Accepted { incarnation } => {
             stream
                 .set_read_timeout(None)
@@ -383,8 +467,8 @@ pub fn dial_blocking(addr: SocketAddr, hello: Hello) -> Result<(TcpStream, u64),
 }
 
 /// [`dial_blocking`] on a helper thread, awaited.
-pub async fn dial(addr: SocketAddr, hello: Hello) -> Result<TcpStream, DialError> {
-    match compio::runtime::spawn_blocking(move || dial_blocking(addr, hello)).await {
+pub async fn dial(addr: SocketAddr, hello: Hello, key: ClusterKey) -> Result<TcpStream, DialError> {
+    match compio::runtime::spawn_blocking(move || dial_blocking(addr, hello, &key)).await {
         Ok(Ok((stream, _))) => Ok(stream),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(DialError::Io(std::io::Error::other(
@@ -631,9 +715,10 @@ pub fn start_shard_lanes(
         }
         let links = Rc::clone(&links);
         let hello = config.hello_for(peer, Lane::Shard(shard));
+        let key = config.key.clone();
         let seed = config.incarnation ^ (u64::from(peer.0) << 48) ^ u64::from(shard);
         compio::runtime::spawn(async move {
-            lane::redial(addr, hello, seed, &links.metrics, async |stream| {
+            lane::redial(addr, hello, &key, seed, &links.metrics, async |stream| {
                 let _ = links.install(peer, stream).await;
             })
             .await;
@@ -676,6 +761,7 @@ mod tests {
             lane: Lane::Shard(0),
             shard_count: 1,
             incarnation,
+            nonce: [0; auth::NONCE_SIZE],
         };
         assert_eq!(admit(&seen, &hello(5)), Ok(()));
         assert_eq!(admit(&seen, &hello(5)), Ok(()), "a reconnect of one boot");
@@ -700,7 +786,18 @@ mod tests {
             shard_count,
             incarnation: 1000 + u64::from(me),
             frame_size_max: 1 << 20,
+            key: ClusterKey::from_secret(SECRET).unwrap(),
             metrics: Arc::default(),
+        }
+    }
+
+    const SECRET: &[u8] = b"a test cluster's secret, 32 bytes or more";
+
+    /// A hello as routed, its nonce (drawn by the dial) aside.
+    fn routed(greeted: &Greeted) -> Hello {
+        Hello {
+            nonce: [0; auth::NONCE_SIZE],
+            ..greeted.hello
         }
     }
 
@@ -776,7 +873,7 @@ mod tests {
         let hello = config(0, &roster, 1).hello_for(ReplicaId(1), Lane::Shard(0));
         let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
         loop {
-            match dial_blocking(addr, hello) {
+            match dial_blocking(addr, hello, &ClusterKey::from_secret(SECRET).unwrap()) {
                 Ok(_) => break,
                 Err(error) => assert!(
                     std::time::Instant::now() < deadline,
@@ -786,7 +883,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         let greeted = futures::executor::block_on(shard0_rx.next()).unwrap();
-        assert_eq!(greeted.hello, hello);
+        assert_eq!(routed(&greeted), hello);
         acceptor.stop();
     }
 
@@ -809,17 +906,16 @@ mod tests {
         )
         .unwrap();
         let dialer = config(0, &roster, 2);
+        let key = &dialer.key;
         let good = dialer.hello_for(ReplicaId(1), Lane::Shard(0));
-        let (_stream, incarnation) = dial_blocking(addr, good).unwrap();
+        let (_stream, incarnation) = dial_blocking(addr, good, key).unwrap();
         assert_eq!(incarnation, 1001);
         let greeted = futures::executor::block_on(shard0_rx.next()).unwrap();
-        assert_eq!(greeted.hello, good);
+        assert_eq!(routed(&greeted), good);
         let fwd = dialer.hello_for(ReplicaId(1), Lane::Forward);
-        dial_blocking(addr, fwd).unwrap();
+        dial_blocking(addr, fwd, key).unwrap();
         assert_eq!(
-            futures::executor::block_on(forward_rx.next())
-                .unwrap()
-                .hello,
+            routed(&futures::executor::block_on(forward_rx.next()).unwrap()),
             fwd
         );
         let refusals = [
@@ -847,7 +943,7 @@ mod tests {
             ),
         ];
         for (hello, refusal) in refusals {
-            match dial_blocking(addr, hello) {
+            match dial_blocking(addr, hello, key) {
                 Err(DialError::Refused(r)) => assert_eq!(r, refusal),
                 other => panic!("{hello:?}: {other:?}"),
             }
@@ -863,7 +959,173 @@ mod tests {
             Ok(Verdict::Refused(Refusal::Malformed))
         );
         let again = dialer.hello_for(ReplicaId(1), Lane::Shard(1));
-        dial_blocking(addr, again).unwrap();
+        dial_blocking(addr, again, key).unwrap();
+        acceptor.stop();
+    }
+
+    /// What an impostor's raw handshake got: the accepter's challenge (if
+    /// any) and its verdict.
+    fn impostor_handshake(
+        addr: SocketAddr,
+        hello: &[u8; HELLO_SIZE],
+        answer: impl FnOnce(&Challenge) -> [u8; PROOF_MESSAGE_SIZE],
+    ) -> (Challenge, Verdict) {
+        let mut raw = TcpStream::connect(addr).unwrap();
+        raw.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).unwrap();
+        raw.write_all(hello).unwrap();
+        let mut bytes = [0u8; CHALLENGE_SIZE];
+        raw.read_exact(&mut bytes).unwrap();
+        let challenge = Challenge::decode(&bytes).unwrap();
+        raw.write_all(&answer(&challenge)).unwrap();
+        let mut verdict = [0u8; VERDICT_SIZE];
+        raw.read_exact(&mut verdict).unwrap();
+        (challenge, Verdict::decode(&verdict).unwrap())
+    }
+
+    /// An impostor with the right cluster id and roster but no secret, one
+    /// with another secret, and one replaying a recorded handshake are
+    /// each refused as unauthenticated on both lane kinds; nothing reaches
+    /// a lane's owner, and the real peer's later boot is still admitted
+    /// (an impostor's incarnation pins nothing).
+    #[test]
+    fn given_impostors_when_they_dial_either_lane_should_refuse_them_and_route_nothing() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let roster = [SocketAddr::from(([127, 0, 0, 1], 1)), addr];
+        let accepter = Arc::new(config(1, &roster, 1));
+        let metrics = Arc::clone(&accepter.metrics);
+        let (shard0, mut shard0_rx) = mpsc::unbounded();
+        let (forward, mut forward_rx) = mpsc::unbounded();
+        let acceptor = Acceptor::start(
+            listener,
+            accepter,
+            Routes {
+                shards: vec![shard0],
+                forward,
+            },
+        )
+        .unwrap();
+        let real = config(0, &roster, 1);
+        let wrong = ClusterKey::from_secret(b"not this cluster's secret at all, 32+").unwrap();
+        for lane in [Lane::Shard(0), Lane::Forward] {
+            let hello = Hello {
+                incarnation: u64::MAX,
+                nonce: [9; auth::NONCE_SIZE],
+                ..real.hello_for(ReplicaId(1), lane)
+            };
+            let bytes = hello.encode();
+            // No secret: any proof will do as a guess.
+            let (_, verdict) = impostor_handshake(addr, &bytes, |_| Proof([0; 32]).encode());
+            assert_eq!(
+                verdict,
+                Verdict::Refused(Refusal::Unauthenticated),
+                "{lane:?}"
+            );
+            // Another secret: a well-formed proof under the wrong key; the
+            // accepter's proof does not verify under it either.
+            let (challenge, verdict) = impostor_handshake(addr, &bytes, |c| {
+                assert!(!wrong.check_accepter(&bytes, &c.nonce, &c.proof));
+                Proof(wrong.dialer_proof(&bytes, &c.nonce, &c.proof)).encode()
+            });
+            assert_ne!(challenge.nonce, [0; auth::NONCE_SIZE]);
+            assert_eq!(
+                verdict,
+                Verdict::Refused(Refusal::Unauthenticated),
+                "{lane:?}"
+            );
+            // A recorded handshake: the real key's proof for an earlier
+            // challenge, replayed against a fresh one.
+            let mut recorded = None;
+            let (first, verdict) = impostor_handshake(addr, &bytes, |c| {
+                let proof = Proof(real.key.dialer_proof(&bytes, &c.nonce, &c.proof)).encode();
+                recorded = Some(proof);
+                proof
+            });
+            assert_eq!(
+                verdict,
+                Verdict::Accepted { incarnation: 1001 },
+                "the recording"
+            );
+            let recorded = recorded.unwrap();
+            let (second, verdict) = impostor_handshake(addr, &bytes, |_| recorded);
+            assert_ne!(first.nonce, second.nonce, "every challenge is fresh");
+            assert_eq!(
+                verdict,
+                Verdict::Refused(Refusal::Unauthenticated),
+                "{lane:?}"
+            );
+        }
+        // Only the two recordings (made with the real key) were routed.
+        let routed_shard = futures::executor::block_on(shard0_rx.next()).unwrap();
+        assert_eq!(routed_shard.hello.incarnation, u64::MAX);
+        let routed_forward = futures::executor::block_on(forward_rx.next()).unwrap();
+        assert_eq!(routed_forward.hello.lane, Lane::Forward);
+        assert!(
+            shard0_rx.try_recv().is_err(),
+            "nothing else on the shard lane"
+        );
+        assert!(
+            forward_rx.try_recv().is_err(),
+            "nothing else on the forward lane"
+        );
+        // Counted once the verdict is written: wait for the last one.
+        let unauthenticated = || {
+            metrics
+                .refused
+                .get_or_create(&ReasonLabel {
+                    reason: Refusal::Unauthenticated.label(),
+                })
+                .get()
+        };
+        let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        while unauthenticated() < 6 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(unauthenticated(), 6);
+        acceptor.stop();
+    }
+
+    /// A refused impostor's incarnation does not count: the real peer
+    /// dials with its own boot and is admitted.
+    #[test]
+    fn given_an_impostor_with_the_highest_incarnation_when_refused_should_not_pin_the_lane() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let roster = [SocketAddr::from(([127, 0, 0, 1], 1)), addr];
+        let (shard0, mut shard0_rx) = mpsc::unbounded();
+        let (forward, _forward_rx) = mpsc::unbounded();
+        let acceptor = Acceptor::start(
+            listener,
+            Arc::new(config(1, &roster, 1)),
+            Routes {
+                shards: vec![shard0],
+                forward,
+            },
+        )
+        .unwrap();
+        let real = config(0, &roster, 1);
+        let pinned = Hello {
+            incarnation: u64::MAX,
+            ..real.hello_for(ReplicaId(1), Lane::Shard(0))
+        };
+        let wrong = ClusterKey::from_secret(b"not this cluster's secret at all, 32+").unwrap();
+        assert!(matches!(
+            dial_blocking(addr, pinned, &wrong),
+            Err(DialError::AccepterUnauthenticated)
+        ));
+        let bytes = Hello {
+            nonce: [1; 16],
+            ..pinned
+        }
+        .encode();
+        let (_, verdict) = impostor_handshake(addr, &bytes, |c| {
+            Proof(wrong.dialer_proof(&bytes, &c.nonce, &c.proof)).encode()
+        });
+        assert_eq!(verdict, Verdict::Refused(Refusal::Unauthenticated));
+        let hello = real.hello_for(ReplicaId(1), Lane::Shard(0));
+        dial_blocking(addr, hello, &real.key).unwrap();
+        let greeted = futures::executor::block_on(shard0_rx.next()).unwrap();
+        assert_eq!(routed(&greeted), hello);
         acceptor.stop();
     }
 }

@@ -696,6 +696,7 @@ fn put_error(o: &mut Out, e: &BackendError) {
             o.text(s);
         }
         B::AlreadyApplied => o.u8(21),
+        B::Busy => o.u8(23),
         B::ReplayUnplaced { since } => {
             o.u8(22);
             let (boot, held_us) = since.unwrap_or((0, 0));
@@ -730,6 +731,7 @@ fn get_error(i: &mut In<'_>) -> Result<BackendError, CodecError> {
         19 => B::LocalFault(i.text("fault")?),
         20 => B::UnsupportedOptionKey(i.text("option key")?),
         21 => B::AlreadyApplied,
+        23 => B::Busy,
         22 => {
             let known = i.bool("replay since")?;
             let boot = i.u64()?;

@@ -91,11 +91,12 @@ impl Forwarder {
             let lane = Rc::new(LaneState::default());
             lanes.insert(peer.0, Rc::clone(&lane));
             let hello = config.hello_for(peer, Lane::Forward);
+            let key = config.key.clone();
             let seed = config.incarnation ^ 0xF0F0 ^ (u64::from(peer.0) << 40);
             let metrics = Arc::clone(&config.metrics);
             compio::runtime::spawn(async move {
                 let mut ever_up = false;
-                redial(addr, hello, seed, &metrics, async |stream| {
+                redial(addr, hello, &key, seed, &metrics, async |stream| {
                     tracing::info!(peer = peer.0, "forward lane up");
                     metrics.lane_up(peer.0, LANE_FORWARD, ever_up);
                     ever_up = true;

@@ -106,9 +106,22 @@ pub struct ClientMetrics {
     poll: Histogram,
     connections: Gauge,
     connections_total: Counter,
+    closed: Family<ReasonLabel, Counter>,
 }
 
 impl ClientMetrics {
+    /// A client connection refused or closed by a limit, by reason
+    /// (`connections_max`, `login_timeout`, `idle_timeout`, `io_timeout`,
+    /// `login_failures`, `accept_failed`).
+    pub fn closed(&self, reason: &'static str) {
+        self.closed.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// How many connections `reason` closed so far.
+    pub fn closed_count(&self, reason: &'static str) -> u64 {
+        self.closed.get_or_create(&ReasonLabel { reason }).get()
+    }
+
     /// Records a served request of `command` that took `elapsed`, from
     /// its frame's arrival to its reply's encoding.
     pub fn observe(&self, command: crate::protocol::CommandCode, elapsed: Duration) {
@@ -225,6 +238,12 @@ impl Metrics {
             "Client connections accepted",
             connections_total.clone(),
         );
+        let closed: Family<ReasonLabel, Counter> = Family::default();
+        registry.register(
+            "replog_client_connections_limited",
+            "Client connections refused at accept or closed by a limit, by reason",
+            closed.clone(),
+        );
         // One statement each: a family's read guard lives to the end of
         // its statement, and a second get_or_create in the same one would
         // wait for the write lock behind it for ever.
@@ -243,6 +262,7 @@ impl Metrics {
             poll,
             connections,
             connections_total,
+            closed,
         };
         let fsync: HistogramFamily<ShardLabel> = Family::new_with_constructor(fsync_histogram);
         registry.register(
