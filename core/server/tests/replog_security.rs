@@ -363,3 +363,53 @@ fn given_client_limits_when_exceeded_should_close_the_connection_and_count_why()
     }
     replica.stop();
 }
+
+/// Logs in as `iggy` with `password` on a fresh connection, retrying (at
+/// most 30 s) while the replica is not ready; whether it was accepted.
+async fn login_with(addr: std::net::SocketAddr, password: &str) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let client = support::sdk_flows::connected(addr).await;
+        match client.login_user("iggy", password).await {
+            Ok(_) => return true,
+            Err(e) if e.as_code() == 42 || e.as_code() == 9 => return false,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("login: {e:?}"),
+        }
+    }
+}
+
+/// A `root.password` changed in the configuration takes effect at the
+/// next boot; the old one stops working.
+#[test]
+fn given_a_changed_root_password_when_the_replica_restarts_should_take_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let start = |password: &str| {
+        let args: Vec<std::ffi::OsString> = [
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--shards",
+            "1",
+            "--root-password",
+            password,
+        ]
+        .map(std::ffi::OsString::from)
+        .to_vec();
+        Replog::start_with(&args)
+    };
+    let rt = runtime();
+    let first = start("first password");
+    assert!(rt.block_on(bounded("first login", login_with(first.addr, "first password"))));
+    first.stop();
+    let second = start("second password");
+    rt.block_on(bounded("after the change", async {
+        assert!(login_with(second.addr, "second password").await);
+        assert!(!login_with(second.addr, "first password").await);
+    }));
+    second.stop();
+}

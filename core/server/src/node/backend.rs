@@ -372,6 +372,57 @@ impl NodeBackend {
     }
 }
 
+/// Makes the root user's stored password the configured one: the node
+/// calls this at boot when the configured password changed since it last
+/// applied one (`root-password.applied`, main.rs). Creates the user if
+/// missing; otherwise replaces its hash when the password does not match
+/// it. Transient errors are returned for the caller to retry.
+pub async fn apply_root_password(
+    handles: &ShardHandles,
+    username: &str,
+    password: &str,
+) -> BackendResult<RootPassword> {
+    let name = username.to_owned();
+    let stored = handles
+        .meta_query(move |s| {
+            s.users()
+                .values()
+                .find(|u| u.username == name)
+                .map(|u| u.password_hash.clone())
+        })
+        .await
+        .map_err(meta_failed)?;
+    let Some(stored) = stored else {
+        ensure_root_user(handles, username, password).await?;
+        return Ok(RootPassword::Created);
+    };
+    if metadata::verify_password(&stored, password) {
+        return Ok(RootPassword::Unchanged);
+    }
+    let password_hash = metadata::hash_password(password, &fresh_salt()?, HashParams::default())
+        .map_err(|e| BackendError::LocalFault(format!("hashing the root password: {e}")))?;
+    let op = MetadataOp::ChangePassword {
+        user: metadata::Identifier::Name(username.to_owned()),
+        password_hash,
+    };
+    handles
+        .meta_submit(op, metadata::ROOT_USER.0)
+        .await
+        .map_err(meta_failed)?;
+    Ok(RootPassword::Changed)
+}
+
+/// What [`apply_root_password`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootPassword {
+    /// The root user did not exist and was created with it.
+    Created,
+    /// The stored hash matched it already.
+    Unchanged,
+    /// The stored hash was replaced.
+    Changed,
+}
+
 /// Creates the root user if no user has its name: the node calls this at
 /// boot on the metadata primary. Idempotent: a user of that name already
 /// there (found, or refused as existing by a concurrent create) is fine.

@@ -23,7 +23,7 @@ use common::ReplicaId;
 use common::admin::RosterAddress;
 use server::config::{CLUSTER_SECRET_ENV, Cli, Command, Config};
 use server::node::admin::Identity;
-use server::node::backend::{NodeBackend, ensure_root_user};
+use server::node::backend::{NodeBackend, RootPassword, apply_root_password, ensure_root_user};
 use server::node::bus::auth::ClusterKey;
 use server::node::metrics::MetricsSetup;
 use server::node::password_pool::PasswordPool;
@@ -117,6 +117,14 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
         }
     };
     report_open_file_limit();
+    if config.root.password == server::config::RootUser::default().password
+        && !config.client.listen.ip().is_loopback()
+    {
+        tracing::warn!(
+            listen = %config.client.listen,
+            "the root user's password is the default one on a listener other than loopback: set root.password or REPLOG_ROOT_PASSWORD"
+        );
+    }
     let node_config = node_config(&config, rejoin, key);
     let starter = client_starter(&config);
     let node = match Node::start(node_config, Some(starter)) {
@@ -190,6 +198,7 @@ fn client_starter(config: &Config) -> ClientStarter {
     };
     let username = config.root.username.clone();
     let password = config.root.password.clone();
+    let data_dir = config.data_dir.clone();
     let tag = boot_tag(config.replica_id);
     let identity = std::sync::Arc::new(Identity {
         replica: config.replica_id,
@@ -214,7 +223,7 @@ fn client_starter(config: &Config) -> ClientStarter {
     Box::new(move |ctx| {
         let handles = ctx.handles.clone();
         compio::runtime::spawn(async move {
-            create_root_user(&handles, &username, &password).await;
+            create_root_user(&handles, &username, &password, &data_dir).await;
         })
         .detach();
         let handles = ctx.handles.clone();
@@ -266,22 +275,76 @@ fn print_serving(node: &Node, config: &Config) {
     }
 }
 
-/// Retries the root user's creation while group 0 elects its first
-/// primary (a few ticks), for at most a minute.
-async fn create_root_user(handles: &server::node::handle::ShardHandles, user: &str, pw: &str) {
+/// Where a replica records the root password it last applied from its
+/// configuration (an Argon2 hash of it, in its data directory).
+const ROOT_PASSWORD_APPLIED: &str = "root-password.applied";
+
+/// Brings the root user in line with the configuration, retrying while
+/// group 0 elects its first primary (a few ticks), for at most a minute:
+/// creates it on a new cluster, and when the configured password differs
+/// from the one this replica applied last (or it never recorded one),
+/// makes it the stored one. A password left as it was configured is not
+/// applied again, so one changed by other means stays.
+async fn create_root_user(
+    handles: &server::node::handle::ShardHandles,
+    user: &str,
+    pw: &str,
+    data_dir: &std::path::Path,
+) {
+    let marker = data_dir.join(ROOT_PASSWORD_APPLIED);
+    let applied_before = std::fs::read_to_string(&marker)
+        .ok()
+        .and_then(|text| metadata::PasswordHash::from_phc(text.trim().to_owned()).ok())
+        .is_some_and(|hash| metadata::verify_password(&hash, pw));
     for _ in 0..1200 {
-        match ensure_root_user(handles, user, pw).await {
-            Ok(()) => return,
+        let result = if applied_before {
+            ensure_root_user(handles, user, pw).await.map(|()| None)
+        } else {
+            apply_root_password(handles, user, pw).await.map(Some)
+        };
+        match result {
+            Ok(done) => {
+                if done == Some(RootPassword::Changed) {
+                    tracing::info!(user, "root password changed to the configured one");
+                }
+                if done.is_some() {
+                    record_applied_root_password(&marker, pw);
+                }
+                return;
+            }
             Err(e) if e.class() == ErrorClass::Transient => {
                 compio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => {
-                tracing::error!(error = %e, "could not create the root user");
+                tracing::error!(error = %e, "could not create the root user or apply its password");
                 return;
             }
         }
     }
     tracing::error!("the metadata group elected no primary within a minute; no root user");
+}
+
+/// Records the configured root password as applied (a hint: losing it
+/// only makes the next boot compare again).
+fn record_applied_root_password(marker: &std::path::Path, pw: &str) {
+    let mut salt = [0u8; 16];
+    let drawn = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut salt));
+    let hash = drawn
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            metadata::hash_password(pw, &salt, metadata::HashParams::default())
+                .map_err(|e| e.to_string())
+        });
+    let written = hash.and_then(|hash| {
+        let tmp = marker.with_extension("tmp");
+        std::fs::write(&tmp, hash.as_str())
+            .and_then(|()| std::fs::rename(&tmp, marker))
+            .map_err(|e| e.to_string())
+    });
+    if let Err(error) = written {
+        tracing::warn!(file = %marker.display(), %error, "could not record the applied root password; the next boot compares again");
+    }
 }
 
 /// Unique per replica and boot (consumer-group sessions are keyed by it).
