@@ -66,6 +66,9 @@ pub use partition::{
     ClientOp, ClientRequest, INTERNAL_CLIENT, MESSAGES_REQUIRED_TO_SAVE_DEFAULT, Partition,
     PartitionConfig, PartitionStats, RECORD_INTERVAL_US_DEFAULT, StateTransferNeeded,
 };
-pub use poll::{PollError, PollRequest, Polled, PollingStrategy};
+pub use poll::{
+    POLL_REPLY_BYTES_MAX_CEILING, POLL_REPLY_BYTES_MAX_DEFAULT, PollError, PollRequest, Polled,
+    PollingStrategy,
+};
 pub use retained::{READ_BACK_BYTES_PER_SLICE_DEFAULT, RETAINED_BYTES_MAX_DEFAULT, RetainedBudget};
 pub use retention::{RetentionOutcome, RetentionPolicy};

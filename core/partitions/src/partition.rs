@@ -141,6 +141,10 @@ pub struct PartitionConfig {
     /// from the segments at most (`retained.rs`); the highest ops of the
     /// slice are served first and the peer asks again for the rest.
     pub read_back_bytes_per_slice: u64,
+    /// Bytes of batches one poll returns at most (whole batches: the first
+    /// is always returned, whatever its size, so a poll makes progress);
+    /// the client polls again for the rest.
+    pub poll_reply_bytes_max: u64,
     /// The tag of this machine boot (`journal::boot_tag_of`; 0 unknown).
     /// A member of a multi-replica group without `enforce_fsync` keeps
     /// its replica log in the page cache, unsynced, when it is known: the
@@ -174,6 +178,7 @@ impl PartitionConfig {
             rejoin: false,
             record_interval_us: RECORD_INTERVAL_US_DEFAULT,
             read_back_bytes_per_slice: crate::retained::READ_BACK_BYTES_PER_SLICE_DEFAULT,
+            poll_reply_bytes_max: crate::poll::POLL_REPLY_BYTES_MAX_DEFAULT,
             boot_tag: 0,
         }
     }

@@ -1,5 +1,8 @@
 //! Polls: by offset, timestamp, first, last and next, bounded by a message
-//! count and by the commit point.
+//! count, by the commit point, and by a byte budget
+//! (`PartitionConfig::poll_reply_bytes_max`: whole batches, the first one
+//! always, so a reply stays far below any frame ceiling and a poll of
+//! `u32::MAX` messages reads only what the budget allows).
 //!
 //! The ceiling is the applied (committed) end: nothing prepared but not yet
 //! committed is ever served. Committed batches live in two tiers, read in
@@ -37,6 +40,33 @@ use crate::partition::Partition;
 pub const POLL_READ_BYTES_MAX: u64 = 1024 * 1024;
 /// The least a poll reads per storage call.
 pub const POLL_READ_BYTES_MIN: u64 = 64 * 1024;
+/// Default `PartitionConfig::poll_reply_bytes_max`.
+pub const POLL_REPLY_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
+/// The largest budget a configuration may set: with one batch past it (a
+/// batch is at most a 64 MiB request), a reply stays under the forward
+/// lane's 256 MiB frame ceiling.
+pub const POLL_REPLY_BYTES_MAX_CEILING: u64 = 128 * 1024 * 1024;
+
+/// What a poll may still take: whole batches until its bytes run out,
+/// the first batch always.
+struct Budget {
+    left: u64,
+    exhausted: bool,
+}
+
+impl Budget {
+    /// Whether a batch of `len` bytes is taken (and counted).
+    fn take(&mut self, len: usize, batches_so_far: usize) -> bool {
+        let len = u64::try_from(len).unwrap_or(u64::MAX);
+        if batches_so_far > 0 && len > self.left {
+            self.exhausted = true;
+            return false;
+        }
+        self.left = self.left.saturating_sub(len);
+        true
+    }
+}
+
 /// Bytes per message assumed when sizing a read from a poll's count (a
 /// guess only: a short read just means one more call).
 const POLL_BYTES_PER_MESSAGE_GUESS: u64 = 1024;
@@ -161,11 +191,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             ..Polled::default()
         };
         let flushed_end = self.log.next_offset();
+        let mut budget = Budget {
+            left: self.config.poll_reply_bytes_max,
+            exhausted: false,
+        };
         let mut at = self
-            .read_flushed(start, last_wanted, count, flushed_end, &mut out.batches)
+            .read_flushed(
+                start,
+                last_wanted,
+                count,
+                flushed_end,
+                &mut out.batches,
+                &mut budget,
+            )
             .await?;
-        if at >= flushed_end && at <= last_wanted {
-            at = self.read_journaled(at, last_wanted, &mut out.batches);
+        if at >= flushed_end && at <= last_wanted && !budget.exhausted {
+            at = self.read_journaled(at, last_wanted, &mut out.batches, &mut budget);
         }
         if out.batches.is_empty() {
             return Ok(Polled::default());
@@ -239,13 +280,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         count: u64,
         flushed_end: u64,
         batches: &mut Vec<Bytes>,
+        budget: &mut Budget,
     ) -> Result<u64, PollError> {
         // Sized by the count, so a poll of a few messages does not read a
         // megabyte.
         let read_bytes = count
             .saturating_mul(POLL_BYTES_PER_MESSAGE_GUESS)
             .clamp(POLL_READ_BYTES_MIN, POLL_READ_BYTES_MAX);
-        while at < flushed_end && at <= last_wanted {
+        while at < flushed_end && at <= last_wanted && !budget.exhausted {
             let read = self.log.read_by_offset(at, read_bytes).await.map_err(|e| {
                 self.note_damage(&e);
                 PollError::Storage(e)
@@ -264,6 +306,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                     break;
                 };
                 if h.last_offset() >= at {
+                    if !budget.take(len, batches.len()) {
+                        break;
+                    }
                     batches.push(bytes.slice_ref(batch));
                     at = h.next_offset();
                 }
@@ -276,7 +321,13 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Appends the applied, not yet flushed batches from `at` up to
     /// `last_wanted` (the journal's frames, shared) and returns the offset
     /// after the last one taken.
-    fn read_journaled(&self, mut at: u64, last_wanted: u64, batches: &mut Vec<Bytes>) -> u64 {
+    fn read_journaled(
+        &self,
+        mut at: u64,
+        last_wanted: u64,
+        batches: &mut Vec<Bytes>,
+        budget: &mut Budget,
+    ) -> u64 {
         for e in self.journal.live() {
             if at > last_wanted {
                 break;
@@ -286,6 +337,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             }
             let next = e.stats.base_offset.0 + u64::from(e.stats.messages);
             if next > at {
+                if !budget.take(e.frame.len(), batches.len()) {
+                    break;
+                }
                 batches.push(e.frame.clone());
                 at = next;
             }

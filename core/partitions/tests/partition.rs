@@ -559,3 +559,57 @@ fn given_corrupt_offset_file_and_stale_sibling_when_booted_should_remove_both() 
     assert!(!block_on(fs.exists(&consumers.join("1"))).unwrap());
     assert!(!block_on(fs.exists(&consumers.join("2.replacing"))).unwrap());
 }
+
+/// A poll of `u32::MAX` messages returns whole batches up to the byte
+/// budget (the first always), from the segments and from the journal, and
+/// the next poll continues where it stopped until everything was read.
+#[test]
+fn given_a_byte_budget_when_polled_for_every_message_should_return_a_bounded_reply_and_continue() {
+    let fs = fresh_fs(7);
+    let mut cfg = config();
+    cfg.messages_required_to_save = 100; // the last batches stay in the journal
+    let batch_bytes = {
+        let mut probe = open(&fresh_fs(8), MemSuperblock::new(), config());
+        probe.produce(0, 10);
+        probe.poll(PollingStrategy::First, 10).batches[0].len() as u64
+    };
+    cfg.poll_reply_bytes_max = batch_bytes * 3 + batch_bytes / 2;
+    let mut node = open(&fs, MemSuperblock::new(), cfg);
+    for tag in 0..20 {
+        node.produce(tag, 10);
+    }
+    let mut next = 0;
+    let mut polls = 0;
+    let mut read = Vec::new();
+    while next < 200 {
+        let p = node.poll(PollingStrategy::Offset(next), u32::MAX);
+        let bytes: u64 = p.batches.iter().map(|b| b.len() as u64).sum();
+        assert!(bytes <= cfg.poll_reply_bytes_max, "{bytes} bytes");
+        assert!(
+            (2..=3).contains(&p.batches.len()),
+            "whole batches within the budget: {}",
+            p.batches.len()
+        );
+        assert_eq!(p.first_offset.0, next);
+        read.extend(offsets(&p));
+        next = p.last_offset.0 + 1;
+        polls += 1;
+        assert!(polls <= 10, "a poll makes progress");
+    }
+    assert_eq!(
+        read,
+        (0..200).collect::<Vec<_>>(),
+        "every message once, in order"
+    );
+    assert!(polls >= 7, "{polls} polls: the budget cut them");
+    // A budget smaller than one batch still returns that batch.
+    let mut tiny = config();
+    tiny.poll_reply_bytes_max = 1;
+    let mut node = open(&fresh_fs(9), MemSuperblock::new(), tiny);
+    node.produce(0, 10);
+    node.produce(1, 10);
+    assert_eq!(
+        offsets(&node.poll(PollingStrategy::First, u32::MAX)),
+        (0..10).collect::<Vec<_>>()
+    );
+}

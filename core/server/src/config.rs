@@ -77,6 +77,9 @@ pub struct ClientConfig {
     pub io_timeout_ms: u64,
     /// Failed logins a connection gets before it is closed.
     pub login_failures_max: u32,
+    /// Bytes of messages one poll returns at most (whole batches, at
+    /// least one); the client polls again for the rest.
+    pub poll_reply_bytes_max: u64,
 }
 
 impl ClientConfig {
@@ -246,6 +249,7 @@ impl Default for ClientConfig {
             idle_timeout_ms: limits.idle_timeout.map_or(0, millis),
             io_timeout_ms: millis(limits.io_timeout),
             login_failures_max: limits.login_failures_max,
+            poll_reply_bytes_max: partitions::POLL_REPLY_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -404,6 +408,17 @@ impl Config {
             return Err(invalid(
                 "client.login_timeout_ms",
                 "the login and I/O timeouts must be at least 1 ms",
+            ));
+        }
+        if !(1..=partitions::POLL_REPLY_BYTES_MAX_CEILING)
+            .contains(&self.client.poll_reply_bytes_max)
+        {
+            return Err(invalid(
+                "client.poll_reply_bytes_max",
+                format!(
+                    "must be 1..={} (a reply stays under the forward lane's frame ceiling)",
+                    partitions::POLL_REPLY_BYTES_MAX_CEILING
+                ),
             ));
         }
         if self.client.login_failures_max == 0 {

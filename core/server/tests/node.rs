@@ -25,6 +25,7 @@ fn config(dir: &std::path::Path) -> NodeConfig {
         client_addr: "127.0.0.1:0".parse().unwrap(),
         client_frame_size_max_bytes: 64 << 20,
         client_limits: server::session::ClientLimits::default(),
+        poll_reply_bytes_max: partitions::POLL_REPLY_BYTES_MAX_DEFAULT,
         bus: None,
         rejoin: false,
         metrics: None,

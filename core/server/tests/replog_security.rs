@@ -404,7 +404,10 @@ fn given_a_changed_root_password_when_the_replica_restarts_should_take_the_new_o
     };
     let rt = runtime();
     let first = start("first password");
-    assert!(rt.block_on(bounded("first login", login_with(first.addr, "first password"))));
+    assert!(rt.block_on(bounded(
+        "first login",
+        login_with(first.addr, "first password")
+    )));
     first.stop();
     let second = start("second password");
     rt.block_on(bounded("after the change", async {
@@ -412,4 +415,65 @@ fn given_a_changed_root_password_when_the_replica_restarts_should_take_the_new_o
         assert!(!login_with(second.addr, "first password").await);
     }));
     second.stop();
+}
+
+/// A poll of `u32::MAX` messages on a partition of 8 MiB returns a reply
+/// bounded by `client.poll_reply_bytes_max` (whole batches), and polling
+/// on from the next offset reads every message once.
+#[test]
+fn given_a_large_partition_when_polled_for_u32_max_messages_should_return_a_bounded_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let replica = replica_with_client_limits(dir.path(), "poll_reply_bytes_max = 1048576");
+    let rt = runtime();
+    rt.block_on(bounded("a large partition, polled", async {
+        let client = logged_in(replica.addr).await;
+        client.create_stream("big").await.unwrap();
+        let options = TopicCreateOptions {
+            partitions_count: Some(1),
+            ..TopicCreateOptions::default()
+        };
+        let stream = Identifier::named("big").unwrap();
+        client.create_topic(&stream, "t", &options).await.unwrap();
+        let topic = Identifier::named("t").unwrap();
+        let payload = "x".repeat(1024);
+        for _ in 0..80 {
+            let mut batch: Vec<IggyMessage> = (0..100)
+                .map(|_| IggyMessage::from_str(&payload).unwrap())
+                .collect();
+            client
+                .send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut batch)
+                .await
+                .unwrap();
+        }
+        let consumer = Consumer::new(Identifier::numeric(1).unwrap());
+        let mut next = 0u64;
+        let mut polls = 0;
+        while next < 8000 {
+            let polled = client
+                .poll_messages(
+                    &stream,
+                    &topic,
+                    Some(0),
+                    &consumer,
+                    &PollingStrategy::offset(next),
+                    u32::MAX,
+                    false,
+                )
+                .await
+                .unwrap();
+            let bytes: usize = polled.messages.iter().map(|m| m.payload.len()).sum();
+            // The budget plus at most one batch of 100 KiB.
+            assert!(
+                bytes <= (1 << 20) + 100 * 1024,
+                "{bytes} payload bytes in one reply"
+            );
+            assert!(!polled.messages.is_empty());
+            assert_eq!(polled.messages[0].header.offset, next);
+            next = polled.messages.last().unwrap().header.offset + 1;
+            polls += 1;
+            assert!(polls <= 100);
+        }
+        assert!(polls >= 8, "{polls} polls for 8 MiB under a 1 MiB budget");
+    }));
+    replica.stop();
 }

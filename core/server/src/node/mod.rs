@@ -83,6 +83,8 @@ pub struct NodeConfig {
     pub record_interval: Duration,
     /// [`shard::ShardConfig::retained_bytes_max`], for every shard.
     pub retained_bytes_per_shard: u64,
+    /// Bytes of batches one poll returns at most.
+    pub poll_reply_bytes_max: u64,
     /// A primary's heartbeat interval.
     pub heartbeat: Duration,
     /// A backup's wait for its primary before a view change.
@@ -458,6 +460,7 @@ fn shard_config(config: &NodeConfig, index: ShardIndex, rejoin: bool) -> ShardCo
     c.scrub_bytes_per_tick = config.scrub_bytes_per_sec.saturating_mul(tick_us) / 1_000_000;
     c.record_interval_us = u64::try_from(config.record_interval.as_micros()).unwrap_or(u64::MAX);
     c.retained_bytes_max = config.retained_bytes_per_shard;
+    c.poll_reply_bytes_max = config.poll_reply_bytes_max;
     let ticks = |d: Duration| (u64::try_from(d.as_micros()).unwrap_or(u64::MAX) / tick_us).max(1);
     c.timeouts.commit_message_ticks = ticks(config.heartbeat);
     c.timeouts.normal_heartbeat_ticks = ticks(config.primary_timeout);

@@ -68,6 +68,18 @@ pub fn encode_reply(request: &RequestHeader, outcome: Outcome<'_>) -> Vec<u8> {
         }
         Outcome::Rejected(code) | Outcome::Denied(code) => code.code(),
     };
+    // A frame's size is a u32: a body past it (which the poll budget
+    // keeps far away) is answered as a server error, never a panic.
+    let status = if body.len() > u32::MAX as usize - consensus::header::HEADER_SIZE {
+        tracing::error!(
+            bytes = body.len(),
+            "a reply too large for a frame; answered as an error"
+        );
+        body.clear();
+        ErrorCode::Error.code()
+    } else {
+        status
+    };
     let header = FrameHeader {
         checksum: 0,
         checksum_body: 0,

@@ -49,6 +49,8 @@ pub struct ShardConfig {
     pub scrub_bytes_per_tick: u64,
     /// Every partition group's `PartitionConfig::record_interval_us`.
     pub record_interval_us: u64,
+    /// Every partition group's `PartitionConfig::poll_reply_bytes_max`.
+    pub poll_reply_bytes_max: u64,
     /// This boot starts an empty data directory as a replica whose disk
     /// was replaced: shard 0 records the rejoin marker ([`crate::rejoin`])
     /// before it opens group 0. Later boots find the marker; this flag
@@ -95,6 +97,7 @@ impl ShardConfig {
             host_metadata: shard == ShardIndex(0),
             scrub_bytes_per_tick: SCRUB_BYTES_PER_TICK_DEFAULT,
             record_interval_us: partitions::RECORD_INTERVAL_US_DEFAULT,
+            poll_reply_bytes_max: partitions::POLL_REPLY_BYTES_MAX_DEFAULT,
             rejoin: false,
             install_file_ops_per_step: partitions::state_transfer::INSTALL_FILE_OPS_PER_STEP,
             retained_bytes_max: partitions::RETAINED_BYTES_MAX_DEFAULT,

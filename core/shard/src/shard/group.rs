@@ -350,6 +350,7 @@ impl<E: Env> Shard<E> {
         config.enforce_fsync = spec.enforce_fsync;
         config.rejoin = spec.rejoin;
         config.record_interval_us = self.config.record_interval_us;
+        config.poll_reply_bytes_max = self.config.poll_reply_bytes_max;
         config.read_back_bytes_per_slice = self.config.read_back_bytes_per_slice;
         config.boot_tag = self.config.boot_tag;
         let bus = ShardBus {

@@ -171,6 +171,7 @@ fn node_config(config: &Config, rejoin: bool, key: Option<ClusterKey>) -> NodeCo
         scrub_bytes_per_sec: config.storage.scrub_bytes_per_sec,
         record_interval: Duration::from_millis(config.storage.record_interval_ms),
         retained_bytes_per_shard: config.storage.retained_bytes_per_shard,
+        poll_reply_bytes_max: config.client.poll_reply_bytes_max,
         heartbeat: Duration::from_millis(config.consensus.heartbeat_ms),
         primary_timeout: Duration::from_millis(config.consensus.primary_timeout_ms),
         metrics: config.metrics.listen.map(|listen| MetricsSetup {
@@ -330,12 +331,10 @@ fn record_applied_root_password(marker: &std::path::Path, pw: &str) {
     let mut salt = [0u8; 16];
     let drawn = std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut salt));
-    let hash = drawn
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            metadata::hash_password(pw, &salt, metadata::HashParams::default())
-                .map_err(|e| e.to_string())
-        });
+    let hash = drawn.map_err(|e| e.to_string()).and_then(|()| {
+        metadata::hash_password(pw, &salt, metadata::HashParams::default())
+            .map_err(|e| e.to_string())
+    });
     let written = hash.and_then(|hash| {
         let tmp = marker.with_extension("tmp");
         std::fs::write(&tmp, hash.as_str())
