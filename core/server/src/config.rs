@@ -80,6 +80,52 @@ pub struct ClientConfig {
     /// Bytes of messages one poll returns at most (whole batches, at
     /// least one); the client polls again for the rest.
     pub poll_reply_bytes_max: u64,
+    /// TLS for client connections.
+    pub tls: ClientTlsConfig,
+}
+
+/// TLS for the Iggy client listener (off unless `enabled`). The files are
+/// read once at start; `node::tls` loads them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientTlsConfig {
+    /// Whether every client connection must speak TLS.
+    pub enabled: bool,
+    /// The server's certificate chain (PEM): the server's own certificate
+    /// first, then any intermediates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// The private key of the chain's first certificate (PEM: PKCS#8,
+    /// PKCS#1 or SEC1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// The CA certificates (PEM) that sign client certificates; when set,
+    /// a client without a certificate signed by one of them is refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl ClientTlsConfig {
+    /// Checks that an enabled listener names its certificate and key (the
+    /// files themselves are read and checked at start).
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.cert_file.is_none() {
+            return Err(invalid(
+                "client.tls.cert_file",
+                "TLS is enabled (`client.tls.enabled`) but no certificate file is named",
+            ));
+        }
+        if self.key_file.is_none() {
+            return Err(invalid(
+                "client.tls.key_file",
+                "TLS is enabled (`client.tls.enabled`) but no private key file is named",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl ClientConfig {
@@ -250,6 +296,7 @@ impl Default for ClientConfig {
             io_timeout_ms: millis(limits.io_timeout),
             login_failures_max: limits.login_failures_max,
             poll_reply_bytes_max: partitions::POLL_REPLY_BYTES_MAX_DEFAULT,
+            tls: ClientTlsConfig::default(),
         }
     }
 }
@@ -424,6 +471,7 @@ impl Config {
         if self.client.login_failures_max == 0 {
             return Err(invalid("client.login_failures_max", "must be at least 1"));
         }
+        self.client.tls.validate()?;
         if !(1..=255).contains(&self.root.username.len()) {
             return Err(invalid("root.username", "must be 1..=255 bytes"));
         }

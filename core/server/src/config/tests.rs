@@ -200,6 +200,9 @@ fn given_the_docs_when_compared_should_document_every_field() {
     }
     for field in [
         "`metrics.listen`",
+        "`client.tls.cert_file`",
+        "`client.tls.key_file`",
+        "`client.tls.client_ca_file`",
         "`replicas`",
         "`replicas.id`",
         "`replicas.client_address`",
@@ -333,5 +336,52 @@ fn given_a_roster_when_keyed_should_need_a_secret_of_32_bytes_from_the_environme
     assert_eq!(
         d.replica.secret_file,
         Some(PathBuf::from("/etc/replog/secret"))
+    );
+}
+
+#[test]
+fn given_a_client_tls_section_when_validated_should_need_the_certificate_and_key_only_when_enabled()
+{
+    let c = Config::effective(&Overrides::default(), 1).unwrap();
+    assert!(!c.client.tls.enabled, "off by default");
+    let c = parse(
+        "[client.tls]\nenabled = true\ncert_file = \"/etc/replog/server.pem\"\n\
+         key_file = \"/etc/replog/server.key\"\nclient_ca_file = \"/etc/replog/ca.pem\"\n",
+    )
+    .unwrap();
+    c.validate().unwrap();
+    assert_eq!(
+        c.client.tls.client_ca_file,
+        Some(PathBuf::from("/etc/replog/ca.pem"))
+    );
+    let printed = c.to_toml_redacted();
+    assert_eq!(
+        parse(&printed).unwrap().client.tls,
+        c.client.tls,
+        "{printed}"
+    );
+    for (text, field) in [
+        (
+            "[client.tls]\nenabled = true\nkey_file = \"k.pem\"\n",
+            "client.tls.cert_file",
+        ),
+        (
+            "[client.tls]\nenabled = true\ncert_file = \"c.pem\"\n",
+            "client.tls.key_file",
+        ),
+    ] {
+        let err = parse(text).unwrap().validate().unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { field: f, .. } if *f == field),
+            "{text}: {err}"
+        );
+    }
+    parse("[client.tls]\ncert_file = \"c.pem\"\n")
+        .unwrap()
+        .validate()
+        .unwrap();
+    assert!(
+        parse("[client.tls]\nenable = true\n").is_err(),
+        "a misspelt key"
     );
 }

@@ -22,6 +22,7 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod password_pool;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
