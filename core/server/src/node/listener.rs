@@ -18,6 +18,11 @@
 //! failures ([`LoginThrottle`]), and the connection is closed after the
 //! last one allowed. A failing accept (out of descriptors) backs off
 //! instead of spinning.
+//!
+//! With [`ClientTls`], each accepted connection first completes a TLS
+//! handshake, within the login timeout (the handshake's time counts
+//! against it); the session loop then runs over the TLS stream exactly as
+//! over TCP: [`connection`] is generic over the stream.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -28,10 +33,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use compio::buf::BufResult;
-use compio::io::{AsyncReadExt, AsyncWriteExt};
+use compio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use compio::net::{TcpListener, TcpStream};
 
 use super::metrics::ClientMetrics;
+use super::tls::ClientTls;
 use crate::protocol::records::MemberId;
 use crate::session::{Backend, ClientLimits, LoginEvent, Output, Session, SessionConfig};
 
@@ -43,12 +49,14 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Accepts connections until the listener fails, spawning a task per
 /// connection; `backend` makes each connection's backend. With `metrics`,
 /// connections are counted and each produce and poll timed, from the
-/// moment its whole frame is read to its encoded reply.
+/// moment its whole frame is read to its encoded reply. With `tls`, every
+/// connection speaks TLS.
 pub async fn serve<B, M>(
     listener: TcpListener,
     config: Arc<SessionConfig>,
     backend: Rc<M>,
     metrics: Option<ClientMetrics>,
+    tls: Option<ClientTls>,
 ) where
     B: Backend + 'static,
     M: Fn() -> B + 'static,
@@ -90,15 +98,30 @@ pub async fn serve<B, M>(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%peer, %error, "TCP_NODELAY not set");
         }
+        let connected_at = Instant::now();
         let member = MemberId(next_member);
         next_member = next_member.wrapping_add(1).max(1);
         let session = Session::new(Arc::clone(&config), member, peer.to_string());
-        let backend = backend();
+        let backend = Rc::clone(&backend);
         let slot = OpenSlot::take(&open);
         let throttle = Rc::clone(&throttle);
         let metrics = metrics.clone();
+        let tls = tls.clone();
         compio::runtime::spawn(async move {
-            connection(stream, peer, session, backend, metrics, &throttle).await;
+            let link = Link {
+                peer,
+                connected_at,
+                metrics,
+            };
+            match tls {
+                None => connection(stream, link, session, backend(), &throttle).await,
+                Some(tls) => {
+                    let login_timeout = session.limits().login_timeout;
+                    if let Some(stream) = handshake(&tls, stream, &link, login_timeout).await {
+                        connection(stream, link, session, backend(), &throttle).await;
+                    }
+                }
+            }
             drop(slot);
         })
         .detach();
@@ -210,17 +233,59 @@ fn read_limit(
     }
 }
 
-async fn connection<B: Backend>(
-    mut stream: TcpStream,
+/// What a connection task knows of its connection besides the stream.
+struct Link {
     peer: SocketAddr,
+    /// When it was accepted: the login timeout runs from here, so a TLS
+    /// handshake's time counts against it.
+    connected_at: Instant,
+    metrics: Option<ClientMetrics>,
+}
+
+/// The TLS handshake of an accepted connection, within what is left of
+/// the login timeout; `None` (counted as `tls_handshake`) when it failed
+/// or did not finish in time. Dropping the timed-out handshake drops its
+/// socket, so its cancellation loses nothing.
+async fn handshake(
+    tls: &ClientTls,
+    stream: TcpStream,
+    link: &Link,
+    login_timeout: Duration,
+) -> Option<compio_tls::TlsStream<TcpStream>> {
+    let left = login_timeout.saturating_sub(link.connected_at.elapsed());
+    let outcome = within(Some(left), tls.acceptor().accept(stream)).await;
+    let peer = link.peer;
+    let error = match outcome {
+        Some(Ok(stream)) => return Some(stream),
+        Some(Err(error)) => error.to_string(),
+        None => "not finished within the login timeout".to_owned(),
+    };
+    if let Some(m) = &link.metrics {
+        m.closed("tls_handshake");
+    }
+    tracing::debug!(%peer, %error, "client TLS handshake failed; connection closed");
+    None
+}
+
+/// Serves one connection's session over `stream` (TCP, or TLS after its
+/// handshake) until either end closes it.
+async fn connection<S, B>(
+    mut stream: S,
+    link: Link,
     mut session: Session,
     mut backend: B,
-    metrics: Option<ClientMetrics>,
     throttle: &RefCell<LoginThrottle>,
-) {
+) where
+    S: AsyncRead + AsyncWrite,
+    B: Backend,
+{
+    let Link {
+        peer,
+        connected_at,
+        metrics,
+    } = link;
     let _open = metrics.as_ref().map(ClientMetrics::connected);
     let limits = session.limits();
-    let connected_at = Instant::now();
     let closed_by = |reason: &'static str| {
         if let Some(m) = &metrics {
             m.closed(reason);
@@ -265,9 +330,14 @@ async fn connection<B: Backend>(
                         }
                         None => {}
                     }
-                    let Some(BufResult(written, _)) =
-                        within(Some(limits.io_timeout), stream.write_all(bytes)).await
-                    else {
+                    // The flush matters over TLS: the TLS stream buffers
+                    // records until flushed (over TCP it does nothing).
+                    let write = async {
+                        let BufResult(written, _) = stream.write_all(bytes).await;
+                        written?;
+                        stream.flush().await
+                    };
+                    let Some(written) = within(Some(limits.io_timeout), write).await else {
                         closed_by(Expired::Io.reason());
                         break 'connection;
                     };

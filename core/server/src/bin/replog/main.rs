@@ -27,6 +27,7 @@ use server::node::backend::{NodeBackend, RootPassword, apply_root_password, ensu
 use server::node::bus::auth::ClusterKey;
 use server::node::metrics::MetricsSetup;
 use server::node::password_pool::PasswordPool;
+use server::node::tls::{ClientCertificates, ClientTls};
 use server::node::{BusSetup, ClientStarter, Node, NodeConfig, listener};
 use server::session::ErrorClass;
 
@@ -116,6 +117,14 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let tls = match ClientTls::load(&config.client.tls) {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("replog: client TLS: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    report_client_transport(&config, tls.as_ref());
     report_open_file_limit();
     if config.root.password == server::config::RootUser::default().password
         && !config.client.listen.ip().is_loopback()
@@ -126,7 +135,7 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
         );
     }
     let node_config = node_config(&config, rejoin, key);
-    let starter = client_starter(&config);
+    let starter = client_starter(&config, tls.clone());
     let node = match Node::start(node_config, Some(starter)) {
         Ok(node) => node,
         Err(reason) => {
@@ -137,7 +146,9 @@ fn serve(config: Config, exit_with_stdin: bool, rejoin: bool) -> ExitCode {
     // The serving line, which tools and tests wait for, goes out once
     // every listener is up and the stop signals are caught: a SIGTERM
     // right after it must stop the replica cleanly, not kill it.
-    wait_for_stop_signal(exit_with_stdin, || print_serving(&node, &config));
+    wait_for_stop_signal(exit_with_stdin, || {
+        print_serving(&node, &config, tls.is_some());
+    });
     tracing::info!("stopping: finishing in-flight inputs and flushing");
     node.stop();
     ExitCode::SUCCESS
@@ -185,9 +196,32 @@ fn node_config(config: &Config, rejoin: bool, key: Option<ClusterKey>) -> NodeCo
     }
 }
 
+/// Says how clients connect: over TLS (and whether a client certificate
+/// is required), or in clear, with a warning when the listener is not on
+/// loopback (the login carries the password).
+fn report_client_transport(config: &Config, tls: Option<&ClientTls>) {
+    let listen = config.client.listen;
+    match tls {
+        Some(tls) => tracing::info!(
+            %listen,
+            cert_file = %config.client.tls.cert_file.as_deref().map_or_else(String::new, |p| p.display().to_string()),
+            client_certificates = match tls.client_certificates() {
+                ClientCertificates::Required => "required",
+                ClientCertificates::NotAsked => "not asked",
+            },
+            "client listener speaks TLS"
+        ),
+        None if !listen.ip().is_loopback() => tracing::warn!(
+            %listen,
+            "client TLS is off and the client listener is not on loopback: passwords cross the network in clear (set client.tls, docs/operations.md#security)"
+        ),
+        None => {}
+    }
+}
+
 /// What shard 0 runs once the node is up: the root user's creation and
-/// the Iggy client listener.
-fn client_starter(config: &Config) -> ClientStarter {
+/// the Iggy client listener (over TLS with `tls`).
+fn client_starter(config: &Config, tls: Option<ClientTls>) -> ClientStarter {
     let topic_defaults = metadata::TopicConfig {
         segment_size_bytes: config.storage.segment_size_bytes,
         durability: if config.storage.fsync {
@@ -245,13 +279,21 @@ fn client_starter(config: &Config) -> ClientStarter {
             ctx.session,
             make,
             Some(metrics),
+            tls,
         ))
         .detach();
     })
 }
 
 /// The serving lines, which tools and tests wait for.
-fn print_serving(node: &Node, config: &Config) {
+fn print_serving(node: &Node, config: &Config, tls: bool) {
+    // "serving Iggy clients" is what tools wait for; the address stays the
+    // first word that parses as one.
+    let clients = if tls {
+        "Iggy clients over TLS"
+    } else {
+        "Iggy clients"
+    };
     // Before the serving line, which tools and tests wait for: once it is
     // out, every listener is up.
     if let Some(metrics_addr) = node.metrics_addr() {
@@ -262,13 +304,13 @@ fn print_serving(node: &Node, config: &Config) {
     }
     match node.replica_addr() {
         Some(replica_addr) => println!(
-            "replog: replica {} serving Iggy clients on {} (replicas on {replica_addr}; data in {})",
+            "replog: replica {} serving {clients} on {} (replicas on {replica_addr}; data in {})",
             config.replica_id,
             node.client_addr(),
             config.data_dir.display()
         ),
         None => println!(
-            "replog: replica {} serving Iggy clients on {} (data in {})",
+            "replog: replica {} serving {clients} on {} (data in {})",
             config.replica_id,
             node.client_addr(),
             config.data_dir.display()
