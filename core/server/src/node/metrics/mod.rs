@@ -112,7 +112,7 @@ pub struct ClientMetrics {
 impl ClientMetrics {
     /// A client connection refused or closed by a limit, by reason
     /// (`connections_max`, `login_timeout`, `idle_timeout`, `io_timeout`,
-    /// `login_failures`, `accept_failed`).
+    /// `login_failures`, `accept_failed`, `tls_handshake`).
     pub fn closed(&self, reason: &'static str) {
         self.closed.get_or_create(&ReasonLabel { reason }).inc();
     }
