@@ -29,7 +29,7 @@ impl Replog {
         Self::start_with(&args)
     }
 
-    /// `replog ARGS`, waiting (at most 30 s) for its serving line.
+    /// `replog ARGS`, waiting (at most 90 s) for its serving line.
     pub fn start_with(args: &[OsString]) -> Self {
         let filter = std::env::var("REPLOG_TEST_LOG").unwrap_or("warn".into());
         Self::start_logging(args, &filter)
@@ -63,17 +63,28 @@ impl Replog {
                 let _ = tx.send(line);
             }
         });
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Generous: a restart after `kill -9` on a loaded 2-core machine
+        // (tests of one binary run side by side) recovers its groups first.
+        let deadline = Instant::now() + Duration::from_secs(90);
         let mut banner = Vec::new();
         let line = loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .expect("replog printed its address within 30 s");
-            if line.contains("serving") {
-                break line;
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains("serving") => break line,
+                Ok(line) => banner.push(line),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    panic!("replog printed no serving line within 90 s (args {args:?})");
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait();
+                    let tail: Vec<String> =
+                        log.lock().unwrap().iter().rev().take(20).cloned().collect();
+                    panic!(
+                        "replog exited before its serving line ({status:?}, args {args:?}); last log lines, newest first: {tail:#?}"
+                    );
+                }
             }
-            banner.push(line);
         };
         let addr = line
             .split_whitespace()
