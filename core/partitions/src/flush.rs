@@ -25,6 +25,17 @@
 //! The thresholds still decide how often a replica that only applies
 //! writes, and the applied-point rules below decide when it syncs.
 //!
+//! **A full disk** (ENOSPC, EDQUOT on a batch, an index entry, a seal or
+//! the client table) does not fence: the batches not written stay in the
+//! journal, their replies stay held, new writes are refused
+//! ([`PartitionError::NoSpace`]) and the flush is retried on the ticks
+//! with a backoff (`health.rs`); the storage crate cut back what landed of
+//! a batch, so a retry appends it whole, once. The retry writes the
+//! batches before the client table ([`Partition::retry_flush_for_space`]).
+//! The applied point is recorded only after a sync, as always, so a
+//! crash while the disk is full boots from what was synced. Anything but a
+//! full disk still fences.
+//!
 //! **The applied point.** A flush writes the whole journal, so afterwards
 //! every op up to the last journaled one (`journaled_point`: its op, its
 //! identity, the next offset after it) has its effects in segments

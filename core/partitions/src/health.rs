@@ -296,6 +296,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unwrap_used)]
     fn given_a_full_disk_when_retries_fail_should_back_off_up_to_the_ceiling_and_end_on_success() {
         let mut health = Health::default();
         assert!(health.no_space_failed(100));

@@ -693,11 +693,16 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.health.fenced()
     }
 
-    /// While the partition's disk is full: the error its writes are
-    /// refused with ([`PartitionError::NoSpace`], naming the directory).
-    /// Reads are served meanwhile; a tick retries the flush with a backoff
-    /// and writes resume once it lands.
-    pub fn out_of_space(&self) -> Option<PartitionError> {
+    /// Whether the partition's disk is full: its writes are refused,
+    /// reads are served, and a tick retries the flush with a backoff until
+    /// it lands (then writes resume).
+    pub fn out_of_space(&self) -> bool {
+        self.health.retries().no_space().is_some()
+    }
+
+    /// While the disk is full, the error a write is refused with
+    /// ([`PartitionError::NoSpace`], naming the directory).
+    pub fn space_refusal(&self) -> Option<PartitionError> {
         self.check_space().err()
     }
 

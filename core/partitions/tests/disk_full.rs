@@ -77,7 +77,7 @@ fn replied(node: &FileNode, request: u64) -> bool {
 fn tick_until_writable(node: &mut FileNode, max: u32) -> u32 {
     for n in 1..=max {
         node.tick();
-        if node.partition.out_of_space().is_none() {
+        if !node.partition.out_of_space() {
             return n;
         }
     }
@@ -110,7 +110,7 @@ fn given_a_full_disk_when_producing_should_refuse_serve_reads_and_resume_once_sp
             "a reply went out for a batch not in the file"
         );
         assert!(node.partition.fenced().is_none(), "a full disk fenced");
-        let full = node.partition.out_of_space().unwrap();
+        let full = node.partition.space_refusal().unwrap();
         assert!(matches!(&full, PartitionError::NoSpace { dir: d, .. } if *d == dir()));
         let text = full.to_string();
         assert!(
@@ -155,7 +155,7 @@ fn given_a_full_disk_when_producing_should_refuse_serve_reads_and_resume_once_sp
         for _ in 0..50 {
             node.tick();
         }
-        assert!(node.partition.out_of_space().is_some());
+        assert!(node.partition.out_of_space());
         assert!(!replied(&node, held));
         assert_eq!(read_all(&node), expected(&stored));
 
@@ -286,5 +286,5 @@ fn given_a_write_failing_with_another_error_when_flushing_should_still_fence() {
     assert!(out.is_err(), "{out:?}");
     assert!(!acknowledged);
     assert!(node.partition.fenced().is_some());
-    assert!(node.partition.out_of_space().is_none());
+    assert!(!node.partition.out_of_space());
 }

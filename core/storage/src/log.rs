@@ -400,15 +400,14 @@ impl<F: Fs> SegmentedLog<F> {
         let appended = self.note_appended(seg_index, &header, position, cursor);
         // From here on the batch is in the log: an error must not tell the
         // caller otherwise, or a retry would append it twice. On a full
-        // disk what is left (its index entry, the seal) is done later.
+        // disk what is left (its index entry, the seal) is done later: the
+        // entry stays pending for the next sync or append.
         if self.config.fsync
             && let Err(e) = self.write_index(false).await
+            && !e.is_no_space()
         {
-            if !e.is_no_space() {
-                // The batch is durable; only its index entry is not.
-                return (Err(e), batch);
-            }
-            // The entry stays pending for the next sync or append.
+            // The batch is durable; only its index entry is not.
+            return (Err(e), batch);
         }
         if self.segments[seg_index].meta.size_bytes >= self.config.segment_size_bytes
             && let Err(e) = self.rotate().await

@@ -92,7 +92,7 @@ impl<E: Env> Shard<E> {
             return;
         }
         if call.writes_data()
-            && let Some(full) = g.partition.out_of_space()
+            && let Some(full) = g.partition.space_refusal()
         {
             // Refused before it waits for the session: the partition would
             // refuse it at submit anyway.
