@@ -305,8 +305,8 @@ fn read_record(
 /// be durable in the directory.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ClientTableSlots {
-    /// The slot written (or restored from) last; the next write takes the
-    /// other.
+    /// The slot last written whole (or restored from); the next write
+    /// takes the other.
     last: Option<usize>,
     /// Whether this life synced the directory since the slot was created
     /// or found (a name a killed process created may not be durable yet).
@@ -319,7 +319,8 @@ impl ClientTableSlots {
     /// life) before returning.
     ///
     /// # Errors
-    /// The filesystem's error; the other slot is untouched.
+    /// The filesystem's error; the other slot is untouched, and the next
+    /// write takes the same slot again.
     pub(crate) async fn write<F: Fs>(
         &mut self,
         fs: &F,
@@ -329,17 +330,34 @@ impl ClientTableSlots {
     ) -> io::Result<()> {
         let slot = self.last.map_or(0, |last| 1 - last);
         let path = dir.join(CLIENT_TABLE_FILES[slot]);
-        // From here on the slot may hold anything: never read it as the
-        // last good one.
+        let name_synced = self.dir_synced[slot];
+        // A failed write leaves `last` as it was: the slot may hold
+        // anything now, so the next write takes it again rather than the
+        // other, which holds the last good table (a full disk fails writes
+        // until space is freed; alternating would tear both slots).
+        Self::write_slot(fs, dir, &path, table, sync, name_synced).await?;
         self.last = Some(slot);
-        let file = fs.open(&path, OpenOptions::create_read_write()).await?;
+        self.dir_synced[slot] |= sync;
+        Ok(())
+    }
+
+    /// Writes `table` into the slot at `path`, synced (with its name,
+    /// unless that is durable already) when `sync` is set.
+    async fn write_slot<F: Fs>(
+        fs: &F,
+        dir: &Path,
+        path: &Path,
+        table: &RecordedTable,
+        sync: bool,
+        name_synced: bool,
+    ) -> io::Result<()> {
+        let file = fs.open(path, OpenOptions::create_read_write()).await?;
         let BufResult(written, _) = file.write_all_at(table.encode(), 0).await;
         written?;
         if sync {
             file.sync_data().await?;
-            if !self.dir_synced[slot] {
+            if !name_synced {
                 fs.sync_dir(dir).await?;
-                self.dir_synced[slot] = true;
             }
         }
         Ok(())

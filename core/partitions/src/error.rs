@@ -255,6 +255,31 @@ pub enum PartitionError {
     /// The replica log could not be written or synced: the step's frames,
     /// which vouch for it, were not sent (the partition is fenced).
     ReplicaLog(ReplicaLogError),
+    /// The partition's disk is full (ENOSPC or EDQUOT on a segment or
+    /// client-table write): its committed batches wait in memory for a
+    /// retry, so it refuses new writes (produces, offset stores) until
+    /// space is freed. Reads are served meanwhile, and the writes resume
+    /// by themselves, with no restart (`health.rs`).
+    NoSpace {
+        /// The partition directory.
+        dir: PathBuf,
+        /// Bytes of committed batches waiting to be written.
+        wanted_bytes: u64,
+    },
+}
+
+impl PartitionError {
+    /// Whether this is the disk being full (ENOSPC, EDQUOT) rather than
+    /// another failure: a write that failed with it may be retried once
+    /// space is freed, and the partition need not be fenced.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            Self::NoSpace { .. } => true,
+            Self::Storage(e) => e.is_no_space(),
+            Self::ClientTableIo { source, .. } => storage::fs::is_no_space(source),
+            _ => false,
+        }
+    }
 }
 
 impl fmt::Display for PartitionError {
@@ -325,6 +350,11 @@ impl fmt::Display for PartitionError {
                 dir.display()
             ),
             Self::ReplicaLog(e) => write!(f, "{e}"),
+            Self::NoSpace { dir, wanted_bytes } => write!(
+                f,
+                "the disk of partition {} is full: {wanted_bytes} bytes of committed messages wait to be written, and new messages are refused until space is freed (reads are served)",
+                dir.display()
+            ),
         }
     }
 }

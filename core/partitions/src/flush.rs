@@ -25,6 +25,17 @@
 //! The thresholds still decide how often a replica that only applies
 //! writes, and the applied-point rules below decide when it syncs.
 //!
+//! **A full disk** (ENOSPC, EDQUOT on a batch, an index entry, a seal or
+//! the client table) does not fence: the batches not written stay in the
+//! journal, their replies stay held, new writes are refused
+//! ([`PartitionError::NoSpace`]) and the flush is retried on the ticks
+//! with a backoff (`health.rs`); the storage crate cut back what landed of
+//! a batch, so a retry appends it whole, once. The retry writes the
+//! batches before the client table ([`Partition::retry_flush_for_space`]).
+//! The applied point is recorded only after a sync, as always, so a
+//! crash while the disk is full boots from what was synced. Anything but a
+//! full disk still fences.
+//!
 //! **The applied point.** A flush writes the whole journal, so afterwards
 //! every op up to the last journaled one (`journaled_point`: its op, its
 //! identity, the next offset after it) has its effects in segments
@@ -94,15 +105,85 @@ struct FlushedBatch {
 impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// Flushes every committed batch to the active segment and syncs it,
     /// whatever the thresholds.
+    ///
+    /// # Errors
+    /// [`PartitionError::NoSpace`] when the disk is full: the batches stay
+    /// in the journal and the partition retries on its ticks. Any other
+    /// failure fences the partition.
     pub async fn flush_committed_messages(&mut self) -> Result<FlushOutcome, PartitionError> {
         self.check_fenced()?;
         match self.flush(true, true).await {
-            Ok(outcome) => Ok(outcome),
+            Ok(outcome) => {
+                self.space_regained();
+                Ok(outcome)
+            }
+            Err(e) if e.is_no_space() => Err(self.ran_out_of_space(&e)),
             Err(e) => {
                 self.fence(&e);
                 Err(e)
             }
         }
+    }
+
+    /// A write found the disk full (`error`): the partition holds its
+    /// journaled batches and the replies that wait for them, refuses new
+    /// writes, and retries the flush on its ticks with a backoff
+    /// (`health.rs`). Logged once when it starts, not per retry. Returns
+    /// the error a refused write is answered with.
+    pub(crate) fn ran_out_of_space(&mut self, error: &PartitionError) -> PartitionError {
+        let wanted_bytes = self.journal.info().size_bytes;
+        if self.health.no_space_failed(wanted_bytes) {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                wanted_bytes,
+                group = %self.config.vsr.group,
+                %error,
+                "disk full: partition out of space; writes refused and retried, reads served"
+            );
+        }
+        PartitionError::NoSpace {
+            dir: self.dir.clone(),
+            wanted_bytes,
+        }
+    }
+
+    /// The flush that waited for space landed: writes are taken again.
+    pub(crate) fn space_regained(&mut self) {
+        if let Some(retry) = self.health.space_regained() {
+            tracing::info!(
+                dir = %self.dir.display(),
+                wanted_bytes = retry.wanted_bytes,
+                group = %self.config.vsr.group,
+                "disk space regained: partition writes resumed"
+            );
+        }
+    }
+
+    /// While the disk is full, the error a write is refused with.
+    pub(crate) fn check_space(&self) -> Result<(), PartitionError> {
+        match self.health.retries().no_space() {
+            Some(retry) => Err(PartitionError::NoSpace {
+                dir: self.dir.clone(),
+                wanted_bytes: retry.wanted_bytes,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The retry of a flush that found the disk full: the journal's
+    /// batches first, then what the step's rules ask for (the client
+    /// table of a single replica's held replies, a sync, a record).
+    /// Batches before the table, unlike a first attempt: the table of an
+    /// earlier attempt may already name them, and a newer table must not
+    /// overwrite the older slot while the log does not reach either (boot
+    /// keeps the newest table the log reaches, `client_sessions.rs`);
+    /// batches past the table a reboot finds are cut, and their replies
+    /// were held.
+    pub(crate) async fn retry_flush_for_space(&mut self) -> Result<(), PartitionError> {
+        if self.journal.info().messages_count > 0 {
+            self.flush(false, false).await?;
+        }
+        self.flush_if_due().await
     }
 
     /// Closes the log's file handles when it has nothing unsynced (they
@@ -334,6 +415,29 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         &mut self,
         outcome: &mut FlushOutcome,
     ) -> Result<Vec<(Op, u64, u64)>, PartitionError> {
+        let (in_segments, failed) = self.write_journaled_batches(outcome).await;
+        match failed {
+            None => Ok(in_segments),
+            Some(e) => {
+                // What was written before the failure is in segments: the
+                // core may let go of those bodies as of any flush.
+                if self.config.vsr.replica_count > 1 {
+                    for (op, base_offset, len) in in_segments {
+                        self.retained
+                            .flushed(&mut self.replica, op.0, base_offset, len);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Self::write_journaled`]'s writes: the bodies written, and the
+    /// failure that stopped them, if one did.
+    async fn write_journaled_batches(
+        &mut self,
+        outcome: &mut FlushOutcome,
+    ) -> (Vec<(Op, u64, u64)>, Option<PartitionError>) {
         let entries: Vec<(Op, Option<FlushedBatch>)> = self
             .journal
             .live()
@@ -358,16 +462,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 base_offset,
             }) = batch
             {
-                in_segments.push((op, base_offset, bytes.len() as u64));
+                let len = bytes.len() as u64;
                 let (res, _) = self.log.append(bytes).await;
                 if let Err(e) = res {
                     // What was written stays written: evict it so a retry
-                    // does not append it twice.
+                    // does not append it twice. The failed batch is not in
+                    // the log (the storage cut what landed of it, or is
+                    // poisoned), so it stays journaled.
                     if let Some(up_to) = written_to {
                         self.journal.evict_flushed(up_to);
                     }
-                    return Err(PartitionError::Storage(e));
+                    return (in_segments, Some(PartitionError::Storage(e)));
                 }
+                in_segments.push((op, base_offset, len));
                 outcome.batches += 1;
                 outcome.messages += u64::from(messages);
             }
@@ -378,6 +485,6 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if let Some(up_to) = written_to {
             self.journal.evict_flushed(up_to);
         }
-        Ok(in_segments)
+        (in_segments, None)
     }
 }

@@ -1,13 +1,16 @@
 //! Whether a partition still takes input, and which of its durable writes
 //! failed and are owed a retry.
 //!
-//! Three writes may fail without stopping the partition: the superblock's
-//! view (`PersistState`), and the transfer-needed record's write (after a
-//! converge or on damage) or removal (after a completed install). Each is
-//! retried on every tick until it lands, and until then the partition
-//! holds back what the write would vouch for (`partition.rs`, `flush.rs`,
-//! `install/`). A failure it cannot go on from fences it:
-//! every later input is refused until a reboot.
+//! Four writes may fail without stopping the partition: the superblock's
+//! view (`PersistState`), the transfer-needed record's write (after a
+//! converge or on damage) or removal (after a completed install), and a
+//! flush of committed batches that found the disk full (ENOSPC, EDQUOT).
+//! The first three are retried on every tick until they land, the flush
+//! with a backoff ([`NoSpaceRetry`]); until then the partition holds back
+//! what the write would vouch for (`partition.rs`, `flush.rs`,
+//! `install/`): a full disk holds the replies of the batches not written
+//! and refuses new writes, and keeps serving reads. A failure it cannot go
+//! on from fences it: every later input is refused until a reboot.
 //!
 //! One [`Health`] value holds all of it, written only through its methods,
 //! so that the partition's files name what happened ("the view could not
@@ -46,6 +49,42 @@ pub(crate) struct PendingRetries {
     view: bool,
     /// The transfer-needed record's write or removal failed.
     missing_history: Option<MissingHistoryRetry>,
+    /// A flush found the disk full: the journal's batches wait for a retry.
+    no_space: Option<NoSpaceRetry>,
+}
+
+/// The shortest wait between two retries of a flush on a full disk.
+const NO_SPACE_BACKOFF_TICKS_MIN: u64 = 1;
+/// The longest (about 1.3 s at the default 10 ms tick): a freed disk is
+/// written again within that, and a full one costs a failed write per
+/// wait, not per tick.
+pub(crate) const NO_SPACE_BACKOFF_TICKS_MAX: u64 = 128;
+
+/// A flush of committed batches that failed for want of disk space
+/// (`flush.rs`). The batches stay in the journal (readable, replies held);
+/// the flush is tried again once `wait_ticks` ticks passed, and each
+/// failure doubles the wait, up to [`NO_SPACE_BACKOFF_TICKS_MAX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NoSpaceRetry {
+    /// Bytes of committed batches waiting to be written at the last
+    /// failure.
+    pub(crate) wanted_bytes: u64,
+    /// Ticks until the next retry (0: due).
+    wait_ticks: u64,
+    /// The wait set after the next failure.
+    backoff_ticks: u64,
+}
+
+impl NoSpaceRetry {
+    /// Whether the retry runs on this step.
+    pub(crate) fn due(&self) -> bool {
+        self.wait_ticks == 0
+    }
+
+    /// Ticks until the retry is due.
+    pub(crate) fn wait_ticks(&self) -> u64 {
+        self.wait_ticks
+    }
 }
 
 /// The transfer-needed record's durable step that failed
@@ -69,9 +108,15 @@ impl Default for Health {
 }
 
 impl PendingRetries {
-    /// Whether any write waits for a retry (then every tick is due).
+    /// Whether any write waits for a retry on every tick (then every
+    /// tick is due; a flush on a full disk waits its backoff instead).
     pub(crate) fn any(&self) -> bool {
         self.view || self.missing_history.is_some()
+    }
+
+    /// The flush waiting for disk space, if one is.
+    pub(crate) fn no_space(&self) -> Option<NoSpaceRetry> {
+        self.no_space
     }
 
     /// Whether the view waits to be persisted.
@@ -115,6 +160,49 @@ impl Health {
         match self {
             Self::Serving(retries) => *retries,
             Self::Fenced { .. } => PendingRetries::default(),
+        }
+    }
+
+    /// A flush found the disk full with `wanted_bytes` of batches to
+    /// write; returns whether the partition just ran out of space (false
+    /// for a retry that failed again, which waits twice as long).
+    pub(crate) fn no_space_failed(&mut self, wanted_bytes: u64) -> bool {
+        let Self::Serving(retries) = self else {
+            return false;
+        };
+        match retries.no_space.as_mut() {
+            Some(retry) => {
+                retry.wanted_bytes = wanted_bytes;
+                retry.wait_ticks = retry.backoff_ticks;
+                retry.backoff_ticks = (retry.backoff_ticks * 2).min(NO_SPACE_BACKOFF_TICKS_MAX);
+                false
+            }
+            None => {
+                retries.no_space = Some(NoSpaceRetry {
+                    wanted_bytes,
+                    wait_ticks: NO_SPACE_BACKOFF_TICKS_MIN,
+                    backoff_ticks: NO_SPACE_BACKOFF_TICKS_MIN * 2,
+                });
+                true
+            }
+        }
+    }
+
+    /// The flush waiting for space landed; returns the retry it ends.
+    pub(crate) fn space_regained(&mut self) -> Option<NoSpaceRetry> {
+        match self {
+            Self::Serving(retries) => retries.no_space.take(),
+            Self::Fenced { .. } => None,
+        }
+    }
+
+    /// `ticks` ticks passed: a flush waiting for space comes closer to its
+    /// retry.
+    pub(crate) fn count_ticks(&mut self, ticks: u64) {
+        if let Self::Serving(retries) = self
+            && let Some(retry) = retries.no_space.as_mut()
+        {
+            retry.wait_ticks = retry.wait_ticks.saturating_sub(ticks);
         }
     }
 
@@ -205,6 +293,36 @@ mod tests {
         assert!(!health.retries().any());
         health.view_unpersisted();
         assert!(!health.retries().any());
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn given_a_full_disk_when_retries_fail_should_back_off_up_to_the_ceiling_and_end_on_success() {
+        let mut health = Health::default();
+        assert!(health.no_space_failed(100));
+        assert!(!health.retries().any(), "a full disk waits its backoff");
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            let retry = health.retries().no_space().unwrap();
+            waits.push(retry.wait_ticks());
+            health.count_ticks(retry.wait_ticks());
+            assert!(health.retries().no_space().unwrap().due());
+            assert!(!health.no_space_failed(200));
+        }
+        assert_eq!(waits, vec![1, 2, 4, 8, 16, 32, 64, 128, 128, 128]);
+        assert_eq!(health.space_regained().unwrap().wanted_bytes, 200);
+        assert_eq!(health.retries(), PendingRetries::default());
+        assert!(health.space_regained().is_none());
+    }
+
+    #[test]
+    fn given_a_full_disk_when_fenced_should_retry_nothing() {
+        let mut health = Health::default();
+        health.no_space_failed(1);
+        health.fence(|| "disk gone".to_owned());
+        assert!(health.retries().no_space().is_none());
+        assert!(!health.no_space_failed(1));
+        assert!(health.space_regained().is_none());
     }
 
     #[test]

@@ -698,6 +698,19 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.health.fenced()
     }
 
+    /// Whether the partition's disk is full: its writes are refused,
+    /// reads are served, and a tick retries the flush with a backoff until
+    /// it lands (then writes resume).
+    pub fn out_of_space(&self) -> bool {
+        self.health.retries().no_space().is_some()
+    }
+
+    /// While the disk is full, the error a write is refused with
+    /// ([`PartitionError::NoSpace`], naming the directory).
+    pub fn space_refusal(&self) -> Option<PartitionError> {
+        self.check_space().err()
+    }
+
     /// Checks what must hold between any two inputs: the VSR core's own
     /// invariants, and, unless the partition is fenced or its history is
     /// missing, that the recorded applied point and
@@ -892,15 +905,22 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         if self.health.fenced().is_some() {
             return u64::MAX;
         }
+        let no_space = self.health.retries().no_space();
+        // Replies held by a full disk wait for its retry, not every tick,
+        // and so do auto-commits (refused while it is full).
         let busy = self.install.is_some()
             || self.health.retries().any()
             || self.damage_found.get()
-            || !self.pending_replies.is_empty()
-            || !self.auto_commits.borrow().pending.is_empty();
+            || (no_space.is_none()
+                && (!self.pending_replies.is_empty()
+                    || !self.auto_commits.borrow().pending.is_empty()));
         if busy {
             return 1;
         }
         let mut due = self.replica.ticks_until_due();
+        if let Some(retry) = no_space {
+            due = due.min(retry.wait_ticks().max(1));
+        }
         if let Some(at_us) = self.record_due_at_us() {
             let wait = at_us.saturating_sub(self.now_us);
             due = due.min(wait.div_ceil(tick_us.max(1)).max(1));
@@ -915,6 +935,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         // A fenced partition's ticks do nothing at all (its core stands).
         if self.health.fenced().is_none() {
             self.replica.skip_ticks(n);
+            self.health.count_ticks(n);
         }
     }
 
@@ -931,6 +952,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.now_us = self.now_us.max(now_us);
         self.replay_samples
             .sample(self.now_us, self.replica.commit_min().0);
+        // A flush waiting for disk space comes a tick closer; it runs in
+        // the drive below once due.
+        self.health.count_ticks(1);
         // Each retry reads the state the one before it left.
         if self.health.retries().view() {
             self.retry_persist().await;
@@ -976,6 +1000,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
         self.now_us = self.now_us.max(now_us);
         if self.quorum_withheld() {
             return Ok(RequestOutcome::Unavailable);
+        }
+        if matches!(
+            request.op,
+            ClientOp::Append(_) | ClientOp::StoreOffset { .. } | ClientOp::DeleteOffset { .. }
+        ) {
+            // A full disk takes no new data: its committed batches wait in
+            // memory, and an offset would be written at apply.
+            self.check_space()?;
         }
         let op = match request.op {
             ClientOp::Register => PartitionOp::Register,
@@ -1126,10 +1158,26 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             // They vouch for a journal the log may not hold.
             self.held_frames.clear();
         }
-        if failure.is_none()
-            && let Err(e) = self.flush_if_due().await
-        {
-            failure = Some(e);
+        if failure.is_none() {
+            let waiting = self.health.retries().no_space();
+            let flushed = match waiting {
+                // The disk was full and the retry is not due: nothing is
+                // written, and the replies stay held (below).
+                Some(retry) if !retry.due() => Ok(()),
+                Some(_) => self.retry_flush_for_space().await,
+                None => self.flush_if_due().await,
+            };
+            match flushed {
+                Ok(()) => {
+                    if waiting.is_some_and(|retry| retry.due()) {
+                        self.space_regained();
+                    }
+                }
+                Err(e) if e.is_no_space() => {
+                    self.ran_out_of_space(&e);
+                }
+                Err(e) => failure = Some(e),
+            }
         }
         if let Some(e) = failure {
             // A committed op that cannot be applied, or a flush the reply
@@ -1138,8 +1186,14 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
             self.pending_replies.clear();
             return Err(e);
         }
-        for reply in self.pending_replies.drain(..) {
-            self.bus.send_to_client(reply);
+        // A full disk holds the replies: "a reply never leaves before its
+        // batch is in the file" (flush.rs). They go out with the retry
+        // that writes their batches; a crash before it loses only ops
+        // nobody was told of.
+        if self.health.retries().no_space().is_none() {
+            for reply in self.pending_replies.drain(..) {
+                self.bus.send_to_client(reply);
+            }
         }
         if cfg!(debug_assertions)
             && let Err(violation) = self.invariants()
@@ -1530,7 +1584,9 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
     /// On a caught-up primary, turns queued auto-commits into replicated
     /// stores through the internal client (registering it first).
     pub(crate) async fn pump_auto_commits(&mut self) -> Result<(), PartitionError> {
-        if !self.replica.is_caught_up_primary() {
+        // On a full disk they stay queued: a stored offset is written when
+        // applied.
+        if !self.replica.is_caught_up_primary() || self.health.retries().no_space().is_some() {
             return Ok(());
         }
         let (session, registering_since, empty) = {

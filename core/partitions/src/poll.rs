@@ -5,7 +5,8 @@
 //! `u32::MAX` messages reads only what the budget allows).
 //!
 //! The ceiling is the applied (committed) end: nothing prepared but not yet
-//! committed is ever served. Committed batches live in two tiers, read in
+//! committed is ever served (a single replica whose disk is full serves
+//! only what is in its segments, see `readable_end`). Committed batches live in two tiers, read in
 //! offset order without a gap between them:
 //!
 //! - the **segments** (everything flushed), read through the storage
@@ -169,7 +170,7 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
 
     /// Serves a poll (see the module documentation).
     pub async fn poll(&self, request: &PollRequest) -> Result<Polled, PollError> {
-        let end = self.applied_next_offset;
+        let end = self.readable_end();
         let first = self.first_offset().0;
         let count = u64::from(request.count);
         let (kind, id) = request.consumer;
@@ -220,6 +221,21 @@ impl<B: MessageBus, S: SuperblockStore, F: Fs> Partition<B, S, F> {
                 .queue(kind, id, out.last_offset.0);
         }
         Ok(out)
+    }
+
+    /// The offset polls stop before: the applied end, except on a single
+    /// replica whose disk is full, where the batches still in the journal
+    /// are not served. Their replies are held until they are written (a
+    /// reply never leaves before its batch is in the file), and a replica
+    /// with no peers keeps nothing of them across a crash: a consumer must
+    /// not read a message that a restart then gives another offset to. A
+    /// group's member serves them: they are committed in a quorum.
+    fn readable_end(&self) -> u64 {
+        if self.config.vsr.replica_count == 1 && self.health.retries().no_space().is_some() {
+            self.applied_next_offset.min(self.log.next_offset())
+        } else {
+            self.applied_next_offset
+        }
     }
 
     /// Refuses a poll that would read below the frontier of a partition

@@ -120,6 +120,16 @@ impl Call {
         )
     }
 
+    /// Whether the call writes new data to the partition (messages or a
+    /// consumer offset): what a partition whose disk is full refuses. A
+    /// purge is not refused (it is owed once committed, and frees space).
+    pub fn writes_data(&self) -> bool {
+        matches!(
+            self,
+            Self::Produce { .. } | Self::StoreOffset { .. } | Self::DeleteOffset { .. }
+        )
+    }
+
     /// A short name for logs and counters.
     pub fn name(&self) -> &'static str {
         match self {
@@ -215,6 +225,13 @@ pub enum CallError {
         /// The partition's error, as a sentence.
         reason: String,
     },
+    /// The partition's disk is full: it takes no new messages or offsets
+    /// until space is freed, and serves reads meanwhile. Retrying helps
+    /// only after space was freed (not at once, so not [`Self::transient`]).
+    NoSpace {
+        /// The partition's error, naming its directory.
+        reason: String,
+    },
     /// A local fault (disk) while serving the call.
     Local {
         /// The error, as a sentence.
@@ -250,6 +267,7 @@ impl fmt::Display for CallError {
             }
             Self::Fenced { reason } => write!(f, "partition fenced: {reason}"),
             Self::Rejected { reason } => write!(f, "request rejected: {reason}"),
+            Self::NoSpace { reason } => write!(f, "out of disk space: {reason}"),
             Self::Local { reason } => write!(f, "local fault: {reason}"),
             Self::Overloaded => write!(f, "shard overloaded"),
         }

@@ -88,6 +88,9 @@ pub struct PartitionTotals {
     pub segments: u64,
     /// Partitions fenced.
     pub fenced: u64,
+    /// Partitions whose disk is full: writes refused, reads served, the
+    /// flush retried until space is freed.
+    pub out_of_space: u64,
     /// Partitions with a state transfer receiving.
     pub transferring: u64,
     /// Batches the partitions read back from their segments to serve a

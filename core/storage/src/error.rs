@@ -66,6 +66,18 @@ impl StorageError {
         }
     }
 
+    /// True when the disk (or the user's quota) is full: ENOSPC or
+    /// EDQUOT. The log is not poisoned by it where it could undo what
+    /// landed (an append is rolled back, pending index entries stay
+    /// pending, a rotation is left undone), so the same call may be
+    /// retried once space is freed.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            Self::Io { source, .. } => crate::fs::is_no_space(source),
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         Self::Io {
             op,

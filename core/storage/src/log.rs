@@ -17,6 +17,15 @@
 //! - A failed write is rolled back by cutting the file at the append
 //!   position; if even that fails, or a sync fails (the page cache state is
 //!   then unknown), the log is poisoned and refuses appends until reopened.
+//! - A full disk (ENOSPC, EDQUOT: [`StorageError::is_no_space`]) poisons
+//!   nothing it can undo: a batch that landed partly is cut back as any
+//!   failed write; index entries that could not be written stay pending
+//!   (what landed of them is cut, and they go out with the next sync); a
+//!   seal that could not be made is made by the next append, before it
+//!   writes (so the seal still follows the batch that filled the segment).
+//!   A batch that is in the log is never reported as failed for its index
+//!   or its seal, or a caller's retry would append it twice. So once space
+//!   is freed the same calls succeed, with no reopen.
 //!
 //! All segments keep their sparse index in memory (24 bytes per ~64 KiB of
 //! log). Sealed segments hold no file handle, except the one most recently
@@ -361,7 +370,11 @@ impl<F: Fs> SegmentedLog<F> {
         if self.active_segment().meta.size_bytes >= self.config.segment_size_bytes
             && let Err(e) = self.rotate().await
         {
-            self.poisoned = true;
+            // A full disk leaves the log as it was (see `rotate`): the
+            // append is refused and may be retried.
+            if !e.is_no_space() {
+                self.poisoned = true;
+            }
             return (Err(e), batch);
         }
         let seg_index = self.segments.len() - 1;
@@ -385,8 +398,13 @@ impl<F: Fs> SegmentedLog<F> {
             return (Err(StorageError::io("append", path, e)), batch);
         }
         let appended = self.note_appended(seg_index, &header, position, cursor);
+        // From here on the batch is in the log: an error must not tell the
+        // caller otherwise, or a retry would append it twice. On a full
+        // disk what is left (its index entry, the seal) is done later: the
+        // entry stays pending for the next sync or append.
         if self.config.fsync
             && let Err(e) = self.write_index(false).await
+            && !e.is_no_space()
         {
             // The batch is durable; only its index entry is not.
             return (Err(e), batch);
@@ -394,9 +412,15 @@ impl<F: Fs> SegmentedLog<F> {
         if self.segments[seg_index].meta.size_bytes >= self.config.segment_size_bytes
             && let Err(e) = self.rotate().await
         {
-            // The batch is appended; only the rotation failed.
-            self.poisoned = true;
-            return (Err(e), batch);
+            if !e.is_no_space() {
+                // The batch is appended; only the rotation failed.
+                self.poisoned = true;
+                return (Err(e), batch);
+            }
+            // The next append rotates first (a full segment seals before
+            // it takes another batch), so the seal falls after the same
+            // batch on every replica.
+            warn!(dir = %self.dir.display(), error = %e, "segment seal deferred: the disk is full");
         }
         (Ok(appended), batch)
     }
@@ -516,11 +540,23 @@ impl<F: Fs> SegmentedLog<F> {
         )
         .await?;
         let pending = &seg.index[self.index_written..];
-        let mut res = active.index.append_all(pending).await;
-        if res.is_ok() && sync {
-            res = active.index.sync().await;
+        if let Err(e) = active.index.append_all(pending).await {
+            // On a full disk the entries stay pending: cut what landed of
+            // them (the file then ends after the entries written before),
+            // and the next sync writes them again. Had the cut failed, or
+            // any other error, the file's tail is unknown.
+            if !crate::fs::is_no_space(&e)
+                || active
+                    .index
+                    .truncate_entries(self.index_written)
+                    .await
+                    .is_err()
+            {
+                self.poisoned = true;
+            }
+            return Err(StorageError::io("write", seg.index_path.clone(), e));
         }
-        if let Err(e) = res {
+        if sync && let Err(e) = active.index.sync().await {
             self.poisoned = true;
             return Err(StorageError::io("sync", seg.index_path.clone(), e));
         }
@@ -562,6 +598,14 @@ impl<F: Fs> SegmentedLog<F> {
 
     /// Seals the active segment and starts a new one at the next offset.
     /// A no-op error-free call when the active segment is empty.
+    ///
+    /// On a full disk ([`StorageError::is_no_space`]) the log is left as
+    /// it was and the call may be repeated: the active segment stays
+    /// active (synced, or its index entries still pending), and a
+    /// successor half created (its log file without its index, or neither
+    /// name synced) is created again with truncation by the next call; a
+    /// crash in between leaves an empty last segment, which recovery
+    /// takes as the active one.
     pub async fn rotate(&mut self) -> Result<(), StorageError> {
         if self.active_segment().meta.is_empty() {
             return Ok(());

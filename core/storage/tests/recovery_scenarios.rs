@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use futures::executor::block_on;
 use storage::BatchError;
 use storage::IndexPolicy;
-use storage::fs::{BufResult, CrashMode, EIO, ENOSPC, FaultKind, Fs, FsFile, OpenOptions, SimFs};
+use storage::fs::{
+    BufResult, CrashMode, EDQUOT, EIO, ENOSPC, FaultKind, Fs, FsFile, OpenOptions, SimFs,
+};
 use storage::{LogConfig, RecoveryError, SegmentedLog, StorageError};
 use storage::{WalkStop, index_file_name, log_file_name};
 use support::{batch, read_all};
@@ -430,6 +432,122 @@ fn given_enospc_on_append_when_retried_should_roll_back_and_succeed() {
         batches.push(b);
         assert_eq!(read_all(&log).await, batches);
     });
+}
+
+#[test]
+fn given_a_full_disk_when_a_batch_lands_partly_should_cut_it_and_append_it_once_space_is_freed() {
+    for errno in [ENOSPC, EDQUOT] {
+        block_on(async {
+            let (fs, mut log) = fresh_with(13, wide()).await;
+            let mut batches = fill(&mut log, 2).await;
+            let size = log.segments().last().unwrap().size_bytes;
+            // Room for part of the next batch: a short write, then full.
+            fs.fill_disk(100, errno);
+            let (r, b) = log.append(batch(6, 2_000, 3, 200)).await;
+            let err = r.unwrap_err();
+            assert!(err.is_no_space(), "{err}");
+            assert_eq!(log.segments().last().unwrap().size_bytes, size);
+            assert_eq!(fs.contents(&seg_path(0)).unwrap().len() as u64, size);
+            // Still full: refused again, nothing poisoned, nothing landed.
+            let (r, b) = log.append(b).await;
+            assert!(r.unwrap_err().is_no_space());
+            fs.free_disk();
+            let (r, b) = log.append(b).await;
+            assert_eq!(r.unwrap().position, size);
+            batches.push(b);
+            log.sync().await.unwrap();
+            assert_eq!(read_all(&log).await, batches);
+            drop(log);
+            fs.crash_with(CrashMode::DropAll);
+            let (log, _) = SegmentedLog::open(fs.clone(), dir(), wide(), 0)
+                .await
+                .unwrap();
+            assert_eq!(read_all(&log).await, batches);
+        });
+    }
+}
+
+#[test]
+fn given_a_full_disk_when_the_index_and_the_seal_cannot_be_written_should_seal_later_at_the_same_batch()
+ {
+    block_on(async {
+        let (fs, mut log) = fresh(14).await;
+        // Batches up to the one that would fill the 4 KiB segment.
+        let len = batch(0, 0, 3, 200).len() as u64;
+        let mut batches = fill(&mut log, (4_096u64.div_ceil(len) - 1) as usize).await;
+        assert_eq!(log.segments().count(), 1);
+        let next = batch(log.next_offset(), 2_000, 3, 200);
+        // Room for the batch alone: its seal's index entries do not fit.
+        fs.fill_disk(next.len() as u64, ENOSPC);
+        let (r, b) = log.append(next).await;
+        r.unwrap();
+        batches.push(b);
+        assert_eq!(log.segments().count(), 1, "the seal waits for space");
+        // The next batch seals first, which still cannot be done.
+        let (r, b) = log.append(batch(log.next_offset(), 2_100, 3, 200)).await;
+        assert!(r.unwrap_err().is_no_space());
+        assert_eq!(read_all(&log).await, batches);
+        fs.free_disk();
+        let (r, b) = log.append(b).await;
+        r.unwrap();
+        batches.push(b);
+        let starts: Vec<u64> = log.segments().map(|s| s.start_offset).collect();
+        let sealed_at = 3 * 4_096u64.div_ceil(len);
+        assert_eq!(
+            starts,
+            vec![0, sealed_at],
+            "sealed after the batch that filled it"
+        );
+        log.sync().await.unwrap();
+        let index = log.index_entries(0).unwrap().to_vec();
+        drop(log);
+        fs.crash_with(CrashMode::DropAll);
+        let (log, report) = reopen(&fs).await.unwrap();
+        // The sealed segment's index was synced at its seal (the active
+        // one's entries need no sync and may be rebuilt).
+        let sealed_index = dir().join(index_file_name(0));
+        assert!(
+            !report.rebuilt_indexes.contains(&sealed_index),
+            "{report:?}"
+        );
+        assert_eq!(log.index_entries(0).unwrap(), index.as_slice());
+        assert_eq!(read_all(&log).await, batches);
+    });
+}
+
+#[test]
+fn given_a_full_disk_when_crashed_mid_way_should_recover_what_was_synced_under_every_seed() {
+    for seed in 0..40 {
+        block_on(async {
+            let (fs, mut log) = fresh(seed).await;
+            let mut batches = fill(&mut log, 5).await;
+            log.sync().await.unwrap();
+            fs.fill_disk(seed * 37, ENOSPC);
+            let mut pending = batch(log.next_offset(), 2_000, 3, 200);
+            for _ in 0..3 {
+                let (r, b) = log.append(pending).await;
+                pending = b;
+                match r {
+                    Ok(_) => {
+                        batches.push(pending.clone());
+                        pending = batch(log.next_offset(), 2_000, 3, 200);
+                    }
+                    Err(e) => assert!(e.is_no_space(), "seed {seed}: {e}"),
+                }
+            }
+            let synced = log.sync().await.is_ok();
+            drop(log);
+            fs.crash();
+            let (log, _) = reopen(&fs).await.unwrap();
+            let got = read_all(&log).await;
+            // Never a torn or foreign batch: a prefix of what was appended,
+            // all of it if the last sync went through.
+            assert!(batches.starts_with(&got), "seed {seed}");
+            if synced {
+                assert_eq!(got, batches, "seed {seed}");
+            }
+        });
+    }
 }
 
 #[test]

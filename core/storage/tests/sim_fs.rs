@@ -6,7 +6,8 @@ use std::path::Path;
 
 use futures::executor::block_on;
 use storage::fs::{
-    CrashMode, EACCES, EIO, ENOSPC, FaultKind, Fs, FsFile, OpenOptions, SimFs, is_local_disk_fault,
+    CrashMode, EACCES, EDQUOT, EIO, ENOSPC, FaultKind, Fs, FsFile, OpenOptions, SimFs,
+    is_local_disk_fault, is_no_space,
 };
 
 fn p(s: &str) -> &Path {
@@ -179,6 +180,39 @@ fn given_armed_faults_when_called_should_fail_the_nth_call_with_errno() {
         fs.fail_nth(FaultKind::Read, 1, EIO);
         let storage::fs::BufResult(r, _) = f.read_at(Vec::with_capacity(4), 0, 4).await;
         assert_eq!(r.unwrap_err().raw_os_error(), Some(EIO));
+    });
+}
+
+#[test]
+fn given_a_full_disk_when_files_grow_should_land_what_fits_and_give_back_what_shrinks() {
+    block_on(async {
+        let fs = SimFs::new(6);
+        let f = write_file(&fs, "/f", b"0123").await;
+        fs.fill_disk(3, EDQUOT);
+        // Overwrites within the file always land.
+        let storage::fs::BufResult(r, _) = f.write_all_at(b"ab".to_vec(), 0).await;
+        r.unwrap();
+        let storage::fs::BufResult(r, _) = f.write_all_at(b"xyzwvu".to_vec(), 2).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(EDQUOT));
+        assert!(is_no_space(&e));
+        assert_eq!(
+            fs.contents(p("/f")).unwrap(),
+            b"abxyzwv",
+            "three bytes of room landed"
+        );
+        assert!(f.set_len(8).await.is_err(), "no room left");
+        f.set_len(4).await.unwrap();
+        f.set_len(7).await.unwrap();
+        assert!(
+            f.set_len(8).await.is_err(),
+            "what shrank came back, no more"
+        );
+        fs.free_disk();
+        f.set_len(1 << 20).await.unwrap();
+        fs.fill_disk(0, ENOSPC);
+        let e = f.set_len((1 << 20) + 1).await.unwrap_err();
+        assert!(is_no_space(&e));
     });
 }
 

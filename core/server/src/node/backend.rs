@@ -1646,6 +1646,13 @@ pub(crate) fn call_failed(e: CallError) -> BackendError {
         CallError::Fenced { reason } | CallError::Local { reason } => {
             BackendError::LocalFault(reason)
         }
+        // A full disk is this node's fault, not the client's, and not
+        // transient at once. Iggy's closest code is 4006
+        // (CannotSaveMessagesToSegment), which needs its own BackendError
+        // variant (session::backend, not this file); until then the
+        // sentence names the partition directory and the full disk, and
+        // the partition's `disk full` warning is logged once.
+        CallError::NoSpace { reason } => BackendError::LocalFault(reason),
     }
 }
 

@@ -91,6 +91,15 @@ impl<E: Env> Shard<E> {
             }));
             return;
         }
+        if call.writes_data()
+            && let Some(full) = g.partition.space_refusal()
+        {
+            // Refused before it waits for the session: the partition would
+            // refuse it at submit anyway.
+            self.stats.calls += 1;
+            let _ = reply.send(Err(partition_error(full)));
+            return;
+        }
         if let Err(refusal) = primary_check(&g.partition).and_then(|()| purge_check(g, &call)) {
             self.stats.calls += 1;
             let _ = reply.send(Err(refusal));
@@ -551,6 +560,9 @@ fn purge_check<E: Env>(g: &Group<E>, call: &Call) -> Result<(), CallError> {
 fn partition_error(error: PartitionError) -> CallError {
     match error {
         PartitionError::Fenced { .. } => CallError::Fenced {
+            reason: error.to_string(),
+        },
+        PartitionError::NoSpace { .. } => CallError::NoSpace {
             reason: error.to_string(),
         },
         PartitionError::InstallInProgress { .. } => CallError::Unavailable {

@@ -463,6 +463,7 @@ impl<E: Env> Shard<E> {
             totals.size_bytes += stats.size_bytes;
             totals.segments += stats.segments_count;
             totals.fenced += u64::from(fenced);
+            totals.out_of_space += u64::from(g.partition.out_of_space());
             totals.read_back_bodies += g.partition.read_backs().1;
             add_transfer_totals(&mut transfer, &g.driver);
             ignored.add(g.partition.replica());

@@ -35,12 +35,22 @@ pub const EIO: i32 = 5;
 pub const ENOSPC: i32 = 28;
 /// errno for a permission refusal.
 pub const EACCES: i32 = 13;
+/// errno for an exceeded disk quota (a full disk, as far as this user goes).
+pub const EDQUOT: i32 = 122;
 
 /// True when `err` is a fault of this node's own disk (EIO, ENOSPC,
 /// EACCES), as opposed to a missing file or bad input. Peers should stop
 /// asking a replica whose disk reports these.
 pub fn is_local_disk_fault(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(EIO | ENOSPC | EACCES))
+}
+
+/// True when `err` says the disk (or the user's quota on it) is full:
+/// ENOSPC or EDQUOT. Unlike the other local faults this one passes once
+/// space is freed, so a write that failed with it may be retried; nothing
+/// else about the disk is in doubt.
+pub fn is_no_space(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(ENOSPC | EDQUOT))
 }
 
 /// How a file is opened. Mirrors the POSIX flags the callers need; build it

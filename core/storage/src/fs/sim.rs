@@ -196,6 +196,31 @@ struct State {
     /// of the caller's executor run meanwhile, more of them the longer
     /// the sync.
     slow_syncs: bool,
+    /// A full disk, while set: how many more bytes files may grow by, and
+    /// the errno a write past that fails with ([`SimFs::fill_disk`]).
+    space: Option<SpaceLimit>,
+}
+
+/// What is left of a disk the test filled.
+#[derive(Debug, Clone, Copy)]
+struct SpaceLimit {
+    room_bytes: u64,
+    errno: i32,
+}
+
+impl SpaceLimit {
+    /// A file of `len` bytes grows to `new_len`: takes the growth from the
+    /// room and returns how much of it fits (all of it when shrinking,
+    /// which gives the bytes back).
+    fn take(&mut self, len: u64, new_len: u64) -> u64 {
+        if new_len <= len {
+            self.room_bytes = self.room_bytes.saturating_add(len - new_len);
+            return 0;
+        }
+        let fits = (new_len - len).min(self.room_bytes);
+        self.room_bytes -= fits;
+        fits
+    }
 }
 
 /// The most times one slow sync suspends.
@@ -509,6 +534,7 @@ impl SimFs {
                 power_cut_at: None,
                 yielding: false,
                 slow_syncs: false,
+                space: None,
             })),
         }
     }
@@ -567,6 +593,21 @@ impl SimFs {
     /// real disk; off by default.
     pub fn set_slow_syncs(&self, slow: bool) {
         self.state.borrow_mut().slow_syncs = slow;
+    }
+
+    /// Fills the disk: from now on files may grow by `room_bytes` more in
+    /// all, and a write or `set_len` that would grow them past that lands
+    /// what fits (a write its prefix, as a real short write does) and fails
+    /// with `errno` (ENOSPC or EDQUOT). Shrinking a file gives its bytes
+    /// back; writes within a file's length always land. Until
+    /// [`Self::free_disk`].
+    pub fn fill_disk(&self, room_bytes: u64, errno: i32) {
+        self.state.borrow_mut().space = Some(SpaceLimit { room_bytes, errno });
+    }
+
+    /// Lifts [`Self::fill_disk`]: files grow without bound again.
+    pub fn free_disk(&self) {
+        self.state.borrow_mut().space = None;
     }
 
     /// Disarms every fault armed and not yet tripped (a test that armed a
@@ -907,15 +948,28 @@ impl FsFile for SimFile {
         let mut s = self.state.borrow_mut();
         let fault = s.tick(FaultKind::Write);
         let data = buf.as_init();
-        let (land, result) = match fault {
+        let (mut land, mut result) = match fault {
             Some(Fault::Errno(e)) => return BufResult(Err(err(e)), buf),
             Some(Fault::Torn { keep }) => (&data[..keep.min(data.len())], Err(err(EIO))),
             _ => (data, Ok(data.len())),
         };
+        let mut space = s.space;
         let f = match s.file_mut(self.ino) {
             Ok(f) => f,
             Err(e) => return BufResult(Err(e), buf),
         };
+        if let Some(limit) = space.as_mut() {
+            let len = f.current.len() as u64;
+            // A write never shrinks a file.
+            let end = pos.saturating_add(land.len() as u64).max(len);
+            let fits = limit.take(len, end);
+            if end > len && fits < end - len {
+                // Lands up to where the room ends, then the disk is full.
+                let keep = usize_len((len + fits).saturating_sub(pos)).min(land.len());
+                land = &land[..keep];
+                result = Err(err(limit.errno));
+            }
+        }
         if !land.is_empty() {
             write_into(&mut f.current, pos, land);
             f.pending.push(DataOp::Write {
@@ -923,6 +977,7 @@ impl FsFile for SimFile {
                 data: land.to_vec(),
             });
         }
+        s.space = space;
         BufResult(result, buf)
     }
 
@@ -948,9 +1003,22 @@ impl FsFile for SimFile {
         if let Some(Fault::Errno(e)) = s.tick(FaultKind::Write) {
             return Err(err(e));
         }
+        let mut space = s.space;
         let f = s.file_mut(self.ino)?;
+        if let Some(limit) = space.as_mut() {
+            let current = f.current.len() as u64;
+            let fits = limit.take(current, len);
+            if len > current && fits < len - current {
+                // A real filesystem refuses the whole extension.
+                limit.room_bytes += fits;
+                let errno = limit.errno;
+                s.space = space;
+                return Err(err(errno));
+            }
+        }
         f.current.resize(usize_len(len), 0);
         f.pending.push(DataOp::SetLen(len));
+        s.space = space;
         Ok(())
     }
 

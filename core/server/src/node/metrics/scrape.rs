@@ -184,7 +184,7 @@ type ShardFamily = (
 
 /// The families read straight from each shard's snapshot, labelled by
 /// shard, in the order a scrape lists them.
-const PER_SHARD: [ShardFamily; 26] = [
+const PER_SHARD: [ShardFamily; 27] = [
     ("replog_shard_ticks", "Ticks the shard ran", Counter, |s| {
         s.stats.ticks
     }),
@@ -289,6 +289,12 @@ const PER_SHARD: [ShardFamily; 26] = [
         "Partitions of the shard that are fenced",
         Gauge,
         |s| s.totals.fenced,
+    ),
+    (
+        "replog_shard_partitions_out_of_space",
+        "Partitions of the shard whose disk is full: writes refused, reads served, retried until space is freed",
+        Gauge,
+        |s| s.totals.out_of_space,
     ),
     (
         "replog_transfers_receiving",
