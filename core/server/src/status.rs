@@ -79,6 +79,7 @@ error_codes! {
     PartitionNotFound = 3007, "no such partition";
     NoPartitions = 3008, "the topic has no partitions";
     ConsumerOffsetNotFound = 3021, "no stored consumer offset";
+    CannotSaveMessagesToSegment = 4006, "the messages could not be saved (the disk is full)";
     InvalidMessagesCount = 4009, "the message count is invalid";
     TooBigMessagePayload = 4022, "a message payload is too big";
     EmptyMessagePayload = 4024, "a message payload is empty";
@@ -174,6 +175,7 @@ impl From<&BackendError> for ErrorCode {
             B::NotCommitted | B::ReplayUnplaced { .. } => Self::TransientNotCommitted,
             B::NoPrimary | B::Busy => Self::TransientNotAccepted,
             B::AlreadyApplied => Self::RequestAlreadyApplied,
+            B::NoSpace(_) => Self::CannotSaveMessagesToSegment,
             B::Unsupported => Self::FeatureUnavailable,
             B::LocalFault(_) => Self::Error,
         }
@@ -192,6 +194,14 @@ mod tests {
             assert_eq!(ErrorCode::from_code(code.code()), Some(code));
         }
         assert_eq!(ErrorCode::from_code(0), None);
+    }
+
+    #[test]
+    fn given_a_full_disk_or_a_busy_server_when_answered_should_use_iggys_codes() {
+        let full = BackendError::NoSpace("g-3: no space left on device".into());
+        assert_eq!(ErrorCode::from(&full).code(), 4006);
+        assert_eq!(ErrorCode::from(&BackendError::Busy).code(), 58);
+        assert_eq!(BackendError::Busy.class(), crate::session::ErrorClass::Transient);
     }
 
     #[test]

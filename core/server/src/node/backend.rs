@@ -1652,7 +1652,7 @@ pub(crate) fn call_failed(e: CallError) -> BackendError {
         // variant (session::backend, not this file); until then the
         // sentence names the partition directory and the full disk, and
         // the partition's `disk full` warning is logged once.
-        CallError::NoSpace { reason } => BackendError::LocalFault(reason),
+        CallError::NoSpace { reason } => BackendError::NoSpace(reason),
     }
 }
 

@@ -108,6 +108,9 @@ pub enum BackendError {
     /// The server is at a limit for this kind of request (password
     /// checks queued to the ceiling); retrying later may succeed.
     Busy,
+    /// The partition's disk is full: nothing new is stored until space is
+    /// freed (reads still serve what is stored).
+    NoSpace(String),
     /// The operation is not implemented.
     Unsupported,
     /// This node failed serving it.
@@ -131,6 +134,7 @@ impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Busy => f.write_str("the server is busy with this kind of request; retry later"),
+            Self::NoSpace(reason) => write!(f, "the partition's disk is full: {reason}"),
             Self::InvalidCredentials => f.write_str("wrong username or password"),
             Self::Unauthorized => f.write_str("the user may not do this"),
             Self::StreamNotFound(id) => write!(f, "stream {id} does not exist"),

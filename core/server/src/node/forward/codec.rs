@@ -697,6 +697,10 @@ fn put_error(o: &mut Out, e: &BackendError) {
         }
         B::AlreadyApplied => o.u8(21),
         B::Busy => o.u8(23),
+        B::NoSpace(s) => {
+            o.u8(24);
+            o.text(s);
+        }
         B::ReplayUnplaced { since } => {
             o.u8(22);
             let (boot, held_us) = since.unwrap_or((0, 0));
@@ -732,6 +736,7 @@ fn get_error(i: &mut In<'_>) -> Result<BackendError, CodecError> {
         20 => B::UnsupportedOptionKey(i.text("option key")?),
         21 => B::AlreadyApplied,
         23 => B::Busy,
+        24 => B::NoSpace(i.text("no space")?),
         22 => {
             let known = i.bool("replay since")?;
             let boot = i.u64()?;
@@ -840,6 +845,13 @@ mod tests {
             B::Unsupported,
             B::LocalFault("disk".into()),
             B::UnsupportedOptionKey("segment_size".into()),
+            B::AlreadyApplied,
+            B::ReplayUnplaced { since: None },
+            B::ReplayUnplaced {
+                since: Some((7, 1_000)),
+            },
+            B::Busy,
+            B::NoSpace("g-3: disk full".into()),
         ];
         let answers = vec![
             Answer::Committed {
