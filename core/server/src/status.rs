@@ -201,7 +201,10 @@ mod tests {
         let full = BackendError::NoSpace("g-3: no space left on device".into());
         assert_eq!(ErrorCode::from(&full).code(), 4006);
         assert_eq!(ErrorCode::from(&BackendError::Busy).code(), 58);
-        assert_eq!(BackendError::Busy.class(), crate::session::ErrorClass::Transient);
+        assert_eq!(
+            BackendError::Busy.class(),
+            crate::session::ErrorClass::Transient
+        );
     }
 
     #[test]
