@@ -173,7 +173,7 @@ impl From<&BackendError> for ErrorCode {
             B::InvalidOption(_) => Self::InvalidOptionValue,
             B::UnsupportedOptionKey(_) => Self::UnsupportedOptionKey,
             B::NotCommitted | B::ReplayUnplaced { .. } => Self::TransientNotCommitted,
-            B::NoPrimary | B::Busy => Self::TransientNotAccepted,
+            B::NoPrimary | B::Busy | B::NotReady => Self::TransientNotAccepted,
             B::AlreadyApplied => Self::RequestAlreadyApplied,
             B::NoSpace(_) => Self::CannotSaveMessagesToSegment,
             B::Unsupported => Self::FeatureUnavailable,

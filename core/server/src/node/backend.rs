@@ -472,10 +472,12 @@ impl Backend for NodeBackend {
             .await
             .map_err(meta_failed)?;
         if no_users {
-            // A new cluster whose root user group 0 has not created yet:
-            // not ready, rather than a failed login that would count
-            // against the address.
-            return Err(BackendError::NoPrimary);
+            // A new cluster whose root user group 0 has not created yet,
+            // or a restarted replica whose metadata has not caught up:
+            // refused as a login the client should try elsewhere or again
+            // (the SDK moves on at once; a transient status would keep it
+            // waiting on this replica), not counted against the address.
+            return Err(BackendError::NotReady);
         }
         // Unknown user and wrong password answer alike, after the same
         // work (the pool checks an unknown name against a dummy hash).

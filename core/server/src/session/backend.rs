@@ -105,6 +105,10 @@ pub enum BackendError {
     /// a send whose offsets are no longer known): retrying would store it
     /// again.
     AlreadyApplied,
+    /// A login before this replica knows any user (its metadata group has
+    /// not caught up since it started): refused like bad credentials, so
+    /// the client moves on, but not counted against its address.
+    NotReady,
     /// The server is at a limit for this kind of request (password
     /// checks queued to the ceiling); retrying later may succeed.
     Busy,
@@ -121,9 +125,11 @@ impl BackendError {
     /// Where the fault lies.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::NotCommitted | Self::NoPrimary | Self::Busy | Self::ReplayUnplaced { .. } => {
-                ErrorClass::Transient
-            }
+            Self::NotCommitted
+            | Self::NoPrimary
+            | Self::Busy
+            | Self::NotReady
+            | Self::ReplayUnplaced { .. } => ErrorClass::Transient,
             Self::LocalFault(_) => ErrorClass::Local,
             _ => ErrorClass::Client,
         }
@@ -135,6 +141,7 @@ impl fmt::Display for BackendError {
         match self {
             Self::Busy => f.write_str("the server is busy with this kind of request; retry later"),
             Self::NoSpace(reason) => write!(f, "the partition's disk is full: {reason}"),
+            Self::NotReady => f.write_str("this replica knows no users yet; try another or retry"),
             Self::InvalidCredentials => f.write_str("wrong username or password"),
             Self::Unauthorized => f.write_str("the user may not do this"),
             Self::StreamNotFound(id) => write!(f, "stream {id} does not exist"),

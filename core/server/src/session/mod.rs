@@ -301,6 +301,9 @@ impl Session {
                         };
                         encode_reply(h, Outcome::Ok(&result.to_bytes()))
                     }
+                    // Not a wrong password: the same answer (the SDK moves
+                    // on), not counted.
+                    Err(BackendError::NotReady) => evict(h, EvictionReason::InvalidCredentials),
                     Err(BackendError::InvalidCredentials) => {
                         self.login_failures = self.login_failures.saturating_add(1);
                         self.login_event = Some(LoginEvent::Failed {

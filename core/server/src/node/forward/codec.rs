@@ -697,6 +697,7 @@ fn put_error(o: &mut Out, e: &BackendError) {
         }
         B::AlreadyApplied => o.u8(21),
         B::Busy => o.u8(23),
+        B::NotReady => o.u8(25),
         B::NoSpace(s) => {
             o.u8(24);
             o.text(s);
@@ -736,6 +737,7 @@ fn get_error(i: &mut In<'_>) -> Result<BackendError, CodecError> {
         20 => B::UnsupportedOptionKey(i.text("option key")?),
         21 => B::AlreadyApplied,
         23 => B::Busy,
+        25 => B::NotReady,
         24 => B::NoSpace(i.text("no space")?),
         22 => {
             let known = i.bool("replay since")?;
@@ -852,6 +854,7 @@ mod tests {
             },
             B::Busy,
             B::NoSpace("g-3: disk full".into()),
+            B::NotReady,
         ];
         let answers = vec![
             Answer::Committed {
